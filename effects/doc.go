@@ -1,0 +1,32 @@
+// Package effects is the core of effectively: the contract every adapter
+// implements so that a side effect happens effectively once on top of a
+// transport that delivers at least once.
+//
+// No broker can deliver a message exactly once end to end. What can be made
+// once is the visible effect: do the side effect first, then ack, and make
+// the side effect idempotent by putting its dedup record next to the effect,
+// inside the same all-or-nothing unit, enforced by whoever owns the effect
+// (a UNIQUE index in your database, Stripe's Idempotency-Key, S3's
+// If-None-Match). This package holds what every adapter would otherwise
+// repeat:
+//
+//   - [Key]: a deterministic idempotency key built from a message's identity
+//     and a step name ([NewKey]), validated before any I/O.
+//   - [Contract]: what an adapter promises ([EffectivelyOnce] or
+//     [AtLeastOnce]), who enforces it, for how long, and where duplicates can
+//     still happen. The conformance suite holds every adapter to it.
+//   - [Effect]: Contract plus Apply(ctx, key, input) returning a [Result]
+//     that says [Applied] (done now) or [Replayed] (done earlier).
+//   - Errors callers branch on with errors.Is: [ErrInvalidKey],
+//     [ErrKeyReused], [ErrInFlight], [ErrAmbiguous], and [Retryable].
+//   - [Journal]: the sent-record interface that best-effort adapters (email,
+//     a Kafka producer) use; package postgres implements it.
+//
+// The package has no dependencies beyond the standard library: adapters
+// import it, it imports no adapter and no vendor SDK.
+//
+// When not to use it: if your side effect cannot carry a key that its owner
+// enforces, no library can make it effectively once. Declare it AtLeastOnce,
+// name its duplicate window, and design the effect so a duplicate does no
+// harm.
+package effects

@@ -1,0 +1,54 @@
+package effects
+
+import (
+	"context"
+	"time"
+)
+
+// Journal keeps sent-records for effects whose owner cannot hold the key
+// (email, a Kafka producer across sessions, Stripe past its key horizon).
+// The adapter claims a key before the effect, does the effect, then records
+// its reference:
+//
+//	rec, err := j.Begin(ctx, key, fp, time.Minute)
+//	switch {
+//	case err != nil: // ErrInFlight, ErrKeyReused, or a backend failure
+//	case rec.Done:   // replay rec.Ref, do nothing
+//	default:         // do the effect, then j.Complete(ctx, key, ref)
+//	}
+//
+// A journal cannot make such an effect effectively once: a crash after the
+// effect and before Complete commits leaves the record pending, and when the
+// lease expires the next attempt does the effect again. That is the
+// duplicate window an adapter using a journal must declare.
+//
+// Package postgres implements Journal. Implementations must be safe for
+// concurrent use.
+type Journal interface {
+	// Begin claims key for one attempt lasting at most lease. It returns a
+	// Record with Done set (and the stored Ref) when the key was completed
+	// earlier; ErrInFlight when another attempt holds an unexpired lease;
+	// ErrKeyReused when the key was begun with a different fingerprint.
+	// Otherwise the caller holds the lease and should do the effect; Record
+	// Attempt counts the attempts that began, so Attempt > 1 means an earlier
+	// attempt may have done the effect already.
+	Begin(ctx context.Context, key Key, fingerprint []byte, lease time.Duration) (Record, error)
+	// Complete marks key done with the backend's reference. Completing a
+	// done key again keeps the first reference.
+	Complete(ctx context.Context, key Key, ref string) error
+	// Release gives up the caller's lease on a key that is not done, after a
+	// failure that definitely did not apply the effect, so the next attempt
+	// need not wait for the lease to expire.
+	Release(ctx context.Context, key Key) error
+}
+
+// Record is a journal's view of one key.
+type Record struct {
+	// Done reports whether the effect was completed earlier.
+	Done bool
+	// Ref is the reference stored by Complete.
+	Ref string
+	// Attempt is the number of attempts begun for the key, this one
+	// included.
+	Attempt int
+}
