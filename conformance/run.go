@@ -78,9 +78,9 @@ func run[In any](t *testing.T, adapter string, mk Maker[In], strict bool, opts [
 			}
 			row.Verdict = Fail
 			if strict {
-				t.Errorf("%s: contract %s broken:\n  %s", name, rep.Contract.Guarantee, strings.Join(row.Failures, "\n  "))
+				t.Errorf("%s: declared contract %s broken:\n  %s", name, row.contract, strings.Join(row.Failures, "\n  "))
 			} else {
-				t.Logf("%s: failed as expected? %s", name, strings.Join(row.Failures, "; "))
+				t.Logf("%s: verdict FAIL (not failing the test: Evaluate): %s", name, strings.Join(row.Failures, "; "))
 			}
 		})
 		if row.contract != nil && rep.Contract.Enforcer == "" {

@@ -1,0 +1,208 @@
+// Package counterexamples holds adapters that claim EffectivelyOnce and lie.
+// They exist to prove the conformance suite: its own tests run the suite on
+// each one and fail unless the suite rejects it in a named scenario. A suite
+// that passes a counterexample is a failing test.
+//
+// Each writes a ledger row (the visible effect) into Postgres, in a table
+// without a unique index, as the chargehook handler in the essay did:
+//
+//   - [TwoTransactions]: check the dedup table, insert the ledger row, mark
+//     the key seen, each in its own transaction (the essay's bug). Caught by
+//     concurrent duplicates and by a lost reply.
+//   - [FreshKeyPerAttempt]: a correct same-transaction dedup, but on a
+//     failure it retries internally under a new key per attempt. Caught by a
+//     lost reply.
+//   - [BlindWrite]: no dedup at all. Caught by redelivery.
+//   - [UncheckedFingerprint]: a correct dedup that claims to detect key
+//     reuse but never compares payloads. Caught by key reuse.
+//
+// Never use these outside tests.
+package counterexamples
+
+import (
+	"context"
+	"errors"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"effectively.dev/effects"
+)
+
+// Schema creates the tables the counterexamples write. The ledger has no
+// unique index, so duplicates stay visible.
+const Schema = `
+CREATE TABLE IF NOT EXISTS cx_ledger (id bigserial PRIMARY KEY, event_id text NOT NULL, cents bigint NOT NULL);
+CREATE INDEX IF NOT EXISTS cx_ledger_event ON cx_ledger (event_id);
+CREATE TABLE IF NOT EXISTS cx_seen (key text PRIMARY KEY, cents bigint NOT NULL);
+`
+
+// Payment is the input every counterexample applies: one ledger row.
+type Payment struct {
+	EventID string
+	Cents   int64
+}
+
+// Count returns the ledger rows for eventID: the visible effects.
+func Count(ctx context.Context, db *pgxpool.Pool, eventID string) (int, error) {
+	var n int
+	err := db.QueryRow(ctx, `SELECT count(*) FROM cx_ledger WHERE event_id = $1`, eventID).Scan(&n)
+	return n, err
+}
+
+// Total returns all ledger rows.
+func Total(ctx context.Context, db *pgxpool.Pool) (int, error) {
+	var n int
+	err := db.QueryRow(ctx, `SELECT count(*) FROM cx_ledger`).Scan(&n)
+	return n, err
+}
+
+// claim is what every counterexample declares: the strongest contract.
+func claim(enforcer string) effects.Contract {
+	return effects.Contract{Guarantee: effects.EffectivelyOnce, Enforcer: enforcer, DetectsKeyReuse: true}
+}
+
+// classify marks every database failure retryable, as an honest adapter
+// would mark a failure whose outcome it does not know; the lie is elsewhere.
+func classify(key effects.Key, err error) error {
+	if err == nil {
+		return nil
+	}
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		return effects.Transient("counterexample", key, err)
+	}
+	return effects.Ambiguous("counterexample", key, err)
+}
+
+// TwoTransactions is the essay's first chargehook handler: seen? insert;
+// mark seen, in separate transactions.
+type TwoTransactions struct{ DB *pgxpool.Pool }
+
+// Contract claims EffectivelyOnce. It is a lie.
+func (e TwoTransactions) Contract() effects.Contract {
+	return claim("counterexample: dedup row written in a separate transaction")
+}
+
+// Apply checks, inserts and marks in three transactions.
+func (e TwoTransactions) Apply(ctx context.Context, key effects.Key, in Payment) (effects.Result, error) {
+	if err := key.Validate(); err != nil {
+		return effects.Result{}, err
+	}
+	var cents int64
+	err := e.DB.QueryRow(ctx, `SELECT cents FROM cx_seen WHERE key = $1`, string(key)).Scan(&cents)
+	switch {
+	case err == nil && cents != in.Cents:
+		return effects.Result{}, &effects.Error{Kind: effects.ErrKeyReused, Key: key}
+	case err == nil:
+		return effects.Result{Status: effects.Replayed}, nil
+	case !errors.Is(err, pgx.ErrNoRows):
+		return effects.Result{}, classify(key, err)
+	}
+	if _, err := e.DB.Exec(ctx, `INSERT INTO cx_ledger (event_id, cents) VALUES ($1, $2)`, in.EventID, in.Cents); err != nil {
+		return effects.Result{}, classify(key, err)
+	}
+	if _, err := e.DB.Exec(ctx, `INSERT INTO cx_seen (key, cents) VALUES ($1, $2) ON CONFLICT DO NOTHING`, string(key), in.Cents); err != nil {
+		return effects.Result{}, classify(key, err)
+	}
+	return effects.Result{Status: effects.Applied}, nil
+}
+
+// dedupInsert is the honest core: claim and write in one transaction.
+func dedupInsert(ctx context.Context, db *pgxpool.Pool, key effects.Key, in Payment, checkPayload bool) (effects.Result, error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return effects.Result{}, classify(key, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	tag, err := tx.Exec(ctx, `INSERT INTO cx_seen (key, cents) VALUES ($1, $2) ON CONFLICT DO NOTHING`, string(key), in.Cents)
+	if err != nil {
+		return effects.Result{}, classify(key, err)
+	}
+	if tag.RowsAffected() == 0 {
+		var cents int64
+		if err := tx.QueryRow(ctx, `SELECT cents FROM cx_seen WHERE key = $1`, string(key)).Scan(&cents); err != nil {
+			return effects.Result{}, classify(key, err)
+		}
+		if checkPayload && cents != in.Cents {
+			return effects.Result{}, &effects.Error{Kind: effects.ErrKeyReused, Key: key}
+		}
+		return effects.Result{Status: effects.Replayed}, nil
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO cx_ledger (event_id, cents) VALUES ($1, $2)`, in.EventID, in.Cents); err != nil {
+		return effects.Result{}, classify(key, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return effects.Result{}, classify(key, err)
+	}
+	return effects.Result{Status: effects.Applied}, nil
+}
+
+// FreshKeyPerAttempt dedups correctly but retries a failed attempt under a
+// new key ("key#2", "key#3"), so a lost COMMIT reply is retried as a new
+// effect: the bug of generating an Idempotency-Key per HTTP attempt.
+type FreshKeyPerAttempt struct{ DB *pgxpool.Pool }
+
+// Contract claims EffectivelyOnce. It is a lie.
+func (e FreshKeyPerAttempt) Contract() effects.Contract {
+	return claim("counterexample: same-transaction dedup, fresh key per attempt")
+}
+
+// Apply tries up to three attempts, each under its own key.
+func (e FreshKeyPerAttempt) Apply(ctx context.Context, key effects.Key, in Payment) (effects.Result, error) {
+	if err := key.Validate(); err != nil {
+		return effects.Result{}, err
+	}
+	var err error
+	for attempt := 1; attempt <= 3; attempt++ {
+		k := key
+		if attempt > 1 {
+			k = effects.Key(string(key) + "#" + strconv.Itoa(attempt))
+		}
+		var res effects.Result
+		if res, err = dedupInsert(ctx, e.DB, k, in, true); err == nil {
+			return res, nil
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return effects.Result{}, err
+}
+
+// BlindWrite inserts the ledger row with no dedup at all.
+type BlindWrite struct{ DB *pgxpool.Pool }
+
+// Contract claims EffectivelyOnce. It is a lie.
+func (e BlindWrite) Contract() effects.Contract { return claim("counterexample: no dedup") }
+
+// Apply inserts a ledger row every time.
+func (e BlindWrite) Apply(ctx context.Context, key effects.Key, in Payment) (effects.Result, error) {
+	if err := key.Validate(); err != nil {
+		return effects.Result{}, err
+	}
+	if _, err := e.DB.Exec(ctx, `INSERT INTO cx_ledger (event_id, cents) VALUES ($1, $2)`, in.EventID, in.Cents); err != nil {
+		return effects.Result{}, classify(key, err)
+	}
+	return effects.Result{Status: effects.Applied}, nil
+}
+
+// UncheckedFingerprint dedups correctly in one transaction but never
+// compares the stored payload, while claiming to detect key reuse.
+type UncheckedFingerprint struct{ DB *pgxpool.Pool }
+
+// Contract claims EffectivelyOnce with key-reuse detection. The detection
+// is a lie.
+func (e UncheckedFingerprint) Contract() effects.Contract {
+	return claim("counterexample: same-transaction dedup, payload never compared")
+}
+
+// Apply claims and writes in one transaction, replaying any payload.
+func (e UncheckedFingerprint) Apply(ctx context.Context, key effects.Key, in Payment) (effects.Result, error) {
+	if err := key.Validate(); err != nil {
+		return effects.Result{}, err
+	}
+	return dedupInsert(ctx, e.DB, key, in, false)
+}
