@@ -80,6 +80,9 @@ type Report struct {
 	Adapter  string
 	Contract effects.Contract
 	Rows     []Row
+	// Evaluated is true for reports made by [Evaluate], whose failures do
+	// not fail a test: counterexamples, listed apart in the matrix.
+	Evaluated bool
 }
 
 // Row returns the row of the named scenario.
@@ -173,28 +176,48 @@ func (r Report) writeEnv() error {
 	return r.WriteFile(dir)
 }
 
-// MergeMatrix reads every report written into dir and renders one Markdown
-// matrix, adapters in name order.
-func MergeMatrix(dir string) (string, error) {
+// MergeMatrix reads every report written into dir and renders the Markdown
+// matrix, adapters in name order: first the adapters held to their contract
+// by [Run], then, under their own heading, the reports made by [Evaluate]
+// (counterexamples, which must fail). failed reports whether any scenario of
+// a [Run] report failed.
+func MergeMatrix(dir string) (table string, failed bool, err error) {
 	paths, err := filepath.Glob(filepath.Join(dir, "*.json"))
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	sort.Strings(paths)
-	var b strings.Builder
-	b.WriteString(MatrixHeader)
+	var held, evaluated strings.Builder
 	for _, p := range paths {
 		data, err := os.ReadFile(p)
 		if err != nil {
-			return "", err
+			return "", false, err
 		}
 		var r Report
 		if err := json.Unmarshal(data, &r); err != nil {
-			return "", fmt.Errorf("%s: %w", p, err)
+			return "", false, fmt.Errorf("%s: %w", p, err)
 		}
-		b.WriteString(r.markdownRows())
+		if r.Evaluated {
+			evaluated.WriteString(r.markdownRows())
+			continue
+		}
+		held.WriteString(r.markdownRows())
+		failed = failed || len(r.Failed()) > 0
 	}
-	return b.String(), nil
+	if held.Len() == 0 && evaluated.Len() == 0 {
+		return "", false, fmt.Errorf("conformance: no reports in %s", dir)
+	}
+	var b strings.Builder
+	if held.Len() > 0 {
+		b.WriteString("### Adapters (held to their declared contract)\n\n" + MatrixHeader + held.String())
+	}
+	if evaluated.Len() > 0 {
+		if b.Len() > 0 {
+			b.WriteString("\n")
+		}
+		b.WriteString("### Counterexamples (each must FAIL in a named scenario)\n\n" + MatrixHeader + evaluated.String())
+	}
+	return b.String(), failed, nil
 }
 
 // UnmarshalText parses a verdict written by MarshalText.

@@ -55,7 +55,7 @@ func run[In any](t *testing.T, adapter string, mk Maker[In], strict bool, opts [
 	for _, o := range opts {
 		o(&cfg)
 	}
-	rep := Report{Adapter: adapter}
+	rep := Report{Adapter: adapter, Evaluated: !strict}
 	for _, name := range Scenarios {
 		row := Row{Scenario: name, Verdict: NotRun}
 		if cfg.only != nil && !cfg.only[name] {

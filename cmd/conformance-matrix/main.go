@@ -1,0 +1,37 @@
+// Command conformance-matrix merges the conformance reports that tests wrote
+// into a directory (set CONFORMANCE_REPORT=dir when running go test) into one
+// Markdown table: adapter × scenario → effects observed, verdict.
+// Counterexamples (reports made by conformance.Evaluate) are listed apart.
+//
+// Usage:
+//
+//	CONFORMANCE_REPORT=/tmp/conf go test ./...
+//	go run effectively.dev/cmd/conformance-matrix /tmp/conf
+//
+// It exits with status 1 if any scenario of an adapter held to its contract
+// failed, and 2 if the directory holds no report (a suite that ran nothing
+// is not a pass).
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"effectively.dev/conformance"
+)
+
+func main() {
+	if len(os.Args) != 2 {
+		fmt.Fprintln(os.Stderr, "usage: conformance-matrix DIR")
+		os.Exit(2)
+	}
+	table, failed, err := conformance.MergeMatrix(os.Args[1])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "conformance-matrix:", err)
+		os.Exit(2)
+	}
+	fmt.Print(table)
+	if failed {
+		os.Exit(1)
+	}
+}
