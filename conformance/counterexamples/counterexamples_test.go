@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/goleak"
 
 	"effectively.dev/conformance"
 	"effectively.dev/conformance/counterexamples"
@@ -16,16 +15,7 @@ import (
 	"effectively.dev/internal/pgtest"
 )
 
-func TestMain(m *testing.M) {
-	code := pgtest.Main(m)
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
 // harness runs a counterexample against a fresh Postgres database.
 type harness struct {

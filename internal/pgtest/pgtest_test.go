@@ -1,0 +1,252 @@
+package pgtest_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"effectively.dev/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+func connect(t *testing.T, url string) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+func exec(t *testing.T, conn *pgx.Conn, sql string, args ...any) {
+	t.Helper()
+	if _, err := conn.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+func queryString(t *testing.T, conn *pgx.Conn, sql string) string {
+	t.Helper()
+	var s string
+	if err := conn.QueryRow(context.Background(), sql).Scan(&s); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return s
+}
+
+func TestDB(t *testing.T) {
+	conn := connect(t, pgtest.DB(t))
+	exec(t, conn, "CREATE TABLE t (id int PRIMARY KEY, v text)")
+	exec(t, conn, "INSERT INTO t VALUES (1, 'one')")
+	if got := queryString(t, conn, "SELECT v FROM t WHERE id = 1"); got != "one" {
+		t.Errorf("got %q, want one", got)
+	}
+}
+
+func TestDBIsolated(t *testing.T) {
+	url1, url2 := pgtest.DB(t), pgtest.DB(t)
+	if url1 == url2 {
+		t.Fatalf("same URL twice: %s", url1)
+	}
+	c1, c2 := connect(t, url1), connect(t, url2)
+	exec(t, c1, "CREATE TABLE only_in_one (id int)")
+	if got := queryString(t, c2, "SELECT count(*)::text FROM pg_tables WHERE tablename = 'only_in_one'"); got != "0" {
+		t.Errorf("table visible in the other database")
+	}
+	db1, db2 := queryString(t, c1, "SELECT current_database()"), queryString(t, c2, "SELECT current_database()")
+	if db1 == db2 || !strings.HasPrefix(db1, "testdbisolated_") || len(db1) > 63 {
+		t.Errorf("database names %q, %q", db1, db2)
+	}
+}
+
+func TestDBDropped(t *testing.T) {
+	var name string
+	t.Run("inner", func(t *testing.T) {
+		name = queryString(t, connect(t, pgtest.DB(t)), "SELECT current_database()")
+	})
+	c, err := pgtest.Shared()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := connect(t, c.URL("postgres"))
+	var n int
+	if err := conn.QueryRow(context.Background(), "SELECT count(*) FROM pg_database WHERE datname = $1", name).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Errorf("database %s still exists after its test ended", name)
+	}
+}
+
+func TestDBLongName(t *testing.T) {
+	t.Run(strings.Repeat("Very Long/Sub-Test.Name ", 10), func(t *testing.T) {
+		name := queryString(t, connect(t, pgtest.DB(t)), "SELECT current_database()")
+		if len(name) > 63 || strings.ContainsAny(name, " /-.") {
+			t.Errorf("bad database name %q", name)
+		}
+	})
+}
+
+func TestDurability(t *testing.T) {
+	if os.Getenv("DATABASE_URL") != "" {
+		t.Skip("DATABASE_URL is set: its durability settings are not pgtest's")
+	}
+	for _, durable := range []bool{false, true} {
+		t.Run(fmt.Sprint("durable=", durable), func(t *testing.T) {
+			conn := connect(t, pgtest.DBWith(t, pgtest.Options{Durable: durable}))
+			want := map[bool]string{false: "off", true: "on"}[durable]
+			for setting, want := range map[string]string{
+				"synchronous_commit": "on",
+				"fsync":              want,
+				"full_page_writes":   want,
+				"wal_level":          "replica",
+				"max_connections":    "200",
+			} {
+				if got := queryString(t, conn, "SHOW "+setting); got != want {
+					t.Errorf("%s = %s, want %s", setting, got, want)
+				}
+			}
+		})
+	}
+}
+
+func TestDatabaseURL(t *testing.T) {
+	c, err := pgtest.Shared()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("DATABASE_URL", c.URL("postgres"))
+	var name string
+	t.Run("inner", func(t *testing.T) {
+		url := pgtest.DB(t)
+		if !strings.Contains(url, fmt.Sprintf("127.0.0.1:%d/", c.Port())) {
+			t.Errorf("URL %s is not on DATABASE_URL's server", url)
+		}
+		name = queryString(t, connect(t, url), "SELECT current_database()")
+	})
+	var n int
+	if err := connect(t, c.URL("postgres")).QueryRow(context.Background(),
+		"SELECT count(*) FROM pg_database WHERE datname = $1", name).Scan(&n); err != nil || n != 0 {
+		t.Errorf("database %s not dropped (count %d, err %v)", name, n, err)
+	}
+}
+
+func TestSettingsAndStop(t *testing.T) {
+	c, err := pgtest.Start(pgtest.Options{Settings: map[string]string{"work_mem": "7MB"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	ctx := context.Background()
+	if err := c.CreateDatabase(ctx, "Mixed Case"); err != nil {
+		t.Fatal(err)
+	}
+	conn := connect(t, c.URL("Mixed Case"))
+	if got := queryString(t, conn, "SHOW work_mem"); got != "7MB" {
+		t.Errorf("work_mem = %s, want 7MB", got)
+	}
+	conn.Close(ctx)
+	if _, err := os.Stat(c.Dir() + "/data/PG_VERSION"); err != nil {
+		t.Error(err)
+	}
+	if err := c.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Stop(); err != nil {
+		t.Fatalf("second Stop: %v", err)
+	}
+	if _, err := os.Stat(c.Dir()); !os.IsNotExist(err) {
+		t.Errorf("Dir still there after Stop: %v", err)
+	}
+}
+
+func TestReplication(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	primary, err := pgtest.Start(pgtest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer primary.Stop()
+	standby, err := primary.StartStandby(pgtest.Options{Name: "replica one"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer standby.Stop()
+	if standby.Port() == primary.Port() || standby.Dir() == primary.Dir() {
+		t.Fatalf("standby shares port or dir with primary")
+	}
+
+	p := connect(t, primary.URL("postgres"))
+	exec(t, p, "ALTER SYSTEM SET synchronous_standby_names = '\"replica one\"'")
+	exec(t, p, "SELECT pg_reload_conf()")
+	waitFor(t, ctx, p, "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'replica one'", "sync")
+	exec(t, p, "CREATE TABLE t (v text)")
+	exec(t, p, "INSERT INTO t VALUES ('replicated')")
+
+	s := connect(t, standby.URL("postgres"))
+	if got := queryString(t, s, "SELECT pg_is_in_recovery()::text"); got != "true" {
+		t.Fatalf("standby pg_is_in_recovery = %s", got)
+	}
+	// synchronous_commit=on waits for the standby to flush, not to apply.
+	waitFor(t, ctx, s, "SELECT coalesce(max(v), '') FROM t", "replicated")
+
+	if err := primary.StopImmediate(); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := pgx.Connect(ctx, primary.URL("postgres")); err == nil {
+		c.Close(ctx)
+		t.Fatal("primary still accepts connections after StopImmediate")
+	}
+	if err := primary.StopImmediate(); err != nil {
+		t.Fatalf("second StopImmediate: %v", err)
+	}
+
+	if _, err := s.Exec(ctx, "INSERT INTO t VALUES ('x')"); err == nil {
+		t.Fatal("write succeeded on standby before promotion")
+	}
+	if err := standby.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, s, "INSERT INTO t VALUES ('after promotion')")
+	if got := queryString(t, s, "SELECT count(*)::text FROM t"); got != "2" {
+		t.Errorf("count = %s, want 2", got)
+	}
+	if err := primary.Stop(); err != nil {
+		t.Errorf("Stop after StopImmediate: %v", err)
+	}
+}
+
+// waitFor polls sql on conn until it returns want.
+func waitFor(t *testing.T, ctx context.Context, conn *pgx.Conn, sql, want string) {
+	t.Helper()
+	var got string
+	for {
+		err := conn.QueryRow(ctx, sql).Scan(&got)
+		if err == nil && got == want {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: got %q (err %v), want %q", sql, got, err, want)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func TestBinariesNotFound(t *testing.T) {
+	t.Setenv("PGTEST_BIN", t.TempDir())
+	_, err := pgtest.Start(pgtest.Options{})
+	if err == nil || !strings.Contains(err.Error(), "PGTEST_BIN") {
+		t.Fatalf("err = %v, want one about PGTEST_BIN", err)
+	}
+}

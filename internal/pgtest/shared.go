@@ -1,0 +1,181 @@
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
+)
+
+// sharedCluster is a cluster started on first use and stopped by Shutdown.
+type sharedCluster struct {
+	once sync.Once
+	c    *Cluster
+	err  error
+}
+
+var (
+	sharedMu sync.Mutex
+	shared   = map[string]*sharedCluster{} // by Options.key
+)
+
+var (
+	dbSeq atomic.Int64
+	// dbTag tells apart databases of test binaries that run at the same time
+	// against one DATABASE_URL server (go test runs packages in parallel).
+	dbTag = fmt.Sprintf("%06x", rand.Uint32()&0xffffff)
+)
+
+// key identifies the options that matter for a shared primary.
+func (o Options) key() string { return fmt.Sprintf("%t %q", o.Durable, o.Settings) }
+
+// Shared returns the test binary's shared default (non-durable) cluster,
+// starting it on first use (one to two seconds); it is the one DB uses. It
+// ignores DATABASE_URL. Do not stop it: [Shutdown] (via [Main]) does.
+func Shared() (*Cluster, error) { return sharedWith(Options{}) }
+
+// sharedWith returns the shared cluster for opts, starting it if needed.
+// Concurrent first callers wait for one start; a failed start is not
+// retried.
+func sharedWith(opts Options) (*Cluster, error) {
+	key := opts.key()
+	sharedMu.Lock()
+	s := shared[key]
+	if s == nil {
+		s = &sharedCluster{}
+		shared[key] = s
+	}
+	sharedMu.Unlock()
+	s.once.Do(func() { s.c, s.err = Start(opts) })
+	return s.c, s.err
+}
+
+// Shutdown stops the shared clusters started by DB, DBWith and Shared,
+// waiting for any that are still starting. Stop errors are printed to
+// stderr. A later DB call starts a new cluster. [Main] calls it.
+func Shutdown() {
+	sharedMu.Lock()
+	all := shared
+	shared = map[string]*sharedCluster{}
+	sharedMu.Unlock()
+	for _, s := range all {
+		s.once.Do(func() { s.err = errors.New("pgtest: shared cluster used during Shutdown") })
+		if s.c != nil {
+			if err := s.c.Stop(); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+			}
+		}
+	}
+}
+
+// Main runs the tests, stops the shared clusters, and then, if the tests
+// passed, checks with goleak that no goroutine outlived them (leakOpts, such
+// as goleak.IgnoreTopFunction, excuse known long-lived goroutines). It
+// returns the exit code for os.Exit. Every package that uses DB, DBWith or
+// Shared should have
+//
+//	func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+//
+// or else its servers linger until the test process exits (and then get
+// SIGQUIT from the kernel, leaving their temporary directories behind).
+func Main(m *testing.M, leakOpts ...goleak.Option) int {
+	code := m.Run()
+	Shutdown()
+	if code == 0 {
+		if err := goleak.Find(leakOpts...); err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest: goroutines leaked:", err)
+			code = 1
+		}
+	}
+	return code
+}
+
+// DB creates a brand-new empty database for t and returns its URL; it is
+// dropped (WITH (FORCE), closing leftover connections) when t ends. The
+// database lives on a non-durable cluster shared by the test binary, started
+// on the first call (one to two seconds); each later call costs tens of
+// milliseconds. If DATABASE_URL is set, the database is created on that
+// server instead, which must allow CREATE DATABASE. If no server can be
+// started, DB fails t with an error that says what to install.
+func DB(t testing.TB) string {
+	t.Helper()
+	return DBWith(t, Options{})
+}
+
+// DBWith is DB on a shared cluster started with opts, such as
+// Options{Durable: true} for benchmarks. The test binary starts one such
+// cluster per distinct Durable and Settings (Name is ignored) and shares it.
+// With DATABASE_URL set, opts are ignored.
+func DBWith(t testing.TB, opts Options) string {
+	t.Helper()
+	admin := os.Getenv("DATABASE_URL")
+	if admin == "" {
+		c, err := sharedWith(opts)
+		if err != nil {
+			t.Fatalf("%v", err)
+		}
+		admin = c.URL("postgres")
+	}
+	name := dbName(t.Name())
+	ident := pgx.Identifier{name}.Sanitize()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := execAdmin(ctx, admin, "CREATE DATABASE "+ident); err != nil {
+		t.Fatalf("%v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := execAdmin(ctx, admin, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)"); err != nil {
+			t.Errorf("%v", err)
+		}
+	})
+	dbURL, err := withDatabase(admin, name)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	return dbURL
+}
+
+// dbName makes a database name, at most 63 bytes, from a test name.
+func dbName(testName string) string {
+	suffix := fmt.Sprintf("_%s_%d", dbTag, dbSeq.Add(1))
+	var b strings.Builder
+	for _, r := range strings.ToLower(testName) {
+		if 'a' <= r && r <= 'z' || '0' <= r && r <= '9' {
+			b.WriteRune(r)
+		} else if s := b.String(); s != "" && !strings.HasSuffix(s, "_") {
+			b.WriteByte('_')
+		}
+	}
+	base := b.String()
+	base = strings.TrimRight(base[:min(len(base), 63-len(suffix))], "_")
+	if base == "" {
+		base = "db"
+	}
+	return base + suffix
+}
+
+// withDatabase returns the connection string admin (a URL or a keyword/value
+// string) with its database replaced by name.
+func withDatabase(admin, name string) (string, error) {
+	if !strings.HasPrefix(admin, "postgres://") && !strings.HasPrefix(admin, "postgresql://") {
+		return admin + " dbname=" + name, nil // later keywords win; name needs no quoting
+	}
+	u, err := url.Parse(admin)
+	if err != nil {
+		return "", fmt.Errorf("pgtest: DATABASE_URL: %w", err)
+	}
+	u.Path, u.RawPath = "/"+name, ""
+	return u.String(), nil
+}
