@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"sync"
@@ -57,7 +56,8 @@ func (k FaultKind) String() string {
 //
 // A round trip is one request and its reply: over a connection, a write that
 // follows a read (or is the connection's first write) starts a new round
-// trip; over HTTP, each RoundTrip is one. Round trips are numbered from 1
+// trip. A server's greeting before the client's first write (SMTP's 220) is
+// not a round trip of its own. Round trips are numbered from 1
 // across all connections of one Faults, in the order their requests start.
 // The suite first counts the round trips of a clean apply, then arms a fault
 // at each number in turn. A zero Faults is not usable; use [NewFaults].
@@ -135,9 +135,8 @@ type faultConn struct {
 	f *Faults
 
 	mu      sync.Mutex
-	reading bool      // last operation was a read (or none yet)
-	pending FaultKind // fault to apply when the reply is read
-	cancel  context.CancelFunc
+	reading bool      // data was read since the last write (or nothing written yet)
+	pending FaultKind // DropReply: lose the next reply that arrives
 	broken  bool
 }
 
@@ -163,112 +162,80 @@ func (c *faultConn) Write(p []byte) (int, error) {
 		c.Conn.Close()
 		return 0, ErrInjected
 	}
-	if kind != NoFault {
-		c.pending, c.cancel = kind, cancel
+	if kind == DropReply {
+		c.pending = DropReply
 	}
 	c.mu.Unlock()
 	if delay > 0 {
 		time.Sleep(delay)
 	}
-	return c.Conn.Write(p)
+	n, err := c.Conn.Write(p)
+	if kind == CancelAfterSend && cancel != nil {
+		cancel() // the request is on the wire; the adapter now waits for its reply
+	}
+	return n, err
 }
 
+// Read reads the backend's reply. When the reply to a round trip armed with
+// DropReply arrives (so the backend has processed the request), it is
+// thrown away and the connection closed. The check runs after the read
+// returns, because some clients (net/http's persistConn) start reading
+// before they write.
 func (c *faultConn) Read(p []byte) (int, error) {
 	c.mu.Lock()
 	if c.broken {
 		c.mu.Unlock()
 		return 0, ErrInjected
 	}
-	c.reading = true
-	kind, cancel := c.pending, c.cancel
-	c.pending, c.cancel = NoFault, nil
 	c.mu.Unlock()
-	switch kind {
-	case CancelAfterSend:
-		if cancel != nil {
-			cancel()
-		}
-	case DropReply:
-		// Wait until the backend answers (it has processed the request),
-		// then lose the answer.
-		buf := make([]byte, 1)
-		_, _ = io.ReadAtLeast(c.Conn, buf, 1)
-		c.mu.Lock()
+	n, err := c.Conn.Read(p)
+	c.mu.Lock()
+	if n > 0 {
+		c.reading = true // a reply (or a greeting) arrived: the next write is a new request
+	}
+	drop := c.pending == DropReply && n > 0
+	if drop {
+		c.pending = NoFault
 		c.broken = true
-		c.mu.Unlock()
+	}
+	c.mu.Unlock()
+	if drop {
 		c.Conn.Close()
 		return 0, ErrInjected
 	}
-	return c.Conn.Read(p)
-}
-
-// Transport returns an http.RoundTripper that sends requests through base
-// (http.DefaultTransport if nil) with f's faults applied. DropReply returns
-// an error after the server answered; CutRequest sends half the body and
-// aborts (a request without a body is not sent); CancelAfterSend cancels
-// the attempt's context after the server answered and returns the
-// context's error.
-func (f *Faults) Transport(base http.RoundTripper) http.RoundTripper {
-	if base == nil {
-		base = http.DefaultTransport
-	}
-	return &faultTransport{base: base, f: f}
-}
-
-type faultTransport struct {
-	base http.RoundTripper
-	f    *Faults
-}
-
-func (t *faultTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	kind, cancel, delay := t.f.begin()
-	if delay > 0 {
-		time.Sleep(delay)
-	}
-	switch kind {
-	case CutRequest:
-		if req.Body == nil || req.Body == http.NoBody || req.ContentLength == 0 {
-			return nil, ErrInjected
-		}
-		r2 := req.Clone(req.Context())
-		r2.Body = &cutBody{rc: req.Body, left: max(req.ContentLength/2, 1)}
-		resp, err := t.base.RoundTrip(r2)
-		if err == nil {
-			resp.Body.Close()
-		}
-		return nil, ErrInjected
-	case DropReply, CancelAfterSend:
-		resp, err := t.base.RoundTrip(req)
-		if err != nil {
-			return nil, err
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if kind == CancelAfterSend && cancel != nil {
-			cancel()
-			return nil, req.Context().Err()
-		}
-		return nil, ErrInjected
-	}
-	return t.base.RoundTrip(req)
-}
-
-// cutBody yields left bytes of rc, then fails.
-type cutBody struct {
-	rc   io.ReadCloser
-	left int64
-}
-
-func (b *cutBody) Read(p []byte) (int, error) {
-	if b.left <= 0 {
-		return 0, ErrInjected
-	}
-	if int64(len(p)) > b.left {
-		p = p[:b.left]
-	}
-	n, err := b.rc.Read(p)
-	b.left -= int64(n)
 	return n, err
 }
 
-func (b *cutBody) Close() error { return b.rc.Close() }
+// Transport wires an HTTP transport's connections through f and returns
+// it: base's DialContext (or a plain net.Dialer's) is wrapped so that every
+// connection it dials suffers f's faults, exactly as [Faults.DialContext]
+// does for TCP adapters. HTTP/1.1 is request then response on a connection,
+// so a round trip is one HTTP request: DropReply lets the server answer and
+// loses the answer, CutRequest sends half of the request's first write (the
+// server never sees a whole request), CancelAfterSend cancels once the
+// request was written. base is modified in place (so its
+// CloseIdleConnections keeps working); nil means a new transport. Use it
+// for stripe-go's and aws-sdk-go-v2's HTTPClient:
+//
+//	tr := f.Transport(nil)
+//	client := &http.Client{Transport: tr}
+//	defer tr.CloseIdleConnections()
+func (f *Faults) Transport(base *http.Transport) *http.Transport {
+	if base == nil {
+		base = &http.Transport{MaxIdleConnsPerHost: 16}
+	}
+	dial := base.DialContext
+	if dial == nil {
+		var d net.Dialer
+		dial = d.DialContext
+	}
+	base.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &faultConn{Conn: c, f: f, reading: true}, nil
+	}
+	base.ForceAttemptHTTP2 = false
+	return base
+}

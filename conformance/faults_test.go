@@ -162,8 +162,9 @@ func TestTransportFaults(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	post := func(f *conformance.Faults, ctx context.Context) error {
-		client := &http.Client{Transport: f.Transport(nil)}
-		defer client.CloseIdleConnections()
+		tr := f.Transport(nil)
+		defer tr.CloseIdleConnections()
+		client := &http.Client{Transport: tr}
 		req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL, strings.NewReader(strings.Repeat("x", 4096)))
 		resp, err := client.Do(req)
 		if err == nil {
@@ -196,11 +197,15 @@ func TestTransportFaults(t *testing.T) {
 	f = conformance.NewFaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	f.Arm(1, conformance.CancelAfterSend, cancel)
-	if err := post(f, ctx); !errors.Is(err, context.Canceled) {
+	// Cancelled once the request is on the wire: the server may or may not
+	// process it, and the client sees the cancellation or, if the reply won
+	// the race, the reply. Either way the outcome is unknown to the adapter
+	// until it retries.
+	if err := post(f, ctx); err != nil && !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancel after send: %v", err)
 	}
-	if processed.Load() != 3 {
-		t.Fatalf("cancel after send: the request was not processed (%d)", processed.Load())
+	if ctx.Err() == nil || !f.Fired() {
+		t.Fatal("cancel after send: the context was not cancelled")
 	}
 }
 

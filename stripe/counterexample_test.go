@@ -1,0 +1,92 @@
+package stripe
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	stripego "github.com/stripe/stripe-go/v76"
+	"github.com/stripe/stripe-go/v76/client"
+
+	"effectively.dev/conformance"
+	"effectively.dev/effects"
+)
+
+// freshKeyPerAttempt is the bug this package exists to prevent, kept here
+// so the suite can prove it catches it. Its first attempt carries the
+// effect key, like PaymentIntents; but when the network fails it retries
+// at once with freshly built params, and stripe-go gives params without a
+// key a random one. Any retry after a request that Stripe did process
+// charges again. It claims EffectivelyOnce anyway.
+type freshKeyPerAttempt struct {
+	api *client.API
+	e   effect
+}
+
+func (c *freshKeyPerAttempt) Contract() effects.Contract { return c.e.contract() }
+
+func (c *freshKeyPerAttempt) Apply(ctx context.Context, key effects.Key, in PaymentIntent) (effects.Result, error) {
+	if err := c.e.validate(key); err != nil {
+		return effects.Result{}, err
+	}
+	params := &stripego.Params{Context: ctx}
+	params.SetIdempotencyKey(string(key))
+	for attempt := 1; ; attempt++ {
+		pi, err := c.api.PaymentIntents.New(in.params(params))
+		if err == nil {
+			res := effects.Result{Status: effects.Applied, Ref: pi.ID}
+			if pi.LastResponse.Header.Get(ReplayedHeader) == "true" {
+				res.Status = effects.Replayed
+			}
+			return res, nil
+		}
+		var se *stripego.Error
+		if errors.As(err, &se) || ctx.Err() != nil || attempt == 3 {
+			return effects.Result{}, c.e.classify(key, err)
+		}
+		params = &stripego.Params{Context: ctx} // the bug: no key, so a random one
+	}
+}
+
+// The counterexample must fail the suite where its bug shows: whenever an
+// attempt fails on the network and the internal retry succeeds under a
+// random key, the PaymentIntent exists under a key nobody will send again.
+//
+//   - lost-reply: Stripe created the PaymentIntent, the reply was lost,
+//     the internal retry creates a second one.
+//   - cut-request: Stripe never got the whole request; the internal retry
+//     creates the PaymentIntent under a random key, Apply reports success,
+//     and the redelivery that follows (the suite re-applies every key after
+//     a fault, as a broker would after a crash before the ack) finds the
+//     real key unused and creates a second one.
+//
+// A cancelled context stops the internal retry, so cancel-mid-apply
+// retries with the real key and passes; redeliveries, concurrent
+// duplicates and storms never meet a network error and pass. A backend
+// restart may catch it too, when the client reuses a connection the
+// restart closed (its network error triggers the fresh-key retry).
+func TestCounterexampleFreshKeyPerAttemptFails(t *testing.T) {
+	rep := conformance.Evaluate(t, "counterexample: fresh key per attempt", func(t testing.TB) conformance.Harness[PaymentIntent] {
+		h := newHarness(t, func(api *client.API) effects.Effect[PaymentIntent] {
+			return &freshKeyPerAttempt{api: api, e: newEffect("freshKeyPerAttempt.Apply", "payment_intent", nil)}
+		})
+		// The retries' PaymentIntents carry random keys: count them by the
+		// effect key in their metadata instead.
+		h.count = func(key effects.Key) int { return h.srv.CreatedWithMetadata("effect_key", string(key)) }
+		return h
+	})
+	failed := rep.Failed()
+	t.Logf("caught by: %v\n%s", failed, rep.Markdown())
+	want := []string{conformance.ScenarioLostReply, conformance.ScenarioCut}
+	for _, name := range want {
+		if !slices.Contains(failed, name) {
+			t.Errorf("failed scenarios %v, want %s among them", failed, name)
+		}
+	}
+	for _, name := range want {
+		if row, _ := rep.Row(name); row.MaxEffects < 2 {
+			t.Errorf("%s saw at most %d effects per key, want a duplicate", name, row.MaxEffects)
+		}
+	}
+}

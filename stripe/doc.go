@@ -1,0 +1,100 @@
+// Package stripe makes Stripe calls effectively once. [PaymentIntents]
+// and [Refunds] are [effects.Effect]s that create Stripe objects over
+// stripe-go v76, with the effect's key as Stripe's Idempotency-Key.
+//
+// A message delivered twice, a retry after a lost reply, sixteen workers
+// racing on one key: Stripe creates one object, and every Apply after the
+// first reports [effects.Replayed] with the same id:
+//
+//	api := client.New(secretKey, nil) // stripe-go's client
+//	charges := stripe.NewPaymentIntents(api)
+//	key, _ := effects.NewKey("billing", event.ID, "charge")
+//	res, err := charges.Apply(ctx, key, stripe.PaymentIntent{Amount: 2000, Currency: "usd", Customer: "cus_123"})
+//	// res.Ref is "pi_...", the same on every redelivery; errors.Is(err, effects.ErrKeyReused) etc.
+//
+// # How
+//
+// Every request carries the effect's key as its Idempotency-Key, set
+// explicitly: stripe-go otherwise sends a random key per call, which makes
+// each retry a new charge. Stripe stores the first response for a key and
+// replays it, with "Idempotent-Replayed: true", to every later request with
+// the key; Apply reports such a replay as [effects.Replayed]. The key is
+// validated before any I/O ([effects.ErrInvalidKey]); keys with leading or
+// trailing white space are refused too, because stripe-go trims them and
+// " k" would silently share Stripe's record with "k".
+//
+// # Errors
+//
+// Apply's errors say what a caller may do next ([effects.Retryable]):
+//
+//   - 400 idempotency_error (the key was used with other parameters, or on
+//     another endpoint): [effects.ErrKeyReused], permanent.
+//   - 409 idempotency_key_in_use (another request with the key is
+//     executing): [effects.ErrInFlight]; retry later with the same key and
+//     get the other request's result.
+//   - No response (connection cut, reply lost, context cancelled or timed
+//     out after the request left): [effects.ErrAmbiguous]; the request may
+//     have been applied, and retrying the same key either applies it or
+//     replays it. Never retry with a new key. A connection that was never
+//     made is [effects.ErrTransient].
+//   - 429 and other 409s: [effects.ErrTransient]. Stripe's rate limiter
+//     answers before its idempotency layer, so nothing was stored.
+//   - 5xx: Stripe documents a 500's outcome as indeterminate and stores it
+//     under the key like any response, so a retry with the same key replays
+//     the same 500 for as long as Stripe keeps the key. The first 5xx is
+//     [effects.ErrAmbiguous]: one retry tells a stored 500 from one that
+//     never reached the idempotency layer (which then executes). A 5xx that
+//     comes back replayed is [ErrReplayedServerError], which is not
+//     retryable: retrying cannot resolve it for at least 24 h, and a retry
+//     after Stripe forgets the key executes again and may duplicate. Send
+//     such a message to a dead letter and reconcile (webhooks, the
+//     Dashboard, a metadata search) instead.
+//   - Any other Stripe error (a card decline, an invalid request, an
+//     unknown customer): a permanent [*RequestError] wrapping stripe-go's
+//     *stripe.Error, which errors.As reaches (and through it
+//     *stripe.CardError and the other typed errors). Stripe stores such an
+//     answer when the endpoint had begun executing (a decline), but not
+//     when validation failed (a missing currency): then the corrected
+//     request executes under the same key.
+//
+// # Horizon and the journal
+//
+// Stripe keeps keys for at least 24 hours, so the contract's Horizon is
+// 24 h: a redelivery after that creates a second object. If messages can
+// come back later (a long broker retention, a replay tool), give the
+// effect an [effects.Journal] with [WithJournal]. Apply then consults the
+// journal first: a completed record replays the stored id without calling
+// Stripe, however old it is; otherwise Apply calls Stripe and records the
+// id. The contract's Horizon becomes 0, until the journal prunes.
+//
+// This stays effectively once past Stripe's horizon because the two
+// records overlap: the journal covers everything after Complete, and
+// Stripe's key covers the gap between the call and Complete (a crash or a
+// lost reply there is resolved by a retry with the same key, which Stripe
+// replays, and the retry completes the record). The one gap left is a
+// record that stays pending for more than 24 h: the call succeeded, the
+// process died before Complete, and the message came back only after
+// Stripe forgot the key. Keep redelivery of failed messages well inside
+// 24 h, or reconcile pending records, if that matters to you.
+//
+// The journal's lease does not gate the call. Within Stripe's horizon
+// Stripe's key is the enforcer, so an attempt that finds the key leased by
+// another attempt ([effects.ErrInFlight] from Begin) calls Stripe anyway:
+// Stripe answers 409 (reported as ErrInFlight) while the other request
+// executes, or replays its result, which this attempt then records. So a
+// lost reply costs one retry, not a lease expiry. The lease is released
+// only after a failure that cannot have applied the effect
+// ([effects.ErrTransient] or a permanent Stripe error), and only by the
+// attempt that took it.
+//
+// # When not to use it
+//
+// For Stripe calls that are reads, or updates that are idempotent by
+// nature, a key adds nothing. For PaymentIntent confirmation, captures and
+// other objects, the same pattern applies but this package does not cover
+// them yet. Connect platforms acting for a connected account
+// (Stripe-Account) are not supported: Stripe scopes keys per account.
+// And no key makes a charge effectively once if the key is not stable:
+// build it with [effects.NewKey] from the message's identity, never per
+// attempt.
+package stripe

@@ -1,0 +1,37 @@
+// Package stripetest is a local Stripe API endpoint for tests: an
+// in-process HTTP server on 127.0.0.1 that serves the PaymentIntent and
+// Refund endpoints stripe-go calls, and follows Stripe's documented
+// idempotency rules for API v1, which stripe-mock does not implement:
+//
+//   - The first response for an Idempotency-Key is stored once the
+//     endpoint began executing, whatever it was (a success, a card decline,
+//     a 500), and every later request with the key gets it back with the
+//     header "Idempotent-Replayed: true".
+//   - The same key with other parameters, or on another endpoint, is
+//     refused with 400 and an error of type "idempotency_error".
+//   - The same key while its first request is still executing is refused
+//     with 409 and the code "idempotency_key_in_use"; nothing is stored.
+//   - Nothing is stored when the request failed validation (a missing
+//     amount, an unknown currency format, a refund of an unknown
+//     PaymentIntent), nor for 401s and rate-limited 429s, which Stripe
+//     answers before its idempotency layer: a corrected retry with the same
+//     key executes.
+//   - Keys are scoped to the API key (the Authorization header) and the
+//     Stripe-Account header, expire after a horizon (24 h unless
+//     [WithHorizon]; time comes from [WithClock]), and are refused with 400
+//     when longer than 255 characters.
+//
+// The server counts what it created per idempotency key ([Server.Created],
+// [Server.Total], [Server.CreatedWithMetadata]): that is the backend's own
+// count, which the conformance suite compares with what an adapter
+// claims. Failures can be injected ([Server.FailNext],
+// [Server.FailNextAfterCreate]), requests can be slowed to create
+// in-flight overlap ([WithLatency]), and the server can be restarted with
+// its state ([Server.Restart]).
+//
+// When not to use it: it models idempotency, not payments. Amounts are not
+// checked against currencies' minimums, customers and payment methods are
+// not looked up (except the decline test method "pm_card_chargeDeclined"),
+// unknown parameters are accepted, and only the endpoints listed above
+// exist. Test payment logic against Stripe's test mode.
+package stripetest

@@ -1,0 +1,510 @@
+package stripetest
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	stripego "github.com/stripe/stripe-go/v76"
+	"github.com/stripe/stripe-go/v76/client"
+)
+
+// APIKey is a secret key the server accepts. Any non-empty bearer token is
+// accepted; each one is its own account, with its own idempotency keys and
+// objects.
+const APIKey = "sk_test_stripetest"
+
+// MaxKeyLen is the longest Idempotency-Key the server accepts, as Stripe.
+const MaxKeyLen = 255
+
+// DefaultHorizon is how long the server keeps an idempotency key unless
+// [WithHorizon] says otherwise: Stripe keeps keys for at least 24 hours.
+const DefaultHorizon = 24 * time.Hour
+
+// Option configures a [Server].
+type Option func(*config)
+
+type config struct {
+	horizon time.Duration
+	now     func() time.Time
+	latency time.Duration
+}
+
+// WithHorizon sets how long an idempotency key is remembered after its
+// first request (default [DefaultHorizon]). A request with an expired key
+// executes again, as at Stripe once a key was pruned.
+func WithHorizon(d time.Duration) Option { return func(c *config) { c.horizon = d } }
+
+// WithClock makes the server read the time from now, so a test can move
+// past the horizon without waiting. The default is time.Now.
+func WithClock(now func() time.Time) Option { return func(c *config) { c.now = now } }
+
+// WithLatency makes every POST that passes validation take d to execute
+// while its idempotency key is held, so concurrent requests with the key
+// overlap and get 409 idempotency_key_in_use.
+func WithLatency(d time.Duration) Option { return func(c *config) { c.latency = d } }
+
+// Server is a local Stripe API endpoint. Create it with [NewServer] or
+// [Start]. Its methods are safe for concurrent use.
+type Server struct {
+	// URL is the server's base URL, e.g. "http://127.0.0.1:40123", for
+	// stripe.BackendConfig.URL. It stays the same across [Server.Restart].
+	URL string
+
+	cfg config
+
+	life sync.Mutex // serializes Restart and Close
+	hs   *httptest.Server
+	addr string
+
+	mu        sync.Mutex
+	keys      map[scopedKey]*entry
+	objects   []*object
+	byID      map[string]*object
+	created   map[string]int // objects created per idempotency key
+	requests  int
+	limitNext int       // requests to answer with 429 before the idempotency layer
+	failNext  []failure // executing requests to fail
+	rng       *rand.Rand
+}
+
+// scopedKey is an idempotency key within its account.
+type scopedKey struct{ account, key string }
+
+// entry is the idempotency layer's record of one key.
+type entry struct {
+	path    string
+	params  string
+	first   time.Time
+	done    bool
+	status  int
+	body    []byte
+	request string // Request-Id of the request whose response is stored
+}
+
+type failure struct {
+	status      int
+	afterCreate bool
+}
+
+// object is a created PaymentIntent or Refund.
+type object struct {
+	account string
+	key     string // idempotency key of the request that created it
+	pi      *paymentIntent
+	re      *refund
+}
+
+func (o *object) metadata() map[string]string {
+	if o.pi != nil {
+		return o.pi.Metadata
+	}
+	return o.re.Metadata
+}
+
+// NewServer starts a server on a free 127.0.0.1 port. Close it when done.
+// It panics if no port can be had, like httptest.NewServer.
+func NewServer(opts ...Option) *Server {
+	cfg := config{horizon: DefaultHorizon, now: time.Now}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	s := &Server{
+		cfg:     cfg,
+		keys:    map[scopedKey]*entry{},
+		byID:    map[string]*object{},
+		created: map[string]int{},
+		rng:     rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(fmt.Sprintf("stripetest: listen: %v", err))
+	}
+	s.addr = ln.Addr().String()
+	s.URL = "http://" + s.addr
+	s.serve(ln)
+	return s
+}
+
+// Start is [NewServer] for tests: the server is closed when tb ends.
+func Start(tb testing.TB, opts ...Option) *Server {
+	tb.Helper()
+	s := NewServer(opts...)
+	tb.Cleanup(s.Close)
+	return s
+}
+
+func (s *Server) serve(ln net.Listener) {
+	hs := httptest.NewUnstartedServer(s.handler())
+	hs.Listener.Close()
+	hs.Listener = ln
+	hs.Start()
+	s.hs = hs
+}
+
+// Close stops the server after the requests in progress have finished.
+func (s *Server) Close() {
+	s.life.Lock()
+	defer s.life.Unlock()
+	if s.hs != nil {
+		s.hs.Close()
+		s.hs = nil
+	}
+}
+
+// Restart stops the server, dropping every connection once the requests in
+// progress have finished, and starts it again on the same address with
+// the same state (keys, stored responses, objects), as Stripe after a
+// deploy: clients see their pooled connections closed.
+func (s *Server) Restart() error {
+	s.life.Lock()
+	defer s.life.Unlock()
+	if s.hs == nil {
+		return fmt.Errorf("stripetest: restart of a closed server")
+	}
+	s.hs.Close()
+	s.hs = nil
+	var (
+		ln  net.Listener
+		err error
+	)
+	for i := 0; i < 50; i++ {
+		if ln, err = net.Listen("tcp", s.addr); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		return fmt.Errorf("stripetest: restart: %w", err)
+	}
+	s.serve(ln)
+	return nil
+}
+
+// Client returns a stripe-go client for this server that sends requests
+// with hc (a new http.Client on http.DefaultTransport if nil), [APIKey],
+// no network retries of its own, no telemetry and no logging. Tests that
+// inject faults pass an http.Client whose Transport is the suite's.
+func (s *Server) Client(hc *http.Client) *client.API {
+	if hc == nil {
+		hc = &http.Client{}
+	}
+	b := stripego.GetBackendWithConfig(stripego.APIBackend, &stripego.BackendConfig{
+		URL:               stripego.String(s.URL),
+		HTTPClient:        hc,
+		MaxNetworkRetries: stripego.Int64(0),
+		EnableTelemetry:   stripego.Bool(false),
+		LeveledLogger:     &stripego.LeveledLogger{Level: stripego.LevelNull},
+	})
+	return client.New(APIKey, &stripego.Backends{API: b, Connect: b, Uploads: b})
+}
+
+// FailNext makes the next n requests that would execute a POST fail with
+// status and a Stripe-shaped error, before anything is created. As at
+// Stripe, the failure is stored under the request's idempotency key and
+// replayed to every retry with that key, 500s included. Status 429 is the
+// exception: Stripe's rate limiter answers before the idempotency layer, so
+// the next n POSTs of any kind, replays included, get 429 and nothing is
+// stored.
+func (s *Server) FailNext(n int, status int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if status == http.StatusTooManyRequests {
+		s.limitNext += n
+		return
+	}
+	for i := 0; i < n; i++ {
+		s.failNext = append(s.failNext, failure{status: status})
+	}
+}
+
+// FailNextAfterCreate is like [Server.FailNext] but fails after the object
+// was created: the client gets status (stored and replayed under the key)
+// while the object exists. It models the indeterminate 500 that Stripe's
+// documentation warns about.
+func (s *Server) FailNextAfterCreate(n int, status int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := 0; i < n; i++ {
+		s.failNext = append(s.failNext, failure{status: status, afterCreate: true})
+	}
+}
+
+// Created returns how many objects (PaymentIntents and Refunds) requests
+// with the idempotency key created, in every account. Requests without a
+// key count under "".
+func (s *Server) Created(idempotencyKey string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.created[idempotencyKey]
+}
+
+// CreatedWithMetadata returns how many objects were created whose metadata
+// maps name to value, whatever their idempotency keys: a count for
+// effects that do not keep their key (the way Stripe's search finds
+// objects by metadata).
+func (s *Server) CreatedWithMetadata(name, value string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, o := range s.objects {
+		if v, ok := o.metadata()[name]; ok && v == value {
+			n++
+		}
+	}
+	return n
+}
+
+// Total returns how many objects were created in all.
+func (s *Server) Total() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.objects)
+}
+
+// Requests returns how many HTTP requests reached the server, so a test
+// can prove that a call made none.
+func (s *Server) Requests() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.requests
+}
+
+func (s *Server) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/payment_intents", func(w http.ResponseWriter, r *http.Request) {
+		s.post(w, r, s.validatePaymentIntent, s.createPaymentIntent)
+	})
+	mux.HandleFunc("GET /v1/payment_intents/{id}", func(w http.ResponseWriter, r *http.Request) {
+		s.get(w, r, "payment_intent")
+	})
+	mux.HandleFunc("POST /v1/refunds", func(w http.ResponseWriter, r *http.Request) {
+		s.post(w, r, s.validateRefund, s.createRefund)
+	})
+	mux.HandleFunc("GET /v1/refunds/{id}", func(w http.ResponseWriter, r *http.Request) {
+		s.get(w, r, "refund")
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &apiError{status: http.StatusNotFound, Type: "invalid_request_error",
+			Message: fmt.Sprintf("Unrecognized request URL (%s: %s).", r.Method, r.URL.Path)})
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		s.requests++
+		id := s.newID("req_")
+		s.mu.Unlock()
+		w.Header().Set("Request-Id", id)
+		w.Header().Set("Stripe-Version", stripego.APIVersion)
+		if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); !ok || tok == "" {
+			writeError(w, &apiError{status: http.StatusUnauthorized, Type: "invalid_request_error",
+				Message: "You did not provide an API key. Provide it in the Authorization header, using Bearer auth."})
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// account is the scope of idempotency keys and objects: the API key plus
+// the connected account the request acts for.
+func account(r *http.Request) string {
+	return r.Header.Get("Authorization") + "\x00" + r.Header.Get("Stripe-Account")
+}
+
+type (
+	validator func(acct string, f url.Values) *apiError
+	executor  func(acct, key string, f url.Values) (status int, body any)
+)
+
+// post runs a POST through the idempotency layer: rate limiter, key
+// checks, validation (nothing stored on failure), execution (stored).
+func (s *Server) post(w http.ResponseWriter, r *http.Request, validate validator, execute executor) {
+	raw, err := io.ReadAll(r.Body)
+	if err != nil {
+		// The request was cut: no endpoint began executing.
+		return
+	}
+	form, err := url.ParseQuery(string(raw))
+	if err != nil {
+		writeError(w, &apiError{status: http.StatusBadRequest, Type: "invalid_request_error",
+			Message: "Invalid request body: " + err.Error()})
+		return
+	}
+	key := r.Header.Get("Idempotency-Key")
+	if key != "" {
+		w.Header().Set("Idempotency-Key", key)
+	}
+	if len(key) > MaxKeyLen {
+		writeError(w, &apiError{status: http.StatusBadRequest, Type: "invalid_request_error",
+			Message: fmt.Sprintf("Invalid Idempotency-Key: it is %d characters long, the maximum is %d.", len(key), MaxKeyLen)})
+		return
+	}
+	acct := account(r)
+	sk := scopedKey{acct, key}
+	params := form.Encode() // sorted by name: the same parameters compare equal
+
+	s.mu.Lock()
+	if s.limitNext > 0 {
+		s.limitNext--
+		s.mu.Unlock()
+		writeError(w, &apiError{status: http.StatusTooManyRequests, Type: "invalid_request_error", Code: "rate_limit",
+			Message: "Too many requests hit the API too quickly."})
+		return
+	}
+	var e *entry
+	if key != "" {
+		if old := s.keys[sk]; old != nil && s.cfg.now().Sub(old.first) < s.cfg.horizon {
+			s.mu.Unlock()
+			s.answerKnown(w, r, old, key, params)
+			return
+		}
+		e = &entry{path: r.URL.Path, params: params, first: s.cfg.now()}
+		s.keys[sk] = e // held while executing: concurrent requests get 409
+	}
+	if aerr := validate(acct, form); aerr != nil {
+		if e != nil {
+			delete(s.keys, sk)
+		}
+		s.mu.Unlock()
+		writeError(w, aerr)
+		return
+	}
+	s.mu.Unlock()
+
+	if s.cfg.latency > 0 {
+		time.Sleep(s.cfg.latency)
+	}
+
+	s.mu.Lock()
+	var fail *failure
+	if len(s.failNext) > 0 {
+		fail = &s.failNext[0]
+		s.failNext = s.failNext[1:]
+	}
+	var (
+		status int
+		body   any
+	)
+	if fail == nil || fail.afterCreate {
+		status, body = execute(acct, key, form)
+	}
+	if fail != nil {
+		status, body = fail.status, errorBody(&apiError{Type: "api_error",
+			Message: fmt.Sprintf("An unknown error occurred (injected %d).", fail.status)})
+	}
+	b, err := json.Marshal(body)
+	if err != nil {
+		panic(err) // our own types always marshal
+	}
+	if e != nil {
+		e.done, e.status, e.body, e.request = true, status, b, w.Header().Get("Request-Id")
+	}
+	s.mu.Unlock()
+	writeJSON(w, status, b)
+}
+
+// answerKnown answers a request whose key is remembered: 409 while the
+// first request executes, 400 for other parameters, else the replay.
+func (s *Server) answerKnown(w http.ResponseWriter, r *http.Request, e *entry, key, params string) {
+	s.mu.Lock()
+	done, path, stored, status, body, req := e.done, e.path, e.params, e.status, e.body, e.request
+	s.mu.Unlock()
+	switch {
+	case !done:
+		writeError(w, &apiError{status: http.StatusConflict, Type: "invalid_request_error", Code: "idempotency_key_in_use",
+			Message: "There is currently another in-progress request using this Idempotency-Key. Please try again later."})
+	case path != r.URL.Path:
+		writeError(w, &apiError{status: http.StatusBadRequest, Type: "idempotency_error",
+			Message: fmt.Sprintf("Keys for idempotent requests can only be used for the same endpoint they were first used for ('%s' vs '%s'). Try using a key other than '%s' if you meant to execute a different request.", r.URL.Path, path, key)})
+	case stored != params:
+		writeError(w, &apiError{status: http.StatusBadRequest, Type: "idempotency_error",
+			Message: fmt.Sprintf("Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than '%s' if you meant to execute a different request.", key)})
+	default:
+		w.Header().Set("Idempotent-Replayed", "true")
+		w.Header().Set("Original-Request", req)
+		writeJSON(w, status, body)
+	}
+}
+
+// get serves GET /v1/<kind>s/{id}.
+func (s *Server) get(w http.ResponseWriter, r *http.Request, kind string) {
+	id := r.PathValue("id")
+	s.mu.Lock()
+	o := s.byID[id]
+	var body any
+	if o != nil && o.account == account(r) {
+		if kind == "payment_intent" && o.pi != nil {
+			body = o.pi
+		}
+		if kind == "refund" && o.re != nil {
+			body = o.re
+		}
+	}
+	var b []byte
+	if body != nil {
+		b, _ = json.Marshal(body)
+	}
+	s.mu.Unlock()
+	if b == nil {
+		writeError(w, &apiError{status: http.StatusNotFound, Type: "invalid_request_error", Code: "resource_missing",
+			Param: "id", Message: fmt.Sprintf("No such %s: '%s'", kind, id)})
+		return
+	}
+	writeJSON(w, http.StatusOK, b)
+}
+
+// record adds a created object; s.mu is held.
+func (s *Server) record(o *object) {
+	s.objects = append(s.objects, o)
+	if o.pi != nil {
+		s.byID[o.pi.ID] = o
+	} else {
+		s.byID[o.re.ID] = o
+	}
+	s.created[o.key]++
+}
+
+const idChars = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+// newID returns prefix and 24 random characters, like Stripe's ids; s.mu
+// is held.
+func (s *Server) newID(prefix string) string {
+	b := make([]byte, 24)
+	for i := range b {
+		b[i] = idChars[s.rng.IntN(len(idChars))]
+	}
+	return prefix + string(b)
+}
+
+// apiError is Stripe's error object.
+type apiError struct {
+	status        int
+	Type          string         `json:"type"`
+	Code          string         `json:"code,omitempty"`
+	DeclineCode   string         `json:"decline_code,omitempty"`
+	DocURL        string         `json:"doc_url,omitempty"`
+	Message       string         `json:"message"`
+	Param         string         `json:"param,omitempty"`
+	PaymentIntent *paymentIntent `json:"payment_intent,omitempty"`
+}
+
+func errorBody(e *apiError) any { return map[string]*apiError{"error": e} }
+
+func writeError(w http.ResponseWriter, e *apiError) {
+	b, _ := json.Marshal(errorBody(e))
+	writeJSON(w, e.status, b)
+}
+
+func writeJSON(w http.ResponseWriter, status int, body []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
