@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -39,7 +40,8 @@ type Key string
 //	key, err := effects.NewKey("billing", event.ID, "ledger")
 //
 // The joining is unambiguous: parts are joined with ':' after escaping ':',
-// '%', control bytes and invalid UTF-8 as %XX, so ("a:b", "c") and
+// '%', control bytes and invalid UTF-8 as %XX (and white space at either end
+// of the key, which some clients trim), so ("a:b", "c") and
 // ("a", "b:c") give different keys, and any byte string can be a part.
 // The result is deterministic across processes and versions. If the joined
 // form is longer than [MaxKeyLen] bytes, it is replaced by its first bytes,
@@ -63,7 +65,7 @@ func NewKey(parts ...string) (Key, error) {
 		}
 		escapePart(&b, p)
 	}
-	joined := b.String()
+	joined := escapeEdgeSpace(b.String())
 	if len(joined) <= MaxKeyLen {
 		return Key(joined), nil
 	}
@@ -95,16 +97,10 @@ func MustKey(parts ...string) Key {
 // escapePart appends p to b with ':', '%', control bytes and bytes that are
 // not valid UTF-8 replaced by %XX (upper-case hex).
 func escapePart(b *strings.Builder, p string) {
-	const hexdigits = "0123456789ABCDEF"
 	for i := 0; i < len(p); {
 		r, size := utf8.DecodeRuneInString(p[i:])
 		if (r == utf8.RuneError && size == 1) || r == ':' || r == '%' || isControl(r) {
-			for j := 0; j < size; j++ {
-				c := p[i+j]
-				b.WriteByte('%')
-				b.WriteByte(hexdigits[c>>4])
-				b.WriteByte(hexdigits[c&0xF])
-			}
+			hexBytes(b, p[i:i+size])
 		} else {
 			b.WriteString(p[i : i+size])
 		}
@@ -112,11 +108,39 @@ func escapePart(b *strings.Builder, p string) {
 	}
 }
 
+// escapeEdgeSpace escapes leading and trailing white space as %XX: some
+// clients trim it from keys (stripe-go does), which would merge " k" and
+// "k". Escaping stays injective because every '%' in a part was escaped.
+func escapeEdgeSpace(s string) string {
+	trimmed := strings.TrimLeftFunc(s, unicode.IsSpace)
+	lead := s[:len(s)-len(trimmed)]
+	core := strings.TrimRightFunc(trimmed, unicode.IsSpace)
+	trail := trimmed[len(core):]
+	if lead == "" && trail == "" {
+		return s
+	}
+	var b strings.Builder
+	hexBytes(&b, lead)
+	b.WriteString(core)
+	hexBytes(&b, trail)
+	return b.String()
+}
+
+func hexBytes(b *strings.Builder, s string) {
+	const hexdigits = "0123456789ABCDEF"
+	for i := 0; i < len(s); i++ {
+		b.WriteByte('%')
+		b.WriteByte(hexdigits[s[i]>>4])
+		b.WriteByte(hexdigits[s[i]&0xF])
+	}
+}
+
 func isControl(r rune) bool { return r < 0x20 || r == 0x7F || (r >= 0x80 && r < 0xA0) }
 
 // Validate reports whether k can be used as an idempotency key by every
-// adapter: non-empty, at most [MaxKeyLen] bytes, valid UTF-8, and free of
-// control characters (C0, DEL and C1). It returns nil or an *[Error] whose
+// adapter: non-empty, at most [MaxKeyLen] bytes, valid UTF-8, free of
+// control characters (C0, DEL and C1), and without leading or trailing white
+// space (which some clients trim, merging distinct keys). It returns nil or an *[Error] whose
 // Kind is [ErrInvalidKey] and which says what is wrong. Adapters call it
 // before any I/O, so an invalid key never leaves anything half-done.
 func (k Key) Validate() error {
@@ -128,6 +152,8 @@ func (k Key) Validate() error {
 		why = fmt.Sprintf("%d bytes, longer than %d (build keys with NewKey, which hashes long input)", len(k), MaxKeyLen)
 	case !utf8.ValidString(string(k)):
 		why = "not valid UTF-8"
+	case strings.TrimFunc(string(k), unicode.IsSpace) != string(k):
+		why = "leading or trailing white space"
 	default:
 		for i, r := range string(k) {
 			if isControl(r) {

@@ -16,6 +16,8 @@ func TestNewKeyIsUnambiguous(t *testing.T) {
 		{{"a", "b"}, {"a:b"}},
 		{{"x\x00"}, {"x%00"}},
 		{{"\xff"}, {"%FF"}},
+		{{" k"}, {"k"}},
+		{{"k", "v\u00a0"}, {"k", "v"}},
 	}
 	for _, p := range pairs {
 		k1, err1 := effects.NewKey(p[0]...)
@@ -35,6 +37,7 @@ func TestNewKeyIsDeterministicAndValid(t *testing.T) {
 		{"tenant/ü", "évènement", "step"},
 		{"ctl", "a\nb\tc\x00", "\x7f\u0085"},
 		{"bad", "\xff\xfe\xfd"},
+		{" lead", "trail\u00a0 "},
 		{"long", strings.Repeat("x", 300)},
 		{"long-escapes", strings.Repeat("%", 200)},
 		{"long-runes", strings.Repeat("€", 200)},
@@ -95,6 +98,8 @@ func TestValidate(t *testing.T) {
 		"DEL":         "a\x7fb",
 		"C1":          "a\u0085b",
 		"invalid UTF": "a\xffb",
+		"lead space":  " ab",
+		"trail NBSP":  "ab\u00a0",
 	}
 	for name, k := range bad {
 		err := k.Validate()
