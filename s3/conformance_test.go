@@ -1,0 +1,110 @@
+package s3_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"effectively.dev/conformance"
+	"effectively.dev/effects"
+	"effectively.dev/internal/s3test"
+	"effectively.dev/s3"
+)
+
+// The conformance harness counts effects as object versions in a
+// versioned bucket. That is what makes an overwrite visible: in a plain
+// bucket a second unconditional PUT replaces the object and the count stays
+// 1, so counting objects could not tell the adapter from a plain PUT.
+// Every scenario gets its own key prefix on one shared gateway.
+
+// harness builds Writers (or, for counterexamples, anything else) whose
+// every request goes through the suite's Faults.
+type harness struct {
+	srv    *s3test.Server
+	admin  *awss3.Client // counts, outside the faults
+	prefix string
+	build  func(client *awss3.Client, bucket, prefix string) (effects.Effect[s3.Object], error)
+}
+
+// restartable adds the backend-restart scenario when the gateway is ours.
+type restartable struct{ *harness }
+
+func (h restartable) Restart(ctx context.Context) error { return h.srv.Restart(ctx) }
+
+// maker returns a conformance.Maker over srv; build makes the effect under
+// test from a client that goes through the faults.
+func maker(srv *s3test.Server, build func(client *awss3.Client, bucket, prefix string) (effects.Effect[s3.Object], error)) conformance.Maker[s3.Object] {
+	return func(t testing.TB) conformance.Harness[s3.Object] {
+		h := &harness{srv: srv, admin: srv.Client(t), prefix: srv.Prefix(t.Name()), build: build}
+		if srv.External() {
+			return h
+		}
+		return restartable{h}
+	}
+}
+
+// Make builds a client whose HTTPClient sends every request through
+// f.Transport, over a transport of its own so that closing the instance
+// closes its connections. The SDK's retries are off (RetryMaxAttempts 1):
+// every injected fault then reaches the adapter's own classification, and
+// the suite's retry with the same key is what resolves it. (With the
+// SDK's retryer on, a lost PUT reply is resolved inside one Apply instead:
+// the resend gets 412 and the adapter replays; TestSDKRetryFindingItsOwnWriteIsAReplay
+// covers that path.)
+func (h *harness) Make(ctx context.Context, f *conformance.Faults) (effects.Effect[s3.Object], func(), error) {
+	tr := &http.Transport{MaxIdleConnsPerHost: 32, IdleConnTimeout: 30 * time.Second}
+	o := h.srv.Options()
+	o.HTTPClient = &http.Client{Transport: f.Transport(tr)}
+	o.RetryMaxAttempts = 1
+	eff, err := h.build(awss3.New(o), h.srv.Bucket, h.prefix)
+	if err != nil {
+		tr.CloseIdleConnections()
+		return nil, nil, err
+	}
+	return eff, tr.CloseIdleConnections, nil
+}
+
+// Input is a small text object naming the key; variant 1 has another body.
+func (h *harness) Input(key effects.Key, variant int) s3.Object {
+	return s3.Object{
+		Body:        fmt.Appendf(nil, "object for key %q, variant %d", key, variant),
+		ContentType: "text/plain",
+	}
+}
+
+// Count returns the number of versions of the key's object: every write
+// that landed, overwrites included.
+func (h *harness) Count(ctx context.Context, key effects.Key) (int, error) {
+	return countVersions(ctx, h.admin, h.srv.Bucket, h.prefix+s3.EscapeKey(key), true)
+}
+
+// Total returns the number of object versions under the scenario's prefix.
+func (h *harness) Total(ctx context.Context) (int, error) {
+	return countVersions(ctx, h.admin, h.srv.Bucket, h.prefix, false)
+}
+
+func writer(opts ...s3.Option) func(*awss3.Client, string, string) (effects.Effect[s3.Object], error) {
+	return func(client *awss3.Client, bucket, prefix string) (effects.Effect[s3.Object], error) {
+		return s3.New(client, bucket, append([]s3.Option{s3.WithPrefix(prefix)}, opts...)...)
+	}
+}
+
+func TestConformance(t *testing.T) {
+	srv := s3test.Start(t)
+	conformance.Run(t, "s3", maker(srv, writer()))
+}
+
+// TestConformanceMultipart runs the suite with every body uploaded as a
+// (single-part) multipart upload, so the faults are swept over HeadObject,
+// CreateMultipartUpload, UploadPart and the conditional
+// CompleteMultipartUpload. The storm is smaller: each key costs four round
+// trips.
+func TestConformanceMultipart(t *testing.T) {
+	srv := s3test.Start(t)
+	conformance.Run(t, "s3-multipart", maker(srv, writer(s3.WithMultipartThreshold(16))),
+		conformance.WithStorm(200, 0.95))
+}

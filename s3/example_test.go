@@ -1,0 +1,97 @@
+package s3_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"net/http"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"effectively.dev/effects"
+	"effectively.dev/s3"
+)
+
+// The examples run against a local versitygw gateway; exampleServer and
+// exampleClient (main_test.go) stand in for your own endpoint and client.
+
+// Write a receipt once per payment event, however often the event is
+// delivered.
+func Example() {
+	srv := exampleServer("receipts/")
+	client, bucket := exampleClient(srv), srv.Bucket // your *s3.Client and bucket
+
+	w, err := s3.New(client, bucket, s3.WithPrefix("receipts/"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	key := effects.MustKey("billing", "evt_1NqG", "receipt") // from the event's id, never random
+	receipt := s3.Object{Body: []byte("Paid 42.00 EUR"), ContentType: "text/plain"}
+
+	res, err := w.Apply(ctx, key, receipt)
+	fmt.Println(res.Status, err)
+	res, err = w.Apply(ctx, key, receipt) // the broker redelivers the event
+	fmt.Println(res.Status, err)
+	_, err = w.Apply(ctx, key, s3.Object{Body: []byte("Paid 99.00 EUR")}) // a bug reuses the key
+	fmt.Println(errors.Is(err, effects.ErrKeyReused), effects.Retryable(err))
+	// Output:
+	// applied <nil>
+	// replayed <nil>
+	// true false
+}
+
+// A client for an S3-compatible gateway (versitygw, MinIO, Ceph RGW):
+// its endpoint, path-style addressing, and credentials. The Writer adds
+// nothing to the client; the SDK's default retryer may stay on.
+func ExampleNew_customEndpoint() {
+	srv := exampleServer("exports/") // stands in for your gateway's address and credentials
+	httpClient := &http.Client{Transport: &http.Transport{}}
+	client := awss3.New(awss3.Options{
+		Region:       "us-east-1",
+		BaseEndpoint: aws.String(srv.Endpoint), // e.g. "http://127.0.0.1:7070"
+		UsePathStyle: true,                     // http://host/bucket/key, not http://bucket.host/key
+		Credentials:  credentials.NewStaticCredentialsProvider(srv.AccessKey, srv.SecretKey, ""),
+		HTTPClient:   httpClient,
+	})
+	defer httpClient.CloseIdleConnections()
+
+	w, err := s3.New(client, srv.Bucket, s3.WithPrefix("exports/"), s3.WithMultipartThreshold(64<<20))
+	if err != nil {
+		log.Fatal(err)
+	}
+	res, err := w.Apply(context.Background(), "export-2025-06-01", s3.Object{Body: []byte("id,amount\n1,42\n"), ContentType: "text/csv"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(res.Status, w.ObjectKey("export-2025-06-01"))
+	// Output: applied exports/export-2025-06-01
+}
+
+// Keys can be mapped to object keys of your own design; the effect key is
+// still stored on the object, so a mapping that sends two keys to one
+// object is caught as key reuse rather than overwriting.
+func ExampleWithObjectKey() {
+	client := awss3.New(awss3.Options{Region: "eu-west-1"}) // your client
+	asPDF := func(k effects.Key) string { return s3.EscapeKey(k) + ".pdf" }
+
+	w, err := s3.New(client, "invoices", s3.WithPrefix("2025/"), s3.WithObjectKey(asPDF))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(w.ObjectKey(effects.MustKey("acme", "cus_9", "in_1")))
+	// Output: 2025/acme:cus_9:in_1.pdf
+}
+
+func ExampleEscapeKey() {
+	fmt.Println(s3.EscapeKey("billing:evt_1:receipt"))
+	fmt.Println(s3.EscapeKey("orders/2025/06"))
+	fmt.Println(s3.EscapeKey(effects.MustKey("a:b", "c"))) // NewKey escaped the ':' as %3A
+	// Output:
+	// billing:evt_1:receipt
+	// orders%2F2025%2F06
+	// a%253Ab:c
+}
