@@ -1,0 +1,193 @@
+package email_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/wneessen/go-mail"
+
+	"effectively.dev/conformance"
+	"effectively.dev/effects"
+	"effectively.dev/email"
+	"effectively.dev/internal/pgtest"
+	"effectively.dev/internal/smtptest"
+	"effectively.dev/postgres"
+)
+
+// conformanceLease is short so that the suite's retries outlast it; the
+// suite retries for WithRetryFor, far longer.
+const conformanceLease = 300 * time.Millisecond
+
+const conformanceDomain = "conformance.test"
+
+// harness runs a Sender against a real in-process SMTP server and a real
+// Postgres journal. Effects are counted on the SMTP server: messages that
+// carry the Message-ID derived from the key.
+type harness struct {
+	srv *smtptest.Server
+	url string // the journal's database
+	// build makes the effect under test; the counterexample replaces it.
+	build func(ctx context.Context, h *harness, f *conformance.Faults) (effects.Effect[email.Message], func(), error)
+}
+
+var (
+	_ conformance.Harness[email.Message] = (*harness)(nil)
+	_ conformance.Restarter              = (*harness)(nil)
+)
+
+func newHarness(t testing.TB, build func(context.Context, *harness, *conformance.Faults) (effects.Effect[email.Message], func(), error)) *harness {
+	t.Helper()
+	h := &harness{srv: smtptest.Start(t), build: build}
+	if build == nil {
+		ctx := testCtx(t)
+		h.url = pgtest.DB(t)
+		pool, err := pgxpool.New(ctx, h.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		if err := postgres.Migrate(ctx, pool); err != nil {
+			t.Fatal(err)
+		}
+		h.build = buildSender
+	}
+	return h
+}
+
+// buildSender is the real adapter, as a process would make it at
+// start-up: a new connection pool for the journal and a new Sender. Both
+// the SMTP connections and the journal's Postgres connections go through
+// the suite's faults, so the sweeps also lose and cut the journal's
+// replies (Begin, Complete, Release) — the sent-record's commit is one end
+// of the declared duplicate window.
+func buildSender(ctx context.Context, h *harness, f *conformance.Faults) (effects.Effect[email.Message], func(), error) {
+	cfg, err := pgxpool.ParseConfig(h.url)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg.ConnConfig.DialFunc = f.DialContext
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	j, err := postgres.NewJournal(pool, "conformance")
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	s, err := email.New(j, h.srv.Addr(),
+		email.WithMailOptions(mail.WithTLSPolicy(mail.NoTLS), mail.WithTimeout(5*time.Second)),
+		email.WithDialContext(f.DialContext),
+		email.WithLease(conformanceLease),
+		email.WithMessageIDDomain(conformanceDomain),
+	)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return s, pool.Close, nil
+}
+
+func (h *harness) Make(ctx context.Context, f *conformance.Faults) (effects.Effect[email.Message], func(), error) {
+	return h.build(ctx, h, f)
+}
+
+func (h *harness) Input(key effects.Key, variant int) email.Message {
+	return email.Message{
+		From:    "Shop <orders@" + conformanceDomain + ">",
+		To:      []string{"customer@example.net"},
+		Subject: "Your receipt",
+		Text:    fmt.Sprintf("Receipt for %q (variant %d).", key, variant),
+	}
+}
+
+func (h *harness) Count(_ context.Context, key effects.Key) (int, error) {
+	return h.srv.Count(email.MessageID(key, conformanceDomain)), nil
+}
+
+func (h *harness) Total(context.Context) (int, error) { return h.srv.Total(), nil }
+
+// Restart restarts the SMTP server (the effect's backend) on the same
+// address with the messages it has.
+func (h *harness) Restart(context.Context) error { return h.srv.Restart() }
+
+func TestConformance(t *testing.T) {
+	rep := conformance.Run(t, "email", func(t testing.TB) conformance.Harness[email.Message] {
+		return newHarness(t, nil)
+	}, conformance.WithRetryFor(10*time.Second))
+	for _, row := range rep.Rows {
+		if row.Verdict != conformance.Pass {
+			t.Errorf("%s: %s, want pass", row.Scenario, row.Verdict)
+		}
+	}
+}
+
+// naiveSender is the counterexample: the same go-mail send with the same
+// deterministic Message-ID, but no sent-record, claiming effectively-once.
+// SMTP servers do not dedup on Message-ID, so every redelivery sends again.
+type naiveSender struct {
+	client *mail.Client
+}
+
+func (n *naiveSender) Contract() effects.Contract {
+	return effects.Contract{
+		Guarantee: effects.EffectivelyOnce,
+		Enforcer:  "deterministic Message-ID (the lie: SMTP servers do not dedup on it)",
+	}
+}
+
+func (n *naiveSender) Apply(ctx context.Context, key effects.Key, m email.Message) (effects.Result, error) {
+	if err := key.Validate(); err != nil {
+		return effects.Result{}, err
+	}
+	msg := mail.NewMsg()
+	if err := msg.From(m.From); err != nil {
+		return effects.Result{}, err
+	}
+	if err := msg.To(m.To...); err != nil {
+		return effects.Result{}, err
+	}
+	msg.Subject(m.Subject)
+	msg.SetBodyString(mail.TypeTextPlain, m.Text)
+	msg.SetMessageIDWithValue(email.MessageID(key, conformanceDomain))
+	if err := n.client.DialAndSendWithContext(ctx, msg); err != nil && !msg.IsDelivered() {
+		// Honest about the failure at least: retry with the same key.
+		return effects.Result{}, effects.Ambiguous("naive.Send", key, err)
+	}
+	return effects.Result{Status: effects.Applied, Ref: msg.ServerResponse()}, nil
+}
+
+func TestCounterexampleWithoutJournalFails(t *testing.T) {
+	rep := conformance.Evaluate(t, "email-naive", func(t testing.TB) conformance.Harness[email.Message] {
+		return newHarness(t, func(_ context.Context, h *harness, f *conformance.Faults) (effects.Effect[email.Message], func(), error) {
+			c, err := mail.NewClient(h.srv.Host(), mail.WithPort(h.srv.Port()), mail.WithTLSPolicy(mail.NoTLS),
+				mail.WithTimeout(5*time.Second), mail.WithDialContextFunc(f.DialContext))
+			if err != nil {
+				return nil, nil, err
+			}
+			return &naiveSender{client: c}, func() {}, nil
+		})
+	}, conformance.WithRetryFor(5*time.Second), conformance.WithStorm(200, 0.9))
+
+	// Every scenario that repeats a key catches it; refusing invalid keys
+	// before I/O is the one thing it does right.
+	want := []string{
+		conformance.ScenarioRedelivery, conformance.ScenarioConcurrent, conformance.ScenarioLostReply,
+		conformance.ScenarioCut, conformance.ScenarioCancel, conformance.ScenarioKeyReuse,
+		conformance.ScenarioStorm, conformance.ScenarioRestart,
+	}
+	failed := rep.Failed()
+	if !slices.Equal(failed, want) {
+		t.Errorf("failed scenarios %v, want %v", failed, want)
+	}
+	if row, _ := rep.Row(conformance.ScenarioInvalidKey); row.Verdict != conformance.Pass {
+		t.Errorf("invalid-keys: %s, want pass (it validates keys)", row.Verdict)
+	}
+	if testing.Verbose() {
+		t.Logf("counterexample matrix:\n%s", rep.Markdown())
+	}
+}

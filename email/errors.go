@@ -1,0 +1,177 @@
+package email
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/textproto"
+	"regexp"
+
+	"github.com/wneessen/go-mail"
+
+	"effectively.dev/effects"
+)
+
+var (
+	// ErrRejected matches (with errors.Is) an [SMTPError] whose reply code
+	// is 5xx: the server refused the message permanently before accepting
+	// it (an unknown recipient, a policy rejection, failed authentication).
+	// Nothing was sent and the lease was released; retrying the same key
+	// and message will be refused again, so [effects.Retryable] reports
+	// false.
+	ErrRejected = errors.New("email: rejected by the SMTP server")
+
+	// ErrInvalidMessage means the [Message] cannot be sent as given (no
+	// sender, no recipient, an address that does not parse, no domain for
+	// the Message-ID). It is returned before any I/O. Permanent.
+	ErrInvalidMessage = errors.New("email: invalid message")
+)
+
+// SMTPError is a failure of the SMTP exchange that definitely did not
+// deliver the message: the server answered with an error code, or the
+// connection failed before the message's data was handed over. Apply
+// returns it inside an [effects.ErrTransient] error for temporary failures
+// (a 4xx reply, a refused or broken connection), or alone for permanent
+// ones (a 5xx reply, see [ErrRejected]). Use errors.As to reach it, and
+// errors.As again for go-mail's *mail.SendError underneath.
+type SMTPError struct {
+	// Stage is where the exchange failed: "connect" (dial, greeting, EHLO,
+	// STARTTLS, AUTH), "MAIL", "RCPT", "DATA" (the command or the transfer
+	// of the message) or "end of data" (the reply to the final ".").
+	Stage string
+	// Code is the server's reply code, e.g. 550 or 451; 0 when the failure
+	// was not a reply (a refused connection, a cut, a timeout).
+	Code int
+	// EnhancedCode is the server's enhanced status code, e.g. "5.1.1", when
+	// it sent one.
+	EnhancedCode string
+	// Err is go-mail's error.
+	Err error
+
+	invalid bool // go-mail refused the message itself: ErrInvalidMessage
+}
+
+// Error describes the failure.
+func (e *SMTPError) Error() string {
+	msg := "email: SMTP " + e.Stage + " failed"
+	if e.Code != 0 {
+		msg += fmt.Sprintf(" with %d", e.Code)
+		if e.EnhancedCode != "" {
+			msg += " " + e.EnhancedCode
+		}
+	}
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Unwrap returns go-mail's error.
+func (e *SMTPError) Unwrap() error { return e.Err }
+
+// Is reports whether target is ErrRejected and the failure is permanent.
+func (e *SMTPError) Is(target error) bool { return target == ErrRejected && e.Permanent() }
+
+// Permanent reports whether the server refused with a 5xx reply.
+func (e *SMTPError) Permanent() bool { return e.Code >= 500 && e.Code < 600 }
+
+// outcome is what a failed or successful send means for the journal.
+type outcome int
+
+const (
+	delivered outcome = iota + 1 // the server answered 250 to the end of DATA
+	notSent                      // definitely not delivered: release the lease
+	unknown                      // may be delivered: keep the record pending
+)
+
+// classify maps go-mail's result for msg onto an outcome. For notSent it
+// also returns the SMTPError describing the failure.
+func classify(msg *mail.Msg, err error) (outcome, *SMTPError) {
+	if msg.IsDelivered() {
+		// go-mail sets this right after the 250 to the final "."; a later
+		// RSET or QUIT failure does not undo the delivery.
+		return delivered, nil
+	}
+	if err == nil {
+		// Not delivered and no error: go-mail skipped the message. Treat
+		// it as unknown rather than guess.
+		return unknown, nil
+	}
+	var se *mail.SendError
+	if !errors.As(err, &se) {
+		// DialAndSendWithContext wraps every failure of the dial phase
+		// (connect, greeting, EHLO, STARTTLS, AUTH) in a plain error and
+		// every later one in a *mail.SendError. No MAIL FROM was sent.
+		e := &SMTPError{Stage: "connect", Err: err}
+		var te *textproto.Error
+		if errors.As(err, &te) {
+			e.Code = te.Code
+			e.EnhancedCode = enhanced(te.Msg)
+		}
+		return notSent, e
+	}
+	e := &SMTPError{Code: se.ErrorCode(), EnhancedCode: se.EnhancedStatusCode(), Err: err}
+	switch se.Reason {
+	case mail.ErrConnCheck:
+		e.Stage = "connect"
+	case mail.ErrGetSender, mail.ErrGetRcpts, mail.ErrNoUnencoded:
+		// go-mail refused the message before sending a command for it.
+		e.Stage, e.invalid = "MAIL", true
+	case mail.ErrSMTPMailFrom:
+		e.Stage = "MAIL"
+	case mail.ErrSMTPRcptTo:
+		e.Stage = "RCPT"
+	case mail.ErrSMTPData, mail.ErrWriteContent:
+		// The DATA command failed, or the transfer broke before the final
+		// "." was written: the server cannot have accepted the message.
+		e.Stage = "DATA"
+	case mail.ErrSMTPDataClose:
+		// The final "." was written; only a reply code proves the server
+		// refused. A broken connection or a timeout here is the trap: the
+		// server may have answered 250 and kept the message.
+		e.Stage = "end of data"
+		if e.Code < 400 {
+			return unknown, nil
+		}
+	default:
+		return unknown, nil
+	}
+	return notSent, e
+}
+
+var enhancedRE = regexp.MustCompile(`\b[245]\.\d{1,3}\.\d{1,3}\b`)
+
+func enhanced(s string) string { return enhancedRE.FindString(s) }
+
+// notSentError is the error Apply returns after a definite failure.
+func notSentError(ctx context.Context, key effects.Key, e *SMTPError) error {
+	if ctx.Err() != nil && e.Code == 0 {
+		// The session was cut because the context ended (cancelled, or the
+		// lease ran out) before anything was handed over: keep the
+		// context's error reachable with errors.Is. A server's reply code
+		// speaks for itself.
+		e.Err = fmt.Errorf("%w (%w)", ctx.Err(), e.Err)
+	}
+	if e.invalid {
+		return fmt.Errorf("%s key %q: %w: %w", op, key, ErrInvalidMessage, e)
+	}
+	if e.Permanent() {
+		return e
+	}
+	return effects.Transient(op, key, e)
+}
+
+// ambiguousError is the error Apply returns when the server may have the
+// message.
+func ambiguousError(ctx context.Context, key effects.Key, err error, lease string) error {
+	if err == nil {
+		err = errors.New("go-mail reported neither delivery nor an error")
+	}
+	if ctx.Err() != nil {
+		err = fmt.Errorf("%w (%w)", ctx.Err(), err)
+	}
+	return effects.Ambiguous(op, key, fmt.Errorf(
+		"the message was handed to the SMTP server but its reply was not read, so the server may have it; "+
+			"the sent-record stays pending: a retry within the lease (%s) gets ErrInFlight, a retry after it sends again "+
+			"with the same Message-ID: %w", lease, err))
+}

@@ -1,0 +1,202 @@
+package email_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/wneessen/go-mail"
+
+	"effectively.dev/effects"
+	"effectively.dev/email"
+	"effectively.dev/internal/smtptest"
+	"effectively.dev/postgres"
+)
+
+// A production set-up: the sent-records live in Postgres, next to the rest
+// of the application's state, and the server is reached with STARTTLS and
+// authentication (go-mail's defaults require STARTTLS).
+func ExampleNew() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://app@db.internal/shop")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	journal, err := postgres.NewJournal(pool, "shop")
+	if err != nil {
+		log.Fatal(err)
+	}
+	receipts, err := email.New(journal, "smtp.example.com:587",
+		email.WithMailOptions(
+			mail.WithSMTPAuth(mail.SMTPAuthPlain),
+			mail.WithUsername("shop"),
+			mail.WithPassword("secret"),
+		),
+		email.WithLease(2*time.Minute),
+		email.WithMessageIDDomain("shop.example.com"),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	// In the handler of a delivery whose id is eventID:
+	eventID := "evt_1"
+	key := effects.MustKey("shop", eventID, "receipt")
+	res, err := receipts.Apply(ctx, key, email.Message{
+		From:    "Shop <orders@shop.example.com>",
+		To:      []string{"alice@example.net"},
+		Subject: "Your receipt",
+		Text:    "Thank you for your order.",
+	})
+	switch {
+	case err == nil:
+		fmt.Println(res.Status, res.Ref) // ack the delivery
+	case effects.Retryable(err):
+		// ErrInFlight, ErrTransient, ErrAmbiguous: do not ack; redelivery
+		// retries with the same key.
+	default:
+		// ErrInvalidKey, ErrKeyReused, ErrInvalidMessage, ErrRejected:
+		// retrying cannot help; dead-letter the delivery.
+	}
+}
+
+// A redelivered message is answered from the sent-record: one email.
+func ExampleSender_Apply() {
+	srv, err := smtptest.NewServer()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer srv.Close()
+
+	receipts, err := email.New(newMemJournal(), srv.Addr(),
+		email.WithMailOptions(mail.WithTLSPolicy(mail.NoTLS)), // the test server speaks plain SMTP
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	key := effects.MustKey("shop", "evt_1", "receipt")
+	msg := email.Message{
+		From:    "orders@shop.example.com",
+		To:      []string{"alice@example.net"},
+		Subject: "Your receipt",
+		Text:    "Thank you for your order.",
+	}
+	for range 3 { // the queue delivers the event three times
+		res, err := receipts.Apply(context.Background(), key, msg)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(res.Status, res.Ref)
+	}
+	fmt.Println("messages on the server:", srv.Count(email.MessageID(key, "shop.example.com")))
+	// Output:
+	// applied 2.0.0 OK: queued as Q00000001
+	// replayed 2.0.0 OK: queued as Q00000001
+	// replayed 2.0.0 OK: queued as Q00000001
+	// messages on the server: 1
+}
+
+// The duplicate window, shown: the server accepts the message but the
+// connection drops before its 250 reaches the sender. The outcome is
+// unknown; within the lease a retry is told to wait, after it the message
+// goes out again with the same Message-ID.
+func ExampleSender_Apply_unknownOutcome() {
+	srv, err := smtptest.NewServer()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer srv.Close()
+	lease := 200 * time.Millisecond
+	receipts, err := email.New(newMemJournal(), srv.Addr(),
+		email.WithMailOptions(mail.WithTLSPolicy(mail.NoTLS)),
+		email.WithLease(lease),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	key := effects.MustKey("shop", "evt_2", "receipt")
+	msg := email.Message{From: "orders@shop.example.com", To: []string{"bob@example.net"}, Text: "Thanks."}
+
+	srv.DropNextDataReply()
+	_, err = receipts.Apply(ctx, key, msg)
+	fmt.Println("ambiguous:", errors.Is(err, effects.ErrAmbiguous))
+
+	_, err = receipts.Apply(ctx, key, msg)
+	fmt.Println("in flight:", errors.Is(err, effects.ErrInFlight))
+
+	time.Sleep(lease)
+	res, err := receipts.Apply(ctx, key, msg)
+	fmt.Println(res.Status, err)
+	fmt.Println("messages on the server:", srv.Count(email.MessageID(key, "shop.example.com")))
+	// Output:
+	// ambiguous: true
+	// in flight: true
+	// applied <nil>
+	// messages on the server: 2
+}
+
+// memJournal is an in-memory effects.Journal for the examples. It forgets
+// everything when the process exits, so it protects nothing across
+// restarts: use postgres.NewJournal in programs.
+type memJournal struct {
+	mu   sync.Mutex
+	recs map[effects.Key]*memRecord
+}
+
+type memRecord struct {
+	fp         []byte
+	done       bool
+	ref        string
+	attempt    int
+	leaseUntil time.Time
+}
+
+func newMemJournal() *memJournal { return &memJournal{recs: map[effects.Key]*memRecord{}} }
+
+func (j *memJournal) Begin(_ context.Context, key effects.Key, fp []byte, lease time.Duration) (effects.Record, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	r, ok := j.recs[key]
+	switch {
+	case !ok:
+		r = &memRecord{fp: fp}
+		j.recs[key] = r
+	case !bytes.Equal(r.fp, fp):
+		return effects.Record{}, &effects.Error{Kind: effects.ErrKeyReused, Op: "memJournal.Begin", Key: key}
+	case r.done:
+		return effects.Record{Done: true, Ref: r.ref, Attempt: r.attempt}, nil
+	case time.Now().Before(r.leaseUntil):
+		return effects.Record{}, &effects.Error{Kind: effects.ErrInFlight, Op: "memJournal.Begin", Key: key}
+	}
+	r.attempt++
+	r.leaseUntil = time.Now().Add(lease)
+	return effects.Record{Attempt: r.attempt}, nil
+}
+
+func (j *memJournal) Complete(_ context.Context, key effects.Key, ref string) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if r, ok := j.recs[key]; ok && !r.done {
+		r.done, r.ref, r.leaseUntil = true, ref, time.Time{}
+	}
+	return nil
+}
+
+func (j *memJournal) Release(_ context.Context, key effects.Key) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if r, ok := j.recs[key]; ok && !r.done {
+		r.leaseUntil = time.Time{}
+	}
+	return nil
+}

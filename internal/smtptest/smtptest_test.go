@@ -1,0 +1,272 @@
+package smtptest_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/wneessen/go-mail"
+	"go.uber.org/goleak"
+
+	"effectively.dev/internal/smtptest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// send submits one message with messageID through go-mail over plain SMTP.
+func send(t *testing.T, s *smtptest.Server, messageID string, opts ...mail.Option) (*mail.Msg, error) {
+	t.Helper()
+	c, err := mail.NewClient(s.Host(), append([]mail.Option{
+		mail.WithPort(s.Port()), mail.WithTLSPolicy(mail.NoTLS), mail.WithTimeout(5 * time.Second),
+	}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := mail.NewMsg()
+	if err := m.From("sender@example.com"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.To("rcpt@example.net"); err != nil {
+		t.Fatal(err)
+	}
+	m.Subject("hello")
+	m.SetBodyString(mail.TypeTextPlain, "body of "+messageID)
+	m.SetMessageIDWithValue(messageID)
+	return m, c.DialAndSendWithContext(context.Background(), m)
+}
+
+func TestAcceptsAndCountsByMessageID(t *testing.T) {
+	s := smtptest.Start(t)
+	for _, id := range []string{"a@test", "b@test", "a@test"} {
+		m, err := send(t, s, id)
+		if err != nil {
+			t.Fatalf("send %s: %v", id, err)
+		}
+		if !strings.Contains(m.ServerResponse(), "queued as Q") {
+			t.Errorf("server response %q, want a queue id", m.ServerResponse())
+		}
+	}
+	if got := s.Count("a@test"); got != 2 {
+		t.Errorf("Count(a@test) = %d, want 2", got)
+	}
+	if got := s.Count("<b@test>"); got != 1 {
+		t.Errorf("Count(<b@test>) = %d, want 1 (brackets are ignored)", got)
+	}
+	if got := s.Count("c@test"); got != 0 {
+		t.Errorf("Count(c@test) = %d, want 0", got)
+	}
+	if got := s.Total(); got != 3 {
+		t.Errorf("Total = %d, want 3", got)
+	}
+	msgs := s.Messages()
+	if len(msgs) != 3 {
+		t.Fatalf("Messages: %d, want 3", len(msgs))
+	}
+	m := msgs[1]
+	if m.MessageID != "b@test" || m.From != "sender@example.com" || len(m.To) != 1 || m.To[0] != "rcpt@example.net" {
+		t.Errorf("message = %+v", m)
+	}
+	if m.Header.Get("Subject") != "hello" || !strings.Contains(string(m.Data), "body of b@test") {
+		t.Errorf("message header/body not kept: %q", m.Data)
+	}
+	if msgs[0].QueueID == msgs[1].QueueID {
+		t.Errorf("queue ids not distinct: %q", msgs[0].QueueID)
+	}
+	if s.Sessions() != 3 {
+		t.Errorf("Sessions = %d, want 3", s.Sessions())
+	}
+}
+
+func TestFailNext(t *testing.T) {
+	for _, tc := range []struct {
+		stage smtptest.Stage
+		code  int
+		temp  bool
+	}{
+		{smtptest.Mail, 451, true},
+		{smtptest.Rcpt, 550, false},
+		{smtptest.Rcpt, 452, true},
+		{smtptest.Data, 554, false},
+		{smtptest.Data, 451, true},
+	} {
+		t.Run(fmt.Sprintf("%s %d", tc.stage, tc.code), func(t *testing.T) {
+			s := smtptest.Start(t)
+			s.FailNext(tc.stage, tc.code, "scheduled failure")
+			m, err := send(t, s, "x@test")
+			var se *mail.SendError
+			if !errors.As(err, &se) {
+				t.Fatalf("got %v, want a *mail.SendError", err)
+			}
+			if se.ErrorCode() != tc.code || se.IsTemp() != tc.temp {
+				t.Errorf("code %d temp %v, want %d %v (%v)", se.ErrorCode(), se.IsTemp(), tc.code, tc.temp, err)
+			}
+			if m.IsDelivered() || s.Total() != 0 {
+				t.Errorf("delivered %v, total %d: a failed transaction must keep nothing", m.IsDelivered(), s.Total())
+			}
+			if _, err := send(t, s, "x@test"); err != nil {
+				t.Fatalf("the failure must be one-shot: %v", err)
+			}
+			if s.Count("x@test") != 1 {
+				t.Errorf("Count = %d, want 1", s.Count("x@test"))
+			}
+		})
+	}
+}
+
+func TestDropNextDataReply(t *testing.T) {
+	s := smtptest.Start(t)
+	s.DropNextDataReply()
+	m, err := send(t, s, "cut@test")
+	if err == nil {
+		t.Fatal("send succeeded, want an error: the 250 was never sent")
+	}
+	if m.IsDelivered() {
+		t.Error("go-mail reports delivered without a 250")
+	}
+	if s.Count("cut@test") != 1 {
+		t.Errorf("Count = %d, want 1: the server accepted the message", s.Count("cut@test"))
+	}
+}
+
+func TestDataDelayBeyondClientTimeout(t *testing.T) {
+	s := smtptest.Start(t)
+	s.SetDataDelay(time.Second)
+	_, err := send(t, s, "slow@test", mail.WithTimeout(200*time.Millisecond))
+	if err == nil {
+		t.Fatal("send succeeded, want a timeout")
+	}
+	if s.Count("slow@test") != 1 {
+		t.Errorf("Count = %d, want 1", s.Count("slow@test"))
+	}
+	s.SetDataDelay(0)
+	if _, err := send(t, s, "fast@test"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A transfer cut before the final "." is not a message.
+func TestCutMidDataKeepsNothing(t *testing.T) {
+	s := smtptest.Start(t)
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(c)
+	expect := func(prefix string) {
+		t.Helper()
+		line, err := r.ReadString('\n')
+		if err != nil || !strings.HasPrefix(line, prefix) {
+			t.Fatalf("read %q, %v; want %s", line, err, prefix)
+		}
+	}
+	expect("220")
+	for _, cmd := range []string{"HELO client", "MAIL FROM:<a@test>", "RCPT TO:<b@test>"} {
+		fmt.Fprintf(c, "%s\r\n", cmd)
+		expect("250")
+	}
+	fmt.Fprintf(c, "DATA\r\n")
+	expect("354")
+	fmt.Fprintf(c, "Message-ID: <half@test>\r\nSubject: half\r\n\r\nhalf a bo")
+	c.Close()
+	deadline := time.Now().Add(2 * time.Second)
+	for s.Sessions() == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if s.Total() != 0 {
+		t.Errorf("Total = %d, want 0", s.Total())
+	}
+}
+
+func TestAuth(t *testing.T) {
+	s := smtptest.Start(t, smtptest.WithAuth("user", "secret"))
+	if _, err := send(t, s, "noauth@test"); err == nil {
+		t.Error("send without AUTH succeeded")
+	}
+	if _, err := send(t, s, "bad@test", mail.WithSMTPAuth(mail.SMTPAuthPlainNoEnc),
+		mail.WithUsername("user"), mail.WithPassword("wrong")); err == nil {
+		t.Error("send with a wrong password succeeded")
+	}
+	if _, err := send(t, s, "auth@test", mail.WithSMTPAuth(mail.SMTPAuthPlainNoEnc),
+		mail.WithUsername("user"), mail.WithPassword("secret")); err != nil {
+		t.Fatalf("send with AUTH PLAIN: %v", err)
+	}
+	if s.Total() != 1 || s.Count("auth@test") != 1 {
+		t.Errorf("Total %d, Count %d; want 1, 1", s.Total(), s.Count("auth@test"))
+	}
+}
+
+func TestRestartKeepsMessagesAndAddress(t *testing.T) {
+	s := smtptest.Start(t)
+	if _, err := send(t, s, "before@test"); err != nil {
+		t.Fatal(err)
+	}
+	addr := s.Addr()
+	// An idle client connection is dropped by the restart.
+	idle, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	if err := s.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if s.Addr() != addr {
+		t.Errorf("address changed: %s, was %s", s.Addr(), addr)
+	}
+	if _, err := send(t, s, "after@test"); err != nil {
+		t.Fatal(err)
+	}
+	if s.Count("before@test") != 1 || s.Count("after@test") != 1 || s.Total() != 2 {
+		t.Errorf("counts before %d after %d total %d", s.Count("before@test"), s.Count("after@test"), s.Total())
+	}
+}
+
+// Close ends every connection and goroutine, even a delayed reply and an
+// idle client; goleak in TestMain checks the goroutines.
+func TestCloseWhileBusy(t *testing.T) {
+	s, err := smtptest.NewServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetDataDelay(time.Hour)
+	idle, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	sent := make(chan error, 1)
+	go func() {
+		_, err := send(t, s, "stuck@test", mail.WithTimeout(time.Minute))
+		sent <- err
+	}()
+	for s.Total() == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	start := time.Now()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("Close took %v", d)
+	}
+	if err := <-sent; err == nil {
+		t.Error("send succeeded across Close")
+	}
+	if err := s.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	if s.Count("stuck@test") != 1 {
+		t.Error("messages must stay readable after Close")
+	}
+	if _, err := net.DialTimeout("tcp", s.Addr(), time.Second); err == nil {
+		t.Error("server still accepts connections after Close")
+	}
+}

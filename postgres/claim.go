@@ -1,0 +1,169 @@
+package postgres
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"effectively.dev/effects"
+)
+
+// claimSQL inserts the key and, in the same statement and round trip, reads
+// synchronous_commit, so refusing asynchronous commit costs nothing extra.
+// The row is new exactly when the INSERT returned it; a conflicting row,
+// committed or still being inserted by a concurrent transaction (the INSERT
+// waits for it), makes it return nothing and write nothing.
+const claimSQL = `WITH ins AS (
+	INSERT INTO effectively_keys (scope, key, fingerprint) VALUES ($1, $2, $3)
+	ON CONFLICT (scope, key) DO NOTHING
+	RETURNING 1)
+SELECT EXISTS (SELECT 1 FROM ins), current_setting('synchronous_commit')`
+
+// lookupSQL reads the key back, for its fingerprint and ref. claimKey sends
+// it in the same round trip as claimSQL (a pipeline), yet as a separate
+// statement: a row committed by a concurrent duplicate while the claim
+// waited is not in the claim statement's snapshot, but at READ COMMITTED
+// this statement's new snapshot sees it. (At REPEATABLE READ and
+// SERIALIZABLE the claim fails with 40001 in that case instead.)
+const lookupSQL = `SELECT fingerprint, ref FROM effectively_keys WHERE scope = $1 AND key = $2`
+
+const setRefSQL = `UPDATE effectively_keys SET ref = $3 WHERE scope = $1 AND key = $2`
+
+// errVanished is the cause when a key conflicted but could not be read back:
+// it was pruned in between. Retrying claims it afresh.
+var errVanished = errors.New("key conflicted but was gone when read back (pruned concurrently?)")
+
+// claimOutcome is what claimKey found.
+type claimOutcome struct {
+	inserted   bool   // the key is new and now claimed in tx
+	ref        string // stored ref when !inserted
+	syncCommit string // synchronous_commit in effect
+}
+
+// claimKey runs the claim and the lookup in tx, in one round trip, and
+// compares fingerprints when the key was taken. Errors are raw; the caller
+// classifies them. A different fingerprint returns an ErrKeyReused
+// *effects.Error.
+func claimKey(ctx context.Context, tx pgx.Tx, op, scope string, key effects.Key, fp []byte) (claimOutcome, error) {
+	var (
+		out      claimOutcome
+		storedFP []byte
+		batch    pgx.Batch
+	)
+	batch.Queue(claimSQL, scope, string(key), fp).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&out.inserted, &out.syncCommit)
+	})
+	batch.Queue(lookupSQL, scope, string(key)).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&storedFP, &out.ref)
+	})
+	if err := tx.SendBatch(ctx, &batch).Close(); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return out, errVanished
+		}
+		return out, err
+	}
+	if out.inserted {
+		out.ref = ""
+		return out, nil
+	}
+	if !bytes.Equal(storedFP, fp) {
+		return out, reused(op, key)
+	}
+	return out, nil
+}
+
+func reused(op string, key effects.Key) error {
+	return &effects.Error{Kind: effects.ErrKeyReused, Op: op, Key: key,
+		Err: errors.New("the stored fingerprint differs; nothing was written")}
+}
+
+func asyncCommit(op string, key effects.Key) error {
+	return fmt.Errorf("%s key %q: %w", op, key, ErrAsyncCommit)
+}
+
+// Claim claims key under scope inside tx, a transaction the caller owns, so
+// that the caller's own writes and the claim commit or roll back together.
+// It is the building block of [Effect.Apply] for code that already has a
+// transaction (several effects in one transaction, a framework that hands
+// you a pgx.Tx).
+//
+// It returns Status [effects.Applied] when the key is new and now claimed in
+// tx: do the effect in tx, optionally [SetRef], then commit. "Applied" takes
+// effect only when tx commits; a rollback releases the key. It returns
+// [effects.Replayed] with the stored Ref when the key was committed before
+// with the same fingerprint: do nothing. tx stays usable in both cases (no
+// error is raised inside the transaction, so no savepoint is needed).
+//
+// The caller must commit tx, and must ack the message only after the commit
+// returned nil. If Commit fails with an error other than a PostgreSQL ERROR
+// (a lost connection), the outcome is unknown: redeliver with the same key,
+// which replays or applies.
+//
+// Errors: [effects.ErrInvalidKey] before any I/O; [effects.ErrKeyReused]
+// when the stored fingerprint differs (roll back); [ErrAsyncCommit] (roll
+// back); [effects.ErrTransient] on a serialization failure, deadlock or
+// broken connection: roll back and retry the whole transaction. At REPEATABLE
+// READ or SERIALIZABLE, a duplicate that commits while Claim waits for it
+// makes Claim fail with 40001 (ErrTransient), and the retry replays.
+//
+// A nil fingerprint is stored as an empty one. Options: only
+// [AllowAsyncCommit] applies.
+func Claim(ctx context.Context, tx pgx.Tx, scope string, key effects.Key, fingerprint []byte, opts ...Option) (effects.Result, error) {
+	const op = "postgres.Claim"
+	if err := key.Validate(); err != nil {
+		return effects.Result{}, err
+	}
+	if err := validateScope(op, scope); err != nil {
+		return effects.Result{}, err
+	}
+	cfg := newConfig(opts)
+	out, err := claimKey(ctx, tx, op, scope, key, nonNil(fingerprint))
+	switch {
+	case errors.Is(err, effects.ErrKeyReused):
+		return effects.Result{}, err
+	case errors.Is(err, errVanished):
+		return effects.Result{}, effects.Transient(op, key, err)
+	case err != nil:
+		return effects.Result{}, classify(ctx, op, key, err, false, tx.Conn().IsClosed()).err
+	case out.syncCommit == "off" && !cfg.allowAsyncCommit:
+		return effects.Result{}, asyncCommit(op, key)
+	case out.inserted:
+		return effects.Result{Status: effects.Applied}, nil
+	}
+	return effects.Result{Status: effects.Replayed, Ref: out.ref}, nil
+}
+
+// SetRef stores ref, the backend's reference to the effect (a ledger row
+// id, say), for a key that [Claim] returned as Applied in the same tx;
+// replays then return it. Call it only after Applied: on a replayed key it
+// would overwrite the reference of the earlier effect. It fails if no such
+// key is visible to tx. It costs one UPDATE of the row just inserted.
+func SetRef(ctx context.Context, tx pgx.Tx, scope string, key effects.Key, ref string) error {
+	const op = "postgres.SetRef"
+	if err := key.Validate(); err != nil {
+		return err
+	}
+	if err := validateScope(op, scope); err != nil {
+		return err
+	}
+	tag, err := tx.Exec(ctx, setRefSQL, scope, string(key), ref)
+	if err != nil {
+		return classify(ctx, op, key, err, false, tx.Conn().IsClosed()).err
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("%s key %q: no such key in scope %q: claim it first, in the same transaction", op, key, scope)
+	}
+	return nil
+}
+
+// nonNil returns b, or an empty slice for nil: pgx sends a nil []byte as
+// NULL, and the fingerprint column is NOT NULL.
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}

@@ -1,0 +1,44 @@
+// Package postgres makes writes to a PostgreSQL database effectively once on
+// top of at-least-once delivery. It records each idempotency key in the
+// table effectively_keys, in the same transaction as the effect's own
+// writes, so that the key and the effect commit together or not at all. A
+// redelivered message finds its key and replays the stored reference instead
+// of writing again; a concurrent duplicate waits on the primary key and then
+// replays. There is no window: the contract is effectively-once for as long
+// as keys are kept.
+//
+// Four ways to use it, from most to least managed:
+//
+//   - [New] returns an [Effect] (an effects.Effect) that owns the
+//     transaction: Apply claims the key, runs your write function in the
+//     same transaction, commits, and classifies failures (retrying
+//     serialization failures and deadlocks itself).
+//   - [Claim] and [SetRef] work inside a pgx.Tx you own, for code that
+//     already has a transaction. You commit, and you ack only after the
+//     commit succeeded.
+//   - [ClaimBatch] claims many keys with one statement, for consumers that
+//     process messages in batches.
+//   - [Journal] implements effects.Journal, the sent-record for effects
+//     outside the database (email, an API call): at-least-once with a
+//     declared window, not effectively once.
+//
+// Run [Migrate] once (or copy [Schema] into your migrations), and [Prune]
+// old keys periodically, keeping them longer than the broker's retention
+// plus the longest replay.
+//
+// The guarantee rests on three rules the package enforces or documents: the
+// claim and the effect share one transaction (never a separate "seen" table
+// written in another transaction, never a SAVEPOINT per message);
+// synchronous_commit is not off ([ErrAsyncCommit]), because an acked
+// commit must survive a crash; and a lost COMMIT reply is ambiguous
+// ([effects.ErrAmbiguous]) and resolved by retrying the same key, never a
+// new one.
+//
+// When not to use it: when the side effect is not a write to this database.
+// A dedup row here cannot make an HTTP call, an email or a message to
+// another system effectively once, because that effect does not roll back
+// with the transaction; use the owner's idempotency key (package stripe,
+// s3, kafka) or a Journal and accept its window. Nor when the effect's
+// tables live in another database than the keys: two databases do not
+// commit atomically.
+package postgres

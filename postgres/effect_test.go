@@ -1,0 +1,504 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"effectively.dev/effects"
+	"effectively.dev/postgres"
+)
+
+// ledgerEffect returns the tests' effect on pool, counting write calls.
+func ledgerEffect(t testing.TB, pool *pgxpool.Pool, calls *atomic.Int64, opts ...postgres.Option) *postgres.Effect[payment] {
+	t.Helper()
+	fx, err := postgres.New(pool, "billing", func(ctx context.Context, tx pgx.Tx, p payment) (string, error) {
+		if calls != nil {
+			calls.Add(1)
+		}
+		return writeLedger(ctx, tx, p)
+	}, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fx
+}
+
+func rows(t testing.TB, pool *pgxpool.Pool, eventID string) int {
+	t.Helper()
+	return count(t, pool, `SELECT count(*) FROM ledger WHERE event_id = $1`, eventID)
+}
+
+func TestEffectContract(t *testing.T) {
+	pool := newPool(t, newDB(t), nil)
+	c := ledgerEffect(t, pool, nil).Contract()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c.Guarantee != effects.EffectivelyOnce || !c.DetectsKeyReuse || c.Horizon != 0 {
+		t.Fatalf("contract = %v", c)
+	}
+}
+
+func TestNewRefusesBadArguments(t *testing.T) {
+	pool := newPool(t, newDB(t), nil)
+	write := func(ctx context.Context, tx pgx.Tx, p payment) (string, error) { return "", nil }
+	for name, f := range map[string]func() error{
+		"nil pool":    func() error { _, err := postgres.New(nil, "s", write); return err },
+		"nil write":   func() error { _, err := postgres.New[payment](pool, "s", nil); return err },
+		"empty scope": func() error { _, err := postgres.New(pool, "", write); return err },
+		"NUL in scope": func() error {
+			_, err := postgres.New(pool, "a\x00b", write)
+			return err
+		},
+		"fingerprint for another type": func() error {
+			_, err := postgres.New(pool, "s", write, postgres.WithFingerprint(func(s string) ([]byte, error) { return nil, nil }))
+			return err
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if f() == nil {
+				t.Fatal("New succeeded")
+			}
+		})
+	}
+}
+
+func TestApply(t *testing.T) {
+	url := newDB(t)
+	pool := newPool(t, url, func(c *pgxpool.Config) { c.MaxConns = 40 })
+
+	t.Run("redelivery after commit replays with the same ref", func(t *testing.T) {
+		ctx := testCtx(t)
+		var calls atomic.Int64
+		fx := ledgerEffect(t, pool, &calls)
+		key := effects.MustKey("evt_redelivery", "ledger")
+		p := payment{EventID: "evt_redelivery", Amount: 100}
+		first, err := fx.Apply(ctx, key, p)
+		if err != nil || first.Status != effects.Applied || !strings.HasPrefix(first.Ref, "ledger:") {
+			t.Fatalf("first Apply = %+v, %v; want applied with a ledger ref", first, err)
+		}
+		for range 3 {
+			again, err := fx.Apply(ctx, key, p)
+			if err != nil || again != (effects.Result{Status: effects.Replayed, Ref: first.Ref}) {
+				t.Fatalf("redelivery = %+v, %v; want replayed %s", again, err, first.Ref)
+			}
+		}
+		if n := rows(t, pool, p.EventID); n != 1 || calls.Load() != 1 {
+			t.Fatalf("ledger rows = %d, writes = %d; want 1, 1", n, calls.Load())
+		}
+	})
+
+	t.Run("32 concurrent duplicates apply once", func(t *testing.T) {
+		ctx := testCtx(t)
+		fx := ledgerEffect(t, pool, nil)
+		key := effects.MustKey("evt_concurrent", "ledger")
+		p := payment{EventID: "evt_concurrent", Amount: 100}
+		const n = 32
+		var (
+			wg      sync.WaitGroup
+			start   = make(chan struct{})
+			results [n]effects.Result
+			errs    [n]error
+		)
+		for i := range n {
+			wg.Go(func() {
+				<-start
+				results[i], errs[i] = fx.Apply(ctx, key, p)
+			})
+		}
+		close(start)
+		wg.Wait()
+		applied := 0
+		for i := range n {
+			if errs[i] != nil {
+				t.Fatalf("Apply %d: %v", i, errs[i])
+			}
+			if results[i].Status == effects.Applied {
+				applied++
+			}
+			if results[i].Ref != results[0].Ref {
+				t.Errorf("Apply %d ref = %q, Apply 0 ref = %q", i, results[i].Ref, results[0].Ref)
+			}
+		}
+		if applied != 1 {
+			t.Errorf("%d Applied results, want 1", applied)
+		}
+		if got := rows(t, pool, p.EventID); got != 1 {
+			t.Errorf("ledger rows = %d, want 1", got)
+		}
+	})
+
+	t.Run("key reused with another payload is refused", func(t *testing.T) {
+		ctx := testCtx(t)
+		fx := ledgerEffect(t, pool, nil)
+		key := effects.MustKey("evt_reuse", "ledger")
+		if _, err := fx.Apply(ctx, key, payment{EventID: "evt_reuse", Amount: 100}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := fx.Apply(ctx, key, payment{EventID: "evt_reuse", Amount: 999})
+		if !errors.Is(err, effects.ErrKeyReused) || effects.Retryable(err) {
+			t.Fatalf("Apply with another payload = %v; want permanent ErrKeyReused", err)
+		}
+		if got := count(t, pool, `SELECT count(*) FROM ledger WHERE event_id = 'evt_reuse'`); got != 1 {
+			t.Errorf("ledger rows = %d, want 1", got)
+		}
+	})
+
+	t.Run("custom fingerprint decides what counts as the same payload", func(t *testing.T) {
+		ctx := testCtx(t)
+		fx := ledgerEffect(t, pool, nil, postgres.WithFingerprint(func(p payment) ([]byte, error) {
+			return effects.Fingerprint([]byte(p.EventID)), nil
+		}))
+		key := effects.MustKey("evt_fp", "ledger")
+		if _, err := fx.Apply(ctx, key, payment{EventID: "evt_fp", Amount: 1}); err != nil {
+			t.Fatal(err)
+		}
+		res, err := fx.Apply(ctx, key, payment{EventID: "evt_fp", Amount: 2})
+		if err != nil || res.Status != effects.Replayed {
+			t.Fatalf("Apply = %+v, %v; want replayed (amount is not fingerprinted)", res, err)
+		}
+	})
+
+	t.Run("invalid keys are refused before any I/O", func(t *testing.T) {
+		fresh := newPool(t, newDB(t), nil)
+		var calls atomic.Int64
+		fx := ledgerEffect(t, fresh, &calls)
+		for name, key := range map[string]effects.Key{
+			"empty":        "",
+			"10 KB":        effects.Key(strings.Repeat("k", 10<<10)),
+			"NUL bytes":    "evt\x00ledger",
+			"invalid UTF8": "evt\xff\xfe",
+		} {
+			t.Run(name, func(t *testing.T) {
+				_, err := fx.Apply(testCtx(t), key, payment{EventID: "evt_invalid", Amount: 1})
+				if !errors.Is(err, effects.ErrInvalidKey) || effects.Retryable(err) {
+					t.Fatalf("Apply = %v; want permanent ErrInvalidKey", err)
+				}
+			})
+		}
+		if k, l := count(t, fresh, `SELECT count(*) FROM effectively_keys`), count(t, fresh, `SELECT count(*) FROM ledger`); k != 0 || l != 0 || calls.Load() != 0 {
+			t.Fatalf("keys = %d, ledger rows = %d, writes = %d; want 0, 0, 0", k, l, calls.Load())
+		}
+	})
+
+	t.Run("write error rolls back and is returned unchanged", func(t *testing.T) {
+		ctx := testCtx(t)
+		errDeclined := errors.New("card declined")
+		fail := true
+		fx, err := postgres.New(pool, "billing", func(ctx context.Context, tx pgx.Tx, p payment) (string, error) {
+			ref, err := writeLedger(ctx, tx, p)
+			if err == nil && fail {
+				return "", errDeclined
+			}
+			return ref, err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := effects.MustKey("evt_declined", "ledger")
+		p := payment{EventID: "evt_declined", Amount: 1}
+		_, err = fx.Apply(ctx, key, p)
+		if !errors.Is(err, errDeclined) || effects.Retryable(err) {
+			t.Fatalf("Apply = %v; want the write's error, not retryable", err)
+		}
+		if got := rows(t, pool, p.EventID); got != 0 {
+			t.Fatalf("ledger rows = %d after a failed write, want 0", got)
+		}
+		fail = false
+		if res, err := fx.Apply(ctx, key, p); err != nil || res.Status != effects.Applied {
+			t.Fatalf("retry = %+v, %v; want applied (the key was released)", res, err)
+		}
+	})
+
+	t.Run("empty ref is not stored", func(t *testing.T) {
+		ctx := testCtx(t)
+		fx, err := postgres.New(pool, "billing", func(ctx context.Context, tx pgx.Tx, p payment) (string, error) {
+			_, err := writeLedger(ctx, tx, p)
+			return "", err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := effects.MustKey("evt_noref", "ledger")
+		for _, want := range []effects.Status{effects.Applied, effects.Replayed} {
+			res, err := fx.Apply(ctx, key, payment{EventID: "evt_noref"})
+			if err != nil || res != (effects.Result{Status: want}) {
+				t.Fatalf("Apply = %+v, %v; want %v with no ref", res, err, want)
+			}
+		}
+	})
+
+	t.Run("backend terminated inside write is transient, retry applies once", func(t *testing.T) {
+		ctx := testCtx(t)
+		var calls atomic.Int64
+		fx, err := postgres.New(pool, "billing", func(ctx context.Context, tx pgx.Tx, p payment) (string, error) {
+			if calls.Add(1) == 1 {
+				pid := tx.Conn().PgConn().PID()
+				var ok bool
+				if err := pool.QueryRow(ctx, `SELECT pg_terminate_backend($1, 10000)`, int32(pid)).Scan(&ok); err != nil || !ok {
+					t.Errorf("pg_terminate_backend = %v, %v", ok, err)
+				}
+			}
+			return writeLedger(ctx, tx, p)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := effects.MustKey("evt_terminated", "ledger")
+		p := payment{EventID: "evt_terminated", Amount: 1}
+		_, err = fx.Apply(ctx, key, p)
+		if !effects.Retryable(err) || !errors.Is(err, effects.ErrTransient) {
+			t.Fatalf("Apply on a terminated backend = %v; want ErrTransient", err)
+		}
+		t.Logf("error: %v", err)
+		if got := rows(t, pool, p.EventID); got != 0 {
+			t.Fatalf("ledger rows = %d, want 0", got)
+		}
+		res, err := fx.Apply(ctx, key, p)
+		if err != nil || res.Status != effects.Applied {
+			t.Fatalf("retry = %+v, %v; want applied", res, err)
+		}
+		if got := rows(t, pool, p.EventID); got != 1 {
+			t.Fatalf("ledger rows = %d, want 1", got)
+		}
+	})
+
+	t.Run("context cancelled inside write returns the context error, retry applies", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(testCtx(t))
+		fx, err := postgres.New(pool, "billing", func(ctx context.Context, tx pgx.Tx, p payment) (string, error) {
+			cancel()
+			return writeLedger(ctx, tx, p)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := effects.MustKey("evt_cancel", "ledger")
+		p := payment{EventID: "evt_cancel", Amount: 1}
+		_, err = fx.Apply(ctx, key, p)
+		if !errors.Is(err, context.Canceled) || errors.Is(err, effects.ErrAmbiguous) || !effects.Retryable(err) {
+			t.Fatalf("Apply = %v; want context.Canceled, not ambiguous, retryable", err)
+		}
+		res, err := ledgerEffect(t, pool, nil).Apply(testCtx(t), key, p)
+		if err != nil || res.Status != effects.Applied || rows(t, pool, p.EventID) != 1 {
+			t.Fatalf("retry = %+v, %v, %d rows; want applied, 1 row", res, err, rows(t, pool, p.EventID))
+		}
+	})
+}
+
+func TestApplyLostCommitReply(t *testing.T) {
+	var f faults
+	pool := newPool(t, newDB(t), func(c *pgxpool.Config) {
+		f.configure(c)
+		// Send SQL text with every statement, so that faultConn sees the
+		// COMMIT in Apply's pipelined UPDATE + COMMIT.
+		c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	})
+	for i, tc := range []struct {
+		name  string
+		write postgres.WriteFunc[payment]
+	}{
+		{"ref pipelined with COMMIT", writeLedger},
+		{"plain COMMIT", func(ctx context.Context, tx pgx.Tx, p payment) (string, error) {
+			_, err := writeLedger(ctx, tx, p)
+			return "", err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			fx, err := postgres.New(pool, "billing", tc.write)
+			if err != nil {
+				t.Fatal(err)
+			}
+			event := "evt_lost_commit_" + strconv.Itoa(i) // no "COMMIT" in it: faultConn looks for that
+			key := effects.MustKey(event, "ledger")
+			p := payment{EventID: event, Amount: 1}
+
+			before := f.fired.Load()
+			f.onCommit.Store(true)
+			_, err = fx.Apply(ctx, key, p)
+			if f.fired.Load() != before+1 {
+				t.Fatalf("the COMMIT reply was not dropped")
+			}
+			if !errors.Is(err, effects.ErrAmbiguous) || !effects.Retryable(err) {
+				t.Fatalf("Apply with a lost COMMIT reply = %v; want ErrAmbiguous", err)
+			}
+			t.Logf("error: %v", err)
+			// The server did commit: the retry with the same key must find it.
+			res, err := fx.Apply(ctx, key, p)
+			if err != nil || res.Status != effects.Replayed {
+				t.Fatalf("retry = %+v, %v; want replayed", res, err)
+			}
+			if got := rows(t, pool, p.EventID); got != 1 {
+				t.Fatalf("ledger rows = %d, want 1", got)
+			}
+			var ref string
+			if err := pool.QueryRow(ctx, `SELECT 'ledger:' || id FROM ledger WHERE event_id = $1`, event).Scan(&ref); err != nil {
+				t.Fatal(err)
+			}
+			if i == 0 && res.Ref != ref {
+				t.Fatalf("replayed ref = %q, want the committed row's %q", res.Ref, ref)
+			}
+		})
+	}
+}
+
+// TestApplyLostReplyAtEveryRoundTrip drops the server's reply to the n-th
+// message the client writes, for every n until Apply needs fewer round
+// trips, and checks that the failure is retryable and that retrying the
+// same key leaves exactly one ledger row: replayed if the failure was
+// ambiguous and the commit happened, applied otherwise.
+func TestApplyLostReplyAtEveryRoundTrip(t *testing.T) {
+	var f faults
+	pool := newPool(t, newDB(t), func(c *pgxpool.Config) { f.configure(c); c.MaxConns = 1 })
+	ctx := testCtx(t)
+	fx := ledgerEffect(t, pool, nil)
+	kinds := map[string]int{}
+	var trace []string
+	for n := int64(1); ; n++ {
+		if n > 40 {
+			t.Fatal("Apply still losing replies after 40 round trips")
+		}
+		event := "evt_sweep_" + strconv.FormatInt(n, 10)
+		key := effects.MustKey(event, "ledger")
+		p := payment{EventID: event, Amount: n}
+		before := f.fired.Load()
+		f.countdown.Store(n)
+		_, err := fx.Apply(ctx, key, p)
+		f.countdown.Store(0)
+		if f.fired.Load() == before {
+			if err != nil {
+				t.Fatalf("n=%d: Apply without a fault: %v", n, err)
+			}
+			t.Logf("Apply took %d writes; reply dropped after write n gave: %s", n-1, strings.Join(trace, ", "))
+			break
+		}
+		kind := "success"
+		switch {
+		case errors.Is(err, effects.ErrAmbiguous):
+			kind = "ambiguous"
+		case errors.Is(err, effects.ErrTransient):
+			kind = "transient"
+		case err != nil:
+			t.Fatalf("n=%d: Apply = %v; want ErrAmbiguous or ErrTransient", n, err)
+		}
+		kinds[kind]++
+		trace = append(trace, fmt.Sprintf("%d:%s", n, kind))
+		committed := rows(t, pool, event)
+		if kind == "transient" && committed != 0 {
+			t.Errorf("n=%d: transient failure, but %d ledger rows committed", n, committed)
+		}
+		res, err := fx.Apply(ctx, key, p)
+		if err != nil {
+			t.Fatalf("n=%d: retry after %s: %v", n, kind, err)
+		}
+		want := effects.Applied
+		if committed == 1 {
+			want = effects.Replayed
+		}
+		if res.Status != want {
+			t.Errorf("n=%d: retry after %s = %v, want %v", n, kind, res.Status, want)
+		}
+		if got := rows(t, pool, event); got != 1 {
+			t.Errorf("n=%d: ledger rows = %d after %s and a retry, want 1", n, got, kind)
+		}
+	}
+	if kinds["ambiguous"] == 0 || kinds["transient"] == 0 {
+		t.Errorf("outcomes %v: want both ambiguous and transient failures covered", kinds)
+	}
+}
+
+func TestApplyRefusesAsyncCommit(t *testing.T) {
+	url := newDB(t)
+	pool := newPool(t, url, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["synchronous_commit"] = "off" })
+	ctx := testCtx(t)
+	var calls atomic.Int64
+	key := effects.MustKey("evt_async", "ledger")
+	p := payment{EventID: "evt_async", Amount: 1}
+
+	_, err := ledgerEffect(t, pool, &calls).Apply(ctx, key, p)
+	if !errors.Is(err, postgres.ErrAsyncCommit) || effects.Retryable(err) {
+		t.Fatalf("Apply with synchronous_commit=off = %v; want ErrAsyncCommit", err)
+	}
+	t.Logf("error: %v", err)
+	if k, l := count(t, pool, `SELECT count(*) FROM effectively_keys`), rows(t, pool, p.EventID); k != 0 || l != 0 || calls.Load() != 0 {
+		t.Fatalf("keys = %d, ledger rows = %d, writes = %d; want nothing written", k, l, calls.Load())
+	}
+
+	res, err := ledgerEffect(t, pool, nil, postgres.AllowAsyncCommit()).Apply(ctx, key, p)
+	if err != nil || res.Status != effects.Applied {
+		t.Fatalf("Apply with AllowAsyncCommit = %+v, %v; want applied", res, err)
+	}
+}
+
+// serializationConflict makes the first call of a SERIALIZABLE write fail
+// with 40001: the write reads the ledger, a concurrent SERIALIZABLE
+// transaction reads it, inserts into it and commits first, then the write
+// inserts (write skew, so PostgreSQL aborts the write's transaction).
+func serializationConflict(t *testing.T, pool *pgxpool.Pool, calls *atomic.Int64, conflicts int64) postgres.WriteFunc[payment] {
+	return func(ctx context.Context, tx pgx.Tx, p payment) (string, error) {
+		var n int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM ledger`).Scan(&n); err != nil {
+			return "", err
+		}
+		if calls.Add(1) <= conflicts {
+			other, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.Serializable})
+			if err != nil {
+				return "", err
+			}
+			defer other.Rollback(ctx)
+			if err := other.QueryRow(ctx, `SELECT count(*) FROM ledger`).Scan(&n); err != nil {
+				t.Errorf("other: %v", err)
+			}
+			if _, err := other.Exec(ctx, `INSERT INTO ledger (event_id, amount) VALUES ('other', 0)`); err != nil {
+				t.Errorf("other: %v", err)
+			}
+			if err := other.Commit(ctx); err != nil {
+				t.Errorf("other: %v", err)
+			}
+		}
+		return writeLedger(ctx, tx, p)
+	}
+}
+
+func TestApplyRetriesSerializationFailure(t *testing.T) {
+	t.Run("retried internally, then applied", func(t *testing.T) {
+		pool := newPool(t, newDB(t), nil)
+		var calls atomic.Int64
+		fx, err := postgres.New(pool, "billing", serializationConflict(t, pool, &calls, 2), postgres.WithIsolation(pgx.Serializable))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := fx.Apply(testCtx(t), effects.MustKey("evt_40001", "ledger"), payment{EventID: "evt_40001"})
+		if err != nil || res.Status != effects.Applied {
+			t.Fatalf("Apply = %+v, %v; want applied after retries", res, err)
+		}
+		if calls.Load() != 3 || rows(t, pool, "evt_40001") != 1 {
+			t.Fatalf("writes = %d, ledger rows = %d; want 3 attempts, 1 row", calls.Load(), rows(t, pool, "evt_40001"))
+		}
+	})
+	t.Run("beyond max retries it is transient", func(t *testing.T) {
+		pool := newPool(t, newDB(t), nil)
+		var calls atomic.Int64
+		fx, err := postgres.New(pool, "billing", serializationConflict(t, pool, &calls, 100),
+			postgres.WithIsolation(pgx.Serializable), postgres.WithMaxRetries(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = fx.Apply(testCtx(t), effects.MustKey("evt_40001", "ledger"), payment{EventID: "evt_40001"})
+		if !errors.Is(err, effects.ErrTransient) || !strings.Contains(err.Error(), "40001") {
+			t.Fatalf("Apply = %v; want ErrTransient wrapping SQLSTATE 40001", err)
+		}
+		if calls.Load() != 2 || rows(t, pool, "evt_40001") != 0 {
+			t.Fatalf("writes = %d, ledger rows = %d; want 2 attempts, 0 rows", calls.Load(), rows(t, pool, "evt_40001"))
+		}
+	})
+}

@@ -1,0 +1,150 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"effectively.dev/effects"
+)
+
+// ErrAsyncCommit is returned, wrapped, when a claim runs with
+// synchronous_commit = off. With asynchronous commit PostgreSQL reports a
+// COMMIT as done before its WAL reaches disk, and a server crash loses the
+// last commits (up to 3 × wal_writer_delay, 600 ms by default). A message
+// acked after such a commit is gone and so is its effect: nothing will
+// redeliver it. The claim is rolled back and nothing is written.
+//
+// Set synchronous_commit to on (or local, remote_write, remote_apply) for the
+// role, database or connection; or pass [AllowAsyncCommit] when the adapter
+// is not used for ack-after-commit, for example when a lost effect is
+// recovered by replaying the source from a position saved elsewhere.
+//
+// The setting is read by the claim statement itself, at no extra cost, so a
+// write that runs SET LOCAL synchronous_commit = off after the claim is not
+// caught: don't.
+var ErrAsyncCommit = errors.New("synchronous_commit is off, so an acknowledged commit can be lost in a crash: " +
+	"set synchronous_commit=on, or use AllowAsyncCommit when the adapter is not used for ack-after-commit")
+
+// SQLSTATEs the server raises when a transaction lost a race and retrying
+// it whole is expected to succeed.
+const (
+	sqlstateSerializationFailure = "40001"
+	sqlstateDeadlockDetected     = "40P01"
+	sqlstateUndefinedTable       = "42P01"
+)
+
+// classified is the verdict on an error from one transaction attempt.
+type classified struct {
+	err   error // what to return
+	retry bool  // the whole transaction may be retried internally (40001, 40P01)
+}
+
+// classify maps err, from one attempt of a transaction on behalf of op and
+// key, to what the caller sees. It is the one place that decides what
+// "retryable" means for this package:
+//
+//   - 40001 serialization_failure and 40P01 deadlock_detected, reported as an
+//     ERROR (so the transaction was rolled back): retry internally; if
+//     retries run out, [effects.Transient].
+//   - committing is true when err came from COMMIT (or from an autocommit
+//     statement, which is its own COMMIT). Unless pgconn reports that nothing
+//     was sent, an error there is [effects.Ambiguous], because the server may
+//     have committed and lost only the reply: a network error, a context
+//     cancelled while waiting, a FATAL (e.g. 57P01 while the backend waits
+//     for a synchronous standby after committing locally). Only an ERROR
+//     reply proves the commit failed.
+//   - Before COMMIT nothing is committed: a cancelled or expired ctx returns
+//     the context error (wrapped, errors.Is works, [effects.Retryable] says
+//     yes); a broken connection (a FATAL such as 57P01 from
+//     pg_terminate_backend, an 08xxx, an I/O error, or broken reported by the
+//     caller after checking the connection) is [effects.Transient].
+//   - Anything else is returned wrapped with %w and is not retryable:
+//     typically the caller's own error from its write.
+func classify(ctx context.Context, op string, key effects.Key, err error, committing, broken bool) classified {
+	var pgErr *pgconn.PgError
+	isPg := errors.As(err, &pgErr)
+	if isPg && isError(pgErr) && (pgErr.Code == sqlstateSerializationFailure || pgErr.Code == sqlstateDeadlockDetected) {
+		return classified{err: effects.Transient(op, key, err), retry: true}
+	}
+	if committing && !pgconn.SafeToRetry(err) {
+		switch {
+		case isPg && isError(pgErr):
+			// The server answered the COMMIT with an ERROR: it rolled back.
+			if ctx.Err() != nil {
+				return classified{err: canceled(ctx, op, key, err)}
+			}
+			return classified{err: fmt.Errorf("%s: commit failed, nothing was committed: %w", where(op, key), err)}
+		case errors.Is(err, pgx.ErrTxCommitRollback):
+			return classified{err: fmt.Errorf("%s: an earlier statement failed and its error was not returned, "+
+				"so COMMIT rolled back; nothing was committed: %w", where(op, key), err)}
+		}
+		if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+			err = fmt.Errorf("%w: %w", ctx.Err(), err)
+		}
+		return classified{err: effects.Ambiguous(op, key, err)}
+	}
+	// Nothing was committed.
+	if ctx.Err() != nil {
+		return classified{err: canceled(ctx, op, key, err)}
+	}
+	if broken || connectionLost(err) {
+		return classified{err: effects.Transient(op, key, err)}
+	}
+	if isPg && pgErr.Code == sqlstateUndefinedTable {
+		return classified{err: fmt.Errorf("%s: %w (did you run postgres.Migrate?)", where(op, key), err)}
+	}
+	return classified{err: fmt.Errorf("%s: %w", where(op, key), err)}
+}
+
+// canceled wraps err, which happened while ctx was done and before anything
+// was committed, so that errors.Is(err, ctx.Err()) holds.
+func canceled(ctx context.Context, op string, key effects.Key, err error) error {
+	if errors.Is(err, ctx.Err()) {
+		return fmt.Errorf("%s: nothing was committed: %w", where(op, key), err)
+	}
+	return fmt.Errorf("%s: nothing was committed: %w: %w", where(op, key), ctx.Err(), err)
+}
+
+// where names an operation and, if there is one, its key, for messages.
+func where(op string, key effects.Key) string {
+	if key == "" {
+		return op
+	}
+	return fmt.Sprintf("%s key %q", op, key)
+}
+
+// isError reports whether the server reported pgErr as an ERROR, which
+// aborts the transaction but keeps the session, as opposed to FATAL or
+// PANIC, which end the session.
+func isError(pgErr *pgconn.PgError) bool {
+	sev := pgErr.SeverityUnlocalized
+	if sev == "" {
+		sev = pgErr.Severity
+	}
+	return sev == "ERROR"
+}
+
+// connectionLost reports whether err says the session is gone or could not
+// be established, so that the transaction it was in is gone too.
+func connectionLost(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		// FATAL/PANIC end the session: 57P01 admin_shutdown
+		// (pg_terminate_backend), 57P02 crash_shutdown, 57P03
+		// cannot_connect_now, 53300 too_many_connections; 08xxx are
+		// connection exceptions.
+		return !isError(pgErr) || strings.HasPrefix(pgErr.Code, "08")
+	}
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	return pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
+		errors.As(err, &connectErr) || errors.As(err, &netErr) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
+}

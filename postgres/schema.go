@@ -1,0 +1,80 @@
+package postgres
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Schema is the SQL that [Migrate] runs: CREATE TABLE IF NOT EXISTS for
+// effectively_keys (the dedup rows of [Effect], [Claim] and [ClaimBatch])
+// and effectively_journal (the sent-records of [Journal]), and an index on
+// effectively_keys(scope, created_at) for [Prune]. It is exported for
+// projects that manage their schema with their own migration tool: copy it
+// into a migration rather than calling Migrate at startup.
+//
+//go:embed schema.sql
+var Schema string
+
+// migrateLockID is the pg_advisory_xact_lock key that serializes Migrate
+// calls; it spells "effectiv" in ASCII.
+const migrateLockID int64 = 0x6566666563746976
+
+// DB is what [Migrate] and [Prune] need: *pgxpool.Pool, *pgx.Conn and pgx.Tx
+// all satisfy it. Given a pgx.Tx, Begin opens a savepoint, so the work joins
+// the caller's transaction.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Migrate creates the tables and index in [Schema] if they do not exist. It
+// is idempotent and safe to run concurrently from many processes: it takes a
+// transaction-scoped advisory lock, so one caller creates the objects while
+// the others wait and then find them. It needs the privilege to create
+// tables in the connection's current schema (the first one on search_path).
+func Migrate(ctx context.Context, db DB) error {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("postgres.Migrate: begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit it is a no-op
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrateLockID); err != nil {
+		return fmt.Errorf("postgres.Migrate: lock: %w", err)
+	}
+	// No arguments: pgx sends it with the simple protocol, which runs
+	// several statements in one round trip.
+	if _, err := tx.Exec(ctx, Schema); err != nil {
+		return fmt.Errorf("postgres.Migrate: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("postgres.Migrate: commit: %w", err)
+	}
+	return nil
+}
+
+// errInvalidScope is wrapped by every scope validation failure.
+var errInvalidScope = errors.New("invalid scope")
+
+// validateScope checks what PostgreSQL text can hold and what keeps
+// operators sane: non-empty, valid UTF-8, no NUL byte.
+func validateScope(op, scope string) error {
+	var why string
+	switch {
+	case scope == "":
+		why = "empty"
+	case !utf8.ValidString(scope):
+		why = "not valid UTF-8"
+	case strings.IndexByte(scope, 0) >= 0:
+		why = "contains a NUL byte"
+	default:
+		return nil
+	}
+	return fmt.Errorf("%s: %w %q: %s", op, errInvalidScope, scope, why)
+}
