@@ -47,7 +47,6 @@ func (h *harness) Make(ctx context.Context, f *conformance.Faults) (effects.Effe
 	return h.newEffect(api), tr.CloseIdleConnections, nil
 }
 
-
 // Input gives variant 1 another amount, so reusing the key with it is a
 // different request. The key also goes into metadata, so harnesses of
 // effects that do not send it as the Idempotency-Key can count by it.
