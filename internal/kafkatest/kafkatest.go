@@ -1,0 +1,271 @@
+// Package kafkatest gives tests a Kafka cluster: an in-process kfake
+// cluster (github.com/twmb/franz-go/pkg/kfake) by default, or the real
+// cluster named by the KAFKA_BROKERS environment variable
+// (comma-separated host:port list).
+//
+// Every helper cleans up with t.Cleanup: clusters and clients are closed
+// when the test ends, so goleak finds nothing left behind.
+package kafkatest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// BrokersEnv names the environment variable that points tests at a real
+// cluster instead of kfake.
+const BrokersEnv = "KAFKA_BROKERS"
+
+// Cluster is a Kafka cluster for one test or harness.
+type Cluster struct {
+	// Fake is the kfake cluster, for fault injection (ControlKey,
+	// KeepControl, Fault); nil when KAFKA_BROKERS names a real cluster.
+	Fake    *kfake.Cluster
+	brokers []string
+
+	opts    []kfake.Opt // to restart with
+	dataDir string
+}
+
+// Real reports whether KAFKA_BROKERS is set.
+func Real() bool { return os.Getenv(BrokersEnv) != "" }
+
+// New returns a cluster for t: a new single-broker kfake cluster (closed
+// when t ends), or the real cluster named by KAFKA_BROKERS. opts are
+// extra kfake options; they are ignored for a real cluster.
+func New(t testing.TB, opts ...kfake.Opt) *Cluster {
+	t.Helper()
+	if env := os.Getenv(BrokersEnv); env != "" {
+		return &Cluster{brokers: strings.Split(env, ",")}
+	}
+	c, err := Start(opts...)
+	if err != nil {
+		t.Fatalf("kafkatest: %v", err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// Start starts a single-broker kfake cluster (or returns the real one
+// named by KAFKA_BROKERS). The caller closes it.
+func Start(opts ...kfake.Opt) (*Cluster, error) {
+	if env := os.Getenv(BrokersEnv); env != "" {
+		return &Cluster{brokers: strings.Split(env, ",")}, nil
+	}
+	all := append([]kfake.Opt{
+		kfake.NumBrokers(1),
+		kfake.DefaultNumPartitions(3),
+		kfake.GroupMinSessionTimeout(100 * time.Millisecond),
+	}, opts...)
+	fake, err := kfake.NewCluster(all...)
+	if err != nil {
+		return nil, fmt.Errorf("starting kfake: %w", err)
+	}
+	return &Cluster{Fake: fake, brokers: fake.ListenAddrs(), opts: all}, nil
+}
+
+// NewRestartable is New for a kfake cluster that keeps its data in a
+// temporary directory, so that [Cluster.Restart] brings it back with its
+// topics, records, groups and producer state. On a real cluster it skips t:
+// tests cannot restart it.
+func NewRestartable(t testing.TB, opts ...kfake.Opt) *Cluster {
+	t.Helper()
+	if Real() {
+		t.Skip("cannot restart the real cluster named by " + BrokersEnv)
+	}
+	dir := t.TempDir()
+	c, err := Start(append([]kfake.Opt{kfake.DataDir(dir)}, opts...)...)
+	if err != nil {
+		t.Fatalf("kafkatest: %v", err)
+	}
+	c.dataDir = dir
+	t.Cleanup(c.Close)
+	return c
+}
+
+// Restart stops the kfake cluster (it saves its state) and starts it
+// again on the same port from its data directory; clients reconnect.
+func (c *Cluster) Restart() error {
+	if c.Fake == nil || c.dataDir == "" {
+		return errors.New("kafkatest: only a cluster from NewRestartable can restart")
+	}
+	_, port, err := net.SplitHostPort(c.brokers[0])
+	if err != nil {
+		return err
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return err
+	}
+	c.Fake.Close()
+	var fake *kfake.Cluster
+	for try := 0; ; try++ {
+		fake, err = kfake.NewCluster(append(append([]kfake.Opt(nil), c.opts...), kfake.Ports(p))...)
+		if err == nil || try == 50 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond) // the port may take a moment to free
+	}
+	if err != nil {
+		return fmt.Errorf("kafkatest: restarting kfake: %w", err)
+	}
+	c.Fake = fake
+	return nil
+}
+
+// Close closes a kfake cluster; it does nothing for a real one.
+func (c *Cluster) Close() {
+	if c.Fake != nil {
+		c.Fake.Close()
+	}
+}
+
+// Brokers returns the seed brokers.
+func (c *Cluster) Brokers() []string { return c.brokers }
+
+// RequireFake returns the kfake cluster, or skips t on a real cluster:
+// broker fault injection needs kfake.
+func (c *Cluster) RequireFake(t testing.TB) *kfake.Cluster {
+	t.Helper()
+	if c.Fake == nil {
+		t.Skip("needs kfake's fault injection; KAFKA_BROKERS names a real cluster")
+	}
+	return c.Fake
+}
+
+// Opts returns the client options that reach the cluster, plus extra.
+func (c *Cluster) Opts(extra ...kgo.Opt) []kgo.Opt {
+	return append([]kgo.Opt{kgo.SeedBrokers(c.brokers...)}, extra...)
+}
+
+// Client returns a new client for the cluster, closed when t ends.
+func (c *Cluster) Client(t testing.TB, extra ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(c.Opts(extra...)...)
+	if err != nil {
+		t.Fatalf("kafkatest: new client: %v", err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+// Topic creates a topic with a unique name starting with prefix and the
+// given number of partitions, and returns its name.
+func (c *Cluster) Topic(t testing.TB, prefix string, partitions int32) string {
+	t.Helper()
+	name, err := c.CreateTopic(context.Background(), prefix, partitions)
+	if err != nil {
+		t.Fatalf("kafkatest: %v", err)
+	}
+	return name
+}
+
+// CreateTopic creates a topic with a unique name starting with prefix.
+func (c *Cluster) CreateTopic(ctx context.Context, prefix string, partitions int32) (string, error) {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	name := prefix + "-" + hex.EncodeToString(b[:])
+	cl, err := kgo.NewClient(c.Opts()...)
+	if err != nil {
+		return "", err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	resp, err := kadm.NewClient(cl).CreateTopic(ctx, partitions, -1, nil, name)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil {
+		return "", fmt.Errorf("creating topic %s: %w", name, err)
+	}
+	return name, nil
+}
+
+// ReadAll reads every record of topic that a read_committed consumer sees,
+// from the start of each partition up to its last stable offset at the
+// time of the call, with a fresh client built from opts. Control records
+// (transaction markers) are left out.
+func ReadAll(ctx context.Context, opts []kgo.Opt, topic string) ([]*kgo.Record, error) {
+	adm, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, err
+	}
+	defer adm.Close()
+	ends, err := kadm.NewClient(adm).ListCommittedOffsets(ctx, topic)
+	if err != nil {
+		return nil, fmt.Errorf("listing end offsets of %s: %w", topic, err)
+	}
+	if err := ends.Error(); err != nil {
+		return nil, fmt.Errorf("listing end offsets of %s: %w", topic, err)
+	}
+	left := map[int32]int64{} // partition -> end offset still to reach
+	starts := map[int32]kgo.Offset{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			left[o.Partition] = o.Offset
+			starts[o.Partition] = kgo.NewOffset().AtStart()
+		}
+	})
+	if len(left) == 0 {
+		return nil, nil
+	}
+	cl, err := kgo.NewClient(append(append([]kgo.Opt(nil), opts...),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: starts}),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(),
+	)...)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	var out []*kgo.Record
+	for len(left) > 0 {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("reading %s: %w (still to read: %v)", topic, err, left)
+		}
+		var ferr error
+		fs.EachError(func(_ string, _ int32, err error) { ferr = errors.Join(ferr, err) })
+		if ferr != nil {
+			return nil, fmt.Errorf("reading %s: %w", topic, ferr)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			end, ok := left[r.Partition]
+			if !ok || r.Offset >= end {
+				return
+			}
+			if !r.Attrs.IsControl() {
+				out = append(out, r)
+			}
+			if r.Offset+1 >= end {
+				delete(left, r.Partition)
+			}
+		})
+	}
+	return out, nil
+}
+
+// Header returns the value of the first header named name, and whether
+// there was one.
+func Header(r *kgo.Record, name string) (string, bool) {
+	for _, h := range r.Headers {
+		if h.Key == name {
+			return string(h.Value), true
+		}
+	}
+	return "", false
+}

@@ -1,0 +1,208 @@
+package kafka_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"effectively.dev/conformance"
+	"effectively.dev/effects"
+	"effectively.dev/internal/kafkatest"
+	"effectively.dev/internal/pgtest"
+	"effectively.dev/kafka"
+	"effectively.dev/postgres"
+)
+
+// conformanceLease is the journal lease in the conformance runs: longer
+// than a produce on kfake takes (so clean concurrent attempts never both
+// produce), short enough that the fault sweeps, which wait for it after a
+// lost journal reply, stay fast.
+const conformanceLease = 2 * time.Second
+
+// producerHarness runs the producer against one kfake cluster and topic
+// (and, with a journal, one fresh database). Every connection of an
+// instance, to Kafka and to the journal's PostgreSQL, goes through the
+// suite's Faults, so the sweeps also cut and lose the journal's replies.
+type producerHarness struct {
+	t       testing.TB
+	cluster *kafkatest.Cluster
+	topic   string
+	dbURL   string // "" without a journal
+	lie     bool   // claim EffectivelyOnce (the counterexample)
+}
+
+func newProducerHarness(t testing.TB, journal, lie bool) conformance.Harness[kafka.Message] {
+	h := &producerHarness{t: t, lie: lie}
+	if kafkatest.Real() {
+		h.cluster = kafkatest.New(t)
+	} else {
+		h.cluster = kafkatest.NewRestartable(t)
+	}
+	h.topic = h.cluster.Topic(t, "conformance", 3)
+	if journal {
+		h.dbURL = pgtest.DB(t)
+		pool, err := pgxpool.New(context.Background(), h.dbURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		if err := postgres.Migrate(context.Background(), pool); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if h.cluster.Fake != nil {
+		return restartableHarness{h}
+	}
+	return h
+}
+
+func (h *producerHarness) Make(ctx context.Context, f *conformance.Faults) (effects.Effect[kafka.Message], func(), error) {
+	// A short metadata minimum age only makes franz-go retry a lost
+	// metadata reply sooner (the default 5 s would make the sweeps slow);
+	// everything that decides the outcome keeps its default.
+	cl, err := kgo.NewClient(h.cluster.Opts(kgo.Dialer(f.DialContext), kgo.MetadataMinAge(100*time.Millisecond))...)
+	if err != nil {
+		return nil, nil, err
+	}
+	var (
+		opts  []kafka.ProducerOption
+		pool  *pgxpool.Pool
+		close = cl.Close
+	)
+	if h.dbURL != "" {
+		cfg, err := pgxpool.ParseConfig(h.dbURL)
+		if err != nil {
+			cl.Close()
+			return nil, nil, err
+		}
+		cfg.ConnConfig.DialFunc = f.DialContext
+		if pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+			cl.Close()
+			return nil, nil, err
+		}
+		j, err := postgres.NewJournal(pool, "kafka-conformance")
+		if err != nil {
+			cl.Close()
+			pool.Close()
+			return nil, nil, err
+		}
+		opts = append(opts, kafka.WithJournal(j), kafka.WithLease(conformanceLease))
+		close = func() { cl.Close(); pool.Close() }
+	}
+	p, err := kafka.NewProducer(cl, h.topic, opts...)
+	if err != nil {
+		close()
+		return nil, nil, err
+	}
+	if h.lie {
+		return claimsEffectivelyOnce{p}, close, nil
+	}
+	return p, close, nil
+}
+
+func (h *producerHarness) Input(key effects.Key, variant int) kafka.Message {
+	return kafka.Message{Value: []byte{'v', byte('0' + variant)}}
+}
+
+// records reads the topic from the start with a fresh client, under
+// read_committed.
+func (h *producerHarness) records(ctx context.Context) ([]*kgo.Record, error) {
+	return kafkatest.ReadAll(ctx, h.cluster.Opts(), h.topic)
+}
+
+func (h *producerHarness) Count(ctx context.Context, key effects.Key) (int, error) {
+	recs, err := h.records(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, r := range recs {
+		if v, ok := kafkatest.Header(r, kafka.KeyHeader); ok && v == string(key) {
+			n++
+		}
+	}
+	return n, nil
+}
+
+func (h *producerHarness) Total(ctx context.Context) (int, error) {
+	recs, err := h.records(ctx)
+	return len(recs), err
+}
+
+// restartableHarness restarts the kfake cluster from its data directory.
+type restartableHarness struct{ *producerHarness }
+
+func (h restartableHarness) Restart(context.Context) error { return h.cluster.Restart() }
+
+// claimsEffectivelyOnce is the counterexample: a producer without a
+// journal that claims what Kafka's idempotence does not give, effects
+// that happen once across redeliveries and producer sessions.
+type claimsEffectivelyOnce struct{ *kafka.Producer }
+
+func (claimsEffectivelyOnce) Contract() effects.Contract {
+	return effects.Contract{
+		Guarantee: effects.EffectivelyOnce,
+		Enforcer:  "kafka idempotent producer (claimed, wrongly: it dedups only retries within one session)",
+	}
+}
+
+// TestConformance runs the suite on the producer with a PostgreSQL journal
+// (AtLeastOnce, duplicates only after an unknown outcome) and without one
+// (AtLeastOnce, any redelivery), against kfake.
+func TestConformance(t *testing.T) {
+	t.Run("journal", func(t *testing.T) {
+		rep := conformance.Run(t, "kafka.Producer+postgres.Journal",
+			func(t testing.TB) conformance.Harness[kafka.Message] { return newProducerHarness(t, true, false) },
+			conformance.WithRetryFor(4*conformanceLease+10*time.Second))
+		c := rep.Contract
+		if c.Guarantee != effects.AtLeastOnce || c.DuplicateWindow.Trigger != effects.AfterUnknownOutcome || !c.DetectsKeyReuse {
+			t.Errorf("contract %s, want at-least-once after an unknown outcome, detecting key reuse", c)
+		}
+		requireAllRan(t, rep)
+	})
+	t.Run("no journal", func(t *testing.T) {
+		rep := conformance.Run(t, "kafka.Producer",
+			func(t testing.TB) conformance.Harness[kafka.Message] { return newProducerHarness(t, false, false) })
+		if tr := rep.Contract.DuplicateWindow.Trigger; tr != effects.AnyRedelivery {
+			t.Errorf("trigger %s, want any redelivery", tr)
+		}
+	})
+}
+
+func requireAllRan(t *testing.T, rep conformance.Report) {
+	t.Helper()
+	for _, row := range rep.Rows {
+		if row.Verdict == conformance.NotRun && !(row.Scenario == conformance.ScenarioRestart && kafkatest.Real()) {
+			t.Errorf("%s: not run: %v", row.Scenario, row.Notes)
+		}
+	}
+}
+
+// TestConformanceCounterexample: the producer without a journal, claiming
+// EffectivelyOnce, must fail the suite, and in the scenarios that repeat
+// an Apply: redelivery, concurrent duplicates, key reuse, the replay storm
+// and the backend restart.
+func TestConformanceCounterexample(t *testing.T) {
+	rep := conformance.Evaluate(t, "counterexample: kafka.Producer without journal claiming effectively-once",
+		func(t testing.TB) conformance.Harness[kafka.Message] { return newProducerHarness(t, false, true) })
+	failed := map[string]bool{}
+	for _, s := range rep.Failed() {
+		failed[s] = true
+	}
+	must := []string{conformance.ScenarioRedelivery, conformance.ScenarioConcurrent, conformance.ScenarioKeyReuse, conformance.ScenarioStorm}
+	if !kafkatest.Real() {
+		must = append(must, conformance.ScenarioRestart)
+	}
+	for _, s := range must {
+		if !failed[s] {
+			t.Errorf("scenario %s did not catch the lying producer", s)
+		}
+	}
+	if failed[conformance.ScenarioInvalidKey] {
+		t.Errorf("invalid-keys failed: the producer validates keys before any I/O")
+	}
+	t.Logf("scenarios that caught the counterexample: %v", rep.Failed())
+}

@@ -1,0 +1,32 @@
+-- Schema for the transactional outbox of effectively.dev/kafka. Every
+-- statement is idempotent; MigrateOutbox runs them in one transaction under
+-- an advisory lock, so concurrent migrations are safe.
+
+-- One row per record to publish, inserted by Enqueue in the application's
+-- business transaction. A relay selects unsent rows with FOR UPDATE SKIP
+-- LOCKED, produces them, and sets sent_at and ref ("partition/offset") in
+-- the same transaction after the broker's ack.
+CREATE TABLE IF NOT EXISTS effectively_outbox (
+    id            bigserial   PRIMARY KEY,
+    message_id    text        NOT NULL,
+    fingerprint   bytea       NOT NULL,
+    topic         text        NOT NULL,
+    key           bytea,
+    value         bytea,
+    header_keys   text[]      NOT NULL DEFAULT '{}',
+    header_values bytea[]     NOT NULL DEFAULT '{}',
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    sent_at       timestamptz,
+    ref           text,
+    attempts      integer     NOT NULL DEFAULT 0,
+    last_error    text
+);
+
+-- A message id is enqueued once: Enqueue of the same id again is a no-op
+-- (or ErrKeyReused with another payload), until the row is pruned.
+CREATE UNIQUE INDEX IF NOT EXISTS effectively_outbox_message_id
+    ON effectively_outbox (message_id);
+
+-- Serves the relay's batch selection.
+CREATE INDEX IF NOT EXISTS effectively_outbox_unsent
+    ON effectively_outbox (id) WHERE sent_at IS NULL;

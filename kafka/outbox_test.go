@@ -1,0 +1,231 @@
+package kafka_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"effectively.dev/effects"
+	"effectively.dev/internal/kafkatest"
+	"effectively.dev/internal/pgtest"
+	"effectively.dev/kafka"
+)
+
+func outboxPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), pgtest.DB(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := kafka.MigrateOutbox(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
+// inTx runs f in a transaction and commits, or rolls back if rollback.
+func inTx(t *testing.T, pool *pgxpool.Pool, rollback bool, f func(tx pgx.Tx) error) error {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if err := f(tx); err != nil {
+		return err
+	}
+	if rollback {
+		return tx.Rollback(ctx)
+	}
+	return tx.Commit(ctx)
+}
+
+func TestOutboxEnqueue(t *testing.T) {
+	pool := outboxPool(t)
+	ctx := context.Background()
+	msg := kafka.OutboxMessage{ID: effects.MustKey("orders", "o-1", "created"), Topic: "orders", Value: []byte("v1")}
+	enqueue := func(m kafka.OutboxMessage) (bool, error) {
+		var inserted bool
+		err := inTx(t, pool, false, func(tx pgx.Tx) error {
+			var err error
+			inserted, err = kafka.Enqueue(ctx, tx, m)
+			return err
+		})
+		return inserted, err
+	}
+	if ok, err := enqueue(msg); err != nil || !ok {
+		t.Fatalf("first Enqueue = %v, %v; want inserted", ok, err)
+	}
+	if ok, err := enqueue(msg); err != nil || ok {
+		t.Fatalf("same message again = %v, %v; want not inserted, no error", ok, err)
+	}
+	other := msg
+	other.Value = []byte("v2")
+	if _, err := enqueue(other); !errors.Is(err, effects.ErrKeyReused) {
+		t.Fatalf("same id, other payload: %v, want ErrKeyReused", err)
+	}
+	if _, err := enqueue(kafka.OutboxMessage{ID: "bad\x00key", Topic: "orders"}); !errors.Is(err, effects.ErrInvalidKey) {
+		t.Fatalf("invalid id: %v, want ErrInvalidKey", err)
+	}
+	// A rolled-back business transaction leaves no row.
+	if err := inTx(t, pool, true, func(tx pgx.Tx) error {
+		_, err := kafka.Enqueue(ctx, tx, kafka.OutboxMessage{ID: "rolled-back", Topic: "orders"})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM effectively_outbox`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("%d outbox rows, want 1", n)
+	}
+}
+
+// TestOutboxTwoRelays: two relays publish one outbox at once; every
+// committed row reaches the topic, none twice, and rows of rolled-back
+// business transactions never do.
+func TestOutboxTwoRelays(t *testing.T) {
+	pool := outboxPool(t)
+	c := kafkatest.New(t)
+	topic := c.Topic(t, "outbox", 3)
+	ctx := context.Background()
+
+	const txs, perTx = 40, 10
+	want := map[string]bool{}
+	for i := 0; i < txs; i++ {
+		rollback := i%10 == 9 // some business transactions fail
+		err := inTx(t, pool, rollback, func(tx pgx.Tx) error {
+			for j := 0; j < perTx; j++ {
+				id := fmt.Sprintf("order-%d-%d", i, j)
+				if _, err := kafka.Enqueue(ctx, tx, kafka.OutboxMessage{ID: effects.Key(id), Topic: topic,
+					Value: []byte(id), Headers: []kgo.RecordHeader{{Key: "type", Value: []byte("created")}}}); err != nil {
+					return err
+				}
+				if !rollback {
+					want[id] = true
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	rctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	sent := make([]int, 2)
+	for i := range 2 {
+		relay, err := kafka.NewRelay(pool, c.Client(t), kafka.WithBatchSize(15), kafka.WithPollInterval(20*time.Millisecond),
+			kafka.WithRelayErrors(func(err error) { t.Errorf("relay %d: %v", i, err) }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for rctx.Err() == nil {
+				n, err := relay.RelayBatch(rctx)
+				if err != nil && rctx.Err() == nil {
+					t.Errorf("relay %d: %v", i, err)
+				}
+				sent[i] += n
+				if n == 0 {
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+		}()
+	}
+	waitFor(t, 30*time.Second, "every row marked sent", func() bool {
+		var unsent int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM effectively_outbox WHERE sent_at IS NULL`).Scan(&unsent); err != nil {
+			t.Fatal(err)
+		}
+		return unsent == 0
+	})
+	cancel()
+	wg.Wait()
+
+	counts := readCounts(t, c, topic, kafka.KeyHeader)
+	dups := 0
+	for id := range want {
+		switch n := counts[id]; {
+		case n == 0:
+			t.Errorf("%s: not published", id)
+		case n > 1:
+			dups += n - 1
+		}
+	}
+	for id := range counts {
+		if !want[id] {
+			t.Errorf("%s published, but its business transaction rolled back (or it is unknown)", id)
+		}
+	}
+	if dups != 0 {
+		t.Errorf("%d duplicates without a crash, want 0", dups)
+	}
+	if sent[0] == 0 || sent[1] == 0 {
+		t.Errorf("relays sent %v rows: both should have taken batches", sent)
+	}
+	t.Logf("%d rows, relays sent %v, %d duplicates", len(want), sent, dups)
+
+	// The ref stored for a row points at its record.
+	var id, ref string
+	if err := pool.QueryRow(ctx, `SELECT message_id, ref FROM effectively_outbox ORDER BY id LIMIT 1`).Scan(&id, &ref); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := kafkatest.ReadAll(ctx, c.Opts(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		if h, _ := kafkatest.Header(r, kafka.KeyHeader); h == id {
+			if refOf(r) != ref {
+				t.Errorf("row %s ref %q, record at %q", id, ref, refOf(r))
+			}
+			if typ, _ := kafkatest.Header(r, "type"); typ != "created" {
+				t.Errorf("header type = %q, want created", typ)
+			}
+		}
+	}
+}
+
+func TestPruneOutbox(t *testing.T) {
+	pool := outboxPool(t)
+	c := kafkatest.New(t)
+	topic := c.Topic(t, "prune", 1)
+	ctx := context.Background()
+	for i := 0; i < 3; i++ {
+		if err := inTx(t, pool, false, func(tx pgx.Tx) error {
+			_, err := kafka.Enqueue(ctx, tx, kafka.OutboxMessage{ID: effects.Key(fmt.Sprint("m", i)), Topic: topic})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	relay, err := kafka.NewRelay(pool, c.Client(t), kafka.WithBatchSize(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := relay.RelayBatch(ctx); err != nil || n != 2 {
+		t.Fatalf("RelayBatch = %d, %v; want 2", n, err)
+	}
+	n, err := kafka.PruneOutbox(ctx, pool, time.Now().Add(time.Hour), 10)
+	if err != nil || n != 2 {
+		t.Fatalf("PruneOutbox = %d, %v; want the 2 sent rows", n, err)
+	}
+	if n, err := relay.RelayBatch(ctx); err != nil || n != 1 {
+		t.Fatalf("RelayBatch = %d, %v; want the unsent row", n, err)
+	}
+}

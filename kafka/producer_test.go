@@ -1,0 +1,259 @@
+package kafka_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"effectively.dev/effects"
+	"effectively.dev/internal/kafkatest"
+	"effectively.dev/kafka"
+)
+
+func countByHeader(t *testing.T, c *kafkatest.Cluster, topic string) map[string]int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	recs, err := kafkatest.ReadAll(ctx, c.Opts(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int{}
+	for _, r := range recs {
+		k, _ := kafkatest.Header(r, kafka.KeyHeader)
+		counts[k]++
+	}
+	return counts
+}
+
+func TestProducerRefusesNonIdempotentClients(t *testing.T) {
+	c := kafkatest.New(t)
+	for name, opts := range map[string][]kgo.Opt{
+		"idempotence disabled": {kgo.DisableIdempotentWrite(), kgo.RequiredAcks(kgo.AllISRAcks())},
+		"acks=1":               {kgo.DisableIdempotentWrite(), kgo.RequiredAcks(kgo.LeaderAck())},
+		"transactional":        {kgo.TransactionalID("tx")},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cl := c.Client(t, opts...)
+			if _, err := kafka.NewProducer(cl, "t"); !errors.Is(err, kafka.ErrNotIdempotent) {
+				t.Fatalf("NewProducer = %v, want ErrNotIdempotent", err)
+			}
+		})
+	}
+}
+
+func TestProducerRecord(t *testing.T) {
+	c := kafkatest.New(t)
+	topic := c.Topic(t, "producer", 3)
+	p, err := kafka.NewProducer(c.Client(t), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	key := effects.MustKey("billing", "evt-1", "event")
+	res, err := p.Apply(ctx, key, kafka.Message{Value: []byte("v"), Headers: []kgo.RecordHeader{{Key: "h", Value: []byte("x")}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != effects.Applied {
+		t.Errorf("status %s, want applied", res.Status)
+	}
+	recs, err := kafkatest.ReadAll(ctx, c.Opts(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1 {
+		t.Fatalf("%d records, want 1", len(recs))
+	}
+	r := recs[0]
+	if got := string(r.Key); got != string(key) {
+		t.Errorf("record key %q, want the effect key %q", got, key)
+	}
+	if h, _ := kafkatest.Header(r, kafka.KeyHeader); h != string(key) {
+		t.Errorf("%s header %q, want %q", kafka.KeyHeader, h, key)
+	}
+	if h, _ := kafkatest.Header(r, "h"); h != "x" {
+		t.Errorf("caller's header h = %q, want x", h)
+	}
+	if want := refOf(r); res.Ref != want {
+		t.Errorf("Ref %q, want partition/offset %q", res.Ref, want)
+	}
+
+	// A caller-chosen record key is kept; the header still names the effect.
+	key2 := effects.MustKey("billing", "evt-2", "event")
+	if _, err := p.Apply(ctx, key2, kafka.Message{Key: []byte("account-7"), Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	recs, _ = kafkatest.ReadAll(ctx, c.Opts(), topic)
+	for _, r := range recs {
+		if h, _ := kafkatest.Header(r, kafka.KeyHeader); h == string(key2) && string(r.Key) != "account-7" {
+			t.Errorf("record key %q, want the caller's account-7", r.Key)
+		}
+	}
+}
+
+// refOf is the Ref the producer reports for r: "partition/offset".
+func refOf(r *kgo.Record) string {
+	return strconv.Itoa(int(r.Partition)) + "/" + strconv.FormatInt(r.Offset, 10)
+}
+
+// TestProducerWithoutJournalDuplicatesAcrossSessions shows why the plain
+// producer declares AnyRedelivery: Kafka's idempotence is per producer
+// session, so the same key produced by two client sessions is two records.
+func TestProducerWithoutJournalDuplicatesAcrossSessions(t *testing.T) {
+	c := kafkatest.New(t)
+	topic := c.Topic(t, "sessions", 1)
+	key := effects.MustKey("billing", "evt-1", "event")
+	for session := 0; session < 2; session++ {
+		cl := c.Client(t)
+		p, err := kafka.NewProducer(cl, topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := p.Contract(); c.DuplicateWindow.Trigger != effects.AnyRedelivery {
+			t.Fatalf("contract trigger %s, want any redelivery", c.DuplicateWindow.Trigger)
+		}
+		if _, err := p.Apply(context.Background(), key, kafka.Message{Value: []byte("v")}); err != nil {
+			t.Fatal(err)
+		}
+		cl.Close() // the session ends, like a restarted process
+	}
+	if n := countByHeader(t, c, topic)[string(key)]; n != 2 {
+		t.Fatalf("%d records for the key, want 2 (one per producer session)", n)
+	}
+}
+
+func TestProducerInvalidKeyDoesNoIO(t *testing.T) {
+	c := kafkatest.New(t)
+	fake := c.RequireFake(t)
+	var requests atomic.Int64
+	fake.Control(func(kmsg.Request) (kmsg.Response, error, bool) {
+		requests.Add(1)
+		fake.KeepControl()
+		return nil, nil, false
+	})
+	p, err := kafka.NewProducer(c.Client(t), "never")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []effects.Key{"", "a\x00b", "\xff"} {
+		if _, err := p.Apply(context.Background(), key, kafka.Message{}); !errors.Is(err, effects.ErrInvalidKey) {
+			t.Errorf("key %q: %v, want ErrInvalidKey", key, err)
+		}
+	}
+	if n := requests.Load(); n != 0 {
+		t.Errorf("%d requests reached the broker, want 0", n)
+	}
+}
+
+// TestProducerErrors checks the classification of broker failures.
+func TestProducerErrors(t *testing.T) {
+	c := kafkatest.New(t)
+	fake := c.RequireFake(t)
+	topic := c.Topic(t, "errors", 1)
+	tests := []struct {
+		name string
+		err  *kerr.Error
+		want error // nil: permanent
+	}{
+		{"retryable broker error wrote nothing", kerr.NotEnoughReplicas, effects.ErrTransient},
+		{"permanent", kerr.TopicAuthorizationFailed, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cl := c.Client(t, kgo.RecordRetries(0))
+			p, err := kafka.NewProducer(cl, topic)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fake.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+				preq := req.(*kmsg.ProduceRequest)
+				resp := preq.ResponseKind().(*kmsg.ProduceResponse)
+				for _, rt := range preq.Topics {
+					st := kmsg.NewProduceResponseTopic()
+					st.Topic = rt.Topic
+					st.TopicID = rt.TopicID
+					for _, rp := range rt.Partitions {
+						sp := kmsg.NewProduceResponseTopicPartition()
+						sp.Partition = rp.Partition
+						sp.ErrorCode = tt.err.Code
+						st.Partitions = append(st.Partitions, sp)
+					}
+					resp.Topics = append(resp.Topics, st)
+				}
+				return resp, nil, true
+			})
+			key := effects.MustKey("errors", tt.name)
+			_, err = p.Apply(context.Background(), key, kafka.Message{Value: []byte("v")})
+			if err == nil {
+				t.Fatal("Apply succeeded, want an error")
+			}
+			if !errors.Is(err, tt.err) {
+				t.Errorf("error %v does not wrap %v", err, tt.err)
+			}
+			switch {
+			case tt.want == nil && effects.Retryable(err):
+				t.Errorf("%v: retryable, want permanent", err)
+			case tt.want != nil && !errors.Is(err, tt.want):
+				t.Errorf("%v: want %v", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestProducerRetriesWithinSession shows what Kafka's idempotence does
+// cover: a produce answered with REQUEST_TIMED_OUT (maybe written) is
+// retried by franz-go with the same producer id and sequence, and the
+// broker keeps one record.
+func TestProducerRetriesWithinSession(t *testing.T) {
+	c := kafkatest.New(t)
+	fake := c.RequireFake(t)
+	topic := c.Topic(t, "timeout", 1)
+	p, err := kafka.NewProducer(c.Client(t), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Write the batch, then answer REQUEST_TIMED_OUT as a broker does when
+	// replication was slow.
+	fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: kerr.RequestTimedOut})
+	key := effects.MustKey("timeout")
+	if _, err := p.Apply(context.Background(), key, kafka.Message{Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	if n := countByHeader(t, c, topic)[string(key)]; n != 1 {
+		t.Fatalf("%d records, want 1: the retry within the session is deduped", n)
+	}
+}
+
+// TestProducerContextDoneInFlight: when the context ends while the produce
+// request is at the broker, Apply returns ErrAmbiguous at once.
+func TestProducerContextDoneInFlight(t *testing.T) {
+	c := kafkatest.New(t)
+	fake := c.RequireFake(t)
+	topic := c.Topic(t, "inflight", 1)
+	p, err := kafka.NewProducer(c.Client(t), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	fake.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		fake.SleepControl(func() { <-release })
+		return nil, nil, false
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	key := effects.MustKey("inflight")
+	_, err = p.Apply(ctx, key, kafka.Message{Value: []byte("v")})
+	close(release)
+	if !errors.Is(err, effects.ErrAmbiguous) || !effects.Retryable(err) {
+		t.Fatalf("Apply = %v, want a retryable ErrAmbiguous", err)
+	}
+}

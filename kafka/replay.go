@@ -1,0 +1,340 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"golang.org/x/term"
+	"golang.org/x/time/rate"
+)
+
+// Limiter paces a replay: Replay calls Wait once before handing each
+// record to the handler. *rate.Limiter satisfies it, so one limiter can be
+// shared by several replays, or with live traffic.
+type Limiter interface {
+	Wait(ctx context.Context) error
+}
+
+// ReplayOptions selects what [Replay] re-feeds and how fast.
+//
+// The range is chosen per partition. Its start is the first offset at or
+// after From when From is set, else StartOffset (0: the log start); its end
+// (exclusive) is the first offset at or after To when To is set, else
+// EndOffset (0 or negative: no bound); and it never goes past the
+// partition's last stable offset when Replay starts, so a replay ends even
+// while producers keep writing. Records of aborted transactions and
+// control records are skipped (Replay reads with read_committed).
+type ReplayOptions struct {
+	// Topic is the topic to replay. Required.
+	Topic string
+	// Partitions limits the replay to these partitions; nil means all.
+	Partitions []int32
+	// StartOffset and EndOffset bound the range by offset: [StartOffset,
+	// EndOffset).
+	StartOffset, EndOffset int64
+	// From and To bound the range by record timestamp: [From, To).
+	From, To time.Time
+
+	// Rate is the most records per second handed to the handler, Burst
+	// how many may go at once (default 1). Rate 0 means no limit.
+	Rate  rate.Limit
+	Burst int
+	// Limiter, if set, paces the replay instead of Rate and Burst.
+	Limiter Limiter
+
+	// Progress receives a progress bar, redrawn in place at most ten times
+	// a second. Nil means standard error when it is a terminal, and no
+	// bar otherwise; io.Discard turns it off.
+	Progress io.Writer
+}
+
+// ReplayHandler handles one replayed record. Returning an error stops the
+// replay.
+type ReplayHandler func(ctx context.Context, r *kgo.Record) error
+
+// ReplayStats says what a replay did.
+type ReplayStats struct {
+	// Records is how many records the handler returned nil for.
+	Records int
+	// Ranges is the replayed range of each partition, [Start, End).
+	Ranges map[int32]OffsetRange
+	// Next is, per partition, the offset after the last record handled:
+	// a replay stopped early resumes with StartOffset = Next[p].
+	Next map[int32]int64
+}
+
+// OffsetRange is a half-open range of offsets, [Start, End).
+type OffsetRange struct {
+	Start, End int64
+}
+
+// Replay re-feeds a range of a topic through handler, one record at a
+// time in offset order per partition, waiting on the rate limiter before
+// each record so the replay does not starve live traffic. It is the tool
+// for re-running idempotent consumers over past records: effects that
+// were done replay, effects that were lost apply.
+//
+// client provides the connection settings (seed brokers, TLS, SASL,
+// dialer) and answers the offset lookups; Replay consumes with a client of
+// its own built from client.Opts(), so client is not changed and may be a
+// group member or a producer, but not transactional (its transactional id
+// would be shared). Replay returns when every partition reached
+// the end of its range, when handler fails (the error is returned
+// wrapped, with the stats up to it), or when ctx is done (ctx's error).
+func Replay(ctx context.Context, client *kgo.Client, opts ReplayOptions, handler ReplayHandler) (ReplayStats, error) {
+	const op = "kafka.Replay"
+	stats := ReplayStats{Ranges: map[int32]OffsetRange{}, Next: map[int32]int64{}}
+	if client == nil || handler == nil || opts.Topic == "" {
+		return stats, fmt.Errorf("%s: client, handler and topic are required", op)
+	}
+	if vs := client.OptValues(kgo.TransactionalID); len(vs) == 2 && vs[1] == true {
+		return stats, fmt.Errorf("%s: client is transactional; pass a non-transactional client (Replay builds its consumer from its options)", op)
+	}
+	ranges, err := replayRanges(ctx, kadm.NewClient(client), opts)
+	if err != nil {
+		return stats, fmt.Errorf("%s %s: %w", op, opts.Topic, err)
+	}
+	var total int64
+	starts := map[int32]kgo.Offset{}
+	for p, r := range ranges {
+		stats.Ranges[p] = r
+		stats.Next[p] = r.Start
+		if r.End > r.Start {
+			total += r.End - r.Start
+			starts[p] = kgo.NewOffset().At(r.Start)
+		}
+	}
+	if len(starts) == 0 {
+		return stats, nil
+	}
+	lim := opts.Limiter
+	if lim == nil {
+		lim = newLimiter(opts.Rate, opts.Burst)
+	}
+	bar := newProgress(opts.Progress, opts.Topic, total)
+	defer bar.finish()
+
+	rc, err := kgo.NewClient(append(client.Opts(),
+		kgo.ConsumerGroup(""),
+		kgo.ConsumeTopics(),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{opts.Topic: starts}),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// Control records mark where a transaction ended; we need to see
+		// them to know that a range ending on one is done.
+		kgo.KeepControlRecords(),
+	)...)
+	if err != nil {
+		return stats, fmt.Errorf("%s: %w", op, err)
+	}
+	defer rc.Close()
+
+	left := map[int32]bool{}
+	for p := range starts {
+		left[p] = true
+	}
+	var done int64 // offsets passed, for the progress bar
+	for len(left) > 0 {
+		fs := rc.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return stats, err
+		}
+		var ferr error
+		fs.EachError(func(_ string, _ int32, err error) { ferr = errors.Join(ferr, err) })
+		if ferr != nil {
+			return stats, fmt.Errorf("%s %s: fetching: %w", op, opts.Topic, ferr)
+		}
+		var herr error
+		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
+			if herr != nil || !left[fp.Partition] {
+				return
+			}
+			r := ranges[fp.Partition]
+			for _, rec := range fp.Records {
+				if rec.Offset < stats.Next[fp.Partition] {
+					continue
+				}
+				if rec.Offset >= r.End {
+					break
+				}
+				if !rec.Attrs.IsControl() {
+					if err := lim.Wait(ctx); err != nil {
+						herr = err
+						return
+					}
+					if err := handler(ctx, rec); err != nil {
+						herr = fmt.Errorf("%s %s: handler at %d/%d: %w", op, opts.Topic, rec.Partition, rec.Offset, err)
+						return
+					}
+					stats.Records++
+				}
+				done += rec.Offset + 1 - stats.Next[fp.Partition]
+				stats.Next[fp.Partition] = rec.Offset + 1
+				bar.update(done, stats.Records)
+			}
+			if stats.Next[fp.Partition] >= r.End {
+				delete(left, fp.Partition)
+			}
+		})
+		if herr != nil {
+			return stats, herr
+		}
+	}
+	return stats, nil
+}
+
+// replayRanges resolves opts to a range per partition.
+func replayRanges(ctx context.Context, adm *kadm.Client, o ReplayOptions) (map[int32]OffsetRange, error) {
+	lso, err := adm.ListCommittedOffsets(ctx, o.Topic)
+	if err == nil {
+		err = lso.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing end offsets: %w", err)
+	}
+	logStart, err := adm.ListStartOffsets(ctx, o.Topic)
+	if err == nil {
+		err = logStart.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing start offsets: %w", err)
+	}
+	var from, to kadm.ListedOffsets
+	if !o.From.IsZero() {
+		if from, err = afterMilli(ctx, adm, o.From, o.Topic); err != nil {
+			return nil, err
+		}
+	}
+	if !o.To.IsZero() {
+		if to, err = afterMilli(ctx, adm, o.To, o.Topic); err != nil {
+			return nil, err
+		}
+	}
+	out := map[int32]OffsetRange{}
+	var bad error
+	lso.Each(func(l kadm.ListedOffset) {
+		p := l.Partition
+		if o.Partitions != nil && !slices.Contains(o.Partitions, p) {
+			return
+		}
+		start := o.StartOffset
+		if from != nil {
+			start = lookup(from, o.Topic, p, l.Offset)
+		}
+		if s := lookup(logStart, o.Topic, p, 0); start < s {
+			start = s
+		}
+		end := l.Offset
+		if to != nil {
+			end = min(end, lookup(to, o.Topic, p, l.Offset))
+		} else if o.EndOffset > 0 {
+			end = min(end, o.EndOffset)
+		}
+		out[p] = OffsetRange{Start: start, End: max(start, end)}
+	})
+	for _, p := range o.Partitions {
+		if _, ok := out[p]; !ok {
+			bad = errors.Join(bad, fmt.Errorf("partition %d does not exist", p))
+		}
+	}
+	return out, bad
+}
+
+func afterMilli(ctx context.Context, adm *kadm.Client, t time.Time, topic string) (kadm.ListedOffsets, error) {
+	l, err := adm.ListOffsetsAfterMilli(ctx, t.UnixMilli(), topic)
+	if err == nil {
+		err = l.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing offsets after %s: %w", t.Format(time.RFC3339Nano), err)
+	}
+	return l, nil
+}
+
+// lookup returns the listed offset of p, or def when there is none (-1
+// means "no record at or after that time": the end of the partition).
+func lookup(l kadm.ListedOffsets, topic string, p int32, def int64) int64 {
+	o, ok := l.Lookup(topic, p)
+	if !ok || o.Offset < 0 {
+		return def
+	}
+	return o.Offset
+}
+
+// newLimiter returns a limiter for r per second with burst b; r == 0 or
+// rate.Inf means none.
+func newLimiter(r rate.Limit, b int) Limiter {
+	if r == 0 || r == rate.Inf {
+		return rate.NewLimiter(rate.Inf, 1)
+	}
+	return rate.NewLimiter(r, max(b, 1))
+}
+
+// progress is a one-line progress bar.
+type progress struct {
+	w     io.Writer
+	label string
+	total int64
+	done  int64
+	recs  int
+	start time.Time
+	last  time.Time
+}
+
+func newProgress(w io.Writer, label string, total int64) *progress {
+	if w == nil {
+		if term.IsTerminal(int(os.Stderr.Fd())) {
+			w = os.Stderr
+		} else {
+			w = io.Discard
+		}
+	}
+	if w == io.Discard {
+		return &progress{}
+	}
+	return &progress{w: w, label: label, total: total, start: time.Now()}
+}
+
+func (p *progress) update(done int64, recs int) {
+	if p.w == nil {
+		return
+	}
+	p.done, p.recs = done, recs
+	if now := time.Now(); now.Sub(p.last) >= 100*time.Millisecond {
+		p.last = now
+		p.draw()
+	}
+}
+
+func (p *progress) draw() {
+	const width = 30
+	frac := 1.0
+	if p.total > 0 {
+		frac = min(float64(p.done)/float64(p.total), 1)
+	}
+	filled := int(frac * width)
+	bar := make([]byte, width)
+	for i := range bar {
+		if i < filled {
+			bar[i] = '#'
+		} else {
+			bar[i] = '-'
+		}
+	}
+	secs := max(time.Since(p.start).Seconds(), 1e-3)
+	fmt.Fprintf(p.w, "\rreplay %s [%s] %3.0f%% %d/%d offsets, %d records, %.0f/s", p.label, bar, frac*100, p.done, p.total, p.recs, float64(p.recs)/secs)
+}
+
+func (p *progress) finish() {
+	if p.w == nil {
+		return
+	}
+	p.draw()
+	fmt.Fprintln(p.w)
+}
