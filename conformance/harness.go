@@ -23,9 +23,11 @@ type Harness[In any] interface {
 	// input so that Count can find the effect; it must cope with invalid keys.
 	Input(key effects.Key, variant int) In
 	// Count returns how many times the effect applied under key is visible
-	// in the backend itself (rows in a table without a unique index,
-	// objects or versions, charges, records under read_committed, received
-	// messages), never from the adapter's own bookkeeping.
+	// in the backend itself (rows in a table without a unique index, object
+	// versions, charges, records under read_committed, received messages),
+	// never from the adapter's own bookkeeping. Count writes, not what
+	// survives them: where a second write overwrites the first (a plain S3
+	// bucket), count versions, or the duplicate can never be seen.
 	Count(ctx context.Context, key effects.Key) (int, error)
 	// Total returns the number of visible effects of all keys; the suite
 	// uses it to prove that a refused call wrote nothing.

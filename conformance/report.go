@@ -43,9 +43,10 @@ func (v Verdict) MarshalText() ([]byte, error) { return []byte(v.String()), nil 
 type Row struct {
 	Scenario string
 	Verdict  Verdict
-	// Keys is how many keys the scenario checked in the backend; MinEffects
-	// and MaxEffects are the fewest and most effects seen for one of them.
-	Keys, MinEffects, MaxEffects int
+	// Checks is how many times the scenario counted a key's effects in the
+	// backend; MinEffects and MaxEffects are the fewest and most effects one
+	// check saw.
+	Checks, MinEffects, MaxEffects int
 	// Failures says which checks broke the contract, and how.
 	Failures []string `json:",omitempty"`
 	// Notes records what was done and why a scenario was not run.
@@ -55,24 +56,24 @@ type Row struct {
 }
 
 func (r *Row) observe(n int) {
-	if r.Keys == 0 || n < r.MinEffects {
+	if r.Checks == 0 || n < r.MinEffects {
 		r.MinEffects = n
 	}
-	if r.Keys == 0 || n > r.MaxEffects {
+	if r.Checks == 0 || n > r.MaxEffects {
 		r.MaxEffects = n
 	}
-	r.Keys++
+	r.Checks++
 }
 
-// Effects renders what the backend showed, e.g. "1 per key (17 keys)".
+// Effects renders what the backend showed, e.g. "1 per key (17 checks)".
 func (r Row) Effects() string {
 	switch {
-	case r.Keys == 0:
+	case r.Checks == 0:
 		return "-"
 	case r.MinEffects == r.MaxEffects:
-		return fmt.Sprintf("%d per key (%d keys)", r.MinEffects, r.Keys)
+		return fmt.Sprintf("%d per key (%d checks)", r.MinEffects, r.Checks)
 	}
-	return fmt.Sprintf("%d-%d per key (%d keys)", r.MinEffects, r.MaxEffects, r.Keys)
+	return fmt.Sprintf("%d-%d per key (%d checks)", r.MinEffects, r.MaxEffects, r.Checks)
 }
 
 // Report is one adapter's results across the scenarios.

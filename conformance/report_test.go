@@ -17,14 +17,14 @@ func TestMergeMatrix(t *testing.T) {
 		Adapter:  "postgres",
 		Contract: effects.Contract{Guarantee: effects.EffectivelyOnce, Enforcer: "pg"},
 		Rows: []conformance.Row{
-			{Scenario: conformance.ScenarioRedelivery, Verdict: conformance.Pass, Keys: 2, MinEffects: 1, MaxEffects: 1},
+			{Scenario: conformance.ScenarioRedelivery, Verdict: conformance.Pass, Checks: 2, MinEffects: 1, MaxEffects: 1},
 			{Scenario: conformance.ScenarioRestart, Verdict: conformance.NotRun, Notes: []string{"no Restarter"}},
 		},
 	}
 	liar := conformance.Report{
 		Adapter:   "counterexample/blind",
 		Evaluated: true,
-		Rows:      []conformance.Row{{Scenario: conformance.ScenarioRedelivery, Verdict: conformance.Fail, Keys: 1, MinEffects: 5, MaxEffects: 5, Failures: []string{"5 effects | for one key"}}},
+		Rows:      []conformance.Row{{Scenario: conformance.ScenarioRedelivery, Verdict: conformance.Fail, Checks: 1, MinEffects: 5, MaxEffects: 5, Failures: []string{"5 effects | for one key"}}},
 	}
 	for _, r := range []conformance.Report{good, liar} {
 		if err := r.WriteFile(dir); err != nil {
@@ -39,7 +39,7 @@ func TestMergeMatrix(t *testing.T) {
 		t.Error("failed = true, but only a counterexample failed")
 	}
 	for _, want := range []string{
-		"| postgres | effectively-once | redelivery | 1 per key (2 keys) | pass |",
+		"| postgres | effectively-once | redelivery | 1 per key (2 checks) | pass |",
 		"| postgres | effectively-once | backend-restart | - | not run | no Restarter |",
 		"### Counterexamples",
 		`| FAIL | 5 effects \| for one key |`,

@@ -20,6 +20,7 @@ const (
 	ScenarioCut        = "cut-request"
 	ScenarioCancel     = "cancel-mid-apply"
 	ScenarioKeyReuse   = "key-reuse"
+	ScenarioRaceReuse  = "concurrent-key-reuse"
 	ScenarioInvalidKey = "invalid-keys"
 	ScenarioStorm      = "replay-storm"
 	ScenarioRestart    = "backend-restart"
@@ -28,7 +29,7 @@ const (
 // Scenarios lists every scenario in the order the suite runs them.
 var Scenarios = []string{
 	ScenarioRedelivery, ScenarioConcurrent, ScenarioLostReply, ScenarioCut,
-	ScenarioCancel, ScenarioKeyReuse, ScenarioInvalidKey, ScenarioStorm, ScenarioRestart,
+	ScenarioCancel, ScenarioKeyReuse, ScenarioRaceReuse, ScenarioInvalidKey, ScenarioStorm, ScenarioRestart,
 }
 
 // Run runs every scenario against the adapter that mk builds, each as a
@@ -151,6 +152,8 @@ func (s *scene[In]) start(ctx context.Context, name string) {
 		s.sweep(ctx, CancelAfterSend)
 	case ScenarioKeyReuse:
 		s.keyReuse(ctx)
+	case ScenarioRaceReuse:
+		s.raceReuse(ctx)
 	case ScenarioInvalidKey:
 		s.invalidKeys(ctx)
 	case ScenarioStorm:

@@ -198,6 +198,69 @@ func (s *scene[In]) keyReuse(ctx context.Context) {
 	s.expect(ctx, key, cleanRepeat, true, "after key reuse")
 }
 
+// raceReuse has concurrent writers apply one key with two different
+// payloads at once (half each), twice: exactly one may apply, the writers
+// of the winning payload replay it, and, where the contract detects key
+// reuse, the others get ErrKeyReused. The backend must hold one effect.
+func (s *scene[In]) raceReuse(ctx context.Context) {
+	f := NewFaults()
+	f.SetDelay(time.Millisecond)
+	eff, closeFn := s.make(ctx, f)
+	defer closeFn()
+	for round := range 2 {
+		key := s.key("race-reuse", fmt.Sprint(round))
+		type outcome struct {
+			variant int
+			res     effects.Result
+			err     error
+		}
+		out := make([]outcome, s.cfg.concurrency)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range out {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				v := i % 2
+				res, err := s.applyUntilDone(ctx, eff, key, s.h.Input(key, v))
+				out[i] = outcome{v, res, err}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		what := fmt.Sprintf("%d concurrent writers, two payloads, on %s", len(out), key)
+		winner, applied, succeeded := -1, 0, 0
+		for _, o := range out {
+			if o.err == nil {
+				succeeded++
+				if o.res.Status == effects.Applied {
+					applied++
+					winner = o.variant
+				}
+			}
+		}
+		s.expect(ctx, key, cleanRepeat, succeeded > 0, what)
+		if s.contract.DuplicateWindow.Trigger == effects.AnyRedelivery {
+			continue
+		}
+		if applied != 1 {
+			s.failf("%s: %d reported applied, want exactly 1", what, applied)
+			continue
+		}
+		for _, o := range out {
+			switch {
+			case o.variant == winner && o.err != nil:
+				s.failf("%s: a writer of the winning payload failed: %v", what, o.err)
+			case o.variant != winner && o.err == nil && s.contract.DetectsKeyReuse:
+				s.failf("%s: a writer of the losing payload got %s, want ErrKeyReused", what, o.res.Status)
+			case o.variant != winner && o.err != nil && !errors.Is(o.err, effects.ErrKeyReused):
+				s.failf("%s: a writer of the losing payload got %v, want ErrKeyReused", what, o.err)
+			}
+		}
+	}
+}
+
 // invalidKeys applies keys every adapter must refuse before any I/O.
 func (s *scene[In]) invalidKeys(ctx context.Context) {
 	eff, closeFn := s.make(ctx, NewFaults())

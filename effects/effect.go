@@ -13,6 +13,10 @@ const (
 	Applied Status = iota + 1
 	// Replayed: the effect was done earlier with this key (and, where the
 	// contract detects key reuse, the same payload); nothing changed now.
+	// "Earlier" includes this call's own earlier attempts: when an SDK
+	// retries internally, or a caller retries after ErrAmbiguous, the
+	// attempt that succeeds may find the first attempt's effect and report
+	// Replayed. So count effects from the backend, not from Applied results.
 	Replayed
 )
 

@@ -35,7 +35,9 @@ var (
 
 	// ErrTransient marks a failure after which nothing was applied and the
 	// same key may be retried (a serialization failure, a refused
-	// connection, a 5xx that the backend documents as safe to retry).
+	// connection, a rate limit refused before any work). A failure that may
+	// have applied the effect (most 5xx replies, a lost reply) is
+	// ErrAmbiguous instead, even when the same key may be retried.
 	ErrTransient = errors.New("transient failure")
 )
 

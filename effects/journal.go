@@ -36,10 +36,13 @@ type Journal interface {
 	// Complete marks key done with the backend's reference. Completing a
 	// done key again keeps the first reference.
 	Complete(ctx context.Context, key Key, ref string) error
-	// Release gives up the caller's lease on a key that is not done, after a
-	// failure that definitely did not apply the effect, so the next attempt
-	// need not wait for the lease to expire.
-	Release(ctx context.Context, key Key) error
+	// Release gives up the lease of attempt (the Record.Attempt that Begin
+	// returned) on a key that is not done, after a failure that definitely
+	// did not apply the effect, so the next attempt need not wait for the
+	// lease to expire. The attempt number fences it: if the lease expired
+	// and a later attempt took the key over, Release does nothing, so a slow
+	// attempt can never free a lease that another attempt holds.
+	Release(ctx context.Context, key Key, attempt int) error
 }
 
 // Record is a journal's view of one key.
@@ -49,6 +52,8 @@ type Record struct {
 	// Ref is the reference stored by Complete.
 	Ref string
 	// Attempt is the number of attempts begun for the key, this one
-	// included.
+	// included, and the fencing token Release takes. Attempt > 1 means an
+	// earlier attempt was released after a definite failure or its lease
+	// expired; after an expiry it may have done the effect.
 	Attempt int
 }

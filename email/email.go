@@ -261,12 +261,9 @@ func (s *Sender) Apply(ctx context.Context, key effects.Key, m Message) (effects
 		s.complete(ctx, key, ref)
 		return effects.Result{Status: effects.Applied, Ref: ref}, nil
 	case notSent:
-		// Release only while the lease is surely ours: past it, another
-		// attempt may hold the key, and the journal's Release cannot tell
-		// its lease from ours. The lease then simply expires.
-		if time.Since(start) < s.lease-s.lease/10 {
-			s.release(ctx, key)
-		}
+		// Release is fenced by the attempt number: if our lease expired
+		// and another attempt took the key over, it does nothing.
+		s.release(ctx, key, rec.Attempt)
 		return effects.Result{}, notSentError(sctx, key, smtpErr)
 	default:
 		return effects.Result{}, ambiguousError(sctx, key, sendErr, s.lease.String())
@@ -301,10 +298,10 @@ func (s *Sender) complete(ctx context.Context, key effects.Key, ref string) {
 
 // release gives up the lease after a definite failure. If it fails, the
 // lease expires on its own; the next attempt only waits longer.
-func (s *Sender) release(ctx context.Context, key effects.Key) {
+func (s *Sender) release(ctx context.Context, key effects.Key, attempt int) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
-	if err := s.journal.Release(cctx, key); err != nil {
+	if err := s.journal.Release(cctx, key, attempt); err != nil {
 		s.log().WarnContext(ctx, "email: could not release the lease after a failed send; the next attempt waits for it to expire",
 			"key", string(key), "lease", s.lease, "error", err)
 	}

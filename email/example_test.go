@@ -1,12 +1,10 @@
 package email_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -14,6 +12,7 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/email"
+	"effectively.dev/internal/memjournal"
 	"effectively.dev/internal/smtptest"
 	"effectively.dev/postgres"
 )
@@ -77,7 +76,7 @@ func ExampleSender_Apply() {
 	}
 	defer srv.Close()
 
-	receipts, err := email.New(newMemJournal(), srv.Addr(),
+	receipts, err := email.New(memjournal.New(nil), srv.Addr(),
 		email.WithMailOptions(mail.WithTLSPolicy(mail.NoTLS)), // the test server speaks plain SMTP
 	)
 	if err != nil {
@@ -116,7 +115,7 @@ func ExampleSender_Apply_unknownOutcome() {
 	}
 	defer srv.Close()
 	lease := 200 * time.Millisecond
-	receipts, err := email.New(newMemJournal(), srv.Addr(),
+	receipts, err := email.New(memjournal.New(nil), srv.Addr(),
 		email.WithMailOptions(mail.WithTLSPolicy(mail.NoTLS)),
 		email.WithLease(lease),
 	)
@@ -143,60 +142,4 @@ func ExampleSender_Apply_unknownOutcome() {
 	// in flight: true
 	// applied <nil>
 	// messages on the server: 2
-}
-
-// memJournal is an in-memory effects.Journal for the examples. It forgets
-// everything when the process exits, so it protects nothing across
-// restarts: use postgres.NewJournal in programs.
-type memJournal struct {
-	mu   sync.Mutex
-	recs map[effects.Key]*memRecord
-}
-
-type memRecord struct {
-	fp         []byte
-	done       bool
-	ref        string
-	attempt    int
-	leaseUntil time.Time
-}
-
-func newMemJournal() *memJournal { return &memJournal{recs: map[effects.Key]*memRecord{}} }
-
-func (j *memJournal) Begin(_ context.Context, key effects.Key, fp []byte, lease time.Duration) (effects.Record, error) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	r, ok := j.recs[key]
-	switch {
-	case !ok:
-		r = &memRecord{fp: fp}
-		j.recs[key] = r
-	case !bytes.Equal(r.fp, fp):
-		return effects.Record{}, &effects.Error{Kind: effects.ErrKeyReused, Op: "memJournal.Begin", Key: key}
-	case r.done:
-		return effects.Record{Done: true, Ref: r.ref, Attempt: r.attempt}, nil
-	case time.Now().Before(r.leaseUntil):
-		return effects.Record{}, &effects.Error{Kind: effects.ErrInFlight, Op: "memJournal.Begin", Key: key}
-	}
-	r.attempt++
-	r.leaseUntil = time.Now().Add(lease)
-	return effects.Record{Attempt: r.attempt}, nil
-}
-
-func (j *memJournal) Complete(_ context.Context, key effects.Key, ref string) error {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if r, ok := j.recs[key]; ok && !r.done {
-		r.done, r.ref, r.leaseUntil = true, ref, time.Time{}
-	}
-	return nil
-}
-
-func (j *memJournal) Release(_ context.Context, key effects.Key) error {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if r, ok := j.recs[key]; ok && !r.done {
-		r.leaseUntil = time.Time{}
-	}
-	return nil
 }

@@ -132,7 +132,7 @@ func (j *spyJournal) Complete(ctx context.Context, key effects.Key, ref string) 
 	return j.Journal.Complete(ctx, key, ref)
 }
 
-func (j *spyJournal) Release(ctx context.Context, key effects.Key) error {
+func (j *spyJournal) Release(ctx context.Context, key effects.Key, attempt int) error {
 	j.releases.Add(1)
-	return j.Journal.Release(ctx, key)
+	return j.Journal.Release(ctx, key, attempt)
 }

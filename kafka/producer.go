@@ -203,16 +203,17 @@ func (p *Producer) Apply(ctx context.Context, key effects.Key, m Message) (effec
 		return effects.Result{Status: effects.Replayed, Ref: r.Ref}, nil
 	}
 	if err := ctx.Err(); err != nil {
-		p.release(ctx, key)
+		p.release(ctx, key, r.Attempt)
 		return effects.Result{}, effects.Transient(op, key, err)
 	}
-	return p.produce(ctx, key, rec, &journalHook{p: p, ctx: ctx})
+	return p.produce(ctx, key, rec, &journalHook{p: p, ctx: ctx, attempt: r.Attempt})
 }
 
 // journalHook records the outcome of a produce that holds a journal lease.
 type journalHook struct {
-	p   *Producer
-	ctx context.Context
+	p       *Producer
+	ctx     context.Context
+	attempt int // the journal attempt holding the lease, for Release
 }
 
 // produce produces rec and waits for its outcome or for ctx. With a hook,
@@ -241,7 +242,7 @@ func (p *Producer) produce(ctx context.Context, key effects.Key, rec *kgo.Record
 	if err != nil {
 		cerr := classify(op, key, err)
 		if j != nil && !errors.Is(cerr, effects.ErrAmbiguous) {
-			p.release(j.ctx, key)
+			p.release(j.ctx, key, j.attempt)
 		}
 		return effects.Result{}, cerr
 	}
@@ -276,10 +277,10 @@ func (p *Producer) complete(ctx context.Context, key effects.Key, ref string) er
 
 // release gives up the lease after a failure that wrote nothing. If it
 // fails, the lease simply expires.
-func (p *Producer) release(ctx context.Context, key effects.Key) {
+func (p *Producer) release(ctx context.Context, key effects.Key, attempt int) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.finish)
 	defer cancel()
-	_ = p.journal.Release(ctx, key)
+	_ = p.journal.Release(ctx, key, attempt)
 }
 
 func (p *Producer) record(key effects.Key, m Message) *kgo.Record {

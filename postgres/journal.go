@@ -34,7 +34,7 @@ const completeSQL = `UPDATE effectively_journal SET done = true, ref = $3, lease
 WHERE scope = $1 AND key = $2 AND NOT done`
 
 const releaseSQL = `UPDATE effectively_journal SET lease_until = NULL, updated_at = now()
-WHERE scope = $1 AND key = $2 AND NOT done`
+WHERE scope = $1 AND key = $2 AND NOT done AND attempt = $3`
 
 // beginTries bounds Begin's retries when the record changes between its
 // statement and the follow-up read (a lease expiring, a record pruned).
@@ -151,16 +151,18 @@ func (j *Journal) Complete(ctx context.Context, key effects.Key, ref string) err
 	return nil
 }
 
-// Release drops the lease on key if it is not done, so the next Begin takes
-// over at once (with Attempt one higher) instead of waiting for the lease
-// to expire. Call it only after a failure that definitely did not do the
-// effect. Releasing a done or unknown key does nothing.
-func (j *Journal) Release(ctx context.Context, key effects.Key) error {
+// Release drops attempt's lease on key if it is not done, so the next Begin
+// takes over at once (with Attempt one higher) instead of waiting for the
+// lease to expire. Call it only after a failure that definitely did not do
+// the effect. Releasing a done or unknown key, or with an attempt that is
+// no longer the latest (its lease expired and another attempt took over),
+// does nothing.
+func (j *Journal) Release(ctx context.Context, key effects.Key, attempt int) error {
 	const op = "postgres.Journal.Release"
 	if err := key.Validate(); err != nil {
 		return err
 	}
-	if _, err := j.pool.Exec(ctx, releaseSQL, j.scope, string(key)); err != nil {
+	if _, err := j.pool.Exec(ctx, releaseSQL, j.scope, string(key), attempt); err != nil {
 		return classify(ctx, op, key, err, true, false).err
 	}
 	return nil

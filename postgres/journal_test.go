@@ -71,15 +71,38 @@ func TestJournal(t *testing.T) {
 	t.Run("release lets the next attempt in at once", func(t *testing.T) {
 		ctx := testCtx(t)
 		key := effects.MustKey("evt_j4", "email")
-		if _, err := j.Begin(ctx, key, fp, time.Hour); err != nil {
+		first, err := j.Begin(ctx, key, fp, time.Hour)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if err := j.Release(ctx, key); err != nil {
+		if err := j.Release(ctx, key, first.Attempt); err != nil {
 			t.Fatal(err)
 		}
 		rec, err := j.Begin(ctx, key, fp, time.Hour)
 		if err != nil || rec.Attempt != 2 {
 			t.Fatalf("Begin after Release = %+v, %v; want attempt 2", rec, err)
+		}
+	})
+
+	t.Run("a stale attempt cannot release a lease taken over", func(t *testing.T) {
+		ctx := testCtx(t)
+		key := effects.MustKey("evt_j4b", "email")
+		stale, err := j.Begin(ctx, key, fp, time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond) // the lease expires
+		current, err := j.Begin(ctx, key, fp, time.Hour)
+		if err != nil || current.Attempt != stale.Attempt+1 {
+			t.Fatalf("takeover = %+v, %v", current, err)
+		}
+		// The stale attempt fails late and releases: it must not free the
+		// lease the current attempt holds.
+		if err := j.Release(ctx, key, stale.Attempt); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := j.Begin(ctx, key, fp, time.Hour); !errors.Is(err, effects.ErrInFlight) {
+			t.Fatalf("Begin after a stale Release = %v; want ErrInFlight (the current lease holds)", err)
 		}
 	})
 

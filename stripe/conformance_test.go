@@ -10,6 +10,7 @@ import (
 
 	"effectively.dev/conformance"
 	"effectively.dev/effects"
+	"effectively.dev/internal/memjournal"
 	"effectively.dev/stripe/stripetest"
 )
 
@@ -78,7 +79,7 @@ func TestConformance(t *testing.T) {
 // application's database, which a restarted process finds again.
 func TestConformanceWithJournal(t *testing.T) {
 	conformance.Run(t, "stripe.PaymentIntents+journal", func(t testing.TB) conformance.Harness[PaymentIntent] {
-		j := newMemJournal(nil)
+		j := memjournal.New(nil)
 		return newHarness(t, func(api *client.API) effects.Effect[PaymentIntent] {
 			return NewPaymentIntents(api, WithJournal(j))
 		})

@@ -1,8 +1,6 @@
 package stripe
 
 import (
-	"bytes"
-	"context"
 	"net/http"
 	"sync"
 	"testing"
@@ -11,7 +9,6 @@ import (
 	"github.com/stripe/stripe-go/v76/client"
 	"go.uber.org/goleak"
 
-	"effectively.dev/effects"
 	"effectively.dev/stripe/stripetest"
 )
 
@@ -28,88 +25,6 @@ func newAPI(t testing.TB, srv *stripetest.Server, wrap func(*http.Transport) *ht
 		tr = wrap(tr)
 	}
 	return srv.Client(&http.Client{Transport: tr})
-}
-
-// memJournal is an in-memory effects.Journal with leases, for tests.
-type memJournal struct {
-	now func() time.Time
-
-	mu       sync.Mutex
-	recs     map[effects.Key]*memRecord
-	releases int
-}
-
-type memRecord struct {
-	fp         []byte
-	done       bool
-	ref        string
-	attempt    int
-	leaseUntil time.Time
-}
-
-func newMemJournal(now func() time.Time) *memJournal {
-	if now == nil {
-		now = time.Now
-	}
-	return &memJournal{now: now, recs: map[effects.Key]*memRecord{}}
-}
-
-func (j *memJournal) Begin(ctx context.Context, key effects.Key, fp []byte, lease time.Duration) (effects.Record, error) {
-	if err := ctx.Err(); err != nil {
-		return effects.Record{}, err
-	}
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	r := j.recs[key]
-	if r == nil {
-		r = &memRecord{fp: fp}
-		j.recs[key] = r
-	}
-	if !bytes.Equal(r.fp, fp) {
-		return effects.Record{}, &effects.Error{Kind: effects.ErrKeyReused, Op: "memJournal.Begin", Key: key}
-	}
-	if r.done {
-		return effects.Record{Done: true, Ref: r.ref, Attempt: r.attempt}, nil
-	}
-	if j.now().Before(r.leaseUntil) {
-		return effects.Record{}, &effects.Error{Kind: effects.ErrInFlight, Op: "memJournal.Begin", Key: key}
-	}
-	r.attempt++
-	r.leaseUntil = j.now().Add(lease)
-	return effects.Record{Attempt: r.attempt}, nil
-}
-
-func (j *memJournal) Complete(ctx context.Context, key effects.Key, ref string) error {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	r := j.recs[key]
-	if r == nil {
-		r = &memRecord{}
-		j.recs[key] = r
-	}
-	if !r.done {
-		r.done, r.ref = true, ref
-	}
-	return nil
-}
-
-func (j *memJournal) Release(ctx context.Context, key effects.Key) error {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if r := j.recs[key]; r != nil && !r.done {
-		r.leaseUntil = time.Time{}
-	}
-	j.releases++
-	return nil
-}
-
-func (j *memJournal) record(key effects.Key) memRecord {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if r := j.recs[key]; r != nil {
-		return *r
-	}
-	return memRecord{}
 }
 
 // clock is a settable time source shared by stripetest and the journal.

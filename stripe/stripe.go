@@ -100,7 +100,7 @@ func (e *effect) apply(ctx context.Context, key effects.Key, in any, do call) (e
 	if err := ctx.Err(); err != nil {
 		return effects.Result{}, fmt.Errorf("%s key %q: not sent: %w", e.op, key, err)
 	}
-	leased := false
+	leased, attempt := false, 0
 	if e.journal != nil {
 		fp, err := effects.FingerprintJSON(struct {
 			Object string
@@ -114,7 +114,7 @@ func (e *effect) apply(ctx context.Context, key effects.Key, in any, do call) (e
 		case err == nil && rec.Done:
 			return effects.Result{Status: effects.Replayed, Ref: rec.Ref}, nil
 		case err == nil:
-			leased = true
+			leased, attempt = true, rec.Attempt
 		case errors.Is(err, effects.ErrInFlight):
 			// Another attempt holds the lease; Stripe's key still guards
 			// the call (see the package doc).
@@ -139,7 +139,7 @@ func (e *effect) apply(ctx context.Context, key effects.Key, in any, do call) (e
 			// Nothing was applied: let the next attempt go without waiting
 			// for the lease. Best effort; the lease expires anyway.
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), completeTimeout)
-			_ = e.journal.Release(rctx, key)
+			_ = e.journal.Release(rctx, key, attempt)
 			cancel()
 		}
 		return effects.Result{}, cerr

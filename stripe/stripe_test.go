@@ -15,6 +15,7 @@ import (
 
 	"effectively.dev/conformance"
 	"effectively.dev/effects"
+	"effectively.dev/internal/memjournal"
 	"effectively.dev/stripe/stripetest"
 )
 
@@ -30,8 +31,8 @@ func TestContract(t *testing.T) {
 	}{
 		{"payment intents", NewPaymentIntents(api).Contract(), 24 * time.Hour},
 		{"refunds", NewRefunds(api).Contract(), 24 * time.Hour},
-		{"payment intents with journal", NewPaymentIntents(api, WithJournal(newMemJournal(nil))).Contract(), 0},
-		{"refunds with journal", NewRefunds(api, WithJournal(newMemJournal(nil))).Contract(), 0},
+		{"payment intents with journal", NewPaymentIntents(api, WithJournal(memjournal.New(nil))).Contract(), 0},
+		{"refunds with journal", NewRefunds(api, WithJournal(memjournal.New(nil))).Contract(), 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := tc.c.Validate(); err != nil {
@@ -338,13 +339,13 @@ func TestPastStripesHorizon(t *testing.T) {
 	})
 	t.Run("with a journal it replays without calling Stripe", func(t *testing.T) {
 		srv := stripetest.Start(t, stripetest.WithClock(clk.Now))
-		j := newMemJournal(clk.Now)
+		j := memjournal.New(clk.Now)
 		charges := NewPaymentIntents(newAPI(t, srv, nil), WithJournal(j))
 		first, err := charges.Apply(context.Background(), key, order)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rec := j.record(key); !rec.done || rec.ref != first.Ref {
+		if rec := j.Get(key); !rec.Done || rec.Ref != first.Ref {
 			t.Fatalf("journal record %+v, want done with %s", rec, first.Ref)
 		}
 		clk.Advance(30 * 24 * time.Hour)
@@ -369,7 +370,7 @@ func TestPastStripesHorizon(t *testing.T) {
 // for it, because Stripe's key guards the call.
 func TestJournalLeaseDoesNotBlockTheRetry(t *testing.T) {
 	srv := stripetest.Start(t)
-	j := newMemJournal(nil)
+	j := memjournal.New(nil)
 	f := conformance.NewFaults()
 	charges := NewPaymentIntents(newAPI(t, srv, f.Transport), WithJournal(j))
 	key := effects.MustKey("test", "evt_1", "charge")
@@ -377,14 +378,14 @@ func TestJournalLeaseDoesNotBlockTheRetry(t *testing.T) {
 	if _, err := charges.Apply(context.Background(), key, order); !errors.Is(err, effects.ErrAmbiguous) {
 		t.Fatalf("lost reply: %v", err)
 	}
-	if rec := j.record(key); rec.done || rec.attempt != 1 {
+	if rec := j.Get(key); rec.Done || rec.Attempt != 1 {
 		t.Fatalf("journal after the lost reply: %+v, want pending", rec)
 	}
 	res, err := charges.Apply(context.Background(), key, order)
 	if err != nil || res.Status != effects.Replayed {
 		t.Fatalf("immediate retry: %+v, %v, want replayed by Stripe", res, err)
 	}
-	if rec := j.record(key); !rec.done || rec.ref != res.Ref {
+	if rec := j.Get(key); !rec.Done || rec.Ref != res.Ref {
 		t.Errorf("journal after the retry: %+v, want done with %s", rec, res.Ref)
 	}
 	if n := srv.Created(string(key)); n != 1 {
@@ -394,20 +395,20 @@ func TestJournalLeaseDoesNotBlockTheRetry(t *testing.T) {
 
 func TestJournalReleasedWhenNothingWasApplied(t *testing.T) {
 	srv := stripetest.Start(t)
-	j := newMemJournal(nil)
+	j := memjournal.New(nil)
 	charges := NewPaymentIntents(newAPI(t, srv, nil), WithJournal(j))
 	srv.FailNext(1, http.StatusTooManyRequests)
 	if _, err := charges.Apply(context.Background(), "k", order); !errors.Is(err, effects.ErrTransient) {
 		t.Fatalf("429: %v", err)
 	}
-	if j.releases != 1 {
-		t.Errorf("%d releases after a 429, want 1", j.releases)
+	if j.Releases() != 1 {
+		t.Errorf("%d releases after a 429, want 1", j.Releases())
 	}
 	srv.FailNext(1, 500)
 	if _, err := charges.Apply(context.Background(), "k2", order); !errors.Is(err, effects.ErrAmbiguous) {
 		t.Fatalf("500: %v", err)
 	}
-	if j.releases != 1 {
+	if j.Releases() != 1 {
 		t.Errorf("a 500 released the lease; it may have been applied")
 	}
 }

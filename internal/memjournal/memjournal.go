@@ -1,0 +1,112 @@
+// Package memjournal is an in-memory effects.Journal for tests and
+// examples. It forgets everything when the process exits, so it protects
+// nothing across restarts: programs use postgres.NewJournal.
+package memjournal
+
+import (
+	"bytes"
+	"context"
+	"sync"
+	"time"
+
+	"effectively.dev/effects"
+)
+
+// Journal implements effects.Journal with the same semantics as
+// postgres.Journal: leases, takeover after expiry with Attempt + 1,
+// ErrKeyReused on another fingerprint, Release fenced by the attempt.
+type Journal struct {
+	now func() time.Time
+
+	mu       sync.Mutex
+	recs     map[effects.Key]*Record
+	releases int
+}
+
+// Record is the journal's state for one key.
+type Record struct {
+	Fingerprint []byte
+	Done        bool
+	Ref         string
+	Attempt     int
+	LeaseUntil  time.Time
+}
+
+// New returns an empty journal reading time from now (time.Now if nil).
+func New(now func() time.Time) *Journal {
+	if now == nil {
+		now = time.Now
+	}
+	return &Journal{now: now, recs: map[effects.Key]*Record{}}
+}
+
+// Begin implements effects.Journal.
+func (j *Journal) Begin(ctx context.Context, key effects.Key, fp []byte, lease time.Duration) (effects.Record, error) {
+	if err := key.Validate(); err != nil {
+		return effects.Record{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return effects.Record{}, err
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	r := j.recs[key]
+	if r == nil {
+		r = &Record{Fingerprint: fp}
+		j.recs[key] = r
+	}
+	switch {
+	case !bytes.Equal(r.Fingerprint, fp):
+		return effects.Record{}, &effects.Error{Kind: effects.ErrKeyReused, Op: "memjournal.Begin", Key: key}
+	case r.Done:
+		return effects.Record{Done: true, Ref: r.Ref, Attempt: r.Attempt}, nil
+	case j.now().Before(r.LeaseUntil):
+		return effects.Record{}, &effects.Error{Kind: effects.ErrInFlight, Op: "memjournal.Begin", Key: key}
+	}
+	r.Attempt++
+	r.LeaseUntil = j.now().Add(lease)
+	return effects.Record{Attempt: r.Attempt}, nil
+}
+
+// Complete implements effects.Journal.
+func (j *Journal) Complete(_ context.Context, key effects.Key, ref string) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	r := j.recs[key]
+	if r == nil {
+		r = &Record{}
+		j.recs[key] = r
+	}
+	if !r.Done {
+		r.Done, r.Ref, r.LeaseUntil = true, ref, time.Time{}
+	}
+	return nil
+}
+
+// Release implements effects.Journal.
+func (j *Journal) Release(_ context.Context, key effects.Key, attempt int) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.releases++
+	if r := j.recs[key]; r != nil && !r.Done && r.Attempt == attempt {
+		r.LeaseUntil = time.Time{}
+	}
+	return nil
+}
+
+// Releases returns how many times Release was called.
+func (j *Journal) Releases() int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.releases
+}
+
+// Get returns a copy of key's record (zero if none).
+func (j *Journal) Get(key effects.Key) Record {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if r := j.recs[key]; r != nil {
+		return *r
+	}
+	return Record{}
+}
