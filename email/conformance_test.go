@@ -178,7 +178,7 @@ func TestCounterexampleWithoutJournalFails(t *testing.T) {
 	want := []string{
 		conformance.ScenarioRedelivery, conformance.ScenarioConcurrent, conformance.ScenarioLostReply,
 		conformance.ScenarioCut, conformance.ScenarioCancel, conformance.ScenarioKeyReuse,
-		conformance.ScenarioStorm, conformance.ScenarioRestart,
+		conformance.ScenarioRaceReuse, conformance.ScenarioStorm, conformance.ScenarioRestart,
 	}
 	failed := rep.Failed()
 	if !slices.Equal(failed, want) {
