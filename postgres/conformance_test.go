@@ -29,7 +29,7 @@ type confHarness struct {
 }
 
 func newConfHarness(t testing.TB) conformance.Harness[confCharge] {
-	url := pgtest.DB(t) // a fresh database per scenario
+	url, restart := pgtest.DedicatedDB(t) // a fresh database per scenario, on a server the suite may restart
 	db, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
@@ -42,7 +42,16 @@ func newConfHarness(t testing.TB) conformance.Harness[confCharge] {
 	if _, err := db.Exec(context.Background(), `CREATE TABLE conf_ledger (id bigserial PRIMARY KEY, event_id text NOT NULL, cents bigint NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	return &confHarness{url: url, db: db}
+	h := &confHarness{url: url, db: db}
+	if restart == nil {
+		return h // DATABASE_URL is set: its server is not ours to restart
+	}
+	// The embedded RestartFunc's Restart method lets the backend-restart scenario
+	// run; Reset then drops db's connections to the stopped server.
+	return struct {
+		*confHarness
+		pgtest.RestartFunc
+	}{h, func(ctx context.Context) error { defer db.Reset(); return restart(ctx) }}
 }
 
 // Make builds a new adapter instance whose every connection goes through the suite's faults.

@@ -12,7 +12,10 @@
 // server instead of starting one.
 //
 // Tests that need a cluster of their own, for example to build a primary and
-// a standby and crash one of them, call [Start] and [Cluster.StartStandby].
+// a standby and crash one of them, call [Start] and [Cluster.StartStandby];
+// a [Proxy] between the two (see [Options.Upstream]) lets a test stall
+// replication. [DedicatedDB] gives a fresh database on a cluster that the
+// test may restart ([Cluster.Restart]), without disturbing the shared one.
 //
 // Costs: starting a cluster runs initdb and a postmaster, which takes one to
 // two seconds and 40 MB of disk in a temporary directory, and leaves a handful
@@ -89,6 +92,13 @@ type Options struct {
 	// primary's synchronous_standby_names matches. Default "standby".
 	// Start ignores it.
 	Name string
+
+	// Upstream is the "host:port" a standby started by
+	// [Cluster.StartStandby] streams WAL from, instead of its primary's own
+	// address: typically a [Proxy] the test controls, to delay or cut
+	// replication. pg_basebackup still copies from the primary directly.
+	// Start ignores it.
+	Upstream string
 }
 
 // A Cluster is a running PostgreSQL server whose data lives in a temporary
@@ -176,8 +186,16 @@ func (c *Cluster) StartStandby(opts Options) (*Cluster, error) {
 	}
 	// -R wrote a primary_conninfo without application_name; the command
 	// line overrides it.
+	upHost, upPort := "127.0.0.1", strconv.Itoa(c.port)
+	if opts.Upstream != "" {
+		if upHost, upPort, err = net.SplitHostPort(opts.Upstream); err != nil {
+			s.removeDir()
+			return nil, fmt.Errorf("pgtest: Options.Upstream: %w", err)
+		}
+	}
 	s.extra = map[string]string{"primary_conninfo": fmt.Sprintf(
-		"host=127.0.0.1 port=%d user=%s application_name=%s", c.port, superuser, quoteConninfo(name))}
+		"host=%s port=%s user=%s application_name=%s",
+		quoteConninfo(upHost), quoteConninfo(upPort), superuser, quoteConninfo(name))}
 	if err := s.launch(); err != nil {
 		s.removeDir()
 		return nil, err
@@ -249,6 +267,28 @@ func (c *Cluster) StopImmediate() error {
 	return c.halt(syscall.SIGQUIT)
 }
 
+// Restart restarts the server as an operator would: a fast shutdown (as
+// [Cluster.Stop] does, but keeping Dir), then a start on the same port with
+// the same data directory, waiting until it accepts connections again. Every
+// client is disconnected and open transactions roll back; committed data
+// survives. After [Cluster.StopImmediate] it just starts the server, which
+// then runs crash recovery. It takes about as long as a start, and fails
+// after Stop or if another process took the port in between.
+func (c *Cluster) Restart() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.removed {
+		return errors.New("pgtest: Restart after Stop")
+	}
+	if err := c.halt(syscall.SIGINT); err != nil {
+		return err
+	}
+	if err := c.launchOn(c.port, false); err != nil {
+		return fmt.Errorf("pgtest: restart on port %d: %w", c.port, err)
+	}
+	return nil
+}
+
 // halt sends sig to the postmaster, if it is still running, and waits for it
 // to exit, killing its whole process group after stopTimeout.
 func (c *Cluster) halt(sig syscall.Signal) error {
@@ -318,18 +358,20 @@ func (c *Cluster) run(cmd *exec.Cmd) ([]byte, error) {
 func (c *Cluster) launch() error {
 	var err error
 	for range portAttempts {
-		if err = c.launchOn(); !errors.Is(err, errPortTaken) {
+		var port int
+		if port, err = freePort(); err != nil {
+			return err
+		}
+		if err = c.launchOn(port, true); !errors.Is(err, errPortTaken) {
 			return err
 		}
 	}
 	return fmt.Errorf("pgtest: no free port after %d attempts: %w", portAttempts, err)
 }
 
-func (c *Cluster) launchOn() error {
-	port, err := freePort()
-	if err != nil {
-		return err
-	}
+// launchOn starts the postmaster on port. A fresh start truncates the
+// server log, so that errors quote this attempt's; a restart appends to it.
+func (c *Cluster) launchOn(port int, fresh bool) error {
 	c.port = port
 	clusterName := filepath.Base(c.dir)
 
@@ -356,7 +398,11 @@ func (c *Cluster) launchOn() error {
 		args = append(args, "-c", k+"="+settings[k])
 	}
 
-	logFile, err := os.OpenFile(c.logPath(), os.O_CREATE|os.O_WRONLY|os.O_TRUNC|os.O_APPEND, 0o644)
+	flags := os.O_CREATE | os.O_WRONLY | os.O_APPEND
+	if fresh {
+		flags |= os.O_TRUNC
+	}
+	logFile, err := os.OpenFile(c.logPath(), flags, 0o644)
 	if err != nil {
 		return fmt.Errorf("pgtest: %w", err)
 	}

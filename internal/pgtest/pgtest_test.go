@@ -250,3 +250,134 @@ func TestBinariesNotFound(t *testing.T) {
 		t.Fatalf("err = %v, want one about PGTEST_BIN", err)
 	}
 }
+
+func TestRestart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := pgtest.Start(pgtest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	port, dir := c.Port(), c.Dir()
+	conn := connect(t, c.URL("postgres"))
+	exec(t, conn, "CREATE TABLE t (v text)")
+	exec(t, conn, "INSERT INTO t VALUES ('before')")
+	before := queryString(t, conn, "SELECT pg_postmaster_start_time()::text")
+
+	if err := c.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if c.Port() != port || c.Dir() != dir {
+		t.Errorf("restarted on port %d dir %s, want %d %s", c.Port(), c.Dir(), port, dir)
+	}
+	if _, err := conn.Exec(ctx, "SELECT 1"); err == nil {
+		t.Error("a connection from before the restart still works")
+	}
+	conn = connect(t, c.URL("postgres"))
+	if got := queryString(t, conn, "SELECT pg_postmaster_start_time()::text"); got == before {
+		t.Errorf("server start time unchanged (%s): not restarted", got)
+	}
+	exec(t, conn, "INSERT INTO t VALUES ('after')")
+	conn.Close(ctx)
+
+	// After a crash, Restart starts the server, which recovers.
+	if err := c.StopImmediate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if got := queryString(t, connect(t, c.URL("postgres")), "SELECT string_agg(v, ',' ORDER BY v) FROM t"); got != "after,before" {
+		t.Errorf("rows after crash and restart: %q, want after,before", got)
+	}
+	if err := c.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Restart(); err == nil {
+		t.Error("Restart after Stop succeeded")
+	}
+}
+
+func TestDedicatedDB(t *testing.T) {
+	if os.Getenv("DATABASE_URL") != "" {
+		t.Skip("DATABASE_URL is set: DedicatedDB uses it and cannot restart it")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	shared, err := pgtest.Shared()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var first string
+	t.Run("one", func(t *testing.T) {
+		url, restart := pgtest.DedicatedDB(t)
+		if strings.Contains(url, fmt.Sprintf(":%d/", shared.Port())) {
+			t.Fatalf("DedicatedDB %s is on the shared cluster", url)
+		}
+		first = url[:strings.LastIndex(url, "/")]
+		conn := connect(t, url)
+		exec(t, conn, "CREATE TABLE t (v text)")
+		exec(t, conn, "INSERT INTO t VALUES ('kept')")
+		if err := restart.Restart(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := queryString(t, connect(t, url), "SELECT v FROM t"); got != "kept" {
+			t.Errorf("after restart: %q", got)
+		}
+	})
+	t.Run("two", func(t *testing.T) {
+		url, _ := pgtest.DedicatedDB(t)
+		if got := url[:strings.LastIndex(url, "/")]; got != first {
+			t.Errorf("second subtest got server %s, want the top-level test's %s", got, first)
+		}
+	})
+	t.Run("database url", func(t *testing.T) {
+		t.Setenv("DATABASE_URL", shared.URL("postgres"))
+		url, restart := pgtest.DedicatedDB(t)
+		if restart != nil || !strings.Contains(url, fmt.Sprintf(":%d/", shared.Port())) {
+			t.Errorf("with DATABASE_URL: %s, restart nil %t; want DATABASE_URL's server and no restart", url, restart == nil)
+		}
+	})
+}
+
+// TestStandbyThroughProxy shows what a stalled replication link does to an
+// asynchronous standby: commits acknowledged by the primary after the stall
+// never reach it.
+func TestStandbyThroughProxy(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	primary, err := pgtest.Start(pgtest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer primary.Stop()
+	proxy, err := pgtest.NewProxy(fmt.Sprintf("127.0.0.1:%d", primary.Port()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	standby, err := primary.StartStandby(pgtest.Options{Upstream: proxy.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer standby.Stop()
+
+	p, s := connect(t, primary.URL("postgres")), connect(t, standby.URL("postgres"))
+	waitFor(t, ctx, p, "SELECT count(*)::text FROM pg_stat_replication WHERE state = 'streaming'", "1")
+	if got := queryString(t, s, "SELECT current_setting('primary_conninfo')"); !strings.Contains(got, "port='"+proxy.Addr()[strings.LastIndex(proxy.Addr(), ":")+1:]+"'") {
+		t.Errorf("standby's primary_conninfo %q does not name the proxy %s", got, proxy.Addr())
+	}
+	exec(t, p, "CREATE TABLE t (v text)")
+	exec(t, p, "INSERT INTO t VALUES ('flowing')")
+	waitFor(t, ctx, s, "SELECT count(*)::text FROM t", "1")
+
+	proxy.Stall()
+	exec(t, p, "INSERT INTO t VALUES ('held back')") // acknowledged: asynchronous replication
+	time.Sleep(300 * time.Millisecond)
+	if got := queryString(t, s, "SELECT count(*)::text FROM t"); got != "1" {
+		t.Fatalf("standby has %s rows while the link is stalled, want 1", got)
+	}
+	proxy.Resume()
+	waitFor(t, ctx, s, "SELECT count(*)::text FROM t", "2")
+}

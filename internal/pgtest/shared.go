@@ -26,7 +26,7 @@ type sharedCluster struct {
 
 var (
 	sharedMu sync.Mutex
-	shared   = map[string]*sharedCluster{} // by Options.key
+	shared   = map[string]*sharedCluster{} // by Options.key, and "dedicated " + top-level test name
 )
 
 var (
@@ -45,10 +45,12 @@ func (o Options) key() string { return fmt.Sprintf("%t %q", o.Durable, o.Setting
 func Shared() (*Cluster, error) { return sharedWith(Options{}) }
 
 // sharedWith returns the shared cluster for opts, starting it if needed.
-// Concurrent first callers wait for one start; a failed start is not
-// retried.
-func sharedWith(opts Options) (*Cluster, error) {
-	key := opts.key()
+func sharedWith(opts Options) (*Cluster, error) { return registered(opts.key(), opts) }
+
+// registered returns the cluster registered under key, starting it with
+// opts on first use; Shutdown stops it. Concurrent first callers wait for
+// one start; a failed start is not retried.
+func registered(key string, opts Options) (*Cluster, error) {
 	sharedMu.Lock()
 	s := shared[key]
 	if s == nil {
@@ -60,7 +62,7 @@ func sharedWith(opts Options) (*Cluster, error) {
 	return s.c, s.err
 }
 
-// Shutdown stops the shared clusters started by DB, DBWith and Shared,
+// Shutdown stops the shared clusters started by DB, DBWith, Shared and DedicatedDB,
 // waiting for any that are still starting. Stop errors are printed to
 // stderr. A later DB call starts a new cluster. [Main] calls it.
 func Shutdown() {
@@ -126,6 +128,50 @@ func DBWith(t testing.TB, opts Options) string {
 		}
 		admin = c.URL("postgres")
 	}
+	return createDB(t, admin)
+}
+
+// RestartFunc restarts the server of a database made by [DedicatedDB]. Its
+// Restart method makes it a conformance.Restarter, so a conformance
+// harness can embed it.
+type RestartFunc func(ctx context.Context) error
+
+// Restart calls f(ctx).
+func (f RestartFunc) Restart(ctx context.Context) error { return f(ctx) }
+
+// DedicatedDB is [DB] on a cluster of t's top-level test's own, which the
+// test may restart: restart does a [Cluster.Restart] of that cluster (every
+// client of every database on it is disconnected; committed data survives).
+// The cluster is started on the top-level test's first call (one to two
+// seconds) and is shared by its subtests, each getting a fresh database on
+// it, so subtests that restart it must not run in parallel with subtests
+// that use it; other tests never see it. [Shutdown] (via [Main]) stops it.
+//
+// If DATABASE_URL is set, the database is created on that server, as DB
+// does, and restart is nil: that server is not the test's to restart.
+func DedicatedDB(t testing.TB) (url string, restart RestartFunc) {
+	t.Helper()
+	if admin := os.Getenv("DATABASE_URL"); admin != "" {
+		return createDB(t, admin), nil
+	}
+	top, _, _ := strings.Cut(t.Name(), "/")
+	c, err := registered("dedicated "+top, Options{})
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	restart = func(ctx context.Context) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return c.Restart()
+	}
+	return createDB(t, c.URL("postgres")), restart
+}
+
+// createDB creates a database for t on the server admin (the URL of its
+// postgres database), dropped when t ends, and returns its URL.
+func createDB(t testing.TB, admin string) string {
+	t.Helper()
 	name := dbName(t.Name())
 	ident := pgx.Identifier{name}.Sanitize()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
