@@ -20,7 +20,8 @@ const batchClaimSQL = `WITH ins AS (
 	SELECT $1, k, f FROM unnest($2::text[], $3::bytea[]) AS t (k, f)
 	ON CONFLICT (scope, key) DO NOTHING
 	RETURNING key)
-SELECT coalesce((SELECT array_agg(key) FROM ins), '{}'), current_setting('synchronous_commit')`
+SELECT coalesce((SELECT array_agg(key) FROM ins), '{}'), current_setting('synchronous_commit'),
+	current_setting('synchronous_standby_names') <> ''`
 
 const batchLookupSQL = `SELECT key, fingerprint, ref FROM effectively_keys WHERE scope = $1 AND key = ANY ($2::text[])`
 
@@ -101,12 +102,18 @@ func ClaimBatch(ctx context.Context, tx pgx.Tx, scope string, items []BatchItem,
 	}
 
 	var inserted []string
-	var syncCommit string
-	if err := tx.QueryRow(ctx, batchClaimSQL, scope, keys, fps).Scan(&inserted, &syncCommit); err != nil {
+	var settings claimOutcome
+	if err := tx.QueryRow(ctx, batchClaimSQL, scope, keys, fps).Scan(&inserted, &settings.syncCommit, &settings.syncRep); err != nil {
 		return nil, classify(ctx, op, "", err, false, tx.Conn().IsClosed()).err
 	}
-	if syncCommit == "off" && !cfg.allowAsyncCommit {
+	if settings.unsafeCommit() && !cfg.allowAsyncCommit {
 		return nil, fmt.Errorf("%s: %w", op, ErrAsyncCommit)
+	}
+	if settings.needsBarrier() && len(inserted) < len(keys) {
+		// Some keys replay: make the commit wait for the standby, as Claim does.
+		if _, err := tx.Exec(ctx, replayBarrierSQL); err != nil {
+			return nil, classify(ctx, op, "", err, false, tx.Conn().IsClosed()).err
+		}
 	}
 
 	type stored struct {

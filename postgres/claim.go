@@ -20,7 +20,8 @@ const claimSQL = `WITH ins AS (
 	INSERT INTO effectively_keys (scope, key, fingerprint) VALUES ($1, $2, $3)
 	ON CONFLICT (scope, key) DO NOTHING
 	RETURNING 1)
-SELECT EXISTS (SELECT 1 FROM ins), current_setting('synchronous_commit')`
+SELECT EXISTS (SELECT 1 FROM ins), current_setting('synchronous_commit'),
+	current_setting('synchronous_standby_names') <> ''`
 
 // lookupSQL reads the key back, for its fingerprint and ref. claimKey sends
 // it in the same round trip as claimSQL (a pipeline), yet as a separate
@@ -41,7 +42,39 @@ type claimOutcome struct {
 	inserted   bool   // the key is new and now claimed in tx
 	ref        string // stored ref when !inserted
 	syncCommit string // synchronous_commit in effect
+	syncRep    bool   // synchronous_standby_names is set: commits wait for a standby
 }
+
+// unsafeCommit reports whether a commit under these settings can be
+// acknowledged and then lost: synchronous_commit = off always; local when a
+// synchronous standby is configured, because the commit does not wait for
+// the standby that a failover promotes.
+func (o claimOutcome) unsafeCommit() bool {
+	return o.syncCommit == "off" || (o.syncRep && o.syncCommit == "local")
+}
+
+// needsBarrier reports whether a replay must wait for the standby before it
+// is reported: see replayBarrierSQL.
+func (o claimOutcome) needsBarrier() bool { return !o.inserted && o.syncRep && !o.unsafeCommit() }
+
+// replayBarrierSQL makes the replaying transaction a writing one: a
+// transactional logical message (a few bytes of WAL, no table touched, no
+// special privilege) gives it a transaction id and WAL, so its COMMIT waits,
+// under synchronous replication, for the standby to confirm it. (Assigning
+// a transaction id alone, as txid_current() does, is not enough: PostgreSQL
+// skips the wait for a transaction that wrote no WAL.) The
+// earlier commit that made the key visible precedes it in the WAL, so once
+// this COMMIT returns, that earlier commit is on the standby too.
+//
+// Without it a replay could acknowledge an effect that exists only on the
+// primary: when the earlier attempt's COMMIT was cancelled while it waited
+// for the standby (a caller's timeout, pg_terminate_backend), PostgreSQL
+// keeps the commit locally, makes it visible, and only warns; a failover
+// then loses it, although the replay was acked. The barrier costs about a
+// hundred bytes of WAL and one standby round trip per replay, and only when
+// synchronous_standby_names is set; without a synchronous standby a replay
+// still writes nothing.
+const replayBarrierSQL = `SELECT pg_logical_emit_message(true, 'effectively.replay', '')`
 
 // claimKey runs the claim and the lookup in tx, in one round trip, and
 // compares fingerprints when the key was taken. Errors are raw; the caller
@@ -54,7 +87,7 @@ func claimKey(ctx context.Context, tx pgx.Tx, op, scope string, key effects.Key,
 		batch    pgx.Batch
 	)
 	batch.Queue(claimSQL, scope, string(key), fp).QueryRow(func(row pgx.Row) error {
-		return row.Scan(&out.inserted, &out.syncCommit)
+		return row.Scan(&out.inserted, &out.syncCommit, &out.syncRep)
 	})
 	batch.Queue(lookupSQL, scope, string(key)).QueryRow(func(row pgx.Row) error {
 		return row.Scan(&storedFP, &out.ref)
@@ -98,7 +131,9 @@ func asyncCommit(op string, key effects.Key) error {
 // error is raised inside the transaction, so no savepoint is needed).
 //
 // The caller must commit tx, and must ack the message only after the commit
-// returned nil. If Commit fails with an error other than a PostgreSQL ERROR
+// returned nil, also after a replay: under synchronous replication a
+// replayed claim makes tx wait, at commit, for the standby to hold the
+// earlier commit (see [New]); rolling back instead skips that wait. If Commit fails with an error other than a PostgreSQL ERROR
 // (a lost connection), the outcome is unknown: redeliver with the same key,
 // which replays or applies.
 //
@@ -128,10 +163,14 @@ func Claim(ctx context.Context, tx pgx.Tx, scope string, key effects.Key, finger
 		return effects.Result{}, effects.Transient(op, key, err)
 	case err != nil:
 		return effects.Result{}, classify(ctx, op, key, err, false, tx.Conn().IsClosed()).err
-	case out.syncCommit == "off" && !cfg.allowAsyncCommit:
+	case out.unsafeCommit() && !cfg.allowAsyncCommit:
 		return effects.Result{}, asyncCommit(op, key)
 	case out.inserted:
 		return effects.Result{Status: effects.Applied}, nil
+	case out.needsBarrier():
+		if _, err := tx.Exec(ctx, replayBarrierSQL); err != nil {
+			return effects.Result{}, classify(ctx, op, key, err, false, tx.Conn().IsClosed()).err
+		}
 	}
 	return effects.Result{Status: effects.Replayed, Ref: out.ref}, nil
 }

@@ -176,8 +176,19 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 		return effects.Result{}, classified{err: effects.Transient(opApply, key, err), retry: true}
 	case err != nil:
 		return fail(err)
-	case out.syncCommit == "off" && !e.cfg.allowAsyncCommit:
+	case out.unsafeCommit() && !e.cfg.allowAsyncCommit:
 		return effects.Result{}, classified{err: asyncCommit(opApply, key)}
+	case out.needsBarrier():
+		// Report the replay only once the earlier commit is surely on the
+		// synchronous standby (see replayBarrierSQL).
+		ending = true
+		var batch pgx.Batch
+		batch.Queue(replayBarrierSQL)
+		batch.Queue("COMMIT")
+		if err := conn.SendBatch(ctx, &batch).Close(); err != nil {
+			return effects.Result{}, classify(ctx, opApply, key, err, true, false)
+		}
+		return effects.Result{Status: effects.Replayed, Ref: out.ref}, classified{}
 	case !out.inserted:
 		return effects.Result{Status: effects.Replayed, Ref: out.ref}, classified{}
 	}

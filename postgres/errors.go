@@ -15,14 +15,16 @@ import (
 )
 
 // ErrAsyncCommit is returned, wrapped, when a claim runs with
-// synchronous_commit = off. With asynchronous commit PostgreSQL reports a
+// synchronous_commit = off, or with synchronous_commit = local while a
+// synchronous standby is configured (synchronous_standby_names is set):
+// such a commit does not wait for the standby that a failover promotes. With asynchronous commit PostgreSQL reports a
 // COMMIT as done before its WAL reaches disk, and a server crash loses the
 // last commits (up to 3 × wal_writer_delay, 600 ms by default). A message
 // acked after such a commit is gone and so is its effect: nothing will
 // redeliver it. The claim is rolled back and nothing is written.
 //
-// Set synchronous_commit to on (or local, remote_write, remote_apply) for the
-// role, database or connection; or pass [AllowAsyncCommit] when the adapter
+// Set synchronous_commit to on (or remote_write, remote_apply; local only
+// without synchronous standbys) for the role, database or connection; or pass [AllowAsyncCommit] when the adapter
 // is not used for ack-after-commit, for example when a lost effect is
 // recovered by replaying the source from a position saved elsewhere.
 //

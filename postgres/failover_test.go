@@ -553,21 +553,15 @@ func waitForValue(t *testing.T, ctx context.Context, conn *pgx.Conn, sql, want s
 	}
 }
 
-// TestFailoverCancelledSyncWait reproduces a way to lose an acked effect
-// even with a synchronous standby (see RELIABILITY.md, "Known issue"): the
-// standby is slow, the caller's context expires while COMMIT waits for it,
-// and pgx closes the connection with a cancel request. PostgreSQL then ends
-// the wait with only a WARNING, and the transaction is visible on the
-// primary although the standby never got it. Apply rightly reports
-// ErrAmbiguous, but the retry it asks for finds the key and returns
-// Replayed, the caller acks, and the failover loses the effect.
-//
-// It is skipped until the adapter confirms a replayed key's durability on
-// the synchronous standby; set EFFECTIVELY_KNOWN_ISSUES=1 to run it.
+// TestFailoverCancelledSyncWait: the standby is slow, the caller's context
+// expires while COMMIT waits for it, and pgx closes the connection. PostgreSQL
+// then ends the wait with only a WARNING, and the transaction is visible on
+// the primary although the standby never got it. Apply reports ErrAmbiguous;
+// the retry it asks for finds the key, and a plain replay would be acked and
+// then lost in the failover. The replay barrier makes the retry wait for the
+// standby too, so nothing is acked while the standby lags; after the
+// failover, the redelivery applies on the new primary: one effect, none lost.
 func TestFailoverCancelledSyncWait(t *testing.T) {
-	if os.Getenv("EFFECTIVELY_KNOWN_ISSUES") == "" {
-		t.Skip("known issue (RELIABILITY.md): a replay after a cancelled synchronous-replication wait acks an unreplicated commit; set EFFECTIVELY_KNOWN_ISSUES=1 to run")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	fp := startFailoverPair(t, ctx, true)
@@ -581,17 +575,24 @@ func TestFailoverCancelledSyncWait(t *testing.T) {
 
 	fp.link.Stall() // the standby stops confirming
 	var acked *effects.Result
-	for deadline := time.Now().Add(3 * time.Second); acked == nil && time.Now().Before(deadline); {
+	attempts := 0
+	for deadline := time.Now().Add(3 * time.Second); acked == nil && time.Now().Before(deadline); attempts++ {
 		actx, cancel := context.WithTimeout(ctx, 500*time.Millisecond) // a caller's per-attempt timeout
 		res, err := eff.Apply(actx, key, ev)
 		cancel()
-		t.Logf("Apply: %v, %v", res.Status, err)
+		t.Logf("Apply while the standby lags: %v, %v", res.Status, err)
 		switch {
 		case err == nil:
 			acked = &res
 		case !effects.Retryable(err):
 			t.Fatal(err)
 		}
+	}
+	if acked != nil {
+		t.Errorf("Apply returned %v (the worker acks) while the synchronous standby had not confirmed the commit", acked.Status)
+	}
+	if attempts < 2 {
+		t.Fatalf("only %d attempts: the replay path was not exercised", attempts)
 	}
 	if err := fp.primary.StopImmediate(); err != nil {
 		t.Fatal(err)
@@ -600,12 +601,21 @@ func TestFailoverCancelledSyncWait(t *testing.T) {
 	if err := fp.standby.Promote(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The broker redelivers the unacked message to a worker on the new primary.
+	pool2 := newPool(t, fp.standby.URL(failoverDB), nil)
+	eff2, err := postgres.New(pool2, failoverScope, writeLedger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eff2.Apply(ctx, key, ev); err != nil {
+		t.Fatalf("redelivery after the failover: %v", err)
+	}
 	conn, err := pgx.Connect(ctx, fp.standby.URL(failoverDB))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	if n := count(t, conn, "SELECT count(*) FROM ledger WHERE event_id = $1", ev.EventID); acked != nil && n == 0 {
-		t.Errorf("Apply returned %v (the worker acks) while the standby was stalled, and the failover lost the effect", acked.Status)
+	if n := count(t, conn, "SELECT count(*) FROM ledger WHERE event_id = $1", ev.EventID); n != 1 {
+		t.Errorf("%d ledger rows on the new primary after the redelivery, want 1", n)
 	}
 }
