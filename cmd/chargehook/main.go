@@ -1,111 +1,171 @@
-// Command chargehook runs the essay's billing pipeline on embedded defaults:
-// it starts a throwaway PostgreSQL cluster, replays a seeded schedule of
-// payment webhooks with the duplicates every hop makes (processor retries,
-// load-balancer retries to a sibling, crashes after the effect before the
-// ack), through the naive handler and the effectively-once handler, and
-// prints what each did to the ledger.
+// Command chargehook runs the essay's billing pipeline on embedded
+// defaults and shows what effectively-once buys: the same seeded schedule
+// of duplicates at every hop goes through the naive handler and through an
+// effects.Plan, and a table compares what each did to the ledger, to
+// Stripe, to S3, to Kafka and to the customers' inboxes.
+//
+// Everything runs on this machine, on 127.0.0.1: a throwaway PostgreSQL
+// primary with a synchronous standby, kfake, an in-process S3 (gofakes3),
+// an in-process SMTP server and stripetest; a payment processor, a load
+// balancer and two webhook pods over real HTTP; a worker that is an
+// effects.Consumer over kafka.Source. Faults: the processor resends events
+// whose 200 it lost, the balancer retries on the sibling of a frozen pod,
+// the worker crashes between commit and ack, and the PostgreSQL primary is
+// killed mid-run and its standby promoted.
 //
 // Usage:
 //
-//	go run ./cmd/chargehook [-events 2000] [-workers 8] [-seed 42] [-sender 0.05] [-sibling 0.03] [-crash 0.02]
+//	go run ./cmd/chargehook [-events 1000] [-seed 42] [-workers 8]
+//	    [-sender 0.05] [-sibling 0.05] [-crash 0.03] [-failover=true] [-v]
 //
-// Set DATABASE_URL to use an existing server instead of a throwaway cluster
-// (the demo creates its own tables there). The exit status is 1 if the
-// effectively-once side double-charged or lost an event, 2 on a setup error.
+// DATABASE_URL runs on an existing server instead (with -failover=false);
+// KAFKA_BROKERS on an existing Kafka cluster. A progress bar goes to
+// stderr when stderr is a terminal; the table goes to stdout.
+//
+// Exit status: 0 when the effectively-once side charged every event exactly
+// once (one PaymentIntent, one ledger row), wrote every receipt once and
+// lost no event; 1 when it did not; 2 when the demo could not run. The
+// at-least-once steps (the Kafka event and the email) never fail the run:
+// their duplicates are reported next to their declared window.
 package main
 
 import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"os/signal"
-	"text/tabwriter"
+	"strings"
+	"sync"
+	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/term"
 
 	"effectively.dev/internal/chargehook"
-	"effectively.dev/internal/pgtest"
+	"effectively.dev/observe"
 )
 
 func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr *os.File) int {
 	cfg := chargehook.DefaultConfig()
-	flag.IntVar(&cfg.Events, "events", cfg.Events, "payment events the processor emits")
-	flag.IntVar(&cfg.Workers, "workers", cfg.Workers, "concurrent workers")
-	flag.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the fault schedule")
-	flag.Float64Var(&cfg.Sender, "sender", cfg.Sender, "probability the processor retries an event")
-	flag.Float64Var(&cfg.Sibling, "sibling", cfg.Sibling, "probability the load balancer retries to a sibling pod at the same time")
-	flag.Float64Var(&cfg.Crash, "crash", cfg.Crash, "probability a worker crashes after the effect, before the ack")
-	flag.Parse()
+	fs := flag.NewFlagSet("chargehook", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&cfg.Events, "events", cfg.Events, "payment events the processor emits")
+	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "handlers the worker runs at once (and partitions of the webhook topic)")
+	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the events and the fault schedule")
+	fs.Float64Var(&cfg.Sender, "sender", cfg.Sender, "probability the processor loses an event's 200 and resends it")
+	fs.Float64Var(&cfg.Sibling, "sibling", cfg.Sibling, "probability a pod freezes and the load balancer retries on its sibling")
+	fs.Float64Var(&cfg.Crash, "crash", cfg.Crash, "probability the worker crashes after the effects committed, before the ack")
+	fs.BoolVar(&cfg.Failover, "failover", cfg.Failover, "kill the PostgreSQL primary mid-run and promote its synchronous standby")
+	verbose := fs.Bool("v", false, "log the phases, and every failed attempt (effectively.dev/observe), to stderr")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	cfg.DatabaseURL = os.Getenv("DATABASE_URL")
+	if cfg.DatabaseURL != "" && cfg.Failover {
+		fmt.Fprintln(stderr, "chargehook: DATABASE_URL is set: running without the failover (it needs the demo's own primary and standby)")
+		cfg.Failover = false
+	}
+
+	bar := newProgress(stderr)
+	cfg.Progress = bar.update
+	if *verbose {
+		logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		obs, err := observe.New(observe.WithLogger(logger))
+		if err != nil {
+			fmt.Fprintln(stderr, "chargehook:", err)
+			return 2
+		}
+		cfg.Observer = obs
+		cfg.Log = func(format string, args ...any) { bar.log(format, args...) }
+	}
+
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	code, err := run(ctx, cfg)
+	report, err := chargehook.Run(ctx, cfg)
+	bar.finish()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "chargehook:", err)
+		fmt.Fprintln(stderr, "chargehook:", strings.TrimPrefix(err.Error(), "chargehook: "))
+		return 2
 	}
-	os.Exit(code)
+	if err := report.WriteTable(stdout); err != nil {
+		fmt.Fprintln(stderr, "chargehook:", err)
+		return 2
+	}
+	if len(report.Violations()) > 0 {
+		return 1
+	}
+	return 0
 }
 
-func run(ctx context.Context, cfg chargehook.Config) (int, error) {
-	if err := cfg.Validate(); err != nil {
-		return 2, err
+// progress draws one bar per handler run on a terminal, and nothing
+// otherwise.
+type progress struct {
+	w       io.Writer
+	tty     bool
+	mu      sync.Mutex
+	current string
+	start   time.Time
+	rate    float64 // frozen once every event is done
+	drawn   bool
+}
+
+func newProgress(f *os.File) *progress {
+	return &progress{w: f, tty: term.IsTerminal(int(f.Fd()))}
+}
+
+func (p *progress) update(handler string, done, total int) {
+	if !p.tty {
+		return
 	}
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		fmt.Fprintln(os.Stderr, "starting a throwaway PostgreSQL cluster...")
-		c, err := pgtest.Start(pgtest.Options{})
-		if err != nil {
-			return 2, err
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if handler != p.current {
+		if p.drawn {
+			fmt.Fprintln(p.w)
 		}
-		defer c.Stop()
-		url = c.URL("postgres")
+		p.current, p.start, p.rate = handler, time.Now(), 0
 	}
-	pcfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return 2, err
+	// \r goes back over the bar drawn last; after a log line there is
+	// none, and the bar starts on the new line.
+	const width = 30
+	filled := 0
+	if total > 0 {
+		filled = width * done / total
 	}
-	pcfg.MaxConns = int32(cfg.Workers + 2)
-	db, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return 2, err
+	rate := p.rate
+	if rate == 0 {
+		rate = float64(done) / max(time.Since(p.start).Seconds(), 1e-3)
+		if done >= total {
+			p.rate = rate
+		}
 	}
-	defer db.Close()
-	res, err := chargehook.Demo(ctx, db, cfg)
-	if err != nil {
-		return 2, err
-	}
-	printTable(cfg, res)
-	if res.Fixed.DoubleCharged > 0 || res.Fixed.Lost > 0 {
-		return 1, fmt.Errorf("the effectively-once side double-charged %d events and lost %d", res.Fixed.DoubleCharged, res.Fixed.Lost)
-	}
-	return 0, nil
+	fmt.Fprintf(p.w, "\r%-16s [%s%s] %5d/%d events %5.0f/s", handler,
+		strings.Repeat("=", filled), strings.Repeat(" ", width-filled), done, total, rate)
+	p.drawn = true
 }
 
-func printTable(cfg chargehook.Config, r chargehook.Result) {
-	fmt.Printf("\nchargehook: %d events, seed %d, %d workers; faults: sender retry %.0f%%, sibling retry %.0f%%, crash after effect %.0f%%\n\n",
-		cfg.Events, cfg.Seed, cfg.Workers, cfg.Sender*100, cfg.Sibling*100, cfg.Crash*100)
-	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	n, f := r.Naive, r.Fixed
-	row := func(name string, a, b any) { fmt.Fprintf(w, "%s\t%v\t%v\t\n", name, a, b) }
-	fmt.Fprintf(w, "\tnaive\teffectively-once\t\n")
-	row("events", cfg.Events, cfg.Events)
-	row("deliveries", n.Deliveries, f.Deliveries)
-	for _, hop := range []string{"first", "sender-retry", "sibling-retry", "redelivery"} {
-		row("  "+hop, n.Hops[hop], f.Hops[hop])
+// log prints a line, keeping the bar intact.
+func (p *progress) log(format string, args ...any) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.drawn {
+		fmt.Fprintln(p.w)
+		p.drawn = false
 	}
-	row("duplicates absorbed", n.Deliveries-n.LedgerRows, f.Deliveries-f.LedgerRows)
-	row("ledger rows", n.LedgerRows, f.LedgerRows)
-	row("double-charged events", n.DoubleCharged, f.DoubleCharged)
-	row("extra charges", n.ExtraRows, f.ExtraRows)
-	row("lost events", n.Lost, f.Lost)
-	row("deliveries/s", rate(n), rate(f))
-	w.Flush()
-	fmt.Printf("\ncontract of the effectively-once ledger effect:\n  %s\n", r.Contract)
+	fmt.Fprintf(p.w, format+"\n", args...)
 }
 
-func rate(s chargehook.Side) string {
-	if s.Elapsed <= 0 {
-		return "-"
+func (p *progress) finish() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.drawn {
+		fmt.Fprintln(p.w)
+		p.drawn = false
 	}
-	return fmt.Sprintf("%.0f", float64(s.Deliveries)/s.Elapsed.Seconds())
 }

@@ -1,346 +1,386 @@
-// Package chargehook is the billing pipeline from the essay, run twice on one
-// fault schedule: once with the naive handler (check the dedup table, insert
-// the ledger row, mark the event seen, each in its own transaction) and once
-// with the effectively-once handler (package postgres: the dedup row and the
-// ledger row in one transaction). It counts what each did to the ledger.
+// Package chargehook is the billing pipeline of the essay this project
+// comes from, built from real parts and run twice on one seeded fault
+// schedule: once with the naive handler, once with an [effects.Plan] of
+// effectively-once adapters. It counts, in every backend, what each did.
 //
-// The schedule injects the duplicates every hop of a webhook pipeline makes:
-// the processor retrying after a slow answer, the load balancer retrying to a
-// sibling pod at the same time, and the worker crashing after its effect was
-// durable but before it finished (a failover or a crash before the ack), so
-// the broker redelivers.
+// The pipeline, every arrow a real network hop on 127.0.0.1, numbered as
+// in the essay:
+//
+//	[processor] -> [load balancer] -> [pod A | pod B] -> [Kafka] -> [worker] -> [effects]
+//	            (1)                (2)                (3)        (4)         (5)
+//
+// The worker is an effects.Consumer over a kafka.Source; the effects are a
+// Stripe PaymentIntent, a Postgres ledger row, an S3 receipt, a Kafka
+// "charged" event and an email receipt. The schedule makes the duplicates
+// the essay names:
+//
+//   - (1) the processor does not get the 200 for an event a pod already
+//     queued, and sends it again later: a sequential duplicate;
+//   - (2) the pod the balancer picked freezes in a GC pause past the
+//     per-try timeout; the balancer retries on the sibling, and the frozen
+//     pod enqueues too when it thaws: a concurrent duplicate;
+//   - (4) the worker crashes after the effects committed and before the
+//     ack, so the consumer delivers the message again: a redelivery;
+//   - (5) the PostgreSQL primary dies in the middle of the run with
+//     handlers in flight and its synchronous standby is promoted; the
+//     worker's pool follows through a multi-host URL with
+//     target_session_attrs=read-write, and every attempt the failover
+//     broke is retried.
+//
+// The naive handler is the essay's: check a dedup table, do the effects,
+// mark the event seen, each in its own transaction or request; a Stripe
+// call with a fresh idempotency key per attempt, a plain S3 PUT, a produce
+// without a record, a send without a record. The effectively-once handler
+// runs the same five effects as a Plan: stripe.PaymentIntents (Stripe's
+// Idempotency-Key, the object id kept in a journal), postgres.Effect (the
+// dedup row in the ledger's transaction), s3.Writer (If-None-Match: *),
+// kafka.Producer and email.Sender (each with a journal: at-least-once by
+// contract, duplicates only after an unknown outcome).
+//
+// Each handler gets its own topics, tables, Stripe server, SMTP server and
+// bucket, so the counts are separate; both share the throwaway PostgreSQL
+// (a primary with a synchronous standby, a new standby for each run), the
+// kfake cluster and the in-process S3. [Run] returns a [Report]; its
+// [Report.Violations] lists what the effectively-once side must never do:
+// charge an event twice (two PaymentIntents or two ledger rows), write a
+// receipt twice, or lose an event.
+//
+// # Reading the report
+//
+// Effects are counted where a user would see them: ledger rows in a table
+// without a unique index, PaymentIntents stripetest created with the
+// event's id in their metadata, PUTs the S3 server answered with 200,
+// records in the "charged" topic, messages the SMTP server accepted.
+// Deliveries are counted by the worker: the pods stamp each record with the
+// hop it came from, and a record delivered again counts as a redelivery
+// (after the injected crash), after failover (its previous attempt failed
+// between the kill of the primary and one second after the promotion), or a
+// retry after an error (another copy of the event held a key: a concurrent
+// duplicate, absorbed by waiting). A crash is injected as a handler error
+// after the handler succeeded: the consumer does not ack, and delivers the
+// message again, as the broker would to the worker's replacement.
+//
+// The schedule is seeded, and the webhook tier replays it exactly; what
+// happens at the worker depends on timing too (which copy of a duplicate
+// wins, which attempts the failover breaks), so two runs with one seed
+// agree on the faults, not on every count. Throughput is end to end, on
+// whatever else the machine is doing.
+//
+// Not a benchmark and not a test server: it is the demo behind
+// cmd/chargehook, and package code only so that a test can hold it to its
+// claims.
 package chargehook
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"math/rand/v2"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
-	"effectively.dev/postgres"
+	"effectively.dev/internal/kafkatest"
+	"effectively.dev/internal/s3mem"
+	"effectively.dev/internal/smtptest"
+	"effectively.dev/stripe/stripetest"
 )
 
-// Config sets the size and the fault rates of a run.
-type Config struct {
-	Events  int     // payment events the processor emits
-	Workers int     // concurrent workers (consumer group members)
-	Seed    uint64  // seeds the fault schedule
-	Sender  float64 // probability the processor retries an event (sequential duplicate)
-	Sibling float64 // probability the load balancer retries to a sibling pod (concurrent duplicate)
-	Crash   float64 // probability a worker crashes after the effect, before it finished (redelivery)
+// Handler names, as the report prints them.
+const (
+	NaiveName = "naive"
+	EOName    = "effectively-once"
+)
+
+// env is what both runs share.
+type env struct {
+	cfg   Config
+	sched Schedule
+	db    *database
+	kafka *kafkatest.Cluster
+	s3    *s3mem.Server
+	runID string
 }
 
-// DefaultConfig is the schedule the demo runs by default.
-func DefaultConfig() Config {
-	return Config{Events: 2000, Workers: 8, Seed: 42, Sender: 0.05, Sibling: 0.03, Crash: 0.02}
-}
-
-// Validate reports a configuration that cannot run.
-func (c Config) Validate() error {
-	switch {
-	case c.Events <= 0:
-		return fmt.Errorf("chargehook: events must be positive, got %d", c.Events)
-	case c.Workers <= 0:
-		return fmt.Errorf("chargehook: workers must be positive, got %d", c.Workers)
+// Run starts the embedded backends, runs the schedule drawn from cfg
+// through the naive handler and then through the effectively-once
+// handler, counts the effects in the backends, and stops everything it
+// started. An error means the demo could not run; what the handlers did
+// wrong is in the Report.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	for name, p := range map[string]float64{"sender": c.Sender, "sibling": c.Sibling, "crash": c.Crash} {
-		if p < 0 || p > 1 {
-			return fmt.Errorf("chargehook: %s rate %v is not a probability", name, p)
+	timeout := cfg.Timeout
+	if timeout == 0 {
+		timeout = 10 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+
+	e := &env{cfg: cfg, sched: NewSchedule(cfg), runID: randomKey()[:8]}
+	var err error
+	if e.db, err = startDatabase(ctx, cfg); err != nil {
+		return nil, err
+	}
+	defer e.db.close()
+	cfg.logf("starting kfake, the in-process S3 and the webhook tier")
+	if e.kafka, err = kafkatest.Start(); err != nil {
+		return nil, err
+	}
+	defer e.kafka.Close()
+	if e.s3, err = s3mem.Start(); err != nil {
+		return nil, err
+	}
+	defer e.s3.Close()
+
+	r := &Report{
+		Events: cfg.Events, Workers: cfg.Workers, Seed: cfg.Seed,
+		Sender: cfg.Sender, Sibling: cfg.Sibling, Crash: cfg.Crash, Failover: cfg.Failover,
+		Database: e.db.describe(),
+	}
+	r.Scheduled.Sender, r.Scheduled.Sibling, r.Scheduled.Crash = e.sched.Count()
+	if r.Naive, err = e.runSide(ctx, NaiveName, nil); err != nil {
+		return nil, fmt.Errorf("naive run: %w", err)
+	}
+	if r.EffectivelyOnce, err = e.runSide(ctx, EOName, &r.Contract); err != nil {
+		return nil, fmt.Errorf("effectively-once run: %w", err)
+	}
+	return r, nil
+}
+
+// runSide runs the whole pipeline once with one handler and counts.
+func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanContract) (*Side, error) {
+	cfg, sched := e.cfg, e.sched
+	tag := "naive"
+	if name == EOName {
+		tag = "eo"
+	}
+	if cfg.Failover {
+		if err := e.db.addStandby(ctx); err != nil {
+			return nil, err
 		}
 	}
-	return nil
-}
-
-// Event is a payment-success webhook.
-type Event struct {
-	ID      string
-	Account string
-	Cents   int64
-}
-
-// delivery is one arrival of an event at a worker.
-type delivery struct {
-	event   Event
-	hop     string // "first", "sender-retry", "sibling-retry", "redelivery"
-	crash   bool   // the worker crashes after the effect on this delivery
-	attempt int
-}
-
-// Schedule is the deterministic list of deliveries for a config.
-type Schedule struct {
-	Events     []Event
-	deliveries [][]delivery // per batch: deliveries handed out together
-	Hops       map[string]int
-}
-
-// NewSchedule draws the fault schedule from cfg.Seed.
-func NewSchedule(cfg Config) Schedule {
-	r := rand.New(rand.NewPCG(cfg.Seed, 0x6368617267656870))
-	s := Schedule{Hops: map[string]int{}}
-	for i := range cfg.Events {
-		ev := Event{ID: fmt.Sprintf("evt_%06d", i), Account: fmt.Sprintf("acct_%03d", r.IntN(500)), Cents: int64(100 + r.IntN(100000))}
-		s.Events = append(s.Events, ev)
-		batch := []delivery{{event: ev, hop: "first", crash: r.Float64() < cfg.Crash}}
-		if r.Float64() < cfg.Sibling {
-			batch = append(batch, delivery{event: ev, hop: "sibling-retry"})
-		}
-		s.deliveries = append(s.deliveries, batch)
-		if r.Float64() < cfg.Sender {
-			// The processor's retry arrives a little later.
-			s.deliveries = append(s.deliveries, []delivery{{event: ev, hop: "sender-retry"}})
-		}
-	}
-	r.Shuffle(len(s.deliveries), func(i, j int) {
-		// Keep retries after their event's first delivery: only shuffle
-		// within small windows, as network reordering would.
-		if j > i-8 && j < i+8 {
-			s.deliveries[i], s.deliveries[j] = s.deliveries[j], s.deliveries[i]
-		}
-	})
-	return s
-}
-
-// Handler processes one delivery of an event. crash asks it to crash after
-// its effect became durable and before it finished.
-type Handler interface {
-	Name() string
-	Handle(ctx context.Context, ev Event, crash bool) error
-}
-
-// errCrash is what a handler returns when the schedule crashed it.
-var errCrash = errors.New("worker crashed after the effect, before finishing")
-
-// Side reports what one handler did under the schedule.
-type Side struct {
-	Handler       string
-	Deliveries    int            // deliveries handled, redeliveries included
-	Hops          map[string]int // deliveries per hop
-	LedgerRows    int            // rows in the ledger
-	DoubleCharged int            // events with more than one ledger row
-	ExtraRows     int            // ledger rows beyond one per event
-	Lost          int            // events with no ledger row
-	Elapsed       time.Duration
-}
-
-// Run plays the schedule through h and counts the ledger table.
-func Run(ctx context.Context, db *pgxpool.Pool, h Handler, ledger string, s Schedule, workers int) (Side, error) {
-	side := Side{Handler: h.Name(), Hops: map[string]int{}}
-	queue := make(chan delivery, workers*4)
-	var (
-		wg       sync.WaitGroup
-		mu       sync.Mutex
-		pending  sync.WaitGroup
-		firstErr error
-		handled  atomic.Int64
-	)
-	redeliver := func(d delivery) {
-		d.attempt++
-		d.hop = "redelivery"
-		d.crash = false
-		go func() { queue <- d }() // the broker redelivers later
-	}
-	start := time.Now()
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for d := range queue {
-				err := h.Handle(ctx, d.event, d.crash)
-				handled.Add(1)
-				mu.Lock()
-				side.Hops[d.hop]++
-				mu.Unlock()
-				switch {
-				case err == nil:
-					pending.Done() // acked
-				case (errors.Is(err, errCrash) || effects.Retryable(err)) && d.attempt < 20 && ctx.Err() == nil:
-					redeliver(d) // not acked: the broker delivers it again
-				default:
-					mu.Lock()
-					if firstErr == nil {
-						firstErr = fmt.Errorf("%s: event %s: %w", h.Name(), d.event.ID, err)
-					}
-					mu.Unlock()
-					pending.Done()
-				}
-			}
-		}()
-	}
-	for _, batch := range s.deliveries {
-		pending.Add(len(batch))
-		for _, d := range batch {
-			queue <- d
-		}
-	}
-	pending.Wait()
-	close(queue)
-	wg.Wait()
-	side.Elapsed = time.Since(start)
-	side.Deliveries = int(handled.Load())
-	if firstErr != nil {
-		return side, firstErr
-	}
-	rows, err := db.Query(ctx, fmt.Sprintf(`SELECT event_id, count(*) FROM %s GROUP BY event_id`, pgx.Identifier{ledger}.Sanitize()))
-	if err != nil {
-		return side, err
-	}
-	counts := map[string]int{}
-	for rows.Next() {
-		var id string
-		var n int
-		if err := rows.Scan(&id, &n); err != nil {
-			return side, err
-		}
-		counts[id] = n
-	}
-	if err := rows.Err(); err != nil {
-		return side, err
-	}
-	for _, ev := range s.Events {
-		n := counts[ev.ID]
-		side.LedgerRows += n
-		switch {
-		case n == 0:
-			side.Lost++
-		case n > 1:
-			side.DoubleCharged++
-			side.ExtraRows += n - 1
-		}
-	}
-	return side, nil
-}
-
-// Schema creates both handlers' tables. The ledgers have no unique index on
-// event_id: nothing but the handler stops a double charge.
-const Schema = `
-CREATE TABLE IF NOT EXISTS naive_ledger (id bigserial PRIMARY KEY, event_id text NOT NULL, account text NOT NULL, cents bigint NOT NULL);
-CREATE TABLE IF NOT EXISTS naive_seen (event_id text PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now());
-CREATE TABLE IF NOT EXISTS ledger (id bigserial PRIMARY KEY, event_id text NOT NULL, account text NOT NULL, cents bigint NOT NULL);
-`
-
-// Setup creates the tables of both handlers and the keys table.
-func Setup(ctx context.Context, db *pgxpool.Pool) error {
-	if err := postgres.Migrate(ctx, db); err != nil {
-		return err
-	}
-	_, err := db.Exec(ctx, Schema)
-	return err
-}
-
-// Naive is the essay's first handler: check, insert and mark in three
-// transactions on pooled connections.
-type Naive struct{ DB *pgxpool.Pool }
-
-// Name names the handler in reports.
-func (Naive) Name() string { return "naive (check, insert, mark: 3 transactions)" }
-
-// Handle checks the seen table, inserts the ledger row, marks the event. A
-// crash between the insert and the mark leaves a charge without a mark.
-func (n Naive) Handle(ctx context.Context, ev Event, crash bool) error {
-	var one int
-	err := n.DB.QueryRow(ctx, `SELECT 1 FROM naive_seen WHERE event_id = $1`, ev.ID).Scan(&one)
-	if err == nil {
-		return nil // seen: ack
-	}
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return err
-	}
-	if _, err := n.DB.Exec(ctx, `INSERT INTO naive_ledger (event_id, account, cents) VALUES ($1, $2, $3)`, ev.ID, ev.Account, ev.Cents); err != nil {
-		return err
-	}
-	if crash {
-		return errCrash // the failover: the connection dies before mark_seen
-	}
-	_, err = n.DB.Exec(ctx, `INSERT INTO naive_seen (event_id) VALUES ($1) ON CONFLICT DO NOTHING`, ev.ID)
-	return err
-}
-
-// EffectivelyOnce is the fixed handler: the dedup row and the ledger row in
-// one transaction, through package postgres.
-type EffectivelyOnce struct{ eff *postgres.Effect[Event] }
-
-// NewEffectivelyOnce builds the fixed handler on db.
-func NewEffectivelyOnce(db *pgxpool.Pool) (*EffectivelyOnce, error) {
-	eff, err := postgres.New(db, "chargehook", func(ctx context.Context, tx pgx.Tx, ev Event) (string, error) {
-		var id int64
-		err := tx.QueryRow(ctx, `INSERT INTO ledger (event_id, account, cents) VALUES ($1, $2, $3) RETURNING id`, ev.ID, ev.Account, ev.Cents).Scan(&id)
-		return fmt.Sprint(id), err
-	})
+	pool, err := e.db.newPool(ctx, cfg.Workers)
 	if err != nil {
 		return nil, err
 	}
-	return &EffectivelyOnce{eff: eff}, nil
-}
+	defer pool.Close()
 
-// Name names the handler in reports.
-func (*EffectivelyOnce) Name() string { return "effectively-once (dedup row in the same transaction)" }
-
-// Contract is the handler's declared contract.
-func (e *EffectivelyOnce) Contract() effects.Contract { return e.eff.Contract() }
-
-// Handle applies the ledger effect under the event's key. A crash after the
-// commit, before the ack, makes the broker redeliver; the redelivery replays.
-func (e *EffectivelyOnce) Handle(ctx context.Context, ev Event, crash bool) error {
-	key, err := effects.NewKey("chargehook", ev.ID, "ledger")
+	webhooks, err := e.kafka.CreateTopic(ctx, "chargehook-"+tag+"-webhooks", int32(cfg.Workers))
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if _, err := e.eff.Apply(ctx, key, ev); err != nil {
-		return err
-	}
-	if crash {
-		return errCrash
-	}
-	return nil
-}
-
-// Result is both sides of a demo run.
-type Result struct {
-	Naive, Fixed Side
-	Contract     effects.Contract
-}
-
-// Demo sets up the tables on db and runs the schedule drawn from cfg through
-// the naive handler and then the effectively-once handler.
-func Demo(ctx context.Context, db *pgxpool.Pool, cfg Config) (Result, error) {
-	if err := cfg.Validate(); err != nil {
-		return Result{}, err
-	}
-	if err := Setup(ctx, db); err != nil {
-		return Result{}, err
-	}
-	s := NewSchedule(cfg)
-	naive, err := Run(ctx, db, Naive{DB: db}, "naive_ledger", s, cfg.Workers)
+	charged, err := e.kafka.CreateTopic(ctx, "chargehook-"+tag+"-charged", 3)
 	if err != nil {
-		return Result{}, err
+		return nil, err
 	}
-	eo, err := NewEffectivelyOnce(db)
+	bucket := "chargehook-" + tag + "-" + e.runID
+	if err := e.s3.CreateBucket(ctx, bucket); err != nil {
+		return nil, err
+	}
+	stripeSrv := stripetest.NewServer()
+	defer stripeSrv.Close()
+	smtpSrv, err := smtptest.NewServer()
 	if err != nil {
-		return Result{}, err
+		return nil, err
 	}
-	fixed, err := Run(ctx, db, eo, "ledger", s, cfg.Workers)
+	defer smtpSrv.Close()
+	producer, err := kgo.NewClient(e.kafka.Opts()...)
 	if err != nil {
-		return Result{}, err
+		return nil, err
 	}
-	return Result{Naive: naive, Fixed: fixed, Contract: eo.Contract()}, nil
-}
+	defer producer.Close()
 
-// Crashes returns how many deliveries the schedule crashes after the effect.
-func (s Schedule) Crashes() int {
-	n := 0
-	for _, batch := range s.deliveries {
-		for _, d := range batch {
-			if d.crash {
-				n++
-			}
+	d := deps{
+		pool: pool, stripe: stripeSrv.Client(nil), s3: e.s3.Client(), bucket: bucket,
+		kafka: producer, topic: charged, smtp: smtpSrv.Addr(),
+		scope: "chargehook-" + e.runID, ledger: "chargehook_ledger", observe: cfg.Observer,
+	}
+	var (
+		h         handler
+		objectKey func(Event) string
+		unrecord  atomic.Int64
+	)
+	if name == EOName {
+		eo, err := newEffectivelyOnce(d, slog.New(countingHandler{&unrecord}))
+		if err != nil {
+			return nil, err
+		}
+		h, objectKey = eo, eo.objectKey
+		*contract = eo.contract()
+	} else {
+		d.ledger = "chargehook_naive_ledger"
+		nv, err := newNaive(d)
+		if err != nil {
+			return nil, err
+		}
+		h, objectKey = nv, func(ev Event) string { return "receipts/" + ev.ID }
+	}
+
+	// The webhook tier.
+	var pods []*pod
+	for _, pn := range []string{"pod-a", "pod-b"} {
+		cl, err := kgo.NewClient(e.kafka.Opts(kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))...)
+		if err != nil {
+			return nil, err
+		}
+		defer cl.Close()
+		p, err := startPod(pn, sched.Faults, cl, webhooks)
+		if err != nil {
+			return nil, err
+		}
+		pods = append(pods, p)
+	}
+	lb, err := startBalancer(pods, sched.Faults)
+	if err != nil {
+		return nil, err
+	}
+	proc := newProcessor(lb.url, sched.Faults, 4*cfg.Workers)
+	defer proc.close()
+
+	// The failover, triggered by the worker's progress.
+	var (
+		fw         failoverWindow
+		failWG     sync.WaitGroup
+		failErr    error
+		failTook   time.Duration
+		finished   atomic.Int64
+		failoverAt int
+	)
+	onDone := func(id string) {
+		proc.done(id)
+		n := finished.Add(1)
+		if cfg.Failover && int(n) == sched.FailoverAfter {
+			failoverAt = int(n)
+			failWG.Add(1)
+			go func() {
+				defer failWG.Done()
+				cfg.logf("%s: failover: killing the primary with %d of %d events done", name, n, cfg.Events)
+				fw.begin()
+				failErr = e.db.failover(ctx)
+				failTook = fw.promoted()
+				cfg.logf("%s: failover: standby promoted %v after the kill", name, failTook.Round(time.Millisecond))
+			}()
 		}
 	}
-	return n
+	w := newWorker(h, sched.Faults, &fw, onDone)
+
+	stopProgress := func() {}
+	if cfg.Progress != nil {
+		quit := make(chan struct{})
+		var progressWG sync.WaitGroup
+		progressWG.Add(1)
+		go func() {
+			defer progressWG.Done()
+			t := time.NewTicker(100 * time.Millisecond)
+			defer t.Stop()
+			for {
+				select {
+				case <-quit:
+					cfg.Progress(name, w.finished(), cfg.Events)
+					return
+				case <-t.C:
+					cfg.Progress(name, w.finished(), cfg.Events)
+				}
+			}
+		}()
+		var once sync.Once
+		stopProgress = func() { once.Do(func() { close(quit); progressWG.Wait() }) }
+		defer stopProgress()
+	}
+
+	cfg.logf("%s: running %d events", name, cfg.Events)
+	start := time.Now()
+	var (
+		total    atomic.Int64 // records in the webhook topic, once the tier stopped
+		procErr  error
+		procDone = make(chan struct{})
+	)
+	total.Store(-1)
+	go func() {
+		defer close(procDone)
+		procErr = proc.run(ctx, sched.Events)
+		// Let the frozen pods finish enqueueing, then count the records.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		_ = lb.stop(sctx)
+		for _, p := range pods {
+			_ = p.stop(sctx)
+		}
+		n, err := endOffsets(sctx, e.kafka, webhooks)
+		if err != nil && procErr == nil {
+			procErr = err
+		}
+		total.Store(n)
+	}()
+	stats, err := w.consume(ctx, e.kafka.Opts(), "chargehook-"+tag+"-worker", webhooks, cfg.Workers, cfg.Observer,
+		func(handled int64) bool {
+			t := total.Load()
+			return t >= 0 && handled >= t
+		})
+	elapsed := time.Since(start)
+	stopProgress()
+	<-procDone
+	failWG.Wait()
+	if err == nil {
+		err = procErr
+	}
+	if err == nil {
+		err = failErr
+	}
+	if err != nil {
+		return nil, err
+	}
+
+	s := &Side{
+		Handler: name, Elapsed: elapsed, Consumer: stats,
+		Sent: int(proc.attempts.Load()), SenderRetries: int(proc.retries.Load()), GaveUp: int(proc.gaveUp.Load()),
+		SiblingRetries: int(lb.siblingRetries.Load()), DroppedReplies: int(lb.droppedReplies.Load()),
+		Enqueued: int(total.Load()), FailoverAt: failoverAt, Failover: failTook,
+		UnrecordedMail: int(unrecord.Load()),
+	}
+	w.mu.Lock()
+	s.Deliveries, s.Absorbed, s.Failures = w.deliveries, w.absorbed, w.errors
+	s.DeadLettered = len(w.deadLettered)
+	w.mu.Unlock()
+
+	cfg.logf("%s: counting effects in the backends", name)
+	c := counter{
+		pool: pool, ledger: d.ledger, stripe: stripeSrv, s3: e.s3, bucket: bucket, objectKey: objectKey,
+		kafka: e.kafka, topic: charged, smtp: smtpSrv,
+	}
+	if err := c.count(ctx, sched.Events, s); err != nil {
+		return nil, fmt.Errorf("counting: %w", err)
+	}
+	return s, nil
+}
+
+// endOffsets sums the end offsets of topic's partitions: the number of
+// records in it (no transactions write to it).
+func endOffsets(ctx context.Context, c *kafkatest.Cluster, topic string) (int64, error) {
+	cl, err := kgo.NewClient(c.Opts()...)
+	if err != nil {
+		return 0, err
+	}
+	defer cl.Close()
+	offs, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
+	if err == nil {
+		err = offs.Error()
+	}
+	if err != nil {
+		return 0, fmt.Errorf("listing the end offsets of %s: %w", topic, err)
+	}
+	var n int64
+	offs.Each(func(o kadm.ListedOffset) { n += o.Offset })
+	return n, nil
+}
+
+// eventOf extracts the event id from a receipt mail's subject.
+func eventOf(subject string) string {
+	return strings.TrimPrefix(subject, mailSubject(Event{}))
 }

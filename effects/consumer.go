@@ -1,0 +1,713 @@
+package effects
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Handler handles one delivery: it does the delivery's side effects, each
+// idempotent under a key derived from Delivery.ID (a [Plan], an [Effect]),
+// and returns nil once they are done, that is committed by their owners.
+// The [Consumer] acks the delivery only after that; an error means "not
+// done, do not ack".
+//
+// ctx is cancelled only when the consumer's shutdown grace period expires
+// (see [WithShutdownGrace]), not when shutdown starts, so a handler that is
+// running when shutdown begins can finish its work. A handler may be called
+// again for the same delivery (a retry, a redelivery after a crash) and must
+// therefore be idempotent; that is what package effects is for.
+type Handler func(ctx context.Context, d Delivery) error
+
+// BatchHandler handles several deliveries at once (see [WithBatch]), for
+// example by claiming all their keys and writing all their effects in one
+// database transaction. It returns one error per delivery, in the order of
+// ds: nil means that delivery's effects are done and it may be acked; a
+// non-nil error is classified and retried exactly as a [Handler]'s error
+// would be. A slice of the wrong length fails every delivery of the batch
+// with [ErrBatchResults].
+//
+// ds never holds two deliveries with the same non-empty Ordering, so a
+// handler may apply them in any order. In package postgres, ApplyBatch
+// (one transaction claims and writes the whole batch) and BatchErrors make
+// the body of one.
+type BatchHandler func(ctx context.Context, ds []Delivery) []error
+
+// Consumer errors.
+var (
+	// ErrInvalidConsumer is what every *[ConfigError] from [NewConsumer]
+	// unwraps to.
+	ErrInvalidConsumer = errors.New("invalid consumer configuration")
+
+	// ErrPoison marks a handler error that no retry can fix, such as a body
+	// that does not parse: the consumer hands the delivery to the
+	// dead-letter hook after the first attempt instead of retrying it. Wrap
+	// it: fmt.Errorf("decoding the event: %w: %w", effects.ErrPoison, err).
+	// [ErrKeyReused] and [ErrInvalidKey] are treated the same way.
+	ErrPoison = errors.New("poison delivery: retrying cannot succeed")
+
+	// ErrBatchResults is the error every delivery of a batch gets when a
+	// [BatchHandler] returned a slice whose length differs from the batch's.
+	ErrBatchResults = errors.New("batch handler returned the wrong number of results")
+
+	// ErrConsumerRunning is returned by [Consumer.Run] while another Run
+	// of the same Consumer is in progress.
+	ErrConsumerRunning = errors.New("consumer is already running")
+)
+
+// ConfigError is the error [NewConsumer] returns for a missing argument or
+// an invalid option. It unwraps to [ErrInvalidConsumer].
+type ConfigError struct {
+	// Option names what is wrong: "source", "handler", "WithConcurrency",
+	// "WithMaxAttempts", "WithBackoff", "WithShutdownGrace", "WithBatch".
+	Option string
+	// Reason says why, in words.
+	Reason string
+}
+
+// Error describes the problem.
+func (e *ConfigError) Error() string {
+	return "effects.NewConsumer: " + e.Option + ": " + e.Reason
+}
+
+// Unwrap returns [ErrInvalidConsumer].
+func (e *ConfigError) Unwrap() error { return ErrInvalidConsumer }
+
+// Defaults of a [Consumer], used when the matching option is not given.
+const (
+	// DefaultConcurrency is how many handlers run at once.
+	DefaultConcurrency = 8
+	// DefaultMaxAttempts is how many attempts precede the dead-letter hook.
+	DefaultMaxAttempts = 10
+	// DefaultMinBackoff is the first pause between attempts.
+	DefaultMinBackoff = 100 * time.Millisecond
+	// DefaultMaxBackoff is the longest pause between attempts.
+	DefaultMaxBackoff = 30 * time.Second
+	// DefaultShutdownGrace is how long running handlers may finish after
+	// Run's context is cancelled.
+	DefaultShutdownGrace = 10 * time.Second
+	// DefaultMaxPending bounds the deliveries taken and not yet finished.
+	DefaultMaxPending = 1024
+)
+
+// ConsumerOption configures a [Consumer]; see [NewConsumer].
+type ConsumerOption func(*consumerConfig)
+
+type consumerConfig struct {
+	concurrency            int
+	maxAttempts            int
+	minBackoff, maxBackoff time.Duration
+	deadLetter             func(ctx context.Context, d Delivery, err error) error
+	observer               Observer
+	grace                  time.Duration
+	maxPending             int
+	maxPendingSet          bool
+
+	batchSet    bool
+	batchSize   int
+	batchLinger time.Duration
+	batch       BatchHandler
+}
+
+// WithConcurrency sets how many handlers run at the same time (default
+// [DefaultConcurrency], 8). With [WithBatch], it is how many batches run at
+// the same time. Deliveries with the same Ordering never run concurrently
+// whatever n is, so a Kafka topic with p partitions keeps at most p handlers
+// busy. n must be at least 1.
+func WithConcurrency(n int) ConsumerOption {
+	return func(c *consumerConfig) { c.concurrency = n }
+}
+
+// WithMaxAttempts sets how many times the handler is tried for one
+// delivery before the delivery goes to the dead-letter hook (default
+// [DefaultMaxAttempts], 10). 0 retries forever (errors marked permanent
+// still go to the hook at once). n must not be negative.
+func WithMaxAttempts(n int) ConsumerOption {
+	return func(c *consumerConfig) { c.maxAttempts = n }
+}
+
+// WithBackoff sets the pause between attempts: it starts at min and doubles
+// per attempt up to max, and each pause is drawn at random between half and
+// all of that ceiling, so deliveries that failed together do not retry in
+// lockstep. Defaults: [DefaultMinBackoff] (100 ms) and [DefaultMaxBackoff]
+// (30 s); with the default 10 attempts a delivery is dead-lettered after
+// about 25 to 50 seconds of failures. A delivery that can neither succeed
+// nor be dead-lettered is retried every max. 0 < min <= max.
+func WithBackoff(min, max time.Duration) ConsumerOption {
+	return func(c *consumerConfig) { c.minBackoff, c.maxBackoff = min, max }
+}
+
+// WithDeadLetter sets the hook that takes a delivery the consumer gives up
+// on: after [WithMaxAttempts] failed attempts, or at once when the error is
+// permanent ([ErrKeyReused], [ErrInvalidKey], [ErrPoison]). err is the last
+// attempt's error. The hook typically writes the delivery to a dead-letter
+// topic or table; it must be idempotent, because a crash between the hook
+// and the ack calls it again after the redelivery.
+//
+// If the hook returns nil, the consumer acks the delivery: it is handled,
+// by the hook. If it returns an error, the delivery is not acked and the
+// consumer keeps it, retrying the handler (and, on failure, the hook) every
+// max backoff, reporting each round as [EventFailed].
+//
+// Without a hook, nothing is ever dropped: a delivery the consumer gives
+// up on stays unacked and is retried every max backoff, as above, and the
+// deliveries behind it with the same Ordering wait. See [Consumer] for why.
+func WithDeadLetter(f func(ctx context.Context, d Delivery, err error) error) ConsumerOption {
+	return func(c *consumerConfig) { c.deadLetter = f }
+}
+
+// WithObserver reports every failed attempt to o: [EventRetried] when
+// another attempt follows, [EventDeadLettered] when the dead-letter hook
+// took the delivery, [EventFailed] otherwise (the delivery stays unacked),
+// and EventFailed when an Ack fails. Events carry DeliveryID, Attempt (the
+// failed attempt's number, from 1), Duration (the handler's run time) and
+// Err. Successful attempts are counted in [Consumer.Stats], not observed.
+// A nil o reports nothing.
+func WithObserver(o Observer) ConsumerOption {
+	return func(c *consumerConfig) { c.observer = o }
+}
+
+// WithShutdownGrace sets how long handlers that are running when Run's
+// context is cancelled may take to finish (default
+// [DefaultShutdownGrace], 10 s). Their context is cancelled when the grace
+// expires. 0 cancels it at once. d must not be negative.
+func WithShutdownGrace(d time.Duration) ConsumerOption {
+	return func(c *consumerConfig) { c.grace = d }
+}
+
+// WithMaxPending bounds how many deliveries the consumer holds: taken
+// from the source and not yet acked or given up, whether running, waiting
+// for a worker, waiting for a retry, or queued behind an earlier delivery
+// with the same Ordering. When n are held, it stops calling Next until one
+// finishes. The default, [DefaultMaxPending] (1024, or more with
+// [WithBatch]: enough for every worker to fill a batch), lets the other
+// Orderings go on while one is stuck behind a failing delivery: a Kafka
+// poll hands out long runs of one partition, so a small bound would soon
+// hold nothing but records queued behind the stuck one. The cost is memory:
+// n deliveries' bodies. n must be at least 1.
+func WithMaxPending(n int) ConsumerOption {
+	return func(c *consumerConfig) { c.maxPending, c.maxPendingSet = n, true }
+}
+
+// WithBatch makes the consumer hand deliveries to h in batches of up to
+// size, instead of one by one to a [Handler] (pass a nil Handler to
+// [NewConsumer]). A batch waits at most linger after its first delivery for
+// more to arrive; 0 takes only what is already waiting.
+//
+// Order: a batch never holds two deliveries with the same non-empty
+// Ordering, and a delivery joins a batch only after every earlier delivery
+// with its Ordering was acked or given up, so per-Ordering order holds as
+// with a Handler; deliveries without an Ordering batch freely. The cost of
+// the rule: a source that puts everything in one Ordering (one Kafka
+// partition) gets batches of one. Batching pays off for sources whose
+// deliveries carry no Ordering or a fine-grained one (per account, per
+// entity). To batch a Kafka partition, wrap the Source so that Ordering
+// names the entity (say, an account id from a header) instead of the
+// partition: the Kafka source still commits offsets only over the
+// contiguous acked prefix, so acking across entities out of offset order
+// never skips a record.
+//
+// Each delivery keeps its own attempt count and backoff; a failed delivery
+// rejoins a later batch when its backoff expires, and is acked or
+// dead-lettered on its own. size must be at least 1, linger not negative.
+func WithBatch(size int, linger time.Duration, h BatchHandler) ConsumerOption {
+	return func(c *consumerConfig) {
+		c.batchSet, c.batchSize, c.batchLinger, c.batch = true, size, linger, h
+	}
+}
+
+// ConsumerStats counts what a [Consumer] did, over all its runs.
+type ConsumerStats struct {
+	// Delivered counts deliveries taken from the source.
+	Delivered int64
+	// Acked counts successful Acks: after the handler returned nil, or
+	// after the dead-letter hook took the delivery.
+	Acked int64
+	// Retried counts failed attempts that were followed by another attempt
+	// within the attempt budget ([EventRetried]).
+	Retried int64
+	// DeadLettered counts deliveries the dead-letter hook took
+	// ([EventDeadLettered]).
+	DeadLettered int64
+	// Failed counts [EventFailed]: failed attempts after which the delivery
+	// stayed unacked (no dead-letter hook, or the hook failed, or shutdown
+	// had begun), and failed Acks. It is the number to alert on.
+	Failed int64
+}
+
+// Consumer takes deliveries from a [Source], hands each to a [Handler], and
+// acks it only after the handler returned nil: side effect first, then ack.
+// A delivery whose handler failed is never acked; the consumer retries it in
+// place (it keeps the delivery, and its turn in its Ordering, instead of
+// re-publishing it), after an exponential jittered backoff, and after
+// [WithMaxAttempts] attempts (or at once, for a permanent error) hands it to
+// the dead-letter hook, acking it only if the hook returns nil.
+//
+// Which errors are permanent: those wrapping [ErrKeyReused],
+// [ErrInvalidKey] or [ErrPoison]; retrying the same key cannot succeed.
+// Every other error is retried up to the budget, including errors
+// [Retryable] would call permanent because no adapter classified them: a
+// handler's error is often the application's own (a 503 from a downstream
+// service) and may heal, and the budget bounds the cost when it does not.
+//
+// Concurrency is bounded ([WithConcurrency]); deliveries with the same
+// non-empty Ordering are handled one at a time in the order Next returned
+// them, a retried delivery holding back those behind it; deliveries with
+// different or empty Orderings run concurrently. The consumer holds at most
+// [WithMaxPending] deliveries taken from the source and not yet finished.
+//
+// What it never does: ack a delivery whose handler failed or was
+// interrupted, ack a delivery twice, or drop one. When a delivery can
+// neither succeed nor be dead-lettered (no hook, or the hook fails), it
+// stays unacked and is retried every max backoff, each round reported as
+// [EventFailed] and counted in [ConsumerStats].Failed, rather than stopping
+// the consumer: after N failures the cause is as often an outage (the
+// database is down) as a poison message, and stopping would turn every
+// outage longer than the retry budget into a crash loop that also halts
+// the healthy Orderings; retrying slowly resumes by itself when the outage
+// ends, and a Kafka-like source would not commit past the delivery anyway.
+// Configure [WithDeadLetter] to move poison messages aside.
+//
+// An Ack that fails is reported as EventFailed and not retried: the source
+// delivers the message again and the idempotent handler replays it. With
+// package kafka this happens to deliveries of a partition revoked while they
+// were queued or running (kafka.ErrRevoked): the partition's new owner
+// handles them too.
+//
+// The consumer does not recover panics: a panicking handler crashes the
+// process, and its delivery, unacked, is delivered again after the restart.
+//
+// A Consumer is safe for concurrent use; Run runs one at a time.
+type Consumer struct {
+	src Source
+	h   Handler
+	cfg consumerConfig
+
+	running                                       atomic.Bool
+	delivered, acked, retried, deadLettered, fail atomic.Int64
+}
+
+// NewConsumer returns a consumer of src that hands every delivery to h
+// (or, with [WithBatch], batches to the batch handler; then h must be nil).
+// It returns a *[ConfigError] for a nil source, a missing or doubled
+// handler, or an invalid option. Nil options are ignored.
+//
+// Defaults: 8 concurrent handlers, 10 attempts, backoff from 100 ms to 30 s,
+// no dead-letter hook, no observer, 10 s shutdown grace, 1024 pending
+// deliveries.
+func NewConsumer(src Source, h Handler, opts ...ConsumerOption) (*Consumer, error) {
+	cfg := consumerConfig{
+		concurrency: DefaultConcurrency,
+		maxAttempts: DefaultMaxAttempts,
+		minBackoff:  DefaultMinBackoff,
+		maxBackoff:  DefaultMaxBackoff,
+		grace:       DefaultShutdownGrace,
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	bad := func(option, format string, args ...any) (*Consumer, error) {
+		return nil, &ConfigError{Option: option, Reason: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case src == nil:
+		return bad("source", "nil source")
+	case cfg.batchSet && cfg.batch == nil:
+		return bad("WithBatch", "nil batch handler")
+	case cfg.batchSet && h != nil:
+		return bad("handler", "both a Handler and a WithBatch handler; pass a nil Handler with WithBatch")
+	case !cfg.batchSet && h == nil:
+		return bad("handler", "nil handler (pass one, or use WithBatch)")
+	case cfg.concurrency < 1:
+		return bad("WithConcurrency", "%d handlers; need at least 1", cfg.concurrency)
+	case cfg.maxAttempts < 0:
+		return bad("WithMaxAttempts", "%d attempts; need 0 (retry forever) or more", cfg.maxAttempts)
+	case cfg.minBackoff <= 0:
+		return bad("WithBackoff", "min %v; need a positive pause", cfg.minBackoff)
+	case cfg.maxBackoff < cfg.minBackoff:
+		return bad("WithBackoff", "max %v is below min %v", cfg.maxBackoff, cfg.minBackoff)
+	case cfg.grace < 0:
+		return bad("WithShutdownGrace", "negative grace %v", cfg.grace)
+	case cfg.maxPendingSet && cfg.maxPending < 1:
+		return bad("WithMaxPending", "%d deliveries; need at least 1", cfg.maxPending)
+	case cfg.batchSet && cfg.batchSize < 1:
+		return bad("WithBatch", "batch size %d; need at least 1", cfg.batchSize)
+	case cfg.batchSet && cfg.batchLinger < 0:
+		return bad("WithBatch", "negative linger %v", cfg.batchLinger)
+	}
+	if !cfg.maxPendingSet {
+		cfg.maxPending = DefaultMaxPending
+		if cfg.batchSet {
+			cfg.maxPending = max(DefaultMaxPending, (cfg.concurrency+1)*cfg.batchSize)
+		}
+	}
+	return &Consumer{src: src, h: h, cfg: cfg}, nil
+}
+
+// Stats returns the consumer's counters.
+func (c *Consumer) Stats() ConsumerStats {
+	return ConsumerStats{
+		Delivered:    c.delivered.Load(),
+		Acked:        c.acked.Load(),
+		Retried:      c.retried.Load(),
+		DeadLettered: c.deadLettered.Load(),
+		Failed:       c.fail.Load(),
+	}
+}
+
+// Run consumes until ctx is done or the source fails, and then shuts down
+// gracefully: it stops calling Next, starts no new attempt and no retry,
+// and waits for the handlers (and dead-letter hooks) that are running; their
+// context is cancelled when the shutdown grace expires. It acks those that
+// succeed, never one that failed or was interrupted; deliveries it took but
+// did not finish stay unacked, and the source delivers them again (to this
+// consumer's next Run, or after a restart). Run returns only after every
+// goroutine it started has ended, so a handler that ignores its context
+// delays it.
+//
+// Run returns nil after a shutdown caused by ctx. When Next fails while ctx
+// is not done, Run shuts down the same way and returns that error, wrapped
+// (errors.Is and errors.As see it): the consumer does not retry a failing
+// source. It returns [ErrConsumerRunning] if another Run is in progress.
+//
+// The consumer does not close the source; do it after Run returned (a Kafka
+// source commits its acked offsets when closed).
+func (c *Consumer) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return ErrConsumerRunning
+	}
+	defer c.running.Store(false)
+
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	// Handlers, hooks and acks get a context that keeps ctx's values but not
+	// its cancellation, and is cancelled when the grace period expires.
+	hctx, expire := context.WithCancel(context.WithoutCancel(ctx))
+	defer expire()
+
+	limit := c.cfg.maxPending
+	r := &run{
+		c:      c,
+		ctx:    runCtx,
+		hctx:   hctx,
+		ready:  make(chan *task, limit),
+		slots:  make(chan struct{}, limit),
+		queues: map[string][]*task{},
+		timers: map[*task]*time.Timer{},
+	}
+	for range c.cfg.concurrency {
+		r.workers.Add(1)
+		if c.cfg.batchSet {
+			go r.batchWorker()
+		} else {
+			go r.worker()
+		}
+	}
+
+	fatal := r.fetch()
+
+	// Shut down: stop taking work, give the running handlers the grace.
+	stop()
+	grace := time.AfterFunc(c.cfg.grace, expire)
+	defer grace.Stop()
+	r.workers.Wait()
+	r.mu.Lock()
+	for t, tm := range r.timers {
+		if tm.Stop() {
+			r.timersLive.Done()
+		}
+		delete(r.timers, t)
+	}
+	r.mu.Unlock()
+	r.timersLive.Wait()
+	return fatal
+}
+
+// task is one delivery being handled.
+type task struct {
+	d       Delivery
+	attempt int // attempts started
+}
+
+// run is the state of one Consumer.Run.
+//
+// Every delivery taken from the source holds a slot until it is finished
+// (acked, or given up for good), and is in exactly one place: the ready
+// channel, a worker, a retry timer, or waiting behind the head of its
+// Ordering's queue. Hence ready, whose capacity is the number of slots,
+// never blocks a sender.
+type run struct {
+	c    *Consumer
+	ctx  context.Context // done: shutting down
+	hctx context.Context // for handlers, hooks and acks; done when the grace expires
+
+	ready chan *task    // deliveries whose turn it is
+	slots chan struct{} // one per delivery taken and not finished
+
+	mu     sync.Mutex
+	queues map[string][]*task    // per Ordering, in order; [0] is the one whose turn it is
+	timers map[*task]*time.Timer // armed retries
+
+	workers    sync.WaitGroup
+	timersLive sync.WaitGroup // retry timers that may still run their function
+}
+
+// fetch takes deliveries from the source until the run's context is done
+// (it returns nil) or Next fails (it returns the error).
+func (r *run) fetch() error {
+	for {
+		select {
+		case r.slots <- struct{}{}:
+		case <-r.ctx.Done():
+			return nil
+		}
+		d, err := r.c.src.Next(r.ctx)
+		if err != nil {
+			<-r.slots
+			if r.ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("effects.Consumer: source failed, consumer stopped: %w", err)
+		}
+		r.c.delivered.Add(1)
+		if r.ctx.Err() != nil {
+			return nil // shutting down: left unacked, delivered again
+		}
+		r.dispatch(&task{d: d})
+	}
+}
+
+// dispatch makes t ready, or queues it behind an earlier delivery with the
+// same Ordering.
+func (r *run) dispatch(t *task) {
+	if t.d.Ordering == "" {
+		r.ready <- t
+		return
+	}
+	r.mu.Lock()
+	q := r.queues[t.d.Ordering]
+	r.queues[t.d.Ordering] = append(q, t)
+	r.mu.Unlock()
+	if len(q) == 0 {
+		r.ready <- t
+	}
+}
+
+// finish releases t's slot and makes the next delivery of its Ordering
+// ready. t must not be used afterwards.
+func (r *run) finish(t *task) {
+	if o := t.d.Ordering; o != "" {
+		r.mu.Lock()
+		q := r.queues[o]
+		q[0] = nil
+		q = q[1:]
+		var next *task
+		if len(q) == 0 {
+			delete(r.queues, o)
+		} else {
+			r.queues[o] = q
+			next = q[0]
+		}
+		r.mu.Unlock()
+		if next != nil && r.ctx.Err() == nil {
+			r.ready <- next
+		}
+	}
+	<-r.slots
+}
+
+// retryAfter makes t ready again after delay, unless shutdown begins first.
+func (r *run) retryAfter(t *task, delay time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ctx.Err() != nil {
+		return // left unacked, delivered again
+	}
+	r.timersLive.Add(1)
+	r.timers[t] = time.AfterFunc(delay, func() {
+		defer r.timersLive.Done()
+		r.mu.Lock()
+		delete(r.timers, t)
+		r.mu.Unlock()
+		if r.ctx.Err() == nil {
+			r.ready <- t
+		}
+	})
+}
+
+// worker hands ready deliveries to the Handler one at a time.
+func (r *run) worker() {
+	defer r.workers.Done()
+	for {
+		select {
+		case <-r.ctx.Done():
+			return
+		case t := <-r.ready:
+			if r.ctx.Err() != nil {
+				return // not started: left unacked
+			}
+			t.attempt++
+			start := time.Now()
+			err := r.c.h(r.hctx, t.d)
+			r.settle(t, err, time.Since(start))
+		}
+	}
+}
+
+// batchWorker collects ready deliveries into batches for the BatchHandler.
+// Ready holds at most one delivery per Ordering, so a batch never holds
+// two.
+func (r *run) batchWorker() {
+	defer r.workers.Done()
+	size, linger := r.c.cfg.batchSize, r.c.cfg.batchLinger
+	for {
+		var batch []*task
+		select {
+		case <-r.ctx.Done():
+			return
+		case t := <-r.ready:
+			batch = append(batch, t)
+		}
+		var deadline <-chan time.Time
+		var tm *time.Timer
+		if linger > 0 && size > 1 {
+			tm = time.NewTimer(linger)
+			deadline = tm.C
+		}
+	collect:
+		for len(batch) < size {
+			if deadline == nil {
+				select {
+				case t := <-r.ready:
+					batch = append(batch, t)
+				default:
+					break collect
+				}
+				continue
+			}
+			select {
+			case t := <-r.ready:
+				batch = append(batch, t)
+			case <-deadline:
+				break collect
+			case <-r.ctx.Done():
+				break collect
+			}
+		}
+		if tm != nil {
+			tm.Stop()
+		}
+		if r.ctx.Err() != nil {
+			return // not started: left unacked
+		}
+		ds := make([]Delivery, len(batch))
+		for i, t := range batch {
+			t.attempt++
+			ds[i] = t.d
+		}
+		start := time.Now()
+		errs := r.c.cfg.batch(r.hctx, ds)
+		took := time.Since(start)
+		if len(errs) != len(ds) {
+			err := fmt.Errorf("%w: %d results for %d deliveries", ErrBatchResults, len(errs), len(ds))
+			errs = make([]error, len(ds))
+			for i := range errs {
+				errs[i] = err
+			}
+		}
+		for i, t := range batch {
+			r.settle(t, errs[i], took)
+		}
+	}
+}
+
+// settle decides what happens to t after an attempt that returned err.
+func (r *run) settle(t *task, err error, took time.Duration) {
+	c := r.c
+	if err == nil {
+		r.ack(t)
+		r.finish(t)
+		return
+	}
+	if r.ctx.Err() != nil {
+		r.failed(t, took, fmt.Errorf("attempt %d failed during shutdown; left unacked for redelivery: %w", t.attempt, err))
+		r.finish(t)
+		return
+	}
+	exhausted := c.cfg.maxAttempts > 0 && t.attempt >= c.cfg.maxAttempts
+	if !permanent(err) && !exhausted {
+		c.retried.Add(1)
+		r.observe(EventRetried, t, took, err)
+		r.retryAfter(t, c.cfg.backoff(t.attempt))
+		return
+	}
+	why := fmt.Sprintf("gave up after %d attempts", t.attempt)
+	if permanent(err) {
+		why = "permanent error"
+	}
+	if hook := c.cfg.deadLetter; hook != nil {
+		herr := hook(r.hctx, t.d, err)
+		if herr == nil {
+			c.deadLettered.Add(1)
+			r.observe(EventDeadLettered, t, took, err)
+			r.ack(t)
+			r.finish(t)
+			return
+		}
+		err = fmt.Errorf("%s, and the dead-letter hook failed (%w); kept unacked, retrying every %v: %w",
+			why, herr, c.cfg.maxBackoff, err)
+	} else {
+		err = fmt.Errorf("%s and no dead-letter hook; kept unacked, retrying every %v: %w",
+			why, c.cfg.maxBackoff, err)
+	}
+	r.failed(t, took, err)
+	r.retryAfter(t, c.cfg.backoff(0))
+}
+
+// ack acks t's delivery. A failed Ack is reported, not retried: the
+// delivery will be delivered again and its idempotent handler replays.
+func (r *run) ack(t *task) {
+	if err := r.c.src.Ack(r.hctx, t.d); err != nil {
+		r.failed(t, 0, fmt.Errorf("ack after success failed; the source will deliver again and the handler must replay: %w", err))
+		return
+	}
+	r.c.acked.Add(1)
+}
+
+func (r *run) failed(t *task, took time.Duration, err error) {
+	r.c.fail.Add(1)
+	r.observe(EventFailed, t, took, err)
+}
+
+func (r *run) observe(kind EventKind, t *task, took time.Duration, err error) {
+	if o := r.c.cfg.observer; o != nil {
+		o.Observe(r.hctx, Event{Kind: kind, DeliveryID: t.d.ID, Attempt: t.attempt, Duration: took, Err: err})
+	}
+}
+
+// permanent reports whether retrying err is pointless.
+func permanent(err error) bool {
+	return errors.Is(err, ErrKeyReused) || errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrPoison)
+}
+
+// backoff returns the pause after failed attempt number attempt (from 1):
+// a ceiling that starts at minBackoff and doubles per attempt up to
+// maxBackoff, with "equal jitter", a random pause between half and all of
+// it. attempt 0 means the ceiling is maxBackoff.
+func (c *consumerConfig) backoff(attempt int) time.Duration {
+	ceiling := c.maxBackoff
+	if attempt > 0 {
+		ceiling = c.minBackoff
+		for i := 1; i < attempt && ceiling < c.maxBackoff; i++ {
+			ceiling *= 2
+		}
+		ceiling = min(ceiling, c.maxBackoff)
+	}
+	return ceiling/2 + rand.N(ceiling/2+1)
+}

@@ -1,0 +1,99 @@
+package effects_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"effectively.dev/effects"
+)
+
+// listSource is a Source over a fixed list of deliveries, standing in for
+// kafka.NewSource or a queue of your own. Ack reports each ack on acked.
+type listSource struct {
+	next  chan effects.Delivery
+	acked chan string
+}
+
+func newListSource(ds ...effects.Delivery) *listSource {
+	s := &listSource{next: make(chan effects.Delivery, len(ds)), acked: make(chan string, len(ds))}
+	for _, d := range ds {
+		s.next <- d
+	}
+	return s
+}
+
+func (s *listSource) Next(ctx context.Context) (effects.Delivery, error) {
+	select {
+	case d := <-s.next:
+		return d, nil
+	case <-ctx.Done():
+		return effects.Delivery{}, ctx.Err()
+	}
+}
+
+func (s *listSource) Ack(_ context.Context, d effects.Delivery) error {
+	s.acked <- d.ID
+	return nil
+}
+
+func ExampleNewConsumer() {
+	src := newListSource(
+		effects.Delivery{ID: "evt_1", Ordering: "acct_1", Body: []byte(`{"amount": 1200}`)},
+		effects.Delivery{ID: "evt_2", Ordering: "acct_1", Body: []byte(`{"amount": -300}`)},
+		effects.Delivery{ID: "evt_1", Ordering: "acct_1", Body: []byte(`{"amount": 1200}`)}, // redelivered
+		effects.Delivery{ID: "evt_3", Ordering: "acct_2", Body: []byte(`not json`)},
+	)
+	var ledger effects.Effect[string] = &memoryEffect{done: map[effects.Key]string{}}
+
+	// The handler does the side effect under a key derived from the
+	// delivery's id; the consumer acks only after it returned nil.
+	handle := func(ctx context.Context, d effects.Delivery) error {
+		var ev struct{ Amount int }
+		if err := json.Unmarshal(d.Body, &ev); err != nil {
+			return fmt.Errorf("decoding %s: %w: %w", d.ID, effects.ErrPoison, err)
+		}
+		key, err := effects.NewKey("billing", d.ID, "ledger")
+		if err != nil {
+			return err
+		}
+		res, err := ledger.Apply(ctx, key, fmt.Sprint(ev.Amount))
+		if err != nil {
+			return err // not acked: retried with backoff, then dead-lettered
+		}
+		fmt.Println(d.ID, res.Status, res.Ref)
+		return nil
+	}
+	c, err := effects.NewConsumer(src, handle,
+		// One delivery at a time, none taken ahead, so that the output
+		// follows the source's order; the defaults run 8 handlers, and
+		// deliveries of different Orderings in any order.
+		effects.WithConcurrency(1), effects.WithMaxPending(1),
+		effects.WithDeadLetter(func(ctx context.Context, d effects.Delivery, err error) error {
+			fmt.Println(d.ID, "dead-lettered, poison:", errors.Is(err, effects.ErrPoison))
+			return nil // taken: the consumer acks it
+		}),
+	)
+	if err != nil {
+		panic(err)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { // a real program cancels on SIGTERM instead
+		for range 4 {
+			<-src.acked
+		}
+		cancel()
+	}()
+	if err := c.Run(ctx); err != nil { // returns nil after a graceful shutdown
+		panic(err)
+	}
+	fmt.Printf("%+v\n", c.Stats())
+	// Output:
+	// evt_1 applied note-1
+	// evt_2 applied note-2
+	// evt_1 replayed note-1
+	// evt_3 dead-lettered, poison: true
+	// {Delivered:4 Acked:4 Retried:0 DeadLettered:1 Failed:0}
+}

@@ -1,0 +1,229 @@
+package negcache_test
+
+// BenchmarkReplayStorm measures what a pre-check and the Bloom filter save
+// when a stream is re-fed: one op is one storm of 1000 deliveries per
+// variant, on a durable cluster (fsync on, synchronous_commit on) started
+// by pgtest, sequential, one connection at a time. Run:
+//
+//	go test -run '^$' -bench ReplayStorm -benchtime 3x ./negcache/
+//
+// Two mixes: storm_99pct_seen (a replay: 990 keys committed before, 10
+// new) and live_1pct_seen (ordinary traffic: 10 seen, 990 new). Variants:
+//
+//   - apply_only: postgres.Effect.Apply for every delivery (a duplicate is
+//     BEGIN, claim, ROLLBACK; a new key BEGIN, claim, write, COMMIT).
+//   - precheck_always: postgres.Seen first, Apply only when not found.
+//   - precheck_filter: negcache.Precheck: Seen only when the filter says
+//     "maybe seen". The filter is sized for the storm (1000 keys at 1%) and
+//     holds the seen keys, as if this process had applied them or warmed
+//     the filter with postgres.Keys.
+//   - apply_batch_100: postgres.ApplyBatch, 100 deliveries per transaction.
+//
+// Each variant has a storm of its own (fresh keys); the variants take turns
+// every 100 deliveries, starting with a different one each turn, so that
+// drifting fsync latency hits them alike.
+// Reported per variant: <variant>-us/key, <variant>-walB/key (WAL written
+// during its storm), <variant>/apply_only (time ratio), and for the filter
+// variant precheck_filter-checks/key (the share of deliveries that ran the
+// pre-check).
+
+import (
+	"context"
+	"math/rand/v2"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"effectively.dev/effects"
+	"effectively.dev/internal/pgtest"
+	"effectively.dev/negcache"
+	"effectively.dev/postgres"
+)
+
+const (
+	stormSize = 1000
+	chunk     = 100 // variants take turns every chunk deliveries
+)
+
+var stormSeq atomic.Int64
+
+// storm is one re-fed range: keys in delivery order, which of them were
+// committed before, and a filter that knows those.
+type storm struct {
+	keys   []effects.Key
+	pays   []payment
+	seen   []bool
+	filter *negcache.Filter
+}
+
+// newStorm commits round(stormSize·seenFrac) fresh keys (one ApplyBatch),
+// adds them to a new filter, mixes in fresh unseen keys, and shuffles.
+func (e *env) newStorm(b *testing.B, seenFrac float64) *storm {
+	b.Helper()
+	ctx := context.Background()
+	nSeen := int(float64(stormSize)*seenFrac + 0.5)
+	s := &storm{}
+	f, err := negcache.New(stormSize, 0.01)
+	if err != nil {
+		b.Fatal(err)
+	}
+	s.filter = f
+	for i := range stormSize {
+		id := "evt_" + strconv.FormatInt(stormSeq.Add(1), 10)
+		s.keys = append(s.keys, effects.MustKey(id, "ledger"))
+		s.pays = append(s.pays, payment{EventID: id, Amount: 4200})
+		s.seen = append(s.seen, i < nSeen)
+	}
+	items := make([]postgres.BatchItem, nSeen)
+	for i := range nSeen {
+		fp, _ := effects.FingerprintJSON(s.pays[i])
+		items[i] = postgres.BatchItem{Key: s.keys[i], Fingerprint: fp}
+		f.Add(s.keys[i])
+	}
+	if _, err := postgres.ApplyBatch(ctx, e.pool, "billing", items, func(ctx context.Context, tx pgx.Tx, i int) (string, error) {
+		return writeLedger(ctx, tx, s.pays[i])
+	}); err != nil {
+		b.Fatal(err)
+	}
+	rand.Shuffle(stormSize, func(i, j int) {
+		s.keys[i], s.keys[j] = s.keys[j], s.keys[i]
+		s.pays[i], s.pays[j] = s.pays[j], s.pays[i]
+		s.seen[i], s.seen[j] = s.seen[j], s.seen[i]
+	})
+	return s
+}
+
+func (s *storm) want(i int) effects.Status {
+	if s.seen[i] {
+		return effects.Replayed
+	}
+	return effects.Applied
+}
+
+func (e *env) walLSN(b *testing.B) string {
+	var lsn string
+	if err := e.pool.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
+		b.Fatal(err)
+	}
+	return lsn
+}
+
+func (e *env) walSince(b *testing.B, lsn string) float64 {
+	var d float64
+	if err := e.pool.QueryRow(context.Background(), `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)`, lsn).Scan(&d); err != nil {
+		b.Fatal(err)
+	}
+	return d
+}
+
+func BenchmarkReplayStorm(b *testing.B) {
+	for _, mix := range []struct {
+		name string
+		seen float64
+	}{{"storm_99pct_seen", 0.99}, {"live_1pct_seen", 0.01}} {
+		b.Run(mix.name, func(b *testing.B) {
+			e := newEnv(b, pgtest.Options{Durable: true})
+			ctx := context.Background()
+			var checks, filtered int64
+			variants := []struct {
+				name string
+				run  func(s *storm, lo, hi int)
+			}{
+				{"apply_only", func(s *storm, lo, hi int) {
+					for i := lo; i < hi; i++ {
+						res, err := e.fx.Apply(ctx, s.keys[i], s.pays[i])
+						if err != nil || res.Status != s.want(i) {
+							b.Fatalf("Apply = %+v, %v; want %v", res, err, s.want(i))
+						}
+					}
+				}},
+				{"precheck_always", func(s *storm, lo, hi int) {
+					for i := lo; i < hi; i++ {
+						k := s.keys[i]
+						res, found, err := e.seen(ctx, k, s.pays[i])
+						if err != nil {
+							b.Fatal(err)
+						}
+						if !found {
+							res, err = e.fx.Apply(ctx, k, s.pays[i])
+						}
+						if err != nil || res.Status != s.want(i) {
+							b.Fatalf("got %+v, %v; want %v", res, err, s.want(i))
+						}
+					}
+				}},
+				{"precheck_filter", func(s *storm, lo, hi int) {
+					fx := negcache.Precheck(effects.Effect[payment](e.fx), s.filter, e.seen)
+					for i := lo; i < hi; i++ {
+						res, err := fx.Apply(ctx, s.keys[i], s.pays[i])
+						if err != nil || res.Status != s.want(i) {
+							b.Fatalf("Apply = %+v, %v; want %v", res, err, s.want(i))
+						}
+					}
+					checks += fx.Stats().Checked
+					filtered += int64(hi - lo)
+				}},
+				{"apply_batch_100", func(s *storm, lo, hi int) {
+					items := make([]postgres.BatchItem, hi-lo)
+					for i := range items {
+						fp, _ := effects.FingerprintJSON(s.pays[lo+i])
+						items[i] = postgres.BatchItem{Key: s.keys[lo+i], Fingerprint: fp}
+					}
+					results, err := postgres.ApplyBatch(ctx, e.pool, "billing", items, func(ctx context.Context, tx pgx.Tx, i int) (string, error) {
+						return writeLedger(ctx, tx, s.pays[lo+i])
+					})
+					if err != nil {
+						b.Fatal(err)
+					}
+					for i, r := range results {
+						if r.Err != nil || r.Status != s.want(lo+i) {
+							b.Fatalf("item %d = %+v; want %v", lo+i, r, s.want(lo+i))
+						}
+					}
+				}},
+			}
+			spent := make([]time.Duration, len(variants))
+			wal := make([]float64, len(variants))
+			if _, err := e.pool.Exec(ctx, `CHECKPOINT`); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for i := range b.N {
+				b.StopTimer()
+				storms := make([]*storm, len(variants))
+				for v := range variants {
+					storms[v] = e.newStorm(b, mix.seen)
+				}
+				b.StartTimer()
+				for c := range stormSize / chunk {
+					lo, hi := c*chunk, (c+1)*chunk
+					for j := range variants {
+						v := (i + c + j) % len(variants)
+						b.StopTimer()
+						lsn := e.walLSN(b)
+						b.StartTimer()
+						start := time.Now()
+						variants[v].run(storms[v], lo, hi)
+						spent[v] += time.Since(start)
+						b.StopTimer()
+						wal[v] += e.walSince(b, lsn)
+						b.StartTimer()
+					}
+				}
+			}
+			b.StopTimer()
+			keys := float64(b.N * stormSize)
+			for v, variant := range variants {
+				b.ReportMetric(float64(spent[v].Microseconds())/keys, variant.name+"-us/key")
+				b.ReportMetric(wal[v]/keys, variant.name+"-walB/key")
+				if v > 0 {
+					b.ReportMetric(float64(spent[v])/float64(spent[0]), variant.name+"/apply_only")
+				}
+			}
+			b.ReportMetric(float64(checks)/float64(filtered), "precheck_filter-checks/key")
+		})
+	}
+}

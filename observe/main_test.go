@@ -1,0 +1,10 @@
+package observe_test
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain checks that no test leaves a goroutine behind.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -1,0 +1,326 @@
+package observe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"effectively.dev/effects"
+)
+
+// Names of what this package reports, for dashboards, alerts and views.
+const (
+	// ScopeName is the instrumentation scope of the meter.
+	ScopeName = "effectively.dev/observe"
+	// EventsMetric is the Int64Counter counting events, unit {event}.
+	EventsMetric = "effectively.events"
+	// DurationMetric is the Float64Histogram of event durations, unit s.
+	DurationMetric = "effectively.event.duration"
+)
+
+// Attribute keys, on metrics and on log records. Key, delivery id,
+// attempt, duration and error appear on log records only.
+const (
+	AttrEffect     = "effect"      // the name given to effects.Observe
+	AttrStep       = "step"        // the plan step's name
+	AttrOutcome    = "outcome"     // effects.EventKind.String(): applied, replayed, ...
+	AttrKey        = "key"         // the idempotency key (logs only)
+	AttrDeliveryID = "delivery_id" // the message's id (logs only)
+	AttrAttempt    = "attempt"     // a consumer's attempt, from 1 (logs only)
+	AttrDuration   = "duration"    // how long it took (logs only; metrics: DurationMetric)
+	AttrError      = "error"       // the failure (logs only)
+)
+
+// durationBuckets are the histogram's advisory bucket bounds, in seconds:
+// from a local database's millisecond to a slow remote API's half minute.
+// A view in the MeterProvider overrides them.
+var durationBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}
+
+// maxCached bounds the cache of attribute sets. Effect and step names come
+// from code, so a process has a few dozen; past the bound (names built from
+// data, which would also flood the metrics backend) sets are built per
+// event instead of growing memory without end.
+const maxCached = 1024
+
+// lastKind is the highest EventKind this package knows a level for.
+const lastKind = effects.EventDeadLettered
+
+// defaultLevels maps each kind to its log level; see the package doc.
+var defaultLevels = [lastKind + 1]slog.Level{
+	effects.EventApplied:      slog.LevelDebug,
+	effects.EventReplayed:     slog.LevelDebug,
+	effects.EventInFlight:     slog.LevelInfo,
+	effects.EventRetried:      slog.LevelInfo,
+	effects.EventFailed:       slog.LevelWarn,
+	effects.EventKeyReused:    slog.LevelError,
+	effects.EventDeadLettered: slog.LevelError,
+}
+
+// messages holds each kind's log message, "effectively: " and the outcome,
+// built once rather than per record.
+var messages = func() (m [lastKind + 1]string) {
+	for k := effects.EventApplied; k <= lastKind; k++ {
+		m[k] = "effectively: " + k.String()
+	}
+	return m
+}()
+
+// unknownLevel is the level of a kind this package does not know (a newer
+// effects, or a zero Event): loud enough to be noticed.
+const unknownLevel = slog.LevelWarn
+
+// Observer is an [effects.Observer] that logs each event through log/slog
+// and counts it with OpenTelemetry metrics. Build it with [New]. It is
+// safe for concurrent use, and a nil *Observer observes nothing.
+type Observer struct {
+	logger   *slog.Logger
+	levels   [lastKind + 1]slog.Level
+	events   metric.Int64Counter
+	duration metric.Float64Histogram
+	attrs    []attribute.KeyValue
+
+	// sets caches the measurement options per (effect, step, outcome):
+	// copy on write, so the hot path reads it without a lock.
+	sets atomic.Pointer[map[setKey]*measureOpts]
+	mu   sync.Mutex // serializes writers of sets
+}
+
+var _ effects.Observer = (*Observer)(nil)
+
+type setKey struct {
+	effect, step string
+	kind         effects.EventKind
+}
+
+type measureOpts struct {
+	add []metric.AddOption
+	rec []metric.RecordOption
+}
+
+// Option configures an [Observer].
+type Option func(*config) error
+
+type config struct {
+	logger *slog.Logger
+	mp     metric.MeterProvider
+	attrs  []attribute.KeyValue
+	levels [lastKind + 1]slog.Level
+}
+
+// WithLogger logs every event to l, at the level of its kind (see the
+// package doc and [WithLevel]). Without it, or with a nil l, the Observer
+// logs nothing. To add attributes to every record, pass l.With(...).
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		c.logger = l
+		return nil
+	}
+}
+
+// WithMeterProvider records metrics with mp. Without it, or with a nil mp,
+// the Observer uses the global otel.GetMeterProvider() at the time of
+// [New]; the global provider forwards to one installed later with
+// otel.SetMeterProvider, and costs next to nothing until then. To turn
+// metrics off, pass go.opentelemetry.io/otel/metric/noop.NewMeterProvider().
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(c *config) error {
+		c.mp = mp
+		return nil
+	}
+}
+
+// WithAttributes adds attrs to every metric point, for instance the name of
+// the pipeline when one process runs several. Keep them few and bounded:
+// each distinct value is a separate time series. [New] refuses the keys the
+// Observer sets itself (effect, step, outcome). Log records do not get
+// them: give WithLogger a logger built with slog.Logger.With.
+func WithAttributes(attrs ...attribute.KeyValue) Option {
+	return func(c *config) error {
+		for _, kv := range attrs {
+			switch kv.Key {
+			case AttrEffect, AttrStep, AttrOutcome:
+				return fmt.Errorf("observe: WithAttributes: %q is set by the Observer from each event", kv.Key)
+			}
+		}
+		c.attrs = append(c.attrs, attrs...)
+		return nil
+	}
+}
+
+// WithLevel logs events of kind at level instead of the default (see the
+// package doc), e.g. replayed at Info while investigating redeliveries, or
+// in_flight at Debug where concurrent duplicates are routine. [New] fails
+// for a kind this package does not know.
+func WithLevel(kind effects.EventKind, level slog.Level) Option {
+	return func(c *config) error {
+		if kind < effects.EventApplied || kind > lastKind {
+			return fmt.Errorf("observe: WithLevel: unknown event kind %d", int(kind))
+		}
+		c.levels[kind] = level
+		return nil
+	}
+}
+
+// New returns an Observer configured by opts. With no options it logs
+// nothing and records metrics with the global MeterProvider, which drops
+// them until one is installed. It fails if an option is invalid or the
+// meter refuses an instrument.
+func New(opts ...Option) (*Observer, error) {
+	c := config{levels: defaultLevels}
+	for _, opt := range opts {
+		if opt == nil {
+			continue
+		}
+		if err := opt(&c); err != nil {
+			return nil, err
+		}
+	}
+	if c.mp == nil {
+		c.mp = otel.GetMeterProvider()
+	}
+	meter := c.mp.Meter(ScopeName)
+	events, err1 := meter.Int64Counter(EventsMetric,
+		metric.WithUnit("{event}"),
+		metric.WithDescription("Events of effectively's effects, plans and consumers, by outcome."))
+	duration, err2 := meter.Float64Histogram(DurationMetric,
+		metric.WithUnit("s"),
+		metric.WithDescription("How long the apply, plan step or handler behind an event took."),
+		metric.WithExplicitBucketBoundaries(durationBuckets...))
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, fmt.Errorf("observe: creating instruments: %w", err)
+	}
+	return &Observer{
+		logger:   c.logger,
+		levels:   c.levels,
+		events:   events,
+		duration: duration,
+		attrs:    append([]attribute.KeyValue(nil), c.attrs...),
+	}, nil
+}
+
+// Observe logs and counts ev. It never blocks on I/O of its own; a
+// logger's handler or a metric reader may.
+func (o *Observer) Observe(ctx context.Context, ev effects.Event) {
+	if o == nil {
+		return
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	countEvent := o.events.Enabled(ctx)
+	timeEvent := ev.Duration > 0 && o.duration.Enabled(ctx)
+	if countEvent || timeEvent {
+		m := o.measureOpts(ev)
+		if countEvent {
+			o.events.Add(ctx, 1, m.add...)
+		}
+		if timeEvent {
+			o.duration.Record(ctx, ev.Duration.Seconds(), m.rec...)
+		}
+	}
+	if o.logger != nil {
+		level := o.level(ev.Kind)
+		if o.logger.Enabled(ctx, level) {
+			o.log(ctx, level, ev)
+		}
+	}
+}
+
+func (o *Observer) level(k effects.EventKind) slog.Level {
+	if k < effects.EventApplied || k > lastKind {
+		return unknownLevel
+	}
+	return o.levels[k]
+}
+
+func (o *Observer) log(ctx context.Context, level slog.Level, ev effects.Event) {
+	outcome := ev.Kind.String()
+	msg := "effectively: unknown"
+	if ev.Kind >= effects.EventApplied && ev.Kind <= lastKind {
+		msg = messages[ev.Kind]
+	}
+	attrs := make([]slog.Attr, 0, 8)
+	attrs = append(attrs, slog.String(AttrOutcome, outcome))
+	if ev.Effect != "" {
+		attrs = append(attrs, slog.String(AttrEffect, ev.Effect))
+	}
+	if ev.Step != "" {
+		attrs = append(attrs, slog.String(AttrStep, ev.Step))
+	}
+	if ev.Key != "" {
+		attrs = append(attrs, slog.String(AttrKey, string(ev.Key)))
+	}
+	if ev.DeliveryID != "" {
+		attrs = append(attrs, slog.String(AttrDeliveryID, ev.DeliveryID))
+	}
+	if ev.Attempt > 0 {
+		attrs = append(attrs, slog.Int(AttrAttempt, ev.Attempt))
+	}
+	if ev.Duration > 0 {
+		attrs = append(attrs, slog.Duration(AttrDuration, ev.Duration))
+	}
+	if ev.Err != nil {
+		attrs = append(attrs, slog.Any(AttrError, ev.Err))
+	}
+	o.logger.LogAttrs(ctx, level, msg, attrs...)
+}
+
+// measureOpts returns the options carrying ev's metric attributes, built
+// once per (effect, step, outcome).
+func (o *Observer) measureOpts(ev effects.Event) *measureOpts {
+	k := setKey{effect: ev.Effect, step: ev.Step, kind: ev.Kind}
+	if p := o.sets.Load(); p != nil {
+		if m, ok := (*p)[k]; ok {
+			return m
+		}
+	}
+	m := o.buildOpts(k)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	old := o.sets.Load()
+	if old != nil {
+		if cached, ok := (*old)[k]; ok {
+			return cached
+		}
+		if len(*old) >= maxCached {
+			return m
+		}
+	}
+	next := make(map[setKey]*measureOpts, 1+lenOf(old))
+	if old != nil {
+		for kk, v := range *old {
+			next[kk] = v
+		}
+	}
+	next[k] = m
+	o.sets.Store(&next)
+	return m
+}
+
+func lenOf(p *map[setKey]*measureOpts) int {
+	if p == nil {
+		return 0
+	}
+	return len(*p)
+}
+
+func (o *Observer) buildOpts(k setKey) *measureOpts {
+	kvs := make([]attribute.KeyValue, 0, len(o.attrs)+3)
+	kvs = append(kvs, o.attrs...)
+	if k.effect != "" {
+		kvs = append(kvs, attribute.String(AttrEffect, k.effect))
+	}
+	if k.step != "" {
+		kvs = append(kvs, attribute.String(AttrStep, k.step))
+	}
+	kvs = append(kvs, attribute.String(AttrOutcome, k.kind.String()))
+	opt := metric.WithAttributeSet(attribute.NewSet(kvs...))
+	return &measureOpts{add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}}
+}
