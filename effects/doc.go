@@ -21,6 +21,15 @@
 //     [ErrKeyReused], [ErrInFlight], [ErrAmbiguous], and [Retryable].
 //   - [Journal]: the sent-record interface that best-effort adapters (email,
 //     a Kafka producer) use; package postgres implements it.
+//   - [Plan] and [Step]: effects of different kinds for one message, in
+//     order, under keys derived from the message's id; the weakest step
+//     decides the plan's contract ([Plan.Contract]).
+//   - [Consumer]: takes deliveries from a [Source], runs a [Handler], and
+//     acks only after it succeeded (side effect first, then ack), with
+//     per-ordering order, retries, dead letters and graceful shutdown.
+//   - [Observer]: events for logs and metrics ([Observe] wraps an effect);
+//     package effectively.dev/observe implements it with log/slog and
+//     OpenTelemetry.
 //
 // The package has no dependencies beyond the standard library: adapters
 // import it, it imports no adapter and no vendor SDK.

@@ -7,7 +7,7 @@
 // replays. There is no window: the contract is effectively-once for as long
 // as keys are kept.
 //
-// Four ways to use it, from most to least managed:
+// Five ways to use it, from most to least managed:
 //
 //   - [New] returns an [Effect] (an effects.Effect) that owns the
 //     transaction: Apply claims the key, runs your write function in the
@@ -16,8 +16,11 @@
 //   - [Claim] and [SetRef] work inside a pgx.Tx you own, for code that
 //     already has a transaction. You commit, and you ack only after the
 //     commit succeeded.
-//   - [ClaimBatch] claims many keys with one statement, for consumers that
-//     process messages in batches.
+//   - [ApplyBatch] claims many keys with one statement and runs the writes
+//     of the new ones in the same transaction, for batch consumers
+//     (effects.WithBatch); [ClaimBatch] is its building block inside a
+//     transaction you own. [Seen] is the cheap pre-check for replay storms
+//     (see package negcache).
 //   - [Journal] implements effects.Journal, the sent-record for effects
 //     outside the database (email, an API call): at-least-once with a
 //     declared window, not effectively once.
@@ -32,7 +35,10 @@
 // synchronous_commit is not off ([ErrAsyncCommit]), because an acked
 // commit must survive a crash; and a lost COMMIT reply is ambiguous
 // ([effects.ErrAmbiguous]) and resolved by retrying the same key, never a
-// new one.
+// new one. Under synchronous replication (synchronous_standby_names set) a
+// replay is reported only after a COMMIT that waited for the standby, so an
+// earlier commit whose standby wait was cancelled is never acked before the
+// standby has it (RELIABILITY.md: a few bytes of WAL per replay, only then).
 //
 // When not to use it: when the side effect is not a write to this database.
 // A dedup row here cannot make an HTTP call, an email or a message to
