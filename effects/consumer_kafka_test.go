@@ -52,13 +52,7 @@ func produceRecords(t *testing.T, c *kafkatest.Cluster, topic string, parts int3
 
 func newKafkaSource(t *testing.T, c *kafkatest.Cluster, group, topic string) *kafka.Source {
 	t.Helper()
-	s, err := kafka.NewSource(c.Opts(
-		kgo.ConsumerGroup(group),
-		kgo.ConsumeTopics(topic),
-		kgo.HeartbeatInterval(100*time.Millisecond),
-		kgo.SessionTimeout(3*time.Second),
-		kgo.RebalanceTimeout(5*time.Second),
-	))
+	s, err := kafka.NewSource(c.Opts(kafkatest.GroupOpts(group, topic)...))
 	if err != nil {
 		t.Fatal(err)
 	}

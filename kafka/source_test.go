@@ -35,13 +35,7 @@ func produceN(t *testing.T, c *kafkatest.Cluster, topic string, n int, parts int
 
 func newSource(t *testing.T, c *kafkatest.Cluster, group, topic string) *kafka.Source {
 	t.Helper()
-	s, err := kafka.NewSource(c.Opts(
-		kgo.ConsumerGroup(group),
-		kgo.ConsumeTopics(topic),
-		kgo.HeartbeatInterval(100*time.Millisecond),
-		kgo.SessionTimeout(3*time.Second),
-		kgo.RebalanceTimeout(5*time.Second),
-	))
+	s, err := kafka.NewSource(c.Opts(kafkatest.GroupOpts(group, topic)...))
 	if err != nil {
 		t.Fatal(err)
 	}

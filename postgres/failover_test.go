@@ -457,7 +457,7 @@ func startFailoverPair(t *testing.T, ctx context.Context, sync bool) *failoverPa
 		mustExec(t, admin, "SELECT pg_reload_conf()")
 		wantState = "sync"
 	}
-	waitForValue(t, ctx, admin, "SELECT coalesce(max(sync_state), '') FROM pg_stat_replication WHERE application_name = '"+standbyName+"' AND state = 'streaming'", wantState)
+	pgtest.WaitFor(t, ctx, admin, "SELECT coalesce(max(sync_state), '') FROM pg_stat_replication WHERE application_name = '"+standbyName+"' AND state = 'streaming'", wantState)
 	var syncCommit string
 	if err := admin.QueryRow(ctx, "SHOW synchronous_commit").Scan(&syncCommit); err != nil || syncCommit != "on" {
 		t.Fatalf("synchronous_commit = %q (%v), want on", syncCommit, err)
@@ -532,23 +532,6 @@ func check(t *testing.T, ctx context.Context, conn *pgx.Conn, r *failoverResult,
 	for id := range sent {
 		if keys[string(failoverKey(id))] && ledger[id] == nil {
 			r.keyWithoutEffect++
-		}
-	}
-}
-
-// waitForValue polls sql on conn until it returns want.
-func waitForValue(t *testing.T, ctx context.Context, conn *pgx.Conn, sql, want string) {
-	t.Helper()
-	var got string
-	for {
-		err := conn.QueryRow(ctx, sql).Scan(&got)
-		if err == nil && got == want {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: got %q (err %v), want %q", sql, got, err, want)
-		case <-time.After(20 * time.Millisecond):
 		}
 	}
 }

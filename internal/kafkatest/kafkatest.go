@@ -269,3 +269,16 @@ func Header(r *kgo.Record, name string) (string, bool) {
 	}
 	return "", false
 }
+
+// GroupOpts returns consumer-group options for tests: join group, consume
+// topic, and heartbeat and session timeouts short enough that a member
+// leaving or joining rebalances within seconds.
+func GroupOpts(group, topic string) []kgo.Opt {
+	return []kgo.Opt{
+		kgo.ConsumerGroup(group),
+		kgo.ConsumeTopics(topic),
+		kgo.HeartbeatInterval(100 * time.Millisecond),
+		kgo.SessionTimeout(3 * time.Second),
+		kgo.RebalanceTimeout(5 * time.Second),
+	}
+}

@@ -189,7 +189,7 @@ func TestReplication(t *testing.T) {
 	p := connect(t, primary.URL("postgres"))
 	exec(t, p, "ALTER SYSTEM SET synchronous_standby_names = '\"replica one\"'")
 	exec(t, p, "SELECT pg_reload_conf()")
-	waitFor(t, ctx, p, "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'replica one'", "sync")
+	pgtest.WaitFor(t, ctx, p, "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'replica one'", "sync")
 	exec(t, p, "CREATE TABLE t (v text)")
 	exec(t, p, "INSERT INTO t VALUES ('replicated')")
 
@@ -198,7 +198,7 @@ func TestReplication(t *testing.T) {
 		t.Fatalf("standby pg_is_in_recovery = %s", got)
 	}
 	// synchronous_commit=on waits for the standby to flush, not to apply.
-	waitFor(t, ctx, s, "SELECT coalesce(max(v), '') FROM t", "replicated")
+	pgtest.WaitFor(t, ctx, s, "SELECT coalesce(max(v), '') FROM t", "replicated")
 
 	if err := primary.StopImmediate(); err != nil {
 		t.Fatal(err)
@@ -223,23 +223,6 @@ func TestReplication(t *testing.T) {
 	}
 	if err := primary.Stop(); err != nil {
 		t.Errorf("Stop after StopImmediate: %v", err)
-	}
-}
-
-// waitFor polls sql on conn until it returns want.
-func waitFor(t *testing.T, ctx context.Context, conn *pgx.Conn, sql, want string) {
-	t.Helper()
-	var got string
-	for {
-		err := conn.QueryRow(ctx, sql).Scan(&got)
-		if err == nil && got == want {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: got %q (err %v), want %q", sql, got, err, want)
-		case <-time.After(20 * time.Millisecond):
-		}
 	}
 }
 
@@ -364,13 +347,13 @@ func TestStandbyThroughProxy(t *testing.T) {
 	defer standby.Stop()
 
 	p, s := connect(t, primary.URL("postgres")), connect(t, standby.URL("postgres"))
-	waitFor(t, ctx, p, "SELECT count(*)::text FROM pg_stat_replication WHERE state = 'streaming'", "1")
+	pgtest.WaitFor(t, ctx, p, "SELECT count(*)::text FROM pg_stat_replication WHERE state = 'streaming'", "1")
 	if got := queryString(t, s, "SELECT current_setting('primary_conninfo')"); !strings.Contains(got, "port='"+proxy.Addr()[strings.LastIndex(proxy.Addr(), ":")+1:]+"'") {
 		t.Errorf("standby's primary_conninfo %q does not name the proxy %s", got, proxy.Addr())
 	}
 	exec(t, p, "CREATE TABLE t (v text)")
 	exec(t, p, "INSERT INTO t VALUES ('flowing')")
-	waitFor(t, ctx, s, "SELECT count(*)::text FROM t", "1")
+	pgtest.WaitFor(t, ctx, s, "SELECT count(*)::text FROM t", "1")
 
 	proxy.Stall()
 	exec(t, p, "INSERT INTO t VALUES ('held back')") // acknowledged: asynchronous replication
@@ -379,5 +362,5 @@ func TestStandbyThroughProxy(t *testing.T) {
 		t.Fatalf("standby has %s rows while the link is stalled, want 1", got)
 	}
 	proxy.Resume()
-	waitFor(t, ctx, s, "SELECT count(*)::text FROM t", "2")
+	pgtest.WaitFor(t, ctx, s, "SELECT count(*)::text FROM t", "2")
 }
