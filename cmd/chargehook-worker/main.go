@@ -1,0 +1,411 @@
+// Command chargehook-worker runs only the worker of the chargehook demo, as
+// a process of its own, against a Kafka cluster and a PostgreSQL database
+// that outlive it: an effects.Consumer over a kafka.Source that runs, for
+// every payment event in the input topic, an effects.Plan of two steps:
+//
+//   - "ledger": a row in the chargehook_worker_ledger table, written by
+//     postgres.New in the transaction that claims the event's key
+//     (effectively once; the table has no unique index, so only the dedup
+//     row keeps a second row out);
+//   - "charged-event": a record in the output topic, produced by
+//     kafka.NewProducer with a postgres.NewJournal sent-record (at least
+//     once: a crash after the broker's ack and before the journal records
+//     it produces the record again once the lease expires). Its value
+//     names the ledger row, so a replayed plan must rebuild it from the
+//     recorded ledger id.
+//
+// It acks a record, which commits its offset, only after both steps are
+// done. It runs until SIGTERM or SIGINT, then stops taking records, lets
+// running handlers finish, commits the acked offsets and exits 0. Killed
+// (SIGKILL), it leaves its unacked records to the next process of the group,
+// whose deliveries replay whatever was already done.
+//
+// It is the process internal/torture kills at random points; it also runs
+// by hand, for example on the webhook topic of a chargehook run against an
+// existing cluster:
+//
+//	chargehook-worker -brokers 127.0.0.1:9092 -database-url postgres://... \
+//	    -topic webhooks -output charged -group workers -migrate
+//
+// Input records carry a JSON chargehook event ({"id", "account", "email",
+// "cents"}); the delivery id, and so every key, is the event id.
+//
+// Flags worth knowing:
+//
+//   - -instance-id makes the process a static group member (KIP-345): a
+//     restart with the same id takes over the old member's partitions at
+//     once. Without it, a worker restarted after a crash gets no partitions
+//     until the dead member's session times out (franz-go's default: 45 s),
+//     and its partitions stall that long.
+//   - -lease bounds how long a crash during the output step blocks the
+//     event's key: the next attempt gets effects.ErrInFlight, and the
+//     consumer retries it, holding back its partition, until the lease
+//     expires (kafka.WithLease; the adapter's own default is 30 s).
+//   - -trace writes one line per step to stdout, for the torture test (the
+//     format is documented on the tracer type).
+//   - -ack-first acks every record before running its plan: the mistake
+//     that ack-after-commit exists to prevent, there for the torture test's
+//     negative control. A crash between the ack and the ledger's commit
+//     loses the event. Never use it otherwise.
+//
+// Exit status: 0 after a clean shutdown, 1 when the consumer or its setup
+// failed, 2 for bad usage.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"effectively.dev/effects"
+	"effectively.dev/kafka"
+	"effectively.dev/postgres"
+)
+
+// Step names; they are part of the keys, so they never change.
+const (
+	stepLedger = "ledger"
+	stepOutput = "charged-event"
+)
+
+// ledgerDDL is the worker's business table. No unique index on event_id:
+// counting rows per event shows whether the dedup row kept duplicates out.
+const ledgerDDL = `CREATE TABLE IF NOT EXISTS chargehook_worker_ledger (
+	id       bigserial PRIMARY KEY,
+	event_id text        NOT NULL,
+	account  text        NOT NULL,
+	cents    bigint      NOT NULL,
+	created_at timestamptz NOT NULL DEFAULT now()
+)`
+
+// ledgerLockID serializes -migrate runs of concurrent workers.
+const ledgerLockID int64 = 0x63686b776f726b72 // "chkworkr"
+
+// event is the JSON of a chargehook webhook record (chargehook.Event).
+type event struct {
+	ID      string `json:"id"`
+	Account string `json:"account"`
+	Email   string `json:"email"`
+	Cents   int64  `json:"cents"`
+}
+
+type config struct {
+	brokers, databaseURL, topic, output, group, instanceID, scope string
+	concurrency                                                   int
+	lease, grace                                                  time.Duration
+	migrate, trace, ackFirst                                      bool
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	var cfg config
+	fs := flag.NewFlagSet("chargehook-worker", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.brokers, "brokers", os.Getenv("KAFKA_BROKERS"), "Kafka seed brokers, host:port[,host:port...] (default $KAFKA_BROKERS)")
+	fs.StringVar(&cfg.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL connection URL (default $DATABASE_URL)")
+	fs.StringVar(&cfg.topic, "topic", "", "input topic of payment events")
+	fs.StringVar(&cfg.output, "output", "", "output topic for the \"charged\" records")
+	fs.StringVar(&cfg.group, "group", "", "consumer group")
+	fs.StringVar(&cfg.instanceID, "instance-id", "", "static group membership id (a restart takes over at once); empty: dynamic membership")
+	fs.StringVar(&cfg.scope, "scope", "chargehook-worker", "scope of the idempotency keys")
+	fs.IntVar(&cfg.concurrency, "concurrency", 8, "handlers running at once (at most one per partition)")
+	fs.DurationVar(&cfg.lease, "lease", 2*time.Second, "journal lease of the output step: how long a crashed attempt blocks its key")
+	fs.DurationVar(&cfg.grace, "grace", 5*time.Second, "shutdown grace for running handlers after SIGTERM")
+	fs.BoolVar(&cfg.migrate, "migrate", false, "create the tables (postgres.Migrate and the ledger) before consuming")
+	fs.BoolVar(&cfg.trace, "trace", false, "write one line per step to stdout (for internal/torture)")
+	fs.BoolVar(&cfg.ackFirst, "ack-first", false, "NEGATIVE CONTROL: ack each record before applying it (loses events on a crash)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	var missing []string
+	for name, v := range map[string]string{"-brokers": cfg.brokers, "-database-url": cfg.databaseURL, "-topic": cfg.topic, "-output": cfg.output, "-group": cfg.group} {
+		if v == "" {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 || fs.NArg() > 0 || cfg.concurrency < 1 {
+		fmt.Fprintf(stderr, "chargehook-worker: need %s (and no arguments, a positive -concurrency)\n", strings.Join(missing, ", "))
+		fs.Usage()
+		return 2
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := work(ctx, cfg, stdout, stderr); err != nil {
+		fmt.Fprintln(stderr, "chargehook-worker:", err)
+		return 1
+	}
+	return 0
+}
+
+// work runs the consumer until ctx is done.
+func work(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
+	tr := &tracer{w: stdout, on: cfg.trace}
+
+	pcfg, err := pgxpool.ParseConfig(cfg.databaseURL)
+	if err != nil {
+		return fmt.Errorf("-database-url: %w", err)
+	}
+	if !strings.Contains(cfg.databaseURL, "pool_max_conns") {
+		// A handler holds one connection for the ledger's transaction and
+		// one for each journal call; the default (4 on 2 cores) would make
+		// the handlers wait for each other.
+		pcfg.MaxConns = int32(2*cfg.concurrency + 2)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if cfg.migrate {
+		if err := migrate(ctx, pool); err != nil {
+			return err
+		}
+	}
+
+	brokers := kgo.SeedBrokers(strings.Split(cfg.brokers, ",")...)
+	// Linger 0: every handler waits for its own record, so batching across
+	// handlers buys nothing and lingering would add to every event.
+	producer, err := kgo.NewClient(brokers, kgo.ProducerLinger(0))
+	if err != nil {
+		return err
+	}
+	defer producer.Close()
+
+	h, err := newHandler(pool, producer, cfg, tr)
+	if err != nil {
+		return err
+	}
+
+	opts := []kgo.Opt{brokers, kgo.ConsumerGroup(cfg.group), kgo.ConsumeTopics(cfg.topic), kgo.FetchMaxWait(100 * time.Millisecond)}
+	if cfg.instanceID != "" {
+		opts = append(opts, kgo.InstanceID(cfg.instanceID))
+	}
+	src, err := kafka.NewSource(opts, kafka.WithFetchErrors(func(err error) {
+		fmt.Fprintln(stderr, "chargehook-worker: fetch:", err)
+	}))
+	if err != nil {
+		return err
+	}
+	h.src = &tracingSource{Source: src, tr: tr}
+
+	c, err := effects.NewConsumer(h.src, h.handle,
+		effects.WithConcurrency(cfg.concurrency),
+		// Never give up and never drop: after a crash a key can stay
+		// leased (ErrInFlight) until its lease expires, and a record that
+		// keeps failing must hold back its partition, not be acked.
+		effects.WithMaxAttempts(0),
+		effects.WithBackoff(10*time.Millisecond, 500*time.Millisecond),
+		effects.WithShutdownGrace(cfg.grace),
+		effects.WithObserver(effects.ObserverFunc(func(_ context.Context, ev effects.Event) {
+			tr.line("retry", ev.DeliveryID, cause(ev.Err))
+		})),
+	)
+	if err != nil {
+		src.Close()
+		return err
+	}
+	tr.line("ready")
+	runErr := c.Run(ctx)
+	closeErr := src.Close() // commits the acked offsets
+	s := c.Stats()
+	fmt.Fprintf(stderr, "chargehook-worker: stopped: %d delivered, %d acked, %d retried, %d failed\n",
+		s.Delivered, s.Acked, s.Retried, s.Failed)
+	tr.line("stopped")
+	if runErr != nil {
+		return runErr
+	}
+	if closeErr != nil {
+		return fmt.Errorf("committing offsets on shutdown: %w", closeErr)
+	}
+	return nil
+}
+
+// migrate creates the library's tables and the ledger.
+func migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", ledgerLockID); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, ledgerDDL)
+		return err
+	})
+}
+
+// handler runs the plan for one delivery.
+type handler struct {
+	scope    string
+	ledger   *postgres.Effect[ledgerRow]
+	output   *kafka.Producer
+	src      *tracingSource
+	ackFirst bool
+	tr       *tracer
+	// attempts counts the attempts started per delivery (by its Token,
+	// which the consumer keeps across retries), for the trace.
+	attempts sync.Map
+}
+
+// ledgerRow is the ledger step's input.
+type ledgerRow struct {
+	EventID, Account string
+	Cents            int64
+}
+
+func newHandler(pool *pgxpool.Pool, producer *kgo.Client, cfg config, tr *tracer) (*handler, error) {
+	journal, err := postgres.NewJournal(pool, cfg.scope)
+	if err != nil {
+		return nil, err
+	}
+	ledger, err := postgres.New(pool, cfg.scope, func(ctx context.Context, tx pgx.Tx, in ledgerRow) (id string, err error) {
+		err = tx.QueryRow(ctx, `INSERT INTO chargehook_worker_ledger (event_id, account, cents) VALUES ($1, $2, $3) RETURNING id::text`,
+			in.EventID, in.Account, in.Cents).Scan(&id)
+		return id, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	output, err := kafka.NewProducer(producer, cfg.output, kafka.WithJournal(journal), kafka.WithLease(cfg.lease))
+	if err != nil {
+		return nil, err
+	}
+	return &handler{scope: cfg.scope, ledger: ledger, output: output, ackFirst: cfg.ackFirst, tr: tr}, nil
+}
+
+// charged is the value of an output record.
+type charged struct {
+	Event       string `json:"event"`
+	LedgerEntry string `json:"ledger_entry"`
+	Cents       int64  `json:"cents"`
+}
+
+func (h *handler) plan(ev event) (*effects.Plan, error) {
+	p, err := effects.NewPlan(h.scope,
+		effects.Bind(stepLedger, h.ledger, ledgerRow{EventID: ev.ID, Account: ev.Account, Cents: ev.Cents}),
+		effects.NewStep(stepOutput, h.output, func(done effects.Results) (kafka.Message, error) {
+			id := done[stepLedger].Ref
+			if id == "" {
+				return kafka.Message{}, errors.New("no ledger id from the ledger step")
+			}
+			v, err := json.Marshal(charged{Event: ev.ID, LedgerEntry: id, Cents: ev.Cents})
+			return kafka.Message{Key: []byte(ev.ID), Value: v,
+				Headers: []kgo.RecordHeader{{Key: "event-id", Value: []byte(ev.ID)}}}, err
+		}),
+	)
+	if err != nil {
+		return nil, err
+	}
+	return p.WithObserver(effects.ObserverFunc(func(_ context.Context, e effects.Event) {
+		h.tr.line("step", e.DeliveryID, e.Step, e.Kind.String())
+	})), nil
+}
+
+// handle is the effects.Handler.
+func (h *handler) handle(ctx context.Context, d effects.Delivery) (err error) {
+	if h.tr.on {
+		n := 1
+		if v, ok := h.attempts.Load(d.Token); ok {
+			n = v.(int) + 1
+		}
+		h.attempts.Store(d.Token, n)
+		defer func() {
+			if err == nil {
+				h.attempts.Delete(d.Token)
+			}
+		}()
+		h.tr.line("begin", d.ID, strconv.Itoa(n))
+	}
+	var ev event
+	if err := json.Unmarshal(d.Body, &ev); err != nil || ev.ID == "" {
+		return fmt.Errorf("%w: not a payment event: %v", effects.ErrPoison, err)
+	}
+	if h.ackFirst {
+		// The negative control: the offset is committed before any effect.
+		if err := h.src.Ack(ctx, d); err != nil {
+			return err
+		}
+	}
+	p, err := h.plan(ev)
+	if err != nil {
+		return err
+	}
+	hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, err = p.Run(hctx, ev.ID)
+	return err
+}
+
+// tracingSource traces every successful Ack.
+type tracingSource struct {
+	*kafka.Source
+	tr *tracer
+}
+
+func (s *tracingSource) Ack(ctx context.Context, d effects.Delivery) error {
+	err := s.Source.Ack(ctx, d)
+	if err == nil {
+		s.tr.line("acked", d.ID)
+	}
+	return err
+}
+
+// tracer writes the -trace lines to stdout, each with one write so that a
+// line is whole even when the process is killed right after it. The lines,
+// fields separated by one space:
+//
+//	ready                          the consumer is about to run
+//	begin <id> <attempt>           a handler started attempt <attempt> (from 1) at a delivery of event <id>
+//	step <id> <step> <kind>        a plan step ended: applied, replayed, in_flight, failed, key_reused
+//	acked <id>                     Ack returned nil: the offset is committed (or held behind an earlier one)
+//	retry <id> <cause>             the consumer will try the delivery again
+//	stopped                        the consumer stopped after SIGTERM
+type tracer struct {
+	w  io.Writer
+	on bool
+	mu sync.Mutex
+}
+
+func (t *tracer) line(fields ...string) {
+	if !t.on {
+		return
+	}
+	b := []byte(strings.Join(fields, " ") + "\n")
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, _ = t.w.Write(b)
+}
+
+// cause names an attempt's failure in one word.
+func cause(err error) string {
+	for _, k := range []struct {
+		err  error
+		name string
+	}{{effects.ErrInFlight, "in_flight"}, {effects.ErrAmbiguous, "ambiguous"}, {effects.ErrTransient, "transient"}} {
+		if errors.Is(err, k.err) {
+			return k.name
+		}
+	}
+	if err == nil {
+		return "none"
+	}
+	return "other:" + strconv.Quote(err.Error())
+}
