@@ -43,10 +43,11 @@ const (
 	// answered by then is presumed frozen, and the balancer retries once on
 	// the sibling.
 	lbTryTimeout = 250 * time.Millisecond
-	// gcPause is how long a pod freezes when the schedule says so: a little
-	// longer than the balancer waits, so that the frozen pod enqueues just
-	// after the sibling did.
-	gcPause = 260 * time.Millisecond
+	// gcPause is how long a pod freezes when the schedule says so: longer
+	// than the balancer waits, by a margin that a loaded machine's late
+	// timers do not eat, so that the balancer always retries on the sibling
+	// and the frozen pod enqueues soon after the sibling did.
+	gcPause = lbTryTimeout + 150*time.Millisecond
 	// processorAttempts is how often the processor tries one event.
 	processorAttempts = 8
 )
