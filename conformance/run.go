@@ -64,7 +64,7 @@ func run[In any](t *testing.T, adapter string, mk Maker[In], strict bool, opts [
 			rep.Rows = append(rep.Rows, row)
 			continue
 		}
-		t.Run(name, func(t *testing.T) {
+		ok := t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), cfg.timeout)
 			defer cancel()
 			s := &scene[In]{h: mk(t), cfg: cfg, row: &row, run: newRunID(), t: t}
@@ -84,6 +84,12 @@ func run[In any](t *testing.T, adapter string, mk Maker[In], strict bool, opts [
 				t.Logf("%s: verdict FAIL (not failing the test: Evaluate): %s", name, strings.Join(row.Failures, "; "))
 			}
 		})
+		if !ok && row.Verdict != Fail {
+			// The subtest stopped early (the harness failed it with
+			// t.Fatal): whatever was provisionally recorded is no pass.
+			row.Verdict = Fail
+			row.Failures = append(row.Failures, "the scenario did not finish: the harness or the adapter failed the test (see its log)")
+		}
 		if row.contract != nil && rep.Contract.Enforcer == "" {
 			rep.Contract = *row.contract
 		}
