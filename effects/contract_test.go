@@ -77,4 +77,16 @@ func TestFingerprint(t *testing.T) {
 	if _, err := effects.FingerprintJSON(func() {}); err == nil {
 		t.Fatal("FingerprintJSON of a func succeeded")
 	}
+	// Invalid UTF-8 is refused rather than folded into U+FFFD; a real
+	// U+FFFD, and a backslash followed by "ufffd", are fine and distinct.
+	for _, bad := range []any{"evt-\xff", map[string]int{"k\xfe": 1}, []string{"ok", "\xc3"}} {
+		if _, err := effects.FingerprintJSON(bad); !errors.Is(err, effects.ErrInvalidUTF8) {
+			t.Errorf("FingerprintJSON(%q) = %v, want ErrInvalidUTF8", bad, err)
+		}
+	}
+	a, errA := effects.FingerprintJSON("evt-\ufffd")
+	b, errB := effects.FingerprintJSON(`evt-\ufffd`)
+	if errA != nil || errB != nil || string(a) == string(b) {
+		t.Errorf("valid strings: %v, %v, equal %v", errA, errB, string(a) == string(b))
+	}
 }

@@ -200,24 +200,30 @@ type jsonPayload struct {
 // FuzzFingerprintJSON: FingerprintJSON is deterministic (map order does
 // not matter) and distinguishes payloads that differ in any field.
 //
-// Strings that are not valid UTF-8 are left out: encoding/json replaces
-// their invalid bytes with U+FFFD, so FingerprintJSON cannot tell "\xff"
-// from "\xfe" (or from "\ufffd"), and a key reused with such a payload is
-// not detected (a limit of FingerprintJSON, not of this test: a payload
-// with binary ids should carry them in []byte fields, which JSON encodes as
-// base64, or bring its own fingerprint).
+// A payload with a string that is not valid UTF-8 must be refused with
+// ErrInvalidUTF8: encoding/json replaces the invalid bytes with U+FFFD, so
+// a fingerprint could not tell "\xff" from "\xfe" and a reused key would go
+// unnoticed.
 func FuzzFingerprintJSON(f *testing.F) {
 	f.Add("evt_1", int64(100), "a", "b", "k", "v", "evt_1", int64(100), "a", "b", "k", "v")
 	f.Add("evt_1", int64(100), "a,b", "", "k", "v", "evt_1", int64(100), "a", "b", "k", "v")
 	f.Add("evt_1", int64(0), "", "", "", "", "evt_1", int64(0), "", "", "", "x")
 	f.Add("<&>", int64(-1), "\u2028", "x", "k", "v", "\\u003c&>", int64(-1), "\u2028", "x", "k", "v")
 	f.Fuzz(func(t *testing.T, id1 string, c1 int64, t1, t2, k1, v1 string, id2 string, c2 int64, u1, u2, l1, w1 string) {
-		for _, s := range []string{id1, t1, t2, k1, v1, id2, u1, u2, l1, w1} {
+		p := jsonPayload{EventID: id1, Cents: c1, Tags: []string{t1, t2}, Meta: map[string]string{k1: v1, "fixed": t1}}
+		for _, s := range []string{id1, t1, t2, k1, v1} {
+			if !utf8.ValidString(s) {
+				if _, err := effects.FingerprintJSON(p); !errors.Is(err, effects.ErrInvalidUTF8) {
+					t.Fatalf("FingerprintJSON(%+v) = %v, want ErrInvalidUTF8", p, err)
+				}
+				return
+			}
+		}
+		for _, s := range []string{id2, u1, u2, l1, w1} {
 			if !utf8.ValidString(s) {
 				return
 			}
 		}
-		p := jsonPayload{EventID: id1, Cents: c1, Tags: []string{t1, t2}, Meta: map[string]string{k1: v1, "fixed": t1}}
 		q := jsonPayload{EventID: id2, Cents: c2, Tags: []string{u1, u2}, Meta: map[string]string{l1: w1, "fixed": u1}}
 		fp := mustFingerprintJSON(t, p)
 		if !bytes.Equal(fp, mustFingerprintJSON(t, p)) { // maps iterate in a new order each time

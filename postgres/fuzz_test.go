@@ -23,9 +23,9 @@ type fuzzCharge struct {
 // and ErrKeyReused, is deterministic and differs whenever a field of the
 // input differs.
 //
-// Strings that are not valid UTF-8 are left out: encoding/json replaces
-// their invalid bytes with U+FFFD, so inputs that differ only there share a
-// fingerprint (see effects.FuzzFingerprintJSON).
+// Strings that are not valid UTF-8 are left out: effects.FingerprintJSON
+// refuses them with ErrInvalidUTF8 (see effects.FuzzFingerprintJSON), so
+// such payloads never get a fingerprint to compare.
 func FuzzDefaultFingerprint(f *testing.F) {
 	f.Add("evt_1", "acct_1", int64(100), false, "evt_1", "acct_1", int64(100), false)
 	f.Add("evt_1", "acct_1", int64(100), false, "evt_1", "acct_1", int64(101), false)

@@ -49,9 +49,9 @@ func journalFingerprint(t *testing.T, in PaymentIntent) []byte {
 // is deterministic and differs whenever a field of the PaymentIntent
 // differs.
 //
-// Strings that are not valid UTF-8 are left out: encoding/json replaces
-// their invalid bytes with U+FFFD, so inputs that differ only there share a
-// fingerprint (see effects.FuzzFingerprintJSON).
+// Strings that are not valid UTF-8 are left out: effects.FingerprintJSON
+// refuses them with ErrInvalidUTF8 (see effects.FuzzFingerprintJSON), so
+// such payloads never get a fingerprint to compare.
 func FuzzJournalFingerprint(f *testing.F) {
 	f.Add(int64(1000), "usd", "cus_1", "pm_1", true, "order", "42", int64(1000), "usd", "cus_1", "pm_1", true, "order", "42")
 	f.Add(int64(1000), "usd", "cus_1", "pm_1", true, "order", "42", int64(1000), "eur", "cus_1", "pm_1", true, "order", "42")
