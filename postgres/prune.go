@@ -28,12 +28,34 @@ func Prune(ctx context.Context, db DB, scope string, olderThan time.Time, batchS
 	if err := validateScope(op, scope); err != nil {
 		return 0, err
 	}
+	return pruneBatches(ctx, db, op, pruneSQL, scope, olderThan, batchSize)
+}
+
+const pruneJournalSQL = `DELETE FROM effectively_journal WHERE ctid IN (
+	SELECT ctid FROM effectively_journal WHERE scope = $1 AND created_at < $2
+	AND (lease_until IS NULL OR lease_until < now()) LIMIT $3)`
+
+// Prune deletes the journal's records created before olderThan, done or
+// not, except those an attempt holds a live lease on, batchSize rows per
+// statement (see the package-level [Prune] for batching). It returns how
+// many records it deleted.
+//
+// As with keys, pruning sets the horizon: a message redelivered after its
+// record was pruned does its effect again (sends the email again), so keep
+// records longer than broker retention plus the longest replay.
+func (j *Journal) Prune(ctx context.Context, olderThan time.Time, batchSize int) (int64, error) {
+	return pruneBatches(ctx, j.pool, "postgres.Journal.Prune", pruneJournalSQL, j.scope, olderThan, batchSize)
+}
+
+// pruneBatches runs the DELETE sql (parameters scope, olderThan, limit)
+// until a statement deletes fewer than batchSize rows.
+func pruneBatches(ctx context.Context, db DB, op, sql, scope string, olderThan time.Time, batchSize int) (int64, error) {
 	if batchSize <= 0 {
 		batchSize = DefaultPruneBatch
 	}
 	var deleted int64
 	for {
-		tag, err := db.Exec(ctx, pruneSQL, scope, olderThan, batchSize)
+		tag, err := db.Exec(ctx, sql, scope, olderThan, batchSize)
 		if err != nil {
 			return deleted, fmt.Errorf("%s: %w", op, err)
 		}

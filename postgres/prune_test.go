@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -85,4 +86,43 @@ func TestMigrate(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+func TestJournalPrune(t *testing.T) {
+	pool := newPool(t, newDB(t), nil)
+	ctx := testCtx(t)
+	j, err := postgres.NewJournal(pool, "mail")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := func(scope, key string, age time.Duration, done bool, lease time.Duration) {
+		mustExec(t, pool, `INSERT INTO effectively_journal (scope, key, fingerprint, done, lease_until, created_at)
+			VALUES ($1, $2, '', $3, CASE WHEN $4::float8 = 0 THEN NULL ELSE now() + $4 * interval '1 second' END, now() - $5 * interval '1 second')`,
+			scope, key, done, lease.Seconds(), age.Seconds())
+	}
+	seed("mail", "old-done", 48*time.Hour, true, 0)
+	seed("mail", "old-expired", 48*time.Hour, false, -time.Hour)
+	seed("mail", "old-leased", 48*time.Hour, false, time.Hour) // an attempt holds it now
+	seed("mail", "recent", time.Minute, true, 0)
+	seed("other", "old-done", 48*time.Hour, true, 0)
+
+	deleted, err := j.Prune(ctx, time.Now().Add(-24*time.Hour), 1)
+	if err != nil || deleted != 2 {
+		t.Fatalf("Journal.Prune = %d, %v; want 2 deleted", deleted, err)
+	}
+	rows, err := pool.Query(ctx, `SELECT scope || '/' || key FROM effectively_journal ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		left = append(left, s)
+	}
+	if got, want := strings.Join(left, ","), "mail/old-leased,mail/recent,other/old-done"; got != want {
+		t.Errorf("left %s, want %s (a live lease, a recent record, another scope)", got, want)
+	}
 }

@@ -32,3 +32,7 @@ CREATE TABLE IF NOT EXISTS effectively_journal (
     updated_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (scope, key)
 );
+
+-- Serves Journal.Prune: WHERE scope = $1 AND created_at < $2.
+CREATE INDEX IF NOT EXISTS effectively_journal_scope_created_at
+    ON effectively_journal (scope, created_at);
