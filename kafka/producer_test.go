@@ -18,22 +18,6 @@ import (
 	"effectively.dev/kafka"
 )
 
-func countByHeader(t *testing.T, c *kafkatest.Cluster, topic string) map[string]int {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	recs, err := kafkatest.ReadAll(ctx, c.Opts(), topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	counts := map[string]int{}
-	for _, r := range recs {
-		k, _ := kafkatest.Header(r, kafka.KeyHeader)
-		counts[k]++
-	}
-	return counts
-}
-
 func TestProducerRefusesNonIdempotentClients(t *testing.T) {
 	c := kafkatest.New(t)
 	for name, opts := range map[string][]kgo.Opt{
@@ -126,7 +110,7 @@ func TestProducerWithoutJournalDuplicatesAcrossSessions(t *testing.T) {
 		}
 		cl.Close() // the session ends, like a restarted process
 	}
-	if n := countByHeader(t, c, topic)[string(key)]; n != 2 {
+	if n := readCounts(t, c, topic, kafka.KeyHeader)[string(key)]; n != 2 {
 		t.Fatalf("%d records for the key, want 2 (one per producer session)", n)
 	}
 }
@@ -228,7 +212,7 @@ func TestProducerRetriesWithinSession(t *testing.T) {
 	if _, err := p.Apply(context.Background(), key, kafka.Message{Value: []byte("v")}); err != nil {
 		t.Fatal(err)
 	}
-	if n := countByHeader(t, c, topic)[string(key)]; n != 1 {
+	if n := readCounts(t, c, topic, kafka.KeyHeader)[string(key)]; n != 1 {
 		t.Fatalf("%d records, want 1: the retry within the session is deduped", n)
 	}
 }

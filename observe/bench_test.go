@@ -38,13 +38,6 @@ func (nopEffect) Apply(context.Context, effects.Key, string) (effects.Result, er
 func BenchmarkObserve(b *testing.B) {
 	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 	b.Cleanup(func() { _ = provider.Shutdown(context.Background()) })
-	mustNew := func(opts ...observe.Option) *observe.Observer {
-		obs, err := observe.New(opts...)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return obs
-	}
 	textLogger := slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	var eff effects.Effect[string] = nopEffect{}
 	cases := []struct {
@@ -54,12 +47,12 @@ func BenchmarkObserve(b *testing.B) {
 		{"plain", eff},
 		{"observe-nil", effects.Observe("e", eff, nil)},
 		{"func-observer", effects.Observe("e", eff, effects.ObserverFunc(func(context.Context, effects.Event) {}))},
-		{"new-no-options", effects.Observe("e", eff, mustNew())},
-		{"noop-discard", effects.Observe("e", eff, mustNew(
+		{"new-no-options", effects.Observe("e", eff, mustNew(b))},
+		{"noop-discard", effects.Observe("e", eff, mustNew(b,
 			observe.WithMeterProvider(noop.NewMeterProvider()),
 			observe.WithLogger(slog.New(slog.DiscardHandler))))},
-		{"sdk-metrics", effects.Observe("e", eff, mustNew(observe.WithMeterProvider(provider)))},
-		{"sdk-metrics+log", effects.Observe("e", eff, mustNew(
+		{"sdk-metrics", effects.Observe("e", eff, mustNew(b, observe.WithMeterProvider(provider)))},
+		{"sdk-metrics+log", effects.Observe("e", eff, mustNew(b,
 			observe.WithMeterProvider(provider),
 			observe.WithLogger(textLogger)))},
 	}
@@ -81,21 +74,14 @@ func BenchmarkObserve(b *testing.B) {
 func BenchmarkObserverObserve(b *testing.B) {
 	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 	b.Cleanup(func() { _ = provider.Shutdown(context.Background()) })
-	mustNew := func(opts ...observe.Option) *observe.Observer {
-		obs, err := observe.New(opts...)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return obs
-	}
 	cases := []struct {
 		name string
 		obs  effects.Observer
 	}{
 		{"nil-observer", (*observe.Observer)(nil)},
-		{"new-no-options", mustNew()},
-		{"noop-discard", mustNew(observe.WithMeterProvider(noop.NewMeterProvider()), observe.WithLogger(slog.New(slog.DiscardHandler)))},
-		{"sdk-metrics", mustNew(observe.WithMeterProvider(provider))},
+		{"new-no-options", mustNew(b)},
+		{"noop-discard", mustNew(b, observe.WithMeterProvider(noop.NewMeterProvider()), observe.WithLogger(slog.New(slog.DiscardHandler)))},
+		{"sdk-metrics", mustNew(b, observe.WithMeterProvider(provider))},
 	}
 	ctx := context.Background()
 	ev := effects.Event{Kind: effects.EventReplayed, Effect: "e", Key: "billing:evt_1:ledger", Duration: 1234}
@@ -107,4 +93,14 @@ func BenchmarkObserverObserve(b *testing.B) {
 			}
 		})
 	}
+}
+
+// mustNew builds an Observer for a benchmark or fails it.
+func mustNew(b *testing.B, opts ...observe.Option) *observe.Observer {
+	b.Helper()
+	obs, err := observe.New(opts...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return obs
 }
