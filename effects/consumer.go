@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,10 +38,6 @@ type BatchHandler func(ctx context.Context, ds []Delivery) []error
 
 // Consumer errors.
 var (
-	// ErrInvalidConsumer is what every *[ConfigError] from [NewConsumer]
-	// unwraps to.
-	ErrInvalidConsumer = errors.New("invalid consumer configuration")
-
 	// ErrPoison marks a handler error that no retry can fix, such as a body
 	// that does not parse: the consumer hands the delivery to the
 	// dead-letter hook after the first attempt instead of retrying it. Wrap
@@ -58,24 +53,6 @@ var (
 	// of the same Consumer is in progress.
 	ErrConsumerRunning = errors.New("consumer is already running")
 )
-
-// ConfigError is the error [NewConsumer] returns for a missing argument or
-// an invalid option. It unwraps to [ErrInvalidConsumer].
-type ConfigError struct {
-	// Option names what is wrong: "source", "handler", "WithConcurrency",
-	// "WithMaxAttempts", "WithBackoff", "WithShutdownGrace", "WithBatch".
-	Option string
-	// Reason says why, in words.
-	Reason string
-}
-
-// Error describes the problem.
-func (e *ConfigError) Error() string {
-	return "effects.NewConsumer: " + e.Option + ": " + e.Reason
-}
-
-// Unwrap returns [ErrInvalidConsumer].
-func (e *ConfigError) Unwrap() error { return ErrInvalidConsumer }
 
 // Defaults of a [Consumer], used when the matching option is not given.
 const (
@@ -313,7 +290,7 @@ func NewConsumer(src Source, h Handler, opts ...ConsumerOption) (*Consumer, erro
 		}
 	}
 	bad := func(option, format string, args ...any) (*Consumer, error) {
-		return nil, &ConfigError{Option: option, Reason: fmt.Sprintf(format, args...)}
+		return nil, &ConfigError{Op: "effects.NewConsumer", Option: option, Reason: fmt.Sprintf(format, args...)}
 	}
 	switch {
 	case src == nil:
@@ -696,18 +673,8 @@ func permanent(err error) bool {
 	return errors.Is(err, ErrKeyReused) || errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrPoison)
 }
 
-// backoff returns the pause after failed attempt number attempt (from 1):
-// a ceiling that starts at minBackoff and doubles per attempt up to
-// maxBackoff, with "equal jitter", a random pause between half and all of
-// it. attempt 0 means the ceiling is maxBackoff.
+// backoff returns the pause after failed attempt number attempt (from 1);
+// attempt 0 means the longest pause. See [Backoff].
 func (c *consumerConfig) backoff(attempt int) time.Duration {
-	ceiling := c.maxBackoff
-	if attempt > 0 {
-		ceiling = c.minBackoff
-		for i := 1; i < attempt && ceiling < c.maxBackoff; i++ {
-			ceiling *= 2
-		}
-		ceiling = min(ceiling, c.maxBackoff)
-	}
-	return ceiling/2 + rand.N(ceiling/2+1)
+	return Backoff{Min: c.minBackoff, Max: c.maxBackoff}.Delay(attempt)
 }

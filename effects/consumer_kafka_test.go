@@ -1,8 +1,8 @@
 package effects_test
 
 // Consumer tests against real components: a kafka.Source over a kfake
-// cluster (internal/kafkatest), and a postgres.Effect on a throwaway
-// PostgreSQL database (internal/pgtest).
+// cluster (kafka/kafkatest), and a postgres.Effect on a throwaway
+// PostgreSQL database (postgres/pgtest).
 
 import (
 	"context"
@@ -23,10 +23,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/kafkatest"
-	"effectively.dev/internal/pgtest"
 	"effectively.dev/kafka"
+	"effectively.dev/kafka/kafkatest"
 	"effectively.dev/postgres"
+	"effectively.dev/postgres/pgtest"
 )
 
 // produceRecords writes per records to each of parts partitions of topic,

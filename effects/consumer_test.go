@@ -15,7 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/pgtest"
+	"effectively.dev/postgres/pgtest"
 )
 
 // TestMain stops the shared PostgreSQL cluster after the tests and, with
@@ -214,8 +214,8 @@ func TestNewConsumerValidates(t *testing.T) {
 				return
 			}
 			var ce *effects.ConfigError
-			if !errors.As(err, &ce) || !errors.Is(err, effects.ErrInvalidConsumer) || c != nil {
-				t.Fatalf("NewConsumer = %v, %v; want a *ConfigError wrapping ErrInvalidConsumer", c, err)
+			if !errors.As(err, &ce) || !errors.Is(err, effects.ErrInvalidConfig) || c != nil {
+				t.Fatalf("NewConsumer = %v, %v; want a *ConfigError wrapping ErrInvalidConfig", c, err)
 			}
 			if ce.Option != tc.option {
 				t.Errorf("ConfigError.Option = %q, want %q (%v)", ce.Option, tc.option, err)

@@ -13,9 +13,9 @@ import (
 	"effectively.dev/conformance"
 	"effectively.dev/effects"
 	"effectively.dev/email"
-	"effectively.dev/internal/pgtest"
-	"effectively.dev/internal/smtptest"
+	"effectively.dev/email/smtptest"
 	"effectively.dev/postgres"
+	"effectively.dev/postgres/pgtest"
 )
 
 // conformanceLease is short so that the suite's retries outlast it; the

@@ -16,7 +16,7 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/email"
-	"effectively.dev/internal/smtptest"
+	"effectively.dev/email/smtptest"
 )
 
 func TestSendOnce(t *testing.T) {

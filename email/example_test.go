@@ -12,8 +12,8 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/email"
+	"effectively.dev/email/smtptest"
 	"effectively.dev/internal/memjournal"
-	"effectively.dev/internal/smtptest"
 	"effectively.dev/postgres"
 )
 

@@ -14,9 +14,9 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/email"
-	"effectively.dev/internal/pgtest"
-	"effectively.dev/internal/smtptest"
+	"effectively.dev/email/smtptest"
 	"effectively.dev/postgres"
+	"effectively.dev/postgres/pgtest"
 )
 
 func TestMain(m *testing.M) {

@@ -10,10 +10,10 @@ import (
 
 	"effectively.dev/conformance"
 	"effectively.dev/effects"
-	"effectively.dev/internal/kafkatest"
-	"effectively.dev/internal/pgtest"
 	"effectively.dev/kafka"
+	"effectively.dev/kafka/kafkatest"
 	"effectively.dev/postgres"
+	"effectively.dev/postgres/pgtest"
 )
 
 // conformanceLease is the journal lease in the conformance runs: longer

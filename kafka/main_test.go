@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"effectively.dev/internal/pgtest"
+	"effectively.dev/postgres/pgtest"
 )
 
 // TestMain stops the shared PostgreSQL cluster after the tests and, with

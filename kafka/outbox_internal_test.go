@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/kafkatest"
-	"effectively.dev/internal/pgtest"
+	"effectively.dev/kafka/kafkatest"
+	"effectively.dev/postgres/pgtest"
 )
 
 // TestRelayCrashAfterAck shows the relay's declared duplicate window: a

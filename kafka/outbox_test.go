@@ -13,9 +13,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/kafkatest"
-	"effectively.dev/internal/pgtest"
 	"effectively.dev/kafka"
+	"effectively.dev/kafka/kafkatest"
+	"effectively.dev/postgres/pgtest"
 )
 
 func outboxPool(t *testing.T) *pgxpool.Pool {

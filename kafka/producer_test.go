@@ -14,8 +14,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/kafkatest"
 	"effectively.dev/kafka"
+	"effectively.dev/kafka/kafkatest"
 )
 
 func TestProducerRefusesNonIdempotentClients(t *testing.T) {

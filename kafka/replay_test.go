@@ -13,8 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/time/rate"
 
-	"effectively.dev/internal/kafkatest"
 	"effectively.dev/kafka"
+	"effectively.dev/kafka/kafkatest"
 )
 
 // seedTopic writes n records to each of parts partitions, with timestamps

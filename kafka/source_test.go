@@ -11,8 +11,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/kafkatest"
 	"effectively.dev/kafka"
+	"effectively.dev/kafka/kafkatest"
 )
 
 // produceN writes n records to partition 0..parts-1 of topic (round

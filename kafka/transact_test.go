@@ -15,8 +15,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"effectively.dev/internal/kafkatest"
 	"effectively.dev/kafka"
+	"effectively.dev/kafka/kafkatest"
 )
 
 func newSession(t *testing.T, c *kafkatest.Cluster, txnID, group, topic string) *kgo.GroupTransactSession {

@@ -38,9 +38,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/pgtest"
 	"effectively.dev/negcache"
 	"effectively.dev/postgres"
+	"effectively.dev/postgres/pgtest"
 )
 
 const (

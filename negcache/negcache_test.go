@@ -15,9 +15,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/pgtest"
 	"effectively.dev/negcache"
 	"effectively.dev/postgres"
+	"effectively.dev/postgres/pgtest"
 )
 
 // TestMain stops the shared PostgreSQL clusters after the tests and checks

@@ -31,8 +31,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/pgtest"
 	"effectively.dev/postgres"
+	"effectively.dev/postgres/pgtest"
 )
 
 // benchSeq makes keys unique across sub-benchmarks and their reruns.

@@ -18,8 +18,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/pgtest"
 	"effectively.dev/postgres"
+	"effectively.dev/postgres/pgtest"
 )
 
 // The failover tests run the seed's incident on purpose: a worker applies a

@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"effectively.dev/internal/pgtest"
 	"effectively.dev/postgres"
+	"effectively.dev/postgres/pgtest"
 )
 
 // TestMain stops the shared clusters after the tests and checks, with

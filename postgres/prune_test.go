@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"effectively.dev/internal/pgtest"
 	"effectively.dev/postgres"
+	"effectively.dev/postgres/pgtest"
 )
 
 func TestPrune(t *testing.T) {

@@ -11,8 +11,8 @@ import (
 
 	"effectively.dev/conformance"
 	"effectively.dev/effects"
-	"effectively.dev/internal/s3test"
 	"effectively.dev/s3"
+	"effectively.dev/s3/s3test"
 )
 
 // The conformance harness counts effects as object versions in a

@@ -12,8 +12,8 @@ import (
 
 	"effectively.dev/conformance"
 	"effectively.dev/effects"
-	"effectively.dev/internal/s3test"
 	"effectively.dev/s3"
+	"effectively.dev/s3/s3test"
 )
 
 // Two lying adapters, kept here so the suite proves it catches them. Both

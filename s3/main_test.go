@@ -12,7 +12,7 @@ import (
 	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
 	"go.uber.org/goleak"
 
-	"effectively.dev/internal/s3test"
+	"effectively.dev/s3/s3test"
 )
 
 // examples holds what the examples started; TestMain releases it. Examples

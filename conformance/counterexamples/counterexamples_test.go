@@ -12,7 +12,7 @@ import (
 	"effectively.dev/conformance"
 	"effectively.dev/conformance/counterexamples"
 	"effectively.dev/effects"
-	"effectively.dev/internal/pgtest"
+	"effectively.dev/postgres/pgtest"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }

@@ -84,9 +84,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/kafkatest"
+	"effectively.dev/email/smtptest"
 	"effectively.dev/internal/s3mem"
-	"effectively.dev/internal/smtptest"
+	"effectively.dev/kafka/kafkatest"
 	"effectively.dev/stripe/stripetest"
 )
 

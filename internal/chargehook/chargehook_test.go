@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"effectively.dev/internal/chargehook"
-	"effectively.dev/internal/pgtest"
+	"effectively.dev/postgres/pgtest"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }

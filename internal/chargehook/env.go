@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"effectively.dev/internal/pgtest"
 	"effectively.dev/postgres"
+	"effectively.dev/postgres/pgtest"
 )
 
 // dbName is the database the demo creates on its throwaway clusters.

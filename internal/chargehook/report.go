@@ -13,9 +13,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/kafkatest"
+	"effectively.dev/email/smtptest"
 	"effectively.dev/internal/s3mem"
-	"effectively.dev/internal/smtptest"
+	"effectively.dev/kafka/kafkatest"
 	"effectively.dev/stripe/stripetest"
 )
 

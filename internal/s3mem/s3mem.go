@@ -7,7 +7,7 @@
 // conditional PUTs of one key exactly one writes (see this package's test,
 // which proves it through package s3). It does not enforce conditions on
 // CompleteMultipartUpload: tests of multipart bodies need versitygw
-// (internal/s3test).
+// (s3/s3test).
 //
 // The server counts what a user would see: every PutObject that it answered
 // with 200 is a write of that object ([Server.Writes]); a conditional PUT

@@ -1,5 +1,5 @@
 // Package torture holds the SIGKILL torture test: the chargehook worker
-// (cmd/chargehook-worker) runs as a separate process against a kfake
+// (internal/cmd/chargehook-worker) runs as a separate process against a kfake
 // cluster and a PostgreSQL database that outlive it, and is killed with
 // SIGKILL at seeded random points, dozens of times, while it claims keys,
 // commits ledger rows, writes journal records, produces output records and
@@ -23,7 +23,7 @@ import (
 	"effectively.dev/effects"
 )
 
-// Step names of the worker's plan (cmd/chargehook-worker); they are part of
+// Step names of the worker's plan (internal/cmd/chargehook-worker); they are part of
 // the keys the checker looks up. Should they drift, every ledger row shows
 // up as an effect without its dedup row.
 const (

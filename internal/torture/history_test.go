@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"effectively.dev/internal/kafkatest"
 	"effectively.dev/internal/torture"
+	"effectively.dev/kafka/kafkatest"
 )
 
 // committed returns the group's committed offsets of topic, by partition.

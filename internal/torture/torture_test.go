@@ -18,10 +18,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"effectively.dev/internal/kafkatest"
-	"effectively.dev/internal/pgtest"
 	"effectively.dev/internal/torture"
 	"effectively.dev/kafka"
+	"effectively.dev/kafka/kafkatest"
+	"effectively.dev/postgres/pgtest"
 )
 
 // TestMain stops the shared PostgreSQL cluster, checks with goleak that no
@@ -32,7 +32,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// The torture: the worker (cmd/chargehook-worker, built once per test
+// The torture: the worker (internal/cmd/chargehook-worker, built once per test
 // binary) runs as a separate process against a kfake cluster in this
 // process and a PostgreSQL database, both of which outlive it. The test
 // produces a seeded stream of payment events, then, kills times, starts the

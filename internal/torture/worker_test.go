@@ -25,7 +25,7 @@ var build struct {
 	err       error
 }
 
-// workerBinary builds cmd/chargehook-worker into a temporary directory
+// workerBinary builds internal/cmd/chargehook-worker into a temporary directory
 // (with the race detector when this test binary has it) and returns its
 // path. TestMain removes it.
 func workerBinary(t *testing.T) string {
@@ -55,7 +55,7 @@ func workerBinary(t *testing.T) string {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, gobin, append(args, "effectively.dev/cmd/chargehook-worker")...)
+		cmd := exec.CommandContext(ctx, gobin, append(args, "effectively.dev/internal/cmd/chargehook-worker")...)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			build.err = fmt.Errorf("go %s: %w\n%s", strings.Join(cmd.Args[1:], " "), err, out)
 		}
@@ -152,7 +152,7 @@ func (b *lockedBuffer) String() string {
 	return b.b.String()
 }
 
-// traceLog reads the workers' -trace lines (see cmd/chargehook-worker):
+// traceLog reads the workers' -trace lines (see internal/cmd/chargehook-worker):
 // totals over every worker, and the state of each delivery of the current
 // one, to say where the deliveries in flight were when it was killed.
 type traceLog struct {

@@ -13,7 +13,7 @@ import (
 	"github.com/wneessen/go-mail"
 	"go.uber.org/goleak"
 
-	"effectively.dev/internal/smtptest"
+	"effectively.dev/email/smtptest"
 )
 
 func TestMain(m *testing.M) {

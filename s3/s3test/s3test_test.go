@@ -12,7 +12,7 @@ import (
 	"github.com/aws/smithy-go"
 	"go.uber.org/goleak"
 
-	"effectively.dev/internal/s3test"
+	"effectively.dev/s3/s3test"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
