@@ -21,9 +21,11 @@
 //     [ErrKeyReused], [ErrInFlight], [ErrAmbiguous], and [Retryable].
 //   - [Journal]: the sent-record interface that best-effort adapters (email,
 //     a Kafka producer) use; package postgres implements it.
-//   - [Plan] and [Step]: effects of different kinds for one message, in
-//     order, under keys derived from the message's id; the weakest step
-//     decides the plan's contract ([Plan.Contract]).
+//   - [Plan] and [Step]: a reusable definition of the effects of different
+//     kinds that one event causes, each step a function of the event, run
+//     in order under keys derived from the event's id ([Plan.Run]); the
+//     weakest step decides the plan's contract ([Plan.Contract]), known at
+//     start-up.
 //   - [Consumer]: takes deliveries from a [Source], runs a [Handler], and
 //     acks only after it succeeded (side effect first, then ack), with
 //     per-ordering order, retries, dead letters and graceful shutdown.

@@ -2,31 +2,46 @@ package effects
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
-// Step is one effect of a [Plan], bound to its input under a name. The
+// Step is one effect of a [Plan] over events of type E, under a name. The
 // name is part of the step's key, so it must stay the same across
-// deployments for as long as messages may be redelivered.
-type Step struct {
+// deployments for as long as messages may be redelivered. Build steps with
+// [NewStep] or [EventStep]; the zero Step is refused by [NewPlan].
+type Step[E any] struct {
 	name     string
 	contract Contract
-	apply    func(ctx context.Context, key Key, done Results) (Result, error)
+	apply    func(ctx context.Context, key Key, ev E, done Results) (Result, error)
 }
 
-// NewStep binds eff to the input that input builds from the results of the
-// steps before it (done, by step name): a later step can use an earlier
-// step's reference, such as the PaymentIntent id a receipt mentions. On a
-// redelivery the earlier steps replay with their recorded references, so
-// the input is rebuilt from the same values, not recomputed from new ones.
-func NewStep[In any](name string, eff Effect[In], input func(done Results) (In, error)) Step {
-	return Step{
+// NewStep makes a step that applies eff to the input that input builds
+// from the event and from the results of the steps before it (done, by
+// step name): a later step can use an earlier step's reference, such as
+// the PaymentIntent id a receipt mentions. On a redelivery the earlier
+// steps replay with their recorded references, so the input is rebuilt
+// from the same values, not recomputed from new ones.
+//
+// input must be a pure function of its arguments: it runs on every
+// delivery, and a payload that differs between deliveries of one event is
+// key reuse ([ErrKeyReused]) for an adapter that detects it, or a
+// different effect for one that does not. An error from input fails the
+// step before its effect runs (a *[StepError] wrapping it, retryable only
+// if input's own error is: the same event builds the same input).
+//
+// eff's contract is read once, here. A nil eff or input makes a step that
+// [NewPlan] refuses.
+func NewStep[E, In any](name string, eff Effect[In], input func(ev E, done Results) (In, error)) Step[E] {
+	if eff == nil || input == nil {
+		return Step[E]{name: name}
+	}
+	return Step[E]{
 		name:     name,
 		contract: eff.Contract(),
-		apply: func(ctx context.Context, key Key, done Results) (Result, error) {
-			in, err := input(done)
+		apply: func(ctx context.Context, key Key, ev E, done Results) (Result, error) {
+			in, err := input(ev, done)
 			if err != nil {
 				return Result{}, fmt.Errorf("building the input: %w", err)
 			}
@@ -35,69 +50,89 @@ func NewStep[In any](name string, eff Effect[In], input func(done Results) (In, 
 	}
 }
 
-// Bind binds eff to a fixed input under name.
-func Bind[In any](name string, eff Effect[In], in In) Step {
-	return NewStep(name, eff, func(Results) (In, error) { return in, nil })
+// EventStep makes a step that applies eff to the event itself: [NewStep]
+// with the input func(ev E, _ Results) (E, error) { return ev, nil }.
+func EventStep[E any](name string, eff Effect[E]) Step[E] {
+	return NewStep(name, eff, func(ev E, _ Results) (E, error) { return ev, nil })
 }
 
 // Name returns the step's name.
-func (s Step) Name() string { return s.name }
+func (s Step[E]) Name() string { return s.name }
 
 // Contract returns the contract of the step's effect.
-func (s Step) Contract() Contract { return s.contract }
+func (s Step[E]) Contract() Contract { return s.contract }
 
 // Results holds the results of a plan's completed steps, by step name.
 type Results map[string]Result
 
-// Plan runs effects of different kinds for one message, in order, each
-// under a key derived from the message's id and the step's name:
-// NewKey(scope, messageID, step). It stops at the first failing step: the
-// message is not acked, the broker redelivers it, and the redelivery runs
-// the plan again, the completed steps replaying instead of repeating.
+// Plan is a reusable definition of the effects one event causes: steps of
+// different kinds, each a function of the event (and of the steps before
+// it), run in order by [Plan.Run] under keys derived from the event's id and
+// the step's name: NewKey(scope, id, step). Build it once at start-up with
+// [NewPlan] and run it for every delivery; its composite contract
+// ([Plan.Contract]) is known before the first event arrives, to print or to
+// assert.
 //
-// A plan promises no more than its weakest step: see [Plan.Contract].
-type Plan struct {
+// Run stops at the first failing step: the message is not acked, the
+// broker redelivers it, and the redelivery runs the plan again, the
+// completed steps replaying instead of repeating. A plan promises no more
+// than its weakest step.
+//
+// A Plan is immutable and safe for concurrent use: any number of
+// deliveries may run it at once.
+type Plan[E any] struct {
 	scope string
-	steps []Step
+	steps []Step[E]
 	obs   Observer
 }
 
-// ErrInvalidPlan is returned by [NewPlan] for a plan that cannot run.
-var ErrInvalidPlan = errors.New("invalid plan")
-
-// NewPlan returns a plan running steps in order under scope. It refuses an
-// empty scope, no steps, empty or repeated step names, and steps whose
-// contracts are invalid.
-func NewPlan(scope string, steps ...Step) (*Plan, error) {
+// NewPlan returns a plan running steps in order under scope. It refuses,
+// with a *[ConfigError], an empty scope, no steps, a step without a name or
+// built with a nil effect or input, repeated step names, and steps whose
+// contracts are invalid. Nothing runs until [Plan.Run].
+func NewPlan[E any](scope string, steps ...Step[E]) (*Plan[E], error) {
+	const op = "effects.NewPlan"
 	if scope == "" {
-		return nil, fmt.Errorf("%w: empty scope", ErrInvalidPlan)
+		return nil, &ConfigError{Op: op, Option: "scope", Reason: "empty: every key of the plan starts with it"}
 	}
 	if len(steps) == 0 {
-		return nil, fmt.Errorf("%w: no steps", ErrInvalidPlan)
+		return nil, &ConfigError{Op: op, Option: "steps", Reason: "none given"}
 	}
-	seen := map[string]bool{}
+	seen := make(map[string]bool, len(steps))
 	for i, s := range steps {
+		arg := fmt.Sprintf("steps[%d]", i)
 		switch {
-		case s.name == "" || s.apply == nil:
-			return nil, fmt.Errorf("%w: step %d has no name or no effect (build steps with NewStep or Bind)", ErrInvalidPlan, i)
+		case s.name == "":
+			return nil, &ConfigError{Op: op, Option: arg, Reason: "no name (the name is part of the step's key)"}
+		case s.apply == nil:
+			return nil, &ConfigError{Op: op, Option: arg, Reason: fmt.Sprintf("step %q has a nil effect or input (build steps with NewStep or EventStep)", s.name)}
 		case seen[s.name]:
-			return nil, fmt.Errorf("%w: step name %q repeated: each step needs its own key", ErrInvalidPlan, s.name)
+			return nil, &ConfigError{Op: op, Option: arg, Reason: fmt.Sprintf("step name %q repeated: each step needs its own key", s.name)}
 		}
 		if err := s.contract.Validate(); err != nil {
-			return nil, fmt.Errorf("%w: step %q: %w", ErrInvalidPlan, s.name, err)
+			return nil, &ConfigError{Op: op, Option: arg, Reason: fmt.Sprintf("step %q: %v", s.name, err)}
 		}
 		seen[s.name] = true
 	}
-	return &Plan{scope: scope, steps: append([]Step(nil), steps...)}, nil
+	return &Plan[E]{scope: scope, steps: append([]Step[E](nil), steps...)}, nil
 }
 
 // WithObserver returns a copy of the plan that reports every step's
-// outcome to o, with Event.Step set to the step's name.
-func (p *Plan) WithObserver(o Observer) *Plan {
+// outcome to o, with Event.Step set to the step's name. A nil o observes
+// nothing.
+func (p *Plan[E]) WithObserver(o Observer) *Plan[E] {
 	q := *p
 	q.obs = o
 	return &q
 }
+
+// Scope returns the scope every key of the plan starts with.
+func (p *Plan[E]) Scope() string { return p.scope }
+
+// Key returns the key of the step named step for the event id, as Run
+// derives it: NewKey(scope, id, step). Readers use it to find an effect (an
+// S3 object, a journal record) that a plan wrote.
+func (p *Plan[E]) Key(id, step string) (Key, error) { return NewKey(p.scope, id, step) }
 
 // StepError is the error of a plan's failing step. It unwraps to the step's
 // error, so errors.Is and [Retryable] see through it.
@@ -115,24 +150,33 @@ func (e *StepError) Error() string {
 // Unwrap returns the step's error.
 func (e *StepError) Unwrap() error { return e.Err }
 
-// Run runs the plan's steps for the message messageID, in order, and
-// returns the results of the steps that completed. On the first failure it
-// stops and returns a *[StepError]; retry (or let the broker redeliver) the
-// same message id to resume: completed steps replay.
-func (p *Plan) Run(ctx context.Context, messageID string) (Results, error) {
+// Run runs the plan's steps for the event ev whose identity is id (a
+// [Delivery]'s ID: stable across redeliveries), in order, and returns the
+// results of the steps that completed. On the first failure it stops and
+// returns a *[StepError]; retry (or let the broker redeliver) the same id
+// and event to resume: completed steps replay.
+//
+// Every step's key is derived before the first step runs, so an id that
+// cannot make keys (an empty one: [ErrInvalidKey]) fails before any
+// effect.
+func (p *Plan[E]) Run(ctx context.Context, id string, ev E) (Results, error) {
+	keys := make([]Key, len(p.steps))
+	for i, s := range p.steps {
+		key, err := NewKey(p.scope, id, s.name)
+		if err != nil {
+			return Results{}, &StepError{Step: s.name, Err: err}
+		}
+		keys[i] = key
+	}
 	done := make(Results, len(p.steps))
-	for _, s := range p.steps {
-		key, err := NewKey(p.scope, messageID, s.name)
-		if err != nil {
-			return done, &StepError{Step: s.name, Err: err}
-		}
+	for i, s := range p.steps {
 		start := time.Now()
-		res, err := s.apply(ctx, key, done)
+		res, err := s.apply(ctx, keys[i], ev, done)
 		if p.obs != nil {
-			p.obs.Observe(ctx, Event{Kind: resultKind(res, err), Step: s.name, Key: key, DeliveryID: messageID, Duration: time.Since(start), Err: err})
+			p.obs.Observe(ctx, Event{Kind: resultKind(res, err), Step: s.name, Key: keys[i], DeliveryID: id, Duration: time.Since(start), Err: err})
 		}
 		if err != nil {
-			return done, &StepError{Step: s.name, Key: key, Err: err}
+			return done, &StepError{Step: s.name, Key: keys[i], Err: err}
 		}
 		done[s.name] = res
 	}
@@ -141,6 +185,8 @@ func (p *Plan) Run(ctx context.Context, messageID string) (Results, error) {
 
 // PlanContract is what a plan promises as a whole.
 type PlanContract struct {
+	// Scope is the plan's scope.
+	Scope string
 	// Contract is the weakest step's contract, which bounds the plan's.
 	Contract Contract
 	// Weakest names the step that decides, and Why says why in words.
@@ -155,12 +201,28 @@ type StepContract struct {
 	Contract Contract
 }
 
+// String renders the plan's contract for a start-up log: a first line with
+// the plan's guarantee and why, then one line per step.
+func (pc PlanContract) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "plan %q is %s: %s", pc.Scope, pc.Contract.Guarantee, pc.Why)
+	width := 0
+	for _, s := range pc.Steps {
+		width = max(width, len(s.Step))
+	}
+	for _, s := range pc.Steps {
+		fmt.Fprintf(&b, "\n  %-*s  %s", width, s.Step, s.Contract)
+	}
+	return b.String()
+}
+
 // Contract reports the plan's composite contract: the weakest step decides
 // (at-least-once below effectively-once; a wider duplicate window, a
 // shorter key horizon, no key-reuse detection are weaker), and the report
-// names that step and why.
-func (p *Plan) Contract() PlanContract {
-	pc := PlanContract{Contract: p.steps[0].contract, Weakest: p.steps[0].name}
+// names that step and why. It depends only on the steps, never on an
+// event, so it can be printed or asserted at start-up.
+func (p *Plan[E]) Contract() PlanContract {
+	pc := PlanContract{Scope: p.scope, Contract: p.steps[0].contract, Weakest: p.steps[0].name}
 	for _, s := range p.steps {
 		pc.Steps = append(pc.Steps, StepContract{Step: s.name, Contract: s.contract})
 		if s.contract.Weaker(pc.Contract) {

@@ -49,20 +49,29 @@ var (
 	alo  = effects.Contract{Guarantee: effects.AtLeastOnce, Enforcer: "smtp", DuplicateWindow: effects.Window{Trigger: effects.AfterUnknownOutcome, Between: "after 250, before the record"}}
 )
 
+// payment is the event the test plans run on.
+type payment struct {
+	ID    string
+	Cents int
+}
+
 func TestPlanRunsInOrderAndReplays(t *testing.T) {
 	ctx := context.Background()
 	charge, receipt := newRecorder(eo24), newRecorder(eo)
 	plan, err := effects.NewPlan("billing",
-		effects.Bind("charge", effects.Effect[string](charge), "2000 usd"),
-		effects.NewStep("receipt", effects.Effect[string](receipt), func(done effects.Results) (string, error) {
-			return "receipt for " + done["charge"].Ref, nil
+		effects.NewStep("charge", effects.Effect[string](charge), func(ev payment, _ effects.Results) (string, error) {
+			return fmt.Sprintf("%d usd", ev.Cents), nil
+		}),
+		effects.NewStep("receipt", effects.Effect[string](receipt), func(ev payment, done effects.Results) (string, error) {
+			return fmt.Sprintf("receipt for %s: %s", ev.ID, done["charge"].Ref), nil
 		}),
 	)
 	if err != nil {
 		t.Fatal(err)
 	}
+	ev := payment{ID: "evt_1", Cents: 2000}
 	receipt.fail = effects.Ambiguous("receipt", "", errors.New("lost reply"))
-	res, err := plan.Run(ctx, "evt_1")
+	res, err := plan.Run(ctx, ev.ID, ev)
 	var se *effects.StepError
 	if !errors.As(err, &se) || se.Step != "receipt" || !effects.Retryable(err) {
 		t.Fatalf("Run = %v; want a retryable StepError at receipt", err)
@@ -76,64 +85,159 @@ func TestPlanRunsInOrderAndReplays(t *testing.T) {
 	// Redelivery: the charge replays with its recorded ref, which feeds the
 	// receipt.
 	receipt.fail = nil
-	res, err = plan.Run(ctx, "evt_1")
+	res, err = plan.Run(ctx, ev.ID, ev)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if res["charge"].Status != effects.Replayed || res["charge"].Ref != "ref-1" || res["receipt"].Status != effects.Applied {
 		t.Fatalf("redelivery = %+v", res)
 	}
-	if len(charge.inputs) != 1 || len(receipt.inputs) != 1 || receipt.inputs[0] != "receipt for ref-1" {
+	if len(charge.inputs) != 1 || charge.inputs[0] != "2000 usd" || len(receipt.inputs) != 1 || receipt.inputs[0] != "receipt for evt_1: ref-1" {
 		t.Fatalf("charge inputs %q, receipt inputs %q", charge.inputs, receipt.inputs)
 	}
 	if _, ok := charge.refs[effects.MustKey("billing", "evt_1", "charge")]; !ok {
-		t.Fatal("the charge was not keyed NewKey(scope, messageID, step)")
+		t.Fatal("the charge was not keyed NewKey(scope, id, step)")
+	}
+	if k, err := plan.Key("evt_1", "receipt"); err != nil || k != se.Key {
+		t.Fatalf("plan.Key = %q, %v; want the key Run used, %q", k, err, se.Key)
+	}
+}
+
+// One plan, defined once, serves every event: each run builds its inputs
+// from its own event, also when runs overlap.
+func TestPlanIsReusedAcrossEvents(t *testing.T) {
+	ledger := newRecorder(eo)
+	plan, err := effects.NewPlan("billing", effects.NewStep("ledger", effects.Effect[string](ledger),
+		func(ev payment, _ effects.Results) (string, error) { return fmt.Sprintf("%s:%d", ev.ID, ev.Cents), nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ev := payment{ID: fmt.Sprintf("evt_%d", i), Cents: 100 * i}
+			for range 2 { // delivered twice
+				if _, err := plan.Run(context.Background(), ev.ID, ev); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if len(ledger.inputs) != 20 {
+		t.Fatalf("%d effects applied, want one per event (20)", len(ledger.inputs))
+	}
+	for i := range 20 {
+		key := effects.MustKey("billing", fmt.Sprintf("evt_%d", i), "ledger")
+		if _, ok := ledger.refs[key]; !ok {
+			t.Errorf("no effect under %q", key)
+		}
+	}
+	want := map[string]bool{}
+	for i := range 20 {
+		want[fmt.Sprintf("evt_%d:%d", i, 100*i)] = true
+	}
+	for _, in := range ledger.inputs {
+		if !want[in] {
+			t.Errorf("input %q was not built from its own event", in)
+		}
+		delete(want, in)
+	}
+}
+
+func TestEventStepAppliesTheEventItself(t *testing.T) {
+	r := newRecorder(eo)
+	plan, err := effects.NewPlan("notes", effects.EventStep("note", effects.Effect[string](r)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := plan.Run(context.Background(), "msg-1", "hello"); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.inputs) != 1 || r.inputs[0] != "hello" {
+		t.Fatalf("inputs %q, want [hello]", r.inputs)
+	}
+}
+
+func TestPlanInputErrorStopsBeforeTheEffect(t *testing.T) {
+	r := newRecorder(eo)
+	bad := errors.New("no customer")
+	plan, _ := effects.NewPlan("s", effects.NewStep("a", effects.Effect[string](r),
+		func(payment, effects.Results) (string, error) { return "", bad }))
+	_, err := plan.Run(context.Background(), "evt", payment{})
+	var se *effects.StepError
+	if !errors.As(err, &se) || se.Step != "a" || !errors.Is(err, bad) || effects.Retryable(err) {
+		t.Fatalf("Run = %v; want a non-retryable StepError wrapping the input's error", err)
+	}
+	if len(r.inputs) != 0 {
+		t.Fatalf("the effect ran with inputs %q", r.inputs)
 	}
 }
 
 func TestPlanContractNamesTheWeakestStep(t *testing.T) {
-	plan, err := effects.NewPlan("s",
-		effects.Bind("ledger", effects.Effect[string](newRecorder(eo)), ""),
-		effects.Bind("charge", effects.Effect[string](newRecorder(eo24)), ""),
-		effects.Bind("mail", effects.Effect[string](newRecorder(alo)), ""),
-	)
+	step := func(name string, c effects.Contract) effects.Step[string] {
+		return effects.EventStep(name, effects.Effect[string](newRecorder(c)))
+	}
+	plan, err := effects.NewPlan("s", step("ledger", eo), step("charge", eo24), step("mail", alo))
 	if err != nil {
 		t.Fatal(err)
 	}
 	pc := plan.Contract()
-	if pc.Weakest != "mail" || pc.Contract.Guarantee != effects.AtLeastOnce || !strings.Contains(pc.Why, "at-least-once") || len(pc.Steps) != 3 {
+	if pc.Weakest != "mail" || pc.Scope != "s" || pc.Contract.Guarantee != effects.AtLeastOnce || !strings.Contains(pc.Why, "at-least-once") || len(pc.Steps) != 3 {
 		t.Fatalf("%+v", pc)
 	}
-	plan, _ = effects.NewPlan("s",
-		effects.Bind("ledger", effects.Effect[string](newRecorder(eo)), ""),
-		effects.Bind("charge", effects.Effect[string](newRecorder(eo24)), ""),
-	)
+	out := pc.String()
+	if lines := strings.Split(out, "\n"); len(lines) != 4 || !strings.HasPrefix(lines[0], `plan "s" is at-least-once: step "mail"`) ||
+		!strings.HasPrefix(lines[1], "  ledger  effectively-once (db") || !strings.HasPrefix(lines[3], "  mail    at-least-once (smtp") {
+		t.Fatalf("String() =\n%s", out)
+	}
+	plan, _ = effects.NewPlan("s", step("ledger", eo), step("charge", eo24))
 	if pc := plan.Contract(); pc.Weakest != "charge" || !strings.Contains(pc.Why, "24h") {
 		t.Fatalf("%+v", pc)
 	}
 }
 
 func TestNewPlanRefusesBadPlans(t *testing.T) {
-	ok := effects.Bind("a", effects.Effect[string](newRecorder(eo)), "")
-	bad := [][]effects.Step{
-		nil,
-		{ok, ok},
-		{effects.Step{}},
-		{effects.Bind("x", effects.Effect[string](newRecorder(effects.Contract{})), "")},
+	ok := effects.EventStep("a", effects.Effect[string](newRecorder(eo)))
+	cases := map[string]struct {
+		scope  string
+		steps  []effects.Step[string]
+		option string
+	}{
+		"empty scope":      {"", []effects.Step[string]{ok}, "scope"},
+		"no steps":         {"s", nil, "steps"},
+		"repeated name":    {"s", []effects.Step[string]{ok, ok}, "steps[1]"},
+		"zero step":        {"s", []effects.Step[string]{ok, {}}, "steps[1]"},
+		"nil effect":       {"s", []effects.Step[string]{effects.EventStep[string]("b", nil)}, "steps[0]"},
+		"nil input":        {"s", []effects.Step[string]{effects.NewStep[string, string]("b", newRecorder(eo), nil)}, "steps[0]"},
+		"invalid contract": {"s", []effects.Step[string]{effects.EventStep("x", effects.Effect[string](newRecorder(effects.Contract{})))}, "steps[0]"},
+		"unnamed with eff": {"s", []effects.Step[string]{effects.EventStep("", effects.Effect[string](newRecorder(eo)))}, "steps[0]"},
 	}
-	for i, steps := range bad {
-		if _, err := effects.NewPlan("s", steps...); !errors.Is(err, effects.ErrInvalidPlan) {
-			t.Errorf("case %d: NewPlan = %v, want ErrInvalidPlan", i, err)
+	for name, c := range cases {
+		_, err := effects.NewPlan(c.scope, c.steps...)
+		var ce *effects.ConfigError
+		if !errors.As(err, &ce) || !errors.Is(err, effects.ErrInvalidConfig) || ce.Op != "effects.NewPlan" || ce.Option != c.option {
+			t.Errorf("%s: NewPlan = %v, want a ConfigError about %s", name, err, c.option)
 		}
 	}
-	if _, err := effects.NewPlan("", ok); !errors.Is(err, effects.ErrInvalidPlan) {
-		t.Errorf("empty scope accepted")
+}
+
+// An id that cannot make a key (an empty one) fails before the first
+// effect, so no plan is left half done.
+func TestPlanRunRefusesAnEmptyIDBeforeAnyEffect(t *testing.T) {
+	first, second := newRecorder(eo), newRecorder(eo)
+	plan, _ := effects.NewPlan("s",
+		effects.EventStep("a", effects.Effect[string](first)),
+		effects.EventStep("b", effects.Effect[string](second)))
+	_, err := plan.Run(context.Background(), "", "payload")
+	var se *effects.StepError
+	if !errors.Is(err, effects.ErrInvalidKey) || !errors.As(err, &se) || se.Step != "a" {
+		t.Errorf("Run with an empty id = %v, want a StepError at the first step with ErrInvalidKey", err)
 	}
-	// An empty message id cannot make a key: the step fails, nothing runs.
-	r := newRecorder(eo)
-	plan, _ := effects.NewPlan("s", effects.Bind("a", effects.Effect[string](r), ""))
-	if _, err := plan.Run(context.Background(), ""); !errors.Is(err, effects.ErrInvalidKey) || len(r.inputs) != 0 {
-		t.Fatalf("Run with an empty id = %v, inputs %q", err, r.inputs)
+	if len(first.inputs)+len(second.inputs) != 0 {
+		t.Fatalf("effects ran: %q, %q", first.inputs, second.inputs)
 	}
 }
 

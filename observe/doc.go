@@ -42,7 +42,8 @@
 //
 // One record per event, message "effectively: <outcome>", attributes
 // outcome, effect, step, key, delivery_id, attempt, duration and error (each
-// only when the event has it). Levels, changeable with [WithLevel]:
+// only when the event has it). Levels ([DefaultLevel]), changeable with
+// [WithLevel]:
 //
 //   - Debug: applied, replayed. The normal path, one per effect per
 //     delivery: too many to keep at Info.

@@ -65,14 +65,14 @@ func Example() {
 
 	// The plan reports each step with its name; effects.Observe would
 	// report each Apply with the effect's name instead.
-	plan, err := effects.NewPlan("billing", effects.Bind("ledger", effects.Effect[int](&ledger{rows: map[effects.Key]int{}}), 1999))
+	plan, err := effects.NewPlan("billing", effects.EventStep("ledger", effects.Effect[int](&ledger{rows: map[effects.Key]int{}})))
 	if err != nil {
 		panic(err)
 	}
 	plan = plan.WithObserver(obs)
 	ctx := context.Background()
 	for range 2 { // the broker delivers evt_1 twice
-		if _, err := plan.Run(ctx, "evt_1"); err != nil {
+		if _, err := plan.Run(ctx, "evt_1", 1999); err != nil {
 			panic(err)
 		}
 	}

@@ -104,24 +104,28 @@ type measureOpts struct {
 	rec []metric.RecordOption
 }
 
-// Option configures an [Observer].
-type Option func(*config) error
+// Option configures an [Observer]. Options only record their values;
+// [New] validates them all at once and refuses a bad one with an
+// *effects.ConfigError. A nil Option is ignored.
+type Option func(*config)
 
 type config struct {
 	logger *slog.Logger
 	mp     metric.MeterProvider
 	attrs  []attribute.KeyValue
-	levels [lastKind + 1]slog.Level
+	levels []levelOverride // in order; New applies them over DefaultLevel
 }
 
-// WithLogger logs every event to l, at the level of its kind (see the
-// package doc and [WithLevel]). Without it, or with a nil l, the Observer
+type levelOverride struct {
+	kind  effects.EventKind
+	level slog.Level
+}
+
+// WithLogger logs every event to l, at the level of its kind (see
+// [DefaultLevel] and [WithLevel]). Without it, or with a nil l, the Observer
 // logs nothing. To add attributes to every record, pass l.With(...).
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) error {
-		c.logger = l
-		return nil
-	}
+	return func(c *config) { c.logger = l }
 }
 
 // WithMeterProvider records metrics with mp. Without it, or with a nil mp,
@@ -130,57 +134,68 @@ func WithLogger(l *slog.Logger) Option {
 // otel.SetMeterProvider, and costs next to nothing until then. To turn
 // metrics off, pass go.opentelemetry.io/otel/metric/noop.NewMeterProvider().
 func WithMeterProvider(mp metric.MeterProvider) Option {
-	return func(c *config) error {
-		c.mp = mp
-		return nil
-	}
+	return func(c *config) { c.mp = mp }
 }
 
 // WithAttributes adds attrs to every metric point, for instance the name of
-// the pipeline when one process runs several. Keep them few and bounded:
-// each distinct value is a separate time series. [New] refuses the keys the
-// Observer sets itself (effect, step, outcome). Log records do not get
-// them: give WithLogger a logger built with slog.Logger.With.
+// the pipeline when one process runs several; it may be given more than
+// once. Keep them few and bounded: each distinct value is a separate time
+// series. [New] refuses the keys the Observer sets itself (effect, step,
+// outcome). Log records do not get them: give WithLogger a logger built
+// with slog.Logger.With.
 func WithAttributes(attrs ...attribute.KeyValue) Option {
-	return func(c *config) error {
-		for _, kv := range attrs {
-			switch kv.Key {
-			case AttrEffect, AttrStep, AttrOutcome:
-				return fmt.Errorf("observe: WithAttributes: %q is set by the Observer from each event", kv.Key)
-			}
-		}
-		c.attrs = append(c.attrs, attrs...)
-		return nil
-	}
+	return func(c *config) { c.attrs = append(c.attrs, attrs...) }
 }
 
-// WithLevel logs events of kind at level instead of the default (see the
-// package doc), e.g. replayed at Info while investigating redeliveries, or
-// in_flight at Debug where concurrent duplicates are routine. [New] fails
-// for a kind this package does not know.
+// WithLevel logs events of kind at level instead of [DefaultLevel](kind),
+// e.g. replayed at Info while investigating redeliveries, or in_flight at
+// Debug where concurrent duplicates are routine. [New] refuses a kind this
+// package does not know.
 func WithLevel(kind effects.EventKind, level slog.Level) Option {
-	return func(c *config) error {
-		if kind < effects.EventApplied || kind > lastKind {
-			return fmt.Errorf("observe: WithLevel: unknown event kind %d", int(kind))
-		}
-		c.levels[kind] = level
-		return nil
+	return func(c *config) { c.levels = append(c.levels, levelOverride{kind, level}) }
+}
+
+// DefaultLevel returns the level an event of kind is logged at unless
+// [WithLevel] says otherwise: Debug for applied and replayed, Info for
+// in_flight and retried, Warn for failed, Error for key_reused and
+// dead_lettered, and Warn for a kind this package does not know.
+func DefaultLevel(kind effects.EventKind) slog.Level {
+	if kind < effects.EventApplied || kind > lastKind {
+		return unknownLevel
 	}
+	return defaultLevels[kind]
 }
 
 // New returns an Observer configured by opts. With no options it logs
 // nothing and records metrics with the global MeterProvider, which drops
-// them until one is installed. It fails if an option is invalid or the
-// meter refuses an instrument.
+// them until one is installed. It returns an *effects.ConfigError for an
+// invalid option, and an error if the meter refuses an instrument.
 func New(opts ...Option) (*Observer, error) {
-	c := config{levels: defaultLevels}
+	const op = "observe.New"
+	c := config{}
 	for _, opt := range opts {
-		if opt == nil {
-			continue
+		if opt != nil {
+			opt(&c)
 		}
-		if err := opt(&c); err != nil {
-			return nil, err
+	}
+	for _, kv := range c.attrs {
+		switch kv.Key {
+		case AttrEffect, AttrStep, AttrOutcome:
+			return nil, &effects.ConfigError{Op: op, Option: "WithAttributes",
+				Reason: fmt.Sprintf("%q is set by the Observer from each event", kv.Key)}
 		}
+		if !kv.Valid() {
+			return nil, &effects.ConfigError{Op: op, Option: "WithAttributes",
+				Reason: fmt.Sprintf("attribute %q is invalid (empty key or no value)", kv.Key)}
+		}
+	}
+	levels := defaultLevels
+	for _, l := range c.levels {
+		if l.kind < effects.EventApplied || l.kind > lastKind {
+			return nil, &effects.ConfigError{Op: op, Option: "WithLevel",
+				Reason: fmt.Sprintf("unknown event kind %d", int(l.kind))}
+		}
+		levels[l.kind] = l.level
 	}
 	if c.mp == nil {
 		c.mp = otel.GetMeterProvider()
@@ -198,7 +213,7 @@ func New(opts ...Option) (*Observer, error) {
 	}
 	return &Observer{
 		logger:   c.logger,
-		levels:   c.levels,
+		levels:   levels,
 		events:   events,
 		duration: duration,
 		attrs:    append([]attribute.KeyValue(nil), c.attrs...),

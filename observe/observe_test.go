@@ -76,14 +76,14 @@ func TestMetrics(t *testing.T) {
 		// steps apply once, then replay twice.
 		plain := newScriptedEffect()
 		plan, err := effects.NewPlan("billing",
-			effects.Bind("charge", effects.Effect[string](plain), "x"),
-			effects.Bind("receipt", effects.Effect[string](plain), "y"))
+			effects.NewStep("charge", effects.Effect[string](plain), func(string, effects.Results) (string, error) { return "x", nil }),
+			effects.NewStep("receipt", effects.Effect[string](plain), func(string, effects.Results) (string, error) { return "y", nil }))
 		if err != nil {
 			t.Fatal(err)
 		}
 		plan = plan.WithObserver(obs)
 		for range 3 {
-			if _, err := plan.Run(ctx, "evt-1"); err != nil {
+			if _, err := plan.Run(ctx, "evt-1", "event"); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -165,8 +165,9 @@ func TestMetrics(t *testing.T) {
 	t.Run("WithAttributes refuses the Observer's own keys", func(t *testing.T) {
 		for _, key := range []string{"effect", "step", "outcome"} {
 			_, err := observe.New(observe.WithAttributes(attribute.String("pipeline", "p"), attribute.String(key, "bogus")))
-			if err == nil {
-				t.Errorf("New(WithAttributes(%s=...)) succeeded", key)
+			var ce *effects.ConfigError
+			if !errors.As(err, &ce) || ce.Option != "WithAttributes" || !errors.Is(err, effects.ErrInvalidConfig) {
+				t.Errorf("New(WithAttributes(%s=...)) = %v, want a ConfigError about WithAttributes", key, err)
 			}
 		}
 	})
@@ -359,6 +360,9 @@ func TestLogs(t *testing.T) {
 				if len(got) != 1 || got[0].level != want {
 					t.Fatalf("records %+v, want one at %v", got, want)
 				}
+				if got := observe.DefaultLevel(kind); got != want {
+					t.Errorf("DefaultLevel = %v, want %v", got, want)
+				}
 			})
 		}
 	})
@@ -388,8 +392,10 @@ func TestLogs(t *testing.T) {
 
 	t.Run("WithLevel refuses an unknown kind", func(t *testing.T) {
 		for _, k := range []effects.EventKind{0, effects.EventDeadLettered + 1} {
-			if _, err := observe.New(observe.WithLevel(k, slog.LevelInfo)); err == nil {
-				t.Errorf("New(WithLevel(%d)) succeeded", k)
+			_, err := observe.New(observe.WithLevel(k, slog.LevelInfo))
+			var ce *effects.ConfigError
+			if !errors.As(err, &ce) || ce.Op != "observe.New" || ce.Option != "WithLevel" {
+				t.Errorf("New(WithLevel(%d)) = %v, want a ConfigError about WithLevel", k, err)
 			}
 		}
 	})

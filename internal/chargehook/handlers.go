@@ -187,6 +187,7 @@ type effectivelyOnce struct {
 	receipt *s3.Writer
 	event   *kafka.Producer
 	mail    *email.Sender
+	plan    *effects.Plan[Event] // the five effects, defined once
 }
 
 // ledgerRow is the ledger step's input.
@@ -226,13 +227,17 @@ func newEffectivelyOnce(d deps, mailLog *slog.Logger) (*effectivelyOnce, error) 
 	if err != nil {
 		return nil, err
 	}
+	if h.plan, err = h.newPlan(); err != nil {
+		return nil, err
+	}
 	return h, nil
 }
 
-// plan binds the five effects to one event. A later step's input is built
-// from the earlier steps' results: on a redelivery those replay with their
-// recorded references, so every payload is the same as the first time.
-func (h *effectivelyOnce) plan(ev Event) (*effects.Plan, error) {
+// newPlan defines the five effects once, as functions of the event. A later
+// step's input is built from the earlier steps' results: on a redelivery
+// those replay with their recorded references, so every payload is the same
+// as the first time.
+func (h *effectivelyOnce) newPlan() (*effects.Plan[Event], error) {
 	ref := func(done effects.Results, step string) (string, error) {
 		r, ok := done[step]
 		if !ok || r.Ref == "" {
@@ -241,26 +246,28 @@ func (h *effectivelyOnce) plan(ev Event) (*effects.Plan, error) {
 		return r.Ref, nil
 	}
 	p, err := effects.NewPlan(h.scope,
-		effects.Bind(stepCharge, h.charge, stripe.PaymentIntent{
-			Amount: ev.Cents, Currency: "usd", PaymentMethod: testCard, Confirm: true,
-			Metadata: map[string]string{"event_id": ev.ID},
+		effects.NewStep(stepCharge, h.charge, func(ev Event, _ effects.Results) (stripe.PaymentIntent, error) {
+			return stripe.PaymentIntent{
+				Amount: ev.Cents, Currency: "usd", PaymentMethod: testCard, Confirm: true,
+				Metadata: map[string]string{"event_id": ev.ID},
+			}, nil
 		}),
-		effects.NewStep(stepLedger, h.ledger, func(done effects.Results) (ledgerRow, error) {
+		effects.NewStep(stepLedger, h.ledger, func(ev Event, done effects.Results) (ledgerRow, error) {
 			pi, err := ref(done, stepCharge)
 			return ledgerRow{EventID: ev.ID, Account: ev.Account, Cents: ev.Cents, PaymentIntent: pi}, err
 		}),
-		effects.NewStep(stepReceipt, h.receipt, func(done effects.Results) (s3.Object, error) {
+		effects.NewStep(stepReceipt, h.receipt, func(ev Event, done effects.Results) (s3.Object, error) {
 			pi, err1 := ref(done, stepCharge)
 			id, err2 := ref(done, stepLedger)
 			return s3.Object{Body: []byte(receipt(ev, pi, id)), ContentType: "text/plain"}, errors.Join(err1, err2)
 		}),
-		effects.NewStep(stepEvent, h.event, func(done effects.Results) (kafka.Message, error) {
+		effects.NewStep(stepEvent, h.event, func(ev Event, done effects.Results) (kafka.Message, error) {
 			pi, err1 := ref(done, stepCharge)
 			id, err2 := ref(done, stepLedger)
 			return kafka.Message{Key: []byte(ev.ID), Value: chargedEvent(ev, pi, id),
 				Headers: []kgo.RecordHeader{{Key: recEvent, Value: []byte(ev.ID)}}}, errors.Join(err1, err2)
 		}),
-		effects.NewStep(stepMail, h.mail, func(done effects.Results) (email.Message, error) {
+		effects.NewStep(stepMail, h.mail, func(ev Event, done effects.Results) (email.Message, error) {
 			pi, err1 := ref(done, stepCharge)
 			id, err2 := ref(done, stepLedger)
 			return email.Message{From: mailFrom, To: []string{ev.Email}, Subject: mailSubject(ev),
@@ -277,11 +284,7 @@ func (h *effectivelyOnce) plan(ev Event) (*effects.Plan, error) {
 }
 
 func (h *effectivelyOnce) handle(ctx context.Context, ev Event) (bool, error) {
-	p, err := h.plan(ev)
-	if err != nil {
-		return false, err
-	}
-	res, err := p.Run(ctx, ev.ID)
+	res, err := h.plan.Run(ctx, ev.ID, ev)
 	applied := false
 	for _, r := range res {
 		applied = applied || !r.Replayed()
@@ -289,14 +292,8 @@ func (h *effectivelyOnce) handle(ctx context.Context, ev Event) (bool, error) {
 	return applied, err
 }
 
-// contract is the plan's composite contract (the same for every event).
-func (h *effectivelyOnce) contract() effects.PlanContract {
-	p, err := h.plan(Event{ID: "contract", Account: "acct", Email: "a@b.example", Cents: 1})
-	if err != nil {
-		panic(err) // the same steps every time: cannot fail here if it did not in newEffectivelyOnce
-	}
-	return p.Contract()
-}
+// contract is the plan's composite contract.
+func (h *effectivelyOnce) contract() effects.PlanContract { return h.plan.Contract() }
 
 // objectKey is the S3 object the effectively-once handler writes for ev.
 func (h *effectivelyOnce) objectKey(ev Event) string {

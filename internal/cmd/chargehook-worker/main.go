@@ -257,6 +257,7 @@ type handler struct {
 	scope    string
 	ledger   *postgres.Effect[ledgerRow]
 	output   *kafka.Producer
+	plan     *effects.Plan[event] // defined once, run per delivery
 	src      *tracingSource
 	ackFirst bool
 	tr       *tracer
@@ -288,7 +289,11 @@ func newHandler(pool *pgxpool.Pool, producer *kgo.Client, cfg config, tr *tracer
 	if err != nil {
 		return nil, err
 	}
-	return &handler{scope: cfg.scope, ledger: ledger, output: output, ackFirst: cfg.ackFirst, tr: tr}, nil
+	h := &handler{scope: cfg.scope, ledger: ledger, output: output, ackFirst: cfg.ackFirst, tr: tr}
+	if h.plan, err = h.newPlan(); err != nil {
+		return nil, err
+	}
+	return h, nil
 }
 
 // charged is the value of an output record.
@@ -298,10 +303,13 @@ type charged struct {
 	Cents       int64  `json:"cents"`
 }
 
-func (h *handler) plan(ev event) (*effects.Plan, error) {
+// newPlan defines the worker's two effects once, as functions of the event.
+func (h *handler) newPlan() (*effects.Plan[event], error) {
 	p, err := effects.NewPlan(h.scope,
-		effects.Bind(stepLedger, h.ledger, ledgerRow{EventID: ev.ID, Account: ev.Account, Cents: ev.Cents}),
-		effects.NewStep(stepOutput, h.output, func(done effects.Results) (kafka.Message, error) {
+		effects.NewStep(stepLedger, h.ledger, func(ev event, _ effects.Results) (ledgerRow, error) {
+			return ledgerRow{EventID: ev.ID, Account: ev.Account, Cents: ev.Cents}, nil
+		}),
+		effects.NewStep(stepOutput, h.output, func(ev event, done effects.Results) (kafka.Message, error) {
 			id := done[stepLedger].Ref
 			if id == "" {
 				return kafka.Message{}, errors.New("no ledger id from the ledger step")
@@ -344,13 +352,9 @@ func (h *handler) handle(ctx context.Context, d effects.Delivery) (err error) {
 			return err
 		}
 	}
-	p, err := h.plan(ev)
-	if err != nil {
-		return err
-	}
 	hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	_, err = p.Run(hctx, ev.ID)
+	_, err = h.plan.Run(hctx, ev.ID, ev)
 	return err
 }
 
