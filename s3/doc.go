@@ -51,6 +51,16 @@
 //   - nothing about retries: the SDK's retryer may stay on. A retried PUT
 //     that finds its own earlier write is a replay (see above).
 //
+// # Storage settings
+//
+// [WithPutHook] sets how S3 stores each object (server-side encryption with
+// SSE-S3 or SSE-KMS, storage class, tags, Cache-Control, the checksum
+// algorithm, an ACL) on the PutObjectInput, and the same settings go to
+// CreateMultipartUpload for large bodies. The condition, the object key, the
+// metadata that carries the ownership markers and the payload stay the
+// adapter's: a hook that changes them is refused with a *[HookError] before
+// any request.
+//
 // # Errors
 //
 // Apply validates the key (and the object key derived from it, and the

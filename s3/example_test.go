@@ -10,6 +10,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 
 	"effectively.dev/effects"
 	"effectively.dev/s3"
@@ -94,4 +95,40 @@ func ExampleEscapeKey() {
 	// billing:evt_1:receipt
 	// orders%2F2025%2F06
 	// a%253Ab:c
+}
+
+// Encrypt, tag and classify every object the Writer creates. The hook sets
+// how S3 stores the object; the condition, the object key and the ownership
+// metadata stay the adapter's, and a hook that touches them is refused
+// before anything is written.
+func ExampleWithPutHook() {
+	srv := exampleServer("statements/")
+	client, bucket := exampleClient(srv), srv.Bucket
+
+	storage := func(key effects.Key, in *awss3.PutObjectInput) error {
+		in.ServerSideEncryption = types.ServerSideEncryptionAes256 // SSE-S3; or aws:kms with SSEKMSKeyId
+		in.StorageClass = types.StorageClassStandardIa
+		in.Tagging = aws.String("team=billing")
+		in.CacheControl = aws.String("private, max-age=86400")
+		in.ChecksumAlgorithm = types.ChecksumAlgorithmSha256
+		return nil
+	}
+	w, err := s3.New(client, bucket, s3.WithPrefix("statements/"), s3.WithPutHook(storage))
+	if err != nil {
+		log.Fatal(err)
+	}
+	res, err := w.Apply(context.Background(), effects.MustKey("billing", "evt_7", "statement"), s3.Object{Body: []byte("statement"), ContentType: "text/plain"})
+	fmt.Println(res.Status, err)
+
+	unconditional := func(_ effects.Key, in *awss3.PutObjectInput) error {
+		in.IfNoneMatch = nil // would let a redelivery overwrite
+		return nil
+	}
+	w, _ = s3.New(client, bucket, s3.WithPrefix("statements/"), s3.WithPutHook(unconditional))
+	_, err = w.Apply(context.Background(), effects.MustKey("billing", "evt_8", "statement"), s3.Object{Body: []byte("statement")})
+	var he *s3.HookError
+	fmt.Println(errors.As(err, &he), he.Field, errors.Is(err, effects.ErrInvalidConfig))
+	// Output:
+	// applied <nil>
+	// true IfNoneMatch true
 }

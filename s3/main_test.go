@@ -155,6 +155,18 @@ func countVersions(ctx context.Context, c *awss3.Client, bucket, name string, ex
 	return len(seen), nil
 }
 
+// nothingSent fails the test if a request reached S3 through rt or an
+// object exists under the env's prefix.
+func (e *env) nothingSent(rt *roundTripCounter) {
+	e.t.Helper()
+	if n := rt.count(); n != 0 {
+		e.t.Errorf("%d requests reached S3, want 0", n)
+	}
+	if n := e.total(); n != 0 {
+		e.t.Errorf("%d objects written, want 0", n)
+	}
+}
+
 // roundTripCounter counts requests; tests use it to prove no I/O happened.
 type roundTripCounter struct {
 	mu    sync.Mutex

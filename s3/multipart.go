@@ -20,7 +20,7 @@ const abortTimeout = 30 * time.Second
 
 // multipart writes the object as a multipart upload completed with
 // If-None-Match: *.
-func (p *put) multipart(ctx context.Context) (effects.Result, error) {
+func (p *put) multipart(ctx context.Context, in *awss3.PutObjectInput) (effects.Result, error) {
 	// A redelivered large object is usually there already: look before
 	// uploading it again. The lookup is only an optimisation (the
 	// conditional complete decides), so any failure falls through to the
@@ -33,13 +33,8 @@ func (p *put) multipart(ctx context.Context) (effects.Result, error) {
 		return p.check(head)
 	}
 
-	created, err := p.w.client.CreateMultipartUpload(ctx, &awss3.CreateMultipartUploadInput{
-		Bucket:            aws.String(p.w.bucket),
-		Key:               aws.String(p.name),
-		ContentType:       p.contentType(),
-		Metadata:          p.meta,
-		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32,
-	})
+	create := createInput(in)
+	created, err := p.w.client.CreateMultipartUpload(ctx, create)
 	if err != nil {
 		// Nothing is visible before the upload completes.
 		return p.failed(ctx, "CreateMultipartUpload", err, false)
@@ -52,23 +47,20 @@ func (p *put) multipart(ctx context.Context) (effects.Result, error) {
 	for n, off := int32(1), int64(0); off < int64(len(body)); n, off = n+1, off+partSize {
 		chunk := body[off:min(off+partSize, int64(len(body)))]
 		out, err := p.w.client.UploadPart(ctx, &awss3.UploadPartInput{
-			Bucket:            aws.String(p.w.bucket),
-			Key:               aws.String(p.name),
-			UploadId:          uploadID,
-			PartNumber:        aws.Int32(n),
-			Body:              bytes.NewReader(chunk),
-			ContentLength:     aws.Int64(int64(len(chunk))),
-			ChecksumAlgorithm: types.ChecksumAlgorithmCrc32,
+			Bucket:              aws.String(p.w.bucket),
+			Key:                 aws.String(p.name),
+			UploadId:            uploadID,
+			PartNumber:          aws.Int32(n),
+			Body:                bytes.NewReader(chunk),
+			ContentLength:       aws.Int64(int64(len(chunk))),
+			ChecksumAlgorithm:   create.ChecksumAlgorithm,
+			ExpectedBucketOwner: create.ExpectedBucketOwner,
 		})
 		if err != nil {
 			res, err := p.failed(ctx, fmt.Sprintf("UploadPart %d", n), err, false)
 			return res, p.abort(ctx, uploadID, err)
 		}
-		parts = append(parts, types.CompletedPart{
-			PartNumber:    aws.Int32(n),
-			ETag:          out.ETag,
-			ChecksumCRC32: out.ChecksumCRC32,
-		})
+		parts = append(parts, completedPart(n, out, create.ChecksumAlgorithm))
 	}
 
 	done, err := p.w.client.CompleteMultipartUpload(ctx, &awss3.CompleteMultipartUploadInput{

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"slices"
 	"strings"
@@ -67,90 +68,100 @@ type Writer struct {
 	mapKey    func(effects.Key) string
 	threshold int64
 	partSize  int64
+	hook      PutHook
 }
 
 var _ effects.Effect[Object] = (*Writer)(nil)
 
-// Option configures a [Writer].
-type Option func(*Writer) error
+// Option configures a [Writer]. Options only record their values; [New]
+// validates them all at once and refuses a bad one with an
+// *effects.ConfigError. A nil Option is ignored.
+type Option func(*config)
+
+type config struct {
+	prefix    string
+	mapKey    func(effects.Key) string
+	mapKeySet bool
+	threshold int64
+	partSize  int64
+	hook      PutHook
+	hookSet   bool
+}
 
 // WithPrefix puts every object under prefix: the object key is prefix
 // followed by the mapped idempotency key (see [WithObjectKey]). A prefix
-// that should act as a folder ends in "/".
+// that should act as a folder ends in "/". The default is no prefix.
 func WithPrefix(prefix string) Option {
-	return func(w *Writer) error {
-		w.prefix = prefix
-		return nil
-	}
+	return func(c *config) { c.prefix = prefix }
 }
 
-// WithObjectKey replaces [EscapeKey] as the mapping from idempotency key to
-// object key (after the prefix). fn must be deterministic, and should be
-// injective: two keys that map to one object are caught (the second gets
-// [effects.ErrKeyReused], since the stored object names the other key) but
-// cannot both be written. The result, prefix included, must be a valid S3
-// key (non-empty, valid UTF-8, at most 1024 bytes, no control characters),
-// or Apply refuses the key with [effects.ErrInvalidKey] before any I/O.
+// WithObjectKey replaces [EscapeKey] (the default) as the mapping from
+// idempotency key to object key (after the prefix). fn must be
+// deterministic, and should be injective: two keys that map to one object
+// are caught (the second gets [effects.ErrKeyReused], since the stored
+// object names the other key) but cannot both be written. The result,
+// prefix included, must be a valid S3 key (non-empty, valid UTF-8, at most
+// 1024 bytes, no control characters), or Apply refuses the key with
+// [effects.ErrInvalidKey] before any I/O. [New] refuses a nil fn.
 func WithObjectKey(fn func(effects.Key) string) Option {
-	return func(w *Writer) error {
-		if fn == nil {
-			return errors.New("WithObjectKey: nil function")
-		}
-		w.mapKey = fn
-		return nil
-	}
+	return func(c *config) { c.mapKey, c.mapKeySet = fn, true }
 }
 
 // WithMultipartThreshold uploads bodies larger than n bytes as multipart
 // uploads (default [DefaultMultipartThreshold], 16 MiB). The condition then
 // sits on CompleteMultipartUpload, and an existing object is looked up
-// before uploading, so a redelivered large object is not sent again.
+// before uploading, so a redelivered large object is not sent again. [New]
+// refuses a negative n.
 func WithMultipartThreshold(n int64) Option {
-	return func(w *Writer) error {
-		if n < 0 {
-			return fmt.Errorf("WithMultipartThreshold: negative threshold %d", n)
-		}
-		w.threshold = n
-		return nil
-	}
+	return func(c *config) { c.threshold = n }
 }
 
 // WithPartSize sets the size of each part of a multipart upload but the
 // last (default [DefaultPartSize], 8 MiB). AWS S3 (and versitygw) refuse
 // parts under 5 MiB other than the last. A body that would need more than
-// S3's 10,000 parts is split into 10,000 larger ones.
+// S3's 10,000 parts is split into 10,000 larger ones. [New] refuses n <= 0.
 func WithPartSize(n int64) Option {
-	return func(w *Writer) error {
-		if n <= 0 {
-			return fmt.Errorf("WithPartSize: part size %d, want > 0", n)
-		}
-		w.partSize = n
-		return nil
-	}
+	return func(c *config) { c.partSize = n }
 }
 
 // New returns a Writer that creates objects in bucket through client. See
-// the package documentation for what client must be able to do.
+// the package documentation for what client must be able to do. It returns
+// an *effects.ConfigError for a nil client, an empty bucket or an invalid
+// option, and makes no request.
 func New(client *awss3.Client, bucket string, opts ...Option) (*Writer, error) {
-	if client == nil {
-		return nil, errors.New("s3.New: nil client")
-	}
-	if bucket == "" {
-		return nil, errors.New("s3.New: empty bucket name")
-	}
-	w := &Writer{
-		client:    client,
-		bucket:    bucket,
-		mapKey:    EscapeKey,
-		threshold: DefaultMultipartThreshold,
-		partSize:  DefaultPartSize,
-	}
+	const op = "s3.New"
+	c := config{threshold: DefaultMultipartThreshold, partSize: DefaultPartSize}
 	for _, o := range opts {
-		if err := o(w); err != nil {
-			return nil, fmt.Errorf("s3.New: %w", err)
+		if o != nil {
+			o(&c)
 		}
 	}
-	return w, nil
+	switch {
+	case client == nil:
+		return nil, &effects.ConfigError{Op: op, Option: "client", Reason: "nil *s3.Client"}
+	case bucket == "":
+		return nil, &effects.ConfigError{Op: op, Option: "bucket", Reason: "empty bucket name"}
+	case c.mapKeySet && c.mapKey == nil:
+		return nil, &effects.ConfigError{Op: op, Option: "WithObjectKey", Reason: "nil function"}
+	case c.threshold < 0:
+		return nil, &effects.ConfigError{Op: op, Option: "WithMultipartThreshold", Reason: fmt.Sprintf("negative threshold %d", c.threshold)}
+	case c.partSize <= 0:
+		return nil, &effects.ConfigError{Op: op, Option: "WithPartSize", Reason: fmt.Sprintf("part size %d, want > 0", c.partSize)}
+	case c.hookSet && c.hook == nil:
+		return nil, &effects.ConfigError{Op: op, Option: "WithPutHook", Reason: "nil hook"}
+	}
+	if c.mapKey == nil {
+		c.mapKey = EscapeKey
+	}
+	return &Writer{
+		client:    client,
+		bucket:    bucket,
+		prefix:    c.prefix,
+		mapKey:    c.mapKey,
+		threshold: c.threshold,
+		partSize:  c.partSize,
+		hook:      c.hook,
+	}, nil
 }
 
 // Contract declares effectively-once, enforced by S3's conditional write,
@@ -193,10 +204,14 @@ func (w *Writer) Apply(ctx context.Context, key effects.Key, obj Object) (effect
 		return effects.Result{}, fmt.Errorf("%s key %q: %w", opApply, key, err)
 	}
 	p := &put{w: w, key: key, name: name, obj: obj, meta: meta, fp: fp}
-	if int64(len(obj.Body)) > w.threshold && len(obj.Body) > 0 {
-		return p.multipart(ctx)
+	in, err := p.hooked()
+	if err != nil {
+		return effects.Result{}, err
 	}
-	return p.single(ctx)
+	if int64(len(obj.Body)) > w.threshold && len(obj.Body) > 0 {
+		return p.multipart(ctx, in)
+	}
+	return p.single(ctx, in)
 }
 
 // put is one Apply in progress.
@@ -216,17 +231,23 @@ func (p *put) contentType() *string {
 	return aws.String(p.obj.ContentType)
 }
 
-// single writes the object with one conditional PutObject.
-func (p *put) single(ctx context.Context) (effects.Result, error) {
-	out, err := p.w.client.PutObject(ctx, &awss3.PutObjectInput{
+// input returns a new PutObjectInput for the object: the conditional write
+// as the adapter makes it, before any hook.
+func (p *put) input() *awss3.PutObjectInput {
+	return &awss3.PutObjectInput{
 		Bucket:        aws.String(p.w.bucket),
 		Key:           aws.String(p.name),
 		Body:          bytes.NewReader(p.obj.Body),
 		ContentLength: aws.Int64(int64(len(p.obj.Body))),
 		ContentType:   p.contentType(),
-		Metadata:      p.meta,
+		Metadata:      maps.Clone(p.meta), // the hook's mutations must not reach p.meta
 		IfNoneMatch:   aws.String("*"),
-	})
+	}
+}
+
+// single writes the object with one conditional PutObject.
+func (p *put) single(ctx context.Context, in *awss3.PutObjectInput) (effects.Result, error) {
+	out, err := p.w.client.PutObject(ctx, in)
 	if err == nil {
 		return effects.Result{Status: effects.Applied, Ref: ref(out.VersionId, out.ETag)}, nil
 	}

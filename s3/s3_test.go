@@ -272,12 +272,7 @@ func TestInvalidKeysAreRefusedBeforeAnyIO(t *testing.T) {
 			}
 		})
 	}
-	if n := rt.count(); n != 0 {
-		t.Errorf("%d requests reached S3, want 0", n)
-	}
-	if n := e.total(); n != 0 {
-		t.Errorf("%d objects written, want 0", n)
-	}
+	e.nothingSent(rt)
 }
 
 func TestInvalidPayloadsAreRefusedBeforeAnyIO(t *testing.T) {
@@ -376,18 +371,25 @@ func TestNewRefusesBadArguments(t *testing.T) {
 		client *awss3.Client
 		bucket string
 		opts   []s3.Option
+		option string
 	}{
-		{"nil client", nil, "b", nil},
-		{"empty bucket", c, "", nil},
-		{"negative threshold", c, "b", []s3.Option{s3.WithMultipartThreshold(-1)}},
-		{"zero part size", c, "b", []s3.Option{s3.WithPartSize(0)}},
-		{"nil key mapping", c, "b", []s3.Option{s3.WithObjectKey(nil)}},
+		{"nil client", nil, "b", nil, "client"},
+		{"empty bucket", c, "", nil, "bucket"},
+		{"negative threshold", c, "b", []s3.Option{s3.WithMultipartThreshold(-1)}, "WithMultipartThreshold"},
+		{"zero part size", c, "b", []s3.Option{s3.WithPartSize(0)}, "WithPartSize"},
+		{"nil key mapping", c, "b", []s3.Option{s3.WithObjectKey(nil)}, "WithObjectKey"},
+		{"nil hook", c, "b", []s3.Option{s3.WithPutHook(nil)}, "WithPutHook"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := s3.New(tc.client, tc.bucket, tc.opts...); err == nil {
-				t.Error("New succeeded")
+			_, err := s3.New(tc.client, tc.bucket, tc.opts...)
+			var ce *effects.ConfigError
+			if !errors.As(err, &ce) || ce.Op != "s3.New" || ce.Option != tc.option || !errors.Is(err, effects.ErrInvalidConfig) {
+				t.Errorf("New = %v, want a ConfigError about %s", err, tc.option)
 			}
 		})
+	}
+	if _, err := s3.New(c, "b", nil, s3.WithPrefix("p/")); err != nil {
+		t.Errorf("New with a nil option: %v, want it ignored", err)
 	}
 }
 
