@@ -133,26 +133,14 @@ func (e *env) total() int {
 }
 
 // countVersions counts object versions whose key is name (exact) or starts
-// with it (!exact). It counts distinct (key, version id) pairs: versitygw
-// v1.8.0 repeats the last version of a truncated page at the top of the
-// next one (its key and version-id markers are inclusive), which a plain
-// count would take for an extra write.
+// with it (!exact): every write, overwrites included.
 func countVersions(ctx context.Context, c *awss3.Client, bucket, name string, exact bool) (int, error) {
-	type version struct{ key, id string }
-	seen := map[version]bool{}
-	p := awss3.NewListObjectVersionsPaginator(c, &awss3.ListObjectVersionsInput{Bucket: aws.String(bucket), Prefix: aws.String(name)})
-	for p.HasMorePages() {
-		page, err := p.NextPage(ctx)
-		if err != nil {
-			return 0, err
-		}
-		for _, v := range page.Versions {
-			if !exact || aws.ToString(v.Key) == name {
-				seen[version{aws.ToString(v.Key), aws.ToString(v.VersionId)}] = true
-			}
-		}
+	byKey, err := s3test.Versions(ctx, c, bucket, name, !exact)
+	total := 0
+	for _, n := range byKey {
+		total += n
 	}
-	return len(seen), nil
+	return total, err
 }
 
 // nothingSent fails the test if a request reached S3 through rt or an

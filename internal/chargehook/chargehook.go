@@ -85,8 +85,8 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/email/smtptest"
-	"effectively.dev/internal/s3mem"
 	"effectively.dev/kafka/kafkatest"
+	"effectively.dev/s3/s3test"
 	"effectively.dev/stripe/stripetest"
 )
 
@@ -102,7 +102,6 @@ type env struct {
 	sched Schedule
 	db    *database
 	kafka *kafkatest.Cluster
-	s3    *s3mem.Server
 	runID string
 }
 
@@ -133,10 +132,6 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	defer e.kafka.Close()
-	if e.s3, err = s3mem.Start(); err != nil {
-		return nil, err
-	}
-	defer e.s3.Close()
 
 	r := &Report{
 		Events: cfg.Events, Workers: cfg.Workers, Seed: cfg.Seed,
@@ -179,10 +174,14 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 	if err != nil {
 		return nil, err
 	}
-	bucket := "chargehook-" + tag + "-" + e.runID
-	if err := e.s3.CreateBucket(ctx, bucket); err != nil {
+	s3srv, err := s3test.NewInProcess() // its own bucket, whose writes it counts per key
+	if err != nil {
 		return nil, err
 	}
+	defer s3srv.Close()
+	s3client, closeS3 := s3srv.NewClient()
+	defer closeS3()
+	bucket := s3srv.Bucket
 	stripeSrv := stripetest.NewServer()
 	defer stripeSrv.Close()
 	smtpSrv, err := smtptest.NewServer()
@@ -197,7 +196,7 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 	defer producer.Close()
 
 	d := deps{
-		pool: pool, stripe: stripeSrv.Client(nil), s3: e.s3.Client(), bucket: bucket,
+		pool: pool, stripe: stripeSrv.Client(nil), s3: s3client, bucket: bucket,
 		kafka: producer, topic: charged, smtp: smtpSrv.Addr(),
 		scope: "chargehook-" + e.runID, ledger: "chargehook_ledger", observe: cfg.Observer,
 	}
@@ -351,7 +350,7 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 
 	cfg.logf("%s: counting effects in the backends", name)
 	c := counter{
-		pool: pool, ledger: d.ledger, stripe: stripeSrv, s3: e.s3, bucket: bucket, objectKey: objectKey,
+		pool: pool, ledger: d.ledger, stripe: stripeSrv, s3: s3srv, objectKey: objectKey,
 		kafka: e.kafka, topic: charged, smtp: smtpSrv,
 	}
 	if err := c.count(ctx, sched.Events, s); err != nil {

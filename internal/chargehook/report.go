@@ -14,8 +14,8 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/email/smtptest"
-	"effectively.dev/internal/s3mem"
 	"effectively.dev/kafka/kafkatest"
+	"effectively.dev/s3/s3test"
 	"effectively.dev/stripe/stripetest"
 )
 
@@ -230,8 +230,7 @@ type counter struct {
 	pool      *pgxpool.Pool
 	ledger    string
 	stripe    *stripetest.Server
-	s3        *s3mem.Server
-	bucket    string
+	s3        *s3test.Server
 	objectKey func(Event) string
 	kafka     *kafkatest.Cluster
 	topic     string
@@ -269,7 +268,10 @@ func (c *counter) count(ctx context.Context, events []Event, s *Side) error {
 	for _, m := range c.smtp.Messages() {
 		mails[eventOf(m.Header.Get("Subject"))]++
 	}
-	writes := c.s3.WritesIn(c.bucket)
+	writes, err := c.s3.WritesUnder(ctx, "")
+	if err != nil {
+		return err
+	}
 
 	for _, ev := range events {
 		l, ch := ledger[ev.ID], c.stripe.CreatedWithMetadata("event_id", ev.ID)

@@ -1,16 +1,33 @@
-// Package s3test gives tests a real S3 endpoint: a versitygw gateway
-// (github.com/versity/versitygw, Apache-2.0) over a POSIX directory, started
-// on a free 127.0.0.1 port and stopped when the test ends.
+// Package s3test gives tests a real S3 endpoint, started on 127.0.0.1 and
+// stopped when the test ends, in one of two kinds:
 //
-//	srv := s3test.Start(t)                // versitygw, one fresh versioned bucket
-//	client := srv.Client(t)               // path-style, static credentials
-//	prefix := srv.Prefix(t)               // a key prefix no other test uses
+//   - [Start]: a versitygw gateway (github.com/versity/versitygw,
+//     Apache-2.0) over a POSIX directory, with one fresh versioned bucket.
+//     versitygw is a real S3 implementation: it enforces If-None-Match: * on
+//     PutObject and on CompleteMultipartUpload under a per-object lock
+//     (v1.8.0 lets exactly one of 16 concurrent conditional PUTs win), stores
+//     user metadata, tags and checksums, and keeps object versions, so every
+//     write of a key, overwrites included, can be counted. S3TEST_ENDPOINT
+//     points it at an existing S3 service instead.
+//   - [StartInProcess]: gofakes3's in-memory backend inside the test
+//     process, with one fresh unversioned bucket, starting in about a
+//     millisecond with no binary to build; it counts every write of every
+//     key itself.
 //
-// versitygw is a real S3 implementation: it enforces If-None-Match: * on
-// PutObject and on CompleteMultipartUpload under a per-object lock (v1.8.0
-// lets exactly one of 16 concurrent conditional PUTs win), stores user
-// metadata in extended attributes, and keeps object versions when the
-// gateway has a versioning directory, which [Start] always gives it.
+// Both return a [*Server]; [Server.Writes] counts the writes of a key on
+// either kind, which is what a conformance harness's Count needs:
+//
+//	srv := s3test.Start(t)                       // or s3test.StartInProcess(t)
+//	client := srv.Client(t)                      // path-style, static credentials
+//	prefix := srv.Prefix(t.Name())               // a key prefix no other test uses
+//	n, err := srv.Writes(ctx, prefix+"receipt")  // 1 if written once, 2 after an overwrite
+//
+// Counting matters because a listing cannot show an overwrite: in an
+// unversioned bucket a second unconditional PUT replaces the object and the
+// bucket still holds one, so a test that counts objects cannot tell an
+// effectively-once writer from a plain PUT.
+//
+// # The versitygw binary
 //
 // The binary is built once from the Go module proxy with
 //
@@ -20,15 +37,20 @@
 // later run; concurrent test binaries serialize the build on a lock file.
 // The first build compiles a large module and takes minutes (5.5 minutes on
 // two busy cores); set S3TEST_VERSITYGW to the path of a prebuilt versitygw
-// v1.8.0 binary to skip it. Starting a gateway takes well under a second.
+// v1.8.0 binary to skip it. If the build fails (no Go toolchain, no module
+// proxy), the error says what to install or set. Starting a gateway takes
+// well under a second.
 //
-// To run the tests against another S3 endpoint instead, set
-// S3TEST_ENDPOINT (e.g. http://127.0.0.1:9000), S3TEST_ACCESS_KEY,
+// # A real S3 service
+//
+// To run the tests that use [Start] against another S3 endpoint instead,
+// set S3TEST_ENDPOINT (e.g. http://127.0.0.1:9000), S3TEST_ACCESS_KEY,
 // S3TEST_SECRET_KEY and S3TEST_BUCKET, and optionally S3TEST_REGION
 // (default us-east-1). The bucket must exist; [Start] turns versioning on
-// and fails if the endpoint refuses. Every test then writes under its own
-// [Server.Prefix] and nothing is deleted, so use a scratch bucket. Tests
-// that need a restart fail against an external endpoint.
+// and fails if the endpoint refuses, since counting writes needs versions.
+// Every test then writes under its own [Server.Prefix] and nothing is
+// deleted, so use a scratch bucket. [Server.Restart] fails against an
+// external endpoint.
 package s3test
 
 import (
@@ -79,17 +101,23 @@ const (
 	stopTimeout    = 10 * time.Second
 	portAttempts   = 5
 	logTailBytes   = 4000
+	defaultBucket  = "effectively-test"
 )
 
-// Server is a running S3 endpoint with one bucket.
+// Server is a running S3 endpoint with one bucket: a versitygw gateway
+// ([Start]), an external endpoint (S3TEST_ENDPOINT), or an in-process
+// server ([StartInProcess]). Its methods are safe for concurrent use.
 type Server struct {
-	// Endpoint is the base URL, e.g. "http://127.0.0.1:41234".
+	// Endpoint is the base URL, e.g. "http://127.0.0.1:41234". It stays the
+	// same across [Server.Restart].
 	Endpoint string
 	// Region, AccessKey and SecretKey are what clients sign requests with.
 	Region, AccessKey, SecretKey string
-	// Bucket exists and has versioning enabled.
+	// Bucket exists; it has versioning enabled, except on an in-process
+	// server, which counts writes itself.
 	Bucket string
 
+	mem      *inProcess // non-nil for StartInProcess
 	external bool
 	bin      string
 	dir      string // everything below is inside it
@@ -108,7 +136,14 @@ type Server struct {
 // is missing when the gateway cannot be built or started.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	s, err := New()
+	return forTest(t, New)
+}
+
+// forTest starts a server with start, failing t if it cannot, and closes it
+// when t ends.
+func forTest(t testing.TB, start func() (*Server, error)) *Server {
+	t.Helper()
+	s, err := start()
 	if err != nil {
 		t.Fatalf("s3test: %v", err)
 	}
@@ -138,7 +173,7 @@ func New() (*Server, error) {
 		Region:    defaultRegion,
 		AccessKey: accessKey,
 		SecretKey: secretKey,
-		Bucket:    "effectively-test",
+		Bucket:    defaultBucket,
 		bin:       bin,
 		dir:       dir,
 		root:      filepath.Join(dir, "data"),
@@ -163,7 +198,7 @@ func (s *Server) init() error {
 	if err := s.launch(ctx, ""); err != nil {
 		return err
 	}
-	if err := s.setupBucket(ctx, true); err != nil {
+	if err := s.setupBucket(ctx, true, true); err != nil {
 		return fmt.Errorf("%w%s", err, s.logTail())
 	}
 	return nil
@@ -186,21 +221,24 @@ func external() (*Server, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
-	if err := s.setupBucket(ctx, false); err != nil {
+	if err := s.setupBucket(ctx, false, true); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
 // setupBucket creates the bucket (unless it is external) and enables
-// versioning on it.
-func (s *Server) setupBucket(ctx context.Context, create bool) error {
+// versioning on it (if versioned).
+func (s *Server) setupBucket(ctx context.Context, create, versioned bool) error {
 	c, closeFn := s.NewClient()
 	defer closeFn()
 	if create {
 		if _, err := c.CreateBucket(ctx, &awss3.CreateBucketInput{Bucket: &s.Bucket}); err != nil {
 			return fmt.Errorf("creating bucket %s: %w", s.Bucket, err)
 		}
+	}
+	if !versioned {
+		return nil
 	}
 	_, err := c.PutBucketVersioning(ctx, &awss3.PutBucketVersioningInput{
 		Bucket:                  &s.Bucket,
@@ -279,13 +317,21 @@ func newTransport() *http.Transport {
 	}
 }
 
-// Restart stops the gateway and starts it again on the same address with
-// the same data, as a crashed and restarted S3 service would come back.
-// Clients keep working: their pooled connections fail once and are
-// re-dialed. It returns an error for an external endpoint.
+// InProcess reports whether the server is an in-process one from
+// [StartInProcess].
+func (s *Server) InProcess() bool { return s.mem != nil }
+
+// Restart stops the server and starts it again on the same address with
+// the same data (and, in process, the same write counts), as a crashed and
+// restarted S3 service would come back. Clients keep working: their pooled
+// connections fail once and are re-dialed. It returns an error for an
+// external endpoint.
 func (s *Server) Restart(ctx context.Context) error {
-	if s.external {
+	switch {
+	case s.external:
 		return errors.New("s3test: cannot restart an external endpoint (" + EnvEndpoint + ")")
+	case s.mem != nil:
+		return s.restartInProcess(ctx)
 	}
 	if err := s.Stop(); err != nil {
 		return err
@@ -293,8 +339,9 @@ func (s *Server) Restart(ctx context.Context) error {
 	return s.launch(ctx, s.addr)
 }
 
-// Close stops the gateway and removes its directory; Start's cleanup calls
-// it. For an external endpoint it does nothing.
+// Close stops the server and removes its directory; the cleanup of
+// [Start] and [StartInProcess] calls it. For an external endpoint it does
+// nothing.
 func (s *Server) Close() error {
 	err := s.Stop()
 	if s.dir != "" {
@@ -305,9 +352,13 @@ func (s *Server) Close() error {
 	return err
 }
 
-// Stop stops the gateway, keeping its data for [Server.Restart]. Stopping a
-// stopped server does nothing.
+// Stop stops the server, keeping its data for [Server.Restart]: requests
+// fail with a refused connection until then. Stopping a stopped server
+// does nothing.
 func (s *Server) Stop() error {
+	if s.mem != nil {
+		return s.stopInProcess()
+	}
 	s.mu.Lock()
 	p := s.proc
 	s.proc = nil
@@ -340,7 +391,10 @@ func (s *Server) launch(ctx context.Context, addr string) error {
 		err = waitReady(ctx, "http://"+a, p)
 		if err == nil {
 			s.mu.Lock()
-			s.proc, s.addr, s.Endpoint = p, a, "http://"+a
+			s.proc = p
+			if addr == "" { // the first start; a restart keeps the address (and Endpoint, which clients read)
+				s.addr, s.Endpoint = a, "http://"+a
+			}
 			s.mu.Unlock()
 			return nil
 		}
@@ -497,6 +551,11 @@ func install(dir, name string) error {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		if _, serr := os.Stat(goBin); serr != nil {
+			return fmt.Errorf("building versitygw %s needs the Go toolchain, and `go` is not on PATH (%v): install Go (https://go.dev/dl), "+
+				"or set %s to a prebuilt versitygw %s binary, or %s (with %s, %s, %s) to an existing S3 endpoint",
+				Version, err, EnvBinary, Version, EnvEndpoint, EnvAccessKey, EnvSecretKey, EnvBucket)
+		}
 	}
 	tmp, err := os.MkdirTemp(dir, "install-")
 	if err != nil {
