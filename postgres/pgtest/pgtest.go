@@ -1,29 +1,43 @@
 // Package pgtest starts throwaway PostgreSQL clusters from the system's
-// server binaries, for tests and benchmarks.
+// server binaries, for tests and benchmarks: what a test of an adapter that
+// keeps its dedup record in PostgreSQL needs, from a fresh database to a
+// failover.
 //
-// Most tests only need [DB], which returns the URL of a brand-new empty
-// database on a cluster shared by the whole test binary. A package that uses
-// DB (or [DBWith] or [Shared]) must stop the shared clusters when its tests
-// finish, by having this TestMain:
+//   - [DB]: the URL of a brand-new empty database on a cluster shared by the
+//     whole test binary, dropped when the test ends. Most tests need only
+//     this. [DBWith] picks the cluster's [Options] (Durable for benchmarks).
+//   - [DedicatedDB]: a fresh database on a cluster of the top-level test's
+//     own, with a [RestartFunc] that restarts it: a conformance harness's
+//     backend-restart capability.
+//   - [NewCluster] (or [Start]): a cluster of one's own, to stop, crash
+//     ([Cluster.StopImmediate]) or restart ([Cluster.Restart]).
+//   - [NewPair]: a primary and a synchronous standby streaming through a
+//     stallable [Proxy], and [Pair.Failover]; or the parts:
+//     [Cluster.NewStandby], [Cluster.SetSynchronousStandbys], [Failover],
+//     [ReadWriteURL].
+//
+// A package that uses DB, DBWith, DedicatedDB or [Shared] must stop the
+// shared clusters when its tests finish, by having this TestMain:
 //
 //	func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 //
-// If DATABASE_URL is set, DB and DBWith create their databases on that
-// server instead of starting one.
+// Clusters from NewCluster and NewPair are stopped by t.Cleanup.
 //
-// Tests that need a cluster of their own, for example to build a primary and
-// a standby and crash one of them, call [Start] and [Cluster.StartStandby];
-// a [Proxy] between the two (see [Options.Upstream]) lets a test stall
-// replication. [DedicatedDB] gives a fresh database on a cluster that the
-// test may restart ([Cluster.Restart]), without disturbing the shared one.
+// If DATABASE_URL is set (a server that allows CREATE DATABASE), DB, DBWith
+// and DedicatedDB create their databases on it instead of starting a
+// cluster, and DedicatedDB returns no restart function. NewCluster, NewPair
+// and Start ignore it: a test that asks for a cluster of its own wants to
+// stop, crash or restart it.
 //
 // Costs: starting a cluster runs initdb and a postmaster, which takes one to
 // two seconds and 40 MB of disk in a temporary directory, and leaves a handful
 // of server processes running until [Cluster.Stop]. Creating a database with
 // DB takes tens of milliseconds. Server binaries are looked up in
-// $PGTEST_BIN, then the newest /usr/lib/postgresql/*/bin, then $PATH. When
-// the test runs as root, the server runs as the "postgres" system user,
-// because PostgreSQL refuses to run as root.
+// $PGTEST_BIN, then the newest /usr/lib/postgresql/*/bin, then $PATH; when
+// none are found, the error says to install them (Debian's and Ubuntu's
+// package is postgresql) or to set PGTEST_BIN or DATABASE_URL. When the test
+// runs as root, the server runs as the "postgres" system user, because
+// PostgreSQL refuses to run as root.
 package pgtest
 
 import (
@@ -546,7 +560,8 @@ func findBinaries() (binaries, error) {
 		if b, ok := binariesIn(dir); ok {
 			return b, nil
 		}
-		return binaries{}, fmt.Errorf("pgtest: PGTEST_BIN=%s does not contain initdb and postgres", dir)
+		return binaries{}, fmt.Errorf("pgtest: PGTEST_BIN=%s does not contain initdb and postgres: point it at the bin directory of a PostgreSQL server installation "+
+			"(e.g. /usr/lib/postgresql/15/bin after `apt-get install -y postgresql`), or unset it", dir)
 	}
 	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
 	slices.SortFunc(dirs, func(a, b string) int { // newest first

@@ -364,3 +364,107 @@ func TestStandbyThroughProxy(t *testing.T) {
 	proxy.Resume()
 	pgtest.WaitFor(t, ctx, s, "SELECT count(*)::text FROM t", "2")
 }
+
+// A Pair's standby is synchronous: with the link stalled a commit is not
+// acknowledged; after a failover the promoted standby has every
+// acknowledged commit and a pool on Pair.URL finds it. Made asynchronous
+// again, the primary acknowledges while the link is stalled.
+func TestPairSynchronousFailover(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pair := pgtest.NewPair(t, pgtest.Options{Name: "sync one"})
+	if err := pair.Primary.CreateDatabase(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	p := connect(t, pair.Primary.URL("app"))
+	pgtest.WaitFor(t, ctx, p, "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'sync one'", "sync")
+	exec(t, p, "CREATE TABLE t (v text)")
+	exec(t, p, "INSERT INTO t VALUES ('before the stall')")
+
+	pair.Link.Stall()
+	committed := make(chan error, 1)
+	go func() {
+		_, err := p.Exec(ctx, "INSERT INTO t VALUES ('waits for the standby')")
+		committed <- err
+	}()
+	select {
+	case err := <-committed:
+		t.Fatalf("a commit was acknowledged while the synchronous standby was cut off (err %v)", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	pair.Link.Resume()
+	if err := <-committed; err != nil {
+		t.Fatal(err)
+	}
+
+	if err := pair.Failover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s := connect(t, pair.URL("app"))
+	if got := queryString(t, s, "SELECT inet_server_port()::text"); got != fmt.Sprint(pair.Standby.Port()) {
+		t.Fatalf("Pair.URL connected to port %s, want the promoted standby's %d", got, pair.Standby.Port())
+	}
+	if got := queryString(t, s, "SELECT string_agg(v, ',' ORDER BY v) FROM t"); got != "before the stall,waits for the standby" {
+		t.Errorf("rows on the new primary: %q", got)
+	}
+	exec(t, s, "INSERT INTO t VALUES ('after the failover')")
+}
+
+func TestSetSynchronousStandbysOff(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pair := pgtest.NewPair(t, pgtest.Options{})
+	if err := pair.Primary.SetSynchronousStandbys(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p := connect(t, pair.Primary.URL("postgres"))
+	if got := queryString(t, p, "SHOW synchronous_standby_names"); got != "" {
+		t.Fatalf("synchronous_standby_names = %q, want empty", got)
+	}
+	pair.Link.Stall()
+	defer pair.Link.Resume()
+	done := make(chan error, 1)
+	go func() { _, err := p.Exec(ctx, "CREATE TABLE acked_alone (v int)"); done <- err }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("an asynchronous primary waited for its cut-off standby")
+	}
+	if err := pair.Primary.SetSynchronousStandbys(ctx, ""); err == nil {
+		t.Error("an empty standby name was accepted")
+	}
+}
+
+func TestReadWriteURL(t *testing.T) {
+	c := pgtest.NewCluster(t, pgtest.Options{})
+	url := pgtest.ReadWriteURL("my db", c, c)
+	want := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/my%%20db?sslmode=disable&target_session_attrs=read-write&connect_timeout=2", c.Port(), c.Port())
+	if url != want {
+		t.Fatalf("ReadWriteURL = %s, want %s", url, want)
+	}
+	if err := c.CreateDatabase(context.Background(), "my db"); err != nil {
+		t.Fatal(err)
+	}
+	if got := queryString(t, connect(t, url), "SELECT current_database()"); got != "my db" {
+		t.Errorf("connected to %q", got)
+	}
+}
+
+// NewCluster stops its cluster and removes its directory when the test
+// ends.
+func TestNewClusterCleansUp(t *testing.T) {
+	var dir string
+	t.Run("inner", func(t *testing.T) {
+		c := pgtest.NewCluster(t, pgtest.Options{})
+		dir = c.Dir()
+		if _, err := os.Stat(dir); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("cluster directory %s still there after the test: %v", dir, err)
+	}
+}

@@ -1,0 +1,81 @@
+package pgtest_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+
+	"github.com/jackc/pgx/v5"
+
+	"effectively.dev/postgres/pgtest"
+)
+
+// A throwaway cluster of one's own. In a test, pgtest.NewCluster(t, opts)
+// does the same and stops it when the test ends; pgtest.DB(t) is enough for
+// a fresh database on a shared cluster.
+func ExampleStart() {
+	c, err := pgtest.Start(pgtest.Options{})
+	if err != nil {
+		log.Fatal(err) // names what to install when the server binaries are missing
+	}
+	defer c.Stop()
+	ctx := context.Background()
+	if err := c.CreateDatabase(ctx, "ledger"); err != nil {
+		log.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, c.URL("ledger"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var fsync, commit string
+	if err := conn.QueryRow(ctx, "SELECT current_setting('fsync'), current_setting('synchronous_commit')").Scan(&fsync, &commit); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("fsync", fsync, "synchronous_commit", commit) // fast, but commits still wait for their WAL
+	// Output: fsync off synchronous_commit on
+}
+
+// A failover to a synchronous standby keeps every acknowledged commit. In a
+// test, pgtest.NewPair(t, opts) sets this up (with a stallable link) and
+// stops it when the test ends.
+func ExampleFailover() {
+	primary, err := pgtest.Start(pgtest.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer primary.Stop()
+	standby, err := primary.StartStandby(pgtest.Options{Name: "replica"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer standby.Stop()
+	ctx := context.Background()
+	if err := primary.SetSynchronousStandbys(ctx, "replica"); err != nil {
+		log.Fatal(err)
+	}
+
+	conn, err := pgx.Connect(ctx, primary.URL("postgres"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "CREATE TABLE payments (id text PRIMARY KEY); INSERT INTO payments VALUES ('evt_1')"); err != nil {
+		log.Fatal(err) // acknowledged: the standby has flushed it
+	}
+	conn.Close(ctx)
+
+	if err := pgtest.Failover(ctx, primary, standby); err != nil {
+		log.Fatal(err)
+	}
+	conn, err = pgx.Connect(ctx, pgtest.ReadWriteURL("postgres", primary, standby)) // finds the new primary
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM payments").Scan(&n); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("payments on the new primary:", n)
+	// Output: payments on the new primary: 1
+}
