@@ -1,10 +1,29 @@
 // Package kafkatest gives tests a Kafka cluster: an in-process kfake
-// cluster (github.com/twmb/franz-go/pkg/kfake) by default, or the real
-// cluster named by the KAFKA_BROKERS environment variable
-// (comma-separated host:port list).
+// cluster (github.com/twmb/franz-go/pkg/kfake, which speaks the Kafka
+// protocol on 127.0.0.1 ports, with transactions, consumer groups and share
+// groups) by default, or the real cluster named by the KAFKA_BROKERS
+// environment variable (comma-separated host:port list). kfake runs inside
+// the test process: there is no binary to install and nothing to download
+// at run time.
 //
-// Every helper cleans up with t.Cleanup: clusters and clients are closed
-// when the test ends, so goleak finds nothing left behind.
+//	c := kafkatest.New(t)                           // closed when t ends
+//	topic := c.Topic(t, "payments", 3)              // a fresh, uniquely named topic
+//	client := c.Client(t, kgo.DefaultProduceTopic(topic))
+//	recs, err := kafkatest.ReadAll(ctx, c.Opts(), topic) // what a read_committed reader sees
+//
+// Every helper that takes a testing.TB cleans up with t.Cleanup: clusters
+// and clients are closed when the test ends, so goleak finds nothing left
+// behind. [Start] is for code without a testing.TB (TestMain, examples, a
+// demo); its caller closes the cluster.
+//
+// Against a real cluster ([Real]), topics get unique names and are not
+// deleted, so use a scratch cluster; kfake's fault injection
+// ([Cluster.RequireFake]) and restarts ([NewRestartable]) are not
+// available, and the tests that need them skip with the reason.
+//
+// When not to use it: kfake is a faithful protocol implementation, not
+// Kafka; for broker behaviour under real disks, replication and leader
+// elections, run the tests against a real cluster with KAFKA_BROKERS.
 package kafkatest
 
 import (
@@ -41,16 +60,25 @@ type Cluster struct {
 }
 
 // Real reports whether KAFKA_BROKERS is set.
-func Real() bool { return os.Getenv(BrokersEnv) != "" }
+func Real() bool { return len(realBrokers()) > 0 }
+
+// realBrokers returns the brokers KAFKA_BROKERS lists, spaces trimmed and
+// empty entries dropped.
+func realBrokers() []string {
+	var out []string
+	for _, b := range strings.Split(os.Getenv(BrokersEnv), ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			out = append(out, b)
+		}
+	}
+	return out
+}
 
 // New returns a cluster for t: a new single-broker kfake cluster (closed
 // when t ends), or the real cluster named by KAFKA_BROKERS. opts are
 // extra kfake options; they are ignored for a real cluster.
 func New(t testing.TB, opts ...kfake.Opt) *Cluster {
 	t.Helper()
-	if env := os.Getenv(BrokersEnv); env != "" {
-		return &Cluster{brokers: strings.Split(env, ",")}
-	}
 	c, err := Start(opts...)
 	if err != nil {
 		t.Fatalf("kafkatest: %v", err)
@@ -59,11 +87,13 @@ func New(t testing.TB, opts ...kfake.Opt) *Cluster {
 	return c
 }
 
-// Start starts a single-broker kfake cluster (or returns the real one
-// named by KAFKA_BROKERS). The caller closes it.
+// Start starts a single-broker kfake cluster with three partitions per
+// topic by default and a short minimum group session timeout, on a free
+// 127.0.0.1 port (or returns the real cluster named by KAFKA_BROKERS, and
+// ignores opts). The caller closes it.
 func Start(opts ...kfake.Opt) (*Cluster, error) {
-	if env := os.Getenv(BrokersEnv); env != "" {
-		return &Cluster{brokers: strings.Split(env, ",")}, nil
+	if brokers := realBrokers(); len(brokers) > 0 {
+		return &Cluster{brokers: brokers}, nil
 	}
 	all := append([]kfake.Opt{
 		kfake.NumBrokers(1),
