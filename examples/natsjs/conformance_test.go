@@ -1,0 +1,125 @@
+package natsjs_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"effectively.dev/conformance"
+	"effectively.dev/effects"
+
+	"example.com/natsjs"
+)
+
+// TestConformance holds the adapter to its declared contract in every
+// scenario of the suite, on an embedded nats-server that the suite may
+// restart.
+func TestConformance(t *testing.T) {
+	srv := startServer(t)
+	conformance.Run(t, "natsjs", func(t testing.TB) conformance.Harness[natsjs.Message] {
+		return newHarness(t, srv, jetstream.StreamConfig{})
+	})
+}
+
+// harness gives each scenario a stream of its own on a shared server, and
+// counts effects as the stream's messages: one per publish it stored.
+type harness struct {
+	srv    *jsServer
+	admin  jetstream.Stream // reads counts outside the faults
+	stream string
+}
+
+// newHarness creates a stream (cfg plus a fresh name and subjects) for t.
+// With cfg.Duplicates zero the server's default window, 2 minutes,
+// applies.
+func newHarness(t testing.TB, srv *jsServer, cfg jetstream.StreamConfig) *harness {
+	t.Helper()
+	nc, err := nats.Connect(srv.URL(), nats.ReconnectWait(20*time.Millisecond), nats.MaxReconnects(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b [6]byte
+	sum := sha256.Sum256([]byte(t.Name() + time.Now().String()))
+	copy(b[:], sum[:])
+	cfg.Name = "conf_" + hex.EncodeToString(b[:])
+	cfg.Subjects = []string{cfg.Name + ".>"}
+	s, err := js.CreateStream(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &harness{srv: srv, admin: s, stream: cfg.Name}
+}
+
+// Restart makes the backend-restart scenario run.
+func (h *harness) Restart(ctx context.Context) error { return h.srv.Restart(ctx) }
+
+// Make connects a new client whose every connection goes through the
+// faults. It reconnects quickly (the backend-restart scenario), and the
+// Publisher waits at most a second for an acknowledgement, so a lost reply
+// shows as ErrAmbiguous without stalling the sweep.
+func (h *harness) Make(ctx context.Context, f *conformance.Faults) (effects.Effect[natsjs.Message], func(), error) {
+	nc, err := nats.Connect(h.srv.URL(), nats.SetCustomDialer(dialer{f}),
+		nats.ReconnectWait(20*time.Millisecond), nats.MaxReconnects(-1))
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err == nil {
+		var p *natsjs.Publisher
+		if p, err = natsjs.New(ctx, js, h.stream, natsjs.WithAckTimeout(time.Second)); err == nil {
+			return p, nc.Close, nil
+		}
+	}
+	nc.Close()
+	return nil, nil, err
+}
+
+// dialer is a nats.CustomDialer that dials through the suite's faults.
+type dialer struct{ f *conformance.Faults }
+
+func (d dialer) Dial(network, address string) (net.Conn, error) {
+	return d.f.DialContext(context.Background(), network, address)
+}
+
+// Input publishes to a subject named after the key (hashed: a subject
+// token cannot hold every byte a key may), so Count can find it; variant 1
+// changes the data.
+func (h *harness) Input(key effects.Key, variant int) natsjs.Message {
+	return natsjs.Message{Subject: h.subject(key), Data: fmt.Appendf(nil, "payment %q, variant %d", key, variant)}
+}
+
+func (h *harness) subject(key effects.Key) string {
+	sum := sha256.Sum256([]byte(key))
+	return h.stream + "." + hex.EncodeToString(sum[:16])
+}
+
+// Count reads the stream itself: how many messages it stored on the key's
+// subject.
+func (h *harness) Count(ctx context.Context, key effects.Key) (int, error) {
+	info, err := h.admin.Info(ctx, jetstream.WithSubjectFilter(h.subject(key)))
+	if err != nil {
+		return 0, err
+	}
+	return int(info.State.Subjects[h.subject(key)]), nil
+}
+
+// Total is the number of messages in the stream.
+func (h *harness) Total(ctx context.Context) (int, error) {
+	info, err := h.admin.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return int(info.State.Msgs), nil
+}

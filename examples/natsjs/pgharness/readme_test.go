@@ -1,0 +1,100 @@
+// Package pgharness_test is the Postgres adapter's conformance harness
+// exactly as effectively's README prints it under "Writing an adapter"
+// (from the line "// TestConformance holds the adapter..." to the end of
+// the file), compiled and run from outside the effectively module: proof
+// that the public kits (postgres/pgtest) and the suite are all a team
+// needs. Only the package clause, the imports and TestMain are added. Keep
+// it identical to the README.
+package pgharness_test
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"effectively.dev/conformance"
+	"effectively.dev/effects"
+	"effectively.dev/postgres"
+	"effectively.dev/postgres/pgtest"
+)
+
+// TestMain stops the clusters pgtest started (pgtest.DedicatedDB's).
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+// TestConformance holds the adapter to its declared contract in every scenario of the suite.
+func TestConformance(t *testing.T) { conformance.Run(t, "postgres", newConfHarness) }
+
+// confCharge is the suite's input: one ledger row per key.
+type confCharge struct {
+	EventID string
+	Cents   int64
+}
+
+// confHarness keeps its own pool (db) to count effects in the backend.
+type confHarness struct {
+	url string
+	db  *pgxpool.Pool
+}
+
+func newConfHarness(t testing.TB) conformance.Harness[confCharge] {
+	url, restart := pgtest.DedicatedDB(t) // a fresh database per scenario, on a server the suite may restart
+	db, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	if err := postgres.Migrate(context.Background(), db); err != nil {
+		t.Fatal(err)
+	}
+	// No unique index on event_id: only the adapter can keep duplicates out.
+	if _, err := db.Exec(context.Background(), `CREATE TABLE conf_ledger (id bigserial PRIMARY KEY, event_id text NOT NULL, cents bigint NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	h := &confHarness{url: url, db: db}
+	if restart == nil {
+		return h // DATABASE_URL is set: its server is not ours to restart
+	}
+	// The embedded RestartFunc's Restart method lets the backend-restart scenario
+	// run; Reset then drops db's connections to the stopped server.
+	return struct {
+		*confHarness
+		pgtest.RestartFunc
+	}{h, func(ctx context.Context) error { defer db.Reset(); return restart(ctx) }}
+}
+
+// Make builds a new adapter instance whose every connection goes through the suite's faults.
+func (h *confHarness) Make(ctx context.Context, f *conformance.Faults) (effects.Effect[confCharge], func(), error) {
+	cfg, err := pgxpool.ParseConfig(h.url)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg.ConnConfig.DialFunc = f.DialContext // an HTTP adapter uses &http.Client{Transport: f.Transport(nil)}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	eff, err := postgres.New(pool, "conformance", func(ctx context.Context, tx pgx.Tx, in confCharge) (id string, err error) {
+		err = tx.QueryRow(ctx, `INSERT INTO conf_ledger (event_id, cents) VALUES ($1, $2) RETURNING id::text`, in.EventID, in.Cents).Scan(&id)
+		return id, err
+	})
+	return eff, pool.Close, err
+}
+
+// Input embeds the key so that Count can find the effect; variant 1 changes the payload.
+func (h *confHarness) Input(key effects.Key, variant int) confCharge {
+	return confCharge{EventID: string(key), Cents: int64(1000 + variant)}
+}
+
+// Count and Total read the backend itself, never the adapter's bookkeeping.
+func (h *confHarness) Count(ctx context.Context, key effects.Key) (n int, err error) {
+	err = h.db.QueryRow(ctx, `SELECT count(*) FROM conf_ledger WHERE event_id = $1`, string(key)).Scan(&n)
+	return n, err
+}
+
+func (h *confHarness) Total(ctx context.Context) (n int, err error) {
+	err = h.db.QueryRow(ctx, `SELECT count(*) FROM conf_ledger`).Scan(&n)
+	return n, err
+}
