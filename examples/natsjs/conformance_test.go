@@ -31,9 +31,10 @@ func TestConformance(t *testing.T) {
 // harness gives each scenario a stream of its own on a shared server, and
 // counts effects as the stream's messages: one per publish it stored.
 type harness struct {
-	srv    *jsServer
-	admin  jetstream.Stream // reads counts outside the faults
-	stream string
+	srv        *jsServer
+	admin      jetstream.Stream // reads counts outside the faults
+	stream     string
+	ackTimeout time.Duration // the Publisher's: a second, or a third of a shorter window
 }
 
 // newHarness creates a stream (cfg plus a fresh name and subjects) for t.
@@ -59,7 +60,7 @@ func newHarness(t testing.TB, srv *jsServer, cfg jetstream.StreamConfig) *harnes
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &harness{srv: srv, admin: s, stream: cfg.Name}
+	return &harness{srv: srv, admin: s, stream: cfg.Name, ackTimeout: min(time.Second, s.CachedInfo().Config.Duplicates/3)}
 }
 
 // Restart makes the backend-restart scenario run.
@@ -67,8 +68,9 @@ func (h *harness) Restart(ctx context.Context) error { return h.srv.Restart(ctx)
 
 // Make connects a new client whose every connection goes through the
 // faults. It reconnects quickly (the backend-restart scenario), and the
-// Publisher waits at most a second for an acknowledgement, so a lost reply
-// shows as ErrAmbiguous without stalling the sweep.
+// Publisher waits at most a second (less for a short window) for an
+// acknowledgement, so a lost reply shows as ErrAmbiguous without stalling
+// the sweep.
 func (h *harness) Make(ctx context.Context, f *conformance.Faults) (effects.Effect[natsjs.Message], func(), error) {
 	nc, err := nats.Connect(h.srv.URL(), nats.SetCustomDialer(dialer{f}),
 		nats.ReconnectWait(20*time.Millisecond), nats.MaxReconnects(-1))
@@ -78,7 +80,7 @@ func (h *harness) Make(ctx context.Context, f *conformance.Faults) (effects.Effe
 	js, err := jetstream.New(nc)
 	if err == nil {
 		var p *natsjs.Publisher
-		if p, err = natsjs.New(ctx, js, h.stream, natsjs.WithAckTimeout(time.Second)); err == nil {
+		if p, err = natsjs.New(ctx, js, h.stream, natsjs.WithAckTimeout(h.ackTimeout)); err == nil {
 			return p, nc.Close, nil
 		}
 	}

@@ -75,7 +75,9 @@ type config struct{ ackTimeout time.Duration }
 // allows: when the connection drops after the request was sent, the
 // client reconnects but the reply is lost for good, and without a bound
 // Apply would wait for the caller's whole deadline. The publish is then
-// ErrAmbiguous, and a retry with the same key replays it if it was stored.
+// ErrAmbiguous, and a retry with the same key replays it if it was stored,
+// provided the retry comes within the duplicate window: [New] refuses a
+// timeout that is not shorter than the stream's window.
 func WithAckTimeout(d time.Duration) Option { return func(c *config) { c.ackTimeout = d } }
 
 // New returns a Publisher for the stream named stream. It reads the
@@ -100,8 +102,12 @@ func New(ctx context.Context, js jetstream.JetStream, stream string, opts ...Opt
 		return nil, fmt.Errorf("natsjs.New: stream %q: %w", stream, err)
 	}
 	window := s.CachedInfo().Config.Duplicates
-	if window <= 0 {
+	switch {
+	case window <= 0:
 		return nil, &effects.ConfigError{Op: "natsjs.New", Option: "stream", Reason: fmt.Sprintf("stream %q has no duplicate window: it cannot deduplicate", stream)}
+	case c.ackTimeout >= window:
+		return nil, &effects.ConfigError{Op: "natsjs.New", Option: "WithAckTimeout", Reason: fmt.Sprintf(
+			"%v is not shorter than stream %q's duplicate window %v: a retry after a lost acknowledgement would publish again", c.ackTimeout, stream, window)}
 	}
 	return &Publisher{js: js, stream: s, ackTimeout: c.ackTimeout, contract: effects.Contract{
 		Guarantee:       effects.EffectivelyOnce,

@@ -213,6 +213,14 @@ func TestNewRefusesBadArguments(t *testing.T) {
 			t.Errorf("%s: %v, want a ConfigError about %s", c.name, err, c.option)
 		}
 	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "short", Subjects: []string{"short.>"}, Duplicates: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = natsjs.New(ctx, js, "short", natsjs.WithAckTimeout(time.Second))
+	var ce *effects.ConfigError
+	if !errors.As(err, &ce) || ce.Option != "WithAckTimeout" || !strings.Contains(err.Error(), "duplicate window") {
+		t.Errorf("an ack timeout as long as the window: %v, want a ConfigError naming the window", err)
+	}
 	if _, err := natsjs.New(ctx, js, "missing"); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Errorf("unknown stream: %v, want ErrStreamNotFound", err)
 	}
