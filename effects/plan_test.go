@@ -268,3 +268,49 @@ func TestObserve(t *testing.T) {
 		t.Fatalf("events %q, want %q", got, want)
 	}
 }
+
+// BenchmarkPlan compares one plan defined at start-up and run per event
+// (reused) with the shape the old API forced, a plan built per event
+// (per-event: NewPlan, which validates every step's contract, then Run),
+// side by side in each round. Both run the same two in-memory steps; the
+// difference is the cost of building a plan per delivery.
+//
+//	go test -run '^$' -bench BenchmarkPlan -benchmem ./effects/
+func BenchmarkPlan(b *testing.B) {
+	ctx := context.Background()
+	ledger, receipt := newRecorder(eo), newRecorder(eo24)
+	steps := []effects.Step[payment]{
+		effects.NewStep("ledger", effects.Effect[string](ledger), func(ev payment, _ effects.Results) (string, error) { return ev.ID, nil }),
+		effects.NewStep("receipt", effects.Effect[string](receipt), func(ev payment, done effects.Results) (string, error) { return done["ledger"].Ref, nil }),
+	}
+	ev := payment{ID: "evt_bench", Cents: 100}
+	reused, err := effects.NewPlan("bench", steps...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := reused.Run(ctx, ev.ID, ev); err != nil { // every later run replays
+		b.Fatal(err)
+	}
+	// Rounds interleave the two, so machine noise hits both alike; compare
+	// medians over the rounds.
+	for round := 1; round <= 5; round++ {
+		b.Run(fmt.Sprintf("round=%d/reused", round), func(b *testing.B) {
+			for b.Loop() {
+				if _, err := reused.Run(ctx, ev.ID, ev); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("round=%d/per-event", round), func(b *testing.B) {
+			for b.Loop() {
+				p, err := effects.NewPlan("bench", steps...)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := p.Run(ctx, ev.ID, ev); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
