@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 )
 
 // Misconfigured classifies a failure to reach an effect's owner. It returns
@@ -16,9 +17,9 @@ import (
 //   - the host name does not exist (the DNS answered "no such host");
 //   - the TLS handshake was refused: the server's certificate is not
 //     trusted or not for this host name, the peer does not speak TLS (a
-//     TLS client on a plain-text port), or it ended the handshake with an
-//     alert (no common protocol version or cipher, our certificate
-//     refused).
+//     TLS client on a plain-text port, also as net/http reports it for an
+//     https:// URL), or it ended the handshake with an alert (no common
+//     protocol version or cipher, our certificate refused).
 //
 // A refused or reset connection, a timeout, a DNS server that did not
 // answer: those are what a restarting or overloaded server looks like, a
@@ -48,7 +49,9 @@ func Misconfigured(op, endpoint string, err error) error {
 		reason = "the host name does not exist; check the address"
 	case errors.As(err, &verify), errors.As(err, &ua), errors.As(err, &host), errors.As(err, &inv):
 		reason = "the server's TLS certificate was refused; check the host name and the trusted CAs"
-	case errors.As(err, &header):
+	case errors.As(err, &header), strings.Contains(err.Error(), "server gave HTTP response to HTTPS client"):
+		// net/http replaces the RecordHeaderError of an HTTPS request to a
+		// plain HTTP server with an error of its own, by this text.
 		reason = "the server does not speak TLS on this port; check the port and the TLS mode"
 	case errors.As(err, &alert), errors.As(err, &remote) && remote.Op == "remote error":
 		// crypto/tls reports an alert the peer sent as a *net.OpError

@@ -108,6 +108,15 @@ func TestMisconfiguredNamesWhatNoRetryFixes(t *testing.T) {
 		{"certificate not trusted", tlsDial(tlsSrv.Listener.Addr().String(), &tls.Config{}), true},
 		{"certificate for another host", tlsDial(tlsSrv.Listener.Addr().String(), &tls.Config{RootCAs: trusted, ServerName: "other.example"}), true},
 		{"plain-text port", tlsDial(plain.Listener.Addr().String(), &tls.Config{InsecureSkipVerify: true}), true},
+		{"https:// URL on a plain-text port", func() error {
+			tr := &http.Transport{}
+			defer tr.CloseIdleConnections()
+			resp, err := (&http.Client{Transport: tr}).Get("https://" + plain.Listener.Addr().String())
+			if err == nil {
+				resp.Body.Close()
+			}
+			return err
+		}(), true},
 		{"handshake refused with an alert", tlsDial(tls13.Listener.Addr().String(), &tls.Config{InsecureSkipVerify: true, MaxVersion: tls.VersionTLS12}), true},
 		{"connection refused", func() error {
 			var d net.Dialer

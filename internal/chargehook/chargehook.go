@@ -183,7 +183,10 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 	if err := e.s3.CreateBucket(ctx, bucket); err != nil {
 		return nil, err
 	}
-	stripeSrv := stripetest.NewServer()
+	stripeSrv, err := stripetest.NewServer()
+	if err != nil {
+		return nil, err
+	}
 	defer stripeSrv.Close()
 	smtpSrv, err := smtptest.NewServer()
 	if err != nil {
