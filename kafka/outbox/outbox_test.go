@@ -125,6 +125,7 @@ func TestOutboxTwoRelays(t *testing.T) {
 	}
 
 	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	var wg sync.WaitGroup
 	sent := make([]int, 2)
 	for i := range 2 {
@@ -133,6 +134,14 @@ func TestOutboxTwoRelays(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Each relay takes one batch before they race, so that both take
+		// batches however the scheduler treats them (without it, one relay
+		// can drain the outbox before the other runs, on a loaded machine).
+		n, err := relay.RelayBatch(rctx)
+		if err != nil || n != 15 {
+			t.Fatalf("relay %d: first batch: %d, %v", i, n, err)
+		}
+		sent[i] += n
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
