@@ -20,7 +20,8 @@
 //   - Errors callers branch on with errors.Is: [ErrInvalidKey],
 //     [ErrKeyReused], [ErrInFlight], [ErrAmbiguous], and [Retryable].
 //   - [Journal]: the sent-record interface that best-effort adapters (email,
-//     a Kafka producer) use; package postgres implements it.
+//     a Kafka producer) use; package postgres implements it. [Journaled]
+//     runs the journaled-effect protocol over it, once for every adapter.
 //   - [Plan] and [Step]: a reusable definition of the effects of different
 //     kinds that one event causes, each step a function of the event, run
 //     in order under keys derived from the event's id ([Plan.Run]); the

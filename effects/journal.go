@@ -10,12 +10,17 @@ import (
 // The adapter claims a key before the effect, does the effect, then records
 // its reference:
 //
-//	rec, err := j.Begin(ctx, key, fp, time.Minute)
+//	rec, err := j.Begin(ctx, key, fp, effects.DefaultLease)
 //	switch {
 //	case err != nil: // ErrInFlight, ErrKeyReused, or a backend failure
 //	case rec.Done:   // replay rec.Ref, do nothing
 //	default:         // do the effect, then j.Complete(ctx, key, ref)
 //	}
+//
+// Adapters do not write that protocol themselves: [Journaled] runs it,
+// with one policy for journal errors, Complete's retries, the lease and an
+// effect whose record did not commit, and the adapter supplies only its
+// call and the classification of its errors.
 //
 // A journal cannot make such an effect effectively once: a crash after the
 // effect and before Complete commits leaves the record pending, and when the

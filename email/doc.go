@@ -37,8 +37,21 @@
 // it (some mail stores and list software do), most will not. Clean
 // redeliveries and concurrent duplicates never send twice.
 //
+// The protocol and its policy are [effects.Journaled]'s, the same as
+// Stripe's journal and the Kafka producer's: a journal failure before the
+// send is [effects.ErrTransient] (nothing was sent); the sent-record is
+// completed on a context detached from the caller's and retried while the
+// failure is retryable, for up to [effects.DefaultRecordTimeout]; if it
+// still does not commit, Apply returns Applied and logs it. Changed on
+// purpose with the move to effects.Journaled: a journal error of Begin that
+// the journal did not classify was returned as it was (so
+// [effects.Retryable] refused it) and is now ErrTransient, and so is an
+// ambiguous Begin (the journal's reply was lost, but no message was sent);
+// Complete was tried three times and is now retried until the record
+// timeout.
+//
 // The lease is a bet on how long one attempt can take. Apply abandons the
-// SMTP session when the lease runs out, so an attempt that started after the
+// SMTP session at nine tenths of the lease, so an attempt that started after the
 // lease expired never overlaps a slow one still talking to the server;
 // choose a lease well above a normal send (the default is a minute) and
 // retry ErrInFlight for longer than the lease.
@@ -50,6 +63,31 @@
 // once (a row written in the same transaction as the charge, read by a
 // relay that a human can audit). Use this package for receipts,
 // notifications and digests, where one extra copy is an annoyance.
+//
+// # Messages
+//
+// A [Message] has the usual fields (From, To, Cc, Bcc, Reply-To, Subject),
+// a text body with an optional HTML alternative, extra header fields
+// ([Header]: List-Unsubscribe, a campaign tag) and attachments
+// ([Attachment], attached or inline for the HTML to show). Every field is
+// part of the fingerprint, so a key reused with any change is
+// [effects.ErrKeyReused]; a message is checked before any I/O
+// ([ErrInvalidMessage]: no sender or recipient, an address or header that
+// does not parse, a header the Sender writes itself).
+//
+// # TLS and connecting
+//
+// go-mail requires STARTTLS by default (mail.TLSMandatory): a server that
+// does not offer it is refused, and so is a certificate the client does not
+// trust. Choose the policy with [WithMailOptions]:
+// mail.WithTLSPolicy(mail.TLSOpportunistic) uses STARTTLS when offered,
+// mail.WithTLSPolicy(mail.NoTLS) never (a local relay, a test server), and
+// mail.WithTLSConfig sets the trusted CAs. A refusal that no retry fixes
+// (the certificate, STARTTLS required but not offered, a host name that
+// does not exist) is a configuration error, errors.Is
+// [effects.ErrInvalidConfig] with an *[effects.ConfigError] naming the
+// server, and is not retryable; a refused connection or a timeout stays
+// [effects.ErrTransient], since a restarting server looks the same.
 //
 // The server must be reached with STARTTLS or in plain text: the Sender
 // dials for go-mail (to watch the context and inject faults in tests), so

@@ -1,14 +1,17 @@
 package email
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"mime"
 	"net"
 	netmail "net/mail"
+	"net/textproto"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,15 +25,6 @@ import (
 // op names the operation in the errors Apply returns.
 const op = "email.Send"
 
-// DefaultLease is how long an attempt holds its key unless [WithLease] says
-// otherwise.
-const DefaultLease = time.Minute
-
-// recordTimeout bounds Complete and Release, which run even after the
-// caller's context was cancelled: the message went out (or definitely did
-// not), and recording that is what keeps the next attempt honest.
-const recordTimeout = 10 * time.Second
-
 // Message is one email. Every field is part of the message's fingerprint:
 // applying a key again with any field changed is [effects.ErrKeyReused].
 type Message struct {
@@ -39,6 +33,7 @@ type Message struct {
 	// Message-ID's domain.
 	From string
 	// To, Cc and Bcc are the recipients; at least one is required in all.
+	// Bcc recipients get the message but are not in its header.
 	To, Cc, Bcc []string
 	// ReplyTo is an optional Reply-To address.
 	ReplyTo string
@@ -47,13 +42,56 @@ type Message struct {
 	// Text is the plain-text body.
 	Text string
 	// HTML is an optional HTML body; with Text it is sent as an
-	// alternative, alone it is the body.
+	// alternative (multipart/alternative), alone it is the body.
 	HTML string
+	// Headers are extra header fields, written in this order
+	// (List-Unsubscribe, X-Campaign, ...). The Sender owns Message-ID,
+	// Date, the address fields, Subject and the MIME fields; naming one of
+	// them, a name that is not a header name, or a value with a line
+	// break is [ErrInvalidMessage].
+	Headers []Header
+	// Attachments are files sent with the message, in this order.
+	Attachments []Attachment
+}
+
+// Header is one header field of a [Message].
+type Header struct {
+	// Name is the field name, e.g. "List-Unsubscribe".
+	Name string
+	// Value is the field's value; non-ASCII text is encoded (RFC 2047).
+	Value string
+}
+
+// Attachment is a file sent with a [Message].
+type Attachment struct {
+	// Filename is the name the recipient sees, e.g. "receipt.pdf".
+	// Required; a base name without quotes, slashes or line breaks.
+	Filename string
+	// ContentType is the file's media type, e.g. "application/pdf"; empty
+	// means the type go-mail derives from Filename's extension.
+	ContentType string
+	// Data is the file's content.
+	Data []byte
+	// Inline embeds the file for the HTML body to show (referenced as
+	// "cid:" + Filename) instead of attaching it.
+	Inline bool
+}
+
+// reservedHeaders are the fields the Sender writes itself, in canonical
+// form.
+var reservedHeaders = map[string]bool{
+	"Message-Id": true, "Date": true, "From": true, "Sender": true, "To": true, "Cc": true, "Bcc": true,
+	"Reply-To": true, "Subject": true, "Mime-Version": true, "Content-Type": true,
+	"Content-Transfer-Encoding": true, "Content-Disposition": true, "Content-Id": true,
 }
 
 // fingerprint identifies the message's payload for key-reuse detection.
+// A message without headers or attachments has the fingerprint it had
+// before they existed ("email/v1" and nine fields), so sent-records of
+// earlier versions still replay; the others add their fields after a
+// marker, with counts, so no two messages share an encoding.
 func (m Message) fingerprint() []byte {
-	return effects.Fingerprint(
+	fields := [][]byte{
 		[]byte("email/v1"),
 		[]byte(m.From),
 		[]byte(strings.Join(m.To, "\n")),
@@ -63,7 +101,18 @@ func (m Message) fingerprint() []byte {
 		[]byte(m.Subject),
 		[]byte(m.Text),
 		[]byte(m.HTML),
-	)
+	}
+	if len(m.Headers) > 0 || len(m.Attachments) > 0 {
+		fields = append(fields, []byte("headers+attachments"), []byte(strconv.Itoa(len(m.Headers))))
+		for _, h := range m.Headers {
+			fields = append(fields, []byte(h.Name), []byte(h.Value))
+		}
+		fields = append(fields, []byte(strconv.Itoa(len(m.Attachments))))
+		for _, a := range m.Attachments {
+			fields = append(fields, []byte(a.Filename), []byte(a.ContentType), []byte(strconv.FormatBool(a.Inline)), a.Data)
+		}
+	}
+	return effects.Fingerprint(fields...)
 }
 
 // MessageID returns the Message-ID a [Sender] gives the message sent under
@@ -79,39 +128,46 @@ func MessageID(key effects.Key, domain string) string {
 // DialContext and conformance.Faults' DialContext.
 type DialContextFunc func(ctx context.Context, network, addr string) (net.Conn, error)
 
-// Option configures [New].
+// Option configures [New]. A nil Option is ignored.
 type Option func(*config)
 
 type config struct {
-	mailOpts []mail.Option
-	dial     DialContextFunc
-	lease    time.Duration
-	domain   string
-	logger   *slog.Logger
+	mailOpts  []mail.Option
+	dial      DialContextFunc
+	dialSet   bool
+	lease     time.Duration
+	domain    string
+	logger    *slog.Logger
+	loggerSet bool
 }
 
 // WithMailOptions passes options to go-mail's client: TLS policy
-// (mail.WithTLSPolicy; go-mail's default requires STARTTLS, a plaintext
-// test server needs mail.NoTLS), authentication (mail.WithSMTPAuth,
-// mail.WithUsername, mail.WithPassword), mail.WithTimeout, mail.WithHELO.
-// Do not pass mail.WithDialContextFunc (use [WithDialContext]) or
-// mail.WithSSL (implicit TLS is not supported, see the package doc).
+// (mail.WithTLSPolicy: go-mail's default, mail.TLSMandatory, requires
+// STARTTLS and refuses a server that does not offer it; a plain-text test
+// server needs mail.NoTLS), TLS settings (mail.WithTLSConfig),
+// authentication (mail.WithSMTPAuth, mail.WithUsername, mail.WithPassword),
+// mail.WithTimeout, mail.WithHELO. Do not pass mail.WithDialContextFunc
+// (use [WithDialContext]) or mail.WithSSL (implicit TLS is not supported,
+// see the package doc). An option go-mail refuses makes New fail.
 func WithMailOptions(opts ...mail.Option) Option {
 	return func(c *config) { c.mailOpts = append(c.mailOpts, opts...) }
 }
 
 // WithDialContext makes the Sender open its connections with dial instead
-// of a net.Dialer, e.g. through conformance.Faults in tests.
+// of a net.Dialer, e.g. through conformance.Faults in tests. dial must not
+// be nil.
 func WithDialContext(dial DialContextFunc) Option {
-	return func(c *config) { c.dial = dial }
+	return func(c *config) { c.dial, c.dialSet = dial, true }
 }
 
 // WithLease sets how long one attempt holds its key in the journal
-// (default [DefaultLease]). The lease also bounds the attempt's SMTP
-// session. It decides what happens after an unknown outcome: a retry within
-// the lease gets [effects.ErrInFlight], a retry after it sends again. Keep
-// it well above the time a send takes; shorter leases make the duplicate
-// window reachable sooner, longer ones delay the retry after a crash.
+// (default [effects.DefaultLease], a minute). The lease also bounds the
+// attempt's SMTP session, which ends at nine tenths of it. It decides what
+// happens after an unknown outcome: a retry within the lease gets
+// [effects.ErrInFlight], a retry after it sends again. Keep it well above
+// the time a send takes; shorter leases make the duplicate window
+// reachable sooner, longer ones delay the retry after a crash. d must be
+// positive.
 func WithLease(d time.Duration) Option {
 	return func(c *config) { c.lease = d }
 }
@@ -126,9 +182,10 @@ func WithMessageIDDomain(domain string) Option {
 // WithLogger sets where the Sender reports what it cannot return: a
 // sent-record that could not be completed after the server accepted the
 // message, a lease that could not be released, a resend after an unknown
-// outcome. The default is slog.Default() at the time of the event.
+// outcome. The default is slog.Default() at the time of the event; l must
+// not be nil.
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) { c.logger = l }
+	return func(c *config) { c.logger, c.loggerSet = l, true }
 }
 
 // Sender is an [effects.Effect] that sends a [Message] under a key, keeping
@@ -137,12 +194,11 @@ func WithLogger(l *slog.Logger) Option {
 // the lease. It is safe for concurrent use; create one per SMTP server and
 // share it.
 type Sender struct {
-	journal  effects.Journal
+	j        *effects.Journaled
 	client   *mail.Client
+	addr     string
 	dial     DialContextFunc
-	lease    time.Duration
 	domain   string
-	logger   *slog.Logger
 	contract effects.Contract
 }
 
@@ -150,30 +206,48 @@ var _ effects.Effect[Message] = (*Sender)(nil)
 
 // New returns a Sender that submits mail to the SMTP server at addr
 // ("host:port", e.g. "smtp.example.com:587") and records each key in j,
-// which is required. New does no I/O.
+// which is required. New does no I/O. It returns a *[effects.ConfigError]
+// for a missing journal, a bad address or an invalid option.
 func New(j effects.Journal, addr string, opts ...Option) (*Sender, error) {
+	bad := func(option, format string, args ...any) error {
+		return &effects.ConfigError{Op: "email.New", Option: option, Reason: fmt.Sprintf(format, args...)}
+	}
 	if j == nil {
-		return nil, errors.New("email.New: a journal is required: without a sent-record every redelivery sends again")
+		return nil, bad("journal", "nil; without a sent-record every redelivery sends again (postgres.NewJournal keeps one)")
 	}
 	host, portStr, err := net.SplitHostPort(addr)
 	if err != nil {
-		return nil, fmt.Errorf("email.New: address %q: %w (want host:port)", addr, err)
+		return nil, bad("addr", "%q: %v (want host:port)", addr, err)
 	}
 	port, err := strconv.Atoi(portStr)
-	if err != nil || port < 1 || port > 65535 {
-		return nil, fmt.Errorf("email.New: address %q: bad port", addr)
+	if err != nil || port < 1 || port > 65535 || host == "" {
+		return nil, bad("addr", "%q: want a host and a port from 1 to 65535", addr)
 	}
-	cfg := config{lease: DefaultLease}
+	cfg := config{lease: effects.DefaultLease}
 	for _, o := range opts {
-		o(&cfg)
+		if o != nil {
+			o(&cfg)
+		}
 	}
-	if cfg.lease <= 0 {
-		return nil, fmt.Errorf("email.New: lease %v is not positive", cfg.lease)
+	switch {
+	case cfg.lease <= 0:
+		return nil, bad("WithLease", "lease %v is not positive", cfg.lease)
+	case cfg.domain != "" && !validDomain(cfg.domain):
+		return nil, bad("WithMessageIDDomain", "%q is not a valid domain", cfg.domain)
+	case cfg.dialSet && cfg.dial == nil:
+		return nil, bad("WithDialContext", "nil dial function")
+	case cfg.loggerSet && cfg.logger == nil:
+		return nil, bad("WithLogger", "nil logger")
 	}
-	if cfg.domain != "" && !validDomain(cfg.domain) {
-		return nil, fmt.Errorf("email.New: Message-ID domain %q is not a valid domain", cfg.domain)
+	jopts := []effects.JournaledOption{effects.WithJournalLease(cfg.lease), effects.WithNotApplied(notApplied)}
+	if cfg.logger != nil {
+		jopts = append(jopts, effects.WithJournalLogger(cfg.logger))
 	}
-	s := &Sender{journal: j, lease: cfg.lease, domain: cfg.domain, logger: cfg.logger, dial: cfg.dial}
+	journaled, err := effects.NewJournaled(op, j, jopts...)
+	if err != nil {
+		return nil, err
+	}
+	s := &Sender{j: journaled, addr: addr, domain: cfg.domain, dial: cfg.dial}
 	if s.dial == nil {
 		var d net.Dialer
 		s.dial = d.DialContext
@@ -182,7 +256,7 @@ func New(j effects.Journal, addr string, opts ...Option) (*Sender, error) {
 	mopts = append(mopts, mail.WithDialContextFunc(s.dialContext))
 	s.client, err = mail.NewClient(host, mopts...)
 	if err != nil {
-		return nil, fmt.Errorf("email.New: %w", err)
+		return nil, bad("WithMailOptions", "%v", err)
 	}
 	domain := "<the From address's domain>"
 	if s.domain != "" {
@@ -191,7 +265,7 @@ func New(j effects.Journal, addr string, opts ...Option) (*Sender, error) {
 	s.contract = effects.Contract{
 		Guarantee: effects.AtLeastOnce,
 		Enforcer: fmt.Sprintf("sent-record in the journal (%T, lease %v) and Message-ID <sha256(key)@%s>, "+
-			"on which receivers may dedup (most do not)", j, s.lease, domain),
+			"on which receivers may dedup (most do not)", j, cfg.lease, domain),
 		DuplicateWindow: effects.Window{
 			Trigger: effects.AfterUnknownOutcome,
 			Between: "after the SMTP server's 250 to DATA, before the sent-record commits",
@@ -214,12 +288,16 @@ func (s *Sender) Contract() effects.Contract { return s.contract }
 // the first time. It refuses an invalid key ([effects.ErrInvalidKey]) or
 // message ([ErrInvalidMessage]) before any I/O. Errors: the journal's
 // [effects.ErrInFlight] and [effects.ErrKeyReused]; [effects.ErrTransient]
-// (wrapping an [SMTPError]) or [ErrRejected] when the message was
-// definitely not delivered; [effects.ErrAmbiguous] when the server may have
-// it, which must be retried with the same key. If the server accepted the
+// when the journal failed before the send, or (wrapping an [SMTPError])
+// when the message was definitely not delivered; [ErrRejected] when the
+// server refused it; a configuration error (errors.Is
+// [effects.ErrInvalidConfig]) when no retry can reach the server: a
+// refused TLS handshake, STARTTLS required but not offered, a host that
+// does not exist; [effects.ErrAmbiguous] when the server may have it,
+// which must be retried with the same key. If the server accepted the
 // message but the journal cannot record it, Apply still returns Applied
-// (the message went out, and an error would only make the caller retry into
-// the duplicate window) and logs the failure.
+// (the message went out, and an error would only make the caller retry
+// into the duplicate window) and logs the failure.
 func (s *Sender) Apply(ctx context.Context, key effects.Key, m Message) (effects.Result, error) {
 	if err := key.Validate(); err != nil {
 		return effects.Result{}, err
@@ -228,90 +306,35 @@ func (s *Sender) Apply(ctx context.Context, key effects.Key, m Message) (effects
 	if err != nil {
 		return effects.Result{}, fmt.Errorf("%s key %q: %w", op, key, err)
 	}
-	start := time.Now()
-	rec, err := s.journal.Begin(ctx, key, m.fingerprint(), s.lease)
-	if err != nil {
-		// ErrInFlight, ErrKeyReused and ErrAmbiguous (a lost reply) are
-		// already classified by the journal; keep them as they are.
-		return effects.Result{}, err
-	}
-	if rec.Done {
-		return effects.Result{Status: effects.Replayed, Ref: rec.Ref}, nil
-	}
-	if rec.Attempt > 1 {
-		s.log().DebugContext(ctx, "email: sending a key whose earlier attempt recorded no send "+
-			"(released after a failure, or its lease expired after an unknown outcome: then this may be the declared duplicate)",
-			"key", string(key), "attempt", rec.Attempt, "message_id", msg.GetMessageID())
-	}
-
-	// The SMTP session must end before the lease does, so that an attempt
-	// that begins after the lease expired never races this one.
-	sctx, cancel := context.WithDeadline(ctx, start.Add(s.lease-s.lease/10))
-	defer cancel()
-	a := &attempt{ctx: sctx}
-	sendErr := s.client.DialAndSendWithContext(context.WithValue(sctx, attemptKey{}, a), msg)
-	a.finish()
-
-	switch out, smtpErr := classify(msg, sendErr); out {
-	case delivered:
-		ref := msg.ServerResponse()
-		if ref == "" {
-			ref = msg.GetMessageID()
+	return s.j.Apply(ctx, key, m.fingerprint(), func(ctx context.Context, _ *effects.Attempt) (effects.Result, error) {
+		// ctx ends at nine tenths of the lease: the SMTP session must end
+		// before the lease does, so that an attempt that begins after the
+		// lease expired never races this one.
+		a := &attempt{ctx: ctx}
+		sendErr := s.client.DialAndSendWithContext(context.WithValue(ctx, attemptKey{}, a), msg)
+		a.finish()
+		switch out, smtpErr := classify(msg, sendErr); out {
+		case delivered:
+			ref := msg.ServerResponse()
+			if ref == "" {
+				ref = msg.GetMessageID()
+			}
+			return effects.Result{Status: effects.Applied, Ref: ref}, nil
+		case notSent:
+			return effects.Result{}, s.notSentError(ctx, key, smtpErr)
+		default:
+			return effects.Result{}, ambiguousError(ctx, key, sendErr, s.j.Lease().String())
 		}
-		s.complete(ctx, key, ref)
-		return effects.Result{Status: effects.Applied, Ref: ref}, nil
-	case notSent:
-		// Release is fenced by the attempt number: if our lease expired
-		// and another attempt took the key over, it does nothing.
-		s.release(ctx, key, rec.Attempt)
-		return effects.Result{}, notSentError(sctx, key, smtpErr)
-	default:
-		return effects.Result{}, ambiguousError(sctx, key, sendErr, s.lease.String())
-	}
+	})
 }
 
-// complete records the sent message. The server has it, so a failure here
-// is not returned: reporting an error would make the caller retry, and the
-// retry would find the record pending and, after the lease, send again.
-// Returning success lets the caller ack; the unrecorded send is logged.
-func (s *Sender) complete(ctx context.Context, key effects.Key, ref string) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
-	defer cancel()
-	var err error
-	backoff := 10 * time.Millisecond
-	for range 3 {
-		if err = s.journal.Complete(cctx, key, ref); err == nil || !effects.Retryable(err) {
-			break
-		}
-		select {
-		case <-cctx.Done():
-		case <-time.After(backoff):
-		}
-		backoff *= 4
-	}
-	if err != nil {
-		s.log().ErrorContext(ctx, "email: the SMTP server accepted the message but the sent-record did not commit; "+
-			"a redelivery after the lease will send it again",
-			"key", string(key), "ref", ref, "error", err)
-	}
-}
-
-// release gives up the lease after a definite failure. If it fails, the
-// lease expires on its own; the next attempt only waits longer.
-func (s *Sender) release(ctx context.Context, key effects.Key, attempt int) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
-	defer cancel()
-	if err := s.journal.Release(cctx, key, attempt); err != nil {
-		s.log().WarnContext(ctx, "email: could not release the lease after a failed send; the next attempt waits for it to expire",
-			"key", string(key), "lease", s.lease, "error", err)
-	}
-}
-
-func (s *Sender) log() *slog.Logger {
-	if s.logger != nil {
-		return s.logger
-	}
-	return slog.Default()
+// notApplied is this adapter's part of the journal's classification: an
+// [SMTPError] describes a failure that definitely did not deliver the
+// message (a refused connection, a 4xx or 5xx before the server accepted
+// the data), so the lease is released and the retry need not wait for it.
+func notApplied(err error) bool {
+	var se *SMTPError
+	return errors.As(err, &se)
 }
 
 // build turns m into a go-mail message with the key's Message-ID.
@@ -365,8 +388,51 @@ func (s *Sender) build(key effects.Key, m Message) (*mail.Msg, error) {
 		msg.SetBodyString(mail.TypeTextPlain, m.Text)
 		msg.AddAlternativeString(mail.TypeTextHTML, m.HTML)
 	}
+	for _, h := range m.Headers {
+		name := textproto.CanonicalMIMEHeaderKey(h.Name)
+		switch {
+		case !validHeaderName(h.Name):
+			return nil, fmt.Errorf("%w: header name %q: want printable ASCII without a colon or a space", ErrInvalidMessage, h.Name)
+		case reservedHeaders[name]:
+			return nil, fmt.Errorf("%w: header %s is written by the Sender (use the Message's fields)", ErrInvalidMessage, name)
+		case strings.ContainsAny(h.Value, "\r\n"):
+			return nil, fmt.Errorf("%w: header %s: the value holds a line break", ErrInvalidMessage, name)
+		}
+		msg.SetGenHeader(mail.Header(name), h.Value)
+	}
+	for _, a := range m.Attachments {
+		if a.Filename == "" || strings.ContainsAny(a.Filename, "\r\n\"/\\") {
+			return nil, fmt.Errorf("%w: attachment file name %q: want a base name without quotes, slashes or line breaks", ErrInvalidMessage, a.Filename)
+		}
+		var opts []mail.FileOption
+		if a.ContentType != "" {
+			if _, _, err := mime.ParseMediaType(a.ContentType); err != nil {
+				return nil, fmt.Errorf("%w: attachment %s: content type %q: %w", ErrInvalidMessage, a.Filename, a.ContentType, err)
+			}
+			opts = append(opts, mail.WithFileContentType(mail.ContentType(a.ContentType)))
+		}
+		if a.Inline {
+			msg.EmbedReadSeeker(a.Filename, bytes.NewReader(a.Data), opts...)
+		} else {
+			msg.AttachReadSeeker(a.Filename, bytes.NewReader(a.Data), opts...)
+		}
+	}
 	msg.SetMessageIDWithValue(MessageID(key, domain))
 	return msg, nil
+}
+
+// validHeaderName accepts an RFC 5322 field name: printable ASCII other
+// than the colon (and, to be safe, the space).
+func validHeaderName(n string) bool {
+	if n == "" {
+		return false
+	}
+	for i := 0; i < len(n); i++ {
+		if c := n[i]; c <= ' ' || c > '~' || c == ':' {
+			return false
+		}
+	}
+	return true
 }
 
 // validDomain accepts a dot-atom (RFC 5322 id-right): atext runs separated

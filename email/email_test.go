@@ -498,21 +498,31 @@ func TestContract(t *testing.T) {
 func TestNewRefuses(t *testing.T) {
 	e := newEnv(t)
 	for name, tc := range map[string]struct {
-		j    effects.Journal
-		addr string
-		opts []email.Option
+		j      effects.Journal
+		addr   string
+		opts   []email.Option
+		option string
 	}{
-		"no journal":     {nil, "127.0.0.1:25", nil},
-		"no port":        {e.journal, "127.0.0.1", nil},
-		"bad port":       {e.journal, "127.0.0.1:http", nil},
-		"zero lease":     {e.journal, "127.0.0.1:25", []email.Option{email.WithLease(0)}},
-		"bad id domain":  {e.journal, "127.0.0.1:25", []email.Option{email.WithMessageIDDomain("a b")}},
-		"dotted domain":  {e.journal, "127.0.0.1:25", []email.Option{email.WithMessageIDDomain("a..b")}},
-		"bracket domain": {e.journal, "127.0.0.1:25", []email.Option{email.WithMessageIDDomain("a>b")}},
+		"no journal":     {nil, "127.0.0.1:25", nil, "journal"},
+		"no port":        {e.journal, "127.0.0.1", nil, "addr"},
+		"bad port":       {e.journal, "127.0.0.1:http", nil, "addr"},
+		"no host":        {e.journal, ":25", nil, "addr"},
+		"zero lease":     {e.journal, "127.0.0.1:25", []email.Option{email.WithLease(0)}, "WithLease"},
+		"bad id domain":  {e.journal, "127.0.0.1:25", []email.Option{email.WithMessageIDDomain("a b")}, "WithMessageIDDomain"},
+		"dotted domain":  {e.journal, "127.0.0.1:25", []email.Option{email.WithMessageIDDomain("a..b")}, "WithMessageIDDomain"},
+		"bracket domain": {e.journal, "127.0.0.1:25", []email.Option{email.WithMessageIDDomain("a>b")}, "WithMessageIDDomain"},
+		"nil dialer":     {e.journal, "127.0.0.1:25", []email.Option{email.WithDialContext(nil)}, "WithDialContext"},
+		"nil logger":     {e.journal, "127.0.0.1:25", []email.Option{email.WithLogger(nil)}, "WithLogger"},
+		"bad go-mail":    {e.journal, "127.0.0.1:25", []email.Option{email.WithMailOptions(mail.WithTimeout(-1))}, "WithMailOptions"},
 	} {
-		if _, err := email.New(tc.j, tc.addr, tc.opts...); err == nil {
-			t.Errorf("%s: New succeeded", name)
+		_, err := email.New(tc.j, tc.addr, tc.opts...)
+		var ce *effects.ConfigError
+		if !errors.As(err, &ce) || ce.Option != tc.option {
+			t.Errorf("%s: %v, want a *ConfigError naming %s", name, err, tc.option)
 		}
+	}
+	if _, err := email.New(e.journal, "127.0.0.1:25", nil, email.WithLease(time.Second), nil); err != nil {
+		t.Errorf("nil options: %v, want them ignored", err)
 	}
 }
 
@@ -536,7 +546,7 @@ func TestUnrecordedSendIsAppliedAndLogged(t *testing.T) {
 	if err != nil || res.Status != effects.Applied {
 		t.Fatalf("got %+v, %v; want applied", res, err)
 	}
-	if j.calls.Load() < 1 || !strings.Contains(logs.String(), "sent-record did not commit") {
+	if j.calls.Load() != 4 || !strings.Contains(logs.String(), "did not commit") || !strings.Contains(logs.String(), res.Ref) {
 		t.Errorf("%d Complete calls, log %q", j.calls.Load(), logs.String())
 	}
 	if e.count(key) != 1 {
@@ -549,9 +559,13 @@ type failingComplete struct {
 	calls atomic.Int64
 }
 
+// Complete fails three times with a retryable error, which the Sender
+// retries, then with one that is not.
 func (j *failingComplete) Complete(context.Context, effects.Key, string) error {
-	j.calls.Add(1)
-	return effects.Transient("test.Complete", "", errors.New("journal unavailable"))
+	if j.calls.Add(1) <= 3 {
+		return effects.Transient("test.Complete", "", errors.New("journal unavailable"))
+	}
+	return errors.New("journal refuses the record")
 }
 
 // Authentication is part of connecting: a refused login is permanent, and

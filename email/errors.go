@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/textproto"
 	"regexp"
+	"strings"
 
 	"github.com/wneessen/go-mail"
 
@@ -143,14 +144,28 @@ var enhancedRE = regexp.MustCompile(`\b[245]\.\d{1,3}\.\d{1,3}\b`)
 
 func enhanced(s string) string { return enhancedRE.FindString(s) }
 
-// notSentError is the error Apply returns after a definite failure.
-func notSentError(ctx context.Context, key effects.Key, e *SMTPError) error {
+// notSentError is the error Apply returns after a definite failure: a
+// configuration error when no retry can fix it (a refused TLS handshake,
+// STARTTLS required but not offered, a host that does not exist),
+// ErrInvalidMessage when go-mail refused the message, the SMTPError alone
+// for a 5xx, ErrTransient otherwise.
+func (s *Sender) notSentError(ctx context.Context, key effects.Key, e *SMTPError) error {
 	if ctx.Err() != nil && e.Code == 0 {
 		// The session was cut because the context ended (cancelled, or the
 		// lease ran out) before anything was handed over: keep the
 		// context's error reachable with errors.Is. A server's reply code
 		// speaks for itself.
 		e.Err = fmt.Errorf("%w (%w)", ctx.Err(), e.Err)
+	}
+	if e.Stage == "connect" && e.Code == 0 && ctx.Err() == nil {
+		if e.Err != nil && strings.Contains(e.Err.Error(), "does not support STARTTLS") {
+			return fmt.Errorf("%w: %w", &effects.ConfigError{Op: op, Option: s.addr,
+				Reason: "the server does not offer STARTTLS, which go-mail requires by default (mail.WithTLSPolicy(mail.TLSMandatory)); " +
+					"use a server or port with STARTTLS, or choose mail.TLSOpportunistic or mail.NoTLS if plain text is acceptable (no retry fixes this)"}, e)
+		}
+		if cerr := effects.Misconfigured(op, s.addr, e); cerr != nil {
+			return cerr
+		}
 	}
 	if e.invalid {
 		return fmt.Errorf("%s key %q: %w: %w", op, key, ErrInvalidMessage, e)

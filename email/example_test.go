@@ -143,3 +143,43 @@ func ExampleSender_Apply_unknownOutcome() {
 	// applied <nil>
 	// messages on the server: 2
 }
+
+// A receipt with an HTML alternative, a PDF attached, a Cc, a Bcc and a
+// List-Unsubscribe header, sent with go-mail's default STARTTLS policy to
+// a server whose certificate the client trusts.
+func ExampleSender_Apply_richMessage() {
+	srv, err := smtptest.NewServer(smtptest.WithSTARTTLS())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer srv.Close()
+	receipts, err := email.New(memjournal.New(nil), srv.Addr(),
+		email.WithMailOptions(mail.WithTLSConfig(srv.TLSConfig())), // STARTTLS stays required, go-mail's default
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	res, err := receipts.Apply(context.Background(), effects.MustKey("shop", "evt_3", "receipt"), email.Message{
+		From:    "Shop <orders@shop.example.com>",
+		To:      []string{"alice@example.net"},
+		Cc:      []string{"accounts@example.net"},
+		Bcc:     []string{"archive@shop.example.com"},
+		ReplyTo: "support@shop.example.com",
+		Subject: "Your receipt",
+		Text:    "Thank you for your order. Your receipt is attached.",
+		HTML:    "<p>Thank you for your order. Your receipt is attached.</p>",
+		Headers: []email.Header{{Name: "List-Unsubscribe", Value: "<mailto:unsubscribe@shop.example.com>"}},
+		Attachments: []email.Attachment{
+			{Filename: "receipt.pdf", ContentType: "application/pdf", Data: []byte("%PDF-1.7 ...")},
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	m := srv.Messages()[0]
+	fmt.Println(res.Status, "over TLS:", m.TLS, "envelope recipients:", len(m.To))
+	fmt.Println(m.Header.Get("List-Unsubscribe"), m.Header.Get("Bcc") == "")
+	// Output:
+	// applied over TLS: true envelope recipients: 3
+	// <mailto:unsubscribe@shop.example.com> true
+}

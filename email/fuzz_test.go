@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"effectively.dev/effects"
 )
 
 // FuzzMessageFingerprint: a message's fingerprint, which decides between a
@@ -49,6 +51,13 @@ func FuzzMessageFingerprint(f *testing.F) {
 			{From: from, To: []string{strings.Join(m.To, "\n")}, Cc: m.Cc, Subject: subject, Text: text, HTML: html},
 			{From: from, To: append(slices.Clone(m.To), ""), Cc: m.Cc, Subject: subject, Text: text, HTML: html},
 			{From: from, To: slices.Concat(m.To, m.Cc), Subject: subject, Text: text, HTML: html},
+			{From: from, To: m.To, Cc: m.Cc, Subject: subject, Text: text, HTML: html, Headers: []Header{{Name: "X-Subject", Value: subject}}},
+			{From: from, To: m.To, Cc: m.Cc, Subject: subject, Text: text, HTML: html, Headers: []Header{{Name: "X-A", Value: text}, {Name: "X-B", Value: html}}},
+			{From: from, To: m.To, Cc: m.Cc, Subject: subject, Text: text, HTML: html, Headers: []Header{{Name: "X-B", Value: html}, {Name: "X-A", Value: text}}},
+			{From: from, To: m.To, Cc: m.Cc, Subject: subject, Text: text, HTML: html, Attachments: []Attachment{{Filename: "a.txt", Data: []byte(text)}}},
+			{From: from, To: m.To, Cc: m.Cc, Subject: subject, Text: text, HTML: html, Attachments: []Attachment{{Filename: "a.txt", Data: []byte(text), Inline: true}}},
+			{From: from, To: m.To, Cc: m.Cc, Subject: subject, Text: text, HTML: html, Attachments: []Attachment{{Filename: "a.txt", ContentType: "text/plain", Data: []byte(text)}}},
+			{From: from, To: m.To, Cc: m.Cc, Subject: subject, Text: text, HTML: html, Attachments: []Attachment{{Filename: "a.txt", Data: []byte(text)}, {Filename: "b.txt", Data: []byte(html)}}},
 		}
 		for _, v := range variants {
 			if reflect.DeepEqual(v, m) || !accepted(v) {
@@ -70,4 +79,20 @@ func nonEmpty(ss ...string) []string {
 		}
 	}
 	return out
+}
+
+// A message without headers or attachments keeps the fingerprint of the
+// version before they existed, so its sent-records still replay.
+func TestFingerprintOfPlainMessagesIsUnchanged(t *testing.T) {
+	m := Message{From: "a@shop.test", To: []string{"b@example.net", "c@example.net"}, Cc: []string{"d@example.net"},
+		ReplyTo: "e@shop.test", Subject: "s", Text: "t", HTML: "<p>h</p>"}
+	v1 := effects.Fingerprint([]byte("email/v1"), []byte(m.From), []byte("b@example.net\nc@example.net"),
+		[]byte("d@example.net"), nil, []byte(m.ReplyTo), []byte(m.Subject), []byte(m.Text), []byte(m.HTML))
+	if !bytes.Equal(m.fingerprint(), v1) {
+		t.Error("the fingerprint of a message without headers or attachments changed")
+	}
+	m.Headers = []Header{{Name: "X-A", Value: "1"}}
+	if bytes.Equal(m.fingerprint(), v1) {
+		t.Error("a header does not change the fingerprint")
+	}
 }

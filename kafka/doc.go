@@ -13,7 +13,9 @@
 //     restarted process produces again. With a journal ([WithJournal], e.g.
 //     postgres.NewJournal) a recorded success is replayed instead, and
 //     duplicates are left only after an unknown outcome (after the broker's
-//     ack, before the journal records it).
+//     ack, before the journal records it). The journal runs
+//     [effects.Journaled]'s protocol and policy, the same as package email's
+//     and package stripe's. An Apply never waits for the client's linger.
 //   - [Transform]: consume-transform-produce in one Kafka transaction per
 //     poll over a kgo.GroupTransactSession. Effectively once inside Kafka:
 //     the input offsets and output records commit together. Readers of the
@@ -22,12 +24,27 @@
 //     offset only after every earlier delivery of its partition was acked,
 //     so side effect first, then commit, and acking out of order never skips
 //     a record.
-//   - [Relay] with [Enqueue]: the transactional outbox. The application
-//     writes the record into an outbox table in its own business
-//     transaction; relays publish the rows at least once, with the row's
-//     message id in the [KeyHeader] header for downstream dedup.
+//   - The transactional outbox, in package effectively.dev/kafka/outbox
+//     (apart, so that a program that only produces or consumes does not
+//     pull in pgx): the application writes the record into an outbox table
+//     in its own business transaction; relays publish the rows at least
+//     once, with the row's message id in the [KeyHeader] header for
+//     downstream dedup.
 //   - [Replay]: re-feed an offset or time range of a topic through a
 //     handler at a rate limit, so a replay does not starve live traffic.
+//
+// Changed on purpose in this version: the Producer's journal protocol is
+// effects.Journaled's, so a record the broker acked but the journal could
+// not record is Applied (logged) instead of [effects.ErrAmbiguous]; an
+// ambiguous journal Begin (nothing was produced) is [effects.ErrTransient];
+// Complete stops retrying at an error that is not retryable; the default
+// lease is [effects.DefaultLease] (a minute, was 30 s), and an Apply stops
+// waiting for its record at nine tenths of the lease. Apply no longer waits
+// for the client's linger (it waited up to kgo.ProducerLinger, 10 ms by
+// default). The outbox moved to package effectively.dev/kafka/outbox
+// (MigrateOutbox, OutboxMessage, PruneOutbox and WithRelayErrors are now
+// outbox.Migrate, outbox.Message, outbox.Prune and
+// outbox.WithErrorHandler).
 //
 // When not to use it: if your consumer's effect lives in your database, a
 // dedup row in the same database transaction (package postgres) is

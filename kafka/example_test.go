@@ -160,40 +160,6 @@ func ExampleTransform() {
 	defer reader.Close()
 }
 
-// The transactional outbox: the record is enqueued in the business
-// transaction, and a relay publishes it.
-func ExampleEnqueue() {
-	var pool *pgxpool.Pool // your database
-	var client *kgo.Client // an idempotent acks=all producer
-	ctx := context.Background()
-	if err := kafka.MigrateOutbox(ctx, pool); err != nil {
-		log.Fatal(err)
-	}
-
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck
-	// ... the business write, e.g. INSERT INTO orders ...
-	if _, err := kafka.Enqueue(ctx, tx, kafka.OutboxMessage{
-		ID:    effects.MustKey("shop", "order-7", "order-created"),
-		Topic: "order-events",
-		Value: []byte(`{"order":7}`),
-	}); err != nil {
-		log.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		log.Fatal(err)
-	}
-
-	relay, err := kafka.NewRelay(pool, client)
-	if err != nil {
-		log.Fatal(err)
-	}
-	go relay.Run(ctx) //nolint:errcheck // returns nil when ctx is done
-}
-
 // Re-feed an offset range through a handler, at most 500 records a second.
 func ExampleReplay() {
 	cluster, stop := exampleCluster("events")

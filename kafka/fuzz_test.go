@@ -8,6 +8,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
+	"effectively.dev/kafka/internal/produce"
 )
 
 // FuzzRecordFingerprint: the fingerprint of a produced record (topic,
@@ -32,17 +33,17 @@ func FuzzRecordFingerprint(f *testing.F) {
 		}
 		m1 := Message{Key: key1, Value: value1, Headers: []kgo.RecordHeader{{Key: hk1, Value: hv1}}}
 		m2 := Message{Key: key2, Value: value2, Headers: []kgo.RecordHeader{{Key: hk2, Value: hv2}}}
-		r1 := (&Producer{topic: topic1}).record(k, m1)
-		r2 := (&Producer{topic: topic2}).record(k, m2)
-		fp1 := fingerprint(r1)
-		if !bytes.Equal(fp1, fingerprint((&Producer{topic: topic1}).record(k, m1))) {
+		r1 := produce.Record(k, topic1, m1.Key, m1.Value, m1.Headers)
+		r2 := produce.Record(k, topic2, m2.Key, m2.Value, m2.Headers)
+		fp1 := produce.Fingerprint(r1)
+		if !bytes.Equal(fp1, produce.Fingerprint(produce.Record(k, topic1, m1.Key, m1.Value, m1.Headers))) {
 			t.Fatalf("fingerprint of %+v is not deterministic", r1)
 		}
-		if o := outboxRecord(k, topic1, key1, value1, m1.Headers); !bytes.Equal(fp1, fingerprint(o)) {
+		if o := produce.Record(k, topic1, key1, value1, m1.Headers); !bytes.Equal(fp1, produce.Fingerprint(o)) {
 			t.Fatalf("producer and outbox fingerprint %+v differently: %+v", r1, o)
 		}
-		if got, want := bytes.Equal(fp1, fingerprint(r2)), sameRecord(r1, r2); got != want {
-			t.Fatalf("fingerprint(%+v) == fingerprint(%+v) is %t, want %t", r1, r2, got, want)
+		if got, want := bytes.Equal(fp1, produce.Fingerprint(r2)), sameRecord(r1, r2); got != want {
+			t.Fatalf("produce.Fingerprint(%+v) == produce.Fingerprint(%+v) is %t, want %t", r1, r2, got, want)
 		}
 		changed := []*kgo.Record{
 			{Topic: r1.Topic + "x", Key: r1.Key, Value: r1.Value, Headers: r1.Headers},
@@ -55,8 +56,8 @@ func FuzzRecordFingerprint(f *testing.F) {
 			{Topic: r1.Topic, Key: r1.Key, Value: r1.Value, Headers: append([]kgo.RecordHeader{{Key: hk1, Value: append(slices.Clone(hv1), 'x')}}, r1.Headers[len(r1.Headers)-1:]...)},
 		}
 		for _, c := range changed {
-			if !sameRecord(r1, c) && bytes.Equal(fp1, fingerprint(c)) {
-				t.Fatalf("fingerprint(%+v) == fingerprint(%+v)", r1, c)
+			if !sameRecord(r1, c) && bytes.Equal(fp1, produce.Fingerprint(c)) {
+				t.Fatalf("produce.Fingerprint(%+v) == produce.Fingerprint(%+v)", r1, c)
 			}
 		}
 	})

@@ -2,22 +2,22 @@ package kafka
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strconv"
+	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
+	"effectively.dev/kafka/internal/produce"
 )
 
 // KeyHeader is the record header that carries a record's identity for
 // downstream dedup: the effect key for records of a [Producer], the
-// message id for records relayed from the outbox. [Source] reads a
-// delivery's ID from it.
-const KeyHeader = "effectively-key"
+// message id for records relayed from the outbox (package
+// effectively.dev/kafka/outbox). [Source] reads a delivery's ID from it.
+const KeyHeader = produce.KeyHeader
 
 // Message is the input of a [Producer]: one record's payload.
 type Message struct {
@@ -50,21 +50,33 @@ type Message struct {
 // after the broker's ack, before the journal records it. Consumers of the
 // topic dedup on the header.
 //
+// An Apply never waits for the client's linger (kgo.ProducerLinger,
+// 10 ms by default): it waits for its own record only, as ProduceSync
+// does, so a default client costs one produce round trip per Apply.
+//
 // A Producer does not own its client: close the client yourself after the
 // last Apply returned.
 type Producer struct {
 	client   *kgo.Client
+	sync     *produce.Syncer
 	topic    string
-	journal  effects.Journal
-	lease    time.Duration
-	finish   time.Duration
+	j        *effects.Journaled
 	contract effects.Contract
 }
 
 var _ effects.Effect[Message] = (*Producer)(nil)
 
-// ProducerOption configures a [Producer].
-type ProducerOption func(*Producer)
+// ProducerOption configures a [Producer]; see [NewProducer]. A nil
+// ProducerOption is ignored.
+type ProducerOption func(*producerConfig)
+
+type producerConfig struct {
+	journal   effects.Journal
+	lease     time.Duration
+	finish    time.Duration
+	logger    *slog.Logger
+	loggerSet bool
+}
 
 // WithJournal makes the producer record each success in j (for example
 // postgres.NewJournal) and replay recorded keys without producing again.
@@ -72,32 +84,41 @@ type ProducerOption func(*Producer)
 // Complete after the ack) and one per replay, and it makes the producer
 // detect a key reused with a different message ([effects.ErrKeyReused]):
 // the journal stores a fingerprint of topic, record key, value and headers.
+// The journal runs [effects.Journaled]'s protocol and policy.
 func WithJournal(j effects.Journal) ProducerOption {
-	return func(p *Producer) { p.journal = j }
+	return func(c *producerConfig) { c.journal = j }
 }
 
 // WithLease sets how long one attempt holds a key in the journal (default
-// 30 s). While the lease runs, other attempts with the key get
-// [effects.ErrInFlight]; after it expires, a key whose attempt ended with
-// an unknown outcome is produced again. Keep it longer than a produce
-// takes, or a slow attempt and a retry both produce. Without a journal it
-// does nothing.
+// [effects.DefaultLease], a minute). While the lease runs, other attempts
+// with the key get [effects.ErrInFlight]; after it expires, a key whose
+// attempt ended with an unknown outcome is produced again. An Apply stops
+// waiting for its record at nine tenths of the lease (ErrAmbiguous; a
+// record acked later is still recorded). Keep it longer than a produce
+// takes. Without a journal it does nothing. d must be positive.
 func WithLease(d time.Duration) ProducerOption {
-	return func(p *Producer) { p.lease = d }
+	return func(c *producerConfig) { c.lease = d }
 }
 
 // WithJournalTimeout bounds how long the producer keeps trying to record a
 // produced record in the journal, or to release a key after a failure
-// (default 10 s). These writes run even when the Apply context is done:
-// the record is already in Kafka, and recording it is what prevents a
-// duplicate.
+// (default [effects.DefaultRecordTimeout], 10 s). These writes run even
+// when the Apply context is done: the record is already in Kafka, and
+// recording it is what prevents a duplicate. d must be positive.
 func WithJournalTimeout(d time.Duration) ProducerOption {
-	return func(p *Producer) { p.finish = d }
+	return func(c *producerConfig) { c.finish = d }
+}
+
+// WithProducerLogger sets where the producer reports what it cannot
+// return (a record the journal did not record); the default is
+// slog.Default() at the time of the event. l must not be nil.
+func WithProducerLogger(l *slog.Logger) ProducerOption {
+	return func(c *producerConfig) { c.logger, c.loggerSet = l, true }
 }
 
 // ErrNotIdempotent is returned by [NewProducer] for a client that is not
 // an idempotent, acks=all, non-transactional producer.
-var ErrNotIdempotent = errors.New("kafka: client is not an idempotent acks=all producer")
+var ErrNotIdempotent = produce.ErrNotIdempotent
 
 // NewProducer returns a producer of records to topic through client.
 //
@@ -106,39 +127,55 @@ var ErrNotIdempotent = errors.New("kafka: client is not an idempotent acks=all p
 // without a kgo.TransactionalID (use [Transform] for transactions).
 // NewProducer checks and returns [ErrNotIdempotent] otherwise: with acks=1
 // an acked record can be lost in a leader failover, and without
-// idempotence every internal retry of a lost reply duplicates.
+// idempotence every internal retry of a lost reply duplicates. A nil
+// client, an empty topic or an invalid option is a *[effects.ConfigError].
 func NewProducer(client *kgo.Client, topic string, opts ...ProducerOption) (*Producer, error) {
+	const ctor = "kafka.NewProducer"
+	bad := func(option, format string, args ...any) error {
+		return &effects.ConfigError{Op: ctor, Option: option, Reason: fmt.Sprintf(format, args...)}
+	}
 	if client == nil {
-		return nil, errors.New("kafka.NewProducer: nil client")
+		return nil, bad("client", "nil")
 	}
 	if topic == "" {
-		return nil, errors.New("kafka.NewProducer: empty topic")
+		return nil, bad("topic", "empty")
 	}
-	if err := checkIdempotent(client); err != nil {
-		return nil, fmt.Errorf("kafka.NewProducer: %w", err)
+	if err := produce.CheckClient(client); err != nil {
+		return nil, fmt.Errorf("%s: %w", ctor, err)
 	}
-	p := &Producer{client: client, topic: topic, lease: 30 * time.Second, finish: 10 * time.Second}
+	cfg := producerConfig{lease: effects.DefaultLease, finish: effects.DefaultRecordTimeout}
 	for _, o := range opts {
-		o(p)
+		if o != nil {
+			o(&cfg)
+		}
 	}
-	if p.lease <= 0 || p.finish <= 0 {
-		return nil, errors.New("kafka.NewProducer: lease and journal timeout must be positive")
+	switch {
+	case cfg.lease <= 0:
+		return nil, bad("WithLease", "lease %v is not positive", cfg.lease)
+	case cfg.finish <= 0:
+		return nil, bad("WithJournalTimeout", "timeout %v is not positive", cfg.finish)
+	case cfg.loggerSet && cfg.logger == nil:
+		return nil, bad("WithProducerLogger", "nil logger")
 	}
-	p.contract = producerContract(p.journal != nil)
-	return p, nil
-}
-
-func checkIdempotent(cl *kgo.Client) error {
-	if v, _ := cl.OptValue(kgo.DisableIdempotentWrite).(bool); v {
-		return fmt.Errorf("%w: kgo.DisableIdempotentWrite is set", ErrNotIdempotent)
+	jopts := []effects.JournaledOption{
+		effects.WithJournalLease(cfg.lease),
+		effects.WithRecordTimeout(cfg.finish),
+		effects.WithNotApplied(notApplied),
 	}
-	if acks, ok := cl.OptValue(kgo.RequiredAcks).(kgo.Acks); !ok || acks != kgo.AllISRAcks() {
-		return fmt.Errorf("%w: set kgo.RequiredAcks(kgo.AllISRAcks()) (the default)", ErrNotIdempotent)
+	if cfg.logger != nil {
+		jopts = append(jopts, effects.WithJournalLogger(cfg.logger))
 	}
-	if vs := cl.OptValues(kgo.TransactionalID); len(vs) == 2 && vs[1] == true {
-		return fmt.Errorf("%w: the client is transactional; records outside a transaction fail (use Transform)", ErrNotIdempotent)
+	j, err := effects.NewJournaled("kafka.Producer.Apply", cfg.journal, jopts...)
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	return &Producer{
+		client:   client,
+		sync:     produce.NewSyncer(client),
+		topic:    topic,
+		j:        j,
+		contract: producerContract(cfg.journal != nil),
+	}, nil
 }
 
 func producerContract(journaled bool) effects.Contract {
@@ -148,7 +185,7 @@ func producerContract(journaled bool) effects.Contract {
 			Enforcer:  "journal: key claimed before the produce, partition/offset recorded after the broker's ack; Kafka's idempotent producer dedups retries within a session",
 			DuplicateWindow: effects.Window{
 				Trigger: effects.AfterUnknownOutcome,
-				Between: "after the broker's ack, before the journal records it (a crash, a lost journal write, or an attempt abandoned while its record was in flight, retried once the lease expired)",
+				Between: "after the broker's ack, before the journal records it (a crash, a journal write that did not commit, or an attempt abandoned while its record was in flight, retried once the lease expired)",
 			},
 			DetectsKeyReuse: true,
 		}
@@ -177,153 +214,65 @@ func (p *Producer) Topic() string { return p.topic }
 // It validates key before any I/O. Errors are *effects.Error values:
 // [effects.ErrAmbiguous] when the record may have been written (the
 // context ended while the record was in flight, the broker answered with a
-// timeout, the client closed, or the journal could not record a produced
-// record); [effects.ErrTransient] for a retryable broker error that wrote
-// nothing; the journal's [effects.ErrInFlight] and [effects.ErrKeyReused]
-// as they are. Other broker errors (an unknown topic, a record too large,
-// an authorization failure) are permanent and wrap the kerr error.
+// timeout, the client closed); [effects.ErrTransient] for a retryable
+// broker error that wrote nothing, or a journal failure before the
+// produce; the journal's [effects.ErrInFlight] and [effects.ErrKeyReused].
+// Other broker errors (an unknown topic, a record too large, an
+// authorization failure) are permanent and wrap the kerr error. A record
+// the broker acked but the journal could not record is still Applied: the
+// failure is logged ([WithProducerLogger]).
 //
 // When ctx ends while the record is in flight, Apply returns at once with
 // ErrAmbiguous; franz-go keeps the record until the broker answers, and if
 // it was written the journal still records it, so the retry replays it.
 func (p *Producer) Apply(ctx context.Context, key effects.Key, m Message) (effects.Result, error) {
-	const op = "kafka.Producer.Apply"
 	if err := key.Validate(); err != nil {
 		return effects.Result{}, err
 	}
-	rec := p.record(key, m)
-	if p.journal == nil {
-		return p.produce(ctx, key, rec, nil)
+	rec := produce.Record(key, p.topic, m.Key, m.Value, m.Headers)
+	var fp []byte
+	if p.j.Journal() != nil {
+		fp = produce.Fingerprint(rec)
 	}
-	r, err := p.journal.Begin(ctx, key, fingerprint(rec), p.lease)
-	if err != nil {
-		return effects.Result{}, journalErr(op, key, err)
-	}
-	if r.Done {
-		return effects.Result{Status: effects.Replayed, Ref: r.Ref}, nil
-	}
-	if err := ctx.Err(); err != nil {
-		p.release(ctx, key, r.Attempt)
-		return effects.Result{}, effects.Transient(op, key, err)
-	}
-	return p.produce(ctx, key, rec, &journalHook{p: p, ctx: ctx, attempt: r.Attempt})
+	return p.j.Apply(ctx, key, fp, func(ctx context.Context, a *effects.Attempt) (effects.Result, error) {
+		return p.produce(ctx, key, rec, a)
+	})
 }
 
-// journalHook records the outcome of a produce that holds a journal lease.
-type journalHook struct {
-	p       *Producer
-	ctx     context.Context
-	attempt int // the journal attempt holding the lease, for Release
-}
+// notApplied is this adapter's part of the journal's classification:
+// franz-go fails an idempotent record only when it is safe for its
+// sequence numbers, so every failure classify does not call ambiguous
+// (a retryable broker error, an unknown topic, a record too large) wrote
+// nothing.
+func notApplied(err error) bool { return err != nil }
 
-// produce produces rec and waits for its outcome or for ctx. With a hook,
-// a success is recorded in the journal (also when it arrives after Apply
-// gave up waiting), and a failure that wrote nothing releases the lease.
-func (p *Producer) produce(ctx context.Context, key effects.Key, rec *kgo.Record, j *journalHook) (effects.Result, error) {
+// produce produces rec and waits for its outcome or for ctx, never for the
+// client's linger. A success that arrives after Apply gave up waiting is
+// recorded by a.Late.
+func (p *Producer) produce(ctx context.Context, key effects.Key, rec *kgo.Record, a *effects.Attempt) (effects.Result, error) {
 	const op = "kafka.Producer.Apply"
 	w := &waiter{done: make(chan struct{})}
-	p.client.Produce(ctx, rec, func(r *kgo.Record, err error) {
-		if w.deliver(r, err) {
-			return
+	go func() {
+		res := p.sync.Produce(ctx, rec)[0]
+		if !w.deliver(res.Record, res.Err) && res.Err == nil {
+			// Apply stopped waiting: record the late success so the retry
+			// replays it instead of producing again.
+			a.Late(produce.Ref(res.Record))
 		}
-		// Apply stopped waiting: record a late success so the retry
-		// replays it instead of producing again. The promise runs on
-		// franz-go's promise goroutine; this blocks it for at most the
-		// journal timeout, and only on this rare path.
-		if j != nil && err == nil {
-			_ = p.complete(j.ctx, key, ref(r))
-		}
-	})
+	}()
 	r, err, ok := w.wait(ctx)
 	if !ok {
 		// The record is still in the client: it may be written yet.
 		return effects.Result{}, effects.Ambiguous(op, key, fmt.Errorf("context done while the record was in flight: %w", ctx.Err()))
 	}
 	if err != nil {
-		cerr := classify(op, key, err)
-		if j != nil && !errors.Is(cerr, effects.ErrAmbiguous) {
-			p.release(j.ctx, key, j.attempt)
-		}
-		return effects.Result{}, cerr
+		return effects.Result{}, classify(op, key, err)
 	}
-	res := effects.Result{Status: effects.Applied, Ref: ref(r)}
-	if j != nil {
-		if err := p.complete(j.ctx, key, res.Ref); err != nil {
-			return effects.Result{}, effects.Ambiguous(op, key, fmt.Errorf("record written at %s/%s but the journal did not record it (a retry after the lease produces again): %w", p.topic, res.Ref, err))
-		}
-	}
-	return res, nil
+	return effects.Result{Status: effects.Applied, Ref: produce.Ref(r)}, nil
 }
 
-// complete records ref for key, retrying for up to the journal timeout even
-// if ctx is done.
-func (p *Producer) complete(ctx context.Context, key effects.Key, ref string) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.finish)
-	defer cancel()
-	backoff := 10 * time.Millisecond
-	for {
-		err := p.journal.Complete(ctx, key, ref)
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 500*time.Millisecond)
-	}
-}
-
-// release gives up the lease after a failure that wrote nothing. If it
-// fails, the lease simply expires.
-func (p *Producer) release(ctx context.Context, key effects.Key, attempt int) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.finish)
-	defer cancel()
-	_ = p.journal.Release(ctx, key, attempt)
-}
-
-func (p *Producer) record(key effects.Key, m Message) *kgo.Record {
-	rec := &kgo.Record{Topic: p.topic, Key: m.Key, Value: m.Value}
-	if rec.Key == nil {
-		rec.Key = []byte(key)
-	}
-	rec.Headers = make([]kgo.RecordHeader, 0, len(m.Headers)+1)
-	for _, h := range m.Headers {
-		if h.Key != KeyHeader {
-			rec.Headers = append(rec.Headers, h)
-		}
-	}
-	rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: KeyHeader, Value: []byte(key)})
-	return rec
-}
-
-// fingerprint identifies a record's payload: topic, key, value and headers.
-func fingerprint(r *kgo.Record) []byte {
-	fields := [][]byte{[]byte(r.Topic), r.Key, r.Value}
-	for _, h := range r.Headers {
-		fields = append(fields, []byte(h.Key), h.Value)
-	}
-	return effects.Fingerprint(fields...)
-}
-
-func ref(r *kgo.Record) string {
-	return strconv.FormatInt(int64(r.Partition), 10) + "/" + strconv.FormatInt(r.Offset, 10)
-}
-
-// journalErr passes the journal's classified errors through and marks an
-// unclassified one transient: nothing was produced yet.
-func journalErr(op string, key effects.Key, err error) error {
-	for _, kind := range []error{effects.ErrInvalidKey, effects.ErrKeyReused, effects.ErrInFlight, effects.ErrAmbiguous, effects.ErrTransient} {
-		if errors.Is(err, kind) {
-			return err
-		}
-	}
-	return effects.Transient(op, key, fmt.Errorf("journal: %w", err))
-}
-
-// waiter hands a produce outcome from the promise to Apply, or tells the
-// promise that Apply stopped waiting.
+// waiter hands a produce outcome to Apply, or tells the producing
+// goroutine that Apply stopped waiting.
 type waiter struct {
 	mu        sync.Mutex
 	done      chan struct{}

@@ -1,9 +1,13 @@
 package kafka_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"effectively.dev/effects"
+	"effectively.dev/internal/memjournal"
 	"effectively.dev/kafka"
 	"effectively.dev/kafka/kafkatest"
 )
@@ -218,12 +223,15 @@ func TestProducerRetriesWithinSession(t *testing.T) {
 }
 
 // TestProducerContextDoneInFlight: when the context ends while the produce
-// request is at the broker, Apply returns ErrAmbiguous at once.
+// request is at the broker, Apply returns ErrAmbiguous at once; with a
+// journal, the record the broker acks later is still recorded, so the
+// retry replays it instead of producing again.
 func TestProducerContextDoneInFlight(t *testing.T) {
 	c := kafkatest.New(t)
 	fake := c.RequireFake(t)
 	topic := c.Topic(t, "inflight", 1)
-	p, err := kafka.NewProducer(c.Client(t), topic)
+	j := memjournal.New(nil)
+	p, err := kafka.NewProducer(c.Client(t), topic, kafka.WithJournal(j))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,5 +247,102 @@ func TestProducerContextDoneInFlight(t *testing.T) {
 	close(release)
 	if !errors.Is(err, effects.ErrAmbiguous) || !effects.Retryable(err) {
 		t.Fatalf("Apply = %v, want a retryable ErrAmbiguous", err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for !j.Get(key).Done {
+		if time.Now().After(deadline) {
+			t.Fatalf("the late ack was not recorded: %+v", j.Get(key))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	res, err := p.Apply(context.Background(), key, kafka.Message{Value: []byte("v")})
+	if err != nil || res.Status != effects.Replayed || res.Ref != j.Get(key).Ref {
+		t.Fatalf("retry = %+v, %v; want replayed from the journal", res, err)
+	}
+	if n := readCounts(t, c, topic, kafka.KeyHeader)[string(key)]; n != 1 {
+		t.Errorf("%d records, want 1", n)
+	}
+}
+
+// An Apply waits for its own record, never for the client's linger: with
+// the longest linger franz-go allows (a minute), the first Apply to a
+// topic the client does not know yet and the ones after it all finish well
+// inside a deadline that a lingering record would miss. (No timing is
+// measured: a lingering Apply would fail with ErrAmbiguous.)
+func TestProducerNeverWaitsForLinger(t *testing.T) {
+	c := kafkatest.New(t)
+	topic := c.Topic(t, "linger", 3)
+	for name, opts := range map[string][]kafka.ProducerOption{
+		"plain":   nil,
+		"journal": {kafka.WithJournal(memjournal.New(nil))},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cl := c.Client(t, kgo.ProducerLinger(time.Minute))
+			p, err := kafka.NewProducer(cl, topic, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range 5 {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				res, err := p.Apply(ctx, effects.MustKey("linger", name, fmt.Sprint(i)), kafka.Message{Value: []byte("v")})
+				cancel()
+				if err != nil || res.Status != effects.Applied {
+					t.Fatalf("Apply %d = %+v, %v; want applied without waiting for the one-minute linger", i, res, err)
+				}
+			}
+		})
+	}
+}
+
+// The broker acked the record but the journal could not record it: the
+// truth is Applied, and the failure is logged.
+func TestProducerUnrecordedAckIsApplied(t *testing.T) {
+	c := kafkatest.New(t)
+	topic := c.Topic(t, "unrecorded", 1)
+	j := &refusingComplete{Journal: memjournal.New(nil)}
+	var logs bytes.Buffer
+	p, err := kafka.NewProducer(c.Client(t), topic, kafka.WithJournal(j), kafka.WithJournalTimeout(200*time.Millisecond),
+		kafka.WithProducerLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := p.Apply(context.Background(), "k", kafka.Message{Value: []byte("v")})
+	if err != nil || res.Status != effects.Applied {
+		t.Fatalf("Apply = %+v, %v; want applied: the broker has the record", res, err)
+	}
+	if !strings.Contains(logs.String(), "did not commit") || !strings.Contains(logs.String(), res.Ref) {
+		t.Errorf("log %q does not report the unrecorded record", logs.String())
+	}
+}
+
+type refusingComplete struct{ *memjournal.Journal }
+
+func (refusingComplete) Complete(_ context.Context, key effects.Key, _ string) error {
+	return effects.Ambiguous("test.Complete", key, errors.New("reply lost"))
+}
+
+func TestNewProducerRefusesBadConfiguration(t *testing.T) {
+	c := kafkatest.New(t)
+	cl := c.Client(t)
+	for _, tc := range []struct {
+		name, option string
+		client       *kgo.Client
+		topic        string
+		opts         []kafka.ProducerOption
+	}{
+		{"nil client", "client", nil, "t", nil},
+		{"empty topic", "topic", cl, "", nil},
+		{"zero lease", "WithLease", cl, "t", []kafka.ProducerOption{kafka.WithLease(0)}},
+		{"zero journal timeout", "WithJournalTimeout", cl, "t", []kafka.ProducerOption{kafka.WithJournalTimeout(-time.Second)}},
+		{"nil logger", "WithProducerLogger", cl, "t", []kafka.ProducerOption{kafka.WithProducerLogger(nil)}},
+	} {
+		_, err := kafka.NewProducer(tc.client, tc.topic, tc.opts...)
+		var ce *effects.ConfigError
+		if !errors.As(err, &ce) || ce.Option != tc.option {
+			t.Errorf("%s: %v, want a *ConfigError naming %s", tc.name, err, tc.option)
+		}
+	}
+	if _, err := kafka.NewProducer(cl, "t", nil, kafka.WithLease(time.Second), nil); err != nil {
+		t.Errorf("nil options: %v, want them ignored", err)
 	}
 }

@@ -71,7 +71,7 @@ func (h *harness) Restart(ctx context.Context) error { return h.srv.Restart() }
 
 func TestConformance(t *testing.T) {
 	conformance.Run(t, "stripe.PaymentIntents", func(t testing.TB) conformance.Harness[PaymentIntent] {
-		return newHarness(t, func(api *client.API) effects.Effect[PaymentIntent] { return NewPaymentIntents(api) })
+		return newHarness(t, func(api *client.API) effects.Effect[PaymentIntent] { return must(NewPaymentIntents(api)) })
 	})
 }
 
@@ -81,7 +81,7 @@ func TestConformanceWithJournal(t *testing.T) {
 	conformance.Run(t, "stripe.PaymentIntents+journal", func(t testing.TB) conformance.Harness[PaymentIntent] {
 		j := memjournal.New(nil)
 		return newHarness(t, func(api *client.API) effects.Effect[PaymentIntent] {
-			return NewPaymentIntents(api, WithJournal(j))
+			return must(NewPaymentIntents(api, WithJournal(j)))
 		})
 	})
 }

@@ -24,16 +24,17 @@ type freshKeyPerAttempt struct {
 	e   effect
 }
 
-func (c *freshKeyPerAttempt) Contract() effects.Contract { return c.e.contract() }
+func (c *freshKeyPerAttempt) Contract() effects.Contract { return c.e.contract }
 
 func (c *freshKeyPerAttempt) Apply(ctx context.Context, key effects.Key, in PaymentIntent) (effects.Result, error) {
 	if err := c.e.validate(key); err != nil {
 		return effects.Result{}, err
 	}
-	params := &stripego.Params{Context: ctx}
+	params := in.params()
+	params.Context = ctx
 	params.SetIdempotencyKey(string(key))
 	for attempt := 1; ; attempt++ {
-		pi, err := c.api.PaymentIntents.New(in.params(params))
+		pi, err := c.api.PaymentIntents.New(params)
 		if err == nil {
 			res := effects.Result{Status: effects.Applied, Ref: pi.ID}
 			if pi.LastResponse.Header.Get(ReplayedHeader) == "true" {
@@ -45,7 +46,8 @@ func (c *freshKeyPerAttempt) Apply(ctx context.Context, key effects.Key, in Paym
 		if errors.As(err, &se) || ctx.Err() != nil || attempt == 3 {
 			return effects.Result{}, c.e.classify(key, err)
 		}
-		params = &stripego.Params{Context: ctx} // the bug: no key, so a random one
+		params = in.params() // the bug: no key, so a random one
+		params.Context = ctx
 	}
 }
 
@@ -69,7 +71,7 @@ func (c *freshKeyPerAttempt) Apply(ctx context.Context, key effects.Key, in Paym
 func TestCounterexampleFreshKeyPerAttemptFails(t *testing.T) {
 	rep := conformance.Evaluate(t, "counterexample: fresh key per attempt", func(t testing.TB) conformance.Harness[PaymentIntent] {
 		h := newHarness(t, func(api *client.API) effects.Effect[PaymentIntent] {
-			return &freshKeyPerAttempt{api: api, e: newEffect("freshKeyPerAttempt.Apply", "payment_intent", nil)}
+			return &freshKeyPerAttempt{api: api, e: must(newEffect("counterexample", "freshKeyPerAttempt.Apply", nil))}
 		})
 		// The retries' PaymentIntents carry random keys: count them by the
 		// effect key in their metadata instead.

@@ -1,16 +1,30 @@
-// Package stripe makes Stripe calls effectively once. [PaymentIntents]
-// and [Refunds] are [effects.Effect]s that create Stripe objects over
-// stripe-go v76, with the effect's key as Stripe's Idempotency-Key.
+// Package stripe makes Stripe calls effectively once over stripe-go v76,
+// with the effect's key as Stripe's Idempotency-Key. [New] turns any
+// stripe-go POST into an [effects.Effect] (Customers, Transfers, Payouts,
+// Invoices, Subscriptions, Checkout Sessions, a confirmation or a
+// capture); [PaymentIntents] and [Refunds] are its typed forms for the
+// two most common calls.
 //
 // A message delivered twice, a retry after a lost reply, sixteen workers
 // racing on one key: Stripe creates one object, and every Apply after the
 // first reports [effects.Replayed] with the same id:
 //
+//	import (
+//		stripego "github.com/stripe/stripe-go/v76"
+//		"github.com/stripe/stripe-go/v76/client"
+//
+//		"effectively.dev/effects"
+//		"effectively.dev/stripe"
+//	)
+//
 //	api := client.New(secretKey, nil) // stripe-go's client
-//	charges := stripe.NewPaymentIntents(api)
+//	charges, err := stripe.NewPaymentIntents(api)
 //	key, _ := effects.NewKey("billing", event.ID, "charge")
 //	res, err := charges.Apply(ctx, key, stripe.PaymentIntent{Amount: 2000, Currency: "usd", Customer: "cus_123"})
 //	// res.Ref is "pi_...", the same on every redelivery; errors.Is(err, effects.ErrKeyReused) etc.
+//
+//	customers, err := stripe.New(api.Customers.New)
+//	res, err = customers.Apply(ctx, key, &stripego.CustomerParams{Email: stripego.String("ada@example.com")})
 //
 // # How
 //
@@ -37,6 +51,14 @@
 //     have been applied, and retrying the same key either applies it or
 //     replays it. Never retry with a new key. A connection that was never
 //     made is [effects.ErrTransient].
+//   - A failure no retry fixes, a refused TLS handshake (a certificate not
+//     trusted or for another host, TLS to a plain-text port), a host name
+//     that does not exist, a backend URL that is not http(s): a
+//     configuration error, errors.Is [effects.ErrInvalidConfig], with an
+//     *[effects.ConfigError] naming the endpoint (see
+//     [effects.Misconfigured]). Not retryable: fix the configuration. A
+//     refused connection stays [effects.ErrTransient], since a restarting
+//     server looks the same.
 //   - 429 and other 409s: [effects.ErrTransient]. Stripe's rate limiter
 //     answers before its idempotency layer, so nothing was stored.
 //   - 5xx: Stripe documents a 500's outcome as indeterminate and stores it
@@ -77,24 +99,43 @@
 // Stripe forgot the key. Keep redelivery of failed messages well inside
 // 24 h, or reconcile pending records, if that matters to you.
 //
-// The journal's lease does not gate the call. Within Stripe's horizon
+// The journal runs [effects.Journaled]'s protocol and policy, the same as
+// package email's and the Kafka producer's: a journal failure before the
+// call is [effects.ErrTransient]; the record of a created object is
+// completed on a context detached from the caller's and retried; if it
+// still does not commit, Apply reports the object as Applied (Stripe has
+// it) and logs it ([WithLogger]), and the next attempt records it from
+// Stripe's replay. The journal's lease ([WithLease], default
+// [effects.DefaultLease]) does not gate the call. Within Stripe's horizon
 // Stripe's key is the enforcer, so an attempt that finds the key leased by
 // another attempt ([effects.ErrInFlight] from Begin) calls Stripe anyway:
 // Stripe answers 409 (reported as ErrInFlight) while the other request
 // executes, or replays its result, which this attempt then records. So a
 // lost reply costs one retry, not a lease expiry. The lease is released
 // only after a failure that cannot have applied the effect
-// ([effects.ErrTransient] or a permanent Stripe error), and only by the
-// attempt that took it.
+// ([effects.ErrTransient], a configuration error or a permanent Stripe
+// refusal), and only by the attempt that took it; the call ends at nine
+// tenths of the lease.
+//
+// The journal's fingerprint is every field of the params stripe-go sends
+// (as JSON), and the params type. Changed on purpose in this version,
+// with the move to [effects.Journaled]: a journal record that did not
+// commit after Stripe created the object was [effects.ErrAmbiguous] and is
+// now Applied; Complete was tried once and is now retried until
+// [effects.DefaultRecordTimeout]; a journal failure of Begin caused by a
+// cancelled context was the context's error alone and is now
+// [effects.ErrTransient] (the context's error is still reachable); the
+// fingerprint of PaymentIntents and Refunds was the JSON of the typed
+// input and is now that of the params, so journal records written by an
+// earlier version read as key reuse.
 //
 // # When not to use it
 //
 // For Stripe calls that are reads, or updates that are idempotent by
-// nature, a key adds nothing. For PaymentIntent confirmation, captures and
-// other objects, the same pattern applies but this package does not cover
-// them yet. Connect platforms acting for a connected account
-// (Stripe-Account) are not supported: Stripe scopes keys per account.
-// And no key makes a charge effectively once if the key is not stable:
-// build it with [effects.NewKey] from the message's identity, never per
-// attempt.
+// nature, a key adds nothing. Connect platforms acting for connected
+// accounts: Stripe scopes keys per account (the Stripe-Account header),
+// and the journal's fingerprint includes it, so build keys per account
+// too. And no key makes a charge effectively once if the key is not
+// stable: build it with [effects.NewKey] from the message's identity,
+// never per attempt.
 package stripe

@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	stripego "github.com/stripe/stripe-go/v76"
+	"github.com/stripe/stripe-go/v76/client"
 
 	"effectively.dev/effects"
 )
@@ -28,23 +29,29 @@ func (j *fpJournal) Complete(context.Context, effects.Key, string) error { retur
 func (j *fpJournal) Release(context.Context, effects.Key, int) error     { return nil }
 
 // journalFingerprint returns the fingerprint PaymentIntents.Apply stores in
-// its journal for in.
+// its journal for in. The journal refuses every key, so nothing is sent
+// (and the client's backend is a closed local port anyway).
 func journalFingerprint(t *testing.T, in PaymentIntent) []byte {
 	t.Helper()
 	j := &fpJournal{}
-	e := newEffect("stripe.PaymentIntents.Apply", "payment_intent", []Option{WithJournal(j)})
-	_, err := e.apply(context.Background(), "fuzz-key", in, func(*stripego.Params) (string, *stripego.APIResponse, error) {
-		t.Fatal("Stripe called although the journal refused the key")
-		return "", nil, nil
+	b := stripego.GetBackendWithConfig(stripego.APIBackend, &stripego.BackendConfig{
+		URL:           stripego.String("http://127.0.0.1:1"),
+		LeveledLogger: &stripego.LeveledLogger{Level: stripego.LevelNull},
 	})
+	p, err := NewPaymentIntents(client.New("sk_test_fuzz", &stripego.Backends{API: b, Connect: b, Uploads: b}), WithJournal(j))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = p.Apply(context.Background(), "fuzz-key", in)
 	if !errors.Is(err, errStop) || j.fp == nil {
-		t.Fatalf("apply(%+v) = %v, want the journal's refusal after a fingerprint", in, err)
+		t.Fatalf("Apply(%+v) = %v, want the journal's refusal after a fingerprint", in, err)
 	}
 	return j.fp
 }
 
 // FuzzJournalFingerprint: the fingerprint the Stripe adapter keeps in its
-// journal (the JSON of the object type and the input), which decides
+// journal (the JSON of the params type and the params stripe-go sends),
+// which decides
 // between a replay from the journal and ErrKeyReused past Stripe's own 24 h,
 // is deterministic and differs whenever a field of the PaymentIntent
 // differs.

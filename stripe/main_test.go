@@ -46,3 +46,32 @@ func (c *clock) Advance(d time.Duration) {
 	defer c.mu.Unlock()
 	c.now = c.now.Add(d)
 }
+
+// must returns v and panics on err: for harness closures that have no
+// test to fail.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// newPI is NewPaymentIntents for tests.
+func newPI(t testing.TB, api *client.API, opts ...Option) *PaymentIntents {
+	t.Helper()
+	p, err := NewPaymentIntents(api, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// newRefunds is NewRefunds for tests.
+func newRefunds(t testing.TB, api *client.API, opts ...Option) *Refunds {
+	t.Helper()
+	r, err := NewRefunds(api, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}

@@ -39,9 +39,8 @@ type PaymentIntent struct {
 	Metadata map[string]string
 }
 
-func (in PaymentIntent) params(p *stripego.Params) *stripego.PaymentIntentParams {
+func (in PaymentIntent) params() *stripego.PaymentIntentParams {
 	pp := &stripego.PaymentIntentParams{
-		Params:   *p,
 		Amount:   stripego.Int64(in.Amount),
 		Currency: stripego.String(in.Currency),
 	}
@@ -74,10 +73,11 @@ func (in PaymentIntent) params(p *stripego.Params) *stripego.PaymentIntentParams
 
 // PaymentIntents creates Stripe PaymentIntents effectively once per key:
 // POST /v1/payment_intents with the key as Idempotency-Key. Result.Ref is
-// the PaymentIntent's id ("pi_..."). It is safe for concurrent use.
+// the PaymentIntent's id ("pi_..."). It is the typed form of
+// [New](api.PaymentIntents.New): the same protocol, errors and contract,
+// with a [PaymentIntent] as input. It is safe for concurrent use.
 type PaymentIntents struct {
-	api *client.API
-	e   effect
+	e *Effect[*stripego.PaymentIntentParams]
 }
 
 var _ effects.Effect[PaymentIntent] = (*PaymentIntents)(nil)
@@ -87,28 +87,28 @@ var _ effects.Effect[PaymentIntent] = (*PaymentIntents)(nil)
 // (stripe.BackendConfig.MaxNetworkRetries, 2 by default) are safe, since
 // every retry carries the same key, but a call then lasts as long as
 // stripe-go's backoff, and a success after an internal retry reports
-// Replayed. It panics if api is nil.
-func NewPaymentIntents(api *client.API, opts ...Option) *PaymentIntents {
+// Replayed. It returns a *[effects.ConfigError] for a nil api or an
+// invalid option.
+func NewPaymentIntents(api *client.API, opts ...Option) (*PaymentIntents, error) {
+	const ctor = "stripe.NewPaymentIntents"
 	if api == nil || api.PaymentIntents == nil {
-		panic("stripe: NewPaymentIntents with a nil or uninitialised *client.API")
+		return nil, &effects.ConfigError{Op: ctor, Option: "api", Reason: "nil or uninitialised *client.API; build it with client.New"}
 	}
-	return &PaymentIntents{api: api, e: newEffect("stripe.PaymentIntents.Apply", "payment_intent", opts)}
+	e, err := newGeneric(ctor, "stripe.PaymentIntents.Apply", api.PaymentIntents.New, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &PaymentIntents{e: e}, nil
 }
 
 // Contract declares EffectivelyOnce, enforced by Stripe's Idempotency-Key
 // with a 24 h horizon and key-reuse detection; with [WithJournal], the
 // horizon is 0 (until the journal prunes).
-func (p *PaymentIntents) Contract() effects.Contract { return p.e.contract() }
+func (p *PaymentIntents) Contract() effects.Contract { return p.e.Contract() }
 
 // Apply creates the PaymentIntent in under key, or finds it created: it
 // returns Applied with the new id the first time and Replayed with the same
 // id afterwards. Errors are classified as the package doc describes.
 func (p *PaymentIntents) Apply(ctx context.Context, key effects.Key, in PaymentIntent) (effects.Result, error) {
-	return p.e.apply(ctx, key, in, func(params *stripego.Params) (string, *stripego.APIResponse, error) {
-		pi, err := p.api.PaymentIntents.New(in.params(params))
-		if err != nil || pi == nil {
-			return "", nil, err
-		}
-		return pi.ID, pi.LastResponse, nil
-	})
+	return p.e.apply(ctx, key, in.params())
 }

@@ -26,8 +26,8 @@ type Refund struct {
 	Metadata map[string]string
 }
 
-func (in Refund) params(p *stripego.Params) *stripego.RefundParams {
-	rp := &stripego.RefundParams{Params: *p}
+func (in Refund) params() *stripego.RefundParams {
+	rp := &stripego.RefundParams{}
 	if in.PaymentIntent != "" {
 		rp.PaymentIntent = stripego.String(in.PaymentIntent)
 	}
@@ -49,38 +49,38 @@ func (in Refund) params(p *stripego.Params) *stripego.RefundParams {
 // Refunds creates Stripe Refunds effectively once per key: POST
 // /v1/refunds with the key as Idempotency-Key. Result.Ref is the Refund's
 // id ("re_..."). Without a key, a retried partial refund would refund
-// twice; with one, it refunds once. It is safe for concurrent use.
+// twice; with one, it refunds once. It is the typed form of
+// [New](api.Refunds.New). It is safe for concurrent use.
 type Refunds struct {
-	api *client.API
-	e   effect
+	e *Effect[*stripego.RefundParams]
 }
 
 var _ effects.Effect[Refund] = (*Refunds)(nil)
 
 // NewRefunds returns the Refund effect over api, stripe-go's client with
 // the caller's key and backends (see [NewPaymentIntents] about stripe-go's
-// own retries). It panics if api is nil.
-func NewRefunds(api *client.API, opts ...Option) *Refunds {
+// own retries). It returns a *[effects.ConfigError] for a nil api or an
+// invalid option.
+func NewRefunds(api *client.API, opts ...Option) (*Refunds, error) {
+	const ctor = "stripe.NewRefunds"
 	if api == nil || api.Refunds == nil {
-		panic("stripe: NewRefunds with a nil or uninitialised *client.API")
+		return nil, &effects.ConfigError{Op: ctor, Option: "api", Reason: "nil or uninitialised *client.API; build it with client.New"}
 	}
-	return &Refunds{api: api, e: newEffect("stripe.Refunds.Apply", "refund", opts)}
+	e, err := newGeneric(ctor, "stripe.Refunds.Apply", api.Refunds.New, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Refunds{e: e}, nil
 }
 
 // Contract declares EffectivelyOnce, enforced by Stripe's Idempotency-Key
 // with a 24 h horizon and key-reuse detection; with [WithJournal], the
 // horizon is 0 (until the journal prunes).
-func (r *Refunds) Contract() effects.Contract { return r.e.contract() }
+func (r *Refunds) Contract() effects.Contract { return r.e.Contract() }
 
 // Apply creates the Refund in under key, or finds it created: Applied with
 // the new id the first time, Replayed with the same id afterwards. A
 // refund of more than is left is a permanent [RequestError].
 func (r *Refunds) Apply(ctx context.Context, key effects.Key, in Refund) (effects.Result, error) {
-	return r.e.apply(ctx, key, in, func(params *stripego.Params) (string, *stripego.APIResponse, error) {
-		re, err := r.api.Refunds.New(in.params(params))
-		if err != nil || re == nil {
-			return "", nil, err
-		}
-		return re.ID, re.LastResponse, nil
-	})
+	return r.e.apply(ctx, key, in.params())
 }

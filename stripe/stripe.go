@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -21,16 +23,6 @@ const Horizon = 24 * time.Hour
 // of a stored response.
 const ReplayedHeader = "Idempotent-Replayed"
 
-// journalLease is the lease an Apply asks the journal for. Apply does not
-// wait on leases (see the package doc), so it only bounds how long another
-// attempt's Begin reports ErrInFlight.
-const journalLease = time.Minute
-
-// completeTimeout bounds recording a success in the journal after the
-// caller's context was cancelled: Stripe has applied the effect, so the
-// record is worth a few more seconds.
-const completeTimeout = 10 * time.Second
-
 // ErrReplayedServerError means Stripe answered with a 5xx that it had
 // stored for the key earlier and now replays: the outcome of the first
 // request is unknown, and retrying the same key cannot resolve it while
@@ -41,92 +33,110 @@ const completeTimeout = 10 * time.Second
 // errors.As.
 var ErrReplayedServerError = errors.New("stripe replayed a stored server error for this idempotency key; the outcome is unknown and retrying the key cannot resolve it: reconcile")
 
-// Option configures an effect built by [NewPaymentIntents] or [NewRefunds].
+// Option configures an effect built by [New], [NewPaymentIntents] or
+// [NewRefunds]. A nil Option is ignored.
 type Option func(*config)
 
 type config struct {
-	journal effects.Journal
+	journal   effects.Journal
+	lease     time.Duration
+	logger    *slog.Logger
+	loggerSet bool
 }
 
 // WithJournal makes the effect keep the id of every object it created in
 // j, and replay it from there without calling Stripe, so keys stay
 // effective past Stripe's 24 h horizon (the contract's Horizon becomes 0:
 // until j prunes). See the package doc for how the journal and Stripe's
-// key overlap, and why the journal's lease does not gate the call.
+// key overlap, and why the journal's lease does not gate the call. The
+// journal runs [effects.Journaled]'s protocol and policy.
 func WithJournal(j effects.Journal) Option { return func(c *config) { c.journal = j } }
 
-// effect holds what PaymentIntents and Refunds share.
+// WithLease sets how long one attempt holds its key in the journal
+// (default [effects.DefaultLease]); it bounds the call too, which ends at
+// nine tenths of the lease. Without [WithJournal] it does nothing. d must
+// be positive.
+func WithLease(d time.Duration) Option { return func(c *config) { c.lease = d } }
+
+// WithLogger sets where the effect reports what it cannot return (an
+// object the journal did not record); the default is slog.Default() at the
+// time of the event. l must not be nil.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) { c.logger, c.loggerSet = l, true }
+}
+
+// effect is what every Stripe effect shares: its name, the journaled
+// protocol (with or without a journal) and the contract.
 type effect struct {
-	op      string // "stripe.PaymentIntents.Apply"
-	object  string // "payment_intent", part of the fingerprint
-	journal effects.Journal
+	op       string // "stripe.PaymentIntents.Apply"
+	j        *effects.Journaled
+	contract effects.Contract
 }
 
-func newEffect(op, object string, opts []Option) effect {
-	var c config
+// newEffect validates opts once for the constructor ctor.
+func newEffect(ctor, op string, opts []Option) (effect, error) {
+	cfg := config{lease: effects.DefaultLease}
 	for _, o := range opts {
-		o(&c)
-	}
-	return effect{op: op, object: object, journal: c.journal}
-}
-
-func (e *effect) contract() effects.Contract {
-	if e.journal != nil {
-		return effects.Contract{
-			Guarantee:       effects.EffectivelyOnce,
-			Enforcer:        "stripe: Idempotency-Key, kept by Stripe for at least 24h, then the journal's record of the object id",
-			Horizon:         0,
-			DetectsKeyReuse: true,
+		if o != nil {
+			o(&cfg)
 		}
 	}
-	return effects.Contract{
+	switch {
+	case cfg.lease <= 0:
+		return effect{}, &effects.ConfigError{Op: ctor, Option: "WithLease", Reason: fmt.Sprintf("lease %v is not positive", cfg.lease)}
+	case cfg.loggerSet && cfg.logger == nil:
+		return effect{}, &effects.ConfigError{Op: ctor, Option: "WithLogger", Reason: "nil logger"}
+	}
+	jopts := []effects.JournaledOption{
+		effects.WithJournalLease(cfg.lease),
+		effects.WithOwnerIdempotency(),
+		effects.WithNotApplied(notApplied),
+	}
+	if cfg.logger != nil {
+		jopts = append(jopts, effects.WithJournalLogger(cfg.logger))
+	}
+	j, err := effects.NewJournaled(op, cfg.journal, jopts...)
+	if err != nil {
+		return effect{}, err
+	}
+	e := effect{op: op, j: j, contract: effects.Contract{
 		Guarantee:       effects.EffectivelyOnce,
 		Enforcer:        "stripe: Idempotency-Key, kept by Stripe for at least 24h",
 		Horizon:         Horizon,
 		DetectsKeyReuse: true,
+	}}
+	if cfg.journal != nil {
+		e.contract.Enforcer += ", then the journal's record of the object id"
+		e.contract.Horizon = 0
 	}
+	return e, nil
 }
 
-// call is one Stripe request: it sends params (which carry the key and the
+// send is one Stripe request: it sends params (which carry the key and the
 // context) and returns the object's id and the response.
-type call func(params *stripego.Params) (id string, resp *stripego.APIResponse, err error)
+type send func(params *stripego.Params) (id string, resp *stripego.APIResponse, err error)
 
-// apply runs one Apply: validate the key, consult the journal, call Stripe
-// with the key, classify the outcome, record it.
-func (e *effect) apply(ctx context.Context, key effects.Key, in any, do call) (effects.Result, error) {
+// apply runs one Apply: validate the key, then the journaled protocol
+// around the call, which sends the key and classifies the outcome.
+// fingerprint is computed only when there is a journal.
+func (e *effect) apply(ctx context.Context, key effects.Key, fingerprint func() ([]byte, error), do send) (effects.Result, error) {
 	if err := e.validate(key); err != nil {
 		return effects.Result{}, err
 	}
-	if err := ctx.Err(); err != nil {
-		return effects.Result{}, fmt.Errorf("%s key %q: not sent: %w", e.op, key, err)
-	}
-	leased, attempt := false, 0
-	if e.journal != nil {
-		fp, err := effects.FingerprintJSON(struct {
-			Object string
-			Input  any
-		}{e.object, in})
-		if err != nil {
+	var fp []byte
+	if e.j.Journal() != nil {
+		var err error
+		if fp, err = fingerprint(); err != nil {
 			return effects.Result{}, fmt.Errorf("%s key %q: %w", e.op, key, err)
 		}
-		rec, err := e.journal.Begin(ctx, key, fp, journalLease)
-		switch {
-		case err == nil && rec.Done:
-			return effects.Result{Status: effects.Replayed, Ref: rec.Ref}, nil
-		case err == nil:
-			leased, attempt = true, rec.Attempt
-		case errors.Is(err, effects.ErrInFlight):
-			// Another attempt holds the lease; Stripe's key still guards
-			// the call (see the package doc).
-		case errors.Is(err, effects.ErrKeyReused):
-			return effects.Result{}, &effects.Error{Kind: effects.ErrKeyReused, Op: e.op, Key: key, Err: err}
-		case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-			return effects.Result{}, fmt.Errorf("%s key %q: journal: %w", e.op, key, err)
-		default:
-			return effects.Result{}, effects.Transient(e.op, key, fmt.Errorf("journal: %w", err))
-		}
 	}
+	return e.j.Apply(ctx, key, fp, func(ctx context.Context, _ *effects.Attempt) (effects.Result, error) {
+		return e.call(ctx, key, do)
+	})
+}
 
+// call sends one request with the key and classifies its outcome.
+func (e *effect) call(ctx context.Context, key effects.Key, do send) (effects.Result, error) {
 	params := &stripego.Params{Context: ctx}
 	params.SetIdempotencyKey(string(key))
 	id, resp, err := do(params)
@@ -134,39 +144,23 @@ func (e *effect) apply(ctx context.Context, key effects.Key, in any, do call) (e
 		err = errors.New("stripe answered without an object id")
 	}
 	if err != nil {
-		cerr := e.classify(key, err)
-		if leased && notApplied(cerr) {
-			// Nothing was applied: let the next attempt go without waiting
-			// for the lease. Best effort; the lease expires anyway.
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), completeTimeout)
-			_ = e.journal.Release(rctx, key, attempt)
-			cancel()
-		}
-		return effects.Result{}, cerr
+		return effects.Result{}, e.classify(key, err)
 	}
 	res := effects.Result{Status: effects.Applied, Ref: id}
 	if resp != nil && resp.Header.Get(ReplayedHeader) == "true" {
 		res.Status = effects.Replayed
 	}
-	if e.journal != nil {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), completeTimeout)
-		err := e.journal.Complete(cctx, key, id)
-		cancel()
-		if err != nil {
-			return res, effects.Ambiguous(e.op, key,
-				fmt.Errorf("stripe has %s but the journal did not record it (a retry with the same key replays it from Stripe and records it): %w", id, err))
-		}
-	}
 	return res, nil
 }
 
-// notApplied reports whether a classified failure proves that Stripe did
-// not apply the effect: nothing reached its idempotency layer (transient),
-// or Stripe refused the request (a decline, an invalid request, a reused
-// key). Ambiguous outcomes and replayed server errors do not.
+// notApplied is this adapter's part of the journal's classification: a
+// Stripe refusal (a decline, an invalid request) proves that Stripe did
+// not apply the effect. ErrTransient, ErrKeyReused, ErrInFlight and
+// configuration errors are covered by effects.Journaled's default;
+// ambiguous outcomes and replayed server errors are not refusals.
 func notApplied(err error) bool {
 	var re *RequestError
-	return errors.Is(err, effects.ErrTransient) || errors.Is(err, effects.ErrKeyReused) || errors.As(err, &re)
+	return errors.As(err, &re)
 }
 
 // validate refuses keys no Stripe call may carry.
@@ -190,8 +184,26 @@ func (e *effect) classify(key effects.Key, err error) error {
 	var se *stripego.Error
 	if !errors.As(err, &se) {
 		// No Stripe-shaped answer: a transport error, a cancelled context
-		// or an undecodable body (a proxy's 502 page). Only a connection
-		// that was never made proves that nothing was sent.
+		// or an undecodable body (a proxy's 502 page). A TLS handshake that
+		// was refused or a host that does not exist is a configuration
+		// error; otherwise only a connection that was never made proves
+		// that nothing was sent.
+		endpoint := "Stripe API endpoint"
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			u, perr := url.Parse(ue.URL)
+			if perr == nil {
+				endpoint = u.Scheme + "://" + u.Host
+			}
+			if ue.Op == "parse" || perr != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+				// The request was never built: the backend URL is wrong.
+				return fmt.Errorf("%w: %w", &effects.ConfigError{Op: e.op, Option: "backend URL " + ue.URL,
+					Reason: "not an http:// or https:// URL (no retry fixes this)"}, err)
+			}
+		}
+		if cerr := effects.Misconfigured(e.op, endpoint, err); cerr != nil {
+			return cerr
+		}
 		var op *net.OpError
 		if errors.As(err, &op) && op.Op == "dial" {
 			return effects.Transient(e.op, key, err)

@@ -29,10 +29,10 @@ func TestContract(t *testing.T) {
 		c       effects.Contract
 		horizon time.Duration
 	}{
-		{"payment intents", NewPaymentIntents(api).Contract(), 24 * time.Hour},
-		{"refunds", NewRefunds(api).Contract(), 24 * time.Hour},
-		{"payment intents with journal", NewPaymentIntents(api, WithJournal(memjournal.New(nil))).Contract(), 0},
-		{"refunds with journal", NewRefunds(api, WithJournal(memjournal.New(nil))).Contract(), 0},
+		{"payment intents", newPI(t, api).Contract(), 24 * time.Hour},
+		{"refunds", newRefunds(t, api).Contract(), 24 * time.Hour},
+		{"payment intents with journal", newPI(t, api, WithJournal(memjournal.New(nil))).Contract(), 0},
+		{"refunds with journal", newRefunds(t, api, WithJournal(memjournal.New(nil))).Contract(), 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := tc.c.Validate(); err != nil {
@@ -48,7 +48,7 @@ func TestContract(t *testing.T) {
 
 func TestApplyThenReplay(t *testing.T) {
 	srv := stripetest.Start(t)
-	charges := NewPaymentIntents(newAPI(t, srv, nil))
+	charges := newPI(t, newAPI(t, srv, nil))
 	key := effects.MustKey("test", "evt_1", "charge")
 	first, err := charges.Apply(context.Background(), key, order)
 	if err != nil {
@@ -57,7 +57,7 @@ func TestApplyThenReplay(t *testing.T) {
 	if first.Status != effects.Applied || !strings.HasPrefix(first.Ref, "pi_") {
 		t.Fatalf("first Apply: %+v", first)
 	}
-	again, err := NewPaymentIntents(newAPI(t, srv, nil)).Apply(context.Background(), key, order) // a restarted process
+	again, err := newPI(t, newAPI(t, srv, nil)).Apply(context.Background(), key, order) // a restarted process
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestApplyThenReplay(t *testing.T) {
 
 func TestInvalidKeysAreRefusedBeforeAnyRequest(t *testing.T) {
 	srv := stripetest.Start(t)
-	charges := NewPaymentIntents(newAPI(t, srv, nil))
+	charges := newPI(t, newAPI(t, srv, nil))
 	for name, key := range map[string]effects.Key{
 		"empty":              "",
 		"256 bytes":          effects.Key(strings.Repeat("k", 256)),
@@ -100,7 +100,7 @@ func TestInvalidKeysAreRefusedBeforeAnyRequest(t *testing.T) {
 
 func TestKeyReusedWithOtherPayload(t *testing.T) {
 	srv := stripetest.Start(t)
-	charges := NewPaymentIntents(newAPI(t, srv, nil))
+	charges := newPI(t, newAPI(t, srv, nil))
 	key := effects.MustKey("test", "evt_1", "charge")
 	if _, err := charges.Apply(context.Background(), key, order); err != nil {
 		t.Fatal(err)
@@ -113,7 +113,7 @@ func TestKeyReusedWithOtherPayload(t *testing.T) {
 		t.Errorf("got %v, want ErrKeyReused wrapping Stripe's idempotency_error", err)
 	}
 	// Refunds under a PaymentIntent's key: another endpoint, also reuse.
-	_, err = NewRefunds(newAPI(t, srv, nil)).Apply(context.Background(), key, Refund{PaymentIntent: "pi_x"})
+	_, err = newRefunds(t, newAPI(t, srv, nil)).Apply(context.Background(), key, Refund{PaymentIntent: "pi_x"})
 	if !errors.Is(err, effects.ErrKeyReused) || srv.Created(string(key)) != 1 {
 		t.Errorf("refund under a PaymentIntent's key: %v", err)
 	}
@@ -121,7 +121,7 @@ func TestKeyReusedWithOtherPayload(t *testing.T) {
 
 func TestConcurrentAttemptIsInFlight(t *testing.T) {
 	srv := stripetest.Start(t, stripetest.WithLatency(300*time.Millisecond))
-	charges := NewPaymentIntents(newAPI(t, srv, nil))
+	charges := newPI(t, newAPI(t, srv, nil))
 	key := effects.MustKey("test", "evt_1", "charge")
 	var (
 		wg    sync.WaitGroup
@@ -151,7 +151,7 @@ func TestConcurrentAttemptIsInFlight(t *testing.T) {
 func TestLostReplyIsAmbiguousAndTheRetryReplays(t *testing.T) {
 	srv := stripetest.Start(t)
 	f := conformance.NewFaults()
-	charges := NewPaymentIntents(newAPI(t, srv, f.Transport))
+	charges := newPI(t, newAPI(t, srv, f.Transport))
 	key := effects.MustKey("test", "evt_1", "charge")
 	f.Arm(1, conformance.DropReply, nil)
 	_, err := charges.Apply(context.Background(), key, order)
@@ -172,7 +172,7 @@ func TestLostReplyIsAmbiguousAndTheRetryReplays(t *testing.T) {
 
 func TestCancelledContext(t *testing.T) {
 	srv := stripetest.Start(t)
-	charges := NewPaymentIntents(newAPI(t, srv, nil))
+	charges := newPI(t, newAPI(t, srv, nil))
 	key := effects.MustKey("test", "evt_1", "charge")
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -186,7 +186,7 @@ func TestCancelledContext(t *testing.T) {
 
 	// Cancelled after the request left: the outcome is unknown.
 	f := conformance.NewFaults()
-	charges = NewPaymentIntents(newAPI(t, srv, f.Transport))
+	charges = newPI(t, newAPI(t, srv, f.Transport))
 	ctx, cancel = context.WithCancel(context.Background())
 	f.Arm(1, conformance.CancelAfterSend, cancel)
 	_, err := charges.Apply(ctx, key, order)
@@ -210,7 +210,7 @@ func TestRefusedConnectionIsTransient(t *testing.T) {
 		MaxNetworkRetries: stripego.Int64(0),
 		LeveledLogger:     &stripego.LeveledLogger{Level: stripego.LevelNull},
 	})
-	charges := NewPaymentIntents(client.New(stripetest.APIKey, &stripego.Backends{API: b, Connect: b, Uploads: b}))
+	charges := newPI(t, client.New(stripetest.APIKey, &stripego.Backends{API: b, Connect: b, Uploads: b}))
 	_, err = charges.Apply(context.Background(), "k", order)
 	if !errors.Is(err, effects.ErrTransient) {
 		t.Errorf("refused connection: %v, want ErrTransient", err)
@@ -219,7 +219,7 @@ func TestRefusedConnectionIsTransient(t *testing.T) {
 
 func TestServerErrors(t *testing.T) {
 	srv := stripetest.Start(t)
-	charges := NewPaymentIntents(newAPI(t, srv, nil))
+	charges := newPI(t, newAPI(t, srv, nil))
 
 	t.Run("first 500 is ambiguous, the replayed 500 is permanent", func(t *testing.T) {
 		key := effects.Key("k500")
@@ -262,7 +262,7 @@ func TestServerErrors(t *testing.T) {
 
 func TestStripeRefusalsArePermanent(t *testing.T) {
 	srv := stripetest.Start(t)
-	charges := NewPaymentIntents(newAPI(t, srv, nil))
+	charges := newPI(t, newAPI(t, srv, nil))
 
 	declined := PaymentIntent{Amount: 2000, Currency: "usd", PaymentMethod: "pm_card_chargeDeclined", Confirm: true}
 	_, err := charges.Apply(context.Background(), "decline", declined)
@@ -292,12 +292,12 @@ func TestStripeRefusalsArePermanent(t *testing.T) {
 func TestRefunds(t *testing.T) {
 	srv := stripetest.Start(t)
 	api := newAPI(t, srv, nil)
-	paid, err := NewPaymentIntents(api).Apply(context.Background(), "pay",
+	paid, err := newPI(t, api).Apply(context.Background(), "pay",
 		PaymentIntent{Amount: 1000, Currency: "usd", PaymentMethod: "pm_card_visa", Confirm: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	refunds := NewRefunds(api)
+	refunds := newRefunds(t, api)
 	in := Refund{PaymentIntent: paid.Ref, Amount: 300, Reason: "requested_by_customer"}
 	first, err := refunds.Apply(context.Background(), "refund-1", in)
 	if err != nil || first.Status != effects.Applied || !strings.HasPrefix(first.Ref, "re_") {
@@ -327,7 +327,7 @@ func TestPastStripesHorizon(t *testing.T) {
 
 	t.Run("without a journal a late redelivery charges again", func(t *testing.T) {
 		srv := stripetest.Start(t, stripetest.WithClock(clk.Now))
-		charges := NewPaymentIntents(newAPI(t, srv, nil))
+		charges := newPI(t, newAPI(t, srv, nil))
 		if _, err := charges.Apply(context.Background(), key, order); err != nil {
 			t.Fatal(err)
 		}
@@ -340,7 +340,7 @@ func TestPastStripesHorizon(t *testing.T) {
 	t.Run("with a journal it replays without calling Stripe", func(t *testing.T) {
 		srv := stripetest.Start(t, stripetest.WithClock(clk.Now))
 		j := memjournal.New(clk.Now)
-		charges := NewPaymentIntents(newAPI(t, srv, nil), WithJournal(j))
+		charges := newPI(t, newAPI(t, srv, nil), WithJournal(j))
 		first, err := charges.Apply(context.Background(), key, order)
 		if err != nil {
 			t.Fatal(err)
@@ -372,7 +372,7 @@ func TestJournalLeaseDoesNotBlockTheRetry(t *testing.T) {
 	srv := stripetest.Start(t)
 	j := memjournal.New(nil)
 	f := conformance.NewFaults()
-	charges := NewPaymentIntents(newAPI(t, srv, f.Transport), WithJournal(j))
+	charges := newPI(t, newAPI(t, srv, f.Transport), WithJournal(j))
 	key := effects.MustKey("test", "evt_1", "charge")
 	f.Arm(1, conformance.DropReply, nil)
 	if _, err := charges.Apply(context.Background(), key, order); !errors.Is(err, effects.ErrAmbiguous) {
@@ -396,7 +396,7 @@ func TestJournalLeaseDoesNotBlockTheRetry(t *testing.T) {
 func TestJournalReleasedWhenNothingWasApplied(t *testing.T) {
 	srv := stripetest.Start(t)
 	j := memjournal.New(nil)
-	charges := NewPaymentIntents(newAPI(t, srv, nil), WithJournal(j))
+	charges := newPI(t, newAPI(t, srv, nil), WithJournal(j))
 	srv.FailNext(1, http.StatusTooManyRequests)
 	if _, err := charges.Apply(context.Background(), "k", order); !errors.Is(err, effects.ErrTransient) {
 		t.Fatalf("429: %v", err)

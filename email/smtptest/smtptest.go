@@ -2,7 +2,8 @@
 // for tests that must talk to a mail server over real sockets.
 //
 // The server is built on github.com/emersion/go-smtp. It speaks plain SMTP
-// (no TLS, so clients need go-mail's mail.WithTLSPolicy(mail.NoTLS)),
+// unless [WithSTARTTLS] is given (without it, go-mail clients need
+// mail.WithTLSPolicy(mail.NoTLS): go-mail requires STARTTLS by default),
 // accepts every sender and recipient, and keeps every message it accepted,
 // indexed by Message-ID, so a test can ask how many copies of one message
 // arrived ([Server.Count]). Accepting a message means what it means for a
@@ -26,9 +27,16 @@ package smtptest
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/mail"
 	"strings"
@@ -38,6 +46,8 @@ import (
 
 	"github.com/emersion/go-sasl"
 	"github.com/emersion/go-smtp"
+
+	"effectively.dev/effects"
 )
 
 // Message is one message the server accepted.
@@ -57,6 +67,9 @@ type Message struct {
 	Data []byte
 	// Received is when the server accepted the message.
 	Received time.Time
+	// TLS reports whether the session had switched to TLS (STARTTLS)
+	// before the message was sent.
+	TLS bool
 }
 
 // Stage is an SMTP command that a scheduled failure answers.
@@ -86,20 +99,43 @@ func (s Stage) String() string {
 	return fmt.Sprintf("Stage(%d)", int(s))
 }
 
-// Option configures a [Server].
-type Option func(*Server)
+// DefaultReadTimeout is how long the server waits for a client's next
+// command unless [WithReadTimeout] says otherwise.
+const DefaultReadTimeout = 30 * time.Second
+
+// Option configures a [Server]; see [NewServer]. A nil Option is ignored.
+type Option func(*config)
+
+type config struct {
+	username, password string
+	authSet            bool
+	readTimeout        time.Duration
+	startTLS           bool
+}
 
 // WithAuth makes the server require AUTH PLAIN with these credentials
 // before MAIL FROM. PLAIN is allowed without TLS (the server listens on
-// loopback only); go-mail clients need mail.SMTPAuthPlainNoEnc.
+// loopback only); go-mail clients need mail.SMTPAuthPlainNoEnc (or
+// mail.SMTPAuthPlain with [WithSTARTTLS]). username must not be empty.
 func WithAuth(username, password string) Option {
-	return func(s *Server) { s.username, s.password = username, password }
+	return func(c *config) { c.username, c.password, c.authSet = username, password, true }
 }
 
 // WithReadTimeout sets how long the server waits for a client's next
-// command before it drops the connection (default 30s).
+// command before it drops the connection (default [DefaultReadTimeout]).
+// d must be positive.
 func WithReadTimeout(d time.Duration) Option {
-	return func(s *Server) { s.readTimeout = d }
+	return func(c *config) { c.readTimeout = d }
+}
+
+// WithSTARTTLS makes the server offer STARTTLS with a certificate for
+// 127.0.0.1 and localhost that it signs itself at start-up, so clients
+// can keep go-mail's default TLS policy (mail.TLSMandatory). Clients must
+// trust it: pass [Server.TLSConfig] to mail.WithTLSConfig. A client that
+// does not trust it fails the handshake, as against a server with a
+// certificate from an unknown CA.
+func WithSTARTTLS() Option {
+	return func(c *config) { c.startTLS = true }
 }
 
 // Server is an in-process SMTP server on 127.0.0.1. It is safe for
@@ -107,6 +143,8 @@ func WithReadTimeout(d time.Duration) Option {
 type Server struct {
 	username, password string
 	readTimeout        time.Duration
+	tls                *tls.Config // the server's, nil without STARTTLS
+	roots              *x509.CertPool
 
 	addr string // fixed at the first listen, reused by Restart
 
@@ -125,20 +163,85 @@ type Server struct {
 	sessions int
 }
 
-// NewServer starts a server on a free port of 127.0.0.1.
+// NewServer starts a server on a free port of 127.0.0.1. It returns a
+// *[effects.ConfigError] for an option with an invalid value, before
+// listening.
 func NewServer(opts ...Option) (*Server, error) {
+	cfg := config{readTimeout: DefaultReadTimeout}
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	switch {
+	case cfg.authSet && cfg.username == "":
+		return nil, &effects.ConfigError{Op: "smtptest.NewServer", Option: "WithAuth", Reason: "empty username"}
+	case cfg.readTimeout <= 0:
+		return nil, &effects.ConfigError{Op: "smtptest.NewServer", Option: "WithReadTimeout",
+			Reason: fmt.Sprintf("timeout %v is not positive", cfg.readTimeout)}
+	}
 	s := &Server{
-		readTimeout: 30 * time.Second,
+		username:    cfg.username,
+		password:    cfg.password,
+		readTimeout: cfg.readTimeout,
 		byID:        map[string]int{},
 		fails:       map[Stage][]*smtp.SMTPError{},
 	}
-	for _, o := range opts {
-		o(s)
+	if cfg.startTLS {
+		var err error
+		if s.tls, s.roots, err = selfSigned(); err != nil {
+			return nil, fmt.Errorf("smtptest: certificate: %w", err)
+		}
 	}
 	if err := s.listen("127.0.0.1:0"); err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+// TLSConfig returns a client TLS configuration that trusts the server's
+// certificate (for mail.WithTLSConfig), or nil without [WithSTARTTLS].
+func (s *Server) TLSConfig() *tls.Config {
+	if s.roots == nil {
+		return nil
+	}
+	return &tls.Config{RootCAs: s.roots, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}
+}
+
+// selfSigned makes a certificate for 127.0.0.1 and localhost, valid for a
+// day, and a pool that trusts it.
+func selfSigned() (*tls.Config, *x509.CertPool, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(now.UnixNano()),
+		Subject:               pkix.Name{CommonName: "smtptest"},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(24 * time.Hour),
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
+		DNSNames:              []string{"localhost"},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, nil, err
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(cert)
+	return &tls.Config{
+		Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key, Leaf: cert}},
+		MinVersion:   tls.VersionTLS12,
+	}, roots, nil
 }
 
 // Start is [NewServer] for tests: it fails tb if the server cannot start
@@ -170,6 +273,7 @@ func (s *Server) listen(addr string) error {
 	srv.MaxMessageBytes = 32 << 20
 	srv.MaxRecipients = 100
 	srv.AllowInsecureAuth = true
+	srv.TLSConfig = s.tls // nil: no STARTTLS
 	srv.ErrorLog = discardLogger{}
 	tl := &trackingListener{Listener: l, conns: map[net.Conn]struct{}{}}
 	served := make(chan struct{})
@@ -445,11 +549,13 @@ func (ss *session) Data(r io.Reader) error {
 	if err := ss.s.nextFail(Data); err != nil {
 		return err
 	}
+	_, tlsOn := ss.conn.TLSConnectionState()
 	m := Message{
 		From:     ss.from,
 		To:       append([]string(nil), ss.to...),
 		Data:     data,
 		Received: time.Now(),
+		TLS:      tlsOn,
 	}
 	if parsed, err := mail.ReadMessage(bytes.NewReader(data)); err == nil {
 		m.Header = parsed.Header

@@ -13,6 +13,7 @@ import (
 	"github.com/wneessen/go-mail"
 	"go.uber.org/goleak"
 
+	"effectively.dev/effects"
 	"effectively.dev/email/smtptest"
 )
 
@@ -268,5 +269,50 @@ func TestCloseWhileBusy(t *testing.T) {
 	}
 	if _, err := net.DialTimeout("tcp", s.Addr(), time.Second); err == nil {
 		t.Error("server still accepts connections after Close")
+	}
+}
+
+// With WithSTARTTLS, go-mail's default policy (STARTTLS required) works
+// for a client that trusts the server's certificate, and the handshake
+// fails for one that does not.
+func TestSTARTTLS(t *testing.T) {
+	s := smtptest.Start(t, smtptest.WithSTARTTLS())
+	if _, err := send(t, s, "tls@test", mail.WithTLSPolicy(mail.TLSMandatory), mail.WithTLSConfig(s.TLSConfig())); err != nil {
+		t.Fatalf("send with STARTTLS: %v", err)
+	}
+	if msgs := s.Messages(); len(msgs) != 1 || !msgs[0].TLS {
+		t.Fatalf("messages %+v, want one sent over TLS", msgs)
+	}
+	if _, err := send(t, s, "untrusted@test", mail.WithTLSPolicy(mail.TLSMandatory)); err == nil {
+		t.Error("a client that does not trust the certificate completed STARTTLS")
+	}
+	if _, err := send(t, s, "plain@test"); err != nil {
+		t.Fatalf("plain-text send to a server offering STARTTLS: %v", err)
+	}
+	if msgs := s.Messages(); len(msgs) != 2 || msgs[1].TLS {
+		t.Errorf("the plain-text message is marked TLS")
+	}
+	if smtptest.Start(t).TLSConfig() != nil {
+		t.Error("TLSConfig without STARTTLS is not nil")
+	}
+}
+
+func TestNewServerRefusesBadOptions(t *testing.T) {
+	for name, opt := range map[string]smtptest.Option{
+		"WithAuth":        smtptest.WithAuth("", "x"),
+		"WithReadTimeout": smtptest.WithReadTimeout(0),
+	} {
+		s, err := smtptest.NewServer(opt)
+		var ce *effects.ConfigError
+		if !errors.As(err, &ce) || ce.Option != name || s != nil {
+			t.Errorf("%s: %v, want a *ConfigError naming it", name, err)
+		}
+	}
+	s, err := smtptest.NewServer(nil, smtptest.WithReadTimeout(time.Second), nil)
+	if err != nil {
+		t.Fatalf("nil options: %v, want them ignored", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

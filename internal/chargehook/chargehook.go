@@ -182,7 +182,10 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 	s3client, closeS3 := s3srv.NewClient()
 	defer closeS3()
 	bucket := s3srv.Bucket
-	stripeSrv := stripetest.NewServer()
+	stripeSrv, err := stripetest.NewServer()
+	if err != nil {
+		return nil, err
+	}
 	defer stripeSrv.Close()
 	smtpSrv, err := smtptest.NewServer()
 	if err != nil {

@@ -204,7 +204,9 @@ func newEffectivelyOnce(d deps, mailLog *slog.Logger) (*effectivelyOnce, error) 
 	h := &effectivelyOnce{deps: d}
 	// With the journal, the PaymentIntent's id outlives Stripe's 24 h key
 	// horizon.
-	h.charge = stripe.NewPaymentIntents(d.stripe, stripe.WithJournal(journal))
+	if h.charge, err = stripe.NewPaymentIntents(d.stripe, stripe.WithJournal(journal)); err != nil {
+		return nil, err
+	}
 	h.ledger, err = postgres.New(d.pool, d.scope, func(ctx context.Context, tx pgx.Tx, in ledgerRow) (id string, err error) {
 		err = tx.QueryRow(ctx, `INSERT INTO `+d.ledger+` (event_id, account, cents, payment_intent) VALUES ($1, $2, $3, $4) RETURNING id::text`,
 			in.EventID, in.Account, in.Cents, in.PaymentIntent).Scan(&id)

@@ -1,7 +1,9 @@
 // Package stripetest is a local Stripe API endpoint for tests: an
-// in-process HTTP server on 127.0.0.1 that serves the PaymentIntent and
-// Refund endpoints stripe-go calls, and follows Stripe's documented
-// idempotency rules for API v1, which stripe-mock does not implement:
+// in-process HTTP server on 127.0.0.1 that serves the create (POST) and
+// retrieve (GET .../{id}) endpoints stripe-go calls for PaymentIntents,
+// Refunds, Customers, Transfers and Checkout Sessions, and follows Stripe's
+// documented idempotency rules for API v1, which stripe-mock does not
+// implement, the same way for every endpoint:
 //
 //   - The first response for an Idempotency-Key is stored once the
 //     endpoint began executing, whatever it was (a success, a card decline,
@@ -13,7 +15,10 @@
 //     with 409 and the code "idempotency_key_in_use"; nothing is stored.
 //   - Nothing is stored when the request failed validation (a missing
 //     amount, an unknown currency format, a refund of an unknown
-//     PaymentIntent), nor for 401s and rate-limited 429s, which Stripe
+//     PaymentIntent, a customer email that is not one, a transfer without
+//     a connected account as destination, a Checkout Session without a
+//     mode, a success_url or line items), nor for 401s and rate-limited
+//     429s, which Stripe
 //     answers before its idempotency layer: a corrected retry with the same
 //     key executes.
 //   - Keys are scoped to the API key (the Authorization header) and the
@@ -30,8 +35,9 @@
 // its state ([Server.Restart]).
 //
 // When not to use it: it models idempotency, not payments. Amounts are not
-// checked against currencies' minimums, customers and payment methods are
-// not looked up (except the decline test method "pm_card_chargeDeclined"),
-// unknown parameters are accepted, and only the endpoints listed above
-// exist. Test payment logic against Stripe's test mode.
+// checked against currencies' minimums, customers, prices, connected
+// accounts and payment methods are not looked up (except the decline test
+// method "pm_card_chargeDeclined"), unknown parameters are accepted, and
+// only the endpoints listed above exist. Test payment logic against
+// Stripe's test mode.
 package stripetest

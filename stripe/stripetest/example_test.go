@@ -12,7 +12,10 @@ import (
 
 // The server follows Stripe's idempotency rules, seen through stripe-go.
 func ExampleServer() {
-	srv := stripetest.NewServer()
+	srv, err := stripetest.NewServer()
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer srv.Close()
 	api := srv.Client(nil)
 
@@ -45,7 +48,10 @@ func ExampleServer() {
 
 // An injected 500 is stored and replayed, as Stripe does.
 func ExampleServer_FailNext() {
-	srv := stripetest.NewServer()
+	srv, err := stripetest.NewServer()
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer srv.Close()
 	api := srv.Client(nil)
 	srv.FailNext(1, 500)

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // paymentIntent is the JSON shape of a Stripe PaymentIntent, as far as
@@ -116,18 +117,26 @@ func optional(f url.Values, param string) *string {
 	return nil
 }
 
-// validatePaymentIntent checks the parameters of POST /v1/payment_intents
-// before anything executes; s.mu is held.
-func (s *Server) validatePaymentIntent(_ string, f url.Values) *apiError {
-	if _, err := positiveInt(f, "amount", true); err != nil {
-		return err
-	}
+// validCurrency checks a required three-letter lower-case currency code.
+func validCurrency(f url.Values) *apiError {
 	cur := f.Get("currency")
 	if cur == "" {
 		return missing("currency")
 	}
 	if len(cur) != 3 || strings.ToLower(cur) != cur || strings.Trim(cur, "abcdefghijklmnopqrstuvwxyz") != "" {
 		return invalid("currency", "Invalid currency: %s. Stripe currently supports these currencies: usd, eur, ...", cur)
+	}
+	return nil
+}
+
+// validatePaymentIntent checks the parameters of POST /v1/payment_intents
+// before anything executes; s.mu is held.
+func (s *Server) validatePaymentIntent(_ string, f url.Values) *apiError {
+	if _, err := positiveInt(f, "amount", true); err != nil {
+		return err
+	}
+	if err := validCurrency(f); err != nil {
+		return err
 	}
 	if err := oneOf(f, "confirm", "true", "false"); err != nil {
 		return err
@@ -184,7 +193,7 @@ func (s *Server) createPaymentIntent(acct, key string, f url.Values) (int, any) 
 	case pi.PaymentMethod != nil:
 		pi.Status = "requires_confirmation"
 	}
-	o := &object{account: acct, key: key, pi: pi}
+	o := &object{account: acct, key: key, id: pi.ID, kind: "payment_intent", body: pi, meta: pi.Metadata, pi: pi}
 	s.record(o)
 	if pi.LatestCharge != nil {
 		s.byID[*pi.LatestCharge] = o
@@ -266,6 +275,173 @@ func (s *Server) createRefund(acct, key string, f url.Values) (int, any) {
 		Reason:        optional(f, "reason"),
 		Status:        "succeeded",
 	}
-	s.record(&object{account: acct, key: key, re: re})
+	s.record(&object{account: acct, key: key, id: re.ID, kind: "refund", body: re, meta: re.Metadata})
 	return http.StatusOK, re
+}
+
+// customer is the JSON shape of a Stripe Customer.
+type customer struct {
+	ID          string            `json:"id"`
+	Object      string            `json:"object"`
+	Created     int64             `json:"created"`
+	Description *string           `json:"description"`
+	Email       *string           `json:"email"`
+	Livemode    bool              `json:"livemode"`
+	Metadata    map[string]string `json:"metadata"`
+	Name        *string           `json:"name"`
+	Phone       *string           `json:"phone"`
+}
+
+// validateCustomer checks the parameters of POST /v1/customers: all are
+// optional, an email must look like one.
+func (s *Server) validateCustomer(_ string, f url.Values) *apiError {
+	if e := f.Get("email"); e != "" && (strings.Count(e, "@") != 1 || strings.HasPrefix(e, "@") ||
+		strings.HasSuffix(e, "@") || strings.ContainsAny(e, " \t\r\n")) {
+		e := invalid("email", "Invalid email address: %s", e)
+		e.Code = "email_invalid"
+		return e
+	}
+	return nil
+}
+
+// createCustomer executes POST /v1/customers; s.mu is held.
+func (s *Server) createCustomer(acct, key string, f url.Values) (int, any) {
+	c := &customer{
+		ID:          s.newID("cus_"),
+		Object:      "customer",
+		Created:     s.cfg.now().Unix(),
+		Description: optional(f, "description"),
+		Email:       optional(f, "email"),
+		Metadata:    metadata(f),
+		Name:        optional(f, "name"),
+		Phone:       optional(f, "phone"),
+	}
+	s.record(&object{account: acct, key: key, id: c.ID, kind: c.Object, body: c, meta: c.Metadata})
+	return http.StatusOK, c
+}
+
+// transfer is the JSON shape of a Stripe Transfer (Connect).
+type transfer struct {
+	ID             string            `json:"id"`
+	Object         string            `json:"object"`
+	Amount         int64             `json:"amount"`
+	AmountReversed int64             `json:"amount_reversed"`
+	Created        int64             `json:"created"`
+	Currency       string            `json:"currency"`
+	Description    *string           `json:"description"`
+	Destination    string            `json:"destination"`
+	Livemode       bool              `json:"livemode"`
+	Metadata       map[string]string `json:"metadata"`
+	Reversed       bool              `json:"reversed"`
+	TransferGroup  *string           `json:"transfer_group"`
+}
+
+// validateTransfer checks the parameters of POST /v1/transfers: amount,
+// currency and a connected account as destination are required.
+func (s *Server) validateTransfer(_ string, f url.Values) *apiError {
+	if _, err := positiveInt(f, "amount", true); err != nil {
+		return err
+	}
+	if err := validCurrency(f); err != nil {
+		return err
+	}
+	dest := f.Get("destination")
+	if dest == "" {
+		return missing("destination")
+	}
+	if !strings.HasPrefix(dest, "acct_") {
+		e := invalid("destination", "No such destination: '%s'", dest)
+		e.Code = "resource_missing"
+		return e
+	}
+	return nil
+}
+
+// createTransfer executes POST /v1/transfers; s.mu is held.
+func (s *Server) createTransfer(acct, key string, f url.Values) (int, any) {
+	amount, _ := positiveInt(f, "amount", true)
+	tr := &transfer{
+		ID:            s.newID("tr_"),
+		Object:        "transfer",
+		Amount:        amount,
+		Created:       s.cfg.now().Unix(),
+		Currency:      f.Get("currency"),
+		Description:   optional(f, "description"),
+		Destination:   f.Get("destination"),
+		Metadata:      metadata(f),
+		TransferGroup: optional(f, "transfer_group"),
+	}
+	s.record(&object{account: acct, key: key, id: tr.ID, kind: tr.Object, body: tr, meta: tr.Metadata})
+	return http.StatusOK, tr
+}
+
+// checkoutSession is the JSON shape of a Stripe Checkout Session.
+type checkoutSession struct {
+	ID                string            `json:"id"`
+	Object            string            `json:"object"`
+	CancelURL         *string           `json:"cancel_url"`
+	ClientReferenceID *string           `json:"client_reference_id"`
+	Created           int64             `json:"created"`
+	Customer          *string           `json:"customer"`
+	CustomerEmail     *string           `json:"customer_email"`
+	ExpiresAt         int64             `json:"expires_at"`
+	Livemode          bool              `json:"livemode"`
+	Metadata          map[string]string `json:"metadata"`
+	Mode              string            `json:"mode"`
+	PaymentStatus     string            `json:"payment_status"`
+	Status            string            `json:"status"`
+	SuccessURL        *string           `json:"success_url"`
+	URL               string            `json:"url"`
+}
+
+// validateCheckoutSession checks the parameters of POST
+// /v1/checkout/sessions: a mode, a success_url, and line items in payment
+// and subscription mode.
+func (s *Server) validateCheckoutSession(_ string, f url.Values) *apiError {
+	mode := f.Get("mode")
+	if mode == "" {
+		return missing("mode")
+	}
+	if err := oneOf(f, "mode", "payment", "setup", "subscription"); err != nil {
+		return err
+	}
+	if f.Get("success_url") == "" {
+		return missing("success_url")
+	}
+	if mode != "setup" {
+		items := false
+		for k := range f {
+			if strings.HasPrefix(k, "line_items[0]") {
+				items = true
+				break
+			}
+		}
+		if !items {
+			return missing("line_items")
+		}
+	}
+	return nil
+}
+
+// createCheckoutSession executes POST /v1/checkout/sessions; s.mu is held.
+func (s *Server) createCheckoutSession(acct, key string, f url.Values) (int, any) {
+	now := s.cfg.now()
+	cs := &checkoutSession{
+		ID:                s.newID("cs_test_"),
+		Object:            "checkout.session",
+		CancelURL:         optional(f, "cancel_url"),
+		ClientReferenceID: optional(f, "client_reference_id"),
+		Created:           now.Unix(),
+		Customer:          optional(f, "customer"),
+		CustomerEmail:     optional(f, "customer_email"),
+		ExpiresAt:         now.Add(24 * time.Hour).Unix(),
+		Metadata:          metadata(f),
+		Mode:              f.Get("mode"),
+		PaymentStatus:     "unpaid",
+		Status:            "open",
+		SuccessURL:        optional(f, "success_url"),
+	}
+	cs.URL = "https://checkout.stripe.com/c/pay/" + cs.ID
+	s.record(&object{account: acct, key: key, id: cs.ID, kind: cs.Object, body: cs, meta: cs.Metadata})
+	return http.StatusOK, cs
 }

@@ -16,6 +16,8 @@ import (
 
 	stripego "github.com/stripe/stripe-go/v76"
 	"github.com/stripe/stripe-go/v76/client"
+
+	"effectively.dev/effects"
 )
 
 // APIKey is a secret key the server accepts. Any non-empty bearer token is
@@ -30,7 +32,11 @@ const MaxKeyLen = 255
 // [WithHorizon] says otherwise: Stripe keeps keys for at least 24 hours.
 const DefaultHorizon = 24 * time.Hour
 
-// Option configures a [Server].
+// DefaultLatency is how long a POST that passed validation takes to
+// execute unless [WithLatency] says otherwise: no time at all.
+const DefaultLatency = time.Duration(0)
+
+// Option configures a [Server]; see [NewServer]. A nil Option is ignored.
 type Option func(*config)
 
 type config struct {
@@ -41,16 +47,18 @@ type config struct {
 
 // WithHorizon sets how long an idempotency key is remembered after its
 // first request (default [DefaultHorizon]). A request with an expired key
-// executes again, as at Stripe once a key was pruned.
+// executes again, as at Stripe once a key was pruned. d must be positive.
 func WithHorizon(d time.Duration) Option { return func(c *config) { c.horizon = d } }
 
 // WithClock makes the server read the time from now, so a test can move
-// past the horizon without waiting. The default is time.Now.
+// past the horizon without waiting. The default is time.Now; now must not
+// be nil.
 func WithClock(now func() time.Time) Option { return func(c *config) { c.now = now } }
 
 // WithLatency makes every POST that passes validation take d to execute
 // while its idempotency key is held, so concurrent requests with the key
-// overlap and get 409 idempotency_key_in_use.
+// overlap and get 409 idempotency_key_in_use (default [DefaultLatency]). d
+// must not be negative.
 func WithLatency(d time.Duration) Option { return func(c *config) { c.latency = d } }
 
 // Server is a local Stripe API endpoint. Create it with [NewServer] or
@@ -96,27 +104,37 @@ type failure struct {
 	afterCreate bool
 }
 
-// object is a created PaymentIntent or Refund.
+// object is a created Stripe object.
 type object struct {
 	account string
 	key     string // idempotency key of the request that created it
-	pi      *paymentIntent
-	re      *refund
-}
-
-func (o *object) metadata() map[string]string {
-	if o.pi != nil {
-		return o.pi.Metadata
-	}
-	return o.re.Metadata
+	id      string
+	kind    string // Stripe's "object" field: "payment_intent", "customer", ...
+	body    any    // what GET returns
+	meta    map[string]string
+	pi      *paymentIntent // the PaymentIntent, for refunds
 }
 
 // NewServer starts a server on a free 127.0.0.1 port. Close it when done.
-// It panics if no port can be had, like httptest.NewServer.
-func NewServer(opts ...Option) *Server {
-	cfg := config{horizon: DefaultHorizon, now: time.Now}
+// It returns a *[effects.ConfigError] for an option with an invalid value,
+// before listening.
+func NewServer(opts ...Option) (*Server, error) {
+	cfg := config{horizon: DefaultHorizon, now: time.Now, latency: DefaultLatency}
 	for _, o := range opts {
-		o(&cfg)
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	bad := func(option, reason string) error {
+		return &effects.ConfigError{Op: "stripetest.NewServer", Option: option, Reason: reason}
+	}
+	switch {
+	case cfg.horizon <= 0:
+		return nil, bad("WithHorizon", fmt.Sprintf("horizon %v is not positive", cfg.horizon))
+	case cfg.now == nil:
+		return nil, bad("WithClock", "nil clock")
+	case cfg.latency < 0:
+		return nil, bad("WithLatency", fmt.Sprintf("latency %v is negative", cfg.latency))
 	}
 	s := &Server{
 		cfg:     cfg,
@@ -127,18 +145,22 @@ func NewServer(opts ...Option) *Server {
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		panic(fmt.Sprintf("stripetest: listen: %v", err))
+		return nil, fmt.Errorf("stripetest: listen: %w", err)
 	}
 	s.addr = ln.Addr().String()
 	s.URL = "http://" + s.addr
 	s.serve(ln)
-	return s
+	return s, nil
 }
 
-// Start is [NewServer] for tests: the server is closed when tb ends.
+// Start is [NewServer] for tests: it fails tb if the server cannot start,
+// and closes it when tb ends.
 func Start(tb testing.TB, opts ...Option) *Server {
 	tb.Helper()
-	s := NewServer(opts...)
+	s, err := NewServer(opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
 	tb.Cleanup(s.Close)
 	return s
 }
@@ -239,8 +261,8 @@ func (s *Server) FailNextAfterCreate(n int, status int) {
 	}
 }
 
-// Created returns how many objects (PaymentIntents and Refunds) requests
-// with the idempotency key created, in every account. Requests without a
+// Created returns how many objects (of every kind) requests with the
+// idempotency key created, in every account. Requests without a
 // key count under "".
 func (s *Server) Created(idempotencyKey string) int {
 	s.mu.Lock()
@@ -257,7 +279,7 @@ func (s *Server) CreatedWithMetadata(name, value string) int {
 	defer s.mu.Unlock()
 	n := 0
 	for _, o := range s.objects {
-		if v, ok := o.metadata()[name]; ok && v == value {
+		if v, ok := o.meta[name]; ok && v == value {
 			n++
 		}
 	}
@@ -279,20 +301,35 @@ func (s *Server) Requests() int {
 	return s.requests
 }
 
+// resource is one kind of object the server creates: POST path, and
+// GET path + "/{id}".
+type resource struct {
+	path     string // "/v1/customers"
+	kind     string // the object's "object" field
+	validate validator
+	execute  executor
+}
+
+func (s *Server) resources() []resource {
+	return []resource{
+		{"/v1/payment_intents", "payment_intent", s.validatePaymentIntent, s.createPaymentIntent},
+		{"/v1/refunds", "refund", s.validateRefund, s.createRefund},
+		{"/v1/customers", "customer", s.validateCustomer, s.createCustomer},
+		{"/v1/transfers", "transfer", s.validateTransfer, s.createTransfer},
+		{"/v1/checkout/sessions", "checkout.session", s.validateCheckoutSession, s.createCheckoutSession},
+	}
+}
+
 func (s *Server) handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/payment_intents", func(w http.ResponseWriter, r *http.Request) {
-		s.post(w, r, s.validatePaymentIntent, s.createPaymentIntent)
-	})
-	mux.HandleFunc("GET /v1/payment_intents/{id}", func(w http.ResponseWriter, r *http.Request) {
-		s.get(w, r, "payment_intent")
-	})
-	mux.HandleFunc("POST /v1/refunds", func(w http.ResponseWriter, r *http.Request) {
-		s.post(w, r, s.validateRefund, s.createRefund)
-	})
-	mux.HandleFunc("GET /v1/refunds/{id}", func(w http.ResponseWriter, r *http.Request) {
-		s.get(w, r, "refund")
-	})
+	for _, res := range s.resources() {
+		mux.HandleFunc("POST "+res.path, func(w http.ResponseWriter, r *http.Request) {
+			s.post(w, r, res.validate, res.execute)
+		})
+		mux.HandleFunc("GET "+res.path+"/{id}", func(w http.ResponseWriter, r *http.Request) {
+			s.get(w, r, res.kind)
+		})
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{status: http.StatusNotFound, Type: "invalid_request_error",
 			Message: fmt.Sprintf("Unrecognized request URL (%s: %s).", r.Method, r.URL.Path)})
@@ -434,23 +471,13 @@ func (s *Server) answerKnown(w http.ResponseWriter, r *http.Request, e *entry, k
 	}
 }
 
-// get serves GET /v1/<kind>s/{id}.
+// get serves GET <path>/{id} for objects of kind.
 func (s *Server) get(w http.ResponseWriter, r *http.Request, kind string) {
 	id := r.PathValue("id")
 	s.mu.Lock()
-	o := s.byID[id]
-	var body any
-	if o != nil && o.account == account(r) {
-		if kind == "payment_intent" && o.pi != nil {
-			body = o.pi
-		}
-		if kind == "refund" && o.re != nil {
-			body = o.re
-		}
-	}
 	var b []byte
-	if body != nil {
-		b, _ = json.Marshal(body)
+	if o := s.byID[id]; o != nil && o.account == account(r) && o.kind == kind {
+		b, _ = json.Marshal(o.body)
 	}
 	s.mu.Unlock()
 	if b == nil {
@@ -464,11 +491,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request, kind string) {
 // record adds a created object; s.mu is held.
 func (s *Server) record(o *object) {
 	s.objects = append(s.objects, o)
-	if o.pi != nil {
-		s.byID[o.pi.ID] = o
-	} else {
-		s.byID[o.re.ID] = o
-	}
+	s.byID[o.id] = o
 	s.created[o.key]++
 }
 

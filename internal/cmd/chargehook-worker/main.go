@@ -40,7 +40,8 @@
 //   - -lease bounds how long a crash during the output step blocks the
 //     event's key: the next attempt gets effects.ErrInFlight, and the
 //     consumer retries it, holding back its partition, until the lease
-//     expires (kafka.WithLease; the adapter's own default is 30 s).
+//     expires (kafka.WithLease; the adapter's own default is
+//     effects.DefaultLease, a minute).
 //   - -trace writes one line per step to stdout, for the torture test (the
 //     format is documented on the tracer type).
 //   - -ack-first acks every record before running its plan: the mistake

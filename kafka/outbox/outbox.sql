@@ -1,5 +1,5 @@
--- Schema for the transactional outbox of effectively.dev/kafka. Every
--- statement is idempotent; MigrateOutbox runs them in one transaction under
+-- Schema for the transactional outbox of effectively.dev/kafka/outbox. Every
+-- statement is idempotent; Migrate runs them in one transaction under
 -- an advisory lock, so concurrent migrations are safe.
 
 -- One row per record to publish, inserted by Enqueue in the application's

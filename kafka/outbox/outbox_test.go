@@ -1,4 +1,4 @@
-package kafka_test
+package outbox_test
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"effectively.dev/effects"
 	"effectively.dev/kafka"
 	"effectively.dev/kafka/kafkatest"
+	"effectively.dev/kafka/outbox"
 	"effectively.dev/postgres/pgtest"
 )
 
@@ -25,7 +26,7 @@ func outboxPool(t *testing.T) *pgxpool.Pool {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	if err := kafka.MigrateOutbox(context.Background(), pool); err != nil {
+	if err := outbox.Migrate(context.Background(), pool); err != nil {
 		t.Fatal(err)
 	}
 	return pool
@@ -52,12 +53,12 @@ func inTx(t *testing.T, pool *pgxpool.Pool, rollback bool, f func(tx pgx.Tx) err
 func TestOutboxEnqueue(t *testing.T) {
 	pool := outboxPool(t)
 	ctx := context.Background()
-	msg := kafka.OutboxMessage{ID: effects.MustKey("orders", "o-1", "created"), Topic: "orders", Value: []byte("v1")}
-	enqueue := func(m kafka.OutboxMessage) (bool, error) {
+	msg := outbox.Message{ID: effects.MustKey("orders", "o-1", "created"), Topic: "orders", Value: []byte("v1")}
+	enqueue := func(m outbox.Message) (bool, error) {
 		var inserted bool
 		err := inTx(t, pool, false, func(tx pgx.Tx) error {
 			var err error
-			inserted, err = kafka.Enqueue(ctx, tx, m)
+			inserted, err = outbox.Enqueue(ctx, tx, m)
 			return err
 		})
 		return inserted, err
@@ -73,12 +74,12 @@ func TestOutboxEnqueue(t *testing.T) {
 	if _, err := enqueue(other); !errors.Is(err, effects.ErrKeyReused) {
 		t.Fatalf("same id, other payload: %v, want ErrKeyReused", err)
 	}
-	if _, err := enqueue(kafka.OutboxMessage{ID: "bad\x00key", Topic: "orders"}); !errors.Is(err, effects.ErrInvalidKey) {
+	if _, err := enqueue(outbox.Message{ID: "bad\x00key", Topic: "orders"}); !errors.Is(err, effects.ErrInvalidKey) {
 		t.Fatalf("invalid id: %v, want ErrInvalidKey", err)
 	}
 	// A rolled-back business transaction leaves no row.
 	if err := inTx(t, pool, true, func(tx pgx.Tx) error {
-		_, err := kafka.Enqueue(ctx, tx, kafka.OutboxMessage{ID: "rolled-back", Topic: "orders"})
+		_, err := outbox.Enqueue(ctx, tx, outbox.Message{ID: "rolled-back", Topic: "orders"})
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -108,7 +109,7 @@ func TestOutboxTwoRelays(t *testing.T) {
 		err := inTx(t, pool, rollback, func(tx pgx.Tx) error {
 			for j := 0; j < perTx; j++ {
 				id := fmt.Sprintf("order-%d-%d", i, j)
-				if _, err := kafka.Enqueue(ctx, tx, kafka.OutboxMessage{ID: effects.Key(id), Topic: topic,
+				if _, err := outbox.Enqueue(ctx, tx, outbox.Message{ID: effects.Key(id), Topic: topic,
 					Value: []byte(id), Headers: []kgo.RecordHeader{{Key: "type", Value: []byte("created")}}}); err != nil {
 					return err
 				}
@@ -124,14 +125,23 @@ func TestOutboxTwoRelays(t *testing.T) {
 	}
 
 	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	var wg sync.WaitGroup
 	sent := make([]int, 2)
 	for i := range 2 {
-		relay, err := kafka.NewRelay(pool, c.Client(t), kafka.WithBatchSize(15), kafka.WithPollInterval(20*time.Millisecond),
-			kafka.WithRelayErrors(func(err error) { t.Errorf("relay %d: %v", i, err) }))
+		relay, err := outbox.NewRelay(pool, c.Client(t), outbox.WithBatchSize(15), outbox.WithPollInterval(20*time.Millisecond),
+			outbox.WithErrorHandler(func(err error) { t.Errorf("relay %d: %v", i, err) }))
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Each relay takes one batch before they race, so that both take
+		// batches however the scheduler treats them (without it, one relay
+		// can drain the outbox before the other runs, on a loaded machine).
+		n, err := relay.RelayBatch(rctx)
+		if err != nil || n != 15 {
+			t.Fatalf("relay %d: first batch: %d, %v", i, n, err)
+		}
+		sent[i] += n
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -147,7 +157,7 @@ func TestOutboxTwoRelays(t *testing.T) {
 			}
 		}()
 	}
-	waitFor(t, 30*time.Second, "every row marked sent", func() bool {
+	eventually(t, 30*time.Second, "every row marked sent", func() bool {
 		var unsent int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM effectively_outbox WHERE sent_at IS NULL`).Scan(&unsent); err != nil {
 			t.Fatal(err)
@@ -157,7 +167,7 @@ func TestOutboxTwoRelays(t *testing.T) {
 	cancel()
 	wg.Wait()
 
-	counts := readCounts(t, c, topic, kafka.KeyHeader)
+	counts := published(t, c, topic)
 	dups := 0
 	for id := range want {
 		switch n := counts[id]; {
@@ -208,20 +218,20 @@ func TestPruneOutbox(t *testing.T) {
 	ctx := context.Background()
 	for i := 0; i < 3; i++ {
 		if err := inTx(t, pool, false, func(tx pgx.Tx) error {
-			_, err := kafka.Enqueue(ctx, tx, kafka.OutboxMessage{ID: effects.Key(fmt.Sprint("m", i)), Topic: topic})
+			_, err := outbox.Enqueue(ctx, tx, outbox.Message{ID: effects.Key(fmt.Sprint("m", i)), Topic: topic})
 			return err
 		}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	relay, err := kafka.NewRelay(pool, c.Client(t), kafka.WithBatchSize(2))
+	relay, err := outbox.NewRelay(pool, c.Client(t), outbox.WithBatchSize(2))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if n, err := relay.RelayBatch(ctx); err != nil || n != 2 {
 		t.Fatalf("RelayBatch = %d, %v; want 2", n, err)
 	}
-	n, err := kafka.PruneOutbox(ctx, pool, time.Now().Add(time.Hour), 10)
+	n, err := outbox.Prune(ctx, pool, time.Now().Add(time.Hour), 10)
 	if err != nil || n != 2 {
 		t.Fatalf("PruneOutbox = %d, %v; want the 2 sent rows", n, err)
 	}
@@ -229,3 +239,69 @@ func TestPruneOutbox(t *testing.T) {
 		t.Fatalf("RelayBatch = %d, %v; want the unsent row", n, err)
 	}
 }
+
+// A batch waits for its records, never for the client's linger: with the
+// longest linger franz-go allows (a minute), batches to a topic the client
+// does not know yet and to one it knows finish inside a deadline that a
+// lingering record would miss (it would fail with the deadline, unsent).
+func TestRelayNeverWaitsForLinger(t *testing.T) {
+	pool := outboxPool(t)
+	c := kafkatest.New(t)
+	topic := c.Topic(t, "linger", 2)
+	ctx := context.Background()
+	if err := inTx(t, pool, false, func(tx pgx.Tx) error {
+		for i := range 6 {
+			if _, err := outbox.Enqueue(ctx, tx, outbox.Message{ID: effects.Key(fmt.Sprint("m", i)), Topic: topic}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	relay, err := outbox.NewRelay(pool, c.Client(t, kgo.ProducerLinger(time.Minute)), outbox.WithBatchSize(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for batch := range 2 {
+		bctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		n, err := relay.RelayBatch(bctx)
+		cancel()
+		if err != nil || n != 3 {
+			t.Fatalf("batch %d: RelayBatch = %d, %v; want 3 rows sent without waiting for the linger", batch, n, err)
+		}
+	}
+	if ids := published(t, c, topic); len(ids) != 6 {
+		t.Errorf("%d message ids published, want 6", len(ids))
+	}
+}
+
+func TestRelayAndPruneRefuseBadConfiguration(t *testing.T) {
+	pool := outboxPool(t)
+	cl := kafkatest.New(t).Client(t)
+	for _, tc := range []struct {
+		name, option string
+		err          error
+	}{
+		{"nil db", "db", second(outbox.NewRelay(nil, cl))},
+		{"nil client", "client", second(outbox.NewRelay(pool, nil))},
+		{"zero batch", "WithBatchSize", second(outbox.NewRelay(pool, cl, outbox.WithBatchSize(0)))},
+		{"zero interval", "WithPollInterval", second(outbox.NewRelay(pool, cl, outbox.WithPollInterval(0)))},
+		{"prune limit", "limit", second(outbox.Prune(context.Background(), pool, time.Now(), 0))},
+		{"migrate nil db", "db", outbox.Migrate(context.Background(), nil)},
+	} {
+		var ce *effects.ConfigError
+		if !errors.As(tc.err, &ce) || ce.Option != tc.option {
+			t.Errorf("%s: %v, want a *ConfigError naming %s", tc.name, tc.err, tc.option)
+		}
+	}
+	if _, err := outbox.NewRelay(pool, cl, nil, outbox.WithBatchSize(5), nil); err != nil {
+		t.Errorf("nil options: %v, want them ignored", err)
+	}
+	_, err := outbox.NewRelay(pool, kafkatest.New(t).Client(t, kgo.DisableIdempotentWrite()))
+	if !errors.Is(err, kafka.ErrNotIdempotent) {
+		t.Errorf("non-idempotent client: %v, want kafka.ErrNotIdempotent", err)
+	}
+}
+
+func second[T any](_ T, err error) error { return err }

@@ -1,4 +1,4 @@
-package kafka
+package outbox
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/effects"
+	"effectively.dev/kafka"
 	"effectively.dev/kafka/kafkatest"
 	"effectively.dev/postgres/pgtest"
 )
@@ -25,7 +26,7 @@ func TestRelayCrashAfterAck(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	if err := MigrateOutbox(ctx, pool); err != nil {
+	if err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
 	c := kafkatest.New(t)
@@ -36,7 +37,7 @@ func TestRelayCrashAfterAck(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 0; i < n; i++ {
-		if _, err := Enqueue(ctx, tx, OutboxMessage{ID: effects.Key(fmt.Sprint("m", i)), Topic: topic, Value: []byte("v")}); err != nil {
+		if _, err := Enqueue(ctx, tx, Message{ID: effects.Key(fmt.Sprint("m", i)), Topic: topic, Value: []byte("v")}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -86,7 +87,7 @@ func TestRelayCrashAfterAck(t *testing.T) {
 	}
 	counts := map[string]int{}
 	for _, r := range recs {
-		id, _ := kafkatest.Header(r, KeyHeader)
+		id, _ := kafkatest.Header(r, kafka.KeyHeader)
 		counts[id]++
 	}
 	dups := 0

@@ -1,4 +1,21 @@
-package kafka
+// Package outbox is the transactional outbox for Kafka: the application
+// writes a record into an outbox table inside its own business
+// transaction ([Enqueue]), so the record is published if and only if the
+// transaction commits, and relays ([Relay]) publish the rows at least
+// once, with the row's message id in the effectively.dev/kafka.KeyHeader
+// header for downstream dedup.
+//
+// It lives apart from package effectively.dev/kafka so that a program that
+// only produces or consumes does not pull in pgx: the outbox table is in
+// PostgreSQL.
+//
+// When not to use it: if the record is the only effect of a message, a
+// [effectively.dev/kafka.Producer] with a journal is simpler; use the
+// outbox when the record must be published exactly when a database
+// transaction commits (an order row and its "order created" event).
+// Consumers of the topic must dedup on the header: the relay publishes at
+// least once.
+package outbox
 
 import (
 	"bytes"
@@ -12,19 +29,29 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
+	"effectively.dev/kafka/internal/produce"
 )
 
-// OutboxSchema is the SQL that [MigrateOutbox] runs: the effectively_outbox
-// table, a unique index on message_id and a partial index on unsent rows.
-// It is exported for projects that manage their schema with their own
-// migration tool: copy it into a migration instead of calling MigrateOutbox.
+// Schema is the SQL that [Migrate] runs: the effectively_outbox table, a
+// unique index on message_id and a partial index on unsent rows. It is
+// exported for projects that manage their schema with their own migration
+// tool: copy it into a migration instead of calling Migrate.
 //
 //go:embed outbox.sql
-var OutboxSchema string
+var Schema string
 
-// outboxLockID is the pg_advisory_xact_lock key that serializes
-// MigrateOutbox calls; it spells "effoutbx" in ASCII.
-const outboxLockID int64 = 0x6566666f75746278
+// lockID is the pg_advisory_xact_lock key that serializes Migrate calls;
+// it spells "effoutbx" in ASCII.
+const lockID int64 = 0x6566666f75746278
+
+// Defaults of a [Relay], used when the matching option is not given.
+const (
+	// DefaultBatchSize is how many rows one batch takes.
+	DefaultBatchSize = 100
+	// DefaultPollInterval is how long Run waits after a batch that found
+	// fewer rows than the batch size, and after an error.
+	DefaultPollInterval = 200 * time.Millisecond
+)
 
 // TxBeginner starts transactions: *pgxpool.Pool, *pgx.Conn and pgx.Tx
 // (which opens a savepoint) all satisfy it.
@@ -32,35 +59,38 @@ type TxBeginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// MigrateOutbox creates the outbox table and its indexes ([OutboxSchema])
-// if they do not exist, in the connection's current schema. It is
-// idempotent and safe to run concurrently.
-func MigrateOutbox(ctx context.Context, db TxBeginner) error {
+// Migrate creates the outbox table and its indexes ([Schema]) if they do
+// not exist, in the connection's current schema. It is idempotent and safe
+// to run concurrently.
+func Migrate(ctx context.Context, db TxBeginner) error {
+	if db == nil {
+		return &effects.ConfigError{Op: "outbox.Migrate", Option: "db", Reason: "nil"}
+	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("kafka.MigrateOutbox: begin: %w", err)
+		return fmt.Errorf("outbox.Migrate: begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", outboxLockID); err != nil {
-		return fmt.Errorf("kafka.MigrateOutbox: lock: %w", err)
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lockID); err != nil {
+		return fmt.Errorf("outbox.Migrate: lock: %w", err)
 	}
 	// Without arguments pgx uses the simple protocol: one round trip for
 	// all statements.
-	if _, err := tx.Exec(ctx, OutboxSchema); err != nil {
-		return fmt.Errorf("kafka.MigrateOutbox: %w", err)
+	if _, err := tx.Exec(ctx, Schema); err != nil {
+		return fmt.Errorf("outbox.Migrate: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("kafka.MigrateOutbox: commit: %w", err)
+		return fmt.Errorf("outbox.Migrate: commit: %w", err)
 	}
 	return nil
 }
 
-// OutboxMessage is one record to publish through the outbox.
-type OutboxMessage struct {
+// Message is one record to publish through the outbox.
+type Message struct {
 	// ID is the message's identity, built like any key (effects.NewKey
 	// from the business event's id). It is required, is unique in the
-	// outbox, and travels in the [KeyHeader] header so that consumers can
-	// dedup the relay's at-least-once delivery.
+	// outbox, and travels in the effectively.dev/kafka.KeyHeader header so
+	// that consumers can dedup the relay's at-least-once delivery.
 	ID effects.Key
 	// Topic is the topic to publish to.
 	Topic string
@@ -68,7 +98,8 @@ type OutboxMessage struct {
 	Key []byte
 	// Value is the record value.
 	Value []byte
-	// Headers are extra headers; one named [KeyHeader] is replaced by ID.
+	// Headers are extra headers; one named effectively.dev/kafka.KeyHeader
+	// is replaced by ID.
 	Headers []kgo.RecordHeader
 }
 
@@ -80,18 +111,18 @@ type OutboxMessage struct {
 // payload returns [effects.ErrKeyReused]. If another open transaction is
 // inserting the same ID, Enqueue waits for it.
 //
-// The table must exist ([MigrateOutbox]). The relay publishes rows in id
-// order, at least once.
-func Enqueue(ctx context.Context, tx pgx.Tx, m OutboxMessage) (bool, error) {
-	const op = "kafka.Enqueue"
+// The table must exist ([Migrate]). The relay publishes rows in id order,
+// at least once.
+func Enqueue(ctx context.Context, tx pgx.Tx, m Message) (bool, error) {
+	const op = "outbox.Enqueue"
 	if err := m.ID.Validate(); err != nil {
 		return false, err
 	}
 	if m.Topic == "" {
 		return false, fmt.Errorf("%s key %q: empty topic", op, string(m.ID))
 	}
-	rec := outboxRecord(m.ID, m.Topic, m.Key, m.Value, m.Headers)
-	fp := fingerprint(rec)
+	rec := produce.Record(m.ID, m.Topic, m.Key, m.Value, m.Headers)
+	fp := produce.Fingerprint(rec)
 	hk, hv := splitHeaders(m.Headers)
 	var id int64
 	err := tx.QueryRow(ctx, `INSERT INTO effectively_outbox
@@ -120,7 +151,7 @@ func splitHeaders(hs []kgo.RecordHeader) ([]string, [][]byte) {
 	keys := []string{}
 	values := [][]byte{}
 	for _, h := range hs {
-		if h.Key == KeyHeader {
+		if h.Key == produce.KeyHeader {
 			continue
 		}
 		keys = append(keys, h.Key)
@@ -136,22 +167,6 @@ func nonNilBytes(b []byte) []byte {
 	return b
 }
 
-// outboxRecord builds the record for an outbox row: the ID in KeyHeader,
-// and as the record key unless one was given.
-func outboxRecord(id effects.Key, topic string, key, value []byte, hs []kgo.RecordHeader) *kgo.Record {
-	r := &kgo.Record{Topic: topic, Key: key, Value: value}
-	if r.Key == nil {
-		r.Key = []byte(id)
-	}
-	for _, h := range hs {
-		if h.Key != KeyHeader {
-			r.Headers = append(r.Headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
-		}
-	}
-	r.Headers = append(r.Headers, kgo.RecordHeader{Key: KeyHeader, Value: []byte(id)})
-	return r
-}
-
 // Relay publishes outbox rows to Kafka, at least once.
 //
 // Each batch is one database transaction: select up to the batch size of
@@ -160,12 +175,13 @@ func outboxRecord(id effects.Key, topic string, key, value []byte, hs []kgo.Reco
 // = "partition/offset") before committing. Relays running at once take
 // disjoint batches, so they neither lose nor duplicate rows; rows whose
 // produce failed stay unsent (attempts and last_error say why) and are
-// retried by the next batch.
+// retried by the next batch. A batch waits for its records only, never for
+// the client's linger.
 //
 // The duplicate window: a crash, or a lost COMMIT, after the broker's ack
 // and before the rows are marked sent leaves them unsent, and the next
-// batch publishes them again. Consumers dedup on the [KeyHeader] header,
-// which holds the message id.
+// batch publishes them again. Consumers dedup on the
+// effectively.dev/kafka.KeyHeader header, which holds the message id.
 //
 // Ordering: one relay publishes in id order. Several relays (or a retry
 // after a failure) can publish rows out of id order, also for one record
@@ -175,7 +191,7 @@ func outboxRecord(id effects.Key, topic string, key, value []byte, hs []kgo.Reco
 // batches small enough for that to be short.
 type Relay struct {
 	db       TxBeginner
-	client   *kgo.Client
+	sync     *produce.Syncer
 	batch    int
 	interval time.Duration
 	onErr    func(error)
@@ -185,41 +201,64 @@ type Relay struct {
 	afterProduce func(ctx context.Context) error
 }
 
-// RelayOption configures a [Relay].
-type RelayOption func(*Relay)
+// RelayOption configures a [Relay]; see [NewRelay]. A nil RelayOption is
+// ignored.
+type RelayOption func(*relayConfig)
 
-// WithBatchSize sets how many rows one batch takes (default 100).
-func WithBatchSize(n int) RelayOption { return func(r *Relay) { r.batch = n } }
-
-// WithPollInterval sets how long [Relay.Run] waits after a batch that
-// found fewer rows than the batch size (default 200 ms), and after an
-// error.
-func WithPollInterval(d time.Duration) RelayOption { return func(r *Relay) { r.interval = d } }
-
-// WithRelayErrors receives the errors that [Relay.Run] retries; by default
-// they are dropped.
-func WithRelayErrors(f func(error)) RelayOption { return func(r *Relay) { r.onErr = f } }
-
-// NewRelay returns a relay of the outbox in db to Kafka through client,
-// which must be an idempotent acks=all producer as for [NewProducer].
-func NewRelay(db TxBeginner, client *kgo.Client, opts ...RelayOption) (*Relay, error) {
-	if db == nil || client == nil {
-		return nil, errors.New("kafka.NewRelay: nil database or client")
-	}
-	if err := checkIdempotent(client); err != nil {
-		return nil, fmt.Errorf("kafka.NewRelay: %w", err)
-	}
-	r := &Relay{db: db, client: client, batch: 100, interval: 200 * time.Millisecond}
-	for _, o := range opts {
-		o(r)
-	}
-	if r.batch <= 0 || r.interval <= 0 {
-		return nil, errors.New("kafka.NewRelay: batch size and poll interval must be positive")
-	}
-	return r, nil
+type relayConfig struct {
+	batch    int
+	interval time.Duration
+	onErr    func(error)
 }
 
-type outboxRow struct {
+// WithBatchSize sets how many rows one batch takes (default
+// [DefaultBatchSize]). n must be at least 1.
+func WithBatchSize(n int) RelayOption { return func(c *relayConfig) { c.batch = n } }
+
+// WithPollInterval sets how long [Relay.Run] waits after a batch that
+// found fewer rows than the batch size, and after an error (default
+// [DefaultPollInterval]). d must be positive.
+func WithPollInterval(d time.Duration) RelayOption { return func(c *relayConfig) { c.interval = d } }
+
+// WithErrorHandler receives the errors that [Relay.Run] retries; by
+// default they are dropped.
+func WithErrorHandler(f func(error)) RelayOption { return func(c *relayConfig) { c.onErr = f } }
+
+// NewRelay returns a relay of the outbox in db to Kafka through client,
+// which must be an idempotent acks=all producer as for
+// effectively.dev/kafka.NewProducer (an error wrapping
+// effectively.dev/kafka.ErrNotIdempotent otherwise). A nil db or client,
+// or an invalid option, is a *[effects.ConfigError].
+func NewRelay(db TxBeginner, client *kgo.Client, opts ...RelayOption) (*Relay, error) {
+	const ctor = "outbox.NewRelay"
+	bad := func(option, format string, args ...any) error {
+		return &effects.ConfigError{Op: ctor, Option: option, Reason: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case db == nil:
+		return nil, bad("db", "nil")
+	case client == nil:
+		return nil, bad("client", "nil")
+	}
+	if err := produce.CheckClient(client); err != nil {
+		return nil, fmt.Errorf("%s: %w", ctor, err)
+	}
+	cfg := relayConfig{batch: DefaultBatchSize, interval: DefaultPollInterval}
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	switch {
+	case cfg.batch < 1:
+		return nil, bad("WithBatchSize", "%d rows; need at least 1", cfg.batch)
+	case cfg.interval <= 0:
+		return nil, bad("WithPollInterval", "interval %v is not positive", cfg.interval)
+	}
+	return &Relay{db: db, sync: produce.NewSyncer(client), batch: cfg.batch, interval: cfg.interval, onErr: cfg.onErr}, nil
+}
+
+type row struct {
 	id  int64
 	rec *kgo.Record
 }
@@ -228,7 +267,7 @@ type outboxRow struct {
 // An error says which rows failed; the rows marked sent are committed
 // anyway.
 func (r *Relay) RelayBatch(ctx context.Context) (int, error) {
-	const op = "kafka.Relay"
+	const op = "outbox.Relay"
 	tx, err := r.db.Begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("%s: begin: %w", op, err)
@@ -243,7 +282,7 @@ FOR UPDATE SKIP LOCKED`, r.batch)
 	if err != nil {
 		return 0, fmt.Errorf("%s: selecting unsent rows: %w", op, err)
 	}
-	var batch []outboxRow
+	var batch []row
 	for rows.Next() {
 		var (
 			id         int64
@@ -263,7 +302,7 @@ FOR UPDATE SKIP LOCKED`, r.batch)
 				hs = append(hs, kgo.RecordHeader{Key: hk[i], Value: hv[i]})
 			}
 		}
-		batch = append(batch, outboxRow{id: id, rec: outboxRecord(effects.Key(msgID), topic, key, value, hs)})
+		batch = append(batch, row{id: id, rec: produce.Record(effects.Key(msgID), topic, key, value, hs)})
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -276,9 +315,9 @@ FOR UPDATE SKIP LOCKED`, r.batch)
 	for i, b := range batch {
 		recs[i] = b.rec
 	}
-	// ProduceSync waits for every record's outcome: franz-go does not
-	// abandon an idempotent record that was sent.
-	results := r.client.ProduceSync(ctx, recs...)
+	// Wait for every record's outcome (franz-go does not abandon an
+	// idempotent record that was sent), but not for the linger.
+	results := r.sync.Produce(ctx, recs...)
 	if r.afterProduce != nil {
 		if err := r.afterProduce(ctx); err != nil {
 			return 0, err
@@ -286,7 +325,7 @@ FOR UPDATE SKIP LOCKED`, r.batch)
 	}
 	// The records are in Kafka: record that even if ctx is done, or they
 	// are published again.
-	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	mctx, cancel := effects.Detached(ctx, effects.DefaultRecordTimeout)
 	defer cancel()
 	var (
 		sentIDs  []int64
@@ -296,7 +335,7 @@ FOR UPDATE SKIP LOCKED`, r.batch)
 		errs     []error
 	)
 	for i, res := range results {
-		// results are in promise order; map them back by record.
+		// results are in completion order; map them back by record.
 		id := rowID(batch, res.Record, i)
 		if res.Err != nil {
 			failIDs = append(failIDs, id)
@@ -305,7 +344,7 @@ FOR UPDATE SKIP LOCKED`, r.batch)
 			continue
 		}
 		sentIDs = append(sentIDs, id)
-		sentRefs = append(sentRefs, ref(res.Record))
+		sentRefs = append(sentRefs, produce.Ref(res.Record))
 	}
 	if len(sentIDs) > 0 {
 		if _, err := tx.Exec(mctx, `UPDATE effectively_outbox AS o
@@ -332,9 +371,9 @@ WHERE o.id = u.id`, failIDs, failMsgs); err != nil {
 	return len(sentIDs), nil
 }
 
-// rowID finds the outbox row of a produced record: ProduceSync returns
-// results in completion order, which need not be the batch's order.
-func rowID(batch []outboxRow, rec *kgo.Record, i int) int64 {
+// rowID finds the outbox row of a produced record: results come in
+// completion order, which need not be the batch's order.
+func rowID(batch []row, rec *kgo.Record, i int) int64 {
 	if i < len(batch) && batch[i].rec == rec {
 		return batch[i].id
 	}
@@ -343,12 +382,12 @@ func rowID(batch []outboxRow, rec *kgo.Record, i int) int64 {
 			return b.id
 		}
 	}
-	panic("kafka.Relay: produced record not in the batch")
+	panic("outbox.Relay: produced record not in the batch")
 }
 
 // Run relays batches until ctx is done, then returns nil. It runs the next
 // batch at once after a full one, and waits the poll interval after a
-// partial batch or an error (errors go to [WithRelayErrors] and are
+// partial batch or an error (errors go to [WithErrorHandler] and are
 // retried).
 func (r *Relay) Run(ctx context.Context) error {
 	for {
@@ -362,30 +401,36 @@ func (r *Relay) Run(ctx context.Context) error {
 		if err == nil && n == r.batch {
 			continue
 		}
-		select {
-		case <-ctx.Done():
+		if effects.Sleep(ctx, r.interval) != nil {
 			return nil
-		case <-time.After(r.interval):
 		}
 	}
 }
 
-// PruneOutbox deletes rows sent before olderThan, at most limit per call,
-// and returns how many it deleted. A pruned message id can be enqueued
-// again, so keep rows longer than a business event can be redelivered.
-func PruneOutbox(ctx context.Context, db TxBeginner, olderThan time.Time, limit int) (int64, error) {
+// Prune deletes rows sent before olderThan, at most limit per call, and
+// returns how many it deleted. A pruned message id can be enqueued again,
+// so keep rows longer than a business event can be redelivered. limit must
+// be at least 1.
+func Prune(ctx context.Context, db TxBeginner, olderThan time.Time, limit int) (int64, error) {
+	const op = "outbox.Prune"
+	switch {
+	case db == nil:
+		return 0, &effects.ConfigError{Op: op, Option: "db", Reason: "nil"}
+	case limit < 1:
+		return 0, &effects.ConfigError{Op: op, Option: "limit", Reason: fmt.Sprintf("%d rows; need at least 1", limit)}
+	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("kafka.PruneOutbox: %w", err)
+		return 0, fmt.Errorf("%s: %w", op, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
 	tag, err := tx.Exec(ctx, `DELETE FROM effectively_outbox WHERE id IN (
 	SELECT id FROM effectively_outbox WHERE sent_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)`, olderThan, limit)
 	if err != nil {
-		return 0, fmt.Errorf("kafka.PruneOutbox: %w", err)
+		return 0, fmt.Errorf("%s: %w", op, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, fmt.Errorf("kafka.PruneOutbox: %w", err)
+		return 0, fmt.Errorf("%s: %w", op, err)
 	}
 	return tag.RowsAffected(), nil
 }

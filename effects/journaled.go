@@ -1,0 +1,350 @@
+package effects
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Defaults of a [Journaled], used when the matching option is not given.
+const (
+	// DefaultLease is how long one attempt of a journaled effect holds its
+	// key ([WithJournalLease]). Every adapter in this module uses it
+	// unless its own lease option says otherwise.
+	DefaultLease = time.Minute
+	// DefaultRecordTimeout bounds the journal writes that follow the
+	// effect, Complete (retried) and Release, which run on a context
+	// detached from the caller's ([WithRecordTimeout]).
+	DefaultRecordTimeout = 10 * time.Second
+)
+
+// completeBackoff paces Complete's retries.
+var completeBackoff = Backoff{Min: 10 * time.Millisecond, Max: 500 * time.Millisecond}
+
+// Journaled is the journaled-effect protocol, written once for every
+// adapter whose owner cannot hold the key for as long as messages can come
+// back (email, a Kafka producer across sessions, Stripe past its 24 h):
+//
+//	Begin → replay a done record, or take the lease
+//	      → do the effect (the adapter's [JournaledCall])
+//	      → Complete on a detached context
+//	      → or Release after a failure that certainly applied nothing.
+//
+// An adapter supplies only its call and the classification of its errors
+// ([WithNotApplied]); the policy below is the same for all of them, as
+// database/sql owns the retry policy over driver.ErrBadConn.
+//
+// # Policy
+//
+//   - A journal error from Begin other than [ErrInFlight] and
+//     [ErrKeyReused] (a lost reply, a refused connection, a cancelled
+//     context, an error the journal did not classify) is [ErrTransient]:
+//     the effect was not attempted, so the same key may be retried, and
+//     [Retryable] says so. The journal's own error stays reachable with
+//     errors.As, but not its kind: an ambiguous Begin is not an ambiguous
+//     effect.
+//   - A done record is replayed ([Replayed], the stored Ref) without
+//     calling the owner. A key begun with another fingerprint is
+//     [ErrKeyReused]. A key whose lease another attempt holds is
+//     [ErrInFlight], unless the owner dedups on the key itself
+//     ([WithOwnerIdempotency], Stripe's Idempotency-Key): then the call
+//     goes ahead without the lease, the owner answers in-flight or
+//     replays, and a success is recorded.
+//   - The call runs under a deadline at nine tenths of the lease, so an
+//     attempt that takes the key over after the lease expired never
+//     overlaps this one. A caller's context that ended between Begin and
+//     the call releases the lease and is [ErrTransient].
+//   - After a success, Complete runs on a context detached from the
+//     caller's, bounded by [DefaultRecordTimeout], and is retried with
+//     backoff while its error is [Retryable]. If the record still does not
+//     commit, Apply returns the owner's success anyway and logs the
+//     failure: the owner confirmed the effect, so the truth is Applied.
+//     An error would make the caller retry into ErrInFlight and, once the
+//     lease expired, do the effect again; success lets it ack, and only a
+//     redelivery after the lease can duplicate (the window the adapters
+//     declare: after the owner's confirmation, before the record commits).
+//   - After a failure the adapter classifies as certainly not applied
+//     ([WithNotApplied]; by default [ErrTransient], [ErrKeyReused],
+//     [ErrInFlight], [ErrInvalidKey] and [ErrInvalidConfig]), the lease is
+//     released once, on a detached context, so the retry need not wait for
+//     it; a failed Release is logged and the lease expires on its own.
+//     Any other failure leaves the record pending: the lease decides
+//     (ErrInFlight within it, a new attempt after it).
+//   - One lease for every adapter, [DefaultLease], unless the adapter's
+//     option says otherwise.
+//
+// With a nil Journal, Apply only validates the key and runs the call: for
+// adapters whose journal is optional.
+//
+// A Journaled is safe for concurrent use.
+type Journaled struct {
+	op          string
+	journal     Journal
+	lease       time.Duration
+	record      time.Duration
+	notApplied  func(error) bool
+	ownerKeyed  bool
+	logger      *slog.Logger
+	callTimeout time.Duration
+}
+
+// JournaledOption configures a [Journaled]; see [NewJournaled].
+type JournaledOption func(*journaledConfig)
+
+type journaledConfig struct {
+	lease      time.Duration
+	record     time.Duration
+	notApplied func(error) bool
+	ownerKeyed bool
+	logger     *slog.Logger
+}
+
+// WithJournalLease sets how long one attempt holds its key (default
+// [DefaultLease]). Within the lease, other attempts get [ErrInFlight];
+// after it, an attempt whose outcome stayed unknown is done again. Keep it
+// well above the time the effect takes. d must be positive.
+func WithJournalLease(d time.Duration) JournaledOption {
+	return func(c *journaledConfig) { c.lease = d }
+}
+
+// WithRecordTimeout bounds the journal writes after the effect, Complete
+// with its retries and Release (default [DefaultRecordTimeout]). They run
+// even when the caller's context has ended: the owner already has the
+// effect (or certainly has not), and recording that is what keeps the next
+// attempt honest. d must be positive.
+func WithRecordTimeout(d time.Duration) JournaledOption {
+	return func(c *journaledConfig) { c.record = d }
+}
+
+// WithNotApplied sets the adapter's classification of a failed call:
+// notApplied(err) reports whether the owner certainly did not apply the
+// effect (it refused the request, or the request never reached it), so the
+// lease is released. It is consulted in addition to the default, which
+// holds for every adapter: [ErrTransient], [ErrKeyReused], [ErrInFlight],
+// [ErrInvalidKey] and [ErrInvalidConfig]. Return false when unsure: a
+// release after an applied effect lets the next attempt do it again.
+func WithNotApplied(notApplied func(err error) bool) JournaledOption {
+	return func(c *journaledConfig) { c.notApplied = notApplied }
+}
+
+// WithOwnerIdempotency declares that the owner dedups on the key itself
+// within its own horizon (Stripe's Idempotency-Key): an attempt that finds
+// the lease held by another calls the owner anyway instead of returning
+// [ErrInFlight], since the owner answers in-flight or replays, and records
+// what it replays. A lost reply then costs one retry, not a lease expiry.
+func WithOwnerIdempotency() JournaledOption {
+	return func(c *journaledConfig) { c.ownerKeyed = true }
+}
+
+// WithJournalLogger sets where Apply reports what it cannot return: a
+// success the journal did not record, a lease it could not release, a key
+// done again after an earlier attempt recorded nothing. The default is
+// slog.Default() at the time of the event.
+func WithJournalLogger(l *slog.Logger) JournaledOption {
+	return func(c *journaledConfig) { c.logger = l }
+}
+
+// NewJournaled returns the protocol for the effect named op (e.g.
+// "email.Send", used in errors and logs) over j, which may be nil for an
+// adapter whose journal is optional. It returns a *[ConfigError] for an
+// empty op or an option with an invalid value.
+func NewJournaled(op string, j Journal, opts ...JournaledOption) (*Journaled, error) {
+	cfg := journaledConfig{lease: DefaultLease, record: DefaultRecordTimeout}
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	bad := func(option, format string, args ...any) error {
+		return &ConfigError{Op: "effects.NewJournaled", Option: option, Reason: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case op == "":
+		return nil, bad("op", "empty; name the effect, e.g. \"email.Send\"")
+	case cfg.lease <= 0:
+		return nil, bad("WithJournalLease", "lease %v is not positive", cfg.lease)
+	case cfg.record <= 0:
+		return nil, bad("WithRecordTimeout", "timeout %v is not positive", cfg.record)
+	}
+	return &Journaled{
+		op:          op,
+		journal:     j,
+		lease:       cfg.lease,
+		record:      cfg.record,
+		notApplied:  cfg.notApplied,
+		ownerKeyed:  cfg.ownerKeyed,
+		logger:      cfg.logger,
+		callTimeout: cfg.lease - cfg.lease/10,
+	}, nil
+}
+
+// Journal returns the journal, nil if there is none.
+func (j *Journaled) Journal() Journal { return j.journal }
+
+// Lease returns the lease an attempt takes.
+func (j *Journaled) Lease() time.Duration { return j.lease }
+
+// JournaledCall does the effect once, for one attempt of [Journaled.Apply].
+// ctx is the caller's, bounded by the attempt's deadline when it holds a
+// lease. On success it returns the owner's reference in a [Result] with
+// Status [Applied], or [Replayed] when the owner itself reports a replay
+// (Stripe's Idempotent-Replayed). On failure it returns an error already
+// classified with this package's kinds ([ErrAmbiguous] when the owner may
+// have the effect, [ErrTransient] when it certainly has not, ...), which
+// Apply returns as it is.
+type JournaledCall func(ctx context.Context, a *Attempt) (Result, error)
+
+// Attempt is one attempt of [Journaled.Apply], as its call sees it.
+type Attempt struct {
+	j      *Journaled
+	ctx    context.Context
+	key    Key
+	number int
+	leased bool
+}
+
+// Number is the journal's attempt number ([Record].Attempt): 1 for the
+// first attempt at a key, more after a release or an expired lease. It is
+// 0 when the attempt holds no lease (no journal, or [WithOwnerIdempotency]
+// found the lease held).
+func (a *Attempt) Number() int { return a.number }
+
+// Leased reports whether this attempt holds the key's lease.
+func (a *Attempt) Leased() bool { return a.leased }
+
+// Late records a success that the owner confirmed after the call had
+// returned (it stopped waiting and returned [ErrAmbiguous]; a Kafka record
+// still in flight was acked later): the record is completed with ref, with
+// the same detached context, retries and logging as an ordinary success,
+// so the retry replays it instead of doing the effect again. It blocks for
+// at most the record timeout and does nothing without a journal.
+func (a *Attempt) Late(ref string) {
+	if a.j.journal != nil {
+		a.j.complete(a.ctx, a.key, ref)
+	}
+}
+
+// Apply runs the protocol for key: fingerprint identifies the payload
+// (see [Journal].Begin; unused without a journal) and call does the
+// effect. It validates key before any I/O. See [Journaled] for what each
+// outcome returns.
+func (j *Journaled) Apply(ctx context.Context, key Key, fingerprint []byte, call JournaledCall) (Result, error) {
+	if err := key.Validate(); err != nil {
+		return Result{}, err
+	}
+	a := &Attempt{j: j, ctx: ctx, key: key}
+	if j.journal == nil {
+		if err := ctx.Err(); err != nil {
+			return Result{}, Transient(j.op, key, fmt.Errorf("not attempted: %w", err))
+		}
+		return call(ctx, a)
+	}
+	rec, err := j.journal.Begin(ctx, key, fingerprint, j.lease)
+	switch {
+	case err == nil && rec.Done:
+		return Result{Status: Replayed, Ref: rec.Ref}, nil
+	case err == nil:
+		a.number, a.leased = rec.Attempt, true
+	case errors.Is(err, ErrKeyReused):
+		return Result{}, &Error{Kind: ErrKeyReused, Op: j.op, Key: key, Err: err}
+	case errors.Is(err, ErrInFlight) && j.ownerKeyed:
+		// The owner's key guards the call: go ahead without the lease.
+	case errors.Is(err, ErrInFlight):
+		return Result{}, &Error{Kind: ErrInFlight, Op: j.op, Key: key, Err: err}
+	default:
+		return Result{}, Transient(j.op, key, &journalError{err: err})
+	}
+	if a.number > 1 {
+		j.log().DebugContext(ctx, j.op+": doing a key again whose earlier attempt recorded no success "+
+			"(released after a failure, or its lease expired after an unknown outcome: then this may be the declared duplicate)",
+			"key", string(key), "attempt", a.number)
+	}
+
+	if err := ctx.Err(); err != nil {
+		if a.leased {
+			j.release(a)
+		}
+		return Result{}, Transient(j.op, key, fmt.Errorf("not attempted: %w", err))
+	}
+	cctx, cancel := context.WithTimeout(ctx, j.callTimeout)
+	defer cancel()
+	res, err := call(cctx, a)
+	if err != nil {
+		if a.leased && j.certainlyNotApplied(err) {
+			j.release(a)
+		}
+		return Result{}, err
+	}
+	j.complete(ctx, key, res.Ref)
+	return res, nil
+}
+
+// certainlyNotApplied is the policy's classification of a failed call.
+func (j *Journaled) certainlyNotApplied(err error) bool {
+	switch {
+	case errors.Is(err, ErrAmbiguous):
+		return false
+	case errors.Is(err, ErrTransient), errors.Is(err, ErrKeyReused), errors.Is(err, ErrInFlight),
+		errors.Is(err, ErrInvalidKey), errors.Is(err, ErrInvalidConfig):
+		return true
+	}
+	return j.notApplied != nil && j.notApplied(err)
+}
+
+// complete records ref for key on a detached context, retrying while the
+// error is retryable, and logs a record that did not commit.
+func (j *Journaled) complete(ctx context.Context, key Key, ref string) {
+	dctx, cancel := Detached(ctx, j.record)
+	defer cancel()
+	var err error
+	for attempt := 1; ; attempt++ {
+		if err = j.journal.Complete(dctx, key, ref); err == nil || !Retryable(err) {
+			break
+		}
+		if Sleep(dctx, completeBackoff.Delay(attempt)) != nil {
+			break
+		}
+	}
+	if err != nil {
+		j.log().ErrorContext(ctx, j.op+": the owner confirmed the effect but its journal record did not commit; "+
+			"reporting success (the truth), but a redelivery after the lease will do the effect again",
+			"key", string(key), "ref", ref, "lease", j.lease, "error", err)
+	}
+}
+
+// release gives up a's lease on a detached context. If it fails, the lease
+// expires on its own and the next attempt only waits longer.
+func (j *Journaled) release(a *Attempt) {
+	dctx, cancel := Detached(a.ctx, j.record)
+	defer cancel()
+	if err := j.journal.Release(dctx, a.key, a.number); err != nil {
+		j.log().WarnContext(a.ctx, j.op+": could not release the lease after a failure that applied nothing; "+
+			"the next attempt waits for it to expire",
+			"key", string(a.key), "attempt", a.number, "lease", j.lease, "error", err)
+	}
+}
+
+func (j *Journaled) log() *slog.Logger {
+	if j.logger != nil {
+		return j.logger
+	}
+	return slog.Default()
+}
+
+// journalError carries a failed Begin under an ErrTransient: it keeps the
+// journal's cause reachable with errors.As and errors.Is (a
+// *pgconn.PgError, context.Canceled) but not the journal's own kind, which
+// described the journal call, not the effect.
+type journalError struct{ err error }
+
+func (e *journalError) Error() string { return "journal: " + e.err.Error() }
+
+func (e *journalError) Unwrap() error {
+	var je *Error
+	if errors.As(e.err, &je) {
+		return je.Err
+	}
+	return e.err
+}

@@ -1,0 +1,81 @@
+package stripe
+
+import (
+	"context"
+	"net/http"
+	"testing"
+
+	stripego "github.com/stripe/stripe-go/v76"
+
+	"effectively.dev/conformance"
+	"effectively.dev/effects"
+	"effectively.dev/internal/memjournal"
+	"effectively.dev/stripe/stripetest"
+)
+
+// customerHarness holds the generic effect over api.Customers.New to the
+// suite, as harness (conformance_test.go) does for PaymentIntents: one
+// stripetest server kept across Make, a new stripe-go client per Make
+// whose traffic goes through the suite's Faults.
+type customerHarness struct {
+	srv     *stripetest.Server
+	journal effects.Journal // nil: Stripe's key alone
+}
+
+var (
+	_ conformance.Harness[*stripego.CustomerParams] = (*customerHarness)(nil)
+	_ conformance.Restarter                         = (*customerHarness)(nil)
+)
+
+func (h *customerHarness) Make(ctx context.Context, f *conformance.Faults) (effects.Effect[*stripego.CustomerParams], func(), error) {
+	tr := f.Transport(nil)
+	api := h.srv.Client(&http.Client{Transport: tr})
+	var opts []Option
+	if h.journal != nil {
+		opts = append(opts, WithJournal(h.journal))
+	}
+	e, err := New(api.Customers.New, opts...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return e, tr.CloseIdleConnections, nil
+}
+
+// Input gives variant 1 another name, so reusing the key with it is
+// another request.
+func (h *customerHarness) Input(key effects.Key, variant int) *stripego.CustomerParams {
+	p := &stripego.CustomerParams{Email: stripego.String("customer@example.com"), Name: stripego.String("Ada")}
+	if variant == 1 {
+		p.Name = stripego.String("Ada Lovelace")
+	}
+	return p
+}
+
+func (h *customerHarness) Count(ctx context.Context, key effects.Key) (int, error) {
+	return h.srv.Created(string(key)), nil
+}
+
+func (h *customerHarness) Total(ctx context.Context) (int, error) { return h.srv.Total(), nil }
+
+func (h *customerHarness) Restart(ctx context.Context) error { return h.srv.Restart() }
+
+// The generic effect passes the suite on a resource other than
+// PaymentIntents, without and with a journal.
+func TestConformanceGenericCustomers(t *testing.T) {
+	for name, journaled := range map[string]bool{"stripe.New(Customers.New)": false, "stripe.New(Customers.New)+journal": true} {
+		t.Run(name, func(t *testing.T) {
+			rep := conformance.Run(t, name, func(t testing.TB) conformance.Harness[*stripego.CustomerParams] {
+				h := &customerHarness{srv: stripetest.Start(t, stripetest.WithLatency(serverLatency))}
+				if journaled {
+					h.journal = memjournal.New(nil)
+				}
+				return h
+			})
+			for _, row := range rep.Rows {
+				if row.Verdict != conformance.Pass {
+					t.Errorf("%s: %s, want pass", row.Scenario, row.Verdict)
+				}
+			}
+		})
+	}
+}
