@@ -2,7 +2,9 @@ package postgres_test
 
 import (
 	"context"
+	"os"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -13,8 +15,18 @@ import (
 	"effectively.dev/postgres/pgtest"
 )
 
-// TestConformance holds the adapter to its declared contract in every scenario of the suite.
-func TestConformance(t *testing.T) { conformance.Run(t, "postgres", newConfHarness) }
+// TestConformance holds the adapter to its declared contract in every
+// scenario of the suite, and requires every field of the contract to be
+// verified: the harness can restart the server, age the dedup rows and
+// count many keys in one query.
+func TestConformance(t *testing.T) {
+	rep := conformance.Run(t, "postgres", newConfHarness)
+	for _, f := range rep.Fields {
+		if f.Status != conformance.Verified && os.Getenv("DATABASE_URL") == "" {
+			t.Errorf("contract field %s", f)
+		}
+	}
+}
 
 // confCharge is the suite's input: one ledger row per key.
 type confCharge struct {
@@ -27,6 +39,11 @@ type confHarness struct {
 	url string
 	db  *pgxpool.Pool
 }
+
+var (
+	_ conformance.Ager         = (*confHarness)(nil)
+	_ conformance.BatchCounter = (*confHarness)(nil)
+)
 
 func newConfHarness(t testing.TB) conformance.Harness[confCharge] {
 	url, restart := pgtest.DedicatedDB(t) // a fresh database per scenario, on a server the suite may restart
@@ -86,4 +103,46 @@ func (h *confHarness) Count(ctx context.Context, key effects.Key) (n int, err er
 func (h *confHarness) Total(ctx context.Context) (n int, err error) {
 	err = h.db.QueryRow(ctx, `SELECT count(*) FROM conf_ledger`).Scan(&n)
 	return n, err
+}
+
+// CountBatch counts the ledger rows of many keys in one query.
+func (h *confHarness) CountBatch(ctx context.Context, keys []effects.Key) ([]int, error) {
+	ids := make([]string, len(keys))
+	for i, k := range keys {
+		ids[i] = string(k)
+	}
+	rows, err := h.db.Query(ctx, `SELECT event_id, count(*) FROM conf_ledger WHERE event_id = ANY($1) GROUP BY event_id`, ids)
+	if err != nil {
+		return nil, err
+	}
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (struct {
+		id string
+		n  int
+	}, error) {
+		var v struct {
+			id string
+			n  int
+		}
+		err := r.Scan(&v.id, &v.n)
+		return v, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	byID := make(map[string]int, len(got))
+	for _, v := range got {
+		byID[v.id] = v.n
+	}
+	out := make([]int, len(keys))
+	for i, id := range ids {
+		out[i] = byID[id]
+	}
+	return out, nil
+}
+
+// Age makes every dedup row d older: created_at is the only clock the
+// adapter's keys have (Prune reads it). Pruning is not run: Horizon 0
+// means the application decides when.
+func (h *confHarness) Age(ctx context.Context, d time.Duration) error {
+	return pgtest.Age(ctx, h.url, d)
 }
