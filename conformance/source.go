@@ -201,14 +201,12 @@ func (s *sscene) collect(i *sinst, want []string, linger time.Duration, ackAll b
 		if !time.Now().Before(end) {
 			break
 		}
-		ctx, cancel := context.WithDeadline(s.ctx, end)
-		d, err := i.Source.Next(ctx)
-		cancel()
+		d, err := s.next(i, end)
 		if err != nil {
 			if s.ctx.Err() != nil {
 				s.fatalf("%s: the scenario ran out of time: %v", what, s.ctx.Err())
 			}
-			if ctx.Err() != nil {
+			if !time.Now().Before(end) {
 				continue // the wait ended
 			}
 			s.fatalf("%s: Next on instance %s: %v", what, i.name, err)
@@ -233,6 +231,32 @@ func (s *sscene) collect(i *sinst, want []string, linger time.Duration, ackAll b
 		s.failf("%s: %d of %d messages were not delivered to instance %s within %v: %s", what, len(ids), len(want), i.name, s.cfg.redeliveryWait, firstFew(ids))
 	}
 	return got
+}
+
+// next calls Next on i with a context that ends at end. A Next that has
+// not returned the apply timeout after its context ended is a hang.
+func (s *sscene) next(i *sinst, end time.Time) (effects.Delivery, error) {
+	ctx, cancel := context.WithDeadline(s.ctx, end)
+	defer cancel()
+	type result struct {
+		d   effects.Delivery
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		d, err := i.Source.Next(ctx)
+		done <- result{d, err}
+	}()
+	timer := time.NewTimer(time.Until(end) + s.cfg.applyTimeout)
+	defer timer.Stop()
+	select {
+	case r := <-done:
+		return r.d, r.err
+	case <-timer.C:
+		i.f.Sever()
+		s.fatalf("hang: Next on instance %s did not return within %v after its context ended", i.name, s.cfg.applyTimeout)
+		return effects.Delivery{}, nil // not reached
+	}
 }
 
 // takeAll publishes n messages and has a new instance take every one,
@@ -413,7 +437,14 @@ func (s *sscene) revocation() {
 		}
 	}
 	stopB()
-	wg.Wait()
+	stopped := make(chan struct{})
+	go func() { wg.Wait(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(s.cfg.applyTimeout):
+		b.f.Sever()
+		s.fatalf("hang: Next on instance B did not return within %v after its context was cancelled", s.cfg.applyTimeout)
+	}
 	if bErr != nil {
 		s.failf("Next on instance B: %v", bErr)
 	}

@@ -246,7 +246,7 @@ func TestRunSourceCatchesCounterexamples(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			rep := conformance.EvaluateSource(t, "counterexample: "+c.name, c.mk, conformance.WithRedeliveryWait(2*time.Second))
+			rep := conformance.EvaluateSource(t, "counterexample: "+c.name, c.mk, conformance.WithRedeliveryWait(500*time.Millisecond))
 			for _, s := range c.caught {
 				if !slices.Contains(rep.Failed(), s) {
 					t.Errorf("%s passed %s", s, c.name)
