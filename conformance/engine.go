@@ -73,8 +73,9 @@ func runTable[H any](t *testing.T, op, suite, subject string, table []scenario[H
 			rep.Rows = append(rep.Rows, *row)
 			continue
 		}
-		finished := false
+		started, finished := false, false
 		t.Run(sc.name, func(t *testing.T) {
+			started = true
 			ctx, cancel := context.WithTimeout(context.Background(), cfg.timeout)
 			defer cancel()
 			c := &checker{t: t, ctx: ctx, row: row, strict: strict, cfg: &cfg, run: newRunID()}
@@ -90,7 +91,10 @@ func runTable[H any](t *testing.T, op, suite, subject string, table []scenario[H
 			c.guard(func() { sc.run(c, h) })
 			finished = true
 		})
-		if !finished {
+		switch {
+		case !started:
+			row.Skipped = "not selected (go test -run)"
+		case !finished:
 			// The subtest stopped early (the harness failed it with
 			// t.Fatal): whatever was recorded so far is no pass.
 			row.fail("the scenario did not finish: the harness or the code under test failed the test (see its log)")
@@ -169,17 +173,20 @@ func (c *checker) skip(format string, args ...any) {
 
 // sub runs fn as a subtest named name (so that -run isolates it), with a
 // checker of its own that records into the same row.
-func (c *checker) sub(name string, fn func(c *checker)) {
-	finished := false
+// It reports whether the subtest ran: go test -run may leave it out.
+func (c *checker) sub(name string, fn func(c *checker)) bool {
+	started, finished := false, false
 	c.t.Run(name, func(t *testing.T) {
+		started = true
 		sc := *c
 		sc.t = t
 		sc.guard(func() { fn(&sc) })
 		finished = true
 	})
-	if !finished {
+	if started && !finished {
 		c.row.fail(name + ": did not finish: the harness or the code under test failed the test (see its log)")
 	}
+	return started
 }
 
 // hangGrace is how long a hung call gets to return once its context was

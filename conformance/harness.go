@@ -61,10 +61,12 @@ type Restarter interface {
 // older, as if d more time had passed since every one of them was written:
 // by moving the backend's clock forward (stripetest.WithClock, a clock the
 // journal reads) or by moving stored timestamps back (UPDATE ... SET
-// created_at = created_at - d). Age must reach whatever enforces the
-// adapter's keys (the dedup table, the journal, the vendor's key store),
-// and must not prune: pruning is the application's decision, which a
-// Horizon of 0 ("until pruned") leaves to it. The horizon scenario runs
+// created_at = created_at - d). A backend whose clock cannot be moved
+// may simply wait d, when the declared horizon is short enough for a test
+// to wait it out. Age must reach whatever enforces the adapter's keys
+// (the dedup table, the journal, the vendor's key store), and must not
+// prune: pruning is the application's decision, which a Horizon of 0
+// ("until pruned") leaves to it. The horizon scenario runs
 // only when it is implemented, and without it the matrix reports the
 // contract's Horizon as not verified.
 type Ager interface {
