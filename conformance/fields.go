@@ -43,6 +43,15 @@ func (f Field) String() string {
 	return fmt.Sprintf("%s (%s): %s", f.Status, f.Declared, f.Why)
 }
 
+// short renders the field for a matrix cell: the status and the declared
+// value, and why only when it is not verified.
+func (f Field) short() string {
+	if f.Status == Verified {
+		return fmt.Sprintf("%s (%s)", f.Status, f.Declared)
+	}
+	return f.String()
+}
+
 // guaranteeScenarios are the scenarios every guarantee rests on;
 // guaranteeSupport those that add to it when they run.
 var (

@@ -229,6 +229,9 @@ func header(suite string) string {
 func (r Report) markdownRows() string {
 	var b strings.Builder
 	for _, row := range r.Rows {
+		if r.Evaluated && row.Verdict == NotRun && strings.HasPrefix(row.Skipped, "not selected") {
+			continue // a counterexample is run only where it is caught
+		}
 		notes := append(append([]string(nil), row.Failures...), row.Notes...)
 		if row.Skipped != "" {
 			notes = append([]string{row.Skipped}, notes...)
@@ -253,7 +256,7 @@ func (r Report) fieldsRow() string {
 		if !ok {
 			return "-"
 		}
-		return cell(f.String())
+		return cell(f.short())
 	}
 	return fmt.Sprintf("| %s | %s | %s | %s | %s |\n", cell(r.Adapter), get("Guarantee"), get("DuplicateWindow"), get("Horizon"), get("DetectsKeyReuse"))
 }

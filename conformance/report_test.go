@@ -52,7 +52,7 @@ func TestMergeMatrix(t *testing.T) {
 		"### Counterexamples",
 		`| FAIL | 5 effects \| for one key |`,
 		"### Contract fields: verified or not, per adapter",
-		"| postgres | verified (effectively-once): passed redelivery | - | NOT VERIFIED (0, until pruned): horizon not run: no Ager | - |",
+		"| postgres | verified (effectively-once) | - | NOT VERIFIED (0, until pruned): horizon not run: no Ager | - |",
 		"### Journals (RunJournal)\n\n| journal | scenario | checks | verdict | notes |",
 		"| memjournal | lease | 12 | pass |  |",
 		"### Counterexample journals",

@@ -19,10 +19,15 @@ func ledgerMaker(ttl time.Duration) conformance.Maker[Entry] {
 	return func(t testing.TB) conformance.Harness[Entry] { return &ledgerHarness{srv: startLedger(t, ttl)} }
 }
 
+// offMatrix keeps a test's reports out of the conformance matrix: the
+// example adapter and the suite's tests of itself are no product.
+func offMatrix(t *testing.T) { t.Setenv(conformance.ReportEnv, "") }
+
 // TestLedgerConformance: the example adapter passes every scenario, the
 // ones that need a capability included, and the matrix says every field
 // of its contract was verified.
 func TestLedgerConformance(t *testing.T) {
+	offMatrix(t)
 	rep := conformance.Run(t, "ledger", ledgerMaker(0), conformance.WithLateRedelivery(time.Second))
 	for _, row := range rep.Rows {
 		if row.Verdict != conformance.Pass {
@@ -42,6 +47,7 @@ func TestLedgerConformance(t *testing.T) {
 // TestHorizonNeedsAger: without the capability the horizon scenario is
 // not run, and the matrix says the horizon is not verified, never passed.
 func TestHorizonNeedsAger(t *testing.T) {
+	offMatrix(t)
 	rep := conformance.Run(t, "ledger without Ager", func(t testing.TB) conformance.Harness[Entry] {
 		return struct{ conformance.Harness[Entry] }{&ledgerHarness{srv: startLedger(t, 0)}}
 	}, conformance.Only(conformance.ScenarioHorizon, conformance.ScenarioRedelivery))
@@ -62,6 +68,7 @@ func TestHorizonNeedsAger(t *testing.T) {
 // seconds, declared "kept until pruned", fails the horizon scenario (the
 // service's clock is aged 400 days) and the late redelivery (a real wait).
 func TestHorizonCatchesForgetfulDedup(t *testing.T) {
+	offMatrix(t)
 	rep := conformance.Evaluate(t, "ledger forgetting keys after 2s", ledgerMaker(2*time.Second),
 		conformance.Only(conformance.ScenarioHorizon, conformance.ScenarioLateRedelivery, conformance.ScenarioRedelivery),
 		conformance.WithLateRedelivery(3*time.Second))
@@ -95,6 +102,7 @@ func (l hangingLedger) Apply(ctx context.Context, key effects.Key, in Entry) (ef
 // of that call, at the round trip where it happened, within the per-Apply
 // limit, and the sweep goes on.
 func TestApplyTimeoutNamesTheHang(t *testing.T) {
+	offMatrix(t)
 	start := time.Now()
 	rep := conformance.Evaluate(t, "ledger hanging on a lost reply", func(t testing.TB) conformance.Harness[Entry] {
 		return ledgerVariant{&ledgerHarness{srv: startLedger(t, 0)}, func(l *Ledger) effects.Effect[Entry] { return hangingLedger{l} }, 0}
@@ -158,6 +166,7 @@ func (h ledgerVariant) Make(ctx context.Context, f *conformance.Faults) (effects
 // trips (more than the sweep's bound) no longer hides Apply from the
 // sweep, and an ErrTransient whose effect landed is caught.
 func TestSweepSkipsMakeAndChecksTransient(t *testing.T) {
+	offMatrix(t)
 	rep := conformance.Evaluate(t, "ledger: lost reply as ErrTransient, chatty Make", func(t testing.TB) conformance.Harness[Entry] {
 		return ledgerVariant{&ledgerHarness{srv: startLedger(t, 0)}, func(l *Ledger) effects.Effect[Entry] { return transientLedger{l} }, 70}
 	}, conformance.Only(conformance.ScenarioLostReply))
@@ -184,6 +193,7 @@ func (l appliedOnCut) Apply(ctx context.Context, key effects.Key, in Entry) (eff
 // TestNilErrorMustShowTheEffect: an Apply that reports success for a cut
 // request is caught before the suite's retry could repair it.
 func TestNilErrorMustShowTheEffect(t *testing.T) {
+	offMatrix(t)
 	rep := conformance.Evaluate(t, "ledger: applied on a cut request", func(t testing.TB) conformance.Harness[Entry] {
 		return ledgerVariant{&ledgerHarness{srv: startLedger(t, 0)}, func(l *Ledger) effects.Effect[Entry] { return appliedOnCut{l} }, 0}
 	}, conformance.Only(conformance.ScenarioCut))
@@ -220,6 +230,7 @@ func (w wrappedSource) Open(ctx context.Context, f *conformance.Faults) (conform
 
 // TestRunSourceOnMemoryLog: the reference source passes every scenario.
 func TestRunSourceOnMemoryLog(t *testing.T) {
+	offMatrix(t)
 	rep := conformance.RunSource(t, "memlog", memSourceMaker(nil, nil), conformance.WithRedeliveryWait(5*time.Second))
 	for _, row := range rep.Rows {
 		if row.Verdict != conformance.Pass {

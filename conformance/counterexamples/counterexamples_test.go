@@ -143,7 +143,6 @@ func TestSuiteCatchesCounterexamples(t *testing.T) {
 			}),
 			caught: []string{conformance.ScenarioHorizon, conformance.ScenarioLateRedelivery},
 			only:   true,
-			passes: []string{conformance.ScenarioRedelivery},
 		},
 		{
 			name: "applied-on-cut-commit (nil error, no effect)",
