@@ -76,6 +76,27 @@
 // vendor's key store), never whether to skip the effect. A "maybe seen"
 // must lead to the record, and a "never seen" may skip only the lookup.
 //
+// # Journals and sources
+//
+// A journal's harness opens instances over one backend; a source's
+// harness publishes messages and opens consumers that join one group:
+//
+//	conformance.RunJournal(t, "myjournal", func(t testing.TB) conformance.JournalHarness {
+//		return &journalHarness{url: newDatabase(t)} // Open(ctx, faults) (effects.Journal, close, error)
+//	})
+//	conformance.RunSource(t, "mysource", func(t testing.TB) conformance.SourceHarness {
+//		return &sourceHarness{topic: newTopic(t)} // Publish(ctx, n), Open(ctx, faults)
+//	})
+//
+// The journal suite checks a lease and its expiry, fencing by attempt,
+// Complete keeping the first reference, key reuse, invalid and distinct
+// keys, concurrent Begins, a crashed lease holder and a backend restart
+// ([JournalScenarios]). The source suite checks that acked deliveries stay
+// acked after a graceful close, that unacked ones come back after a close
+// and after a crash, that acks out of order never skip one, that a
+// delivery never acked is never committed, and that a rebalance loses
+// nothing no Ack confirmed ([SourceScenarios]).
+//
 // # Proofs
 //
 // The suite is proven by its own tests: package

@@ -182,7 +182,7 @@ func TestCounterexampleWithoutJournalFails(t *testing.T) {
 			}
 			return &naiveSender{client: c}, func() {}, nil
 		})
-	}, conformance.WithRetryFor(5*time.Second), conformance.WithStorm(200, 0.9))
+	}, conformance.WithRetryFor(5*time.Second), conformance.WithStorm(200, 0.9), conformance.WithLateRedelivery(time.Second))
 
 	// Every scenario that repeats a key catches it; refusing invalid keys
 	// before I/O is the one thing it does right.

@@ -223,7 +223,8 @@ func requireAllRan(t *testing.T, rep conformance.Report) {
 // and the backend restart.
 func TestConformanceCounterexample(t *testing.T) {
 	rep := conformance.Evaluate(t, "counterexample: kafka.Producer without journal claiming effectively-once",
-		func(t testing.TB) conformance.Harness[kafka.Message] { return newProducerHarness(t, false, true) })
+		func(t testing.TB) conformance.Harness[kafka.Message] { return newProducerHarness(t, false, true) },
+		conformance.WithLateRedelivery(time.Second))
 	failed := map[string]bool{}
 	for _, s := range rep.Failed() {
 		failed[s] = true

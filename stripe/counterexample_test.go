@@ -76,7 +76,7 @@ func TestCounterexampleFreshKeyPerAttemptFails(t *testing.T) {
 		// effect key in their metadata instead.
 		h.count = func(key effects.Key) int { return h.srv.CreatedWithMetadata("effect_key", string(key)) }
 		return h
-	})
+	}, conformance.WithLateRedelivery(time.Second))
 	failed := rep.Failed()
 	t.Logf("caught by: %v\n%s", failed, rep.Markdown())
 	want := []string{conformance.ScenarioLostReply, conformance.ScenarioCut}
@@ -114,7 +114,8 @@ func TestCounterexampleHorizonWithoutJournalFails(t *testing.T) {
 		return newHarness(t, func(api *client.API, _ func() time.Time) effects.Effect[PaymentIntent] {
 			return foreverWithoutJournal{NewPaymentIntents(api)}
 		})
-	}, conformance.Only(conformance.ScenarioHorizon, conformance.ScenarioRedelivery, conformance.ScenarioLateRedelivery))
+	}, conformance.Only(conformance.ScenarioHorizon, conformance.ScenarioRedelivery, conformance.ScenarioLateRedelivery),
+		conformance.WithLateRedelivery(time.Second))
 	t.Logf("caught by: %v\n%s", rep.Failed(), rep.Markdown())
 	if !slices.Equal(rep.Failed(), []string{conformance.ScenarioHorizon}) {
 		t.Errorf("failed scenarios %v, want just %s", rep.Failed(), conformance.ScenarioHorizon)

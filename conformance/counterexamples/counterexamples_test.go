@@ -143,6 +143,7 @@ func TestSuiteCatchesCounterexamples(t *testing.T) {
 			}),
 			caught: []string{conformance.ScenarioHorizon, conformance.ScenarioLateRedelivery},
 			only:   true,
+			opts:   []conformance.Option{conformance.WithLateRedelivery(3 * time.Second)}, // past its 2 s
 		},
 		{
 			name: "applied-on-cut-commit (nil error, no effect)",
@@ -167,6 +168,7 @@ func TestSuiteCatchesCounterexamples(t *testing.T) {
 			build: simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
 				return counterexamples.NewMemoryResolved(p)
 			}),
+			opts:   []conformance.Option{conformance.WithLateRedelivery(2 * time.Second)},
 			caught: []string{conformance.ScenarioLostReply},
 			passes: []string{conformance.ScenarioRedelivery, conformance.ScenarioLateRedelivery, conformance.ScenarioHorizon,
 				conformance.ScenarioConcurrent, conformance.ScenarioKeyReuse, conformance.ScenarioRaceReuse,
@@ -195,6 +197,7 @@ func TestSuiteCatchesCounterexamples(t *testing.T) {
 			build: simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
 				return counterexamples.NewStormCheat(p)
 			}),
+			opts:   []conformance.Option{conformance.WithLateRedelivery(2 * time.Second)},
 			caught: []string{conformance.ScenarioStorm},
 			passes: []string{conformance.ScenarioRedelivery, conformance.ScenarioLateRedelivery, conformance.ScenarioHorizon,
 				conformance.ScenarioConcurrent, conformance.ScenarioLostReply, conformance.ScenarioCut, conformance.ScenarioCancel,
