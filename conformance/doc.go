@@ -1,5 +1,9 @@
-// Package conformance is the shared test suite that holds every adapter to
-// its declared [effects.Contract] under injected faults.
+// Package conformance is the shared test suite that holds code to its
+// word under injected faults: every adapter to its declared
+// [effects.Contract] ([Run]), every [effects.Journal] to the journal
+// protocol ([RunJournal]) and every [effects.Source] to "side effect
+// first, then ack" ([RunSource]). A declaration the suite cannot check is
+// reported as not verified, never as passed.
 //
 // An adapter's test implements a [Harness] (build the adapter against its
 // backend through the suite's fault injector, produce inputs, count effects
@@ -11,20 +15,94 @@
 //		})
 //	}
 //
-// The scenarios are: sequential redelivery, concurrent duplicates, a lost
-// reply at every round trip, a request cut at every round trip, a context
-// cancelled at every round trip, key reuse with another payload, invalid
-// keys, a replay storm, and a backend restart when the harness can do one.
+// # Scenarios
+//
+// Every scenario is a subtest named after it ([Scenarios]); each swept
+// round trip is a subtest of its own (TestConformance/lost-reply/trip-03),
+// so go test -run isolates it. The effect suite runs:
+//
+//   - redelivery: apply, redeliver three times and once to a new instance.
+//   - late-redelivery: redeliver to a new instance seconds later on the
+//     wall clock ([WithLateRedelivery]).
+//   - horizon (needs [Ager]): age the backend to just inside a non-zero
+//     Horizon, or by 400 days for Horizon 0 ("kept until pruned", pruning
+//     not run), and redeliver: the key must still replay.
+//   - concurrent-duplicates: 16 goroutines apply one key at once.
+//   - lost-reply, cut-request, cancel-mid-apply: count the round trips of a
+//     clean Apply (those Make makes excluded), then fault each in turn. An
+//     Apply that returned no error must already show its effect in the
+//     backend; one that returned ErrTransient must show none (its promise:
+//     nothing was applied). The faulted instance is then closed and the key
+//     retried on a new instance, a successor process that knows nothing the
+//     faulted one kept in memory.
+//   - key-reuse, concurrent-key-reuse: another payload under the same key.
+//   - invalid-keys: refused with ErrInvalidKey before any I/O.
+//   - distinct-keys: keys that differ only after a common prefix (up to
+//     MaxKeyLen), only in letter case, only in Unicode normalization (NFC
+//     vs NFD), and keys of MaxKeyLen bytes: each applies once, is counted
+//     once and replays on its own.
+//   - replay-storm: 1,000 keys, 99% applied first; the warm-up must report
+//     every new key applied and grow the backend by exactly that many, the
+//     storm only by the new keys, and every key is counted ([BatchCounter]
+//     counts them in one look).
+//   - backend-restart (needs [Restarter]).
+//
 // Each asserts against the contract the adapter declares: EffectivelyOnce
 // means exactly one effect per key in every scenario; AtLeastOnce means at
 // least one, and more only in scenarios the declared duplicate window
-// covers; zero effects after a successful Apply always fails. A scenario the
-// harness cannot support is reported as not run, never as passed.
+// covers; zero effects after a successful Apply always fails. Every call
+// into the code under test has a time limit ([WithApplyTimeout]): a call
+// that hangs fails as a hang, naming the call and the round trip it was
+// on. A scenario's verdict is derived from its checks: a failed check
+// fails it; a scenario that was skipped, or made no check, is not run.
+// The report says for each field of the contract (guarantee, duplicate
+// window, horizon, key reuse) whether the scenarios verified it.
+//
+// # Capabilities
+//
+// Optional interfaces a harness may implement widen what is checked:
+// [Restarter] (restart the backend), [Ager] (move the backend's clock or
+// age its records: the horizon), [BatchCounter] (count many keys at once).
+// A scenario whose capability is missing is not run, and the contract
+// fields that rest on it are reported as not verified.
+//
+// # What a black-box suite cannot check
+//
+// A probabilistic structure sized for production (a Bloom filter for a
+// billion keys with a one-in-a-million false-positive rate) will not show
+// a false positive among the few thousand keys of a test run. The rule,
+// which no test can enforce for you: a probabilistic structure may decide
+// only whether to consult the authoritative record (the dedup row, the
+// vendor's key store), never whether to skip the effect. A "maybe seen"
+// must lead to the record, and a "never seen" may skip only the lookup.
+//
+// # Journals and sources
+//
+// A journal's harness opens instances over one backend; a source's
+// harness publishes messages and opens consumers that join one group:
+//
+//	conformance.RunJournal(t, "myjournal", func(t testing.TB) conformance.JournalHarness {
+//		return &journalHarness{url: newDatabase(t)} // Open(ctx, faults) (effects.Journal, close, error)
+//	})
+//	conformance.RunSource(t, "mysource", func(t testing.TB) conformance.SourceHarness {
+//		return &sourceHarness{topic: newTopic(t)} // Publish(ctx, n), Open(ctx, faults)
+//	})
+//
+// The journal suite checks a lease and its expiry, fencing by attempt,
+// Complete keeping the first reference, key reuse, invalid and distinct
+// keys, concurrent Begins, a crashed lease holder and a backend restart
+// ([JournalScenarios]). The source suite checks that acked deliveries stay
+// acked after a graceful close, that unacked ones come back after a close
+// and after a crash, that acks out of order never skip one, that a
+// delivery never acked is never committed, and that a rebalance loses
+// nothing no Ack confirmed ([SourceScenarios]).
+//
+// # Proofs
 //
 // The suite is proven by its own tests: package
-// effectively.dev/conformance/counterexamples holds adapters that claim
-// EffectivelyOnce and lie, and the suite must fail each one in a named
-// scenario.
+// effectively.dev/conformance/counterexamples holds adapters, journals and
+// sources that claim more than they do, and the suite must fail each in a
+// named scenario.
 //
 // The package depends only on package effects and the standard library, so
 // adapters outside this repository can use it.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +15,11 @@ import (
 // ErrInjected is the error a fault returns to the adapter in place of the
 // lost reply or the cut request.
 var ErrInjected = errors.New("conformance: injected fault: connection lost")
+
+// ErrSevered is the error a severed Faults returns for new connections and
+// for every read and write on the ones it cut: the process is gone, as far
+// as the network can tell.
+var ErrSevered = errors.New("conformance: connections severed (a crashed process)")
 
 // FaultKind is a kind of fault the suite injects at one round trip.
 type FaultKind int
@@ -48,6 +54,11 @@ func (k FaultKind) String() string {
 	return fmt.Sprintf("FaultKind(%d)", int(k))
 }
 
+// slug names the fault in keys and subtest names.
+func (k FaultKind) slug() string {
+	return strings.ReplaceAll(k.String(), " ", "-")
+}
+
 // Faults injects deterministic faults into an adapter's traffic. The harness
 // wires every connection the adapter makes through it: [Faults.DialContext]
 // for adapters that dial TCP (pgx's ConnConfig.DialFunc, franz-go's
@@ -64,12 +75,14 @@ func (k FaultKind) String() string {
 type Faults struct {
 	trips atomic.Int64
 
-	mu     sync.Mutex
-	at     int64 // round trip to fault; 0 = none
-	kind   FaultKind
-	cancel context.CancelFunc
-	fired  bool
-	delay  time.Duration
+	mu      sync.Mutex
+	at      int64 // round trip to fault; 0 = none
+	kind    FaultKind
+	cancel  context.CancelFunc
+	fired   bool
+	delay   time.Duration
+	conns   map[*faultConn]struct{}
+	severed bool
 }
 
 // NewFaults returns a Faults that passes everything through until armed.
@@ -105,6 +118,62 @@ func (f *Faults) SetDelay(d time.Duration) {
 // RoundTrips returns how many round trips have started.
 func (f *Faults) RoundTrips() int { return int(f.trips.Load()) }
 
+// Sever cuts every connection made through f and makes every later dial
+// through it fail with [ErrSevered]: what the backend sees when a process
+// dies. The suites use it to crash an instance (a lease holder, a
+// consumer) and to free a call that hangs.
+func (f *Faults) Sever() {
+	f.mu.Lock()
+	f.severed = true
+	conns := make([]*faultConn, 0, len(f.conns))
+	for c := range f.conns {
+		conns = append(conns, c)
+	}
+	f.conns = nil
+	f.mu.Unlock()
+	for _, c := range conns {
+		c.sever()
+	}
+}
+
+// describe says where f's traffic stands, for a hang's report, counting
+// round trips after the first base (those Make made).
+func (f *Faults) describe(base int) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s := fmt.Sprintf("it was on round trip %d of its instance", int(f.trips.Load())-base)
+	if f.at != 0 {
+		state := "had not fired"
+		if f.fired {
+			state = "had fired"
+		}
+		s += fmt.Sprintf(" (the %s armed at round trip %d %s)", f.kind, int(f.at)-base, state)
+	}
+	return s
+}
+
+// track registers a new connection, or refuses it once f is severed.
+func (f *Faults) track(c net.Conn) (net.Conn, error) {
+	fc := &faultConn{Conn: c, f: f, reading: true}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.severed {
+		c.Close()
+		return nil, ErrSevered
+	}
+	if f.conns == nil {
+		f.conns = map[*faultConn]struct{}{}
+	}
+	f.conns[fc] = struct{}{}
+	return fc, nil
+}
+
+func (f *Faults) untrack(c *faultConn) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.conns, c)
+}
+
 // begin numbers a new round trip and returns the fault, if any, it must
 // suffer, plus the latency to add.
 func (f *Faults) begin() (FaultKind, context.CancelFunc, time.Duration) {
@@ -121,12 +190,21 @@ func (f *Faults) begin() (FaultKind, context.CancelFunc, time.Duration) {
 // DialContext dials a TCP connection whose traffic goes through f. Its
 // signature fits pgconn.DialFunc, kgo.Dialer and go-mail's DialContextFunc.
 func (f *Faults) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	if f.isSevered() {
+		return nil, ErrSevered
+	}
 	var d net.Dialer
 	c, err := d.DialContext(ctx, network, addr)
 	if err != nil {
 		return nil, err
 	}
-	return &faultConn{Conn: c, f: f, reading: true}, nil
+	return f.track(c)
+}
+
+func (f *Faults) isSevered() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.severed
 }
 
 // faultConn numbers round trips on one connection and applies faults.
@@ -137,14 +215,28 @@ type faultConn struct {
 	mu      sync.Mutex
 	reading bool      // data was read since the last write (or nothing written yet)
 	pending FaultKind // DropReply: lose the next reply that arrives
-	broken  bool
+	broken  error     // ErrInjected or ErrSevered once the connection was cut
+}
+
+// Close closes the connection and forgets it.
+func (c *faultConn) Close() error {
+	c.f.untrack(c)
+	return c.Conn.Close()
+}
+
+func (c *faultConn) sever() {
+	c.mu.Lock()
+	c.broken = ErrSevered
+	c.mu.Unlock()
+	c.Conn.Close()
 }
 
 func (c *faultConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
-	if c.broken {
+	if c.broken != nil {
+		err := c.broken
 		c.mu.Unlock()
-		return 0, ErrInjected
+		return 0, err
 	}
 	var kind FaultKind
 	var cancel context.CancelFunc
@@ -154,7 +246,7 @@ func (c *faultConn) Write(p []byte) (int, error) {
 		kind, cancel, delay = c.f.begin()
 	}
 	if kind == CutRequest {
-		c.broken = true
+		c.broken = ErrInjected
 		c.mu.Unlock()
 		if len(p) > 1 {
 			_, _ = c.Conn.Write(p[:len(p)/2])
@@ -183,20 +275,25 @@ func (c *faultConn) Write(p []byte) (int, error) {
 // before they write.
 func (c *faultConn) Read(p []byte) (int, error) {
 	c.mu.Lock()
-	if c.broken {
+	if c.broken != nil {
+		err := c.broken
 		c.mu.Unlock()
-		return 0, ErrInjected
+		return 0, err
 	}
 	c.mu.Unlock()
 	n, err := c.Conn.Read(p)
 	c.mu.Lock()
+	if c.broken == ErrSevered {
+		c.mu.Unlock()
+		return 0, ErrSevered
+	}
 	if n > 0 {
 		c.reading = true // a reply (or a greeting) arrived: the next write is a new request
 	}
 	drop := c.pending == DropReply && n > 0
 	if drop {
 		c.pending = NoFault
-		c.broken = true
+		c.broken = ErrInjected
 	}
 	c.mu.Unlock()
 	if drop {
@@ -230,11 +327,14 @@ func (f *Faults) Transport(base *http.Transport) *http.Transport {
 		dial = d.DialContext
 	}
 	base.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if f.isSevered() {
+			return nil, ErrSevered
+		}
 		c, err := dial(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}
-		return &faultConn{Conn: c, f: f, reading: true}, nil
+		return f.track(c)
 	}
 	base.ForceAttemptHTTP2 = false
 	return base

@@ -8,37 +8,41 @@ import (
 	"effectively.dev/effects"
 )
 
-// Harness connects the suite to one adapter and its backend. An adapter's
-// test returns a fresh Harness from its [Maker] for every scenario.
+// Harness connects the effect suite ([Run]) to one adapter and its
+// backend. An adapter's test returns a fresh Harness from its [Maker] for
+// every scenario. Optional capabilities ([Restarter], [Ager],
+// [BatchCounter]) are further interfaces the same value may implement;
+// a scenario that needs a missing one is reported as not run.
 type Harness[In any] interface {
 	// Make builds a new instance of the adapter under test, as a process
 	// would at start-up, with every connection to the backend going through
 	// f (f.DialContext or f.Transport). The returned close function releases
-	// the instance (pools, clients); the suite calls it when done. Make may
-	// be called many times in one scenario, each with a new Faults.
+	// the instance (pools, clients); the suite calls it when done, and
+	// before it retries a key after a fault on a new instance (a successor
+	// process). Make may be called many times in one scenario, each with a
+	// new Faults. Round trips that Make itself makes (a handshake, a
+	// metadata request) are not swept: the sweeps count from the first
+	// round trip after Make returned.
 	Make(ctx context.Context, f *Faults) (effects.Effect[In], func(), error)
 	// Input returns the input to apply under key. Variant 0 is the ordinary
 	// payload; variant 1 must differ from it in payload (the suite uses it to
 	// reuse a key with another payload). The harness may embed key in the
-	// input so that Count can find the effect; it must cope with invalid keys.
+	// input so that Count can find the effect; it must cope with invalid
+	// keys and with keys that differ only in letter case or Unicode
+	// normalization.
 	Input(key effects.Key, variant int) In
 	// Count returns how many times the effect applied under key is visible
 	// in the backend itself (rows in a table without a unique index, object
 	// versions, charges, records under read_committed, received messages),
 	// never from the adapter's own bookkeeping. Count writes, not what
 	// survives them: where a second write overwrites the first (a plain S3
-	// bucket), count versions, or the duplicate can never be seen.
+	// bucket), count versions, or the duplicate can never be seen. Keys
+	// that differ in any byte are different keys.
 	Count(ctx context.Context, key effects.Key) (int, error)
 	// Total returns the number of visible effects of all keys; the suite
-	// uses it to prove that a refused call wrote nothing.
+	// uses it to prove that a refused call wrote nothing and to measure the
+	// backend's growth.
 	Total(ctx context.Context) (int, error)
-}
-
-// Restarter is implemented by a Harness that can restart its backend (stop
-// and start the same server with its data). The backend-restart scenario
-// runs only when it is implemented.
-type Restarter interface {
-	Restart(ctx context.Context) error
 }
 
 // Maker returns a fresh Harness for one scenario. It starts or connects to
@@ -46,60 +50,40 @@ type Restarter interface {
 // had it fails t (a missing server is a failure, not a skip).
 type Maker[In any] func(t testing.TB) Harness[In]
 
-// Option changes how the suite runs.
-type Option func(*config)
-
-type config struct {
-	concurrency int
-	stormKeys   int
-	stormSeen   float64
-	maxSweep    int
-	timeout     time.Duration
-	retryFor    time.Duration
-	only        map[string]bool
+// Restarter is implemented by a harness (effect, journal) that can restart
+// its backend: stop and start the same server with its data. The
+// backend-restart scenarios run only when it is implemented.
+type Restarter interface {
+	Restart(ctx context.Context) error
 }
 
-func defaults() config {
-	return config{
-		concurrency: 16,
-		stormKeys:   1000,
-		stormSeen:   0.99,
-		maxSweep:    64,
-		timeout:     3 * time.Minute,
-		retryFor:    30 * time.Second,
-	}
+// Ager is implemented by a Harness that can make its backend's records
+// older, as if d more time had passed since every one of them was written:
+// by moving the backend's clock forward (stripetest.WithClock, a clock the
+// journal reads) or by moving stored timestamps back (UPDATE ... SET
+// created_at = created_at - d). A backend whose clock cannot be moved
+// may simply wait d, when the declared horizon is short enough for a test
+// to wait it out. Age must reach whatever enforces the adapter's keys
+// (the dedup table, the journal, the vendor's key store), and must not
+// prune: pruning is the application's decision, which a Horizon of 0
+// ("until pruned") leaves to it. The horizon scenario runs
+// only when it is implemented, and without it the matrix reports the
+// contract's Horizon as not verified.
+type Ager interface {
+	Age(ctx context.Context, d time.Duration) error
 }
 
-// WithConcurrency sets how many goroutines apply one key at once in the
-// concurrent-duplicates scenario (default 16, at least 16 counts as the
-// full scenario).
-func WithConcurrency(n int) Option { return func(c *config) { c.concurrency = n } }
-
-// WithStorm sets the replay storm's size: keys in all, and the fraction
-// already applied before the storm (default 1000 and 0.99).
-func WithStorm(keys int, seen float64) Option {
-	return func(c *config) { c.stormKeys, c.stormSeen = keys, seen }
+// BatchCounter is implemented by a Harness that can count the effects of
+// many keys in one look at the backend (one query, one read of a topic,
+// one listing). The replay storm counts every one of its keys, key by key
+// through Count when this is not implemented.
+type BatchCounter interface {
+	// CountBatch returns, for each key in keys, what Count would return
+	// for it, in the same order.
+	CountBatch(ctx context.Context, keys []effects.Key) ([]int, error)
 }
 
-// WithMaxSweep bounds how many round trips the fault sweeps visit (default
-// 64); a clean apply with more round trips is swept up to this bound and the
-// report says so.
-func WithMaxSweep(n int) Option { return func(c *config) { c.maxSweep = n } }
-
-// WithRetryFor bounds how long the suite keeps retrying a key whose Apply
-// failed with a retryable error (default 30s). Adapters with leases (a
-// Journal) need it longer than their lease.
-func WithRetryFor(d time.Duration) Option { return func(c *config) { c.retryFor = d } }
-
-// WithTimeout bounds each scenario (default 3 minutes).
-func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
-
-// Only runs just the named scenarios; the others are reported as not run.
-func Only(names ...string) Option {
-	return func(c *config) {
-		c.only = map[string]bool{}
-		for _, n := range names {
-			c.only[n] = true
-		}
-	}
-}
+var (
+	capRestarter = capability{"conformance.Restarter", func(h any) bool { _, ok := h.(Restarter); return ok }}
+	capAger      = capability{"conformance.Ager", func(h any) bool { _, ok := h.(Ager); return ok }}
+)

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 
 	"effectively.dev/effects"
 )
@@ -17,7 +18,8 @@ type Verdict int
 
 const (
 	// NotRun: the scenario did not run (not selected, or the harness cannot
-	// support it). Never counted as passed.
+	// support it), or ran without making a single check. Never counted as
+	// passed.
 	NotRun Verdict = iota
 	// Pass: every check held against the declared contract.
 	Pass
@@ -39,50 +41,126 @@ func (v Verdict) String() string {
 // MarshalText renders the verdict for JSON reports.
 func (v Verdict) MarshalText() ([]byte, error) { return []byte(v.String()), nil }
 
-// Row is one scenario's result.
+// UnmarshalText parses a verdict written by MarshalText.
+func (v *Verdict) UnmarshalText(b []byte) error {
+	switch string(b) {
+	case "pass":
+		*v = Pass
+	case "FAIL":
+		*v = Fail
+	case "not run":
+		*v = NotRun
+	default:
+		return fmt.Errorf("conformance: unknown verdict %q", b)
+	}
+	return nil
+}
+
+// Row is one scenario's result. Its Verdict is derived from what the
+// scenario recorded, in one place: any failed check makes it Fail; a
+// scenario that was skipped, or made no check at all, is NotRun; otherwise
+// it is Pass.
 type Row struct {
 	Scenario string
 	Verdict  Verdict
-	// Checks is how many times the scenario counted a key's effects in the
-	// backend; MinEffects and MaxEffects are the fewest and most effects one
-	// check saw.
-	Checks, MinEffects, MaxEffects int
+	// Checks is how many assertions the scenario made.
+	Checks int
+	// Counted is how many times the scenario counted a key's effects in
+	// the backend; MinEffects and MaxEffects are the fewest and most
+	// effects one count saw.
+	Counted, MinEffects, MaxEffects int
 	// Failures says which checks broke the contract, and how.
 	Failures []string `json:",omitempty"`
-	// Notes records what was done and why a scenario was not run.
+	// Notes records what was done.
 	Notes []string `json:",omitempty"`
+	// Skipped says why the scenario did not run, if it did not.
+	Skipped string `json:",omitempty"`
 
-	contract *effects.Contract
+	contract *effects.Contract // the effect's declared contract, once learned
 }
 
-func (r *Row) observe(n int) {
-	if r.Checks == 0 || n < r.MinEffects {
-		r.MinEffects = n
-	}
-	if r.Checks == 0 || n > r.MaxEffects {
-		r.MaxEffects = n
-	}
+// rowMu guards rows that checks on several goroutines write.
+var rowMu sync.Mutex
+
+func (r *Row) checked() {
+	rowMu.Lock()
+	defer rowMu.Unlock()
 	r.Checks++
 }
 
-// Effects renders what the backend showed, e.g. "1 per key (17 checks)".
-func (r Row) Effects() string {
-	switch {
-	case r.Checks == 0:
-		return "-"
-	case r.MinEffects == r.MaxEffects:
-		return fmt.Sprintf("%d per key (%d checks)", r.MinEffects, r.Checks)
-	}
-	return fmt.Sprintf("%d-%d per key (%d checks)", r.MinEffects, r.MaxEffects, r.Checks)
+func (r *Row) fail(msg string) {
+	rowMu.Lock()
+	defer rowMu.Unlock()
+	r.Checks++
+	r.Failures = append(r.Failures, msg)
 }
 
-// Report is one adapter's results across the scenarios.
+func (r *Row) note(msg string) {
+	rowMu.Lock()
+	defer rowMu.Unlock()
+	r.Notes = append(r.Notes, msg)
+}
+
+func (r *Row) skip(why string) {
+	rowMu.Lock()
+	defer rowMu.Unlock()
+	r.Skipped = why
+}
+
+func (r *Row) observe(n int) {
+	rowMu.Lock()
+	defer rowMu.Unlock()
+	if r.Counted == 0 || n < r.MinEffects {
+		r.MinEffects = n
+	}
+	if r.Counted == 0 || n > r.MaxEffects {
+		r.MaxEffects = n
+	}
+	r.Counted++
+}
+
+// settle derives the verdict from the checks.
+func (r *Row) settle() {
+	switch {
+	case len(r.Failures) > 0:
+		r.Verdict = Fail
+	case r.Skipped != "":
+		r.Verdict = NotRun
+	case r.Checks == 0:
+		r.Verdict = NotRun
+		r.Skipped = "the scenario made no check"
+	default:
+		r.Verdict = Pass
+	}
+}
+
+// Effects renders what the backend showed, e.g. "1 per key (17 counts)".
+func (r Row) Effects() string {
+	switch {
+	case r.Counted == 0:
+		return "-"
+	case r.MinEffects == r.MaxEffects:
+		return fmt.Sprintf("%d per key (%d counts)", r.MinEffects, r.Counted)
+	}
+	return fmt.Sprintf("%d-%d per key (%d counts)", r.MinEffects, r.MaxEffects, r.Counted)
+}
+
+// Report is one subject's results across a suite's scenarios: an adapter's
+// ([Run]), a journal's ([RunJournal]) or a source's ([RunSource]).
 type Report struct {
-	Adapter  string
+	// Suite is "effect", "journal" or "source".
+	Suite string
+	// Adapter names the subject under test.
+	Adapter string
+	// Contract is the effect's declared contract (effect suite only).
 	Contract effects.Contract
 	Rows     []Row
-	// Evaluated is true for reports made by [Evaluate], whose failures do
-	// not fail a test: counterexamples, listed apart in the matrix.
+	// Fields says, per field of the declared contract, whether the
+	// scenarios verified it (effect suite only).
+	Fields []Field `json:",omitempty"`
+	// Evaluated is true for reports made by the Evaluate functions, whose
+	// failures do not fail a test: counterexamples, listed apart in the
+	// matrix.
 	Evaluated bool
 }
 
@@ -107,26 +185,80 @@ func (r Report) Failed() []string {
 	return out
 }
 
-// Markdown renders the report as rows of the matrix table (adapter ×
-// scenario → effects observed, verdict), with a header.
+// Field returns the verification of the named contract field ("Guarantee",
+// "DuplicateWindow", "Horizon", "DetectsKeyReuse", "Enforcer").
+func (r Report) Field(name string) (Field, bool) {
+	for _, f := range r.Fields {
+		if f.Field == name {
+			return f, true
+		}
+	}
+	return Field{}, false
+}
+
+// Markdown renders the report as rows of the matrix table, with a header,
+// followed for an effect by its contract fields' verification.
 func (r Report) Markdown() string {
 	var b strings.Builder
-	b.WriteString(MatrixHeader)
+	b.WriteString(header(r.Suite))
 	b.WriteString(r.markdownRows())
+	if len(r.Fields) > 0 {
+		b.WriteString("\n" + FieldsHeader + r.fieldsRow())
+	}
 	return b.String()
 }
 
-// MatrixHeader is the header of the Markdown matrix.
+// MatrixHeader is the header of the Markdown matrix of effect adapters.
 const MatrixHeader = "| adapter | contract | scenario | effects observed | verdict | notes |\n|---|---|---|---|---|---|\n"
+
+// FieldsHeader is the header of the Markdown table that says, per adapter,
+// which fields of its declared contract the scenarios verified.
+const FieldsHeader = "| adapter | guarantee | duplicate window | horizon | key reuse |\n|---|---|---|---|---|\n"
+
+// subjectHeader is the header of the journal and source matrices.
+const subjectHeader = "| %s | scenario | checks | verdict | notes |\n|---|---|---|---|---|\n"
+
+func header(suite string) string {
+	switch suite {
+	case suiteJournal, suiteSource:
+		return fmt.Sprintf(subjectHeader, suite)
+	}
+	return MatrixHeader
+}
 
 func (r Report) markdownRows() string {
 	var b strings.Builder
 	for _, row := range r.Rows {
+		if r.Evaluated && row.Verdict == NotRun && strings.HasPrefix(row.Skipped, "not selected") {
+			continue // a counterexample is run only where it is caught
+		}
 		notes := append(append([]string(nil), row.Failures...), row.Notes...)
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", r.Adapter, r.contractCell(), row.Scenario,
-			row.Effects(), row.Verdict, cell(strings.Join(notes, "; ")))
+		if row.Skipped != "" {
+			notes = append([]string{row.Skipped}, notes...)
+		}
+		switch r.Suite {
+		case suiteJournal, suiteSource:
+			fmt.Fprintf(&b, "| %s | %s | %d | %s | %s |\n", cell(r.Adapter), row.Scenario, row.Checks, row.Verdict, cell(strings.Join(notes, "; ")))
+		default:
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", cell(r.Adapter), r.contractCell(), row.Scenario,
+				row.Effects(), row.Verdict, cell(strings.Join(notes, "; ")))
+		}
 	}
 	return b.String()
+}
+
+func (r Report) fieldsRow() string {
+	if len(r.Fields) == 0 {
+		return ""
+	}
+	get := func(name string) string {
+		f, ok := r.Field(name)
+		if !ok {
+			return "-"
+		}
+		return cell(f.short())
+	}
+	return fmt.Sprintf("| %s | %s | %s | %s | %s |\n", cell(r.Adapter), get("Guarantee"), get("DuplicateWindow"), get("Horizon"), get("DetectsKeyReuse"))
 }
 
 func (r Report) contractCell() string {
@@ -152,8 +284,8 @@ func cell(s string) string {
 
 var unsafeName = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
 
-// WriteFile writes the report as dir/<adapter>.json, to be merged into a
-// matrix by [MergeMatrix].
+// WriteFile writes the report as dir/<suite>-<adapter>.json, to be merged
+// into a matrix by [MergeMatrix].
 func (r Report) WriteFile(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -162,11 +294,15 @@ func (r Report) WriteFile(dir string) error {
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(dir, unsafeName.ReplaceAllString(r.Adapter, "_")+".json"), b, 0o644)
+	suite := r.Suite
+	if suite == "" {
+		suite = suiteEffect
+	}
+	return os.WriteFile(filepath.Join(dir, unsafeName.ReplaceAllString(suite+"-"+r.Adapter, "_")+".json"), b, 0o644)
 }
 
 // ReportEnv names the environment variable that, when set to a directory,
-// makes [Run] write each adapter's report there.
+// makes the Run functions write each report there.
 const ReportEnv = "CONFORMANCE_REPORT"
 
 func (r Report) writeEnv() error {
@@ -178,17 +314,19 @@ func (r Report) writeEnv() error {
 }
 
 // MergeMatrix reads every report written into dir and renders the Markdown
-// matrix, adapters in name order: first the adapters held to their contract
-// by [Run], then, under their own heading, the reports made by [Evaluate]
-// (counterexamples, which must fail). failed reports whether any scenario of
-// a [Run] report failed.
+// matrix, subjects in name order: the effect adapters held to their
+// contract by [Run], the verification of each adapter's contract fields,
+// the journals and sources held by [RunJournal] and [RunSource], then,
+// under their own heading, the reports made by the Evaluate functions
+// (counterexamples, which must fail). failed reports whether any scenario
+// of a report held to its contract failed.
 func MergeMatrix(dir string) (table string, failed bool, err error) {
 	paths, err := filepath.Glob(filepath.Join(dir, "*.json"))
 	if err != nil {
 		return "", false, err
 	}
 	sort.Strings(paths)
-	var held, evaluated strings.Builder
+	var reports []Report
 	for _, p := range paths {
 		data, err := os.ReadFile(p)
 		if err != nil {
@@ -198,40 +336,39 @@ func MergeMatrix(dir string) (table string, failed bool, err error) {
 		if err := json.Unmarshal(data, &r); err != nil {
 			return "", false, fmt.Errorf("%s: %w", p, err)
 		}
-		if r.Evaluated {
-			evaluated.WriteString(r.markdownRows())
-			continue
+		if r.Suite == "" {
+			r.Suite = suiteEffect
 		}
-		held.WriteString(r.markdownRows())
-		failed = failed || len(r.Failed()) > 0
+		reports = append(reports, r)
+		if !r.Evaluated {
+			failed = failed || len(r.Failed()) > 0
+		}
 	}
-	if held.Len() == 0 && evaluated.Len() == 0 {
+	if len(reports) == 0 {
 		return "", false, fmt.Errorf("conformance: no reports in %s", dir)
 	}
 	var b strings.Builder
-	if held.Len() > 0 {
-		b.WriteString("### Adapters (held to their declared contract)\n\n" + MatrixHeader + held.String())
-	}
-	if evaluated.Len() > 0 {
+	section := func(title string, suite string, evaluated bool, rows func(Report) string, head string) {
+		var body strings.Builder
+		for _, r := range reports {
+			if r.Suite == suite && r.Evaluated == evaluated {
+				body.WriteString(rows(r))
+			}
+		}
+		if body.Len() == 0 {
+			return
+		}
 		if b.Len() > 0 {
 			b.WriteString("\n")
 		}
-		b.WriteString("### Counterexamples (each must FAIL in a named scenario)\n\n" + MatrixHeader + evaluated.String())
+		b.WriteString("### " + title + "\n\n" + head + body.String())
 	}
+	section("Adapters (held to their declared contract)", suiteEffect, false, Report.markdownRows, MatrixHeader)
+	section("Contract fields: verified or not, per adapter", suiteEffect, false, Report.fieldsRow, FieldsHeader)
+	section("Journals (RunJournal)", suiteJournal, false, Report.markdownRows, header(suiteJournal))
+	section("Sources (RunSource)", suiteSource, false, Report.markdownRows, header(suiteSource))
+	section("Counterexamples (each must FAIL in a named scenario)", suiteEffect, true, Report.markdownRows, MatrixHeader)
+	section("Counterexample journals (each must FAIL in a named scenario)", suiteJournal, true, Report.markdownRows, header(suiteJournal))
+	section("Counterexample sources (each must FAIL in a named scenario)", suiteSource, true, Report.markdownRows, header(suiteSource))
 	return b.String(), failed, nil
-}
-
-// UnmarshalText parses a verdict written by MarshalText.
-func (v *Verdict) UnmarshalText(b []byte) error {
-	switch string(b) {
-	case "pass":
-		*v = Pass
-	case "FAIL":
-		*v = Fail
-	case "not run":
-		*v = NotRun
-	default:
-		return fmt.Errorf("conformance: unknown verdict %q", b)
-	}
-	return nil
 }

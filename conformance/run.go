@@ -2,116 +2,232 @@ package conformance
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
 	"effectively.dev/effects"
 )
 
-// Scenario names, as they appear in subtest names and the report.
+// Scenario names of the effect suite, as they appear in subtest names and
+// the report.
 const (
-	ScenarioRedelivery = "redelivery"
-	ScenarioConcurrent = "concurrent-duplicates"
-	ScenarioLostReply  = "lost-reply"
-	ScenarioCut        = "cut-request"
-	ScenarioCancel     = "cancel-mid-apply"
-	ScenarioKeyReuse   = "key-reuse"
-	ScenarioRaceReuse  = "concurrent-key-reuse"
-	ScenarioInvalidKey = "invalid-keys"
-	ScenarioStorm      = "replay-storm"
-	ScenarioRestart    = "backend-restart"
+	ScenarioRedelivery     = "redelivery"
+	ScenarioLateRedelivery = "late-redelivery"
+	ScenarioHorizon        = "horizon"
+	ScenarioConcurrent     = "concurrent-duplicates"
+	ScenarioLostReply      = "lost-reply"
+	ScenarioCut            = "cut-request"
+	ScenarioCancel         = "cancel-mid-apply"
+	ScenarioKeyReuse       = "key-reuse"
+	ScenarioRaceReuse      = "concurrent-key-reuse"
+	ScenarioInvalidKey     = "invalid-keys"
+	ScenarioDistinctKeys   = "distinct-keys"
+	ScenarioStorm          = "replay-storm"
+	ScenarioRestart        = "backend-restart"
 )
 
-// Scenarios lists every scenario in the order the suite runs them.
-var Scenarios = []string{
-	ScenarioRedelivery, ScenarioConcurrent, ScenarioLostReply, ScenarioCut,
-	ScenarioCancel, ScenarioKeyReuse, ScenarioRaceReuse, ScenarioInvalidKey, ScenarioStorm, ScenarioRestart,
+// effectTable is the effect suite: every scenario, in the order it runs,
+// with the harness capabilities it needs.
+func effectTable[In any]() []scenario[Harness[In]] {
+	type s = scene[In]
+	return []scenario[Harness[In]]{
+		{ScenarioRedelivery, nil, effect((*s).redelivery)},
+		{ScenarioLateRedelivery, nil, effect((*s).lateRedelivery)},
+		{ScenarioHorizon, []capability{capAger}, effect((*s).horizon)},
+		{ScenarioConcurrent, nil, effect((*s).concurrent)},
+		{ScenarioLostReply, nil, effect(func(s *s) { s.sweep(DropReply) })},
+		{ScenarioCut, nil, effect(func(s *s) { s.sweep(CutRequest) })},
+		{ScenarioCancel, nil, effect(func(s *s) { s.sweep(CancelAfterSend) })},
+		{ScenarioKeyReuse, nil, effect((*s).keyReuse)},
+		{ScenarioRaceReuse, nil, effect((*s).raceReuse)},
+		{ScenarioInvalidKey, nil, effect((*s).invalidKeys)},
+		{ScenarioDistinctKeys, nil, effect((*s).distinctKeys)},
+		{ScenarioStorm, nil, effect((*s).storm)},
+		{ScenarioRestart, []capability{capRestarter}, effect((*s).restart)},
+	}
 }
 
-// Run runs every scenario against the adapter that mk builds, each as a
-// subtest of t with a fresh Harness, and fails t for every scenario whose
-// observations break the adapter's declared contract. It returns the
-// report; when the CONFORMANCE_REPORT environment variable names a
-// directory, the report is also written there (see [Report.WriteFile]).
+// Scenarios lists the effect suite's scenarios in the order [Run] runs
+// them.
+var Scenarios = names(effectTable[struct{}]())
+
+// Run runs every scenario of the effect suite against the adapter that mk
+// builds, each as a subtest of t with a fresh Harness, and fails t for
+// every check that breaks the adapter's declared contract (in the subtest
+// of the scenario, or of the swept round trip, where it happened). It
+// returns the report; when the CONFORMANCE_REPORT environment variable
+// names a directory, the report is also written there (see
+// [Report.WriteFile]).
 func Run[In any](t *testing.T, adapter string, mk Maker[In], opts ...Option) Report {
 	t.Helper()
-	return run(t, adapter, mk, true, opts)
+	return runEffect(t, "conformance.Run", adapter, mk, true, opts)
 }
 
-// Evaluate runs the scenarios like [Run] but does not fail t when a
-// scenario's verdict is Fail: it only returns the report. The suite's own
-// tests use it to prove that lying adapters are caught; adapter tests use
-// [Run]. Failures to build the harness still fail t.
+// Evaluate runs the scenarios like [Run] but does not fail t when a check
+// fails: it only returns the report. The suite's own tests use it to prove
+// that lying adapters are caught; adapter tests use [Run]. Failures to
+// build the harness, and invalid options, still fail t.
 func Evaluate[In any](t *testing.T, adapter string, mk Maker[In], opts ...Option) Report {
 	t.Helper()
-	return run(t, adapter, mk, false, opts)
+	return runEffect(t, "conformance.Evaluate", adapter, mk, false, opts)
 }
 
-func run[In any](t *testing.T, adapter string, mk Maker[In], strict bool, opts []Option) Report {
-	cfg := defaults()
-	for _, o := range opts {
-		o(&cfg)
-	}
-	rep := Report{Adapter: adapter, Evaluated: !strict}
-	for _, name := range Scenarios {
-		row := Row{Scenario: name, Verdict: NotRun}
-		if cfg.only != nil && !cfg.only[name] {
-			row.Notes = append(row.Notes, "not selected")
-			rep.Rows = append(rep.Rows, row)
-			continue
-		}
-		ok := t.Run(name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), cfg.timeout)
-			defer cancel()
-			s := &scene[In]{h: mk(t), cfg: cfg, row: &row, run: newRunID(), t: t}
-			s.start(ctx, name)
-			if row.Verdict == NotRun {
-				t.Logf("not run: %s", strings.Join(row.Notes, "; "))
+func runEffect[In any](t *testing.T, op, adapter string, mk Maker[In], strict bool, opts []Option) Report {
+	t.Helper()
+	return runSuite(t, op, suiteEffect, adapter, effectTable[In](), func(tb testing.TB) Harness[In] { return mk(tb) }, opts, strict, func(rep *Report) {
+		for _, row := range rep.Rows {
+			if row.contract != nil {
+				rep.Contract = *row.contract
+				rep.Fields = fields(rep.Contract, rep.Rows)
 				return
 			}
-			if len(row.Failures) == 0 {
-				row.Verdict = Pass
-				return
-			}
-			row.Verdict = Fail
-			if strict {
-				t.Errorf("%s: declared contract %s broken:\n  %s", name, row.contract, strings.Join(row.Failures, "\n  "))
-			} else {
-				t.Logf("%s: verdict FAIL (not failing the test: Evaluate): %s", name, strings.Join(row.Failures, "; "))
-			}
-		})
-		if !ok && row.Verdict != Fail {
-			// The subtest stopped early (the harness failed it with
-			// t.Fatal): whatever was provisionally recorded is no pass.
-			row.Verdict = Fail
-			row.Failures = append(row.Failures, "the scenario did not finish: the harness or the adapter failed the test (see its log)")
 		}
-		if row.contract != nil && rep.Contract.Enforcer == "" {
-			rep.Contract = *row.contract
+	})
+}
+
+// effect adapts a scenario function of the effect suite to the table:
+// it learns and validates the declared contract from a first instance.
+func effect[In any](fn func(s *scene[In])) func(c *checker, h Harness[In]) {
+	return func(c *checker, h Harness[In]) {
+		s := &scene[In]{checker: c, h: h}
+		inst := s.open(NewFaults())
+		s.contract = inst.eff.Contract()
+		inst.Close()
+		declared := s.contract
+		c.row.contract = &declared
+		if err := s.contract.Validate(); err != nil {
+			s.fatalf("declared contract is invalid: %v", err)
 		}
-		rep.Rows = append(rep.Rows, row)
+		fn(s)
 	}
-	if err := rep.writeEnv(); err != nil {
-		t.Errorf("conformance: writing report: %v", err)
-	}
-	if testing.Verbose() {
-		t.Logf("conformance matrix:\n%s", rep.Markdown())
-	}
-	return rep
 }
 
 // scene is one scenario's run against one harness.
 type scene[In any] struct {
+	*checker
 	h        Harness[In]
-	cfg      config
-	row      *Row
-	run      string
-	t        testing.TB
 	contract effects.Contract
+}
+
+// instance is one adapter instance: a process, to the suite.
+type instance[In any] struct {
+	eff   effects.Effect[In]
+	close func()
+	f     *Faults
+	base  int // round trips Make made itself
+	done  bool
+}
+
+// Close releases the instance once.
+func (i *instance[In]) Close() {
+	if !i.done {
+		i.done = true
+		i.close()
+	}
+}
+
+// open builds an instance through f, as a process would at start-up.
+func (s *scene[In]) open(f *Faults) *instance[In] {
+	eff, closeFn, err := s.h.Make(s.ctx, f)
+	if err != nil {
+		s.t.Fatalf("conformance: harness Make: %v", err)
+	}
+	if eff == nil {
+		s.t.Fatalf("conformance: harness Make returned a nil effect")
+	}
+	if closeFn == nil {
+		closeFn = func() {}
+	}
+	inst := &instance[In]{eff: eff, close: closeFn, f: f, base: f.RoundTrips()}
+	s.t.Cleanup(inst.Close)
+	return inst
+}
+
+// key returns a key unique to this scenario run.
+func (s *scene[In]) key(parts ...string) effects.Key {
+	return effects.MustKey(append([]string{"conformance", s.run}, parts...)...)
+}
+
+// apply makes one Apply call on inst, bounded by the apply timeout.
+func (s *scene[In]) apply(ctx context.Context, inst *instance[In], key effects.Key, in In, what string) (effects.Result, error) {
+	return timed(s.checker, inst.f, inst.base, fmt.Sprintf("Apply(%s) in %s", shortKey(key), what), func(cctx context.Context) (effects.Result, error) {
+		if ctx != s.ctx {
+			// ctx is the caller's (the cancel sweep's); honour both.
+			var stop context.CancelFunc
+			cctx, stop = mergeCancel(cctx, ctx)
+			defer stop()
+		}
+		return inst.eff.Apply(cctx, key, in)
+	})
+}
+
+// applyUntilDone applies key until it succeeds, retrying errors that
+// effects.Retryable accepts with backoff for up to the retry bound.
+func (s *scene[In]) applyUntilDone(inst *instance[In], key effects.Key, in In, what string) (effects.Result, error) {
+	deadline := time.Now().Add(s.cfg.retryFor)
+	b := effects.Backoff{Min: 5 * time.Millisecond, Max: 250 * time.Millisecond}
+	for attempt := 1; ; attempt++ {
+		res, err := s.apply(s.ctx, inst, key, in, what)
+		if err == nil {
+			return res, nil
+		}
+		if !effects.Retryable(err) || s.ctx.Err() != nil || time.Now().After(deadline) {
+			return res, err
+		}
+		if effects.Sleep(s.ctx, b.Delay(attempt)) != nil {
+			return res, err
+		}
+	}
+}
+
+// count returns the backend's count for key, and records it in the
+// row's "effects observed".
+func (s *scene[In]) count(key effects.Key, what string) int {
+	n := s.peek(key, what)
+	s.row.observe(n)
+	return n
+}
+
+// peek returns the backend's count for key without recording it: for
+// counts taken between an attempt and its retry.
+func (s *scene[In]) peek(key effects.Key, what string) int {
+	n, err := s.h.Count(s.ctx, key)
+	if err != nil {
+		s.fatalf("%s: harness Count: %v", what, err)
+	}
+	return n
+}
+
+// countAll counts every key, in one look when the harness is a
+// BatchCounter.
+func (s *scene[In]) countAll(keys []effects.Key, what string) []int {
+	if bc, ok := s.h.(BatchCounter); ok {
+		ns, err := bc.CountBatch(s.ctx, keys)
+		if err != nil {
+			s.fatalf("%s: harness CountBatch: %v", what, err)
+		}
+		if len(ns) != len(keys) {
+			s.fatalf("%s: harness CountBatch returned %d counts for %d keys", what, len(ns), len(keys))
+		}
+		for _, n := range ns {
+			s.row.observe(n)
+		}
+		return ns
+	}
+	out := make([]int, len(keys))
+	for i, k := range keys {
+		out[i] = s.count(k, what)
+	}
+	return out
+}
+
+func (s *scene[In]) total(what string) int {
+	n, err := s.h.Total(s.ctx)
+	if err != nil {
+		s.fatalf("%s: harness Total: %v", what, err)
+	}
+	return n
 }
 
 // dupClass is the kind of repetition a scenario inflicts, to decide whether
@@ -123,121 +239,22 @@ const (
 	unknownOutcome                 // an attempt ended without its outcome known
 )
 
-func (s *scene[In]) start(ctx context.Context, name string) {
-	defer func() {
-		// A scenario that could not finish its checks because the adapter
-		// failed has recorded why; anything else is a harness bug.
-		if r := recover(); r != nil {
-			if _, ok := r.(abort); !ok {
-				panic(r)
-			}
-		}
-	}()
-	// Learn the declared contract from a first instance.
-	eff, closeFn := s.make(ctx, NewFaults())
-	s.contract = eff.Contract()
-	closeFn()
-	c := s.contract
-	s.row.contract = &c
-	if err := s.contract.Validate(); err != nil {
-		s.row.Verdict = Fail
-		s.failf("declared contract is invalid: %v", err)
-		return
-	}
-	s.row.Verdict = Pass // provisional: checks below may add failures
-	switch name {
-	case ScenarioRedelivery:
-		s.redelivery(ctx)
-	case ScenarioConcurrent:
-		s.concurrent(ctx)
-	case ScenarioLostReply:
-		s.sweep(ctx, DropReply)
-	case ScenarioCut:
-		s.sweep(ctx, CutRequest)
-	case ScenarioCancel:
-		s.sweep(ctx, CancelAfterSend)
-	case ScenarioKeyReuse:
-		s.keyReuse(ctx)
-	case ScenarioRaceReuse:
-		s.raceReuse(ctx)
-	case ScenarioInvalidKey:
-		s.invalidKeys(ctx)
-	case ScenarioStorm:
-		s.storm(ctx)
-	case ScenarioRestart:
-		s.restart(ctx)
-	}
-}
-
-// abort stops a scenario after a failure that makes further checks moot.
-type abort struct{}
-
-func (s *scene[In]) failf(format string, args ...any) {
-	s.row.Failures = append(s.row.Failures, fmt.Sprintf(format, args...))
-}
-
-func (s *scene[In]) fatalf(format string, args ...any) {
-	s.failf(format, args...)
-	panic(abort{})
-}
-
-func (s *scene[In]) notef(format string, args ...any) {
-	s.row.Notes = append(s.row.Notes, fmt.Sprintf(format, args...))
-}
-
-func (s *scene[In]) make(ctx context.Context, f *Faults) (effects.Effect[In], func()) {
-	eff, closeFn, err := s.h.Make(ctx, f)
-	if err != nil {
-		s.t.Fatalf("conformance: harness Make: %v", err)
-	}
-	if closeFn == nil {
-		closeFn = func() {}
-	}
-	return eff, closeFn
-}
-
-// key returns a key unique to this scenario run.
-func (s *scene[In]) key(parts ...string) effects.Key {
-	return effects.MustKey(append([]string{"conformance", s.run}, parts...)...)
-}
-
-// applyUntilDone applies key until it succeeds, retrying errors that
-// effects.Retryable accepts with backoff for up to cfg.retryFor.
-func (s *scene[In]) applyUntilDone(ctx context.Context, eff effects.Effect[In], key effects.Key, in In) (effects.Result, error) {
-	deadline := time.Now().Add(s.cfg.retryFor)
-	backoff := 5 * time.Millisecond
-	for {
-		res, err := eff.Apply(ctx, key, in)
-		if err == nil {
-			return res, nil
-		}
-		if !effects.Retryable(err) || ctx.Err() != nil || time.Now().After(deadline) {
-			return res, err
-		}
-		select {
-		case <-ctx.Done():
-			return res, err
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 250*time.Millisecond)
-	}
-}
-
-// expect checks the backend's count for key against the contract.
-func (s *scene[In]) expect(ctx context.Context, key effects.Key, class dupClass, succeeded bool, what string) int {
-	n, err := s.h.Count(ctx, key)
-	if err != nil {
-		s.fatalf("%s: harness Count: %v", what, err)
-	}
-	s.row.observe(n)
+// judge checks a count n of one key's effects against the contract.
+func (s *scene[In]) judge(n int, class dupClass, succeeded bool, what string) {
+	s.check(!(n == 0 && succeeded), "%s: 0 effects in the backend after a successful Apply", what)
 	switch {
-	case n == 0 && succeeded:
-		s.failf("%s: 0 effects in the backend after a successful Apply", what)
-	case n > 1 && s.contract.Guarantee == effects.EffectivelyOnce:
-		s.failf("%s: %d effects for one key, contract says effectively-once", what, n)
-	case n > 1 && !covers(s.contract.DuplicateWindow.Trigger, class):
-		s.failf("%s: %d effects for one key without an unknown outcome, outside the declared window (%s)", what, n, s.contract.DuplicateWindow.Trigger)
+	case s.contract.Guarantee == effects.EffectivelyOnce:
+		s.check(n <= 1, "%s: %d effects for one key, contract says effectively-once", what, n)
+	default:
+		s.check(n <= 1 || covers(s.contract.DuplicateWindow.Trigger, class),
+			"%s: %d effects for one key without an unknown outcome, outside the declared window (%s)", what, n, s.contract.DuplicateWindow.Trigger)
 	}
+}
+
+// expect counts key in the backend and judges the count.
+func (s *scene[In]) expect(key effects.Key, class dupClass, succeeded bool, what string) int {
+	n := s.count(key, what)
+	s.judge(n, class, succeeded, what)
 	return n
 }
 
@@ -251,8 +268,32 @@ func covers(t effects.Trigger, class dupClass) bool {
 	return false
 }
 
-func newRunID() string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+// recordsKeys reports whether the contract promises that a repeat is
+// absorbed, so a repeat must report Replayed.
+func (s *scene[In]) recordsKeys() bool {
+	return s.contract.Guarantee == effects.EffectivelyOnce || s.contract.DuplicateWindow.Trigger != effects.AnyRedelivery
+}
+
+// checkReplay asserts that a repeated apply reported a replay of first.
+func (s *scene[In]) checkReplay(first, res effects.Result, what string) {
+	if !s.recordsKeys() {
+		return // nothing records the first apply; a repeat applies again
+	}
+	s.check(res.Status == effects.Replayed, "%s: returned %s, want replayed", what, res.Status)
+	s.check(first.Ref == "" || res.Ref == first.Ref, "%s: ref %q, want the first apply's %q", what, res.Ref, first.Ref)
+}
+
+// mergeCancel returns a context done when either a or b is.
+func mergeCancel(a, b context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(a)
+	stop := context.AfterFunc(b, func() { cancel(context.Cause(b)) })
+	return ctx, func() { stop(); cancel(nil) }
+}
+
+func shortKey(k effects.Key) string {
+	s := string(k)
+	if len(s) > 72 {
+		s = s[:60] + fmt.Sprintf("...(%d bytes)", len(s))
+	}
+	return fmt.Sprintf("%q", s)
 }

@@ -37,6 +37,7 @@ type harness struct {
 var (
 	_ conformance.Harness[email.Message] = (*harness)(nil)
 	_ conformance.Restarter              = (*harness)(nil)
+	_ conformance.Ager                   = (*harness)(nil)
 )
 
 func newHarness(t testing.TB, build func(context.Context, *harness, *conformance.Faults) (effects.Effect[email.Message], func(), error)) *harness {
@@ -115,6 +116,16 @@ func (h *harness) Total(context.Context) (int, error) { return h.srv.Total(), ni
 // address with the messages it has.
 func (h *harness) Restart(context.Context) error { return h.srv.Restart() }
 
+// Age makes every journal record d older: its timestamps (which Prune
+// reads) and its lease. The journal is what enforces the keys; the SMTP
+// server keeps nothing that expires. Pruning is not run.
+func (h *harness) Age(ctx context.Context, d time.Duration) error {
+	if h.url == "" {
+		return nil // the counterexample keeps no records to age
+	}
+	return pgtest.Age(ctx, h.url, d)
+}
+
 func TestConformance(t *testing.T) {
 	rep := conformance.Run(t, "email", func(t testing.TB) conformance.Harness[email.Message] {
 		return newHarness(t, nil)
@@ -171,14 +182,15 @@ func TestCounterexampleWithoutJournalFails(t *testing.T) {
 			}
 			return &naiveSender{client: c}, func() {}, nil
 		})
-	}, conformance.WithRetryFor(5*time.Second), conformance.WithStorm(200, 0.9))
+	}, conformance.WithRetryFor(5*time.Second), conformance.WithStorm(200, 0.9), conformance.WithLateRedelivery(time.Second))
 
 	// Every scenario that repeats a key catches it; refusing invalid keys
 	// before I/O is the one thing it does right.
 	want := []string{
-		conformance.ScenarioRedelivery, conformance.ScenarioConcurrent, conformance.ScenarioLostReply,
-		conformance.ScenarioCut, conformance.ScenarioCancel, conformance.ScenarioKeyReuse,
-		conformance.ScenarioRaceReuse, conformance.ScenarioStorm, conformance.ScenarioRestart,
+		conformance.ScenarioRedelivery, conformance.ScenarioLateRedelivery, conformance.ScenarioHorizon,
+		conformance.ScenarioConcurrent, conformance.ScenarioLostReply, conformance.ScenarioCut, conformance.ScenarioCancel,
+		conformance.ScenarioKeyReuse, conformance.ScenarioRaceReuse, conformance.ScenarioDistinctKeys,
+		conformance.ScenarioStorm, conformance.ScenarioRestart,
 	}
 	failed := rep.Failed()
 	if !slices.Equal(failed, want) {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"effectively.dev/conformance"
@@ -30,10 +31,16 @@ type harness struct {
 	build  func(client *awss3.Client, bucket, prefix string) (effects.Effect[s3.Object], error)
 }
 
-// restartable adds the backend-restart scenario when the gateway is ours.
+// restartable adds the backend-restart and horizon scenarios when the
+// gateway is ours: it can restart it, and age every object it stores.
 type restartable struct{ *harness }
 
 func (h restartable) Restart(ctx context.Context) error { return h.srv.Restart(ctx) }
+
+// Age makes every object version d older (their Last-Modified). The
+// object's existence is what enforces the key (Horizon 0: until deleted);
+// nothing is deleted.
+func (h restartable) Age(_ context.Context, d time.Duration) error { return h.srv.Age(d) }
 
 // maker returns a conformance.Maker over srv; build makes the effect under
 // test from a client that goes through the faults.
@@ -86,6 +93,34 @@ func (h *harness) Count(ctx context.Context, key effects.Key) (int, error) {
 func (h *harness) Total(ctx context.Context) (int, error) {
 	return countVersions(ctx, h.admin, h.srv.Bucket, h.prefix, false)
 }
+
+// CountBatch lists the versions under the scenario's prefix once and
+// counts those of every key's object.
+func (h *harness) CountBatch(ctx context.Context, keys []effects.Key) ([]int, error) {
+	byName := map[string]int{}
+	seen := map[[2]string]bool{} // a version listed twice is one write
+	p := awss3.NewListObjectVersionsPaginator(h.admin, &awss3.ListObjectVersionsInput{Bucket: aws.String(h.srv.Bucket), Prefix: aws.String(h.prefix)})
+	for p.HasMorePages() {
+		page, err := p.NextPage(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, v := range page.Versions {
+			id := [2]string{aws.ToString(v.Key), aws.ToString(v.VersionId)}
+			if !seen[id] {
+				seen[id] = true
+				byName[id[0]]++
+			}
+		}
+	}
+	out := make([]int, len(keys))
+	for i, k := range keys {
+		out[i] = byName[h.prefix+s3.EscapeKey(k)]
+	}
+	return out, nil
+}
+
+var _ conformance.BatchCounter = (*harness)(nil)
 
 func writer(opts ...s3.Option) func(*awss3.Client, string, string) (effects.Effect[s3.Object], error) {
 	return func(client *awss3.Client, bucket, prefix string) (effects.Effect[s3.Object], error) {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
@@ -95,7 +96,7 @@ func TestCounterexamplePlainPutFails(t *testing.T) {
 	srv := s3test.Start(t)
 	rep := conformance.Evaluate(t, "counterexample: plain PutObject", maker(srv, func(c *awss3.Client, bucket, prefix string) (effects.Effect[s3.Object], error) {
 		return &plainPut{client: c, bucket: bucket, prefix: prefix}, nil
-	}))
+	}), conformance.WithLateRedelivery(time.Second))
 	failed := rep.Failed()
 	t.Logf("caught by: %v\n%s", failed, rep.Markdown())
 	want := []string{
@@ -124,7 +125,7 @@ func TestCounterexampleCheckThenPutFails(t *testing.T) {
 	srv := s3test.Start(t)
 	rep := conformance.Evaluate(t, "counterexample: HeadObject then PutObject", maker(srv, func(c *awss3.Client, bucket, prefix string) (effects.Effect[s3.Object], error) {
 		return &checkThenPut{plainPut{client: c, bucket: bucket, prefix: prefix}}, nil
-	}))
+	}), conformance.WithLateRedelivery(time.Second))
 	failed := rep.Failed()
 	t.Logf("caught by: %v\n%s", failed, rep.Markdown())
 	if !slices.Contains(failed, conformance.ScenarioConcurrent) {

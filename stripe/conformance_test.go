@@ -3,6 +3,7 @@ package stripe
 import (
 	"context"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,9 +18,12 @@ import (
 // harness runs one conformance scenario against one stripetest server: the
 // server is the backend, kept across Make (a restarted process talks to the
 // same Stripe); each Make builds a new stripe-go client whose HTTP traffic
-// goes through the suite's Faults.
+// goes through the suite's Faults. The server reads a clock the harness
+// can move forward (Age), so the horizon scenario runs: Stripe forgets a
+// key 24 hours after its first request.
 type harness struct {
 	srv       *stripetest.Server
+	clock     *agedClock
 	newEffect func(api *client.API) effects.Effect[PaymentIntent]
 	count     func(key effects.Key) int
 }
@@ -27,17 +31,42 @@ type harness struct {
 var (
 	_ conformance.Harness[PaymentIntent] = (*harness)(nil)
 	_ conformance.Restarter              = (*harness)(nil)
+	_ conformance.Ager                   = (*harness)(nil)
 )
+
+// agedClock is the wall clock plus an offset that Age moves forward. The
+// stripetest server and, with a journal, the in-memory journal read it:
+// everything that holds keys ages together.
+type agedClock struct {
+	mu     sync.Mutex
+	offset time.Duration
+}
+
+func (c *agedClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return time.Now().Add(c.offset)
+}
+
+func (c *agedClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.offset += d
+}
 
 // serverLatency makes concurrent attempts overlap while one executes, so
 // the concurrent scenario meets Stripe's 409 and not only replays.
 const serverLatency = 10 * time.Millisecond
 
-func newHarness(t testing.TB, newEffect func(api *client.API) effects.Effect[PaymentIntent]) *harness {
-	srv := stripetest.Start(t, stripetest.WithLatency(serverLatency))
+// newHarness starts the server; newEffect builds the effect under test
+// from a client and the harness's clock (for a journal's leases).
+func newHarness(t testing.TB, newEffect func(api *client.API, now func() time.Time) effects.Effect[PaymentIntent]) *harness {
+	clk := &agedClock{}
+	srv := stripetest.Start(t, stripetest.WithLatency(serverLatency), stripetest.WithClock(clk.Now))
 	return &harness{
 		srv:       srv,
-		newEffect: newEffect,
+		clock:     clk,
+		newEffect: func(api *client.API) effects.Effect[PaymentIntent] { return newEffect(api, clk.Now) },
 		count:     func(key effects.Key) int { return srv.Created(string(key)) },
 	}
 }
@@ -69,19 +98,43 @@ func (h *harness) Total(ctx context.Context) (int, error) { return h.srv.Total()
 // objects stay, as across a Stripe deploy.
 func (h *harness) Restart(ctx context.Context) error { return h.srv.Restart() }
 
+// Age moves the clock of the server (and of the journal) forward by d.
+func (h *harness) Age(_ context.Context, d time.Duration) error {
+	h.clock.advance(d)
+	return nil
+}
+
+// TestConformance: without a journal the contract's horizon is Stripe's
+// 24 hours, and a redelivery just inside it replays.
 func TestConformance(t *testing.T) {
-	conformance.Run(t, "stripe.PaymentIntents", func(t testing.TB) conformance.Harness[PaymentIntent] {
-		return newHarness(t, func(api *client.API) effects.Effect[PaymentIntent] { return must(NewPaymentIntents(api)) })
+	rep := conformance.Run(t, "stripe.PaymentIntents", func(t testing.TB) conformance.Harness[PaymentIntent] {
+		return newHarness(t, func(api *client.API, _ func() time.Time) effects.Effect[PaymentIntent] { return must(NewPaymentIntents(api)) })
 	})
+	requireVerified(t, rep)
 }
 
 // The journal is kept across Make like the server: it is the
-// application's database, which a restarted process finds again.
+// application's database, which a restarted process finds again. With it
+// the horizon is 0 (until the journal prunes), and a redelivery 400 days
+// later, long after Stripe forgot the key, replays from the journal.
 func TestConformanceWithJournal(t *testing.T) {
-	conformance.Run(t, "stripe.PaymentIntents+journal", func(t testing.TB) conformance.Harness[PaymentIntent] {
-		j := memjournal.New(nil)
-		return newHarness(t, func(api *client.API) effects.Effect[PaymentIntent] {
+	rep := conformance.Run(t, "stripe.PaymentIntents+journal", func(t testing.TB) conformance.Harness[PaymentIntent] {
+		var j *memjournal.Journal
+		return newHarness(t, func(api *client.API, now func() time.Time) effects.Effect[PaymentIntent] {
+			if j == nil {
+				j = memjournal.New(now)
+			}
 			return must(NewPaymentIntents(api, WithJournal(j)))
 		})
 	})
+	requireVerified(t, rep)
+}
+
+func requireVerified(t *testing.T, rep conformance.Report) {
+	t.Helper()
+	for _, f := range rep.Fields {
+		if f.Status != conformance.Verified {
+			t.Errorf("contract field %s", f)
+		}
+	}
 }

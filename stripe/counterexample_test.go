@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	stripego "github.com/stripe/stripe-go/v76"
 	"github.com/stripe/stripe-go/v76/client"
@@ -70,14 +71,14 @@ func (c *freshKeyPerAttempt) Apply(ctx context.Context, key effects.Key, in Paym
 // restart closed (its network error triggers the fresh-key retry).
 func TestCounterexampleFreshKeyPerAttemptFails(t *testing.T) {
 	rep := conformance.Evaluate(t, "counterexample: fresh key per attempt", func(t testing.TB) conformance.Harness[PaymentIntent] {
-		h := newHarness(t, func(api *client.API) effects.Effect[PaymentIntent] {
+		h := newHarness(t, func(api *client.API, _ func() time.Time) effects.Effect[PaymentIntent] {
 			return &freshKeyPerAttempt{api: api, e: must(newEffect("counterexample", "freshKeyPerAttempt.Apply", nil))}
 		})
 		// The retries' PaymentIntents carry random keys: count them by the
 		// effect key in their metadata instead.
 		h.count = func(key effects.Key) int { return h.srv.CreatedWithMetadata("effect_key", string(key)) }
 		return h
-	})
+	}, conformance.WithLateRedelivery(time.Second))
 	failed := rep.Failed()
 	t.Logf("caught by: %v\n%s", failed, rep.Markdown())
 	want := []string{conformance.ScenarioLostReply, conformance.ScenarioCut}
@@ -90,5 +91,41 @@ func TestCounterexampleFreshKeyPerAttemptFails(t *testing.T) {
 		if row, _ := rep.Row(name); row.MaxEffects < 2 {
 			t.Errorf("%s saw at most %d effects per key, want a duplicate", name, row.MaxEffects)
 		}
+	}
+}
+
+// foreverWithoutJournal is PaymentIntents without a journal, declared with
+// Horizon 0 ("kept until pruned"): the lie a team tells when it forgets
+// that Stripe keeps keys for 24 hours only. A redelivery a day later
+// creates a second PaymentIntent.
+type foreverWithoutJournal struct{ *PaymentIntents }
+
+func (e foreverWithoutJournal) Contract() effects.Contract {
+	c := e.PaymentIntents.Contract()
+	c.Horizon = 0
+	c.Enforcer = "stripe: Idempotency-Key (claimed kept until pruned, without a journal)"
+	return c
+}
+
+// The horizon scenario ages stripetest's clock by 400 days and redelivers:
+// Stripe has forgotten the key and creates a second PaymentIntent. The
+// immediate and the late redelivery (seconds later) still replay: only
+// the horizon tells the lie from the truth.
+func TestCounterexampleHorizonWithoutJournalFails(t *testing.T) {
+	rep := conformance.Evaluate(t, "counterexample: stripe without journal declared horizon 0", func(t testing.TB) conformance.Harness[PaymentIntent] {
+		return newHarness(t, func(api *client.API, _ func() time.Time) effects.Effect[PaymentIntent] {
+			return foreverWithoutJournal{must(NewPaymentIntents(api))}
+		})
+	}, conformance.Only(conformance.ScenarioHorizon, conformance.ScenarioRedelivery, conformance.ScenarioLateRedelivery),
+		conformance.WithLateRedelivery(time.Second))
+	t.Logf("caught by: %v\n%s", rep.Failed(), rep.Markdown())
+	if !slices.Equal(rep.Failed(), []string{conformance.ScenarioHorizon}) {
+		t.Errorf("failed scenarios %v, want just %s", rep.Failed(), conformance.ScenarioHorizon)
+	}
+	if row, _ := rep.Row(conformance.ScenarioHorizon); row.MaxEffects < 2 {
+		t.Errorf("horizon saw at most %d PaymentIntents per key, want the second one counted", row.MaxEffects)
+	}
+	if f, _ := rep.Field("Horizon"); f.Status != conformance.Failed {
+		t.Errorf("Horizon field: %s, want FAILED", f)
 	}
 }

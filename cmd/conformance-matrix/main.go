@@ -1,14 +1,18 @@
 // Command conformance-matrix merges the conformance reports that tests wrote
-// into a directory (set CONFORMANCE_REPORT=dir when running go test) into one
-// Markdown table: adapter × scenario → effects observed, verdict.
-// Counterexamples (reports made by conformance.Evaluate) are listed apart.
+// into a directory (set CONFORMANCE_REPORT=dir when running go test) into
+// Markdown tables: adapter × scenario → effects observed, verdict; per
+// adapter, each field of its declared contract (guarantee, duplicate
+// window, horizon, key reuse) verified, not verified or failed; the
+// journals (conformance.RunJournal) and sources (conformance.RunSource).
+// Counterexamples (reports made by the Evaluate functions) are listed
+// apart, with the scenarios that caught them.
 //
 // Usage:
 //
 //	CONFORMANCE_REPORT=/tmp/conf go test ./...
 //	go run effectively.dev/cmd/conformance-matrix /tmp/conf
 //
-// It exits with status 1 if any scenario of an adapter held to its contract
+// It exits with status 1 if any scenario of a report held to its contract
 // failed, and 2 if the directory holds no report (a suite that ran nothing
 // is not a pass).
 package main

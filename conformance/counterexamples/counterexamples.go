@@ -1,10 +1,11 @@
-// Package counterexamples holds adapters that claim EffectivelyOnce and lie.
-// They exist to prove the conformance suite: its own tests run the suite on
-// each one and fail unless the suite rejects it in a named scenario. A suite
-// that passes a counterexample is a failing test.
+// Package counterexamples holds code that claims more than it does, to
+// prove the conformance suite: its own tests run the suite on each one and
+// fail unless the suite rejects it in a named scenario. A suite that passes
+// a counterexample is a failing test. Never use these outside tests.
 //
-// Each writes a ledger row (the visible effect) into Postgres, in a table
-// without a unique index, as the chargehook handler in the essay did:
+// Effects (conformance.Run) claim EffectivelyOnce and write a ledger row
+// (the visible effect) into Postgres, in a table without a unique index,
+// as the chargehook handler in the essay did:
 //
 //   - [TwoTransactions]: check the dedup table, insert the ledger row, mark
 //     the key seen, each in its own transaction (the essay's bug). Caught by
@@ -16,13 +17,41 @@
 //   - [UncheckedFingerprint]: a correct dedup that claims to detect key
 //     reuse but never compares payloads. Caught by key reuse.
 //
-// Never use these outside tests.
+// and one for each way a lying adapter slipped through earlier versions
+// of the suite:
+//
+//   - [ForgetfulDedup]: dedup records that vanish after two seconds,
+//     declared "kept until pruned". Caught by horizon and late-redelivery.
+//   - [AppliedOnCutCommit]: reports Applied when its COMMIT was cut and
+//     nothing committed. Caught by cut-request, before any retry.
+//   - [TransientOnLostReply]: reports a lost COMMIT reply as ErrTransient,
+//     whose promise is that nothing was applied. Caught by lost-reply.
+//   - [MemoryResolved]: resolves an unknown outcome from state in process
+//     memory, which a successor process does not have. Caught by
+//     lost-reply, which retries on a new instance.
+//   - [PrefixDedup] and [CaseFoldDedup]: dedup on the first 44 bytes of
+//     the key, or on the key folded to lower case. Caught by
+//     distinct-keys.
+//   - [StormCheat]: sheds writes under a burst of distinct keys and
+//     remembers them as applied in memory. Caught by replay-storm, which
+//     checks the warm-up and counts every key.
+//   - [ChattyConstructor]: makes 70 round trips when it is built, more
+//     than the sweep's bound, and lies like TransientOnLostReply. Caught by
+//     lost-reply, which sweeps Apply's round trips only.
+//   - [HangOnFault]: on a connection failure waits for its context instead
+//     of returning. Reported by lost-reply as a hang of that Apply at that
+//     round trip.
+//
+// Journals (conformance.RunJournal), in journals.go: [TwoLeases],
+// [UnfencedRelease], [NoExpiry], [LastRefWins]. Sources
+// (conformance.RunSource), in sources.go: [AckOnNext].
 package counterexamples
 
 import (
 	"context"
 	"errors"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -32,12 +61,44 @@ import (
 )
 
 // Schema creates the tables the counterexamples write. The ledger has no
-// unique index, so duplicates stay visible.
+// unique index on the event, so duplicates stay visible (attempt, used by
+// MemoryResolved only, is unique where set).
 const Schema = `
-CREATE TABLE IF NOT EXISTS cx_ledger (id bigserial PRIMARY KEY, event_id text NOT NULL, cents bigint NOT NULL);
+CREATE TABLE IF NOT EXISTS cx_ledger (id bigserial PRIMARY KEY, event_id text NOT NULL, cents bigint NOT NULL, attempt text UNIQUE);
 CREATE INDEX IF NOT EXISTS cx_ledger_event ON cx_ledger (event_id);
-CREATE TABLE IF NOT EXISTS cx_seen (key text PRIMARY KEY, cents bigint NOT NULL);
+CREATE TABLE IF NOT EXISTS cx_seen (key text PRIMARY KEY, cents bigint NOT NULL, seen_at timestamptz NOT NULL DEFAULT now());
 `
+
+// CountBatch returns the ledger rows of every event id in one query.
+func CountBatch(ctx context.Context, db *pgxpool.Pool, eventIDs []string) ([]int, error) {
+	rows, err := db.Query(ctx, `SELECT event_id, count(*) FROM cx_ledger WHERE event_id = ANY($1) GROUP BY event_id`, eventIDs)
+	if err != nil {
+		return nil, err
+	}
+	got := map[string]int{}
+	for rows.Next() {
+		var id string
+		var n int
+		if err := rows.Scan(&id, &n); err != nil {
+			return nil, err
+		}
+		got[id] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	out := make([]int, len(eventIDs))
+	for i, id := range eventIDs {
+		out[i] = got[id]
+	}
+	return out, nil
+}
+
+// Age makes every dedup record d older, as if d had passed.
+func Age(ctx context.Context, db *pgxpool.Pool, d time.Duration) error {
+	_, err := db.Exec(ctx, `UPDATE cx_seen SET seen_at = seen_at - $1 * interval '1 microsecond'`, d.Microseconds())
+	return err
+}
 
 // Payment is the input every counterexample applies: one ledger row.
 type Payment struct {
@@ -112,19 +173,25 @@ func (e TwoTransactions) Apply(ctx context.Context, key effects.Key, in Payment)
 
 // dedupInsert is the honest core: claim and write in one transaction.
 func dedupInsert(ctx context.Context, db *pgxpool.Pool, key effects.Key, in Payment, checkPayload bool) (effects.Result, error) {
+	return dedupTx(ctx, db, key, string(key), in, checkPayload, classify)
+}
+
+// dedupTx claims dedupKey and writes in's ledger row in one transaction;
+// onErr classifies every failure (the honest classify, or a lie).
+func dedupTx(ctx context.Context, db *pgxpool.Pool, key effects.Key, dedupKey string, in Payment, checkPayload bool, onErr func(effects.Key, error) error) (effects.Result, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return effects.Result{}, classify(key, err)
+		return effects.Result{}, onErr(key, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	tag, err := tx.Exec(ctx, `INSERT INTO cx_seen (key, cents) VALUES ($1, $2) ON CONFLICT DO NOTHING`, string(key), in.Cents)
+	tag, err := tx.Exec(ctx, `INSERT INTO cx_seen (key, cents) VALUES ($1, $2) ON CONFLICT DO NOTHING`, dedupKey, in.Cents)
 	if err != nil {
-		return effects.Result{}, classify(key, err)
+		return effects.Result{}, onErr(key, err)
 	}
 	if tag.RowsAffected() == 0 {
 		var cents int64
-		if err := tx.QueryRow(ctx, `SELECT cents FROM cx_seen WHERE key = $1`, string(key)).Scan(&cents); err != nil {
-			return effects.Result{}, classify(key, err)
+		if err := tx.QueryRow(ctx, `SELECT cents FROM cx_seen WHERE key = $1`, dedupKey).Scan(&cents); err != nil {
+			return effects.Result{}, onErr(key, err)
 		}
 		if checkPayload && cents != in.Cents {
 			return effects.Result{}, &effects.Error{Kind: effects.ErrKeyReused, Key: key}
@@ -132,13 +199,18 @@ func dedupInsert(ctx context.Context, db *pgxpool.Pool, key effects.Key, in Paym
 		return effects.Result{Status: effects.Replayed}, nil
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO cx_ledger (event_id, cents) VALUES ($1, $2)`, in.EventID, in.Cents); err != nil {
-		return effects.Result{}, classify(key, err)
+		return effects.Result{}, onErr(key, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return effects.Result{}, classify(key, err)
+		return effects.Result{}, onErr(key, commitError{err})
 	}
 	return effects.Result{Status: effects.Applied}, nil
 }
+
+// commitError marks a failure of COMMIT itself, for the lies about it.
+type commitError struct{ error }
+
+func (e commitError) Unwrap() error { return e.error }
 
 // FreshKeyPerAttempt dedups correctly but retries a failed attempt under a
 // new key ("key#2", "key#3"), so a lost COMMIT reply is retried as a new

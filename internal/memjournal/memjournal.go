@@ -70,6 +70,9 @@ func (j *Journal) Begin(ctx context.Context, key effects.Key, fp []byte, lease t
 
 // Complete implements effects.Journal.
 func (j *Journal) Complete(_ context.Context, key effects.Key, ref string) error {
+	if err := key.Validate(); err != nil {
+		return err
+	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	r := j.recs[key]
@@ -85,6 +88,9 @@ func (j *Journal) Complete(_ context.Context, key effects.Key, ref string) error
 
 // Release implements effects.Journal.
 func (j *Journal) Release(_ context.Context, key effects.Key, attempt int) error {
+	if err := key.Validate(); err != nil {
+		return err
+	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.releases++

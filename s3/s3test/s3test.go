@@ -339,6 +339,34 @@ func (s *Server) Restart(ctx context.Context) error {
 	return s.launch(ctx, s.addr)
 }
 
+// Age makes every object and version the gateway stores d older, as if d
+// had passed since it was written: versitygw reports a file's modification
+// time as the object's Last-Modified, so Age moves every file's times in
+// its directories back by d. Nothing is deleted. It returns an error for
+// an external endpoint. A conformance harness uses it as its
+// conformance.Ager.
+func (s *Server) Age(d time.Duration) error {
+	if s.external {
+		return errors.New("s3test: cannot age an external endpoint (" + EnvEndpoint + ")")
+	}
+	for _, dir := range []string{s.root, s.versions} {
+		err := filepath.WalkDir(dir, func(path string, _ os.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			fi, err := os.Stat(path)
+			if err != nil {
+				return err
+			}
+			return os.Chtimes(path, fi.ModTime().Add(-d), fi.ModTime().Add(-d))
+		})
+		if err != nil {
+			return fmt.Errorf("s3test: aging %s: %w", dir, err)
+		}
+	}
+	return nil
+}
+
 // Close stops the server and removes its directory; the cleanup of
 // [Start] and [StartInProcess] calls it. For an external endpoint it does
 // nothing.

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
@@ -272,5 +273,29 @@ func TestPrefixIsUniqueAndSafe(t *testing.T) {
 	a, b := srv.Prefix("Test/x y"), srv.Prefix("Test/x y")
 	if a == b || !strings.HasSuffix(a, "/") || strings.ContainsAny(strings.TrimSuffix(a, "/"), "/ ") {
 		t.Errorf("Prefix = %q, %q: want distinct, one path component ending in /", a, b)
+	}
+}
+
+func TestAgeMovesLastModifiedBack(t *testing.T) {
+	srv := s3test.Start(t)
+	if srv.External() {
+		t.Skip("cannot age an external endpoint")
+	}
+	c := srv.Client(t)
+	ctx := context.Background()
+	key := aws.String(srv.Prefix(t.Name()) + "object")
+	if _, err := c.PutObject(ctx, &awss3.PutObjectInput{Bucket: &srv.Bucket, Key: key, Body: bytes.NewReader([]byte("old"))}); err != nil {
+		t.Fatalf("PutObject: %v", err)
+	}
+	const age = 400 * 24 * time.Hour
+	if err := srv.Age(age); err != nil {
+		t.Fatalf("Age: %v", err)
+	}
+	head, err := c.HeadObject(ctx, &awss3.HeadObjectInput{Bucket: &srv.Bucket, Key: key})
+	if err != nil {
+		t.Fatalf("HeadObject after Age: %v", err)
+	}
+	if lm := aws.ToTime(head.LastModified); time.Since(lm) < age-time.Hour {
+		t.Errorf("Last-Modified %v is %v ago after Age(%v)", lm, time.Since(lm), age)
 	}
 }

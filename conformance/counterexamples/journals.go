@@ -1,0 +1,85 @@
+package counterexamples
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"effectively.dev/effects"
+	"effectively.dev/internal/memjournal"
+)
+
+// Journals that break the [effects.Journal] contract, each in one way, to
+// prove conformance.RunJournal. Each wraps an honest in-memory journal and
+// changes one thing.
+
+// TwoLeases lets a second attempt take a lease that another attempt
+// holds: when the journal says ErrInFlight it grants the lease anyway.
+// Two attempts then do the effect at once. Caught by lease,
+// concurrent-begin and crashed-holder.
+type TwoLeases struct{ *memjournal.Journal }
+
+// Begin grants the lease even while another attempt holds it.
+func (j TwoLeases) Begin(ctx context.Context, key effects.Key, fp []byte, lease time.Duration) (effects.Record, error) {
+	rec, err := j.Journal.Begin(ctx, key, fp, lease)
+	if errors.Is(err, effects.ErrInFlight) {
+		return effects.Record{Attempt: j.Get(key).Attempt}, nil
+	}
+	return rec, err
+}
+
+// UnfencedRelease ignores the attempt number in Release: a slow attempt
+// whose lease expired frees the lease of the attempt that took over.
+// Caught by fencing.
+type UnfencedRelease struct{ *memjournal.Journal }
+
+// Release releases whatever attempt holds the key.
+func (j UnfencedRelease) Release(ctx context.Context, key effects.Key, _ int) error {
+	return j.Journal.Release(ctx, key, j.Get(key).Attempt)
+}
+
+// NoExpiry never lets a lease expire: a crashed holder blocks its key
+// forever. Caught by lease-expiry and crashed-holder.
+type NoExpiry struct{ *memjournal.Journal }
+
+// Begin asks for a lease of a hundred years.
+func (j NoExpiry) Begin(ctx context.Context, key effects.Key, fp []byte, _ time.Duration) (effects.Record, error) {
+	return j.Journal.Begin(ctx, key, fp, 100*365*24*time.Hour)
+}
+
+// LastRefWins overwrites the reference on every Complete, so a slow
+// attempt's late Complete replaces the reference that replays returned.
+// Caught by complete-keeps-first-ref.
+type LastRefWins struct {
+	*memjournal.Journal
+	mu   sync.Mutex
+	refs map[effects.Key]string
+}
+
+// NewLastRefWins returns a LastRefWins over a new in-memory journal.
+func NewLastRefWins() *LastRefWins {
+	return &LastRefWins{Journal: memjournal.New(nil), refs: map[effects.Key]string{}}
+}
+
+// Complete records ref, replacing any earlier one.
+func (j *LastRefWins) Complete(ctx context.Context, key effects.Key, ref string) error {
+	if err := j.Journal.Complete(ctx, key, ref); err != nil {
+		return err
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.refs[key] = ref
+	return nil
+}
+
+// Begin returns the last reference of a done key.
+func (j *LastRefWins) Begin(ctx context.Context, key effects.Key, fp []byte, lease time.Duration) (effects.Record, error) {
+	rec, err := j.Journal.Begin(ctx, key, fp, lease)
+	if err == nil && rec.Done {
+		j.mu.Lock()
+		rec.Ref = j.refs[key]
+		j.mu.Unlock()
+	}
+	return rec, err
+}

@@ -1,0 +1,51 @@
+package counterexamples_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+
+	"effectively.dev/conformance"
+	"effectively.dev/conformance/counterexamples"
+	"effectively.dev/effects"
+	"effectively.dev/internal/memjournal"
+)
+
+// journalHarness opens one shared journal for every instance.
+type journalHarness struct{ j effects.Journal }
+
+func (h journalHarness) Open(context.Context, *conformance.Faults) (effects.Journal, func(), error) {
+	return h.j, nil, nil
+}
+
+// TestRunJournalCatchesCounterexamples is RunJournal's proof: each journal
+// that breaks the protocol in one way fails the scenarios named for it.
+func TestRunJournalCatchesCounterexamples(t *testing.T) {
+	cases := []struct {
+		name   string
+		open   func() effects.Journal
+		caught []string
+	}{
+		{"two attempts hold one lease", func() effects.Journal { return counterexamples.TwoLeases{Journal: memjournal.New(nil)} },
+			[]string{conformance.JournalLease, conformance.JournalConcurrent, conformance.JournalCrashedHolder}},
+		{"release without fencing", func() effects.Journal { return counterexamples.UnfencedRelease{Journal: memjournal.New(nil)} },
+			[]string{conformance.JournalFencing}},
+		{"leases never expire", func() effects.Journal { return counterexamples.NoExpiry{Journal: memjournal.New(nil)} },
+			[]string{conformance.JournalLeaseExpiry, conformance.JournalCrashedHolder}},
+		{"the last reference wins", func() effects.Journal { return counterexamples.NewLastRefWins() },
+			[]string{conformance.JournalFirstRef}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rep := conformance.EvaluateJournal(t, "counterexample: "+c.name, func(testing.TB) conformance.JournalHarness {
+				return journalHarness{c.open()}
+			}, conformance.Only(c.caught...))
+			for _, s := range c.caught {
+				if !slices.Contains(rep.Failed(), s) {
+					row, _ := rep.Row(s)
+					t.Errorf("%s passed a journal where %s (verdict %s)", s, c.name, row.Verdict)
+				}
+			}
+		})
+	}
+}

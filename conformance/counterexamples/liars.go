@@ -1,0 +1,292 @@
+package counterexamples
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"effectively.dev/effects"
+)
+
+// ForgetfulDedup is a same-transaction dedup whose records count only for
+// two seconds (a cache TTL someone thought was plenty), declared with
+// Horizon 0: "kept until pruned".
+type ForgetfulDedup struct{ DB *pgxpool.Pool }
+
+// Contract claims EffectivelyOnce with keys kept until pruned. The horizon
+// is a lie.
+func (e ForgetfulDedup) Contract() effects.Contract {
+	return claim("counterexample: dedup records that expire after 2s, declared kept until pruned")
+}
+
+// Apply drops a dedup record older than two seconds, then dedups.
+func (e ForgetfulDedup) Apply(ctx context.Context, key effects.Key, in Payment) (effects.Result, error) {
+	if err := key.Validate(); err != nil {
+		return effects.Result{}, err
+	}
+	if _, err := e.DB.Exec(ctx, `DELETE FROM cx_seen WHERE key = $1 AND seen_at < now() - interval '2 seconds'`, string(key)); err != nil {
+		return effects.Result{}, classify(key, err)
+	}
+	return dedupInsert(ctx, e.DB, key, in, true)
+}
+
+// AppliedOnCutCommit dedups correctly but, when COMMIT fails, reports the
+// effect applied: "the write went out, so it happened".
+type AppliedOnCutCommit struct{ DB *pgxpool.Pool }
+
+// Contract claims EffectivelyOnce. It is a lie.
+func (e AppliedOnCutCommit) Contract() effects.Contract {
+	return claim("counterexample: reports Applied when COMMIT fails")
+}
+
+// Apply dedups, and turns a failed COMMIT into success.
+func (e AppliedOnCutCommit) Apply(ctx context.Context, key effects.Key, in Payment) (effects.Result, error) {
+	if err := key.Validate(); err != nil {
+		return effects.Result{}, err
+	}
+	res, err := dedupInsert(ctx, e.DB, key, in, true)
+	var ce commitError
+	if errors.As(err, &ce) {
+		return effects.Result{Status: effects.Applied}, nil
+	}
+	return res, err
+}
+
+// TransientOnLostReply dedups correctly but reports every failure,
+// COMMIT's lost reply included, as ErrTransient: "nothing was applied".
+// A caller that trusts the promise (releases a lease, skips a
+// reconciliation) is misled.
+type TransientOnLostReply struct{ DB *pgxpool.Pool }
+
+// Contract claims EffectivelyOnce.
+func (e TransientOnLostReply) Contract() effects.Contract {
+	return claim("counterexample: every failure reported as ErrTransient")
+}
+
+// Apply dedups and calls every failure transient.
+func (e TransientOnLostReply) Apply(ctx context.Context, key effects.Key, in Payment) (effects.Result, error) {
+	if err := key.Validate(); err != nil {
+		return effects.Result{}, err
+	}
+	return dedupTx(ctx, e.DB, key, string(key), in, true, func(k effects.Key, err error) error {
+		return effects.Transient("counterexample", k, err)
+	})
+}
+
+// MemoryResolved writes the ledger row and the dedup record in separate
+// transactions, and bridges the gap with process memory: the row carries
+// an attempt id that the process remembers per key until the dedup record
+// commits, so a retry in the same process finds its own row (ON CONFLICT
+// on the attempt id) instead of writing another. A successor process,
+// after a crash or a redeploy, has no memory of the attempt and writes the
+// row again. Create it with [NewMemoryResolved], one per process.
+type MemoryResolved struct {
+	DB *pgxpool.Pool
+
+	mu       sync.Mutex
+	locks    map[effects.Key]*sync.Mutex
+	attempts map[effects.Key]string
+}
+
+// NewMemoryResolved returns a MemoryResolved with empty memory.
+func NewMemoryResolved(db *pgxpool.Pool) *MemoryResolved {
+	return &MemoryResolved{DB: db, locks: map[effects.Key]*sync.Mutex{}, attempts: map[effects.Key]string{}}
+}
+
+// Contract claims EffectivelyOnce. It holds only while the process lives.
+func (e *MemoryResolved) Contract() effects.Contract {
+	return claim("counterexample: unknown outcomes resolved from process memory")
+}
+
+// Apply checks the dedup record, writes the row under the remembered
+// attempt id, then records the key.
+func (e *MemoryResolved) Apply(ctx context.Context, key effects.Key, in Payment) (effects.Result, error) {
+	if err := key.Validate(); err != nil {
+		return effects.Result{}, err
+	}
+	e.mu.Lock()
+	l := e.locks[key]
+	if l == nil {
+		l = &sync.Mutex{}
+		e.locks[key] = l
+	}
+	e.mu.Unlock()
+	l.Lock()
+	defer l.Unlock()
+	var cents int64
+	err := e.DB.QueryRow(ctx, `SELECT cents FROM cx_seen WHERE key = $1`, string(key)).Scan(&cents)
+	switch {
+	case err == nil && cents != in.Cents:
+		return effects.Result{}, &effects.Error{Kind: effects.ErrKeyReused, Key: key}
+	case err == nil:
+		return effects.Result{Status: effects.Replayed}, nil
+	case !errors.Is(err, pgx.ErrNoRows):
+		return effects.Result{}, classify(key, err)
+	}
+	e.mu.Lock()
+	id, ok := e.attempts[key]
+	if !ok {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		id = hex.EncodeToString(b[:])
+		e.attempts[key] = id
+	}
+	e.mu.Unlock()
+	if _, err := e.DB.Exec(ctx, `INSERT INTO cx_ledger (event_id, cents, attempt) VALUES ($1, $2, $3) ON CONFLICT (attempt) DO NOTHING`,
+		in.EventID, in.Cents, id); err != nil {
+		return effects.Result{}, classify(key, err)
+	}
+	if _, err := e.DB.Exec(ctx, `INSERT INTO cx_seen (key, cents) VALUES ($1, $2) ON CONFLICT DO NOTHING`, string(key), in.Cents); err != nil {
+		return effects.Result{}, classify(key, err)
+	}
+	e.mu.Lock()
+	delete(e.attempts, key)
+	e.mu.Unlock()
+	return effects.Result{Status: effects.Applied}, nil
+}
+
+// PrefixDedup dedups on the first 44 bytes of the key (a column someone
+// sized to a UUID and a prefix).
+type PrefixDedup struct{ DB *pgxpool.Pool }
+
+// Contract claims EffectivelyOnce.
+func (e PrefixDedup) Contract() effects.Contract {
+	return claim("counterexample: dedup on the key's first 44 bytes")
+}
+
+// Apply dedups on key[:44].
+func (e PrefixDedup) Apply(ctx context.Context, key effects.Key, in Payment) (effects.Result, error) {
+	if err := key.Validate(); err != nil {
+		return effects.Result{}, err
+	}
+	dk := string(key)
+	if len(dk) > 44 {
+		dk = dk[:44]
+	}
+	return dedupTx(ctx, e.DB, key, dk, in, true, classify)
+}
+
+// CaseFoldDedup dedups on the key folded to lower case (a
+// case-insensitive collation, or a lower() in the unique index).
+type CaseFoldDedup struct{ DB *pgxpool.Pool }
+
+// Contract claims EffectivelyOnce.
+func (e CaseFoldDedup) Contract() effects.Contract {
+	return claim("counterexample: dedup on the key folded to lower case")
+}
+
+// Apply dedups on strings.ToLower(key).
+func (e CaseFoldDedup) Apply(ctx context.Context, key effects.Key, in Payment) (effects.Result, error) {
+	if err := key.Validate(); err != nil {
+		return effects.Result{}, err
+	}
+	return dedupTx(ctx, e.DB, key, strings.ToLower(string(key)), in, true, classify)
+}
+
+// StormCheat keeps the keys it applied in process memory and replays them
+// from there; under a burst (five or more distinct keys in flight at once)
+// it sheds one write in twenty, reporting it applied and remembering it,
+// to keep up. Create it with [NewStormCheat], one per process.
+type StormCheat struct {
+	DB *pgxpool.Pool
+
+	mu       sync.Mutex
+	seen     map[effects.Key]int64
+	inflight map[effects.Key]int
+	burst    int
+}
+
+// NewStormCheat returns a StormCheat with empty memory.
+func NewStormCheat(db *pgxpool.Pool) *StormCheat {
+	return &StormCheat{DB: db, seen: map[effects.Key]int64{}, inflight: map[effects.Key]int{}}
+}
+
+// Contract claims EffectivelyOnce.
+func (e *StormCheat) Contract() effects.Contract {
+	return claim("counterexample: sheds writes under a burst, remembers them as applied")
+}
+
+// Apply replays from memory, sheds under a burst, else dedups.
+func (e *StormCheat) Apply(ctx context.Context, key effects.Key, in Payment) (effects.Result, error) {
+	if err := key.Validate(); err != nil {
+		return effects.Result{}, err
+	}
+	e.mu.Lock()
+	if cents, ok := e.seen[key]; ok && cents == in.Cents {
+		e.mu.Unlock()
+		return effects.Result{Status: effects.Replayed}, nil
+	}
+	e.inflight[key]++
+	shed := false
+	if len(e.inflight) >= 5 {
+		e.burst++
+		shed = e.burst%20 == 0
+	}
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		if e.inflight[key]--; e.inflight[key] == 0 {
+			delete(e.inflight, key)
+		}
+		e.mu.Unlock()
+	}()
+	res := effects.Result{Status: effects.Applied}
+	if !shed {
+		var err error
+		if res, err = dedupInsert(ctx, e.DB, key, in, true); err != nil {
+			return res, err
+		}
+	}
+	e.mu.Lock()
+	e.seen[key] = in.Cents
+	e.mu.Unlock()
+	return res, nil
+}
+
+// ChattyConstructorPings is how many round trips [NewChattyConstructor]
+// makes: more than the suite's default sweep bound of 64.
+const ChattyConstructorPings = 70
+
+// ChattyConstructor is [TransientOnLostReply] behind a constructor that
+// makes 70 round trips (a warm-up, a schema check), tolerating their
+// failures. A sweep that counted the constructor's round trips would
+// fault only those and never reach Apply.
+type ChattyConstructor struct{ TransientOnLostReply }
+
+// NewChattyConstructor pings db 70 times, ignoring failures, and returns
+// the effect.
+func NewChattyConstructor(ctx context.Context, db *pgxpool.Pool) ChattyConstructor {
+	for range ChattyConstructorPings {
+		_, _ = db.Exec(ctx, `SELECT 1`)
+	}
+	return ChattyConstructor{TransientOnLostReply{db}}
+}
+
+// HangOnFault dedups correctly but, when a call fails, waits for its
+// context to end (an internal retry loop with no bound) instead of
+// returning the unknown outcome.
+type HangOnFault struct{ DB *pgxpool.Pool }
+
+// Contract claims EffectivelyOnce.
+func (e HangOnFault) Contract() effects.Contract {
+	return claim("counterexample: waits for its context after a failure")
+}
+
+// Apply dedups; after a failure it waits until ctx is done.
+func (e HangOnFault) Apply(ctx context.Context, key effects.Key, in Payment) (effects.Result, error) {
+	if err := key.Validate(); err != nil {
+		return effects.Result{}, err
+	}
+	res, err := dedupInsert(ctx, e.DB, key, in, true)
+	if err != nil && ctx.Err() == nil {
+		<-ctx.Done()
+		return effects.Result{}, effects.Ambiguous("counterexample", key, errors.Join(err, ctx.Err()))
+	}
+	return res, err
+}

@@ -1,0 +1,30 @@
+package counterexamples
+
+import (
+	"context"
+	"fmt"
+
+	"effectively.dev/effects"
+)
+
+// AckOnNext wraps any [effects.Source] so that it acks every delivery as
+// it hands it out, and makes Ack a no-op: the auto-commit consumer, which
+// loses every message whose handler fails or whose process dies before
+// the side effect. Caught by unacked-after-close, unacked-after-crash,
+// out-of-order-acks, never-acked and revocation.
+type AckOnNext struct{ effects.Source }
+
+// Next hands out the next delivery, already acked.
+func (s AckOnNext) Next(ctx context.Context) (effects.Delivery, error) {
+	d, err := s.Source.Next(ctx)
+	if err != nil {
+		return d, err
+	}
+	if err := s.Source.Ack(ctx, d); err != nil {
+		return effects.Delivery{}, fmt.Errorf("ack on next: %w", err)
+	}
+	return d, nil
+}
+
+// Ack does nothing: the delivery was acked when it was handed out.
+func (s AckOnNext) Ack(context.Context, effects.Delivery) error { return nil }

@@ -1,0 +1,247 @@
+package conformance
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The three suites, as they appear in reports.
+const (
+	suiteEffect  = "effect"
+	suiteJournal = "journal"
+	suiteSource  = "source"
+)
+
+// scenario is one row of a suite's scenario table: its name, the harness
+// capabilities it cannot run without, and what it does.
+type scenario[H any] struct {
+	name  string
+	needs []capability
+	run   func(c *checker, h H)
+}
+
+// capability is an optional harness interface a scenario needs.
+type capability struct {
+	name string // the interface, as the report names it
+	has  func(h any) bool
+}
+
+func names[H any](table []scenario[H]) []string {
+	out := make([]string, len(table))
+	for i, sc := range table {
+		out[i] = sc.name
+	}
+	return out
+}
+
+// runSuite runs every selected scenario of table as a subtest of t, each
+// with a fresh harness from mk, completes the report with settle (if not
+// nil), writes it where CONFORMANCE_REPORT says and returns it. In strict
+// mode every failed check fails the (sub)test it happened in.
+func runSuite[H any](t *testing.T, op, suite, subject string, table []scenario[H], mk func(testing.TB) H, opts []Option, strict bool, settle func(*Report)) Report {
+	t.Helper()
+	rep := runTable(t, op, suite, subject, table, mk, opts, strict)
+	if settle != nil {
+		settle(&rep)
+	}
+	if err := rep.writeEnv(); err != nil {
+		t.Errorf("conformance: writing report: %v", err)
+	}
+	if testing.Verbose() {
+		t.Logf("conformance matrix:\n%s", rep.Markdown())
+	}
+	return rep
+}
+
+func runTable[H any](t *testing.T, op, suite, subject string, table []scenario[H], mk func(testing.TB) H, opts []Option, strict bool) Report {
+	t.Helper()
+	cfg, err := newConfig(op, suite, names(table), opts)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	rep := Report{Suite: suite, Adapter: subject, Evaluated: !strict}
+	for _, sc := range table {
+		row := &Row{Scenario: sc.name}
+		if !cfg.selected(sc.name) {
+			row.Skipped = "not selected (Only)"
+			row.settle()
+			rep.Rows = append(rep.Rows, *row)
+			continue
+		}
+		started, finished := false, false
+		t.Run(sc.name, func(t *testing.T) {
+			started = true
+			ctx, cancel := context.WithTimeout(context.Background(), cfg.timeout)
+			defer cancel()
+			c := &checker{t: t, ctx: ctx, row: row, strict: strict, cfg: &cfg, run: newRunID()}
+			h := mk(t)
+			for _, need := range sc.needs {
+				if !need.has(h) {
+					row.Skipped = "harness does not implement " + need.name
+					t.Logf("not run: %s", row.Skipped)
+					finished = true
+					return
+				}
+			}
+			c.guard(func() { sc.run(c, h) })
+			finished = true
+		})
+		switch {
+		case !started:
+			row.Skipped = "not selected (go test -run)"
+		case !finished:
+			// The subtest stopped early (the harness failed it with
+			// t.Fatal): whatever was recorded so far is no pass.
+			row.fail("the scenario did not finish: the harness or the code under test failed the test (see its log)")
+		}
+		row.settle()
+		if row.Verdict == Fail && !strict {
+			t.Logf("%s: verdict FAIL (not failing the test: Evaluate): %s", sc.name, strings.Join(row.Failures, "; "))
+		}
+		rep.Rows = append(rep.Rows, *row)
+	}
+	return rep
+}
+
+// checker records one scenario's checks into its row. Failed checks fail
+// the current (sub)test in strict mode.
+type checker struct {
+	t      *testing.T
+	ctx    context.Context
+	row    *Row
+	strict bool
+	cfg    *config
+	run    string // unique to this scenario run, part of every key
+}
+
+// abort stops a scenario (or a sweep's round trip) after a failure that
+// makes further checks moot, or when it cannot run.
+type abort struct{}
+
+// guard runs fn, recovering an abort.
+func (c *checker) guard(fn func()) {
+	defer func() {
+		if r := recover(); r != nil {
+			if _, ok := r.(abort); !ok {
+				panic(r)
+			}
+		}
+	}()
+	fn()
+}
+
+// check records one assertion: ok, or a failure described by the format.
+func (c *checker) check(ok bool, format string, args ...any) bool {
+	c.row.checked()
+	if !ok {
+		c.failf(format, args...)
+	}
+	return ok
+}
+
+func (c *checker) failf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	c.row.fail(msg)
+	if c.strict {
+		c.t.Errorf("%s: %s", c.row.Scenario, msg)
+	} else {
+		c.t.Logf("check failed: %s", msg)
+	}
+}
+
+// fatalf records a failure and stops the scenario (or the round trip).
+func (c *checker) fatalf(format string, args ...any) {
+	c.failf(format, args...)
+	panic(abort{})
+}
+
+func (c *checker) notef(format string, args ...any) {
+	c.row.note(fmt.Sprintf(format, args...))
+}
+
+// skip marks the scenario not run, with why, and stops it.
+func (c *checker) skip(format string, args ...any) {
+	c.row.skip(fmt.Sprintf(format, args...))
+	c.t.Logf("not run: %s", c.row.Skipped)
+	panic(abort{})
+}
+
+// sub runs fn as a subtest named name (so that -run isolates it), with a
+// checker of its own that records into the same row.
+// It reports whether the subtest ran: go test -run may leave it out.
+func (c *checker) sub(name string, fn func(c *checker)) bool {
+	started, finished := false, false
+	c.t.Run(name, func(t *testing.T) {
+		started = true
+		sc := *c
+		sc.t = t
+		sc.guard(func() { fn(&sc) })
+		finished = true
+	})
+	if started && !finished {
+		c.row.fail(name + ": did not finish: the harness or the code under test failed the test (see its log)")
+	}
+	return started
+}
+
+// hangGrace is how long a hung call gets to return once its context was
+// cancelled and its connections cut.
+const hangGrace = 5 * time.Second
+
+// timed runs one call into the code under test, bounded by the apply
+// timeout. A call still running then is a hang: its context is cancelled,
+// the connections of f (if any) are cut, the failure names what (the call,
+// and the round trip it was on, counted after the first base), and the
+// scenario stops.
+func timed[T any](c *checker, f *Faults, base int, what string, fn func(ctx context.Context) (T, error)) (T, error) {
+	ctx, cancel := context.WithCancel(c.ctx)
+	defer cancel()
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, err := fn(ctx)
+		done <- result{v, err}
+	}()
+	timer := time.NewTimer(c.cfg.applyTimeout)
+	defer timer.Stop()
+	limit := fmt.Sprintf("within %v", c.cfg.applyTimeout)
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-timer.C:
+	case <-c.ctx.Done():
+		limit = fmt.Sprintf("before the scenario's time limit (%v)", c.cfg.timeout)
+	}
+	where := ""
+	if f != nil {
+		where = "; " + f.describe(base)
+	}
+	cancel()
+	if f != nil {
+		f.Sever()
+	}
+	grace := time.NewTimer(hangGrace)
+	defer grace.Stop()
+	select {
+	case <-done:
+		c.fatalf("hang: %s did not return %s%s (it returned once its context was cancelled and its connections cut)", what, limit, where)
+	case <-grace.C:
+		c.fatalf("hang: %s did not return %s%s, nor %v after its context was cancelled and its connections cut", what, limit, where, hangGrace)
+	}
+	var zero T
+	return zero, nil // not reached
+}
+
+func newRunID() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

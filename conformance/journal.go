@@ -1,0 +1,453 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"effectively.dev/effects"
+)
+
+// JournalHarness connects the journal suite ([RunJournal]) to one
+// [effects.Journal] implementation and its backend. A [Restarter] harness
+// also runs the backend-restart scenario.
+type JournalHarness interface {
+	// Open returns a new instance of the journal over the harness's
+	// backend, as a process would build it at start-up, with every
+	// connection through f (a journal held in process memory ignores f).
+	// Instances of one harness share the backend: what one records, the
+	// others read. close releases the instance.
+	Open(ctx context.Context, f *Faults) (j effects.Journal, close func(), err error)
+}
+
+// JournalMaker returns a fresh JournalHarness (a fresh backend, or a fresh
+// scope in a shared one) for one scenario, cleaning up with t.Cleanup.
+type JournalMaker func(t testing.TB) JournalHarness
+
+// Scenario names of the journal suite.
+const (
+	JournalLease          = "lease"
+	JournalLeaseExpiry    = "lease-expiry"
+	JournalFencing        = "fencing"
+	JournalFirstRef       = "complete-keeps-first-ref"
+	JournalKeyReuse       = "key-reuse"
+	JournalInvalidKeys    = "invalid-keys"
+	JournalDistinctKeys   = "distinct-keys"
+	JournalConcurrent     = "concurrent-begin"
+	JournalCrashedHolder  = "crashed-holder"
+	JournalBackendRestart = "backend-restart"
+)
+
+// holdLease is the lease the journal suite takes when it must not expire
+// during a scenario.
+const holdLease = time.Minute
+
+func journalTable() []scenario[JournalHarness] {
+	type s = jscene
+	return []scenario[JournalHarness]{
+		{JournalLease, nil, journal((*s).lease)},
+		{JournalLeaseExpiry, nil, journal((*s).leaseExpiry)},
+		{JournalFencing, nil, journal((*s).fencing)},
+		{JournalFirstRef, nil, journal((*s).firstRef)},
+		{JournalKeyReuse, nil, journal((*s).keyReuse)},
+		{JournalInvalidKeys, nil, journal((*s).invalidKeys)},
+		{JournalDistinctKeys, nil, journal((*s).distinctKeys)},
+		{JournalConcurrent, nil, journal((*s).concurrent)},
+		{JournalCrashedHolder, nil, journal((*s).crashedHolder)},
+		{JournalBackendRestart, []capability{capRestarter}, journal((*s).restart)},
+	}
+}
+
+// JournalScenarios lists the journal suite's scenarios in the order
+// [RunJournal] runs them.
+var JournalScenarios = names(journalTable())
+
+// RunJournal runs the journal suite against the journal that mk's harness
+// opens: a lease and its expiry, fencing by attempt, Complete keeping the
+// first reference, key reuse, invalid and distinct keys, concurrent Begins
+// (of a new key and of an expired lease), a lease holder that crashed,
+// and a backend restart when the harness can do one. Each scenario is a
+// subtest of t; every failed check fails t. The report is returned and,
+// with CONFORMANCE_REPORT set, written for the matrix.
+func RunJournal(t *testing.T, name string, mk JournalMaker, opts ...Option) Report {
+	t.Helper()
+	return runSuite(t, "conformance.RunJournal", suiteJournal, name, journalTable(), mk, opts, true, nil)
+}
+
+// EvaluateJournal is [RunJournal] without failing t when a check fails:
+// the suite's own tests use it on counterexamples.
+func EvaluateJournal(t *testing.T, name string, mk JournalMaker, opts ...Option) Report {
+	t.Helper()
+	return runSuite(t, "conformance.EvaluateJournal", suiteJournal, name, journalTable(), mk, opts, false, nil)
+}
+
+func journal(fn func(s *jscene)) func(c *checker, h JournalHarness) {
+	return func(c *checker, h JournalHarness) { fn(&jscene{checker: c, h: h}) }
+}
+
+// jscene is one journal scenario's run.
+type jscene struct {
+	*checker
+	h JournalHarness
+}
+
+// jinst is one journal instance: a process, to the suite.
+type jinst struct {
+	j     effects.Journal
+	f     *Faults
+	close func()
+	done  bool
+	name  string
+}
+
+func (i *jinst) Close() {
+	if !i.done {
+		i.done = true
+		i.close()
+	}
+}
+
+func (s *jscene) open(name string) *jinst {
+	f := NewFaults()
+	j, closeFn, err := s.h.Open(s.ctx, f)
+	if err != nil {
+		s.t.Fatalf("conformance: harness Open: %v", err)
+	}
+	if j == nil {
+		s.t.Fatalf("conformance: harness Open returned a nil journal")
+	}
+	if closeFn == nil {
+		closeFn = func() {}
+	}
+	i := &jinst{j: j, f: f, close: closeFn, name: name}
+	s.t.Cleanup(i.Close)
+	return i
+}
+
+func (s *jscene) key(parts ...string) effects.Key {
+	return effects.MustKey(append([]string{"conformance", s.run}, parts...)...)
+}
+
+var fp1, fp2 = []byte("fingerprint-1"), []byte("fingerprint-2")
+
+func (s *jscene) begin(i *jinst, key effects.Key, fp []byte, lease time.Duration) (effects.Record, error) {
+	return timed(s.checker, i.f, 0, fmt.Sprintf("Begin(%s) on instance %s", shortKey(key), i.name), func(ctx context.Context) (effects.Record, error) {
+		return i.j.Begin(ctx, key, fp, lease)
+	})
+}
+
+func (s *jscene) complete(i *jinst, key effects.Key, ref string) error {
+	_, err := timed(s.checker, i.f, 0, fmt.Sprintf("Complete(%s) on instance %s", shortKey(key), i.name), func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, i.j.Complete(ctx, key, ref)
+	})
+	return err
+}
+
+func (s *jscene) release(i *jinst, key effects.Key, attempt int) error {
+	_, err := timed(s.checker, i.f, 0, fmt.Sprintf("Release(%s, %d) on instance %s", shortKey(key), attempt, i.name), func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, i.j.Release(ctx, key, attempt)
+	})
+	return err
+}
+
+// mustLease begins key and requires the lease.
+func (s *jscene) mustLease(i *jinst, key effects.Key, lease time.Duration, what string) effects.Record {
+	rec, err := s.begin(i, key, fp1, lease)
+	if err != nil {
+		s.fatalf("%s: Begin: %v, want the lease", what, err)
+	}
+	if !s.check(!rec.Done, "%s: Begin returned a done record (ref %q), want the lease", what, rec.Ref) {
+		panic(abort{})
+	}
+	return rec
+}
+
+// inFlight requires Begin to refuse key with ErrInFlight.
+func (s *jscene) inFlight(i *jinst, key effects.Key, what string) {
+	s.inFlightUntil(i, key, time.Time{}, what)
+}
+
+// inFlightUntil is inFlight for a lease that ends at until (zero: not
+// before the scenario does). A Begin that returns after until proves
+// nothing (the lease may have expired meanwhile, on a slow machine) and
+// is only noted.
+func (s *jscene) inFlightUntil(i *jinst, key effects.Key, until time.Time, what string) {
+	rec, err := s.begin(i, key, fp1, holdLease)
+	if !until.IsZero() && time.Now().After(until) {
+		s.notef("%s: Begin returned after the lease could have expired (%v, %v): not checked", what, rec.Attempt, err)
+		return
+	}
+	if err == nil {
+		s.failf("%s: Begin granted attempt %d (done %v) while another attempt holds the lease: two attempts hold one lease", what, rec.Attempt, rec.Done)
+		return
+	}
+	if s.check(errors.Is(err, effects.ErrInFlight), "%s: Begin: %v, want ErrInFlight", what, err) {
+		s.check(effects.Retryable(err), "%s: ErrInFlight must be retryable", what)
+	}
+}
+
+// doneWith requires Begin to return key done with ref.
+func (s *jscene) doneWith(i *jinst, key effects.Key, ref, what string) {
+	rec, err := s.begin(i, key, fp1, holdLease)
+	if err != nil {
+		s.failf("%s: Begin: %v, want the done record", what, err)
+		return
+	}
+	s.check(rec.Done, "%s: Begin granted attempt %d, want the done record", what, rec.Attempt)
+	s.check(!rec.Done || rec.Ref == ref, "%s: done with ref %q, want %q", what, rec.Ref, ref)
+}
+
+// expire waits until a lease of cfg.lease has surely expired.
+func (s *jscene) expire() {
+	if err := effects.Sleep(s.ctx, s.cfg.lease+max(s.cfg.lease/2, 250*time.Millisecond)); err != nil {
+		s.fatalf("waiting for a lease to expire: %v", err)
+	}
+}
+
+func (s *jscene) lease() {
+	a, b := s.open("A"), s.open("B")
+	key := s.key("lease")
+	rec := s.mustLease(a, key, holdLease, "a new key")
+	s.check(rec.Attempt == 1, "a new key: Attempt %d, want 1", rec.Attempt)
+	s.inFlight(a, key, "a second Begin on the same instance")
+	s.inFlight(b, key, "a Begin on another instance")
+	if err := s.release(a, key, rec.Attempt); err != nil {
+		s.fatalf("Release: %v", err)
+	}
+	rec2 := s.mustLease(b, key, holdLease, "a Begin after Release")
+	s.check(rec2.Attempt == rec.Attempt+1, "a Begin after Release: Attempt %d, want %d", rec2.Attempt, rec.Attempt+1)
+	s.inFlight(a, key, "a Begin while the new attempt holds the lease")
+	if err := s.complete(b, key, "ref-lease"); err != nil {
+		s.fatalf("Complete: %v", err)
+	}
+	s.doneWith(a, key, "ref-lease", "a Begin after Complete")
+}
+
+func (s *jscene) leaseExpiry() {
+	a, b := s.open("A"), s.open("B")
+	key := s.key("expiry")
+	until := time.Now().Add(s.cfg.lease)
+	rec := s.mustLease(a, key, s.cfg.lease, "a new key")
+	s.inFlightUntil(b, key, until, "a Begin before the lease expired")
+	s.expire()
+	rec2 := s.mustLease(b, key, holdLease, "a Begin after the lease expired")
+	s.check(rec2.Attempt > rec.Attempt, "takeover after expiry: Attempt %d, want more than %d (Attempt > 1 tells the new holder an earlier attempt may have done the effect)", rec2.Attempt, rec.Attempt)
+	s.inFlight(a, key, "the expired holder's next Begin")
+	s.notef("lease of %v expired and was taken over", s.cfg.lease)
+}
+
+func (s *jscene) fencing() {
+	a, b := s.open("A"), s.open("B")
+	key := s.key("fencing")
+	stale := s.mustLease(a, key, s.cfg.lease, "a new key")
+	s.expire()
+	cur := s.mustLease(b, key, holdLease, "a takeover after expiry")
+	if err := s.release(a, key, stale.Attempt); err != nil {
+		s.fatalf("a stale Release: %v", err)
+	}
+	s.inFlight(a, key, fmt.Sprintf("a Begin after attempt %d (stale) released while attempt %d holds the lease", stale.Attempt, cur.Attempt))
+	if err := s.release(b, key, cur.Attempt); err != nil {
+		s.fatalf("Release by the holder: %v", err)
+	}
+	next := s.mustLease(a, key, holdLease, "a Begin after the holder released")
+	s.check(next.Attempt == cur.Attempt+1, "a Begin after the holder released: Attempt %d, want %d", next.Attempt, cur.Attempt+1)
+	if err := s.complete(a, key, "ref-fencing"); err != nil {
+		s.fatalf("Complete: %v", err)
+	}
+	if err := s.release(a, key, next.Attempt); err != nil {
+		s.fatalf("Release of a done key: %v", err)
+	}
+	s.doneWith(b, key, "ref-fencing", "a Begin after releasing a done key")
+}
+
+func (s *jscene) firstRef() {
+	a, b := s.open("A"), s.open("B")
+	key := s.key("first-ref")
+	s.mustLease(a, key, holdLease, "a new key")
+	if err := s.complete(a, key, "ref-first"); err != nil {
+		s.fatalf("Complete: %v", err)
+	}
+	if err := s.complete(b, key, "ref-second"); err != nil {
+		s.failf("completing a done key again: %v, want success", err)
+	}
+	s.doneWith(b, key, "ref-first", "after two Completes")
+	// A slow holder completes after its lease expired and another attempt
+	// completed: the record keeps the first completion.
+	key2 := s.key("first-ref", "late")
+	s.mustLease(a, key2, s.cfg.lease, "a new key")
+	s.expire()
+	s.mustLease(b, key2, holdLease, "a takeover after expiry")
+	if err := s.complete(b, key2, "ref-takeover"); err != nil {
+		s.fatalf("Complete by the new holder: %v", err)
+	}
+	if err := s.complete(a, key2, "ref-late"); err != nil {
+		s.notef("the expired holder's late Complete returned %v", err)
+	}
+	s.doneWith(s.open("C"), key2, "ref-takeover", "after a late Complete by an expired holder")
+}
+
+func (s *jscene) keyReuse() {
+	a := s.open("A")
+	key := s.key("reuse")
+	s.mustLease(a, key, holdLease, "a new key")
+	_, err := s.begin(a, key, fp2, holdLease)
+	if s.check(errors.Is(err, effects.ErrKeyReused), "another fingerprint while leased: %v, want ErrKeyReused", err) {
+		s.check(!effects.Retryable(err), "ErrKeyReused must not be retryable")
+	}
+	if err := s.complete(a, key, "ref-reuse"); err != nil {
+		s.fatalf("Complete: %v", err)
+	}
+	_, err = s.begin(s.open("B"), key, fp2, holdLease)
+	s.check(errors.Is(err, effects.ErrKeyReused), "another fingerprint after Complete: %v, want ErrKeyReused", err)
+	s.doneWith(a, key, "ref-reuse", "the first fingerprint after Complete")
+}
+
+func (s *jscene) invalidKeys() {
+	a := s.open("A")
+	for _, k := range []effects.Key{"", "abc\x00def", "abc\xffdef", "abc\ndef", effects.Key(strings.Repeat("k", effects.MaxKeyLen+1))} {
+		_, err := s.begin(a, k, fp1, holdLease)
+		s.check(errors.Is(err, effects.ErrInvalidKey), "Begin(%s): %v, want ErrInvalidKey", shortKey(k), err)
+		err = s.complete(a, k, "ref")
+		s.check(errors.Is(err, effects.ErrInvalidKey), "Complete(%s): %v, want ErrInvalidKey", shortKey(k), err)
+		err = s.release(a, k, 1)
+		s.check(errors.Is(err, effects.ErrInvalidKey), "Release(%s): %v, want ErrInvalidKey", shortKey(k), err)
+	}
+	s.check(a.f.RoundTrips() == 0, "invalid keys made %d round trips to the backend, want none (validate before any I/O)", a.f.RoundTrips())
+}
+
+func (s *jscene) distinctKeys() {
+	a := s.open("A")
+	pairs := distinctPairs(string(s.key("distinct")) + ":")
+	for _, p := range pairs {
+		for _, k := range []effects.Key{p.a, p.b} {
+			rec, err := s.begin(a, k, fp1, holdLease)
+			if err != nil || rec.Done {
+				s.failf("%s: Begin(%s) got (done %v, ref %q, %v), want the lease: the journal treats %s and %s as one key", p.why, shortKey(k), rec.Done, rec.Ref, err, shortKey(p.a), shortKey(p.b))
+				continue
+			}
+			if err := s.complete(a, k, string(k)); err != nil {
+				s.fatalf("Complete(%s): %v", shortKey(k), err)
+			}
+		}
+	}
+	b := s.open("B")
+	for _, p := range pairs {
+		s.doneWith(b, p.a, string(p.a), p.why)
+		s.doneWith(b, p.b, string(p.b), p.why)
+	}
+}
+
+// concurrent races Begins of one key from two instances: on a new key, and
+// on a key whose lease just expired. Exactly one may win each race.
+func (s *jscene) concurrent() {
+	insts := []*jinst{s.open("A"), s.open("B")}
+	for round := range 3 {
+		key := s.key("concurrent", fmt.Sprint(round))
+		s.race(insts, key, fmt.Sprintf("%d concurrent Begins of a new key", s.cfg.concurrency))
+		if err := s.complete(insts[0], key, "ref-concurrent"); err != nil {
+			s.fatalf("Complete: %v", err)
+		}
+		s.doneWith(insts[1], key, "ref-concurrent", "after the race")
+	}
+	key := s.key("concurrent", "takeover")
+	s.mustLease(insts[0], key, s.cfg.lease, "a new key")
+	s.expire()
+	s.race(insts, key, fmt.Sprintf("%d concurrent takeovers of an expired lease", s.cfg.concurrency))
+}
+
+func (s *jscene) race(insts []*jinst, key effects.Key, what string) {
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		won     []int
+		other   []string
+		aborted bool
+		start   = make(chan struct{})
+	)
+	for g := 0; g < s.cfg.concurrency; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			finished := false
+			s.guard(func() {
+				rec, err := s.begin(insts[g%len(insts)], key, fp1, holdLease)
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case err == nil && !rec.Done:
+					won = append(won, rec.Attempt)
+				case err != nil && errors.Is(err, effects.ErrInFlight):
+				default:
+					other = append(other, fmt.Sprintf("(done %v, %v)", rec.Done, err))
+				}
+				finished = true
+			})
+			if !finished {
+				mu.Lock()
+				aborted = true
+				mu.Unlock()
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if aborted {
+		panic(abort{})
+	}
+	s.check(len(won) == 1, "%s: %d won the lease (attempts %v), want exactly 1", what, len(won), won)
+	s.check(len(other) == 0, "%s: %d got neither the lease nor ErrInFlight, e.g. %s", what, len(other), firstFew(other))
+}
+
+// crashedHolder: a lease holder dies (its connections cut, no Complete,
+// no Release). Its lease outlives it, and only its expiry lets another
+// instance take over, with an Attempt that says an earlier attempt may
+// have done the effect.
+func (s *jscene) crashedHolder() {
+	a := s.open("A")
+	key := s.key("crashed")
+	until := time.Now().Add(s.cfg.lease)
+	rec := s.mustLease(a, key, s.cfg.lease, "a new key")
+	a.f.Sever()
+	a.Close()
+	b := s.open("B")
+	s.inFlightUntil(b, key, until, "a Begin right after the holder crashed")
+	s.expire()
+	rec2 := s.mustLease(b, key, holdLease, "a Begin after the crashed holder's lease expired")
+	s.check(rec2.Attempt > rec.Attempt, "takeover of a crashed holder's lease: Attempt %d, want more than %d", rec2.Attempt, rec.Attempt)
+	if err := s.complete(b, key, "ref-crashed"); err != nil {
+		s.fatalf("Complete: %v", err)
+	}
+	s.doneWith(s.open("C"), key, "ref-crashed", "a new instance after the takeover completed")
+}
+
+// restart restarts the backend between Begin/Complete and the reads.
+func (s *jscene) restart() {
+	r := s.h.(Restarter)
+	a := s.open("A")
+	done, held := s.key("restart", "done"), s.key("restart", "held")
+	s.mustLease(a, done, holdLease, "a new key")
+	if err := s.complete(a, done, "ref-restart"); err != nil {
+		s.fatalf("Complete: %v", err)
+	}
+	s.mustLease(a, held, holdLease, "a new key")
+	if err := r.Restart(s.ctx); err != nil {
+		s.fatalf("harness Restart: %v", err)
+	}
+	b := s.open("B")
+	// The first calls after a restart may meet broken pooled connections.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rec, err := s.begin(b, done, fp1, holdLease)
+		if err == nil || !effects.Retryable(err) || time.Now().After(deadline) {
+			s.check(err == nil && rec.Done && rec.Ref == "ref-restart", "a completed key after a restart: (done %v, ref %q, %v), want done with ref-restart", rec.Done, rec.Ref, err)
+			break
+		}
+		_ = effects.Sleep(s.ctx, 100*time.Millisecond)
+	}
+	s.inFlight(b, held, "a leased key after a restart")
+}

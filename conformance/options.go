@@ -1,0 +1,253 @@
+package conformance
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"effectively.dev/effects"
+)
+
+// Defaults of the suite's options.
+const (
+	// DefaultConcurrency is how many goroutines apply one key at once in the
+	// concurrency scenarios ([WithConcurrency]).
+	DefaultConcurrency = 16
+	// DefaultStormKeys and DefaultStormSeen size the replay storm: keys in
+	// all, and the fraction applied before the storm ([WithStorm]).
+	DefaultStormKeys = 1000
+	DefaultStormSeen = 0.99
+	// DefaultMaxSweep bounds how many round trips of one Apply the fault
+	// sweeps visit ([WithMaxSweep]).
+	DefaultMaxSweep = 64
+	// DefaultTimeout bounds one scenario ([WithTimeout]).
+	DefaultTimeout = 3 * time.Minute
+	// DefaultRetryFor bounds how long the suite retries a key whose Apply
+	// failed with a retryable error ([WithRetryFor]).
+	DefaultRetryFor = 30 * time.Second
+	// DefaultApplyTimeout bounds one call of Apply, Begin, Next or Ack; a
+	// call that takes longer is reported as a hang ([WithApplyTimeout]).
+	DefaultApplyTimeout = 30 * time.Second
+	// DefaultLateRedelivery is how long the late-redelivery scenario waits,
+	// on the wall clock, before it redelivers ([WithLateRedelivery]).
+	DefaultLateRedelivery = 5 * time.Second
+	// DefaultLongAge is how far the horizon scenario ages the backend for a
+	// contract whose Horizon is 0, "kept until pruned" ([WithLongAge]).
+	DefaultLongAge = 400 * 24 * time.Hour
+	// DefaultLease is the lease the journal suite asks for when it waits
+	// for leases to expire ([WithLease]).
+	DefaultLease = 500 * time.Millisecond
+	// DefaultRedeliveryWait bounds how long the source suite waits for a
+	// delivery to come back after a close, a crash or a rebalance
+	// ([WithRedeliveryWait]).
+	DefaultRedeliveryWait = 60 * time.Second
+	// DefaultSourceMessages is how many messages each source scenario
+	// publishes ([WithSourceMessages]).
+	DefaultSourceMessages = 24
+)
+
+// Option changes how a suite runs. Options record a value; [Run],
+// [RunJournal] and [RunSource] (and their Evaluate forms) validate them
+// once, before any scenario, and fail the test with an
+// *[effects.ConfigError] naming the first bad one. A nil Option is ignored.
+// An option that does not apply to the suite it is given to (WithStorm to
+// RunJournal) is refused the same way, so a mistake does not pass silently.
+type Option func(*config)
+
+type config struct {
+	concurrency    int
+	stormKeys      int
+	stormSeen      float64
+	maxSweep       int
+	timeout        time.Duration
+	retryFor       time.Duration
+	applyTimeout   time.Duration
+	lateRedelivery time.Duration
+	longAge        time.Duration
+	lease          time.Duration
+	redeliveryWait time.Duration
+	sourceMessages int
+	only           []string
+
+	set []string // names of the options given, to refuse those a suite does not take
+}
+
+func (c *config) mark(name string) {
+	if !slices.Contains(c.set, name) {
+		c.set = append(c.set, name)
+	}
+}
+
+func defaults() config {
+	return config{
+		concurrency:    DefaultConcurrency,
+		stormKeys:      DefaultStormKeys,
+		stormSeen:      DefaultStormSeen,
+		maxSweep:       DefaultMaxSweep,
+		timeout:        DefaultTimeout,
+		retryFor:       DefaultRetryFor,
+		applyTimeout:   DefaultApplyTimeout,
+		lateRedelivery: DefaultLateRedelivery,
+		longAge:        DefaultLongAge,
+		lease:          DefaultLease,
+		redeliveryWait: DefaultRedeliveryWait,
+		sourceMessages: DefaultSourceMessages,
+	}
+}
+
+// WithConcurrency sets how many goroutines apply one key at once in the
+// concurrent-duplicates and concurrent-key-reuse scenarios, and begin one
+// key at once in the journal suite (default [DefaultConcurrency]; at least
+// 2, and fewer than 16 is noted in the report as a reduced scenario).
+func WithConcurrency(n int) Option {
+	return func(c *config) { c.concurrency = n; c.mark("WithConcurrency") }
+}
+
+// WithStorm sets the replay storm's size: keys in all, and the fraction of
+// them applied before the storm (defaults [DefaultStormKeys] and
+// [DefaultStormSeen]). keys must be at least 10 and seen in (0, 1), leaving
+// at least one key new and one seen.
+func WithStorm(keys int, seen float64) Option {
+	return func(c *config) { c.stormKeys, c.stormSeen = keys, seen; c.mark("WithStorm") }
+}
+
+// WithMaxSweep bounds how many round trips of one Apply the fault sweeps
+// visit (default [DefaultMaxSweep]); an Apply with more round trips is
+// swept up to this bound and the report says so.
+func WithMaxSweep(n int) Option {
+	return func(c *config) { c.maxSweep = n; c.mark("WithMaxSweep") }
+}
+
+// WithRetryFor bounds how long the suite keeps retrying a key whose Apply
+// failed with a retryable error (default [DefaultRetryFor]). Adapters with
+// leases (a Journal) need it longer than their lease.
+func WithRetryFor(d time.Duration) Option {
+	return func(c *config) { c.retryFor = d; c.mark("WithRetryFor") }
+}
+
+// WithTimeout bounds each scenario (default [DefaultTimeout]).
+func WithTimeout(d time.Duration) Option {
+	return func(c *config) { c.timeout = d; c.mark("WithTimeout") }
+}
+
+// WithApplyTimeout bounds each single call the suite makes into the code
+// under test: an Apply, a journal's Begin/Complete/Release, a source's Ack
+// (default [DefaultApplyTimeout]). A call still running then is reported
+// as a hang, naming the call and the round trip it was on; its context is
+// cancelled and its connections cut so the scenario can go on. A source's
+// Next is bounded by [WithRedeliveryWait] instead.
+func WithApplyTimeout(d time.Duration) Option {
+	return func(c *config) { c.applyTimeout = d; c.mark("WithApplyTimeout") }
+}
+
+// WithLateRedelivery sets how long the late-redelivery scenario waits on
+// the wall clock between an Apply and its redelivery (default
+// [DefaultLateRedelivery]).
+func WithLateRedelivery(d time.Duration) Option {
+	return func(c *config) { c.lateRedelivery = d; c.mark("WithLateRedelivery") }
+}
+
+// WithLongAge sets how far the horizon scenario ages the backend for a
+// contract that keeps keys until pruned (Horizon 0) before it redelivers
+// (default [DefaultLongAge], 400 days).
+func WithLongAge(d time.Duration) Option {
+	return func(c *config) { c.longAge = d; c.mark("WithLongAge") }
+}
+
+// WithLease sets the lease the journal suite takes when it needs one to
+// expire (default [DefaultLease]); the suite waits a little longer than it.
+func WithLease(d time.Duration) Option {
+	return func(c *config) { c.lease = d; c.mark("WithLease") }
+}
+
+// WithRedeliveryWait bounds how long the source suite waits for deliveries
+// to come back after a close, a crash or a rebalance (default
+// [DefaultRedeliveryWait]). A source that redelivers only after a lock or
+// session expires needs it longer than that expiry.
+func WithRedeliveryWait(d time.Duration) Option {
+	return func(c *config) { c.redeliveryWait = d; c.mark("WithRedeliveryWait") }
+}
+
+// WithSourceMessages sets how many messages each source scenario publishes
+// (default [DefaultSourceMessages], at least 4).
+func WithSourceMessages(n int) Option {
+	return func(c *config) { c.sourceMessages = n; c.mark("WithSourceMessages") }
+}
+
+// Only runs just the named scenarios; the others are reported as not run.
+// Every name must be one of the suite's scenarios ([Scenarios],
+// [JournalScenarios], [SourceScenarios]); an unknown name fails the run
+// before any scenario starts.
+func Only(names ...string) Option {
+	return func(c *config) { c.only = append([]string(nil), names...); c.mark("Only") }
+}
+
+// suiteOptions lists the options each suite takes.
+var suiteOptions = map[string][]string{
+	suiteEffect: {"WithConcurrency", "WithStorm", "WithMaxSweep", "WithRetryFor", "WithTimeout",
+		"WithApplyTimeout", "WithLateRedelivery", "WithLongAge", "Only"},
+	suiteJournal: {"WithConcurrency", "WithTimeout", "WithApplyTimeout", "WithLease", "Only"},
+	suiteSource:  {"WithTimeout", "WithApplyTimeout", "WithRedeliveryWait", "WithSourceMessages", "Only"},
+}
+
+// newConfig applies opts to the defaults and validates the result for the
+// suite op ("conformance.Run") running scenarios, once.
+func newConfig(op, suite string, scenarios []string, opts []Option) (config, error) {
+	c := defaults()
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	bad := func(option, format string, args ...any) (config, error) {
+		return config{}, &effects.ConfigError{Op: op, Option: option, Reason: fmt.Sprintf(format, args...)}
+	}
+	for _, name := range c.set {
+		if !slices.Contains(suiteOptions[suite], name) {
+			return bad(name, "does not apply to the %s suite (its options: %s)", suite, strings.Join(suiteOptions[suite], ", "))
+		}
+	}
+	switch {
+	case c.concurrency < 2:
+		return bad("WithConcurrency", "%d: at least 2 attempts are needed to race", c.concurrency)
+	case c.stormKeys < 10:
+		return bad("WithStorm", "%d keys: at least 10", c.stormKeys)
+	case !(c.stormSeen > 0 && c.stormSeen < 1):
+		return bad("WithStorm", "seen fraction %v: must be in (0, 1)", c.stormSeen)
+	case int(float64(c.stormKeys)*c.stormSeen) < 1 || int(float64(c.stormKeys)*c.stormSeen) >= c.stormKeys:
+		return bad("WithStorm", "%d keys with %v seen leaves no seen or no new key", c.stormKeys, c.stormSeen)
+	case c.maxSweep < 1:
+		return bad("WithMaxSweep", "%d: at least 1", c.maxSweep)
+	case c.timeout <= 0:
+		return bad("WithTimeout", "%v: must be positive", c.timeout)
+	case c.retryFor < 0:
+		return bad("WithRetryFor", "%v: must not be negative", c.retryFor)
+	case c.applyTimeout <= 0:
+		return bad("WithApplyTimeout", "%v: must be positive", c.applyTimeout)
+	case c.lateRedelivery <= 0:
+		return bad("WithLateRedelivery", "%v: must be positive", c.lateRedelivery)
+	case c.longAge <= 0:
+		return bad("WithLongAge", "%v: must be positive", c.longAge)
+	case c.lease < 10*time.Millisecond:
+		return bad("WithLease", "%v: at least 10ms, or the suite cannot hold a lease while it checks it", c.lease)
+	case c.redeliveryWait <= 0:
+		return bad("WithRedeliveryWait", "%v: must be positive", c.redeliveryWait)
+	case c.sourceMessages < 4:
+		return bad("WithSourceMessages", "%d: at least 4", c.sourceMessages)
+	}
+	if slices.Contains(c.set, "Only") && len(c.only) == 0 {
+		return bad("Only", "no scenario named: leave Only out to run every scenario")
+	}
+	for _, n := range c.only {
+		if !slices.Contains(scenarios, n) {
+			return bad("Only", "unknown scenario %q for the %s suite (its scenarios: %s)", n, suite, strings.Join(scenarios, ", "))
+		}
+	}
+	return c, nil
+}
+
+// selected reports whether scenario name runs.
+func (c *config) selected(name string) bool {
+	return c.only == nil || slices.Contains(c.only, name)
+}

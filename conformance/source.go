@@ -1,0 +1,467 @@
+package conformance
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"effectively.dev/effects"
+)
+
+// SourceHarness connects the source suite ([RunSource]) to one
+// [effects.Source] implementation and its backend: a topic and a consumer
+// group, a queue and its subscription.
+type SourceHarness interface {
+	// Publish appends n new messages to the backend and returns their ids,
+	// as Delivery.ID will show them, in the order they were published.
+	// Spread them over the backend's orderings (partitions) as production
+	// traffic would be.
+	Publish(ctx context.Context, n int) ([]string, error)
+	// Open starts a new consumer instance, as a process would at start-up,
+	// joining the same group (subscription) as every other instance of
+	// this harness, with every connection through f.
+	Open(ctx context.Context, f *Faults) (SourceInstance, error)
+}
+
+// SourceInstance is one running consumer made by a [SourceHarness].
+type SourceInstance struct {
+	// Source is the instance under test.
+	Source effects.Source
+	// Close stops the instance gracefully, as a process does on shutdown
+	// (committing what it acked, leaving its group). Required.
+	Close func()
+	// Crash stops the instance as a killed process would: nothing more is
+	// committed or acknowledged. Nil means the suite crashes it by severing
+	// every connection made through the instance's Faults ([Faults.Sever])
+	// and then calling Close, which must then return promptly.
+	Crash func()
+}
+
+// SourceMaker returns a fresh SourceHarness (a fresh topic and group) for
+// one scenario, cleaning up with t.Cleanup.
+type SourceMaker func(t testing.TB) SourceHarness
+
+// Scenario names of the source suite.
+const (
+	SourceAckedStayAcked    = "acked-stay-acked"
+	SourceUnackedAfterClose = "unacked-after-close"
+	SourceUnackedAfterCrash = "unacked-after-crash"
+	SourceOutOfOrderAcks    = "out-of-order-acks"
+	SourceNeverAcked        = "never-acked"
+	SourceRevocation        = "revocation"
+)
+
+func sourceTable() []scenario[SourceHarness] {
+	type s = sscene
+	return []scenario[SourceHarness]{
+		{SourceAckedStayAcked, nil, source((*s).ackedStayAcked)},
+		{SourceUnackedAfterClose, nil, source(func(s *s) { s.unacked(false) })},
+		{SourceUnackedAfterCrash, nil, source(func(s *s) { s.unacked(true) })},
+		{SourceOutOfOrderAcks, nil, source((*s).outOfOrder)},
+		{SourceNeverAcked, nil, source((*s).neverAcked)},
+		{SourceRevocation, nil, source((*s).revocation)},
+	}
+}
+
+// SourceScenarios lists the source suite's scenarios in the order
+// [RunSource] runs them.
+var SourceScenarios = names(sourceTable())
+
+// RunSource runs the source suite against the source that mk's harness
+// opens: every published message is delivered; an acked one is not
+// delivered again after a graceful close; an unacked one comes back after
+// a close and after a crash; acks out of order never skip a message; a
+// message never acked is never committed; and when a second instance
+// joins (a rebalance, a revocation), no message that was not acked is
+// lost. Each scenario is a subtest of t; every failed check fails t.
+func RunSource(t *testing.T, name string, mk SourceMaker, opts ...Option) Report {
+	t.Helper()
+	return runSuite(t, "conformance.RunSource", suiteSource, name, sourceTable(), mk, opts, true, nil)
+}
+
+// EvaluateSource is [RunSource] without failing t when a check fails: the
+// suite's own tests use it on counterexamples.
+func EvaluateSource(t *testing.T, name string, mk SourceMaker, opts ...Option) Report {
+	t.Helper()
+	return runSuite(t, "conformance.EvaluateSource", suiteSource, name, sourceTable(), mk, opts, false, nil)
+}
+
+func source(fn func(s *sscene)) func(c *checker, h SourceHarness) {
+	return func(c *checker, h SourceHarness) { fn(&sscene{checker: c, h: h, published: map[string]bool{}}) }
+}
+
+// sscene is one source scenario's run.
+type sscene struct {
+	*checker
+	h         SourceHarness
+	published map[string]bool
+	order     []string
+}
+
+// sinst is one consumer instance.
+type sinst struct {
+	SourceInstance
+	f       *Faults
+	name    string
+	stopped bool
+}
+
+func (s *sscene) open(name string) *sinst {
+	f := NewFaults()
+	si, err := s.h.Open(s.ctx, f)
+	if err != nil {
+		s.t.Fatalf("conformance: harness Open: %v", err)
+	}
+	if si.Source == nil || si.Close == nil {
+		s.t.Fatalf("conformance: harness Open returned no Source or no Close")
+	}
+	i := &sinst{SourceInstance: si, f: f, name: name}
+	s.t.Cleanup(func() { s.stop(i, false) })
+	return i
+}
+
+// stop closes (or crashes) an instance once, bounded by the apply timeout.
+func (s *sscene) stop(i *sinst, crash bool) {
+	if i.stopped {
+		return
+	}
+	i.stopped = true
+	how := "Close"
+	fn := i.Close
+	if crash {
+		how = "a crash"
+		fn = i.Crash
+		if fn == nil {
+			fn = func() { i.f.Sever(); i.Close() }
+		}
+	}
+	done := make(chan struct{})
+	go func() { fn(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(s.cfg.applyTimeout):
+		i.f.Sever()
+		select {
+		case <-done:
+		case <-time.After(hangGrace):
+		}
+		s.failf("hang: %s of instance %s did not return within %v", how, i.name, s.cfg.applyTimeout)
+	}
+}
+
+func (s *sscene) publish(n int) []string {
+	ids, err := s.h.Publish(s.ctx, n)
+	if err != nil {
+		s.fatalf("harness Publish(%d): %v", n, err)
+	}
+	if len(ids) != n {
+		s.fatalf("harness Publish(%d) returned %d ids", n, len(ids))
+	}
+	for _, id := range ids {
+		if s.published[id] {
+			s.fatalf("harness Publish returned the id %q twice", id)
+		}
+		s.published[id] = true
+	}
+	s.order = append(s.order, ids...)
+	return ids
+}
+
+func (s *sscene) ack(i *sinst, d effects.Delivery) error {
+	_, err := timed(s.checker, i.f, 0, fmt.Sprintf("Ack(%q) on instance %s", d.ID, i.name), func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, i.Source.Ack(ctx, d)
+	})
+	return err
+}
+
+// collect calls Next on i until every id in want was delivered (then
+// lingers for linger more), or until the redelivery wait ends. Each
+// delivery is acked when ackAll is set. It returns the deliveries in the
+// order they came.
+func (s *sscene) collect(i *sinst, want []string, linger time.Duration, ackAll bool, what string) []effects.Delivery {
+	missing := map[string]bool{}
+	for _, id := range want {
+		missing[id] = true
+	}
+	var got []effects.Delivery
+	deadline := time.Now().Add(s.cfg.redeliveryWait)
+	var lingerEnd time.Time
+	for {
+		end := deadline
+		if len(missing) == 0 {
+			if lingerEnd.IsZero() {
+				lingerEnd = time.Now().Add(linger)
+			}
+			end = lingerEnd
+		}
+		if !time.Now().Before(end) {
+			break
+		}
+		d, err := s.next(i, end)
+		if err != nil {
+			if s.ctx.Err() != nil {
+				s.fatalf("%s: the scenario ran out of time: %v", what, s.ctx.Err())
+			}
+			if !time.Now().Before(end) {
+				continue // the wait ended
+			}
+			s.fatalf("%s: Next on instance %s: %v", what, i.name, err)
+		}
+		if !s.check(s.published[d.ID], "%s: instance %s delivered %q, which was never published", what, i.name, d.ID) {
+			continue
+		}
+		got = append(got, d)
+		delete(missing, d.ID)
+		if ackAll {
+			if err := s.ack(i, d); err != nil {
+				s.failf("%s: Ack(%q) on instance %s: %v", what, d.ID, i.name, err)
+			}
+		}
+	}
+	if len(missing) > 0 {
+		ids := make([]string, 0, len(missing))
+		for id := range missing {
+			ids = append(ids, id)
+		}
+		sort.Strings(ids)
+		s.failf("%s: %d of %d messages were not delivered to instance %s within %v: %s", what, len(ids), len(want), i.name, s.cfg.redeliveryWait, firstFew(ids))
+	}
+	return got
+}
+
+// next calls Next on i with a context that ends at end. A Next that has
+// not returned the apply timeout after its context ended is a hang.
+func (s *sscene) next(i *sinst, end time.Time) (effects.Delivery, error) {
+	ctx, cancel := context.WithDeadline(s.ctx, end)
+	defer cancel()
+	type result struct {
+		d   effects.Delivery
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		d, err := i.Source.Next(ctx)
+		done <- result{d, err}
+	}()
+	timer := time.NewTimer(time.Until(end) + s.cfg.applyTimeout)
+	defer timer.Stop()
+	select {
+	case r := <-done:
+		return r.d, r.err
+	case <-timer.C:
+		i.f.Sever()
+		s.fatalf("hang: Next on instance %s did not return within %v after its context ended", i.name, s.cfg.applyTimeout)
+		return effects.Delivery{}, nil // not reached
+	}
+}
+
+// takeAll publishes n messages and has a new instance take every one,
+// acking none; it fails the scenario if any is missing or delivered twice.
+func (s *sscene) takeAll(name string) (*sinst, []effects.Delivery) {
+	ids := s.publish(s.cfg.sourceMessages)
+	a := s.open(name)
+	got := s.collect(a, ids, 0, false, "first delivery")
+	seen := map[string]bool{}
+	var twice []string
+	for _, d := range got {
+		if seen[d.ID] {
+			twice = append(twice, d.ID)
+		}
+		seen[d.ID] = true
+	}
+	s.check(len(twice) == 0, "first delivery: %d messages delivered twice to one instance before any ack or failure: %s", len(twice), firstFew(twice))
+	if len(seen) < len(ids) {
+		panic(abort{})
+	}
+	return a, got
+}
+
+// idsOf returns the deliveries' ids.
+func idsOf(ds []effects.Delivery) []string {
+	out := make([]string, len(ds))
+	for i, d := range ds {
+		out[i] = d.ID
+	}
+	return out
+}
+
+// ackedStayAcked: everything acked, a graceful close; a new instance gets
+// the new messages and none of the acked ones.
+func (s *sscene) ackedStayAcked() {
+	a, got := s.takeAll("A")
+	for _, d := range got {
+		if err := s.ack(a, d); err != nil {
+			s.failf("Ack(%q): %v", d.ID, err)
+		}
+	}
+	s.stop(a, false)
+	old := map[string]bool{}
+	for _, d := range got {
+		old[d.ID] = true
+	}
+	fresh := s.publish(s.cfg.sourceMessages / 2)
+	b := s.open("B")
+	again := s.collect(b, fresh, time.Second, true, "after every delivery was acked and the instance closed")
+	var back []string
+	for _, d := range again {
+		if old[d.ID] {
+			back = append(back, d.ID)
+		}
+	}
+	s.check(len(back) == 0, "%d acked messages were delivered again after a graceful close: %s: the source did not record their acks", len(back), firstFew(back))
+}
+
+// unacked: the first half of the deliveries acked, then a close or a
+// crash; every unacked one must come back to a new instance.
+func (s *sscene) unacked(crash bool) {
+	a, got := s.takeAll("A")
+	half := len(got) / 2
+	for _, d := range got[:half] {
+		if err := s.ack(a, d); err != nil {
+			s.failf("Ack(%q): %v", d.ID, err)
+		}
+	}
+	how := "a graceful close"
+	if crash {
+		how = "a crash"
+	}
+	s.stop(a, crash)
+	b := s.open("B")
+	want := idsOf(got[half:])
+	s.collect(b, want, 0, true, fmt.Sprintf("the %d unacked deliveries after %s", len(want), how))
+}
+
+// outOfOrder: in every ordering, the first delivery and one in the middle
+// stay unacked (holes); the others are acked in reverse order. After a
+// close every hole must come back.
+func (s *sscene) outOfOrder() {
+	a, got := s.takeAll("A")
+	byOrdering := map[string][]effects.Delivery{}
+	for _, d := range got {
+		byOrdering[d.Ordering] = append(byOrdering[d.Ordering], d)
+	}
+	var holes []string
+	var acks []effects.Delivery
+	for _, ds := range byOrdering {
+		for j, d := range ds {
+			if j == 0 || j == len(ds)/2 {
+				holes = append(holes, d.ID)
+				continue
+			}
+			acks = append(acks, d)
+		}
+	}
+	slices.Reverse(acks)
+	for _, d := range acks {
+		if err := s.ack(a, d); err != nil {
+			s.failf("Ack(%q): %v", d.ID, err)
+		}
+	}
+	s.notef("%d orderings; %d holes left unacked, %d acked in reverse order", len(byOrdering), len(holes), len(acks))
+	s.stop(a, false)
+	s.collect(s.open("B"), holes, 0, true, fmt.Sprintf("the %d holes left by acks out of order", len(holes)))
+}
+
+// neverAcked: nothing acked, a graceful close: everything comes back.
+func (s *sscene) neverAcked() {
+	a, got := s.takeAll("A")
+	s.stop(a, false)
+	s.collect(s.open("B"), idsOf(got), 0, true, "deliveries never acked, after a graceful close")
+}
+
+// revocation: instance A holds every delivery, half acked; instance B
+// joins (the group rebalances); A acks the rest late. Whatever no Ack
+// confirmed must reach a later instance: a revocation loses nothing.
+func (s *sscene) revocation() {
+	a, got := s.takeAll("A")
+	confirmed := map[string]bool{}
+	for j, d := range got {
+		if j%2 == 0 {
+			if err := s.ack(a, d); err != nil {
+				s.failf("Ack(%q) before the rebalance: %v", d.ID, err)
+				continue
+			}
+			confirmed[d.ID] = true
+		}
+	}
+	b := s.open("B")
+	var (
+		mu     sync.Mutex
+		toB    []string
+		bErr   error
+		wg     sync.WaitGroup
+		gotOne = make(chan struct{}, 1)
+	)
+	bctx, stopB := context.WithCancel(s.ctx)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			d, err := b.Source.Next(bctx)
+			if err != nil {
+				if bctx.Err() == nil {
+					mu.Lock()
+					bErr = err
+					mu.Unlock()
+				}
+				return
+			}
+			mu.Lock()
+			toB = append(toB, d.ID)
+			mu.Unlock()
+			select {
+			case gotOne <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	wait := min(s.cfg.redeliveryWait, 15*time.Second)
+	select {
+	case <-gotOne:
+	case <-time.After(wait):
+	case <-s.ctx.Done():
+	}
+	late, refused := 0, 0
+	for j, d := range got {
+		if j%2 == 1 {
+			if err := s.ack(a, d); err != nil {
+				refused++
+				continue
+			}
+			late++
+			confirmed[d.ID] = true
+		}
+	}
+	stopB()
+	stopped := make(chan struct{})
+	go func() { wg.Wait(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(s.cfg.applyTimeout):
+		b.f.Sever()
+		s.fatalf("hang: Next on instance B did not return within %v after its context was cancelled", s.cfg.applyTimeout)
+	}
+	if bErr != nil {
+		s.failf("Next on instance B: %v", bErr)
+	}
+	for _, id := range toB {
+		s.check(s.published[id], "instance B delivered %q, which was never published", id)
+	}
+	s.notef("instance B received %d deliveries after joining; A's late acks: %d confirmed, %d refused", len(toB), late, refused)
+	if len(toB) == 0 {
+		s.notef("instance B received nothing within %v: no rebalance moved work to it", wait)
+	}
+	s.stop(b, false)
+	s.stop(a, false)
+	var want []string
+	for _, d := range got {
+		if !confirmed[d.ID] {
+			want = append(want, d.ID)
+		}
+	}
+	s.collect(s.open("C"), want, 0, true, fmt.Sprintf("the %d deliveries no Ack confirmed, after the rebalance", len(want)))
+}

@@ -1,0 +1,35 @@
+package memjournal_test
+
+import (
+	"context"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"effectively.dev/conformance"
+	"effectively.dev/effects"
+	"effectively.dev/internal/memjournal"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// memHarness opens the one in-memory journal for every instance: it is
+// the "database" every process shares.
+type memHarness struct{ j *memjournal.Journal }
+
+func (h memHarness) Open(context.Context, *conformance.Faults) (effects.Journal, func(), error) {
+	return h.j, nil, nil
+}
+
+// TestConformance holds the in-memory journal to the effects.Journal
+// contract: the tests of every adapter that use it rest on it.
+func TestConformance(t *testing.T) {
+	rep := conformance.RunJournal(t, "memjournal", func(testing.TB) conformance.JournalHarness {
+		return memHarness{memjournal.New(nil)}
+	})
+	for _, row := range rep.Rows {
+		if row.Verdict == conformance.NotRun && row.Scenario != conformance.JournalBackendRestart {
+			t.Errorf("%s: not run: %s", row.Scenario, row.Skipped)
+		}
+	}
+}

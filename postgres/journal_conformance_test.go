@@ -1,0 +1,65 @@
+package postgres_test
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"effectively.dev/conformance"
+	"effectively.dev/effects"
+	"effectively.dev/postgres"
+	"effectively.dev/postgres/pgtest"
+)
+
+// journalHarness opens postgres.Journal instances over one database, each
+// with its own pool whose connections go through the suite's faults.
+type journalHarness struct{ url string }
+
+func (h *journalHarness) Open(ctx context.Context, f *conformance.Faults) (effects.Journal, func(), error) {
+	cfg, err := pgxpool.ParseConfig(h.url)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg.ConnConfig.DialFunc = f.DialContext
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	j, err := postgres.NewJournal(pool, "conformance")
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return j, pool.Close, nil
+}
+
+// TestJournalConformance holds postgres.Journal to the effects.Journal
+// contract, a server restart included when the cluster is the test's own.
+func TestJournalConformance(t *testing.T) {
+	rep := conformance.RunJournal(t, "postgres.Journal", func(t testing.TB) conformance.JournalHarness {
+		url, restart := pgtest.DedicatedDB(t)
+		pool, err := pgxpool.New(context.Background(), url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		if err := postgres.Migrate(context.Background(), pool); err != nil {
+			t.Fatal(err)
+		}
+		h := &journalHarness{url: url}
+		if restart == nil {
+			return h // DATABASE_URL: not ours to restart
+		}
+		return struct {
+			*journalHarness
+			pgtest.RestartFunc
+		}{h, restart}
+	})
+	for _, row := range rep.Rows {
+		if row.Verdict == conformance.NotRun && !(row.Scenario == conformance.JournalBackendRestart && os.Getenv("DATABASE_URL") != "") {
+			t.Errorf("%s: not run: %s", row.Scenario, row.Skipped)
+		}
+	}
+}
