@@ -64,10 +64,12 @@ type ReplayOptions struct {
 }
 
 // DefaultReplayBatchSize is the batch size of [ReplayBatch] when
-// ReplayOptions.BatchSize is 0: large enough that one query per batch
-// (postgres.ApplyBatch with a pre-check) costs little per record, small
-// enough that a failed batch is cheap to redo.
-const DefaultReplayBatchSize = 500
+// ReplayOptions.BatchSize is 0: large enough that the one query and the
+// one commit per batch of postgres.ApplyBatch with a pre-check cost little
+// per record (a storm of 99% seen keys costs about 1/20 of applying record
+// by record; at 100 per batch, about 1/10), small enough that a failed
+// batch is cheap to redo.
+const DefaultReplayBatchSize = 1000
 
 // ReplayHandler handles one replayed record. Returning an error stops the
 // replay.

@@ -407,7 +407,7 @@ func ExampleReplayBatch() {
 
 	stats, err := kafka.ReplayBatch(ctx, client, kafka.ReplayOptions{Topic: "orders", BatchSize: 2, Progress: io.Discard},
 		func(_ context.Context, recs []*kgo.Record) error {
-			fmt.Print(len(recs), " records:")
+			fmt.Printf("batch of %d:", len(recs))
 			for _, r := range recs {
 				fmt.Printf(" %d", r.Offset)
 			}
@@ -419,8 +419,8 @@ func ExampleReplayBatch() {
 	}
 	fmt.Println(stats.Records, "records, next", stats.Next[0])
 	// Output:
-	// 2 records: 0 1
-	// 2 records: 2 3
-	// 1 records: 4
+	// batch of 2: 0 1
+	// batch of 2: 2 3
+	// batch of 1: 4
 	// 5 records, next 5
 }

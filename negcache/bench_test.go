@@ -6,7 +6,7 @@ package negcache_test
 // synchronous_commit on) started by pgtest, sequential, one connection at a
 // time. Run:
 //
-//	go test -run '^$' -bench ReplayStorm -benchtime 5x ./negcache/
+//	go test -run '^$' -bench ReplayStorm -benchtime 1x -count 5 ./negcache/
 //
 // Two mixes: storm_99pct_seen (a replay: 99% of the keys committed before,
 // 1% new) and live_1pct_seen (ordinary traffic: 1% seen, 99% new).
@@ -19,16 +19,17 @@ package negcache_test
 //     says "maybe seen", Apply when not found. The filter is sized for the
 //     storm (2000 keys at 1%) and holds the seen keys, as if this process
 //     had applied them or warmed the filter with postgres.Keys.
-//   - apply_batch_100, apply_batch_500: postgres.ApplyBatch, 100 or 500
-//     deliveries per transaction (all keys claimed).
-//   - precheck_batch_100, precheck_batch_500: postgres.ApplyBatch with
-//     postgres.WithPrecheck(filter): one query looks up the keys the filter
-//     may have seen, those found replay without a transaction, and one
-//     transaction claims the rest. 500 is kafka.DefaultReplayBatchSize.
+//   - apply_batch_N (N = 100, 500, 1000): postgres.ApplyBatch, N deliveries
+//     per transaction (all keys claimed).
+//   - precheck_batch_N: postgres.ApplyBatch with
+//     postgres.WithPrecheck(filter), N deliveries per call: one query looks
+//     up the keys the filter may have seen, those found replay without a
+//     transaction, and one transaction claims the rest.
 //
 // Each variant has a storm of its own (fresh keys); the variants take turns
-// every 500 deliveries, starting with a different one each turn, so that
-// drifting fsync latency hits them alike.
+// every 1000 deliveries, starting with a different one each turn, so that
+// drifting fsync latency hits them alike. One op is one round; run with
+// -benchtime 1x -count 5 for five rounds, each reported on its own.
 // Reported per variant: <variant>-us/key, <variant>-walB/key (WAL written
 // during its storm), <variant>/apply_only (time ratio: below 1 is cheaper
 // than per-event Apply), and for the filter variant
@@ -53,7 +54,7 @@ import (
 
 const (
 	stormSize = 2000
-	chunk     = 500 // variants take turns every chunk deliveries
+	chunk     = 1000 // variants take turns every chunk deliveries
 )
 
 var stormSeq atomic.Int64
@@ -195,8 +196,10 @@ func BenchmarkReplayStorm(b *testing.B) {
 				}},
 				{"apply_batch_100", e.batched(b, 100, false)},
 				{"apply_batch_500", e.batched(b, 500, false)},
+				{"apply_batch_1000", e.batched(b, 1000, false)},
 				{"precheck_batch_100", e.batched(b, 100, true)},
 				{"precheck_batch_500", e.batched(b, 500, true)},
+				{"precheck_batch_1000", e.batched(b, 1000, true)},
 			}
 			spent := make([]time.Duration, len(variants))
 			wal := make([]float64, len(variants))

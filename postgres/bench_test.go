@@ -5,7 +5,8 @@ package postgres_test
 // pgtest, sequential, one key per op. The figures in BENCHMARKS.md come
 // from:
 //
-//	go test -run '^$' -bench 'LedgerPaired|BatchPaired|ApplyShapes' -benchtime 300x -count 5 ./postgres/
+//	go test -run '^$' -bench 'LedgerPaired|ApplyShapes' -benchtime 300x -count 5 ./postgres/
+//	go test -run '^$' -bench 'BatchPaired' -benchtime 20x -count 5 ./postgres/
 //	go test -run '^$' -bench 'Ledger$' -benchtime 500x -count 5 ./postgres/
 //
 // BenchmarkLedger's sub-benchmarks report keys/s and walB/op: the WAL the
@@ -24,6 +25,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -353,15 +355,18 @@ type variant struct {
 
 // paired runs variants round-robin, one key each per op (starting with a
 // different variant each op), after one warm-up key each (so that every
-// connection has its statements prepared), and reports each variant's mean
-// latency as <variant>-ns/key, its round trips as <variant>-rt/key, and its
-// time ratio to the first variant as <variant>/<first>.
+// connection has its statements prepared), and reports for each variant
+// its mean latency as <variant>-ns/key, its round trips as
+// <variant>-rt/key, and its time ratio to the first variant twice: of the
+// means as <variant>/<first>, and of the per-key medians (robust to the
+// stalls a loaded machine inflicts on a few calls) as
+// <variant>/<first>-p50.
 func (lb *ledgerBench) paired(b *testing.B, variants []variant) {
 	for _, v := range variants {
 		v.run(benchKeys(1)[0])
 	}
 	keys := benchKeys(b.N * len(variants))
-	spent := make([]time.Duration, len(variants))
+	took := make([][]time.Duration, len(variants))
 	trips := make([]int64, len(variants))
 	mustExec(b, lb.pool, `CHECKPOINT`)
 	b.ResetTimer()
@@ -371,16 +376,28 @@ func (lb *ledgerBench) paired(b *testing.B, variants []variant) {
 			w := lb.writes.Load()
 			start := time.Now()
 			variants[v].run(keys[i*len(variants)+j])
-			spent[v] += time.Since(start)
+			took[v] = append(took[v], time.Since(start))
 			trips[v] += lb.writes.Load() - w
 		}
 	}
 	b.StopTimer()
+	mean := func(d []time.Duration) float64 {
+		var sum time.Duration
+		for _, x := range d {
+			sum += x
+		}
+		return float64(sum) / float64(len(d))
+	}
+	median := func(d []time.Duration) float64 {
+		slices.Sort(d)
+		return float64(d[len(d)/2])
+	}
 	for v, variant := range variants {
-		b.ReportMetric(float64(spent[v].Nanoseconds())/float64(b.N), variant.name+"-ns/key")
+		b.ReportMetric(mean(took[v]), variant.name+"-ns/key")
 		b.ReportMetric(float64(trips[v])/float64(b.N), variant.name+"-rt/key")
 		if v > 0 {
-			b.ReportMetric(float64(spent[v])/float64(spent[0]), variant.name+"/"+variants[0].name)
+			b.ReportMetric(mean(took[v])/mean(took[0]), variant.name+"/"+variants[0].name)
+			b.ReportMetric(median(took[v])/median(took[0]), variant.name+"/"+variants[0].name+"-p50")
 		}
 	}
 }

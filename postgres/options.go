@@ -164,8 +164,11 @@ type KeyFilter interface {
 // transaction. After that transaction committed, its keys are added to
 // filter. On a replay storm, where most keys are committed, a batch costs
 // one query plus one small transaction instead of a transaction that claims
-// every key; on live traffic the filter skips the query. filter must not be
-// nil. Only [ApplyBatch] heeds it.
+// every key; on live traffic the filter skips the query. A pre-check query
+// that fails is not an error: the transaction, which is the authority,
+// then decides for every item. Under synchronous replication the replays
+// wait for the standby, as Apply's do (see [Seen]). filter must not be nil.
+// Only [ApplyBatch] heeds it.
 func WithPrecheck(filter KeyFilter) Option {
 	return func(c *config) { c.set(optPrecheck); c.precheck = filter }
 }
