@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -273,6 +274,61 @@ func TestPrecheckReplayBarrier(t *testing.T) {
 		res, err := check(ctx)
 		if err != nil || res != (effects.Result{Status: effects.Replayed, Ref: applied[0].Ref}) {
 			t.Errorf("%s after the standby caught up = %+v, %v; want replayed with %q", name, res, err, applied[0].Ref)
+		}
+	}
+}
+
+// TestApplyBatchPrecheckLostReplyAtEveryRoundTrip drops the server's reply
+// to the n-th message the client writes, for every n until a batch with a
+// pre-check (two keys seen, two new) needs fewer writes, and checks that
+// the outcome is one the caller can act on (an error for the whole batch
+// that is retryable, or results) and that retrying the same batch leaves
+// exactly one ledger row per event.
+func TestApplyBatchPrecheckLostReplyAtEveryRoundTrip(t *testing.T) {
+	var f faults
+	pool := newPool(t, newDB(t), func(c *pgxpool.Config) { f.configure(c); c.MaxConns = 1 })
+	ctx := testCtx(t)
+	for n := int64(1); ; n++ {
+		if n > 40 {
+			t.Fatal("ApplyBatch still losing replies after 40 writes")
+		}
+		ids := eventIDs(fmt.Sprintf("sweep%02d", n), 4)
+		items, pays := batchOf(t, ids)
+		write := func(ctx context.Context, tx pgx.Tx, i int) (string, error) { return writeLedger(ctx, tx, pays[i]) }
+		filter := new(keySet)
+		if _, err := postgres.ApplyBatch(ctx, pool, "billing", items[:2], write, postgres.WithPrecheck(filter)); err != nil {
+			t.Fatal(err)
+		}
+		before := f.fired.Load()
+		f.countdown.Store(n)
+		results, err := postgres.ApplyBatch(ctx, pool, "billing", items, write, postgres.WithPrecheck(filter))
+		f.countdown.Store(0)
+		if f.fired.Load() == before {
+			if err != nil {
+				t.Fatalf("n=%d: ApplyBatch without a fault: %v", n, err)
+			}
+			t.Logf("ApplyBatch with a pre-check took %d writes", n-1)
+			break
+		}
+		switch {
+		case err != nil && !effects.Retryable(err):
+			t.Fatalf("n=%d: ApplyBatch = %v; want a retryable error", n, err)
+		case err == nil:
+			for i, r := range results {
+				if r.Err != nil {
+					t.Fatalf("n=%d: item %d: %v", n, i, r.Err)
+				}
+			}
+		}
+		retry, err := postgres.ApplyBatch(ctx, pool, "billing", items, write, postgres.WithPrecheck(filter))
+		if err != nil {
+			t.Fatalf("n=%d: retry: %v", n, err)
+		}
+		rows := ledgerRows(t, pool)
+		for i, id := range ids {
+			if retry[i].Err != nil || rows[id] != 1 {
+				t.Errorf("n=%d: %s: retry %+v, %d ledger rows; want 1", n, id, retry[i], rows[id])
+			}
 		}
 	}
 }
