@@ -24,6 +24,7 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"strconv"
@@ -353,8 +354,8 @@ type variant struct {
 	run  func(k effects.Key)
 }
 
-// paired runs variants round-robin, one key each per op (starting with a
-// different variant each op), after one warm-up key each (so that every
+// paired runs variants one key each per op, in a shuffled order, after one
+// warm-up key each (so that every
 // connection has its statements prepared), and reports for each variant
 // its mean latency as <variant>-ns/key, its round trips as
 // <variant>-rt/key, and its time ratio to the first variant twice: of the
@@ -370,9 +371,15 @@ func (lb *ledgerBench) paired(b *testing.B, variants []variant) {
 	trips := make([]int64, len(variants))
 	mustExec(b, lb.pool, `CHECKPOINT`)
 	b.ResetTimer()
+	order := make([]int, len(variants))
+	for i := range order {
+		order[i] = i
+	}
 	for i := range b.N {
-		for j := range variants {
-			v := (i + j) % len(variants)
+		// A new order every op, so that no variant always follows the
+		// same neighbour.
+		rand.Shuffle(len(order), func(x, y int) { order[x], order[y] = order[y], order[x] })
+		for j, v := range order {
 			w := lb.writes.Load()
 			start := time.Now()
 			variants[v].run(keys[i*len(variants)+j])

@@ -24,6 +24,9 @@ package postgres_test
 //     duplicate is not made to wait, runs its write, and rolls back at the
 //     key's INSERT (23505).
 //   - apply: Effect.Apply itself.
+//   - floor_batch_begin, floor_key_row: lower bounds that do not dedup:
+//     plain_insert with BEGIN in a batch, and that plus the key row
+//     inserted before COMMIT without any lookup.
 
 import (
 	"errors"
@@ -128,6 +131,18 @@ func shapeLockInsert(b *testing.B, lb *ledgerBench, k effects.Key, lock bool) {
 	})
 }
 
+// shapeFloor is plain_insert with BEGIN sent in a batch, and, if keyRow,
+// the key row inserted before COMMIT with no lookup: what storing a key row
+// costs at the least.
+func shapeFloor(b *testing.B, lb *ledgerBench, k effects.Key, keyRow bool) {
+	runShape(b, lb, k, func(*pgx.Batch, []byte) func() bool { return func() bool { return true } },
+		func(batch *pgx.Batch, fp []byte, ref string) {
+			if keyRow {
+				batch.Queue(shapeInsertKeySQL, "billing", string(k), fp, ref)
+			}
+		})
+}
+
 func BenchmarkApplyShapes(b *testing.B) {
 	lb := newLedgerBench(b)
 	lb.paired(b, []variant{
@@ -138,5 +153,9 @@ func BenchmarkApplyShapes(b *testing.B) {
 		{"lock_insert", func(k effects.Key) { shapeLockInsert(b, lb, k, true) }},
 		{"lookup_insert", func(k effects.Key) { shapeLockInsert(b, lb, k, false) }},
 		{"apply", func(k effects.Key) { lb.apply(b, lb.fx, k, effects.Applied) }},
+		// Lower bounds, not correct dedup: [BEGIN]; write; [COMMIT] and the
+		// same with the key row inserted before COMMIT and no lookup.
+		{"floor_batch_begin", func(k effects.Key) { shapeFloor(b, lb, k, false) }},
+		{"floor_key_row", func(k effects.Key) { shapeFloor(b, lb, k, true) }},
 	})
 }
