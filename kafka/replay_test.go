@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/time/rate"
 
+	"effectively.dev/effects"
 	"effectively.dev/kafka"
 	"effectively.dev/kafka/kafkatest"
 )
@@ -201,6 +204,22 @@ func TestReplayEndsOnTransactionMarker(t *testing.T) {
 	if r := st.Ranges[0]; st.Next[0] != r.End {
 		t.Errorf("stopped at %d, range %+v", st.Next[0], r)
 	}
+
+	// The same in batches: the range still ends, and Next passes the marker.
+	values = nil
+	st, err = kafka.ReplayBatch(rctx, c.Client(t), kafka.ReplayOptions{Topic: topic, BatchSize: 3, Progress: &bytes.Buffer{}},
+		func(_ context.Context, recs []*kgo.Record) error {
+			for _, r := range recs {
+				values = append(values, string(r.Value))
+			}
+			return nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(values, " "); got != "t0-0 t0-1 t2-0 t2-1" || st.Next[0] != st.Ranges[0].End {
+		t.Errorf("batches replayed %q and stopped at %d of %+v, want only the committed records and the range's end", got, st.Next[0], st.Ranges[0])
+	}
 }
 
 func TestReplayHandlerErrorStops(t *testing.T) {
@@ -238,4 +257,170 @@ func TestReplayProgressBar(t *testing.T) {
 	if !strings.Contains(out, "[##############################] 100% 10/10 offsets, 10 records") || !strings.HasSuffix(out, "\n") {
 		t.Errorf("progress output %q, want a full bar and a final newline", out)
 	}
+}
+
+// TestReplayBatch: ReplayBatch hands every record of the range once, in
+// offset order per partition, in batches of at most BatchSize, and counts
+// a batch only once its handler returned nil.
+func TestReplayBatch(t *testing.T) {
+	c := kafkatest.New(t)
+	topic := seedTopic(t, c, 2, 25, time.Now())
+
+	t.Run("every record once, in order, at most BatchSize at a time", func(t *testing.T) {
+		var h collect
+		var sizes []int
+		var events []string
+		lim := &virtualLimiter{lim: rate.NewLimiter(rate.Inf, 1), now: time.Unix(0, 0), events: &events}
+		st, err := kafka.ReplayBatch(context.Background(), c.Client(t), kafka.ReplayOptions{
+			Topic: topic, StartOffset: 3, BatchSize: 10, Limiter: lim, Progress: &bytes.Buffer{},
+		}, func(ctx context.Context, recs []*kgo.Record) error {
+			sizes = append(sizes, len(recs))
+			for _, r := range recs {
+				if err := h.handle(ctx, r); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for p := int32(0); p < 2; p++ {
+			if got, want := fmt.Sprint(h.seen[p]), fmt.Sprint(span(3, 25)); got != want {
+				t.Errorf("partition %d: offsets %s, want %s", p, got, want)
+			}
+			if st.Next[p] != 25 {
+				t.Errorf("partition %d: next %d, want 25", p, st.Next[p])
+			}
+		}
+		total := 0
+		for i, n := range sizes {
+			if n < 1 || n > 10 || (i < len(sizes)-1 && n != 10) {
+				t.Errorf("batch sizes %v: want full batches of 10 and a last one of 1 to 10", sizes)
+				break
+			}
+			total += n
+		}
+		if total != 44 || st.Records != 44 || lim.waits != 44 {
+			t.Errorf("%d records in batches, stats %d, %d limiter waits; want 44 of each", total, st.Records, lim.waits)
+		}
+	})
+
+	t.Run("a failed batch is not counted and the replay resumes at its first record", func(t *testing.T) {
+		boom := errors.New("boom")
+		opts := kafka.ReplayOptions{Topic: topic, Partitions: []int32{0}, BatchSize: 10, Progress: &bytes.Buffer{}}
+		calls := 0
+		st, err := kafka.ReplayBatch(context.Background(), c.Client(t), opts, func(_ context.Context, recs []*kgo.Record) error {
+			calls++
+			if calls == 2 {
+				return boom
+			}
+			return nil
+		})
+		if !errors.Is(err, boom) || !strings.Contains(err.Error(), "a batch of 10 records from 0/10") {
+			t.Fatalf("ReplayBatch = %v, want the handler's error naming the batch", err)
+		}
+		if st.Records != 10 || st.Next[0] != 10 {
+			t.Fatalf("records %d next %d, want 10 and 10", st.Records, st.Next[0])
+		}
+		var h collect
+		opts.StartOffset = st.Next[0]
+		if _, err := kafka.ReplayBatch(context.Background(), c.Client(t), opts, func(ctx context.Context, recs []*kgo.Record) error {
+			for _, r := range recs {
+				_ = h.handle(ctx, r)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := fmt.Sprint(h.seen[0]), fmt.Sprint(span(10, 25)); got != want {
+			t.Errorf("resumed offsets %s, want %s", got, want)
+		}
+	})
+}
+
+// TestReplayRefusesBadOptions: each mistake is a ConfigError naming it,
+// before any I/O (the client points at a closed port).
+func TestReplayRefusesBadOptions(t *testing.T) {
+	client, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	ctx := context.Background()
+	one := func(context.Context, *kgo.Record) error { return nil }
+	many := func(context.Context, []*kgo.Record) error { return nil }
+	for _, tc := range []struct {
+		name, option string
+		run          func() error
+	}{
+		{"Replay with a BatchSize", "BatchSize", func() error {
+			_, err := kafka.Replay(ctx, client, kafka.ReplayOptions{Topic: "t", BatchSize: 10}, one)
+			return err
+		}},
+		{"negative BatchSize", "BatchSize", func() error {
+			_, err := kafka.ReplayBatch(ctx, client, kafka.ReplayOptions{Topic: "t", BatchSize: -1}, many)
+			return err
+		}},
+		{"no topic", "Topic", func() error { _, err := kafka.ReplayBatch(ctx, client, kafka.ReplayOptions{}, many); return err }},
+		{"no client", "client", func() error { _, err := kafka.Replay(ctx, nil, kafka.ReplayOptions{Topic: "t"}, one); return err }},
+		{"no handler", "handler", func() error {
+			_, err := kafka.ReplayBatch(ctx, client, kafka.ReplayOptions{Topic: "t"}, nil)
+			return err
+		}},
+		{"negative rate", "Rate", func() error {
+			_, err := kafka.Replay(ctx, client, kafka.ReplayOptions{Topic: "t", Rate: -1}, one)
+			return err
+		}},
+		{"negative burst", "Burst", func() error {
+			_, err := kafka.Replay(ctx, client, kafka.ReplayOptions{Topic: "t", Burst: -1}, one)
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.run()
+			var ce *effects.ConfigError
+			if !errors.As(err, &ce) || ce.Option != tc.option {
+				t.Fatalf("err = %v, want a ConfigError about %s", err, tc.option)
+			}
+		})
+	}
+}
+
+// Re-feed a topic to a batch handler, 2 records at a time; a handler that
+// uses postgres.ApplyBatch with postgres.WithPrecheck replays the records
+// already handled with one query per batch.
+func ExampleReplayBatch() {
+	cluster, stop := exampleCluster("orders")
+	defer stop()
+	client, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	ctx := context.Background()
+	for i := range 5 {
+		if err := client.ProduceSync(ctx, &kgo.Record{Topic: "orders", Value: []byte(fmt.Sprint("order ", i))}).FirstErr(); err != nil {
+			log.Fatal(err)
+		}
+	}
+
+	stats, err := kafka.ReplayBatch(ctx, client, kafka.ReplayOptions{Topic: "orders", BatchSize: 2, Progress: io.Discard},
+		func(_ context.Context, recs []*kgo.Record) error {
+			fmt.Printf("batch of %d:", len(recs))
+			for _, r := range recs {
+				fmt.Printf(" %d", r.Offset)
+			}
+			fmt.Println()
+			return nil
+		})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(stats.Records, "records, next", stats.Next[0])
+	// Output:
+	// batch of 2: 0 1
+	// batch of 2: 2 3
+	// batch of 1: 4
+	// 5 records, next 5
 }

@@ -35,9 +35,13 @@
 // What it does not do: make a replay storm cheap by itself. A filter can
 // never prove that a key was seen, so every duplicate still costs a pre-check
 // round trip. What it buys is that the pre-check can stay on for all
-// traffic, new keys paying nothing for it. For a large replay, batching
-// (postgres.ApplyBatch: one statement claims a thousand keys) is cheaper
-// still; see the benchmark in this package's tests.
+// traffic, new keys paying nothing for it. For a large replay, batch the
+// pre-check too: postgres.ApplyBatch with postgres.WithPrecheck(filter)
+// looks up all the keys of a batch that the filter may have seen with one
+// query, replays those found without a transaction, and claims only the
+// rest (a *Filter is a postgres.KeyFilter); kafka.ReplayBatch hands a
+// replay to it N records at a time. See the benchmark in this package's
+// tests for what each way costs.
 //
 // Sizing: New(n, fp) sizes the filter for n keys at a false-positive rate
 // fp (about 1.2 MB for a million keys at 1%). Past n keys the rate climbs
@@ -58,9 +62,6 @@ import (
 	"effectively.dev/effects"
 )
 
-// ErrInvalidFilter is returned by [New] for a size or rate it cannot use.
-var ErrInvalidFilter = errors.New("negcache: invalid filter parameters")
-
 // Filter is a Bloom filter of committed keys, safe for concurrent use.
 // The zero value is not usable; create one with [New].
 type Filter struct {
@@ -70,13 +71,15 @@ type Filter struct {
 }
 
 // New returns a filter sized for n keys with a false-positive rate of fp,
-// which must be between 0 and 1 exclusive; n must be positive.
+// which must be between 0 and 1 exclusive; n must be positive. A value
+// out of range is an [*effects.ConfigError].
 func New(n uint, fp float64) (*Filter, error) {
+	const op = "negcache.New"
 	if n == 0 {
-		return nil, fmt.Errorf("%w: capacity 0", ErrInvalidFilter)
+		return nil, &effects.ConfigError{Op: op, Option: "n", Reason: "capacity 0; want the number of keys the filter should hold"}
 	}
 	if !(fp > 0 && fp < 1) {
-		return nil, fmt.Errorf("%w: false-positive rate %v, want 0 < fp < 1", ErrInvalidFilter, fp)
+		return nil, &effects.ConfigError{Op: op, Option: "fp", Reason: fmt.Sprintf("false-positive rate %v, want 0 < fp < 1", fp)}
 	}
 	return &Filter{bf: bloom.NewWithEstimates(n, fp)}, nil
 }
@@ -152,13 +155,19 @@ var _ effects.Effect[struct{}] = (*Prechecked[struct{}])(nil)
 // The wrapper declares eff's contract: it changes the cost of duplicates,
 // not the guarantee. seen must read only committed state, as postgres.Seen
 // does; a pre-check that answered "found" for a key whose effect might
-// still roll back would lose that effect. Precheck panics if an argument is
-// nil.
-func Precheck[In any](eff effects.Effect[In], f *Filter, seen Lookup[In]) *Prechecked[In] {
-	if eff == nil || f == nil || seen == nil {
-		panic("negcache.Precheck: nil effect, filter or lookup")
+// still roll back would lose that effect. A nil argument is an
+// [*effects.ConfigError].
+func Precheck[In any](eff effects.Effect[In], f *Filter, seen Lookup[In]) (*Prechecked[In], error) {
+	const op = "negcache.Precheck"
+	switch {
+	case eff == nil:
+		return nil, &effects.ConfigError{Op: op, Option: "eff", Reason: "nil effect"}
+	case f == nil:
+		return nil, &effects.ConfigError{Op: op, Option: "f", Reason: "nil filter"}
+	case seen == nil:
+		return nil, &effects.ConfigError{Op: op, Option: "seen", Reason: "nil lookup"}
 	}
-	return &Prechecked[In]{eff: eff, f: f, seen: seen}
+	return &Prechecked[In]{eff: eff, f: f, seen: seen}, nil
 }
 
 // Contract returns the wrapped effect's contract.

@@ -26,12 +26,44 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
 func TestNewValidates(t *testing.T) {
 	for _, tc := range []struct {
-		n  uint
-		fp float64
-	}{{0, 0.01}, {10, 0}, {10, 1}, {10, -0.5}} {
-		if f, err := negcache.New(tc.n, tc.fp); !errors.Is(err, negcache.ErrInvalidFilter) || f != nil {
-			t.Errorf("New(%d, %v) = %v, %v; want ErrInvalidFilter", tc.n, tc.fp, f, err)
+		n      uint
+		fp     float64
+		option string
+	}{{0, 0.01, "n"}, {10, 0, "fp"}, {10, 1, "fp"}, {10, -0.5, "fp"}} {
+		f, err := negcache.New(tc.n, tc.fp)
+		var ce *effects.ConfigError
+		if !errors.As(err, &ce) || ce.Option != tc.option || !errors.Is(err, effects.ErrInvalidConfig) || f != nil {
+			t.Errorf("New(%d, %v) = %v, %v; want a ConfigError about %s", tc.n, tc.fp, f, err, tc.option)
 		}
+	}
+}
+
+func TestPrecheckValidates(t *testing.T) {
+	f, err := negcache.New(10, 0.01)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := func(context.Context, effects.Key, payment) (effects.Result, bool, error) {
+		return effects.Result{}, false, nil
+	}
+	eff := effects.Effect[payment](&countingEffect{})
+	for name, tc := range map[string]struct {
+		eff    effects.Effect[payment]
+		f      *negcache.Filter
+		seen   negcache.Lookup[payment]
+		option string
+	}{
+		"nil effect": {nil, f, seen, "eff"},
+		"nil filter": {eff, nil, seen, "f"},
+		"nil lookup": {eff, f, nil, "seen"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p, err := negcache.Precheck(tc.eff, tc.f, tc.seen)
+			var ce *effects.ConfigError
+			if !errors.As(err, &ce) || ce.Option != tc.option || p != nil {
+				t.Fatalf("Precheck = %v, %v; want a ConfigError about %s", p, err, tc.option)
+			}
+		})
 	}
 }
 
@@ -148,7 +180,7 @@ func TestPrecheck(t *testing.T) {
 	t.Run("new key skips the pre-check, is applied, then added", func(t *testing.T) {
 		f, inner := newFilter(), &countingEffect{Effect: e.fx}
 		var lookups atomic.Int64
-		fx := negcache.Precheck[payment](inner, f, func(ctx context.Context, k effects.Key, p payment) (effects.Result, bool, error) {
+		fx := mustPrecheck(t, inner, f, func(ctx context.Context, k effects.Key, p payment) (effects.Result, bool, error) {
 			lookups.Add(1)
 			return e.seen(ctx, k, p)
 		})
@@ -180,7 +212,7 @@ func TestPrecheck(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		fx := negcache.Precheck(effects.Effect[payment](e.fx), newFilter(), e.seen)
+		fx := mustPrecheck(t, e.fx, newFilter(), e.seen)
 		res, err := fx.Apply(ctx, key, p)
 		if err != nil || res.Status != effects.Replayed || res.Ref != first.Ref || e.rows(t, "evt-elsewhere") != 1 {
 			t.Fatalf("Apply = %+v, %v; want replayed %q and one row", res, err, first.Ref)
@@ -191,7 +223,7 @@ func TestPrecheck(t *testing.T) {
 		f := newFilter()
 		key, p := effects.MustKey("evt-fp", "ledger"), payment{"evt-fp", 100}
 		f.Add(key) // as if another key collided with it in the filter
-		fx := negcache.Precheck(effects.Effect[payment](e.fx), f, e.seen)
+		fx := mustPrecheck(t, e.fx, f, e.seen)
 		res, err := fx.Apply(ctx, key, p)
 		if err != nil || res.Status != effects.Applied || e.rows(t, "evt-fp") != 1 {
 			t.Fatalf("Apply = %+v, %v; want applied once", res, err)
@@ -203,7 +235,7 @@ func TestPrecheck(t *testing.T) {
 
 	t.Run("key reused with another payload", func(t *testing.T) {
 		f := newFilter()
-		fx := negcache.Precheck(effects.Effect[payment](e.fx), f, e.seen)
+		fx := mustPrecheck(t, e.fx, f, e.seen)
 		key := effects.MustKey("evt-reuse", "ledger")
 		if _, err := fx.Apply(ctx, key, payment{"evt-reuse", 100}); err != nil {
 			t.Fatal(err)
@@ -217,7 +249,7 @@ func TestPrecheck(t *testing.T) {
 		f, inner := newFilter(), &countingEffect{Effect: e.fx}
 		key, p := effects.MustKey("evt-lookup-fails", "ledger"), payment{"evt-lookup-fails", 100}
 		f.Add(key)
-		fx := negcache.Precheck[payment](inner, f, func(context.Context, effects.Key, payment) (effects.Result, bool, error) {
+		fx := mustPrecheck(t, inner, f, func(context.Context, effects.Key, payment) (effects.Result, bool, error) {
 			return effects.Result{}, false, errors.New("replica unreachable")
 		})
 		res, err := fx.Apply(ctx, key, p)
@@ -228,7 +260,7 @@ func TestPrecheck(t *testing.T) {
 
 	t.Run("a failed Apply is not added", func(t *testing.T) {
 		f := newFilter()
-		fx := negcache.Precheck(effects.Effect[payment](e.fx), f, e.seen)
+		fx := mustPrecheck(t, e.fx, f, e.seen)
 		key := effects.MustKey("evt-cancelled", "ledger")
 		cctx, cancel := context.WithCancel(ctx)
 		cancel()
@@ -241,7 +273,7 @@ func TestPrecheck(t *testing.T) {
 	})
 
 	t.Run("invalid key: nothing done", func(t *testing.T) {
-		fx := negcache.Precheck(effects.Effect[payment](e.fx), newFilter(), e.seen)
+		fx := mustPrecheck(t, e.fx, newFilter(), e.seen)
 		if _, err := fx.Apply(ctx, "", payment{}); !errors.Is(err, effects.ErrInvalidKey) {
 			t.Fatalf("err = %v, want ErrInvalidKey", err)
 		}
@@ -249,7 +281,7 @@ func TestPrecheck(t *testing.T) {
 
 	t.Run("concurrent duplicates apply once", func(t *testing.T) {
 		f := newFilter()
-		fx := negcache.Precheck(effects.Effect[payment](e.fx), f, e.seen)
+		fx := mustPrecheck(t, e.fx, f, e.seen)
 		key, p := effects.MustKey("evt-concurrent", "ledger"), payment{"evt-concurrent", 100}
 		var wg sync.WaitGroup
 		var applied atomic.Int64
@@ -288,4 +320,14 @@ func TestPrecheck(t *testing.T) {
 			}
 		}
 	})
+}
+
+// mustPrecheck wraps eff with negcache.Precheck.
+func mustPrecheck(t testing.TB, eff effects.Effect[payment], f *negcache.Filter, seen negcache.Lookup[payment]) *negcache.Prechecked[payment] {
+	t.Helper()
+	p, err := negcache.Precheck(eff, f, seen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

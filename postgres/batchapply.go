@@ -1,7 +1,6 @@
 package postgres
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -37,11 +36,17 @@ const batchSetRefSQL = `UPDATE effectively_keys AS k SET ref = v.ref
 
 // ApplyBatch makes the writes of many messages effectively once with one
 // transaction for the whole batch: it claims every item's key with
-// [ClaimBatch] (one statement), runs write for each item whose key is new,
-// in index order and in the same transaction, stores the non-empty refs
-// (one statement) and commits. Items whose key was committed before are
-// Replayed with their stored ref, and write is not called for them. It is
-// the natural body of an effects.BatchHandler; see [BatchErrors].
+// [ClaimBatch] (one statement, pipelined with BEGIN), runs write for each
+// item whose key is new, in index order and in the same transaction, stores
+// the non-empty refs and commits (one round trip for both). Items whose key
+// was committed before are Replayed with their stored ref, and write is not
+// called for them. It is the natural body of an effects.BatchHandler; see
+// [BatchErrors].
+//
+// With [WithPrecheck], the keys a filter may have seen are first looked up
+// with one read-only query ([SeenBatch]): those committed replay without a
+// transaction, and only the rest are claimed. That is the cheap path for a
+// replay storm, where most keys of a batch were applied before.
 //
 // The results are in the order of items. For an Applied item, Ref is what
 // write returned; a key repeated within items is written once, for its
@@ -59,7 +64,8 @@ const batchSetRefSQL = `UPDATE effectively_keys AS k SET ref = v.ref
 //     theirs was written, retry them).
 //
 // The returned error concerns the whole batch, and then results is nil:
-// [effects.ErrInvalidKey] (checked before any I/O), [ErrAsyncCommit],
+// [*effects.ConfigError] (a nil pool or write, a bad scope or option),
+// [effects.ErrInvalidKey] (both checked before any I/O), [ErrAsyncCommit],
 // [effects.ErrTransient] (nothing committed; serialization failures and
 // deadlocks are first retried internally, see [WithMaxRetries]), the
 // context's error (nothing committed), or [effects.ErrAmbiguous] when the
@@ -67,58 +73,65 @@ const batchSetRefSQL = `UPDATE effectively_keys AS k SET ref = v.ref
 // Ack the messages only after ApplyBatch returned, and only those whose
 // result has no Err.
 //
-// Options: [WithMaxRetries], [WithIsolation] and [AllowAsyncCommit] apply.
-// An empty batch does nothing.
+// Options: [WithMaxRetries], [WithIsolation], [AllowAsyncCommit] and
+// [WithPrecheck] apply; any other is an [*effects.ConfigError]. An empty
+// batch does nothing.
 func ApplyBatch(ctx context.Context, pool *pgxpool.Pool, scope string, items []BatchItem, write BatchWriteFunc, opts ...Option) ([]BatchResult, error) {
 	const op = "postgres.ApplyBatch"
-	if pool == nil || write == nil {
-		return nil, fmt.Errorf("%s: nil pool or write function", op)
+	switch {
+	case pool == nil:
+		return nil, &effects.ConfigError{Op: op, Option: "pool", Reason: "nil"}
+	case write == nil:
+		return nil, &effects.ConfigError{Op: op, Option: "write", Reason: "nil write function"}
 	}
-	for i, it := range items {
-		if err := it.Key.Validate(); err != nil {
-			return nil, fmt.Errorf("%s: item %d: %w", op, i, err)
-		}
-	}
-	if err := validateScope(op, scope); err != nil {
+	if err := validateBatch(op, scope, items); err != nil {
 		return nil, err
 	}
-	if len(items) == 0 {
-		return nil, nil
+	cfg, err := newConfig(op, opts, optMaxRetries, optIsolation, optAsyncCommit, optPrecheck)
+	if err != nil || len(items) == 0 {
+		return nil, err
 	}
-	cfg := newConfig(opts)
 	b := &applyBatch{
-		op: op, pool: pool, scope: scope, items: items, write: write, opts: opts,
+		op: op, pool: pool, scope: scope, items: items, write: write, cfg: cfg,
 		txOptions: pgx.TxOptions{IsoLevel: cfg.isolation},
 		failed:    make([]error, len(items)),
+		done:      make([]bool, len(items)),
 	}
-	for attempt, failures := 0, 0; ; {
-		results, c, itemErr := b.attempt(ctx)
-		switch {
-		case itemErr != nil:
-			failures++
-			if failures < maxFailedWrites {
-				continue // run again without the failed item
-			}
-			for i := range b.failed {
-				if b.failed[i] == nil {
-					b.failed[i] = effects.Transient(op, items[i].Key, errBatchAbandoned)
+	precheck := make([]BatchResult, len(items))
+	if cfg.precheck != nil {
+		if err := b.precheck(ctx, precheck); err != nil {
+			return nil, err
+		}
+	}
+	results, err := b.run(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for i, r := range precheck {
+		if b.done[i] {
+			results[i] = r
+		}
+	}
+	if b.replays && !b.barrierPassed {
+		// Only the pre-check replayed, and under synchronous replication:
+		// report those replays once the standby has what they found.
+		if _, err := pool.Exec(ctx, replayBarrierSQL); err != nil {
+			berr := classify(ctx, op, "", err, false, false).err
+			for i := range results {
+				if b.done[i] && results[i].Err == nil {
+					results[i] = BatchResult{Err: berr}
 				}
 			}
-			results = make([]BatchResult, len(items))
-			for i := range results {
-				results[i].Err = b.failed[i]
-			}
-			return results, nil
-		case c.err == nil:
-			return results, nil
-		case !c.retry || attempt >= cfg.maxRetries:
-			return nil, c.err
 		}
-		if err := sleep(ctx, backoff(attempt)); err != nil {
-			return nil, canceled(ctx, op, "", c.err)
-		}
-		attempt++
 	}
+	if cfg.precheck != nil {
+		for i, r := range results {
+			if !b.done[i] && r.Err == nil {
+				cfg.precheck.Add(items[i].Key) // committed: now the filter may know it
+			}
+		}
+	}
+	return results, nil
 }
 
 // applyBatch is one ApplyBatch call.
@@ -128,21 +141,93 @@ type applyBatch struct {
 	scope     string
 	items     []BatchItem
 	write     BatchWriteFunc
-	opts      []Option
+	cfg       config
 	txOptions pgx.TxOptions
 	failed    []error // items[i] failed for good with failed[i]; left out of later attempts
+	done      []bool  // items[i] was settled by the pre-check; left out of the transaction
+
+	replays       bool // the pre-check replayed keys under synchronous replication
+	barrierPassed bool // a commit that waited for the standby followed the pre-check
 }
 
-// attempt runs the batch, without the failed items, in one transaction.
-// On success c.err and itemErr are nil. When an item's write failed with
-// an error of its own, it records it in b.failed and returns it as itemErr
-// (after rolling back): run again.
+// precheck looks up, with one query, the items whose key the filter may
+// have seen, and settles those found committed: out[i] is their result and
+// done[i] is set. A failed lookup settles nothing (the transaction, which
+// is the authority, decides), unless ctx is done or commits are unsafe.
+func (b *applyBatch) precheck(ctx context.Context, out []BatchResult) error {
+	var idx []int
+	var maybe []BatchItem
+	for i, it := range b.items {
+		if b.cfg.precheck.MaybeSeen(it.Key) {
+			idx = append(idx, i)
+			maybe = append(maybe, it)
+		}
+	}
+	if len(maybe) == 0 {
+		return nil
+	}
+	found, settings, err := seenBatch(ctx, b.pool, b.op, b.scope, maybe)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return canceled(ctx, b.op, "", err)
+	case err != nil:
+		return nil // fall back to the transaction
+	case len(found) > 0 && settings.unsafeCommit() && !b.cfg.allowAsyncCommit:
+		return fmt.Errorf("%s: %w", b.op, ErrAsyncCommit)
+	}
+	for j, i := range idx {
+		if s, ok := found[maybe[j].Key]; ok {
+			out[i] = s.result(b.op, maybe[j])
+			b.done[i] = true
+			b.replays = b.replays || (out[i].Err == nil && settings.replayNeedsBarrier())
+		}
+	}
+	return nil
+}
+
+// run claims and writes the items the pre-check did not settle, retrying
+// lost races and isolating failing writes.
+func (b *applyBatch) run(ctx context.Context) ([]BatchResult, error) {
+	for attempt, failures := 1, 0; ; {
+		results, c, itemErr := b.attempt(ctx)
+		switch {
+		case itemErr != nil:
+			failures++
+			if failures < maxFailedWrites {
+				continue // run again without the failed item
+			}
+			results = make([]BatchResult, len(b.items))
+			for i := range results {
+				switch {
+				case b.failed[i] != nil:
+					results[i].Err = b.failed[i]
+				case !b.done[i]:
+					results[i].Err = effects.Transient(b.op, b.items[i].Key, errBatchAbandoned)
+				}
+			}
+			return results, nil
+		case c.err == nil:
+			return results, nil
+		case !c.retry || attempt > b.cfg.maxRetries:
+			return nil, c.err
+		}
+		if err := effects.Sleep(ctx, retryBackoff.Delay(attempt)); err != nil {
+			return nil, canceled(ctx, b.op, "", c.err)
+		}
+		attempt++
+	}
+}
+
+// attempt runs the batch, without the failed and settled items, in one
+// transaction. On success c.err and itemErr are nil. When an item's write
+// failed with an error of its own, it records it in b.failed and returns it
+// as itemErr (after rolling back): run again.
 func (b *applyBatch) attempt(ctx context.Context) (results []BatchResult, c classified, itemErr error) {
 	op := b.op
 	idx := make([]int, 0, len(b.items)) // index in items of each claimed item
 	sub := make([]BatchItem, 0, len(b.items))
 	for i, it := range b.items {
-		if b.failed[i] == nil {
+		if b.failed[i] == nil && !b.done[i] {
 			idx = append(idx, i)
 			sub = append(sub, it)
 		}
@@ -160,23 +245,25 @@ func (b *applyBatch) attempt(ctx context.Context) (results []BatchResult, c clas
 		return nil, classify(ctx, op, "", err, false, false), nil
 	}
 	defer conn.Release()
-	tx, err := conn.BeginTx(ctx, b.txOptions)
-	if err != nil {
-		return nil, classify(ctx, op, "", err, false, conn.Conn().IsClosed()), nil
-	}
+	claim := newBatchClaim(op, b.scope, sub)
+	var batch pgx.Batch
+	batch.BeginTx(b.txOptions)
+	claim.queue(&batch)
+	br := conn.SendBatch(ctx, &batch)
+	tx := br.Tx()
 	ending := false
 	defer func() {
 		if !ending {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
-			_ = tx.Rollback(rctx)
-			cancel()
+			rollback(ctx, tx)
 		}
 	}()
-
-	claimed, err := ClaimBatch(ctx, tx, b.scope, sub, b.opts...)
+	if err := br.Close(); err != nil {
+		return nil, classify(ctx, op, "", err, false, conn.Conn().IsClosed()), nil
+	}
+	claimed, err := claim.finish(ctx, tx, b.cfg.allowAsyncCommit)
 	if err != nil {
-		// ClaimBatch classified it; retry serialization failures, deadlocks
-		// and keys pruned under our feet here, like Apply does.
+		// finish classified it; retry keys pruned under our feet, as
+		// serialization failures and deadlocks.
 		return nil, classified{err: err, retry: raceLost(err) || errors.Is(err, errVanished)}, nil
 	}
 
@@ -216,20 +303,25 @@ func (b *applyBatch) attempt(ctx context.Context) (results []BatchResult, c clas
 		}
 	}
 
-	ending = true // from here on, never roll back: the COMMIT may have happened
-	var batch pgx.Batch
+	ending = true // from here on, never roll back blindly: the COMMIT may have happened
+	var end pgx.Batch
 	if len(refKeys) > 0 {
-		batch.Queue(batchSetRefSQL, b.scope, refKeys, refs)
+		end.Queue(batchSetRefSQL, b.scope, refKeys, refs)
 	}
-	batch.Queue("COMMIT").Exec(func(tag pgconn.CommandTag) error {
-		if tag.String() == "ROLLBACK" {
-			return pgx.ErrTxCommitRollback
+	barrier := claim.needsBarrier() || b.replays
+	if barrier {
+		// Replays, of the claim or of the pre-check, under synchronous
+		// replication: make this COMMIT wait for the standby.
+		end.Queue(replayBarrierSQL)
+	}
+	end.Queue("COMMIT").Exec(commitTag)
+	if err := conn.SendBatch(ctx, &end).Close(); err != nil {
+		if failedTx(conn.Conn()) {
+			rollback(ctx, tx)
 		}
-		return nil
-	})
-	if err := conn.SendBatch(ctx, &batch).Close(); err != nil {
 		return nil, classify(ctx, op, "", err, true, false), nil
 	}
+	b.barrierPassed = b.barrierPassed || barrier
 	return results, classified{}, nil
 }
 
@@ -260,12 +352,26 @@ func BatchErrors(n int, results []BatchResult, err error) []error {
 	return errs
 }
 
-// Querier is what [Seen] and [Keys] need: *pgxpool.Pool, *pgx.Conn and
-// pgx.Tx all satisfy it.
+// Querier is what [Seen], [SeenBatch] and [Keys] need: *pgxpool.Pool,
+// *pgx.Conn and pgx.Tx all satisfy it.
 type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
+
+// seenSQL reads a committed key with the session's commit settings.
+const seenSQL = `SELECT fingerprint, ref, current_setting('synchronous_commit'),
+	current_setting('synchronous_standby_names') <> ''
+FROM effectively_keys WHERE scope = $1 AND key = $2`
+
+// seenBatchSQL reads many committed keys with the session's commit
+// settings (evaluated once).
+const seenBatchSQL = `SELECT k.key, k.fingerprint, k.ref, s.sync_commit, s.sync_rep
+FROM effectively_keys AS k,
+	(SELECT current_setting('synchronous_commit') AS sync_commit,
+		current_setting('synchronous_standby_names') <> '' AS sync_rep) AS s
+WHERE k.scope = $1 AND k.key = ANY ($2::text[])`
 
 // Seen is a read-only pre-check: it reports whether key was committed under
 // scope, with one SELECT on the primary key of effectively_keys, no
@@ -273,17 +379,25 @@ type Querier interface {
 // returns Status Replayed and the stored Ref (what the effect's Apply would
 // return for the redelivery) and true; with another fingerprint, an
 // [effects.ErrKeyReused] error. When it was not, it returns false: do the
-// effect with Apply, which claims the key and stays the authority.
+// effect with Apply, which stays the authority.
 //
 // Seen is an optimization for replay storms, where most deliveries are
-// duplicates: one SELECT instead of BEGIN, claim, ROLLBACK. It sees only
-// committed keys, so a duplicate that is being applied concurrently reads
-// as not seen, and the Apply that follows waits for it and replays; Seen
-// can never make a write be skipped that should happen. It costs a wasted
-// round trip for every new key: package negcache keeps a Bloom filter that
-// lets new keys skip it. fingerprint must be computed as the effect
-// computes it (the default is effects.FingerprintJSON of the input).
-func Seen(ctx context.Context, db Querier, scope string, key effects.Key, fingerprint []byte) (effects.Result, bool, error) {
+// duplicates: one SELECT instead of a transaction. It sees only committed
+// keys, so a duplicate that is being applied concurrently reads as not
+// seen, and the Apply that follows waits for it and replays; Seen can never
+// make a write be skipped that should happen. It costs a wasted round trip
+// for every new key: package negcache keeps a Bloom filter that lets new
+// keys skip it; for many keys at once, use [SeenBatch]. fingerprint must be
+// computed as the effect computes it (the default is
+// effects.FingerprintJSON of the input).
+//
+// As a replay it follows Apply's rules: under synchronous replication it
+// reports a found key only after the replay barrier (an autocommit
+// statement that writes a few bytes of WAL and waits for the standby; in a
+// pgx.Tx, the caller's COMMIT waits instead, so ack after it), and with
+// unsafe commit settings it returns [ErrAsyncCommit]. Options: only
+// [AllowAsyncCommit] applies; any other is an [*effects.ConfigError].
+func Seen(ctx context.Context, db Querier, scope string, key effects.Key, fingerprint []byte, opts ...Option) (effects.Result, bool, error) {
 	const op = "postgres.Seen"
 	if err := key.Validate(); err != nil {
 		return effects.Result{}, false, err
@@ -291,18 +405,99 @@ func Seen(ctx context.Context, db Querier, scope string, key effects.Key, finger
 	if err := validateScope(op, scope); err != nil {
 		return effects.Result{}, false, err
 	}
-	var storedFP []byte
-	var ref string
-	err := db.QueryRow(ctx, lookupSQL, scope, string(key)).Scan(&storedFP, &ref)
+	cfg, err := newConfig(op, opts, optAsyncCommit)
+	if err != nil {
+		return effects.Result{}, false, err
+	}
+	var s stored
+	var settings commitSettings
+	err = db.QueryRow(ctx, seenSQL, scope, string(key)).Scan(&s.fp, &s.ref, &settings.syncCommit, &settings.syncRep)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return effects.Result{}, false, nil
 	case err != nil:
 		return effects.Result{}, false, classify(ctx, op, key, err, false, false).err
-	case !bytes.Equal(storedFP, nonNil(fingerprint)):
-		return effects.Result{}, false, reused(op, key)
+	case settings.unsafeCommit() && !cfg.allowAsyncCommit:
+		return effects.Result{}, false, asyncCommit(op, key)
 	}
-	return effects.Result{Status: effects.Replayed, Ref: ref}, true, nil
+	r := s.result(op, BatchItem{Key: key, Fingerprint: fingerprint})
+	if r.Err != nil {
+		return effects.Result{}, false, r.Err
+	}
+	if settings.replayNeedsBarrier() {
+		if _, err := db.Exec(ctx, replayBarrierSQL); err != nil {
+			return effects.Result{}, false, classify(ctx, op, key, err, false, false).err
+		}
+	}
+	return effects.Result{Status: r.Status, Ref: r.Ref}, true, nil
+}
+
+// SeenBatch is [Seen] for many keys with one query (WHERE key = ANY(...)),
+// no transaction and no WAL: the batch pre-check of a replay storm. The
+// results are in the order of items: Status [effects.Replayed] with the
+// stored Ref for an item whose key was committed with the same fingerprint,
+// Err wrapping [effects.ErrKeyReused] when it was committed with another,
+// and a zero BatchResult (Status 0, no Err) when it was not committed: apply
+// those, with [ApplyBatch] or [Effect.Apply]. Every occurrence of a key
+// repeated in items is compared with the stored fingerprint.
+//
+// Under synchronous replication it passes the replay barrier once for the
+// batch when any key was found (see [Seen]). Keys are validated before any
+// I/O. Options: only [AllowAsyncCommit] applies. [ApplyBatch] with
+// [WithPrecheck] runs it for the keys a filter may have seen.
+func SeenBatch(ctx context.Context, db Querier, scope string, items []BatchItem, opts ...Option) ([]BatchResult, error) {
+	const op = "postgres.SeenBatch"
+	if err := validateBatch(op, scope, items); err != nil {
+		return nil, err
+	}
+	cfg, err := newConfig(op, opts, optAsyncCommit)
+	if err != nil || len(items) == 0 {
+		return nil, err
+	}
+	found, settings, err := seenBatch(ctx, db, op, scope, items)
+	switch {
+	case err != nil:
+		return nil, err
+	case len(found) > 0 && settings.unsafeCommit() && !cfg.allowAsyncCommit:
+		return nil, fmt.Errorf("%s: %w", op, ErrAsyncCommit)
+	case len(found) > 0 && settings.replayNeedsBarrier():
+		if _, err := db.Exec(ctx, replayBarrierSQL); err != nil {
+			return nil, classify(ctx, op, "", err, false, false).err
+		}
+	}
+	results := make([]BatchResult, len(items))
+	for i, it := range items {
+		if s, ok := found[it.Key]; ok {
+			results[i] = s.result(op, it)
+		}
+	}
+	return results, nil
+}
+
+// seenBatch looks up the distinct keys of items, returning those committed
+// and the session's commit settings (zero when none was found).
+func seenBatch(ctx context.Context, db Querier, op, scope string, items []BatchItem) (map[effects.Key]stored, commitSettings, error) {
+	keys := make([]string, 0, len(items))
+	dedup := make(map[effects.Key]bool, len(items))
+	for _, it := range items {
+		if !dedup[it.Key] {
+			dedup[it.Key] = true
+			keys = append(keys, string(it.Key))
+		}
+	}
+	found := make(map[effects.Key]stored, len(keys))
+	var settings commitSettings
+	rows, _ := db.Query(ctx, seenBatchSQL, scope, keys)
+	var k string
+	var s stored
+	_, err := pgx.ForEachRow(rows, []any{&k, &s.fp, &s.ref, &settings.syncCommit, &settings.syncRep}, func() error {
+		found[effects.Key(k)] = stored{fp: s.fp, ref: s.ref}
+		return nil
+	})
+	if err != nil {
+		return nil, commitSettings{}, classify(ctx, op, "", err, false, false).err
+	}
+	return found, settings, nil
 }
 
 const keysSQL = `SELECT key FROM effectively_keys WHERE scope = $1 AND created_at >= $2`

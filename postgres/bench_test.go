@@ -2,10 +2,12 @@ package postgres_test
 
 // Benchmarks of the ways to dedup a ledger write, all on one durable
 // cluster (fsync on, full_page_writes on, synchronous_commit on) started by
-// pgtest, sequential, one key per op. Run:
+// pgtest, sequential, one key per op. The figures in BENCHMARKS.md come
+// from:
 //
-//	go test -run '^$' -bench . -benchtime 500x -count 6 ./postgres/ | tee /tmp/bench.txt
-//	go run golang.org/x/perf/cmd/benchstat@latest /tmp/bench.txt
+//	go test -run '^$' -bench 'LedgerPaired|ApplyShapes' -benchtime 300x -count 5 ./postgres/
+//	go test -run '^$' -bench 'BatchPaired' -benchtime 20x -count 5 ./postgres/
+//	go test -run '^$' -bench 'Ledger$' -benchtime 500x -count 5 ./postgres/
 //
 // BenchmarkLedger's sub-benchmarks report keys/s and walB/op: the WAL the
 // whole cluster wrote during the timed loop divided by b.N
@@ -14,13 +16,17 @@ package postgres_test
 //
 // Commit latency is dominated by fsync, which on a shared virtual disk
 // drifts by a factor of 2 or more within a minute, so sub-benchmarks that
-// run one after the other are not comparable in time. BenchmarkLedgerPaired
-// runs the single-key variants round-robin, key by key, and times each call:
-// drift hits them alike, and the ratios it reports are the ones to trust.
+// run one after the other are not comparable in time. The Paired
+// benchmarks run their variants round-robin, key by key, and time each
+// call: drift hits them alike, and the ratios they report are the ones to
+// trust.
 
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
+	"net"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -55,14 +61,24 @@ type ledgerBench struct {
 	ctx     context.Context
 	pool    *pgxpool.Pool
 	fx      *postgres.Effect[payment] // stores the ledger id as ref
-	fxNoRef *postgres.Effect[payment] // returns no ref: no UPDATE of the key row
+	fxNoRef *postgres.Effect[payment] // returns no ref
+	writes  atomic.Int64              // socket writes to the server: one per round trip
 }
 
 // newLedgerBench creates a fresh database on the durable cluster with the
-// schema, the ledger table and the naive handler's seen table.
+// schema, the ledger table and the naive handler's seen table. Its pool
+// counts the client's writes to the server: each is one round trip (pgx
+// flushes a statement, or a pipelined batch, with one write and then waits
+// for the reply).
 func newLedgerBench(b *testing.B) *ledgerBench {
 	b.Helper()
-	pool := newPool(b, newDBWith(b, pgtest.Options{Durable: true}), nil)
+	lb := &ledgerBench{ctx: context.Background()}
+	pool := newPool(b, newDBWith(b, pgtest.Options{Durable: true}), func(c *pgxpool.Config) {
+		c.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			return &countingConn{Conn: conn, writes: &lb.writes}, err
+		}
+	})
 	mustExec(b, pool, `CREATE TABLE seen (key text PRIMARY KEY)`)
 	fx, err := postgres.New(pool, "billing", writeLedger)
 	if err != nil {
@@ -75,7 +91,19 @@ func newLedgerBench(b *testing.B) *ledgerBench {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return &ledgerBench{ctx: context.Background(), pool: pool, fx: fx, fxNoRef: fxNoRef}
+	lb.pool, lb.fx, lb.fxNoRef = pool, fx, fxNoRef
+	return lb
+}
+
+// countingConn counts writes.
+type countingConn struct {
+	net.Conn
+	writes *atomic.Int64
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
 }
 
 // plainInsert is the baseline: the write alone, no dedup.
@@ -297,40 +325,169 @@ func BenchmarkLedger(b *testing.B) {
 	})
 }
 
+// handwritten is the essay's fixed handler written by hand: BEGIN; INSERT
+// the key ON CONFLICT DO NOTHING; the write; COMMIT. It keeps no ref,
+// compares no fingerprint and reads no setting.
+func (lb *ledgerBench) handwritten(b *testing.B, k effects.Key) {
+	ctx := lb.ctx
+	tx, err := lb.pool.Begin(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	fp, _ := effects.FingerprintJSON(benchPayment(k))
+	tag, err := tx.Exec(ctx, `INSERT INTO effectively_keys (scope, key, fingerprint) VALUES ('billing', $1, $2) ON CONFLICT DO NOTHING`, string(k), fp)
+	if err != nil || tag.RowsAffected() != 1 {
+		b.Fatal(tag, err)
+	}
+	if _, err := writeLedger(ctx, tx, benchPayment(k)); err != nil {
+		b.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// variant is one way to handle one key, timed by paired.
+type variant struct {
+	name string
+	run  func(k effects.Key)
+}
+
+// paired runs variants one key each per op, in a shuffled order, after one
+// warm-up key each (so that every
+// connection has its statements prepared), and reports for each variant
+// its mean latency as <variant>-ns/key, its round trips as
+// <variant>-rt/key, and its time ratio to the first variant twice: of the
+// means as <variant>/<first>, and of the per-key medians (robust to the
+// stalls a loaded machine inflicts on a few calls) as
+// <variant>/<first>-p50.
+func (lb *ledgerBench) paired(b *testing.B, variants []variant) {
+	for _, v := range variants {
+		v.run(benchKeys(1)[0])
+	}
+	keys := benchKeys(b.N * len(variants))
+	took := make([][]time.Duration, len(variants))
+	trips := make([]int64, len(variants))
+	mustExec(b, lb.pool, `CHECKPOINT`)
+	b.ResetTimer()
+	order := make([]int, len(variants))
+	for i := range order {
+		order[i] = i
+	}
+	for i := range b.N {
+		// A new order every op, so that no variant always follows the
+		// same neighbour.
+		rand.Shuffle(len(order), func(x, y int) { order[x], order[y] = order[y], order[x] })
+		for j, v := range order {
+			w := lb.writes.Load()
+			start := time.Now()
+			variants[v].run(keys[i*len(variants)+j])
+			took[v] = append(took[v], time.Since(start))
+			trips[v] += lb.writes.Load() - w
+		}
+	}
+	b.StopTimer()
+	mean := func(d []time.Duration) float64 {
+		var sum time.Duration
+		for _, x := range d {
+			sum += x
+		}
+		return float64(sum) / float64(len(d))
+	}
+	median := func(d []time.Duration) float64 {
+		slices.Sort(d)
+		return float64(d[len(d)/2])
+	}
+	for v, variant := range variants {
+		b.ReportMetric(mean(took[v]), variant.name+"-ns/key")
+		b.ReportMetric(float64(trips[v])/float64(b.N), variant.name+"-rt/key")
+		if v > 0 {
+			b.ReportMetric(mean(took[v])/mean(took[0]), variant.name+"/"+variants[0].name)
+			b.ReportMetric(median(took[v])/median(took[0]), variant.name+"/"+variants[0].name+"-p50")
+		}
+	}
+}
+
 // BenchmarkLedgerPaired runs the single-key variants for new keys
-// round-robin (one key each per op, starting with a different variant each
-// time) and times every call, reporting each variant's mean latency as
-// <variant>-ns/key, and the ratios to plain_insert, so that drifting fsync
-// latency hits all variants alike.
+// round-robin, key by key: Apply against the plain insert transaction (no
+// dedup), the hand-written handler and the other patterns, with round
+// trips counted.
 func BenchmarkLedgerPaired(b *testing.B) {
 	lb := newLedgerBench(b)
-	variants := []struct {
-		name string
-		run  func(k effects.Key)
-	}{
+	lb.paired(b, []variant{
 		{"plain_insert", func(k effects.Key) { lb.plainInsert(b, k) }},
 		{"effectively_once", func(k effects.Key) { lb.apply(b, lb.fx, k, effects.Applied) }},
 		{"effectively_once_noref", func(k effects.Key) { lb.apply(b, lb.fxNoRef, k, effects.Applied) }},
+		{"handwritten", func(k effects.Key) { lb.handwritten(b, k) }},
 		{"savepoint_23505", func(k effects.Key) { lb.savepoint(b, k) }},
 		{"two_transaction", func(k effects.Key) { lb.twoTransaction(b, k) }},
+	})
+}
+
+// BenchmarkBatchPaired compares, interleaved, one key per transaction
+// (Apply) with batches of 1000 new keys: ClaimBatch plus one INSERT ...
+// SELECT unnest of the ledger rows (the batch written by hand), and
+// ApplyBatch, whose write runs once per item (a round trip each). One op is
+// 1000 keys through each batch variant and 50 through Apply; reported per
+// key, with each batch variant's speed-up over Apply as
+// <variant>-speedup.
+func BenchmarkBatchPaired(b *testing.B) {
+	lb := newLedgerBench(b)
+	const batch, single = 1000, 50
+	applyBatch := func(keys []effects.Key) {
+		items := make([]postgres.BatchItem, len(keys))
+		for i, k := range keys {
+			fp, _ := effects.FingerprintJSON(benchPayment(k))
+			items[i] = postgres.BatchItem{Key: k, Fingerprint: fp}
+		}
+		results, err := postgres.ApplyBatch(lb.ctx, lb.pool, "billing", items, func(ctx context.Context, tx pgx.Tx, i int) (string, error) {
+			return writeLedger(ctx, tx, benchPayment(keys[i]))
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i, r := range results {
+			if r.Err != nil || r.Status != effects.Applied {
+				b.Fatalf("item %d = %+v", i, r)
+			}
+		}
 	}
-	keys := benchKeys(b.N * len(variants))
+	variants := []struct {
+		name string
+		n    int // keys per op
+		run  func(keys []effects.Key)
+	}{
+		{"apply", single, func(keys []effects.Key) {
+			for _, k := range keys {
+				lb.apply(b, lb.fx, k, effects.Applied)
+			}
+		}},
+		{"claim_batch_1000", batch, func(keys []effects.Key) { lb.batch(b, keys, batch, effects.Applied) }},
+		{"apply_batch_1000", batch, applyBatch},
+	}
+	for _, v := range variants {
+		v.run(benchKeys(v.n))
+	}
 	spent := make([]time.Duration, len(variants))
 	mustExec(b, lb.pool, `CHECKPOINT`)
 	b.ResetTimer()
 	for i := range b.N {
 		for j := range variants {
-			v := (i + j) % len(variants)
+			v := variants[(i+j)%len(variants)]
+			keys := benchKeys(v.n)
 			start := time.Now()
-			variants[v].run(keys[i*len(variants)+j])
-			spent[v] += time.Since(start)
+			v.run(keys)
+			spent[(i+j)%len(variants)] += time.Since(start)
 		}
 	}
 	b.StopTimer()
+	perKey := make([]float64, len(variants))
 	for v, variant := range variants {
-		b.ReportMetric(float64(spent[v].Nanoseconds())/float64(b.N), variant.name+"-ns/key")
+		perKey[v] = float64(spent[v].Nanoseconds()) / float64(b.N*variant.n)
+		b.ReportMetric(perKey[v], variant.name+"-ns/key")
 		if v > 0 {
-			b.ReportMetric(float64(spent[v])/float64(spent[0]), variant.name+"/plain")
+			b.ReportMetric(perKey[0]/perKey[v], variant.name+"-speedup")
 		}
 	}
 }

@@ -37,10 +37,9 @@ const setRefSQL = `UPDATE effectively_keys SET ref = $3 WHERE scope = $1 AND key
 // it was pruned in between. Retrying claims it afresh.
 var errVanished = errors.New("key conflicted but was gone when read back (pruned concurrently?)")
 
-// claimOutcome is what claimKey found.
-type claimOutcome struct {
-	inserted   bool   // the key is new and now claimed in tx
-	ref        string // stored ref when !inserted
+// commitSettings are the session's settings that decide whether its commit
+// can be acknowledged safely.
+type commitSettings struct {
 	syncCommit string // synchronous_commit in effect
 	syncRep    bool   // synchronous_standby_names is set: commits wait for a standby
 }
@@ -49,13 +48,24 @@ type claimOutcome struct {
 // acknowledged and then lost: synchronous_commit = off always; local when a
 // synchronous standby is configured, because the commit does not wait for
 // the standby that a failover promotes.
-func (o claimOutcome) unsafeCommit() bool {
-	return o.syncCommit == "off" || (o.syncRep && o.syncCommit == "local")
+func (s commitSettings) unsafeCommit() bool {
+	return s.syncCommit == "off" || (s.syncRep && s.syncCommit == "local")
+}
+
+// replayNeedsBarrier reports whether a replay in this session must pass
+// the replay barrier before it is reported: see replayBarrierSQL.
+func (s commitSettings) replayNeedsBarrier() bool { return s.syncRep && !s.unsafeCommit() }
+
+// claimOutcome is what claimKey found.
+type claimOutcome struct {
+	inserted bool   // the key is new and now claimed in tx
+	ref      string // stored ref when !inserted
+	commitSettings
 }
 
 // needsBarrier reports whether a replay must wait for the standby before it
 // is reported: see replayBarrierSQL.
-func (o claimOutcome) needsBarrier() bool { return !o.inserted && o.syncRep && !o.unsafeCommit() }
+func (o claimOutcome) needsBarrier() bool { return !o.inserted && o.replayNeedsBarrier() }
 
 // replayBarrierSQL makes the replaying transaction a writing one: a
 // transactional logical message (a few bytes of WAL, no table touched, no
@@ -118,10 +128,13 @@ func asyncCommit(op string, key effects.Key) error {
 }
 
 // Claim claims key under scope inside tx, a transaction the caller owns, so
-// that the caller's own writes and the claim commit or roll back together.
-// It is the building block of [Effect.Apply] for code that already has a
-// transaction (several effects in one transaction, a framework that hands
-// you a pgx.Tx).
+// that the caller's own writes and the claim commit or roll back together:
+// the guarantee of [Effect.Apply] for code that already has a transaction
+// (several effects in one transaction, a framework that hands you a
+// pgx.Tx). It inserts the key first, with ON CONFLICT DO NOTHING, so that a
+// concurrent duplicate waits on the primary key from the start; Apply,
+// which owns its transaction, orders duplicates with an advisory lock and
+// writes the key row once, with its ref, in the round trip of COMMIT.
 //
 // It returns Status [effects.Applied] when the key is new and now claimed in
 // tx: do the effect in tx, optionally [SetRef], then commit. "Applied" takes
@@ -145,7 +158,7 @@ func asyncCommit(op string, key effects.Key) error {
 // makes Claim fail with 40001 (ErrTransient), and the retry replays.
 //
 // A nil fingerprint is stored as an empty one. Options: only
-// [AllowAsyncCommit] applies.
+// [AllowAsyncCommit] applies; any other is an [*effects.ConfigError].
 func Claim(ctx context.Context, tx pgx.Tx, scope string, key effects.Key, fingerprint []byte, opts ...Option) (effects.Result, error) {
 	const op = "postgres.Claim"
 	if err := key.Validate(); err != nil {
@@ -154,7 +167,10 @@ func Claim(ctx context.Context, tx pgx.Tx, scope string, key effects.Key, finger
 	if err := validateScope(op, scope); err != nil {
 		return effects.Result{}, err
 	}
-	cfg := newConfig(opts)
+	cfg, err := newConfig(op, opts, optAsyncCommit)
+	if err != nil {
+		return effects.Result{}, err
+	}
 	out, err := claimKey(ctx, tx, op, scope, key, nonNil(fingerprint))
 	switch {
 	case errors.Is(err, effects.ErrKeyReused):

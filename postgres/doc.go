@@ -3,11 +3,11 @@
 // table effectively_keys, in the same transaction as the effect's own
 // writes, so that the key and the effect commit together or not at all. A
 // redelivered message finds its key and replays the stored reference instead
-// of writing again; a concurrent duplicate waits on the primary key and then
+// of writing again; a concurrent duplicate waits for the first and then
 // replays. There is no window: the contract is effectively-once for as long
 // as keys are kept.
 //
-// Five ways to use it, from most to least managed:
+// The ways to use it, from most to least managed:
 //
 //   - [New] returns an [Effect] (an effects.Effect) that owns the
 //     transaction: Apply claims the key, runs your write function in the
@@ -19,11 +19,24 @@
 //   - [ApplyBatch] claims many keys with one statement and runs the writes
 //     of the new ones in the same transaction, for batch consumers
 //     (effects.WithBatch); [ClaimBatch] is its building block inside a
-//     transaction you own. [Seen] is the cheap pre-check for replay storms
-//     (see package negcache).
+//     transaction you own.
+//   - For replay storms, where most deliveries were handled before:
+//     [ApplyBatch] with [WithPrecheck] looks up, with one query, the keys a
+//     filter (package negcache) may have seen, replays those committed
+//     without a transaction and claims only the rest; [SeenBatch] and
+//     [Seen] are that pre-check on its own.
 //   - [Journal] implements effects.Journal, the sent-record for effects
 //     outside the database (email, an API call): at-least-once with a
 //     declared window, not effectively once.
+//
+// What it costs: Apply on a new key takes three round trips, as a plain
+// BEGIN/INSERT/COMMIT does (BEGIN travels with the key's lookup, the key's
+// INSERT with COMMIT), and a duplicate two and no WAL; BENCHMARKS.md has
+// the measurements.
+//
+// Options follow the module's convention: each function validates the
+// options it is given once, before any I/O, and returns an
+// [*effects.ConfigError] for a bad value or for an option it does not heed.
 //
 // Run [Migrate] once (or copy [Schema] into your migrations), and [Prune]
 // old keys periodically, keeping them longer than the broker's retention

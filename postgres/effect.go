@@ -1,11 +1,10 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -40,20 +39,25 @@ var _ effects.Effect[struct{}] = (*Effect[struct{}])(nil)
 
 // New returns an Effect that runs write under keys in scope (an application
 // or tenant name; keys are unique per scope). The tables must exist: see
-// [Migrate]. It fails if pool or write is nil, scope is empty, not UTF-8 or
-// contains NUL, or a [WithFingerprint] option is for another input type.
+// [Migrate]. It returns an [*effects.ConfigError] if pool or write is nil,
+// scope is empty, not UTF-8 or contains NUL, or an option is invalid: a
+// [WithFingerprint] for another input type, a negative [WithMaxRetries], an
+// unknown [WithIsolation] level, or an option New does not heed.
 func New[In any](pool *pgxpool.Pool, scope string, write WriteFunc[In], opts ...Option) (*Effect[In], error) {
 	const op = "postgres.New"
 	if pool == nil {
-		return nil, fmt.Errorf("%s: nil pool", op)
+		return nil, &effects.ConfigError{Op: op, Option: "pool", Reason: "nil"}
 	}
 	if write == nil {
-		return nil, fmt.Errorf("%s: nil write function", op)
+		return nil, &effects.ConfigError{Op: op, Option: "write", Reason: "nil write function"}
 	}
 	if err := validateScope(op, scope); err != nil {
 		return nil, err
 	}
-	cfg := newConfig(opts)
+	cfg, err := newConfig(op, opts, optFingerprint, optMaxRetries, optIsolation, optAsyncCommit)
+	if err != nil {
+		return nil, err
+	}
 	e := &Effect[In]{
 		pool:        pool,
 		scope:       scope,
@@ -66,7 +70,8 @@ func New[In any](pool *pgxpool.Pool, scope string, write WriteFunc[In], opts ...
 		f, ok := cfg.fingerprint.(func(In) ([]byte, error))
 		if !ok {
 			var zero In
-			return nil, fmt.Errorf("%s: WithFingerprint: got %T, want func(%T) ([]byte, error)", op, cfg.fingerprint, zero)
+			return nil, &effects.ConfigError{Op: op, Option: optFingerprint,
+				Reason: fmt.Sprintf("got %T, want func(%T) ([]byte, error)", cfg.fingerprint, zero)}
 		}
 		e.fingerprint = f
 	}
@@ -86,16 +91,22 @@ func (e *Effect[In]) Contract() effects.Contract {
 }
 
 // Apply runs the effect for in under key, once. In one transaction it
-// inserts (scope, key, fingerprint) with ON CONFLICT DO NOTHING; if the row
-// is new it runs the write, stores its ref (if not empty) and commits,
-// returning [effects.Applied] with the ref. If the key was committed before
-// with the same fingerprint, it rolls back and returns [effects.Replayed]
-// with the stored ref; a concurrent duplicate waits for the first to finish
-// and then replays (or applies, if the first rolled back). Cost of a new
-// key: round trips for BEGIN, the claim (pipelined with a read-back of the
-// key), the write, and COMMIT (pipelined with the UPDATE that stores a
-// non-empty ref). Cost of a duplicate: BEGIN, the claim, ROLLBACK, and no
-// WAL.
+// looks the key up; if it is not there it runs the write and inserts
+// (scope, key, fingerprint, ref) and commits, returning [effects.Applied]
+// with the ref. If the key was committed before with the same fingerprint,
+// it rolls back and returns [effects.Replayed] with the stored ref. A
+// concurrent duplicate waits for the first to finish (a transaction-scoped
+// advisory lock on a hash of scope and key orders them; the primary key
+// stays the authority) and then replays, or applies if the first rolled
+// back.
+//
+// Cost of a new key: three round trips, as for a plain insert transaction:
+// BEGIN pipelined with the lock and the lookup (pgx Batch.BeginTx); the
+// write; the key's INSERT pipelined with COMMIT. Cost of a duplicate: two
+// round trips (the same first one, then ROLLBACK) and no WAL. Under
+// synchronous replication a replay also passes the replay barrier (see
+// RELIABILITY.md): a few bytes of WAL and a COMMIT that waits for the
+// standby.
 //
 // Errors:
 //   - [effects.ErrInvalidKey]: key is invalid; checked before any I/O.
@@ -104,8 +115,8 @@ func (e *Effect[In]) Contract() effects.Contract {
 //   - [ErrAsyncCommit]: synchronous_commit is off (see [AllowAsyncCommit]);
 //     nothing was written.
 //   - [effects.ErrTransient]: nothing was committed (a broken connection
-//     before COMMIT, or serialization failures/deadlocks beyond
-//     [WithMaxRetries]); retry with the same key.
+//     before COMMIT, or serialization failures, deadlocks or keys taken
+//     concurrently beyond [WithMaxRetries]); retry with the same key.
 //   - [effects.ErrAmbiguous]: COMMIT was sent but its reply was lost (or ctx
 //     ended while waiting for it); the effect may have committed. Retry with
 //     the same key: it replays or applies.
@@ -123,12 +134,12 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (effects
 		return effects.Result{}, fmt.Errorf("%s key %q: fingerprint: %w", opApply, key, err)
 	}
 	fp = nonNil(fp)
-	for attempt := 0; ; attempt++ {
+	for attempt := 1; ; attempt++ {
 		res, c := e.attempt(ctx, key, fp, in)
-		if !c.retry || attempt >= e.cfg.maxRetries {
+		if !c.retry || attempt > e.cfg.maxRetries {
 			return res, c.err
 		}
-		if err := sleep(ctx, backoff(attempt)); err != nil {
+		if err := effects.Sleep(ctx, retryBackoff.Delay(attempt)); err != nil {
 			return effects.Result{}, canceled(ctx, opApply, key, c.err)
 		}
 	}
@@ -136,102 +147,138 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (effects
 
 const opApply = "postgres.Apply"
 
-// rollbackTimeout bounds a rollback, which runs even when the caller's
-// context is done so that a healthy connection goes back to the pool.
-const rollbackTimeout = 5 * time.Second
+// lockSQL takes a transaction-scoped advisory lock on a hash of scope and
+// key, so that a concurrent Apply of the same key waits here until the
+// first one's transaction ends, and reads the settings that decide whether
+// the commit may be acknowledged (see ErrAsyncCommit), at no extra cost.
+// Advisory locks write no WAL. The two-int form keeps to a lock space apart
+// from the single-bigint locks applications usually take; a collision of
+// hashes only makes two unrelated keys wait for each other's transaction.
+const lockSQL = `SELECT pg_advisory_xact_lock(hashtext($1), hashtext($2)), current_setting('synchronous_commit'),
+	current_setting('synchronous_standby_names') <> ''`
+
+// insertKeySQL records the key with its ref. It is a plain INSERT, no ON
+// CONFLICT: if a transaction that did not take the advisory lock (Claim,
+// ClaimBatch) or that the snapshot did not show (REPEATABLE READ) committed
+// the key meanwhile, it fails with 23505 and the whole attempt, write
+// included, rolls back and is retried, and the retry replays.
+const insertKeySQL = `INSERT INTO effectively_keys (scope, key, fingerprint, ref) VALUES ($1, $2, $3, $4)`
 
 // attempt runs one transaction. On success c.err is nil.
 //
 // It runs on a connection of its own rather than a pgxpool.Tx so that it
-// can end the transaction with the ref UPDATE and COMMIT pipelined in one
-// round trip; the pgx.Tx given to the write is then abandoned, and Release
-// checks that the connection is idle before pooling it again.
+// can end the transaction with the key's INSERT and COMMIT pipelined in
+// one round trip; the pgx.Tx that BEGIN's batch gave the write is then
+// abandoned, and Release checks that the connection is idle before pooling
+// it again.
 func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in In) (effects.Result, classified) {
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
 		return effects.Result{}, classify(ctx, opApply, key, err, false, false)
 	}
 	defer conn.Release() // destroys the connection unless it is idle, outside a transaction
-	tx, err := conn.BeginTx(ctx, e.txOptions)
-	if err != nil {
-		return effects.Result{}, classify(ctx, opApply, key, err, false, conn.Conn().IsClosed())
-	}
+
+	var (
+		settings commitSettings
+		found    bool
+		storedFP []byte
+		ref      string
+		batch    pgx.Batch
+	)
+	batch.BeginTx(e.txOptions)
+	batch.Queue(lockSQL, e.scope, string(key)).QueryRow(func(row pgx.Row) error {
+		return row.Scan(nil, &settings.syncCommit, &settings.syncRep)
+	})
+	// A statement of its own, after the lock: at READ COMMITTED its snapshot
+	// sees what a concurrent duplicate committed while this one waited.
+	batch.Queue(lookupSQL, e.scope, string(key)).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&storedFP, &ref)
+		found = err == nil
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+	br := conn.SendBatch(ctx, &batch)
+	tx := br.Tx()
 	ending := false
 	defer func() {
 		if !ending {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
-			_ = tx.Rollback(rctx) // if this fails, the connection is closed and discarded
-			cancel()
+			rollback(ctx, tx) // a no-op if BEGIN failed
 		}
 	}()
 	fail := func(err error) (effects.Result, classified) {
 		return effects.Result{}, classify(ctx, opApply, key, err, false, conn.Conn().IsClosed())
 	}
-
-	out, err := claimKey(ctx, tx, opApply, e.scope, key, fp)
-	switch {
-	case errors.Is(err, effects.ErrKeyReused):
-		return effects.Result{}, classified{err: err}
-	case errors.Is(err, errVanished):
-		return effects.Result{}, classified{err: effects.Transient(opApply, key, err), retry: true}
-	case err != nil:
+	if err := br.Close(); err != nil {
 		return fail(err)
-	case out.unsafeCommit() && !e.cfg.allowAsyncCommit:
+	}
+
+	switch {
+	case settings.unsafeCommit() && !e.cfg.allowAsyncCommit:
 		return effects.Result{}, classified{err: asyncCommit(opApply, key)}
-	case out.needsBarrier():
+	case found && !bytes.Equal(storedFP, fp):
+		return effects.Result{}, classified{err: reused(opApply, key)}
+	case found && settings.replayNeedsBarrier():
 		// Report the replay only once the earlier commit is surely on the
 		// synchronous standby (see replayBarrierSQL).
 		ending = true
-		var batch pgx.Batch
-		batch.Queue(replayBarrierSQL)
-		batch.Queue("COMMIT")
-		if err := conn.SendBatch(ctx, &batch).Close(); err != nil {
+		var end pgx.Batch
+		end.Queue(replayBarrierSQL)
+		end.Queue("COMMIT")
+		if err := conn.SendBatch(ctx, &end).Close(); err != nil {
 			return effects.Result{}, classify(ctx, opApply, key, err, true, false)
 		}
-		return effects.Result{Status: effects.Replayed, Ref: out.ref}, classified{}
-	case !out.inserted:
-		return effects.Result{Status: effects.Replayed, Ref: out.ref}, classified{}
+		return effects.Result{Status: effects.Replayed, Ref: ref}, classified{}
+	case found:
+		return effects.Result{Status: effects.Replayed, Ref: ref}, classified{}
 	}
 
-	ref, err := e.write(ctx, tx, in)
+	ref, err = e.write(ctx, tx, in)
 	if err != nil {
 		return fail(err)
 	}
-	ending = true // from here on, never roll back: the COMMIT may have happened
-	if ref == "" {
-		err = tx.Commit(ctx)
-	} else {
-		var batch pgx.Batch
-		batch.Queue(setRefSQL, e.scope, string(key), ref)
-		batch.Queue("COMMIT").Exec(func(tag pgconn.CommandTag) error {
-			if tag.String() == "ROLLBACK" {
-				return pgx.ErrTxCommitRollback
-			}
-			return nil
-		})
-		err = conn.SendBatch(ctx, &batch).Close()
-	}
-	if err != nil {
+	ending = true // from here on, never roll back blindly: the COMMIT may have happened
+	var end pgx.Batch
+	end.Queue(insertKeySQL, e.scope, string(key), fp, ref)
+	end.Queue("COMMIT").Exec(commitTag)
+	if err := conn.SendBatch(ctx, &end).Close(); err != nil {
+		if failedTx(conn.Conn()) {
+			// The server failed the transaction before COMMIT (which it
+			// then skipped): nothing was committed. Roll back to keep the
+			// connection.
+			rollback(ctx, tx)
+		}
+		if keyTaken(err) {
+			// A concurrent transaction committed the key first: the retry
+			// replays it.
+			return effects.Result{}, classified{err: effects.Transient(opApply, key, err), retry: true}
+		}
 		return effects.Result{}, classify(ctx, opApply, key, err, true, false)
 	}
 	return effects.Result{Status: effects.Applied, Ref: ref}, classified{}
 }
 
-// backoff returns the pause before retry number attempt+1: a random time
-// between half and all of a ceiling that doubles from 2 ms up to 100 ms.
-func backoff(attempt int) time.Duration {
-	ceiling := min(2*time.Millisecond<<min(attempt, 10), 100*time.Millisecond)
-	return ceiling/2 + rand.N(ceiling/2+1)
+// commitTag fails a COMMIT that the server answered with ROLLBACK (the
+// transaction had failed earlier without the error being returned).
+func commitTag(tag pgconn.CommandTag) error {
+	if tag.String() == "ROLLBACK" {
+		return pgx.ErrTxCommitRollback
+	}
+	return nil
 }
 
-// sleep waits d or until ctx is done.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
+// failedTx reports whether conn is in a transaction that the server has
+// marked failed: an ERROR was raised, and nothing of it can commit.
+func failedTx(conn *pgx.Conn) bool {
+	return !conn.IsClosed() && conn.PgConn().TxStatus() == 'E'
+}
+
+// rollback ends tx, even when ctx is done, so that a healthy connection
+// goes back to the pool. If it fails, pgx closes the connection and the
+// pool discards it.
+func rollback(ctx context.Context, tx pgx.Tx) {
+	rctx, cancel := effects.Detached(ctx, rollbackTimeout)
+	defer cancel()
+	_ = tx.Rollback(rctx)
 }

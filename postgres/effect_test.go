@@ -9,12 +9,14 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/effects"
 	"effectively.dev/postgres"
+	"effectively.dev/postgres/pgtest"
 )
 
 // ledgerEffect returns the tests' effect on pool, counting write calls.
@@ -51,24 +53,72 @@ func TestEffectContract(t *testing.T) {
 func TestNewRefusesBadArguments(t *testing.T) {
 	pool := newPool(t, newDB(t), nil)
 	write := func(ctx context.Context, tx pgx.Tx, p payment) (string, error) { return "", nil }
-	for name, f := range map[string]func() error{
-		"nil pool":    func() error { _, err := postgres.New(nil, "s", write); return err },
-		"nil write":   func() error { _, err := postgres.New[payment](pool, "s", nil); return err },
-		"empty scope": func() error { _, err := postgres.New(pool, "", write); return err },
-		"NUL in scope": func() error {
-			_, err := postgres.New(pool, "a\x00b", write)
-			return err
-		},
-		"fingerprint for another type": func() error {
+	for name, tc := range map[string]struct {
+		option string
+		new    func() error
+	}{
+		"nil pool":     {"pool", func() error { _, err := postgres.New(nil, "s", write); return err }},
+		"nil write":    {"write", func() error { _, err := postgres.New[payment](pool, "s", nil); return err }},
+		"empty scope":  {"scope", func() error { _, err := postgres.New(pool, "", write); return err }},
+		"NUL in scope": {"scope", func() error { _, err := postgres.New(pool, "a\x00b", write); return err }},
+		"fingerprint for another type": {"WithFingerprint", func() error {
 			_, err := postgres.New(pool, "s", write, postgres.WithFingerprint(func(s string) ([]byte, error) { return nil, nil }))
 			return err
-		},
+		}},
+		"nil fingerprint": {"WithFingerprint", func() error {
+			_, err := postgres.New(pool, "s", write, postgres.WithFingerprint[payment](nil))
+			return err
+		}},
+		"negative retries": {"WithMaxRetries", func() error {
+			_, err := postgres.New(pool, "s", write, postgres.WithMaxRetries(-1))
+			return err
+		}},
+		"unknown isolation level": {"WithIsolation", func() error {
+			_, err := postgres.New(pool, "s", write, postgres.WithIsolation("snapshot"))
+			return err
+		}},
+		"an option New does not heed": {"WithPrecheck", func() error {
+			_, err := postgres.New(pool, "s", write, postgres.WithPrecheck(new(keySet)))
+			return err
+		}},
+		"an option Claim does not heed": {"WithMaxRetries", func() error {
+			return inTx(t, pool, func(tx pgx.Tx) error {
+				_, err := postgres.Claim(testCtx(t), tx, "s", "k", nil, postgres.WithMaxRetries(3))
+				return err
+			})
+		}},
+		"an option ApplyBatch does not heed": {"WithFingerprint", func() error {
+			_, err := postgres.ApplyBatch(testCtx(t), pool, "s", nil, func(context.Context, pgx.Tx, int) (string, error) { return "", nil },
+				postgres.WithFingerprint(func(payment) ([]byte, error) { return nil, nil }))
+			return err
+		}},
+		"nil precheck filter": {"WithPrecheck", func() error {
+			_, err := postgres.ApplyBatch(testCtx(t), pool, "s", nil, func(context.Context, pgx.Tx, int) (string, error) { return "", nil },
+				postgres.WithPrecheck(nil))
+			return err
+		}},
+		"ApplyBatch without a pool": {"pool", func() error {
+			_, err := postgres.ApplyBatch(testCtx(t), nil, "s", nil, func(context.Context, pgx.Tx, int) (string, error) { return "", nil })
+			return err
+		}},
+		"NewJournal without a pool": {"pool", func() error { _, err := postgres.NewJournal(nil, "s"); return err }},
+		"negative prune batch": {"batchSize", func() error {
+			_, err := postgres.Prune(testCtx(t), pool, "s", time.Now(), -1)
+			return err
+		}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if f() == nil {
-				t.Fatal("New succeeded")
+			err := tc.new()
+			var ce *effects.ConfigError
+			if !errors.As(err, &ce) || ce.Option != tc.option || !errors.Is(err, effects.ErrInvalidConfig) {
+				t.Fatalf("err = %v, want a ConfigError about %s", err, tc.option)
 			}
 		})
+	}
+	// A nil option is ignored, and every option New heeds is accepted.
+	if _, err := postgres.New(pool, "s", write, nil, postgres.WithMaxRetries(0), postgres.WithIsolation(pgx.Serializable),
+		postgres.AllowAsyncCommit(), postgres.WithFingerprint(func(payment) ([]byte, error) { return nil, nil })); err != nil {
+		t.Fatalf("New with valid options: %v", err)
 	}
 }
 
@@ -501,4 +551,115 @@ func TestApplyRetriesSerializationFailure(t *testing.T) {
 			t.Fatalf("writes = %d, ledger rows = %d; want 2 attempts, 0 rows", calls.Load(), rows(t, pool, "evt_40001"))
 		}
 	})
+}
+
+// TestApplyKeyTakenConcurrently: a transaction that claimed the key with
+// Claim (which takes no advisory lock) and has not committed yet. Apply
+// does not see it, runs its write, and its insert of the key waits for
+// that transaction: if it commits, Apply's attempt rolls back (its write
+// with it) and the retry replays; if it rolls back, Apply commits.
+func TestApplyKeyTakenConcurrently(t *testing.T) {
+	url := newDB(t)
+	pool := newPool(t, url, nil)
+	watch, err := pgx.Connect(testCtx(t), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close(context.Background())
+	for _, commit := range []bool{true, false} {
+		t.Run(map[bool]string{true: "the other commits: replayed", false: "the other rolls back: applied"}[commit], func(t *testing.T) {
+			ctx := testCtx(t)
+			var calls atomic.Int64
+			fx := ledgerEffect(t, pool, &calls)
+			event := fmt.Sprintf("evt_taken_%t", commit)
+			key := effects.MustKey(event, "ledger")
+			p := payment{EventID: event, Amount: 1}
+			fp, err := effects.FingerprintJSON(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			other, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer other.Rollback(ctx)
+			if res, err := postgres.Claim(ctx, other, "billing", key, fp); err != nil || res.Status != effects.Applied {
+				t.Fatalf("Claim = %+v, %v", res, err)
+			}
+			type result struct {
+				res effects.Result
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				res, err := fx.Apply(ctx, key, p)
+				done <- result{res, err}
+			}()
+			// Apply's INSERT of the key waits on the other transaction.
+			pgtest.WaitFor(t, ctx, watch, `SELECT count(*)::text FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`, "1")
+			if commit {
+				err = other.Commit(ctx)
+			} else {
+				err = other.Rollback(ctx)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := <-done
+			want, wantRows := effects.Replayed, 0 // the other transaction wrote no ledger row
+			if !commit {
+				want, wantRows = effects.Applied, 1
+			}
+			if r.err != nil || r.res.Status != want {
+				t.Fatalf("Apply = %+v, %v; want %v", r.res, r.err, want)
+			}
+			if n := rows(t, pool, event); n != wantRows || calls.Load() != 1 {
+				t.Errorf("ledger rows = %d after %d writes, want %d after 1", n, calls.Load(), wantRows)
+			}
+		})
+	}
+}
+
+// TestApplyConcurrentDuplicatesAtEveryIsolationLevel: at REPEATABLE READ
+// and SERIALIZABLE a duplicate that commits while Apply waits is not in
+// Apply's snapshot; its insert of the key fails and the retry replays.
+func TestApplyConcurrentDuplicatesAtEveryIsolationLevel(t *testing.T) {
+	pool := newPool(t, newDB(t), func(c *pgxpool.Config) { c.MaxConns = 20 })
+	for _, level := range []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable} {
+		t.Run(string(level), func(t *testing.T) {
+			ctx := testCtx(t)
+			fx := ledgerEffect(t, pool, nil, postgres.WithIsolation(level), postgres.WithMaxRetries(30))
+			event := "evt_iso_" + strings.ReplaceAll(string(level), " ", "_")
+			key := effects.MustKey(event, "ledger")
+			const n = 16
+			var wg sync.WaitGroup
+			var applied atomic.Int64
+			refs := make([]string, n)
+			start := make(chan struct{})
+			for i := range n {
+				wg.Go(func() {
+					<-start
+					res, err := fx.Apply(ctx, key, payment{EventID: event, Amount: 1})
+					if err != nil {
+						t.Errorf("Apply %d: %v", i, err)
+						return
+					}
+					if res.Status == effects.Applied {
+						applied.Add(1)
+					}
+					refs[i] = res.Ref
+				})
+			}
+			close(start)
+			wg.Wait()
+			if applied.Load() != 1 || rows(t, pool, event) != 1 {
+				t.Errorf("%d applied, %d ledger rows; want 1 and 1", applied.Load(), rows(t, pool, event))
+			}
+			for i, ref := range refs {
+				if ref != refs[0] {
+					t.Errorf("Apply %d ref %q, Apply 0 ref %q", i, ref, refs[0])
+				}
+			}
+		})
+	}
 }

@@ -40,7 +40,17 @@ const (
 	sqlstateSerializationFailure = "40001"
 	sqlstateDeadlockDetected     = "40P01"
 	sqlstateUndefinedTable       = "42P01"
+	sqlstateUniqueViolation      = "23505"
 )
+
+// keyTaken reports whether err is a unique violation on effectively_keys:
+// a concurrent transaction committed the same key first, and the one that
+// got the error was rolled back and may be retried (it will replay).
+func keyTaken(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && isError(pgErr) &&
+		pgErr.Code == sqlstateUniqueViolation && pgErr.TableName == "effectively_keys"
+}
 
 // classified is the verdict on an error from one transaction attempt.
 type classified struct {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"effectively.dev/effects"
+	"effectively.dev/negcache"
 	"effectively.dev/postgres"
 )
 
@@ -169,6 +170,56 @@ func ExampleClaimBatch() {
 	// evt_b duplicate
 	// evt_c new
 	// evt_a key reused: true
+}
+
+// A replay storm: a batch handler (for kafka.ReplayBatch, say) whose
+// batches are mostly events handled before. WithPrecheck looks up the keys
+// the filter may have seen with one query; those replay without a
+// transaction, and only the rest are claimed and written.
+func ExampleWithPrecheck() {
+	ctx := context.Background()
+	pool := exampleDB()
+	defer pool.Close()
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE ledger (id bigserial PRIMARY KEY, event_id text, amount bigint)`); err != nil {
+		log.Fatal(err)
+	}
+	// The keys this process committed (warm it at startup with postgres.Keys).
+	filter, err := negcache.New(1_000_000, 0.01)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	handle := func(batch []Payment) {
+		items := make([]postgres.BatchItem, len(batch))
+		for i, p := range batch {
+			fp, _ := effects.FingerprintJSON(p)
+			items[i] = postgres.BatchItem{Key: effects.MustKey(p.EventID, "ledger"), Fingerprint: fp}
+		}
+		results, err := postgres.ApplyBatch(ctx, pool, "billing", items, func(ctx context.Context, tx pgx.Tx, i int) (string, error) {
+			var id int64
+			err := tx.QueryRow(ctx, `INSERT INTO ledger (event_id, amount) VALUES ($1, $2) RETURNING id`,
+				batch[i].EventID, batch[i].Amount).Scan(&id)
+			return fmt.Sprintf("ledger/%d", id), err
+		}, postgres.WithPrecheck(filter))
+		if err != nil {
+			log.Fatal(err) // nothing acked: the whole batch is redelivered
+		}
+		for i, r := range results {
+			fmt.Println(batch[i].EventID, r.Status, r.Ref, r.Err) // ack those without Err
+		}
+	}
+
+	handle([]Payment{{"evt_a", 1}, {"evt_b", 2}})
+	handle([]Payment{{"evt_a", 1}, {"evt_b", 2}, {"evt_c", 3}}) // the replay: a and b from the pre-check
+	// Output:
+	// evt_a applied ledger/1 <nil>
+	// evt_b applied ledger/2 <nil>
+	// evt_a replayed ledger/1 <nil>
+	// evt_b replayed ledger/2 <nil>
+	// evt_c applied ledger/3 <nil>
 }
 
 // A journal records an effect outside the database, such as an email: begin,

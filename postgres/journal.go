@@ -58,12 +58,12 @@ type Journal struct {
 var _ effects.Journal = (*Journal)(nil)
 
 // NewJournal returns a Journal for keys in scope. The table must exist: see
-// [Migrate]. It fails if pool is nil or scope is empty, not UTF-8 or
-// contains NUL.
+// [Migrate]. It returns an [*effects.ConfigError] if pool is nil or scope
+// is empty, not UTF-8 or contains NUL.
 func NewJournal(pool *pgxpool.Pool, scope string) (*Journal, error) {
 	const op = "postgres.NewJournal"
 	if pool == nil {
-		return nil, fmt.Errorf("%s: nil pool", op)
+		return nil, &effects.ConfigError{Op: op, Option: "pool", Reason: "nil"}
 	}
 	if err := validateScope(op, scope); err != nil {
 		return nil, err

@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"effectively.dev/effects"
 )
 
-// DefaultPruneBatch is the batch size [Prune] uses when given 0 or less.
+// DefaultPruneBatch is the batch size [Prune] and [Journal.Prune] use when
+// given 0.
 const DefaultPruneBatch = 1000
 
 const pruneSQL = `DELETE FROM effectively_keys WHERE ctid IN (
@@ -14,8 +17,9 @@ const pruneSQL = `DELETE FROM effectively_keys WHERE ctid IN (
 
 // Prune deletes the keys of scope created before olderThan, batchSize rows
 // per statement (each its own transaction when db is a pool or a
-// connection), until a statement deletes fewer than batchSize. Small batches
-// keep locks and WAL bursts short next to live traffic. It returns how many
+// connection), until a statement deletes fewer than batchSize (0 means
+// [DefaultPruneBatch]; a negative size is an [*effects.ConfigError]). Small
+// batches keep locks and WAL bursts short next to live traffic. It returns how many
 // keys it deleted, also when it stops early on an error or a done ctx.
 //
 // Pruning sets the horizon of the effectively-once guarantee: a message
@@ -50,7 +54,10 @@ func (j *Journal) Prune(ctx context.Context, olderThan time.Time, batchSize int)
 // pruneBatches runs the DELETE sql (parameters scope, olderThan, limit)
 // until a statement deletes fewer than batchSize rows.
 func pruneBatches(ctx context.Context, db DB, op, sql, scope string, olderThan time.Time, batchSize int) (int64, error) {
-	if batchSize <= 0 {
+	switch {
+	case batchSize < 0:
+		return 0, &effects.ConfigError{Op: op, Option: "batchSize", Reason: "negative; 0 means DefaultPruneBatch"}
+	case batchSize == 0:
 		batchSize = DefaultPruneBatch
 	}
 	var deleted int64

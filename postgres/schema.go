@@ -3,13 +3,14 @@ package postgres
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"strings"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"effectively.dev/effects"
 )
 
 // Schema is the SQL that [Migrate] runs: CREATE TABLE IF NOT EXISTS for
@@ -44,7 +45,7 @@ func Migrate(ctx context.Context, db DB) error {
 	if err != nil {
 		return fmt.Errorf("postgres.Migrate: begin: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit it is a no-op
+	defer rollback(ctx, tx) // after Commit it is a no-op
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrateLockID); err != nil {
 		return fmt.Errorf("postgres.Migrate: lock: %w", err)
 	}
@@ -59,11 +60,9 @@ func Migrate(ctx context.Context, db DB) error {
 	return nil
 }
 
-// errInvalidScope is wrapped by every scope validation failure.
-var errInvalidScope = errors.New("invalid scope")
-
 // validateScope checks what PostgreSQL text can hold and what keeps
-// operators sane: non-empty, valid UTF-8, no NUL byte.
+// operators sane: non-empty, valid UTF-8, no NUL byte. A bad scope is an
+// *effects.ConfigError.
 func validateScope(op, scope string) error {
 	var why string
 	switch {
@@ -76,5 +75,5 @@ func validateScope(op, scope string) error {
 	default:
 		return nil
 	}
-	return fmt.Errorf("%s: %w %q: %s", op, errInvalidScope, scope, why)
+	return &effects.ConfigError{Op: op, Option: "scope", Reason: fmt.Sprintf("%q: %s", scope, why)}
 }
