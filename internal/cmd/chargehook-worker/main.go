@@ -198,8 +198,8 @@ func work(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 	if cfg.instanceID != "" {
 		opts = append(opts, kgo.InstanceID(cfg.instanceID))
 	}
-	src, err := kafka.NewSource(opts, kafka.WithFetchErrors(func(err error) {
-		fmt.Fprintln(stderr, "chargehook-worker: fetch:", err)
+	src, err := kafka.NewSource(opts, kafka.WithSourceErrors(func(err error) {
+		fmt.Fprintln(stderr, "chargehook-worker:", err)
 	}))
 	if err != nil {
 		return err
