@@ -117,7 +117,7 @@ func ExampleNewSource() {
 	if err := source.Ack(ctx, d); err != nil {
 		log.Fatal(err)
 	}
-	// The ack is committed by the next group commit, within 50 ms; Flush
+	// The ack is committed by the next group commit, within 100 ms; Flush
 	// commits it now (Close does too).
 	if err := source.Flush(ctx); err != nil {
 		log.Fatal(err)

@@ -37,7 +37,7 @@ const (
 	DefaultMaxPendingPerPartition = 256
 	// DefaultCommitInterval is the shortest time between the starts of two
 	// group commits.
-	DefaultCommitInterval = 50 * time.Millisecond
+	DefaultCommitInterval = 100 * time.Millisecond
 	// DefaultFetchMaxWait is the kgo.FetchMaxWait a Source sets unless the
 	// client options set another: Kafka's own consumer default, instead of
 	// franz-go's 5 s, because a partition the Source resumes waits for the
@@ -55,10 +55,12 @@ const commitTimeout = 10 * time.Second
 // # Handing out
 //
 // A goroutine polls the client in the background and keeps each partition's
-// records in a queue of its own. Next hands out records one at a time,
-// taking turns between the partitions that have one ready, so that a
-// consumer's workers all get work even when a fetch returned long runs of
-// one partition. Each partition may have at most [WithMaxPendingPerPartition]
+// records in a queue of its own. Next hands out records one at a time, from
+// the partition with the fewest deliveries handed out and not yet acked
+// (the partitions take turns among equals), so that a consumer's workers
+// all get work even when a fetch returned long runs of one partition, and
+// a consumer whose window is full refills first the partitions about to
+// run dry. Each partition may have at most [WithMaxPendingPerPartition]
 // records fetched and not yet acked: past that, Next skips the partition,
 // and the Source pauses fetching it (kgo's PauseFetchPartitions) until its
 // acks bring it down to half. A partition stuck behind a failing record so
@@ -113,7 +115,8 @@ type Source struct {
 
 	mu     sync.Mutex
 	parts  map[topicPartition]*partState
-	ready  []*partState  // partitions Next may take a record from, in turn
+	ready  []*partState  // partitions Next may take a record from
+	turn   int           // where pickLocked starts looking, for turns among equals
 	avail  chan struct{} // a record became ready (capacity 1)
 	epoch  uint64        // bumped on every revocation, for stale acks
 	closed bool
@@ -193,7 +196,7 @@ func WithMaxPendingPerPartition(n int) SourceOption {
 }
 
 // WithCommitInterval sets the shortest time between the starts of two
-// group commits (default [DefaultCommitInterval], 50 ms). A commit is sent
+// group commits (default [DefaultCommitInterval], 100 ms). A commit is sent
 // only when a mark advanced and the previous commit returned; 0 sends the
 // next one as soon as the previous returned. Longer intervals send fewer
 // OffsetCommit requests and redeliver more after a crash. d must not be
@@ -301,7 +304,7 @@ func (s *Source) start() {
 	})
 }
 
-// Next returns the next record, taking turns between the partitions. It
+// Next returns the next record (see [Source] for which partition's). It
 // blocks until one is available, ctx is done, or the source is closed
 // ([ErrSourceClosed]). The first call starts fetching.
 func (s *Source) Next(ctx context.Context) (effects.Delivery, error) {
@@ -312,19 +315,14 @@ func (s *Source) Next(ctx context.Context) (effects.Delivery, error) {
 			s.mu.Unlock()
 			return effects.Delivery{}, ErrSourceClosed
 		}
-		for len(s.ready) > 0 {
-			p := s.ready[0]
-			s.ready[0] = nil
-			s.ready = s.ready[1:]
-			p.inReady = false
-			if p.revoked {
-				continue // being revoked: its records go to the new owner
-			}
+		if p := s.pickLocked(); p != nil {
 			rec := p.buf[0]
 			p.buf[0] = nil
 			p.buf = p.buf[1:]
 			d := s.deliverLocked(p, rec)
-			s.markReadyLocked(p) // to the back of the line
+			if len(p.buf) == 0 || p.unacked >= s.cfg.maxPerPart {
+				s.unreadyLocked(p)
+			}
 			more := len(s.ready) > 0
 			s.mu.Unlock()
 			if more {
@@ -350,13 +348,41 @@ func (s *Source) signal() {
 	}
 }
 
-// markReadyLocked puts p in line for Next if it has a record Next may hand
-// out.
+// pickLocked returns the ready partition Next takes a record from: the
+// one with the fewest deliveries handed out and not acked, so that a
+// consumer whose window is full refills first the Orderings that are about
+// to run dry; among equals, the partitions take turns.
+func (s *Source) pickLocked() *partState {
+	n := len(s.ready)
+	best := -1
+	for k := range n {
+		i := (s.turn + k) % n
+		if best < 0 || s.ready[i].unacked < s.ready[best].unacked {
+			best = i
+		}
+	}
+	if best < 0 {
+		return nil
+	}
+	s.turn = best + 1
+	return s.ready[best]
+}
+
+// markReadyLocked adds p to the partitions Next may take a record from,
+// if it has one Next may hand out.
 func (s *Source) markReadyLocked(p *partState) {
 	if !p.inReady && !p.revoked && len(p.buf) > 0 && p.unacked < s.cfg.maxPerPart {
 		p.inReady = true
 		s.ready = append(s.ready, p)
 	}
+}
+
+// unreadyLocked removes p from the ready partitions.
+func (s *Source) unreadyLocked(p *partState) {
+	if i := slices.Index(s.ready, p); i >= 0 {
+		s.ready = slices.Delete(s.ready, i, i+1)
+	}
+	p.inReady = false
 }
 
 // deliverLocked hands out rec of p.
@@ -637,6 +663,7 @@ func (s *Source) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[strin
 		for _, p := range ps {
 			if st := s.parts[topicPartition{topic, p}]; st != nil {
 				st.revoked = true
+				s.unreadyLocked(st) // its records go to the new owner
 			}
 		}
 	}
@@ -683,7 +710,13 @@ func (s *Source) forget(parts map[string][]int32) {
 			delete(s.parts, tp)
 		}
 	}
-	s.ready = slices.DeleteFunc(s.ready, func(p *partState) bool { return s.parts[p.tp] != p })
+	s.ready = slices.DeleteFunc(s.ready, func(p *partState) bool {
+		if s.parts[p.tp] == p {
+			return false
+		}
+		p.inReady = false
+		return true
+	})
 	if resume != nil {
 		s.cl.ResumeFetchPartitions(resume)
 	}

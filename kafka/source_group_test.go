@@ -181,7 +181,7 @@ func TestSourceBoundsEachPartition(t *testing.T) {
 	ctx := context.Background()
 	var stuck []effects.Delivery // partition 0: never acked yet
 	flowed := 0
-	for len(stuck) < limit || flowed < 90 {
+	for len(stuck) < limit || flowed < 100 {
 		d := next(t, s)
 		if partitionOf(d) == 0 {
 			stuck = append(stuck, d)
@@ -199,13 +199,8 @@ func TestSourceBoundsEachPartition(t *testing.T) {
 	if !slices.Contains(paused[topic], 0) {
 		t.Errorf("paused partitions %v; want partition 0, which holds its bound", paused)
 	}
-	// Partition 1 has 10 records left; then nothing may come: partition 0
-	// holds its bound.
-	for range 10 {
-		if p := partitionOf(next(t, s)); p != 1 {
-			t.Fatalf("got a delivery of partition %d past its bound", p)
-		}
-	}
+	// Partition 1 is drained; nothing may come: partition 0 holds its
+	// bound.
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	d, err := s.Next(short)
 	cancel()
