@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -46,9 +47,11 @@ const (
 	mailFrom = "billing@chargehook.example"
 	// lease bounds how long an attempt whose outcome is unknown holds an
 	// at-least-once key before a retry may redo it (kafka.WithLease,
-	// email.WithLease): short, so the demo does not stall; the window it
-	// opens is the one the contracts declare.
-	lease = 3 * time.Second
+	// email.WithLease): short, so the demo does not stall (an attempt the
+	// failover broke after its journal Begin holds its partition until the
+	// lease expires), yet well above a send's usual milliseconds; the
+	// window it opens is the one the contracts declare.
+	lease = time.Second
 )
 
 // handler handles one event; applied reports whether it did any effect
@@ -229,18 +232,23 @@ func newEffectivelyOnce(d deps, mailLog *slog.Logger) (*effectivelyOnce, error) 
 	return h, nil
 }
 
-// plan binds the five effects to one event. A later step's input is built
-// from the earlier steps' results: on a redelivery those replay with their
-// recorded references, so every payload is the same as the first time.
-func (h *effectivelyOnce) plan(ev Event) (*effects.Plan, error) {
+// steps binds the five effects to one event. A later step's input is
+// built from the earlier steps' results (found in done, or in prior when
+// the step runs in a plan of its own after them): on a redelivery those
+// replay with their recorded references, so every payload is the same as
+// the first time.
+func (h *effectivelyOnce) steps(ev Event, prior effects.Results) []effects.Step {
 	ref := func(done effects.Results, step string) (string, error) {
 		r, ok := done[step]
+		if !ok {
+			r, ok = prior[step]
+		}
 		if !ok || r.Ref == "" {
 			return "", fmt.Errorf("no reference from step %q", step)
 		}
 		return r.Ref, nil
 	}
-	p, err := effects.NewPlan(h.scope,
+	return []effects.Step{
 		effects.Bind(stepCharge, h.charge, stripe.PaymentIntent{
 			Amount: ev.Cents, Currency: "usd", PaymentMethod: testCard, Confirm: true,
 			Metadata: map[string]string{"event_id": ev.ID},
@@ -266,7 +274,12 @@ func (h *effectivelyOnce) plan(ev Event) (*effects.Plan, error) {
 			return email.Message{From: mailFrom, To: []string{ev.Email}, Subject: mailSubject(ev),
 				Text: receipt(ev, pi, id)}, errors.Join(err1, err2)
 		}),
-	)
+	}
+}
+
+// newPlan makes a plan of steps under the handler's scope, observed.
+func (h *effectivelyOnce) newPlan(steps ...effects.Step) (*effects.Plan, error) {
+	p, err := effects.NewPlan(h.scope, steps...)
 	if err != nil {
 		return nil, err
 	}
@@ -276,22 +289,59 @@ func (h *effectivelyOnce) plan(ev Event) (*effects.Plan, error) {
 	return p, nil
 }
 
+// handle runs the charge and the ledger row in order, as one plan, then
+// the receipt, the charged event and the email, which need only those two
+// results, at the same time, each as a plan of its own: every step keeps
+// its key (NewKey(scope, event id, step)), so running independent steps
+// concurrently changes nothing about what a redelivery replays.
 func (h *effectivelyOnce) handle(ctx context.Context, ev Event) (bool, error) {
-	p, err := h.plan(ev)
+	first, err := h.newPlan(h.steps(ev, nil)[:2]...)
 	if err != nil {
 		return false, err
 	}
-	res, err := p.Run(ctx, ev.ID)
-	applied := false
-	for _, r := range res {
-		applied = applied || !r.Replayed()
+	done, err := first.Run(ctx, ev.ID)
+	applied := anyApplied(done)
+	if err != nil {
+		return applied, err
 	}
-	return applied, err
+	rest := h.steps(ev, done)[2:]
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	for _, step := range rest {
+		p, err := h.newPlan(step)
+		if err != nil {
+			return applied, err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := p.Run(ctx, ev.ID)
+			mu.Lock()
+			defer mu.Unlock()
+			applied = applied || anyApplied(res)
+			errs = append(errs, err)
+		}()
+	}
+	wg.Wait()
+	return applied, errors.Join(errs...)
 }
 
-// contract is the plan's composite contract (the same for every event).
+func anyApplied(res effects.Results) bool {
+	for _, r := range res {
+		if !r.Replayed() {
+			return true
+		}
+	}
+	return false
+}
+
+// contract is the composite contract of the five steps (the same for
+// every event, and whatever runs concurrently).
 func (h *effectivelyOnce) contract() effects.PlanContract {
-	p, err := h.plan(Event{ID: "contract", Account: "acct", Email: "a@b.example", Cents: 1})
+	p, err := effects.NewPlan(h.scope, h.steps(Event{ID: "contract", Account: "acct", Email: "a@b.example", Cents: 1}, nil)...)
 	if err != nil {
 		panic(err) // the same steps every time: cannot fail here if it did not in newEffectivelyOnce
 	}
