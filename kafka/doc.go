@@ -21,7 +21,9 @@
 //   - [Source]: an [effects.Source] over a consumer group that commits an
 //     offset only after every earlier delivery of its partition was acked,
 //     so side effect first, then commit, and acking out of order never skips
-//     a record.
+//     a record. It hands records out fairly across partitions, bounds each
+//     partition's unfinished records, and commits the acked marks of every
+//     partition in one OffsetCommit request at a time (group commit).
 //   - [Relay] with [Enqueue]: the transactional outbox. The application
 //     writes the record into an outbox table in its own business
 //     transaction; relays publish the rows at least once, with the row's
