@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"effectively.dev/internal/ratelog"
 )
 
 // Handler handles one delivery: it does the delivery's side effects, each
@@ -30,10 +34,17 @@ type Handler func(ctx context.Context, d Delivery) error
 // would be. A slice of the wrong length fails every delivery of the batch
 // with [ErrBatchResults].
 //
-// ds never holds two deliveries with the same non-empty Ordering, so a
-// handler may apply them in any order. In package postgres, ApplyBatch
-// (one transaction claims and writes the whole batch) and BatchErrors make
-// the body of one.
+// ds may hold a run of consecutive deliveries with the same non-empty
+// Ordering (all of a Kafka partition's records that are waiting, up to the
+// batch size); they are in their Ordering's order in ds, though not
+// necessarily next to each other, so a handler that applies ds in order, or
+// commits it all at once, keeps that order. In package postgres, ApplyBatch
+// (one transaction claims and writes the whole batch, in order) and
+// BatchErrors make the body of one. When a delivery fails and another of
+// its Ordering after it in ds succeeded, the later one's effects are done
+// and it is acked; if the order of effects matters even then, fail the
+// rest of the run too: those deliveries are tried again after the failed
+// one, and these attempts do not count against their budget.
 type BatchHandler func(ctx context.Context, ds []Delivery) []error
 
 // Consumer errors.
@@ -143,7 +154,12 @@ func WithDeadLetter(f func(ctx context.Context, d Delivery, err error) error) Co
 // and EventFailed when an Ack fails. Events carry DeliveryID, Attempt (the
 // failed attempt's number, from 1), Duration (the handler's run time) and
 // Err. Successful attempts are counted in [Consumer.Stats], not observed.
-// A nil o reports nothing.
+//
+// Without an observer (or with a nil o), the consumer logs the same events
+// to slog.Default(), rate-limited (a burst of 10 lines, then about one a
+// second, with a count of the lines held back): retries at level Info,
+// failures and dead letters at Warn, each with delivery_id, attempt and
+// error. To silence them, pass an observer that does nothing.
 func WithObserver(o Observer) ConsumerOption {
 	return func(c *consumerConfig) { c.observer = o }
 }
@@ -162,34 +178,35 @@ func WithShutdownGrace(d time.Duration) ConsumerOption {
 // with the same Ordering. When n are held, it stops calling Next until one
 // finishes. The default, [DefaultMaxPending] (1024, or more with
 // [WithBatch]: enough for every worker to fill a batch), lets the other
-// Orderings go on while one is stuck behind a failing delivery: a Kafka
-// poll hands out long runs of one partition, so a small bound would soon
-// hold nothing but records queued behind the stuck one. The cost is memory:
-// n deliveries' bodies. n must be at least 1.
+// Orderings go on while some are stuck behind a failing delivery, as long
+// as the source bounds what one Ordering may hold (kafka.Source does, per
+// partition: kafka.WithMaxPendingPerPartition). The cost is memory: n
+// deliveries' bodies. n must be at least 1.
 func WithMaxPending(n int) ConsumerOption {
 	return func(c *consumerConfig) { c.maxPending, c.maxPendingSet = n, true }
 }
 
 // WithBatch makes the consumer hand deliveries to h in batches of up to
 // size, instead of one by one to a [Handler] (pass a nil Handler to
-// [NewConsumer]). A batch waits at most linger after its first delivery for
-// more to arrive; 0 takes only what is already waiting.
+// [NewConsumer]).
 //
-// Order: a batch never holds two deliveries with the same non-empty
-// Ordering, and a delivery joins a batch only after every earlier delivery
-// with its Ordering was acked or given up, so per-Ordering order holds as
-// with a Handler; deliveries without an Ordering batch freely. The cost of
-// the rule: a source that puts everything in one Ordering (one Kafka
-// partition) gets batches of one. Batching pays off for sources whose
-// deliveries carry no Ordering or a fine-grained one (per account, per
-// entity). To batch a Kafka partition, wrap the Source so that Ordering
-// names the entity (say, an account id from a header) instead of the
-// partition: the Kafka source still commits offsets only over the
-// contiguous acked prefix, so acking across entities out of offset order
-// never skips a record.
+// Order: a batch takes the deliveries whose turn it is, each with the run
+// of deliveries of its Ordering waiting behind it (consecutive, in order,
+// as many as fit), so a Kafka partition's records are batched together and
+// in offset order; see [BatchHandler] for what the handler must keep.
+// Per-Ordering order holds as with a Handler: a delivery is in a batch only
+// with, or after, every earlier delivery of its Ordering; deliveries
+// without an Ordering batch freely.
+//
+// Linger: when fewer than size deliveries are waiting, a batch waits at
+// most linger for more (0: it takes only what is waiting), for deliveries
+// that become ready and for new deliveries of the Orderings it holds. It
+// does not wait when nothing can arrive: while every slot of
+// [WithMaxPending] is taken, the consumer takes nothing from the source,
+// and the batch starts at once.
 //
 // Each delivery keeps its own attempt count and backoff; a failed delivery
-// rejoins a later batch when its backoff expires, and is acked or
+// joins a later batch when its backoff expires, and is acked or
 // dead-lettered on its own. size must be at least 1, linger not negative.
 func WithBatch(size int, linger time.Duration, h BatchHandler) ConsumerOption {
 	return func(c *consumerConfig) {
@@ -247,7 +264,9 @@ type ConsumerStats struct {
 // outage longer than the retry budget into a crash loop that also halts
 // the healthy Orderings; retrying slowly resumes by itself when the outage
 // ends, and a Kafka-like source would not commit past the delivery anyway.
-// Configure [WithDeadLetter] to move poison messages aside.
+// Configure [WithDeadLetter] to move poison messages aside. Failures are
+// visible by default: without [WithObserver], they are logged to
+// slog.Default(), rate-limited.
 //
 // An Ack that fails is reported as EventFailed and not retried: the source
 // delivers the message again and the idempotent handler replays it. With
@@ -266,6 +285,7 @@ type Consumer struct {
 
 	running                                       atomic.Bool
 	delivered, acked, retried, deadLettered, fail atomic.Int64
+	log                                           ratelog.Limiter // without an observer
 }
 
 // NewConsumer returns a consumer of src that hands every delivery to h
@@ -274,8 +294,8 @@ type Consumer struct {
 // handler, or an invalid option. Nil options are ignored.
 //
 // Defaults: 8 concurrent handlers, 10 attempts, backoff from 100 ms to 30 s,
-// no dead-letter hook, no observer, 10 s shutdown grace, 1024 pending
-// deliveries.
+// no dead-letter hook, failures logged to slog.Default() (no observer),
+// 10 s shutdown grace, 1024 pending deliveries.
 func NewConsumer(src Source, h Handler, opts ...ConsumerOption) (*Consumer, error) {
 	cfg := consumerConfig{
 		concurrency: DefaultConcurrency,
@@ -370,13 +390,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 	limit := c.cfg.maxPending
 	r := &run{
-		c:      c,
-		ctx:    runCtx,
-		hctx:   hctx,
-		ready:  make(chan *task, limit),
-		slots:  make(chan struct{}, limit),
-		queues: map[string][]*task{},
-		timers: map[*task]*time.Timer{},
+		c:          c,
+		ctx:        runCtx,
+		hctx:       hctx,
+		ready:      make(chan *task, limit),
+		slots:      make(chan struct{}, limit),
+		lanes:      map[string]*lane{},
+		timers:     map[*task]*time.Timer{},
+		collecting: map[*collector]struct{}{},
 	}
 	for range c.cfg.concurrency {
 		r.workers.Add(1)
@@ -409,27 +430,59 @@ func (c *Consumer) Run(ctx context.Context) error {
 // task is one delivery being handled.
 type task struct {
 	d       Delivery
-	attempt int // attempts started
+	attempt int   // attempts counted
+	lane    *lane // its Ordering's lane; nil without an Ordering
+	done    bool  // finished: to be dropped from its lane
+}
+
+// lane holds the unfinished deliveries of one Ordering, in order. Only a
+// run at its front is ever dispatched: q[:out] are ready, collected into a
+// batch, running, or (q[0] alone) waiting for a retry; the others wait.
+type lane struct {
+	key string
+	q   []*task
+	out int
+	col *collector // the batch collecting q[:out], while it collects
+}
+
+// collector is a batch being collected.
+type collector struct {
+	size  int
+	tasks []*task       // guarded by run.mu
+	lanes []*lane       // whose run is in tasks
+	wake  chan struct{} // a delivery joined, or none can join any more (capacity 1)
+}
+
+func (col *collector) signal() {
+	select {
+	case col.wake <- struct{}{}:
+	default:
+	}
 }
 
 // run is the state of one Consumer.Run.
 //
 // Every delivery taken from the source holds a slot until it is finished
 // (acked, or given up for good), and is in exactly one place: the ready
-// channel, a worker, a retry timer, or waiting behind the head of its
-// Ordering's queue. Hence ready, whose capacity is the number of slots,
-// never blocks a sender.
+// channel, a batch being collected, a worker, a retry timer, or waiting in
+// its Ordering's lane behind the run that is out. Hence ready, whose
+// capacity is the number of slots, never blocks a sender.
 type run struct {
 	c    *Consumer
 	ctx  context.Context // done: shutting down
 	hctx context.Context // for handlers, hooks and acks; done when the grace expires
 
-	ready chan *task    // deliveries whose turn it is
+	ready chan *task    // heads of lanes, and deliveries without Ordering, whose turn it is
 	slots chan struct{} // one per delivery taken and not finished
 
-	mu     sync.Mutex
-	queues map[string][]*task    // per Ordering, in order; [0] is the one whose turn it is
-	timers map[*task]*time.Timer // armed retries
+	// fetchBlocked: the fetch loop waits for a slot, so no delivery can
+	// arrive until one finishes.
+	fetchBlocked atomic.Bool
+
+	mu         sync.Mutex
+	lanes      map[string]*lane
+	timers     map[*task]*time.Timer   // armed retries
+	collecting map[*collector]struct{} // batches that linger
 
 	workers    sync.WaitGroup
 	timersLive sync.WaitGroup // retry timers that may still run their function
@@ -443,6 +496,14 @@ func (r *run) fetch() error {
 		case r.slots <- struct{}{}:
 		case <-r.ctx.Done():
 			return nil
+		default:
+			r.blockFetch(true)
+			select {
+			case r.slots <- struct{}{}:
+			case <-r.ctx.Done():
+				return nil
+			}
+			r.blockFetch(false)
 		}
 		d, err := r.c.src.Next(r.ctx)
 		if err != nil {
@@ -460,43 +521,49 @@ func (r *run) fetch() error {
 	}
 }
 
-// dispatch makes t ready, or queues it behind an earlier delivery with the
-// same Ordering.
+// blockFetch records whether the fetch loop waits for a slot; when it
+// starts waiting, lingering batches stop: nothing can join them.
+func (r *run) blockFetch(blocked bool) {
+	r.fetchBlocked.Store(blocked)
+	if !blocked {
+		return
+	}
+	r.mu.Lock()
+	for col := range r.collecting {
+		col.signal()
+	}
+	r.mu.Unlock()
+}
+
+// dispatch makes a new delivery ready, queues it in its Ordering's lane,
+// or adds it to the batch that is collecting the run just before it.
 func (r *run) dispatch(t *task) {
 	if t.d.Ordering == "" {
 		r.ready <- t
 		return
 	}
 	r.mu.Lock()
-	q := r.queues[t.d.Ordering]
-	r.queues[t.d.Ordering] = append(q, t)
+	l := r.lanes[t.d.Ordering]
+	if l == nil {
+		l = &lane{key: t.d.Ordering}
+		r.lanes[l.key] = l
+	}
+	t.lane = l
+	l.q = append(l.q, t)
+	send := false
+	switch {
+	case l.out == 0:
+		l.out = 1
+		send = true
+	case l.col != nil && l.out == len(l.q)-1 && len(l.col.tasks) < l.col.size:
+		l.col.tasks = append(l.col.tasks, t)
+		l.out++
+		l.col.signal()
+	}
 	r.mu.Unlock()
-	if len(q) == 0 {
+	if send {
 		r.ready <- t
 	}
-}
-
-// finish releases t's slot and makes the next delivery of its Ordering
-// ready. t must not be used afterwards.
-func (r *run) finish(t *task) {
-	if o := t.d.Ordering; o != "" {
-		r.mu.Lock()
-		q := r.queues[o]
-		q[0] = nil
-		q = q[1:]
-		var next *task
-		if len(q) == 0 {
-			delete(r.queues, o)
-		} else {
-			r.queues[o] = q
-			next = q[0]
-		}
-		r.mu.Unlock()
-		if next != nil && r.ctx.Err() == nil {
-			r.ready <- next
-		}
-	}
-	<-r.slots
 }
 
 // retryAfter makes t ready again after delay, unless shutdown begins first.
@@ -532,54 +599,23 @@ func (r *run) worker() {
 			t.attempt++
 			start := time.Now()
 			err := r.c.h(r.hctx, t.d)
-			r.settle(t, err, time.Since(start))
+			r.settle([]*task{t}, []error{err}, time.Since(start))
 		}
 	}
 }
 
-// batchWorker collects ready deliveries into batches for the BatchHandler.
-// Ready holds at most one delivery per Ordering, so a batch never holds
-// two.
+// batchWorker collects batches for the BatchHandler: ready deliveries, each
+// with the run of its lane behind it.
 func (r *run) batchWorker() {
 	defer r.workers.Done()
-	size, linger := r.c.cfg.batchSize, r.c.cfg.batchLinger
 	for {
-		var batch []*task
+		var first *task
 		select {
 		case <-r.ctx.Done():
 			return
-		case t := <-r.ready:
-			batch = append(batch, t)
+		case first = <-r.ready:
 		}
-		var deadline <-chan time.Time
-		var tm *time.Timer
-		if linger > 0 && size > 1 {
-			tm = time.NewTimer(linger)
-			deadline = tm.C
-		}
-	collect:
-		for len(batch) < size {
-			if deadline == nil {
-				select {
-				case t := <-r.ready:
-					batch = append(batch, t)
-				default:
-					break collect
-				}
-				continue
-			}
-			select {
-			case t := <-r.ready:
-				batch = append(batch, t)
-			case <-deadline:
-				break collect
-			case <-r.ctx.Done():
-				break collect
-			}
-		}
-		if tm != nil {
-			tm.Stop()
-		}
+		batch := r.collect(first)
 		if r.ctx.Err() != nil {
 			return // not started: left unacked
 		}
@@ -598,31 +634,187 @@ func (r *run) batchWorker() {
 				errs[i] = err
 			}
 		}
-		for i, t := range batch {
-			r.settle(t, errs[i], took)
-		}
+		r.settle(batch, errs, took)
 	}
 }
 
-// settle decides what happens to t after an attempt that returned err.
-func (r *run) settle(t *task, err error, took time.Duration) {
+// collect builds a batch from first: first's lane run, what else is ready,
+// and, while the batch lingers, what joins it. It lingers only while a
+// delivery can still arrive (the fetch loop is not waiting for a slot).
+func (r *run) collect(first *task) []*task {
+	size, linger := r.c.cfg.batchSize, r.c.cfg.batchLinger
+	col := &collector{size: size, wake: make(chan struct{}, 1)}
+	r.mu.Lock()
+	r.takeLocked(col, first)
+	r.mu.Unlock()
+	full := func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return len(col.tasks) >= size
+	}
+	for !full() {
+		select {
+		case t := <-r.ready:
+			r.mu.Lock()
+			r.takeLocked(col, t)
+			r.mu.Unlock()
+			continue
+		default:
+		}
+		break
+	}
+	if linger > 0 && !full() && !r.fetchBlocked.Load() {
+		r.mu.Lock()
+		r.collecting[col] = struct{}{}
+		r.mu.Unlock()
+		tm := time.NewTimer(linger)
+	wait:
+		for !full() && !r.fetchBlocked.Load() {
+			select {
+			case t := <-r.ready:
+				r.mu.Lock()
+				r.takeLocked(col, t)
+				r.mu.Unlock()
+			case <-col.wake:
+			case <-tm.C:
+				break wait
+			case <-r.ctx.Done():
+				break wait
+			}
+		}
+		tm.Stop()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.collecting, col)
+	for _, l := range col.lanes {
+		l.col = nil
+	}
+	return col.tasks
+}
+
+// takeLocked adds t to col, with as much of the run behind t in its lane
+// as fits. t is a lane's head (or has no Ordering).
+func (r *run) takeLocked(col *collector, t *task) {
+	col.tasks = append(col.tasks, t)
+	l := t.lane
+	if l == nil {
+		return
+	}
+	l.col = col
+	col.lanes = append(col.lanes, l)
+	for l.out < len(l.q) && len(col.tasks) < col.size {
+		col.tasks = append(col.tasks, l.q[l.out])
+		l.out++
+	}
+}
+
+// outcome is what settling one attempt decided.
+type outcome int
+
+const (
+	outDone  outcome = iota // acked or given up for good: release
+	outRetry                // the lane's head, to try again after a pause
+	outWait                 // behind a failure of its Ordering: attempted again in a later run
+)
+
+// settle decides what happens to the deliveries of one attempt (one, or a
+// batch) after it returned errs: acks, retries and dead letters in each
+// Ordering's order, then the lanes' next runs.
+//
+// In a lane's run, deliveries before the first failure are acked; the first
+// failure is retried (or given up on, and then the next ones are treated
+// the same way); after a failure that is retried, the run's other
+// deliveries that succeeded are acked (their effects are done) and those
+// that failed wait, without their attempt counted, to be attempted again
+// behind it.
+func (r *run) settle(tasks []*task, errs []error, took time.Duration) {
+	outs := make([]outcome, len(tasks))
+	delays := make([]time.Duration, len(tasks))
+	var blocked map[*lane]bool // lanes whose run has a delivery to retry
+	for i, t := range tasks {
+		err := errs[i]
+		if t.lane != nil && blocked[t.lane] {
+			switch {
+			case err == nil:
+				r.ack(t)
+				outs[i] = outDone
+			case r.ctx.Err() != nil:
+				outs[i] = outDone // shutting down: left unacked
+			default:
+				t.attempt-- // not in its turn: this attempt does not count
+				outs[i] = outWait
+			}
+			continue
+		}
+		outs[i], delays[i] = r.settleOne(t, err, took)
+		if outs[i] == outRetry && t.lane != nil {
+			if blocked == nil {
+				blocked = map[*lane]bool{}
+			}
+			blocked[t.lane] = true
+		}
+	}
+
+	// The lanes: drop the finished deliveries, then put each lane's next
+	// run in line (or leave the head to its retry timer).
+	var next []*task
+	r.mu.Lock()
+	for i, t := range tasks {
+		t.done = outs[i] == outDone
+	}
+	for i, t := range tasks {
+		l := t.lane
+		if l == nil || slices.ContainsFunc(tasks[:i], func(u *task) bool { return u.lane == l }) {
+			continue // no lane, or visited
+		}
+		l.q = slices.DeleteFunc(l.q, func(u *task) bool { return u.done })
+		switch {
+		case blocked[l]:
+			l.out = 1 // q[0], waiting for its retry
+		case len(l.q) == 0:
+			l.out = 0
+			delete(r.lanes, l.key)
+		case r.ctx.Err() != nil:
+			l.out = 0 // shutting down: dispatch nothing
+		default:
+			l.out = 1
+			next = append(next, l.q[0])
+		}
+	}
+	r.mu.Unlock()
+
+	for i, t := range tasks {
+		switch outs[i] {
+		case outDone:
+			<-r.slots
+		case outRetry:
+			r.retryAfter(t, delays[i])
+		}
+	}
+	for _, t := range next {
+		r.ready <- t
+	}
+}
+
+// settleOne settles t's attempt that returned err: ack, retry after a
+// pause, or give up (dead letter, or keep it and retry every max
+// backoff).
+func (r *run) settleOne(t *task, err error, took time.Duration) (outcome, time.Duration) {
 	c := r.c
 	if err == nil {
 		r.ack(t)
-		r.finish(t)
-		return
+		return outDone, 0
 	}
 	if r.ctx.Err() != nil {
 		r.failed(t, took, fmt.Errorf("attempt %d failed during shutdown; left unacked for redelivery: %w", t.attempt, err))
-		r.finish(t)
-		return
+		return outDone, 0
 	}
 	exhausted := c.cfg.maxAttempts > 0 && t.attempt >= c.cfg.maxAttempts
 	if !permanent(err) && !exhausted {
 		c.retried.Add(1)
 		r.observe(EventRetried, t, took, err)
-		r.retryAfter(t, c.cfg.backoff(t.attempt))
-		return
+		return outRetry, c.cfg.backoff(t.attempt)
 	}
 	why := fmt.Sprintf("gave up after %d attempts", t.attempt)
 	if permanent(err) {
@@ -634,8 +826,7 @@ func (r *run) settle(t *task, err error, took time.Duration) {
 			c.deadLettered.Add(1)
 			r.observe(EventDeadLettered, t, took, err)
 			r.ack(t)
-			r.finish(t)
-			return
+			return outDone, 0
 		}
 		err = fmt.Errorf("%s, and the dead-letter hook failed (%w); kept unacked, retrying every %v: %w",
 			why, herr, c.cfg.maxBackoff, err)
@@ -644,7 +835,7 @@ func (r *run) settle(t *task, err error, took time.Duration) {
 			why, c.cfg.maxBackoff, err)
 	}
 	r.failed(t, took, err)
-	r.retryAfter(t, c.cfg.backoff(0))
+	return outRetry, c.cfg.backoff(0)
 }
 
 // ack acks t's delivery. A failed Ack is reported, not retried: the
@@ -662,10 +853,15 @@ func (r *run) failed(t *task, took time.Duration, err error) {
 	r.observe(EventFailed, t, took, err)
 }
 
+// observe reports an event to the observer, or, without one, logs it to
+// slog.Default() (rate-limited).
 func (r *run) observe(kind EventKind, t *task, took time.Duration, err error) {
+	ev := Event{Kind: kind, DeliveryID: t.d.ID, Attempt: t.attempt, Duration: took, Err: err}
 	if o := r.c.cfg.observer; o != nil {
-		o.Observe(r.hctx, Event{Kind: kind, DeliveryID: t.d.ID, Attempt: t.attempt, Duration: took, Err: err})
+		o.Observe(r.hctx, ev)
+		return
 	}
+	r.c.logDefault(r.hctx, ev)
 }
 
 // permanent reports whether retrying err is pointless.
@@ -677,4 +873,20 @@ func permanent(err error) bool {
 // attempt 0 means the longest pause. See [Backoff].
 func (c *consumerConfig) backoff(attempt int) time.Duration {
 	return Backoff{Min: c.minBackoff, Max: c.maxBackoff}.Delay(attempt)
+}
+
+// logDefault logs a failure event to slog.Default(), rate-limited: what
+// a Consumer without an observer does, so that failures are visible.
+func (c *Consumer) logDefault(ctx context.Context, ev Event) {
+	level, msg := slog.LevelWarn, "effects.Consumer: delivery failed; kept unacked"
+	switch ev.Kind {
+	case EventRetried:
+		level, msg = slog.LevelInfo, "effects.Consumer: attempt failed; retrying"
+	case EventDeadLettered:
+		msg = "effects.Consumer: delivery dead-lettered"
+	}
+	c.log.Log(ctx, level, msg,
+		slog.String("delivery_id", ev.DeliveryID),
+		slog.Int("attempt", ev.Attempt),
+		slog.Any("error", ev.Err))
 }

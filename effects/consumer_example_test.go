@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"effectively.dev/effects"
 )
@@ -96,4 +97,49 @@ func ExampleNewConsumer() {
 	// evt_1 replayed note-1
 	// evt_3 dead-lettered, poison: true
 	// {Delivered:4 Acked:4 Retried:0 DeadLettered:1 Failed:0}
+}
+
+// Batches take a run of one Ordering (a Kafka partition's records) in
+// order, so one transaction carries many events of a partition.
+func ExampleWithBatch() {
+	src := newListSource(
+		effects.Delivery{ID: "a-1", Ordering: "orders/0"},
+		effects.Delivery{ID: "a-2", Ordering: "orders/0"},
+		effects.Delivery{ID: "a-3", Ordering: "orders/0"},
+		effects.Delivery{ID: "b-1", Ordering: "orders/1"},
+	)
+	handle := func(ctx context.Context, ds []effects.Delivery) []error {
+		fmt.Print("batch:")
+		for _, d := range ds {
+			fmt.Print(" ", d.ID)
+		}
+		fmt.Println()
+		// ... claim every key and write every effect in one transaction,
+		// in the order of ds (postgres.ApplyBatch does), then:
+		return make([]error, len(ds)) // all done: all acked
+	}
+	c, err := effects.NewConsumer(src, nil,
+		// A batch waits up to the linger for more deliveries, but not once
+		// the consumer holds its maximum: nothing more can arrive. (With
+		// the defaults, many more are taken ahead.)
+		effects.WithBatch(100, time.Hour, handle),
+		effects.WithConcurrency(1), effects.WithMaxPending(4),
+	)
+	if err != nil {
+		panic(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		for range 4 {
+			<-src.acked
+		}
+		cancel()
+	}()
+	if err := c.Run(ctx); err != nil {
+		panic(err)
+	}
+	fmt.Printf("%+v\n", c.Stats())
+	// Output:
+	// batch: a-1 a-2 a-3 b-1
+	// {Delivered:4 Acked:4 Retried:0 DeadLettered:0 Failed:0}
 }

@@ -1,9 +1,11 @@
 package effects_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"strings"
@@ -660,50 +662,113 @@ func TestConsumerMaxPending(t *testing.T) {
 	}
 }
 
-// TestConsumerBatch: batches never hold two deliveries of one Ordering,
-// keep per-Ordering order, and settle each delivery on its own: a failed
-// one is retried in a later batch, a poison one dead-lettered.
-func TestConsumerBatch(t *testing.T) {
+// runUntilAcked runs c until src has n acks, then stops it.
+func runUntilAcked(t *testing.T, c *effects.Consumer, src *memSource, n int) {
+	t.Helper()
+	stop := start(t, c)
+	waitFor(t, 20*time.Second, "every ack", func() bool { return src.totalAcks() == n })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// batchLog records what a BatchHandler was given.
+type batchLog struct {
+	mu      sync.Mutex
+	batches [][]effects.Delivery
+	seen    map[string]int      // presentations per delivery id
+	firsts  map[string][]string // per Ordering, ids in the order first presented
+	done    map[string][]string // per Ordering, ids in the order they succeeded
+}
+
+func newBatchLog() *batchLog {
+	return &batchLog{seen: map[string]int{}, firsts: map[string][]string{}, done: map[string][]string{}}
+}
+
+// record notes a batch; fail says which deliveries fail this time.
+func (l *batchLog) record(t *testing.T, batch []effects.Delivery, fail func(d effects.Delivery, i int, errs []error) error) []error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.batches = append(l.batches, slices.Clone(batch))
+	last := map[string]string{}
+	errs := make([]error, len(batch))
+	for i, d := range batch {
+		if prev, ok := last[d.Ordering]; ok && d.Ordering != "" && prev >= d.ID {
+			t.Errorf("batch %v: %s after %s in Ordering %s", ids(batch), d.ID, prev, d.Ordering)
+		}
+		last[d.Ordering] = d.ID
+		if l.seen[d.ID]++; l.seen[d.ID] == 1 {
+			l.firsts[d.Ordering] = append(l.firsts[d.Ordering], d.ID)
+		}
+		if errs[i] = fail(d, i, errs); errs[i] == nil {
+			l.done[d.Ordering] = append(l.done[d.Ordering], d.ID)
+		}
+	}
+	return errs
+}
+
+// longestRun returns the most deliveries of one Ordering any batch held.
+func (l *batchLog) longestRun() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	longest := 0
+	for _, b := range l.batches {
+		n := map[string]int{}
+		for _, d := range b {
+			if d.Ordering != "" {
+				n[d.Ordering]++
+				longest = max(longest, n[d.Ordering])
+			}
+		}
+	}
+	return longest
+}
+
+func ids(ds []effects.Delivery) []string {
+	out := make([]string, len(ds))
+	for i, d := range ds {
+		out[i] = d.ID
+	}
+	return out
+}
+
+// orderedDeliveries returns per deliveries for each of the Orderings a, b
+// and c, and per without an Ordering, interleaved as a Kafka fetch would
+// not: one of each in turn.
+func orderedDeliveries(per int) []effects.Delivery {
 	var ds []effects.Delivery
-	for i := range 10 {
+	for i := range per {
 		for _, o := range []string{"a", "b", "c"} {
 			ds = append(ds, delivery(fmt.Sprintf("%s-%02d", o, i), o))
 		}
 		ds = append(ds, delivery(fmt.Sprintf("u-%02d", i), ""))
 	}
+	return ds
+}
+
+// TestConsumerBatch: batches carry in-order runs of one Ordering, every
+// Ordering is presented in order, and each delivery is settled on its own:
+// a failed one is retried in a later batch (the later deliveries of its run
+// that succeeded are acked, their effects being done), a poison one
+// dead-lettered.
+func TestConsumerBatch(t *testing.T) {
+	ds := orderedDeliveries(10)
 	src := newMemSource(ds...)
-	var mu sync.Mutex
-	var batches [][]string
-	order := map[string][]string{}
+	log := newBatchLog()
 	failedOnce := false
 	bh := func(_ context.Context, batch []effects.Delivery) []error {
-		mu.Lock()
-		defer mu.Unlock()
-		ids := make([]string, len(batch))
-		errs := make([]error, len(batch))
-		inBatch := map[string]bool{}
-		for i, d := range batch {
-			ids[i] = d.ID
-			if d.Ordering != "" {
-				if inBatch[d.Ordering] {
-					t.Errorf("batch %v holds two deliveries of Ordering %s", ids, d.Ordering)
-				}
-				inBatch[d.Ordering] = true
-			}
+		return log.record(t, batch, func(d effects.Delivery, _ int, _ []error) error {
 			switch {
 			case d.ID == "b-03" && !failedOnce:
 				failedOnce = true
-				errs[i] = errors.New("serialization failure")
-				continue
+				return errors.New("serialization failure")
 			case d.ID == "u-05":
-				errs[i] = fmt.Errorf("%w: bad JSON", effects.ErrPoison)
-				continue
+				return fmt.Errorf("%w: bad JSON", effects.ErrPoison)
 			}
-			order[d.Ordering] = append(order[d.Ordering], d.ID)
-		}
-		batches = append(batches, ids)
-		return errs
+			return nil
+		})
 	}
+	var mu sync.Mutex
 	var dead []string
 	hook := func(_ context.Context, d effects.Delivery, _ error) error {
 		mu.Lock()
@@ -713,32 +778,114 @@ func TestConsumerBatch(t *testing.T) {
 	}
 	c := newConsumer(t, src, nil, effects.WithBatch(8, 20*time.Millisecond, bh), effects.WithConcurrency(2),
 		effects.WithBackoff(time.Millisecond, 5*time.Millisecond), effects.WithDeadLetter(hook))
-	stop := start(t, c)
-	waitFor(t, 20*time.Second, "every ack", func() bool { return src.totalAcks() == len(ds) })
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
-	mu.Lock()
-	defer mu.Unlock()
+	runUntilAcked(t, c, src, len(ds))
+	log.mu.Lock()
 	for _, o := range []string{"a", "b", "c"} {
-		if got := order[o]; len(got) != 10 || !slices.IsSorted(got) {
-			t.Errorf("Ordering %s handled in order %v", o, got)
+		if got := log.firsts[o]; len(got) != 10 || !slices.IsSorted(got) {
+			t.Errorf("Ordering %s first presented in order %v", o, got)
+		}
+		if got := log.done[o]; len(got) != 10 {
+			t.Errorf("Ordering %s: %d deliveries succeeded, want 10: %v", o, len(got), got)
 		}
 	}
+	if log.seen["b-03"] != 2 {
+		t.Errorf("b-03 presented %d times, want 2 (failed once)", log.seen["b-03"])
+	}
+	for id, n := range log.seen {
+		if n > 1 && id != "b-03" {
+			t.Errorf("%s presented %d times; only b-03 failed", id, n)
+		}
+	}
+	log.mu.Unlock()
+	if n := log.longestRun(); n < 3 {
+		t.Errorf("no batch held a run of 3 deliveries of one Ordering (longest %d)", n)
+	}
+	mu.Lock()
 	if !slices.Equal(dead, []string{"u-05"}) {
 		t.Errorf("dead-lettered %v, want [u-05]", dead)
 	}
-	biggest := 0
-	for _, b := range batches {
-		biggest = max(biggest, len(b))
-	}
-	if biggest < 3 {
-		t.Errorf("largest batch had %d deliveries; batching did not batch: %v", biggest, batches)
-	}
+	mu.Unlock()
 	if st := c.Stats(); st.Retried != 1 || st.DeadLettered != 1 || st.Acked != int64(len(ds)) {
 		t.Errorf("Stats = %+v", st)
 	}
 	src.checkNoDoubleAcks(t)
+}
+
+// TestConsumerBatchFailRestOfRun: a BatchHandler that fails the rest of a
+// run after a failure keeps the order of effects strict: those deliveries
+// are tried again after the failed one, in order, and their failures there
+// neither count as attempts nor are reported. b-03 fails at its first
+// presentation (with b-04 behind it in the same batch), b-04 at its second;
+// with a budget of 2 attempts, b-04 is dead-lettered if its failure behind
+// b-03 counted.
+func TestConsumerBatchFailRestOfRun(t *testing.T) {
+	ds := orderedDeliveries(10)
+	src := newMemSource(ds...)
+	log := newBatchLog()
+	obs := &events{}
+	bh := func(_ context.Context, batch []effects.Delivery) []error {
+		return log.record(t, batch, func(d effects.Delivery, i int, errs []error) error {
+			for j := range i {
+				if errs[j] != nil && batch[j].Ordering == d.Ordering && d.Ordering != "" {
+					return errors.New("an earlier delivery of the run failed")
+				}
+			}
+			switch {
+			case d.ID == "b-03" && log.seen[d.ID] == 1, d.ID == "b-04" && log.seen[d.ID] == 2:
+				return errors.New("serialization failure")
+			}
+			return nil
+		})
+	}
+	// One worker whose first batch holds all 40 deliveries: it lingers
+	// until the consumer has taken them all and holds every slot. (The
+	// retries' batches linger out the 2 s: the source is idle, more could
+	// arrive.)
+	c := newConsumer(t, src, nil, effects.WithBatch(100, 2*time.Second, bh), effects.WithConcurrency(1),
+		effects.WithMaxPending(len(ds)),
+		effects.WithBackoff(time.Millisecond, 5*time.Millisecond), effects.WithMaxAttempts(2),
+		effects.WithObserver(obs), effects.WithDeadLetter(func(_ context.Context, d effects.Delivery, _ error) error {
+			t.Errorf("%s dead-lettered: a failure behind an earlier one was counted as an attempt", d.ID)
+			return nil
+		}))
+	runUntilAcked(t, c, src, len(ds))
+	log.mu.Lock()
+	for _, o := range []string{"a", "b", "c"} {
+		if got := log.done[o]; len(got) != 10 || !slices.IsSorted(got) {
+			t.Errorf("Ordering %s succeeded in order %v", o, got)
+		}
+	}
+	if log.seen["b-04"] < 3 {
+		t.Errorf("b-04 presented %d times, want 3 (behind b-03, failed itself, succeeded)", log.seen["b-04"])
+	}
+	log.mu.Unlock()
+	var got []string
+	for _, ev := range obs.of(effects.EventRetried) {
+		got = append(got, fmt.Sprintf("%s#%d", ev.DeliveryID, ev.Attempt))
+	}
+	if !slices.Equal(got, []string{"b-03#1", "b-04#1"}) || len(obs.evs) != 2 {
+		t.Errorf("events %+v; want only b-03's and b-04's first attempts retried", obs.evs)
+	}
+	src.checkNoDoubleAcks(t)
+}
+
+// TestConsumerBatchNoLingerWhenNothingCanArrive: a batch does not wait out
+// its linger when every slot is taken: no delivery can join it.
+func TestConsumerBatchNoLingerWhenNothingCanArrive(t *testing.T) {
+	src := newMemSource(delivery("p-0", "p"), delivery("p-1", "p"), delivery("p-2", "p"))
+	log := newBatchLog()
+	bh := func(_ context.Context, batch []effects.Delivery) []error {
+		return log.record(t, batch, func(effects.Delivery, int, []error) error { return nil })
+	}
+	c := newConsumer(t, src, nil, effects.WithBatch(100, time.Hour, bh), effects.WithMaxPending(3))
+	stop := start(t, c)
+	waitFor(t, 20*time.Second, "every ack (a batch that lingers for its hour never acks)", func() bool { return src.totalAcks() == 3 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if n := log.longestRun(); n < 2 {
+		t.Errorf("longest run in a batch %d; the run of p should have been batched: %v", n, log.batches)
+	}
 }
 
 // TestConsumerBatchWrongLength: a batch handler that returns the wrong
@@ -798,5 +945,76 @@ func TestConsumerLeavesNoGoroutines(t *testing.T) {
 		if err := stop(); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the consumer's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// TestConsumerLogsFailuresByDefault: without an observer, failed attempts,
+// deliveries kept unacked and dead letters are logged to slog.Default()
+// with the delivery id, the attempt and the error; with an observer,
+// nothing is logged.
+func TestConsumerLogsFailuresByDefault(t *testing.T) {
+	var buf syncBuffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
+	t.Cleanup(func() { slog.SetDefault(old) })
+
+	failing := func(_ context.Context, d effects.Delivery) error {
+		if d.ID == "poison" {
+			return fmt.Errorf("%w: bad body", effects.ErrPoison)
+		}
+		return errors.New("database is down")
+	}
+	run := func(opts ...effects.ConsumerOption) string {
+		buf.mu.Lock()
+		buf.b.Reset()
+		buf.mu.Unlock()
+		src := newMemSource(delivery("down", "a"), delivery("poison", "b"))
+		c := newConsumer(t, src, failing, append([]effects.ConsumerOption{
+			effects.WithMaxAttempts(2), effects.WithBackoff(time.Millisecond, 2*time.Millisecond)}, opts...)...)
+		stop := start(t, c)
+		waitFor(t, 10*time.Second, "both deliveries given up on", func() bool {
+			st := c.Stats()
+			return st.Failed >= 3 || st.DeadLettered == 2
+		})
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		return buf.String()
+	}
+
+	out := run()
+	for _, want := range []string{
+		`level=INFO msg="effects.Consumer: attempt failed; retrying" delivery_id=down attempt=1 error="database is down"`,
+		`level=WARN msg="effects.Consumer: delivery failed; kept unacked" delivery_id=down attempt=2`,
+		`level=WARN msg="effects.Consumer: delivery failed; kept unacked" delivery_id=poison attempt=1`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %q:\n%s", want, out)
+		}
+	}
+	out = run(effects.WithDeadLetter(func(context.Context, effects.Delivery, error) error { return nil }))
+	if want := `msg="effects.Consumer: delivery dead-lettered" delivery_id=poison attempt=1`; !strings.Contains(out, want) {
+		t.Errorf("log lacks %q:\n%s", want, out)
+	}
+	if out := run(effects.WithObserver(&events{})); out != "" {
+		t.Errorf("with an observer, the consumer logged:\n%s", out)
 	}
 }

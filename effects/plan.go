@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -12,9 +13,10 @@ import (
 // deployments for as long as messages may be redelivered. Build steps with
 // [NewStep] or [EventStep]; the zero Step is refused by [NewPlan].
 type Step[E any] struct {
-	name     string
-	contract Contract
-	apply    func(ctx context.Context, key Key, ev E, done Results) (Result, error)
+	name       string
+	contract   Contract
+	concurrent bool
+	apply      func(ctx context.Context, key Key, ev E, done Results) (Result, error)
 }
 
 // NewStep makes a step that applies eff to the input that input builds
@@ -59,6 +61,22 @@ func EventStep[E any](name string, eff Effect[E]) Step[E] {
 // Name returns the step's name.
 func (s Step[E]) Name() string { return s.name }
 
+// Concurrent returns a copy of s that runs at the same time as the
+// concurrent steps next to it in its plan. Consecutive concurrent steps form
+// a group: the group starts once every step before it completed, each of its
+// steps' inputs sees the results of the steps before the group (never of
+// another step in the group), and the steps after the group start once all
+// of it completed. Use it for effects that need only earlier results, not
+// each other (a receipt, an event and an email that each need the charge's
+// id): the plan then takes as long as the slowest of them, not their sum.
+// Keys and the composite contract stay as they are; when steps of a group
+// fail, Run waits for the whole group and returns the first failure in plan
+// order.
+func (s Step[E]) Concurrent() Step[E] {
+	s.concurrent = true
+	return s
+}
+
 // Contract returns the contract of the step's effect.
 func (s Step[E]) Contract() Contract { return s.contract }
 
@@ -67,8 +85,9 @@ type Results map[string]Result
 
 // Plan is a reusable definition of the effects one event causes: steps of
 // different kinds, each a function of the event (and of the steps before
-// it), run in order by [Plan.Run] under keys derived from the event's id and
-// the step's name: NewKey(scope, id, step). Build it once at start-up with
+// it), run in order by [Plan.Run] (independent ones at the same time, see
+// [Step.Concurrent]) under keys derived from the event's id and the step's
+// name: NewKey(scope, id, step). Build it once at start-up with
 // [NewPlan] and run it for every delivery; its composite contract
 // ([Plan.Contract]) is known before the first event arrives, to print or to
 // assert.
@@ -169,18 +188,52 @@ func (p *Plan[E]) Run(ctx context.Context, id string, ev E) (Results, error) {
 		keys[i] = key
 	}
 	done := make(Results, len(p.steps))
-	for i, s := range p.steps {
-		start := time.Now()
-		res, err := s.apply(ctx, keys[i], ev, done)
-		if p.obs != nil {
-			p.obs.Observe(ctx, Event{Kind: resultKind(res, err), Step: s.name, Key: keys[i], DeliveryID: id, Duration: time.Since(start), Err: err})
+	for i := 0; i < len(p.steps); {
+		n := 1 // the steps that run now: one, or a group of concurrent ones
+		for p.steps[i].concurrent && i+n < len(p.steps) && p.steps[i+n].concurrent {
+			n++
 		}
-		if err != nil {
-			return done, &StepError{Step: s.name, Key: keys[i], Err: err}
+		if err := p.runGroup(ctx, id, ev, keys[i:i+n], p.steps[i:i+n], done); err != nil {
+			return done, err
 		}
-		done[s.name] = res
+		i += n
 	}
 	return done, nil
+}
+
+// runGroup applies steps (one, or a group of concurrent ones) under keys,
+// adds the results of those that succeeded to done, and returns the first
+// failure in plan order. The steps only read done while they run.
+func (p *Plan[E]) runGroup(ctx context.Context, id string, ev E, keys []Key, steps []Step[E], done Results) error {
+	results := make([]Result, len(steps))
+	errs := make([]error, len(steps))
+	one := func(i int) {
+		start := time.Now()
+		results[i], errs[i] = steps[i].apply(ctx, keys[i], ev, done)
+		if p.obs != nil {
+			p.obs.Observe(ctx, Event{Kind: resultKind(results[i], errs[i]), Step: steps[i].name, Key: keys[i], DeliveryID: id, Duration: time.Since(start), Err: errs[i]})
+		}
+	}
+	if len(steps) == 1 {
+		one(0)
+	} else {
+		var wg sync.WaitGroup
+		for i := range steps {
+			wg.Go(func() { one(i) })
+		}
+		wg.Wait()
+	}
+	var first error
+	for i, s := range steps {
+		if errs[i] != nil {
+			if first == nil {
+				first = &StepError{Step: s.name, Key: keys[i], Err: errs[i]}
+			}
+			continue
+		}
+		done[s.name] = results[i]
+	}
+	return first
 }
 
 // PlanContract is what a plan promises as a whole.

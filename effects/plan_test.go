@@ -314,3 +314,105 @@ func BenchmarkPlan(b *testing.B) {
 		})
 	}
 }
+
+// barrier is an effect whose Apply returns only once n Applies are running
+// at the same time (or fails after a second): it proves that steps ran
+// concurrently.
+type barrier struct {
+	n       int
+	mu      sync.Mutex
+	waiting int
+	all     chan struct{}
+	fail    map[string]error // by input
+}
+
+func (b *barrier) Contract() effects.Contract { return eo }
+
+func (b *barrier) Apply(_ context.Context, key effects.Key, in string) (effects.Result, error) {
+	b.mu.Lock()
+	b.waiting++
+	if b.waiting == b.n {
+		close(b.all)
+	}
+	b.mu.Unlock()
+	select {
+	case <-b.all:
+	case <-time.After(time.Second):
+		return effects.Result{}, fmt.Errorf("%s ran alone: the group did not run concurrently", in)
+	}
+	if err := b.fail[in]; err != nil {
+		return effects.Result{}, err
+	}
+	return effects.Result{Status: effects.Applied, Ref: "ref-" + in}, nil
+}
+
+func TestPlanConcurrentStepsRunTogetherAfterTheStepsBeforeThem(t *testing.T) {
+	ctx := context.Background()
+	charge, after := newRecorder(eo), newRecorder(eo)
+	group := &barrier{n: 3, all: make(chan struct{})}
+	fromCharge := func(name string) func(payment, effects.Results) (string, error) {
+		return func(_ payment, done effects.Results) (string, error) {
+			if _, ok := done["charge"]; !ok {
+				return "", errors.New(name + " started before the charge completed")
+			}
+			for _, other := range []string{"receipt", "event", "mail"} {
+				if _, ok := done[other]; ok {
+					return "", fmt.Errorf("%s saw the result of %s, a step of its own group", name, other)
+				}
+			}
+			return name, nil
+		}
+	}
+	plan, err := effects.NewPlan("billing",
+		effects.NewStep("charge", charge, func(p payment, _ effects.Results) (string, error) { return p.ID, nil }),
+		effects.NewStep("receipt", group, fromCharge("receipt")).Concurrent(),
+		effects.NewStep("event", group, fromCharge("event")).Concurrent(),
+		effects.NewStep("mail", group, fromCharge("mail")).Concurrent(),
+		effects.NewStep("audit", after, func(_ payment, done effects.Results) (string, error) {
+			return done["receipt"].Ref + "," + done["event"].Ref + "," + done["mail"].Ref, nil
+		}),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := plan.Run(ctx, "evt-1", payment{ID: "evt-1", Cents: 5})
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if len(res) != 5 {
+		t.Errorf("results %v, want 5", res)
+	}
+	if want := []string{"ref-receipt,ref-event,ref-mail"}; strings.Join(after.inputs, "|") != want[0] {
+		t.Errorf("the step after the group got %q, want %q", after.inputs, want)
+	}
+}
+
+func TestPlanConcurrentGroupReportsTheFirstFailureInPlanOrder(t *testing.T) {
+	ctx := context.Background()
+	errEvent, errMail := errors.New("event failed"), errors.New("mail failed")
+	group := &barrier{n: 3, all: make(chan struct{}), fail: map[string]error{"event": errEvent, "mail": errMail}}
+	after := newRecorder(eo)
+	in := func(name string) func(payment, effects.Results) (string, error) {
+		return func(payment, effects.Results) (string, error) { return name, nil }
+	}
+	plan, err := effects.NewPlan("billing",
+		effects.NewStep("mail", group, in("mail")).Concurrent(),
+		effects.NewStep("event", group, in("event")).Concurrent(),
+		effects.NewStep("receipt", group, in("receipt")).Concurrent(),
+		effects.NewStep("audit", after, in("audit")),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := plan.Run(ctx, "evt-1", payment{ID: "evt-1"})
+	var se *effects.StepError
+	if !errors.As(err, &se) || se.Step != "mail" || !errors.Is(err, errMail) {
+		t.Fatalf("Run error = %v, want the mail step's (first in plan order)", err)
+	}
+	if _, ok := res["receipt"]; !ok || len(res) != 1 {
+		t.Errorf("results %v, want just the receipt that succeeded", res)
+	}
+	if len(after.inputs) != 0 {
+		t.Errorf("the step after a failed group ran: %v", after.inputs)
+	}
+}

@@ -23,7 +23,9 @@
 //   - [Source]: an [effects.Source] over a consumer group that commits an
 //     offset only after every earlier delivery of its partition was acked,
 //     so side effect first, then commit, and acking out of order never skips
-//     a record.
+//     a record. It hands records out fairly across partitions, bounds each
+//     partition's unfinished records, and commits the acked marks of every
+//     partition in one OffsetCommit request at a time (group commit).
 //   - The transactional outbox, in package effectively.dev/kafka/outbox
 //     (apart, so that a program that only produces or consumes does not
 //     pull in pgx): the application writes the record into an outbox table

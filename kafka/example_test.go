@@ -84,8 +84,9 @@ func ExampleWithJournal() {
 	}
 }
 
-// A consumer source: side effect first, then Ack, which commits the
-// partition's offset once every earlier delivery was acked.
+// A consumer source: side effect first, then Ack, which marks the record
+// handled; the group commit stores the partition's offset once every
+// earlier delivery was acked.
 func ExampleNewSource() {
 	cluster, stop := exampleCluster("orders")
 	defer stop()
@@ -114,6 +115,11 @@ func ExampleNewSource() {
 	fmt.Printf("%s %s %q\n", d.ID, d.Ordering, d.Body)
 	// ... do the side effect under keys derived from d.ID, then:
 	if err := source.Ack(ctx, d); err != nil {
+		log.Fatal(err)
+	}
+	// The ack is committed by the next group commit, within 100 ms; Flush
+	// commits it now (Close does too).
+	if err := source.Flush(ctx); err != nil {
 		log.Fatal(err)
 	}
 	offsets, err := kadm.NewClient(producer).FetchOffsets(ctx, "billing")

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"effectively.dev/effects"
+	"effectively.dev/internal/ratelog"
 )
 
 // ErrRevoked is returned (wrapped) by [Source.Ack] for a delivery whose
@@ -21,43 +24,101 @@ import (
 // record again. The effect was done; an idempotent effect replays it.
 var ErrRevoked = errors.New("kafka: partition revoked before the ack; its new owner delivers the record again")
 
-// ErrSourceClosed is returned by [Source.Next] after [Source.Close].
+// ErrSourceClosed is returned by [Source.Next], [Source.Ack] and
+// [Source.Flush] after [Source.Close].
 var ErrSourceClosed = errors.New("kafka: source closed")
+
+// Defaults of a [Source], used when the matching option is not given.
+const (
+	// DefaultMaxPoll is how many records one poll of the client takes.
+	DefaultMaxPoll = 500
+	// DefaultMaxPendingPerPartition bounds, per partition, the records
+	// fetched and not yet acked.
+	DefaultMaxPendingPerPartition = 256
+	// DefaultCommitInterval is the shortest time between the starts of two
+	// group commits.
+	DefaultCommitInterval = 100 * time.Millisecond
+	// DefaultFetchMaxWait is the kgo.FetchMaxWait a Source sets unless the
+	// client options set another: Kafka's own consumer default, instead of
+	// franz-go's 5 s, because a partition the Source resumes waits for the
+	// fetch in flight.
+	DefaultFetchMaxWait = 500 * time.Millisecond
+)
+
+// commitTimeout bounds the commit of a revocation and of Close, and each
+// group commit.
+const commitTimeout = 10 * time.Second
 
 // Source is an [effects.Source] over a Kafka consumer group: side effect
 // first, then commit.
 //
-// Next hands out records one at a time. Ack commits a partition's offset
-// only once every earlier delivery of that partition was acked, so acking
-// out of order never skips a record: the committed offset advances over
-// the contiguous acked prefix and stops at the first unacked delivery. A
-// delivery that is never acked (its handler failed) holds back its
-// partition's commits, and is delivered again after a restart or a
-// rebalance, together with the acked deliveries after it; handlers must be
-// idempotent, which is what package effects is for.
+// # Handing out
 //
-// When the group revokes partitions, the Source commits what is contiguous
-// acked and forgets the rest (the new owner redelivers it); when partitions
-// are lost (the member was kicked out) it commits nothing.
+// A goroutine polls the client in the background and keeps each partition's
+// records in a queue of its own. Next hands out records one at a time, from
+// the partition with the fewest deliveries handed out and not yet acked
+// (the partitions take turns among equals), so that a consumer's workers
+// all get work even when a fetch returned long runs of one partition, and
+// a consumer whose window is full refills first the partitions about to
+// run dry. Each partition may have at most [WithMaxPendingPerPartition]
+// records fetched and not yet acked: past that, Next skips the partition,
+// and the Source pauses fetching it (kgo's PauseFetchPartitions) until its
+// acks bring it down to half. A partition stuck behind a failing record so
+// holds a bounded number of records, and the others go on.
 //
-// Each advancing Ack is one synchronous OffsetCommit round trip: the ack
-// returns once the broker stored the offset.
+// # Acks and group commit
+//
+// Ack records that a delivery was handled and advances its partition's
+// mark over the contiguous acked prefix: the mark stops at the first
+// delivery not yet acked, so acking out of order never skips a record. It
+// does not wait for the broker. A committer sends the advanced marks of
+// every partition in one OffsetCommit request, when the previous one
+// returned and at least [WithCommitInterval] after it started; the
+// Source also commits the marks when the group revokes partitions and on
+// [Source.Close], and [Source.Flush] commits them at once and waits.
+//
+// What an Ack's nil return means: the delivery counts as handled and its
+// offset will be committed with the next group commit, unless the process
+// dies first or its partition is revoked first (the acks that arrive once a
+// revocation started get [ErrRevoked]). In both cases the record is
+// delivered again, to this process after a restart or to the partition's
+// new owner, together with the acked records after it that were not yet
+// committed; handlers must be idempotent, which is what package effects is
+// for. A committed offset never passes a record that was not acked: a
+// delivery that is never acked (its handler keeps failing) holds back its
+// partition's commits, while the other partitions' commits advance.
+//
+// When the group revokes partitions, the Source commits their marks and
+// forgets the rest (the new owner redelivers it); when partitions are lost
+// (the member was kicked out) it commits nothing.
+//
+// Failed group commits are retried with a backoff and reported to
+// [WithSourceErrors]'s hook, as are the fetch errors franz-go retries on its
+// own; without a hook they are logged to slog.Default(), rate-limited.
 //
 // Delivery.ID is the [KeyHeader] header when the record has one (see
 // [WithIDHeader]), else "topic/partition/offset"; Delivery.Ordering is
 // "topic/partition".
 type Source struct {
-	cl       *kgo.Client
-	idHeader string
-	maxPoll  int
-	onErr    func(error)
+	cl  *kgo.Client
+	cfg sourceConfig
+	log ratelog.Limiter
 
-	commitMu sync.Mutex // serializes commits, and commits with revocations
+	startOnce sync.Once
+	stop      chan struct{} // closed by Close: stops the poller and the committer
+	runCtx    context.Context
+	cancelRun context.CancelFunc
+	loops     sync.WaitGroup // the poller and the committer
+
+	commitMu sync.Mutex    // one commit at a time; revocations commit under it too
+	dirty    chan struct{} // a mark advanced (capacity 1)
 
 	mu     sync.Mutex
-	buf    []*kgo.Record
 	parts  map[topicPartition]*partState
-	epoch  uint64 // bumped on every revocation, for stale acks
+	ready  []*partState  // partitions Next may take a record from
+	turn   int           // where pickLocked starts looking, for turns among equals
+	avail  chan struct{} // a record became ready (capacity 1)
+	epoch  uint64        // bumped on every revocation, for stale acks
 	closed bool
 }
 
@@ -68,12 +129,20 @@ type topicPartition struct {
 	partition int32
 }
 
-// partState tracks one assigned partition's deliveries.
+// partState is one assigned partition: its records fetched and not yet
+// handed out, and its deliveries not yet in the committed prefix.
 type partState struct {
-	epoch     uint64
-	pending   []*delivered // delivered and not yet in the committed prefix, in offset order
-	through   kgo.EpochOffset
-	committed int64 // offset the group has stored; -1 for none known
+	tp      topicPartition
+	epoch   uint64
+	buf     []*kgo.Record // fetched, not handed out, in offset order
+	pending []*delivered  // handed out and not yet behind the mark, in offset order
+	unacked int           // handed out and not acked
+	inReady bool          // in Source.ready
+	paused  bool          // fetching paused by the Source
+	revoked bool          // a revocation started: acks are refused
+
+	through   kgo.EpochOffset // the mark: offset after the contiguous acked prefix
+	committed int64           // offset the group has stored; -1 for none known
 }
 
 type delivered struct {
@@ -88,23 +157,67 @@ type sourceToken struct {
 	d     *delivered
 }
 
-// SourceOption configures a [Source].
-type SourceOption func(*Source)
+// SourceOption configures a [Source]; see [NewSource]. Options only record
+// their value; NewSource validates them.
+type SourceOption func(*sourceConfig)
+
+type sourceConfig struct {
+	idHeader       string
+	maxPoll        int
+	maxPerPart     int
+	commitInterval time.Duration
+	onErr          func(error)
+}
 
 // WithIDHeader names the header Delivery.ID is read from (default
-// [KeyHeader]). Records without it get "topic/partition/offset".
-func WithIDHeader(name string) SourceOption { return func(s *Source) { s.idHeader = name } }
+// [KeyHeader]). Records without it get "topic/partition/offset". name must
+// not be empty.
+func WithIDHeader(name string) SourceOption {
+	return func(c *sourceConfig) { c.idHeader = name }
+}
 
-// WithMaxPoll bounds how many records one poll buffers (default 500).
-func WithMaxPoll(n int) SourceOption { return func(s *Source) { s.maxPoll = n } }
+// WithMaxPoll bounds how many records one poll of the client takes
+// (default [DefaultMaxPoll], 500). n must be at least 1.
+func WithMaxPoll(n int) SourceOption {
+	return func(c *sourceConfig) { c.maxPoll = n }
+}
 
-// WithFetchErrors receives the fetch errors that franz-go reports and
-// retries on its own (an unreachable broker, data loss after a truncation);
-// by default they are dropped.
-func WithFetchErrors(f func(error)) SourceOption { return func(s *Source) { s.onErr = f } }
+// WithMaxPendingPerPartition bounds how many records of one partition the
+// Source holds fetched and not yet acked (default
+// [DefaultMaxPendingPerPartition], 256): Next hands out no more of the
+// partition, and its fetching pauses, until acks bring it down to half.
+// The bound is what a partition stuck behind a failing record can take of
+// a consumer's window ([effects.WithMaxPending]), and it caps a batch's
+// run of one partition ([effects.WithBatch]): keep it at least twice the
+// batch size. The cost is memory: up to n records per assigned partition.
+// n must be at least 1.
+func WithMaxPendingPerPartition(n int) SourceOption {
+	return func(c *sourceConfig) { c.maxPerPart = n }
+}
+
+// WithCommitInterval sets the shortest time between the starts of two
+// group commits (default [DefaultCommitInterval], 100 ms). A commit is sent
+// only when a mark advanced and the previous commit returned; 0 sends the
+// next one as soon as the previous returned. Longer intervals send fewer
+// OffsetCommit requests and redeliver more after a crash. d must not be
+// negative.
+func WithCommitInterval(d time.Duration) SourceOption {
+	return func(c *sourceConfig) { c.commitInterval = d }
+}
+
+// WithSourceErrors receives the errors the Source handles on its own: the
+// fetch errors franz-go reports and retries (an unreachable broker, data
+// loss after a truncation), and failed group commits, which the Source
+// retries. By default they are logged to slog.Default() at level Warn, at
+// most about one a second after a burst of ten.
+func WithSourceErrors(f func(error)) SourceOption {
+	return func(c *sourceConfig) { c.onErr = f }
+}
 
 // NewSource creates a group consumer from clientOpts, which must name the
-// seed brokers, kgo.ConsumerGroup and the topics (kgo.ConsumeTopics).
+// seed brokers, kgo.ConsumerGroup and the topics (kgo.ConsumeTopics). Nil
+// options are ignored; an invalid option or a missing consumer group is a
+// *[effects.ConfigError].
 //
 // The Source owns the client and sets what its guarantee needs, after
 // clientOpts: kgo.DisableAutoCommit, kgo.BlockRebalanceOnPoll (a rebalance
@@ -112,16 +225,47 @@ func WithFetchErrors(f func(error)) SourceOption { return func(s *Source) { s.on
 // of partitions it no longer owns), and the OnPartitionsRevoked and
 // OnPartitionsLost callbacks (yours would be replaced). Before clientOpts it
 // sets kgo.FetchIsolationLevel(kgo.ReadCommitted()), so records of aborted
-// transactions are not handed out unless you choose otherwise.
+// transactions are not handed out unless you choose otherwise, and
+// kgo.FetchMaxWait([DefaultFetchMaxWait]).
+//
+// Fetching starts with the first call to Next.
 func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
-	s := &Source{idHeader: KeyHeader, maxPoll: 500, parts: map[topicPartition]*partState{}}
+	cfg := sourceConfig{
+		idHeader:       KeyHeader,
+		maxPoll:        DefaultMaxPoll,
+		maxPerPart:     DefaultMaxPendingPerPartition,
+		commitInterval: DefaultCommitInterval,
+	}
 	for _, o := range opts {
-		o(s)
+		if o != nil {
+			o(&cfg)
+		}
 	}
-	if s.maxPoll <= 0 {
-		return nil, errors.New("kafka.NewSource: max poll must be positive")
+	bad := func(option, format string, args ...any) (*Source, error) {
+		return nil, &effects.ConfigError{Op: "kafka.NewSource", Option: option, Reason: fmt.Sprintf(format, args...)}
 	}
-	all := append([]kgo.Opt{kgo.FetchIsolationLevel(kgo.ReadCommitted())}, clientOpts...)
+	switch {
+	case cfg.idHeader == "":
+		return bad("WithIDHeader", "empty header name")
+	case cfg.maxPoll < 1:
+		return bad("WithMaxPoll", "%d records; need at least 1", cfg.maxPoll)
+	case cfg.maxPerPart < 1:
+		return bad("WithMaxPendingPerPartition", "%d records; need at least 1", cfg.maxPerPart)
+	case cfg.commitInterval < 0:
+		return bad("WithCommitInterval", "negative interval %v", cfg.commitInterval)
+	}
+	s := &Source{
+		cfg:   cfg,
+		stop:  make(chan struct{}),
+		dirty: make(chan struct{}, 1),
+		parts: map[topicPartition]*partState{},
+		avail: make(chan struct{}, 1),
+	}
+	s.runCtx, s.cancelRun = context.WithCancel(context.Background())
+	all := append([]kgo.Opt{
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.FetchMaxWait(DefaultFetchMaxWait),
+	}, clientOpts...)
 	all = append(all,
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
@@ -130,76 +274,127 @@ func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
 	)
 	cl, err := kgo.NewClient(all...)
 	if err != nil {
-		return nil, fmt.Errorf("kafka.NewSource: %w", err)
+		s.cancelRun()
+		return bad("clientOpts", "%v", err)
 	}
 	if g, _ := cl.OptValue(kgo.ConsumerGroup).(string); g == "" {
 		cl.Close()
-		return nil, errors.New("kafka.NewSource: no consumer group (kgo.ConsumerGroup)")
+		s.cancelRun()
+		return bad("clientOpts", "no consumer group (kgo.ConsumerGroup)")
 	}
 	s.cl = cl
 	return s, nil
 }
 
-// Client returns the underlying client, e.g. for kadm. Do not poll or
-// commit with it.
+// Client returns the underlying client, e.g. for kadm. Do not poll,
+// commit, or pause and resume partitions with it.
 func (s *Source) Client() *kgo.Client { return s.cl }
 
-// Next returns the next record. It blocks until one is available, ctx is
-// done, or the source is closed ([ErrSourceClosed]).
+// start starts the poller and the committer, once.
+func (s *Source) start() {
+	s.startOnce.Do(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.closed {
+			return
+		}
+		s.loops.Add(2)
+		go s.poll()
+		go s.committer()
+	})
+}
+
+// Next returns the next record (see [Source] for which partition's). It
+// blocks until one is available, ctx is done, or the source is closed
+// ([ErrSourceClosed]). The first call starts fetching.
 func (s *Source) Next(ctx context.Context) (effects.Delivery, error) {
+	s.start()
 	for {
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
 			return effects.Delivery{}, ErrSourceClosed
 		}
-		if len(s.buf) > 0 {
-			rec := s.buf[0]
-			s.buf[0] = nil
-			s.buf = s.buf[1:]
-			d := s.deliverLocked(rec)
+		if p := s.pickLocked(); p != nil {
+			rec := p.buf[0]
+			p.buf[0] = nil
+			p.buf = p.buf[1:]
+			d := s.deliverLocked(p, rec)
+			if len(p.buf) == 0 || p.unacked >= s.cfg.maxPerPart {
+				s.unreadyLocked(p)
+			}
+			more := len(s.ready) > 0
 			s.mu.Unlock()
+			if more {
+				s.signal() // another caller of Next may take the next one
+			}
 			return d, nil
 		}
 		s.mu.Unlock()
-		if err := ctx.Err(); err != nil {
-			return effects.Delivery{}, err
+		select {
+		case <-s.avail:
+		case <-s.stop:
+		case <-ctx.Done():
+			return effects.Delivery{}, ctx.Err()
 		}
-		fs := s.cl.PollRecords(ctx, s.maxPoll)
-		s.mu.Lock()
-		fs.EachRecord(func(r *kgo.Record) { s.buf = append(s.buf, r) })
-		s.mu.Unlock()
-		// The records are registered: a revocation may run now and drop
-		// the buffered ones of revoked partitions.
-		s.cl.AllowRebalance()
-		if fs.IsClientClosed() {
-			return effects.Delivery{}, ErrSourceClosed
-		}
-		fs.EachError(func(_ string, _ int32, err error) {
-			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-				return
-			}
-			if s.onErr != nil {
-				s.onErr(err)
-			}
-		})
 	}
 }
 
-func (s *Source) deliverLocked(rec *kgo.Record) effects.Delivery {
-	tp := topicPartition{rec.Topic, rec.Partition}
-	p := s.parts[tp]
-	if p == nil {
-		p = &partState{epoch: s.epoch, committed: -1}
-		s.parts[tp] = p
+// signal wakes a waiting Next.
+func (s *Source) signal() {
+	select {
+	case s.avail <- struct{}{}:
+	default:
 	}
+}
+
+// pickLocked returns the ready partition Next takes a record from: the
+// one with the fewest deliveries handed out and not acked, so that a
+// consumer whose window is full refills first the Orderings that are about
+// to run dry; among equals, the partitions take turns.
+func (s *Source) pickLocked() *partState {
+	n := len(s.ready)
+	best := -1
+	for k := range n {
+		i := (s.turn + k) % n
+		if best < 0 || s.ready[i].unacked < s.ready[best].unacked {
+			best = i
+		}
+	}
+	if best < 0 {
+		return nil
+	}
+	s.turn = best + 1
+	return s.ready[best]
+}
+
+// markReadyLocked adds p to the partitions Next may take a record from,
+// if it has one Next may hand out.
+func (s *Source) markReadyLocked(p *partState) {
+	if !p.inReady && !p.revoked && len(p.buf) > 0 && p.unacked < s.cfg.maxPerPart {
+		p.inReady = true
+		s.ready = append(s.ready, p)
+	}
+}
+
+// unreadyLocked removes p from the ready partitions.
+func (s *Source) unreadyLocked(p *partState) {
+	if i := slices.Index(s.ready, p); i >= 0 {
+		s.ready = slices.Delete(s.ready, i, i+1)
+	}
+	p.inReady = false
+}
+
+// deliverLocked hands out rec of p.
+func (s *Source) deliverLocked(p *partState, rec *kgo.Record) effects.Delivery {
 	d := &delivered{rec: rec}
 	p.pending = append(p.pending, d)
+	p.unacked++
 	headers := make(map[string]string, len(rec.Headers))
 	id := ""
 	for _, h := range rec.Headers {
 		headers[h.Key] = string(h.Value)
-		if h.Key == s.idHeader && id == "" {
+		if h.Key == s.cfg.idHeader && id == "" {
 			id = string(h.Value)
 		}
 	}
@@ -212,27 +407,100 @@ func (s *Source) deliverLocked(rec *kgo.Record) effects.Delivery {
 		Ordering: ordering,
 		Body:     rec.Value,
 		Headers:  headers,
-		Token:    &sourceToken{tp: tp, epoch: p.epoch, d: d},
+		Token:    &sourceToken{tp: p.tp, epoch: p.epoch, d: d},
 	}
 }
 
-// Ack marks d handled and commits its partition's offset if the acked
-// prefix grew. It returns the commit's error, if any (the acked prefix
-// stays recorded and the next Ack or revocation commits it), and
-// [ErrRevoked] if d's partition was revoked since d was delivered. Acking a
-// delivery twice does nothing.
-func (s *Source) Ack(ctx context.Context, d effects.Delivery) error {
+// poll fetches in the background until Close, and queues the records per
+// partition.
+func (s *Source) poll() {
+	defer s.loops.Done()
+	for {
+		fs := s.cl.PollRecords(s.runCtx, s.cfg.maxPoll)
+		stopped := fs.IsClientClosed() || s.runCtx.Err() != nil
+		if !stopped {
+			s.queue(fs)
+		}
+		// The records are registered: a revocation may run now and drop
+		// the queued ones of revoked partitions.
+		s.cl.AllowRebalance()
+		if stopped {
+			return
+		}
+		fs.EachError(func(_ string, _ int32, err error) {
+			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+				s.report(fmt.Errorf("kafka.Source: fetch: %w", err))
+			}
+		})
+	}
+}
+
+// queue adds polled records to their partitions' queues, and pauses the
+// partitions that hold too many.
+func (s *Source) queue(fs kgo.Fetches) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var pause map[string][]int32
+	woke := false
+	fs.EachPartition(func(fp kgo.FetchTopicPartition) {
+		if len(fp.Records) == 0 {
+			return
+		}
+		tp := topicPartition{fp.Topic, fp.Partition}
+		p := s.parts[tp]
+		if p == nil {
+			p = &partState{tp: tp, epoch: s.epoch, committed: -1}
+			s.parts[tp] = p
+		}
+		p.buf = append(p.buf, fp.Records...)
+		if !p.paused && len(p.buf)+p.unacked >= s.cfg.maxPerPart {
+			p.paused = true
+			if pause == nil {
+				pause = map[string][]int32{}
+			}
+			pause[tp.topic] = append(pause[tp.topic], tp.partition)
+		}
+		if !p.inReady {
+			s.markReadyLocked(p)
+			woke = woke || p.inReady
+		}
+	})
+	if pause != nil {
+		// Under s.mu, so that a resume decided by an Ack cannot overtake
+		// it. The client strips the paused partitions' buffered records
+		// and fetches them again after the resume.
+		s.cl.PauseFetchPartitions(pause)
+	}
+	if woke {
+		s.signal()
+	}
+}
+
+// Ack marks d handled and advances its partition's mark over the
+// contiguous acked prefix; the committer commits the mark with the next
+// group commit (see [Source] for what a nil return promises). It returns
+// [ErrRevoked] if d's partition was revoked (or a revocation started) since
+// d was delivered, and [ErrSourceClosed] after Close: in both cases the
+// record will be delivered again. Acking a delivery twice does nothing.
+func (s *Source) Ack(_ context.Context, d effects.Delivery) error {
 	tok, ok := d.Token.(*sourceToken)
 	if !ok {
 		return errors.New("kafka.Source.Ack: delivery was not handed out by this source")
 	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("kafka.Source.Ack %s/%d: %w", tok.tp.topic, tok.tp.partition, ErrSourceClosed)
+	}
 	p := s.parts[tok.tp]
-	if p == nil || p.epoch != tok.epoch {
-		s.mu.Unlock()
+	if p == nil || p.epoch != tok.epoch || p.revoked {
 		return fmt.Errorf("kafka.Source.Ack %s/%d: %w", tok.tp.topic, tok.tp.partition, ErrRevoked)
 	}
+	if tok.d.acked {
+		return nil
+	}
 	tok.d.acked = true
+	p.unacked--
 	advanced := false
 	for len(p.pending) > 0 && p.pending[0].acked {
 		r := p.pending[0].rec
@@ -241,26 +509,99 @@ func (s *Source) Ack(ctx context.Context, d effects.Delivery) error {
 		p.through = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1}
 		advanced = true
 	}
+	if p.paused && len(p.buf)+p.unacked <= s.cfg.maxPerPart/2 {
+		p.paused = false
+		s.cl.ResumeFetchPartitions(map[string][]int32{tok.tp.topic: {tok.tp.partition}})
+	}
+	if !p.inReady {
+		s.markReadyLocked(p)
+		if p.inReady {
+			s.signal()
+		}
+	}
+	if advanced {
+		select {
+		case s.dirty <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+// committer sends group commits until Close: one at a time, each when a
+// mark advanced, the previous commit returned and the interval since its
+// start passed. A failed commit is retried with a backoff.
+func (s *Source) committer() {
+	defer s.loops.Done()
+	var (
+		last     time.Time
+		failures int
+	)
+	for {
+		select {
+		case <-s.dirty:
+		case <-s.stop:
+			return
+		}
+		wait := s.cfg.commitInterval
+		if failures > 0 {
+			wait = max(wait, effects.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}.Delay(failures))
+		}
+		if d := wait - time.Since(last); d > 0 {
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-s.stop:
+				t.Stop()
+				return
+			}
+		}
+		last = time.Now()
+		ctx, cancel := context.WithTimeout(s.runCtx, commitTimeout)
+		s.commitMu.Lock()
+		err := s.commitLocked(ctx)
+		s.commitMu.Unlock()
+		cancel()
+		if err == nil {
+			failures = 0
+			continue
+		}
+		if s.runCtx.Err() != nil {
+			return // closing: Close commits
+		}
+		failures++
+		s.report(err)
+		select { // try again
+		case s.dirty <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Flush commits every partition's mark now, if it advanced since the last
+// commit, and waits for the broker's answer (after the commit in flight, if
+// any). It returns the commit's error, and [ErrSourceClosed] after Close.
+// Flush is not needed for correctness; it is for tests, and for programs
+// that want the offsets stored at a point of their choosing.
+func (s *Source) Flush(ctx context.Context) error {
+	s.mu.Lock()
+	closed := s.closed
 	s.mu.Unlock()
-	if !advanced {
-		return nil
+	if closed {
+		return ErrSourceClosed
 	}
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
-	return s.commit(ctx, nil)
+	return s.commitLocked(ctx)
 }
 
-// commit commits the acked prefix of every assigned partition (or only of
-// only, if non-nil) that is ahead of what the group stored. The caller
-// holds commitMu.
-func (s *Source) commit(ctx context.Context, only map[string][]int32) error {
+// commitLocked commits the mark of every partition that advanced past what
+// the group stored. The caller holds commitMu.
+func (s *Source) commitLocked(ctx context.Context) error {
 	offsets := map[string]map[int32]kgo.EpochOffset{}
 	epochs := map[topicPartition]uint64{}
 	s.mu.Lock()
 	for tp, p := range s.parts {
-		if only != nil && !contains(only[tp.topic], tp.partition) {
-			continue
-		}
 		if p.through.Offset <= p.committed || p.through.Offset == 0 {
 			continue
 		}
@@ -301,27 +642,39 @@ func (s *Source) commit(ctx context.Context, only map[string][]int32) error {
 	return nil
 }
 
-func contains(ps []int32, p int32) bool {
-	for _, q := range ps {
-		if q == p {
-			return true
-		}
+// report hands err to the WithSourceErrors hook, or logs it.
+func (s *Source) report(err error) {
+	if s.cfg.onErr != nil {
+		s.cfg.onErr(err)
+		return
 	}
-	return false
+	s.log.Log(context.Background(), slog.LevelWarn, "kafka.Source: retrying after an error", slog.Any("error", err))
 }
 
-// onRevoked commits the contiguous acked prefix of the revoked partitions,
-// then forgets them: unacked deliveries are redelivered by the new owner.
+// onRevoked commits the marks, then forgets the revoked partitions:
+// their unacked deliveries, and acks that arrive from now on, are
+// redelivered by the new owner.
 func (s *Source) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	if len(revoked) == 0 {
+		return
+	}
+	s.mu.Lock()
+	for topic, ps := range revoked {
+		for _, p := range ps {
+			if st := s.parts[topicPartition{topic, p}]; st != nil {
+				st.revoked = true
+				s.unreadyLocked(st) // its records go to the new owner
+			}
+		}
+	}
+	s.mu.Unlock()
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
-	if len(revoked) > 0 {
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := s.commit(cctx, revoked)
-		cancel()
-		if err != nil && s.onErr != nil {
-			s.onErr(err)
-		}
+	cctx, cancel := context.WithTimeout(ctx, commitTimeout)
+	err := s.commitLocked(cctx)
+	cancel()
+	if err != nil {
+		s.report(err)
 	}
 	s.forget(revoked)
 }
@@ -334,28 +687,45 @@ func (s *Source) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int3
 	s.forget(lost)
 }
 
+// forget drops the state of parts, and resumes those the Source paused, so
+// that fetching starts afresh if the group assigns them again.
 func (s *Source) forget(parts map[string][]int32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.epoch++
+	var resume map[string][]int32
 	for topic, ps := range parts {
 		for _, p := range ps {
-			delete(s.parts, topicPartition{topic, p})
+			tp := topicPartition{topic, p}
+			st := s.parts[tp]
+			if st == nil {
+				continue
+			}
+			if st.paused {
+				if resume == nil {
+					resume = map[string][]int32{}
+				}
+				resume[topic] = append(resume[topic], p)
+			}
+			delete(s.parts, tp)
 		}
 	}
-	kept := s.buf[:0]
-	for _, r := range s.buf {
-		if !contains(parts[r.Topic], r.Partition) {
-			kept = append(kept, r)
+	s.ready = slices.DeleteFunc(s.ready, func(p *partState) bool {
+		if s.parts[p.tp] == p {
+			return false
 		}
+		p.inReady = false
+		return true
+	})
+	if resume != nil {
+		s.cl.ResumeFetchPartitions(resume)
 	}
-	clear(s.buf[len(kept):])
-	s.buf = kept
 }
 
-// Close commits the acked prefixes (waiting at most 10 s), leaves the group
-// and closes the client. Unacked deliveries are delivered again to the
-// group's next owner of their partitions.
+// Close stops fetching, commits the marks (waiting at most 10 s), leaves
+// the group and closes the client. Unacked deliveries are delivered again
+// to the group's next owner of their partitions. Next, Ack and Flush
+// return [ErrSourceClosed] afterwards.
 func (s *Source) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -364,10 +734,13 @@ func (s *Source) Close() error {
 	}
 	s.closed = true
 	s.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	close(s.stop)
+	s.cancelRun() // the poller's poll and the committer's commit
+	s.loops.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
 	defer cancel()
 	s.commitMu.Lock()
-	err := s.commit(ctx, nil)
+	err := s.commitLocked(ctx)
 	s.commitMu.Unlock()
 	s.cl.CloseAllowingRebalance()
 	return err

@@ -93,7 +93,8 @@ func TestSourceDelivery(t *testing.T) {
 }
 
 // TestSourceCommitsContiguousPrefix: acking out of order advances the
-// committed offset only over the acked prefix.
+// committed offset only over the acked prefix (Flush commits the mark at
+// once, instead of the next group commit).
 func TestSourceCommitsContiguousPrefix(t *testing.T) {
 	c := kafkatest.New(t)
 	topic := c.Topic(t, "prefix", 1)
@@ -119,6 +120,9 @@ func TestSourceCommitsContiguousPrefix(t *testing.T) {
 	for _, st := range steps {
 		if err := s.Ack(ctx, ds[st.ack]); err != nil {
 			t.Fatalf("Ack offset %d: %v", st.ack, err)
+		}
+		if err := s.Flush(ctx); err != nil {
+			t.Fatalf("Flush: %v", err)
 		}
 		if got := committed(t, c, group, topic, 0); got != st.want {
 			t.Fatalf("after acking offset %d: committed %d, want %d", st.ack, got, st.want)
@@ -169,6 +173,9 @@ func TestSourceRedeliversUnacked(t *testing.T) {
 	if err := s2.Ack(ctx, d); err != nil {
 		t.Fatal(err)
 	}
+	if err := s2.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if got := committed(t, c, group, topic, 0); got != 3 {
 		t.Fatalf("committed %d, want 3", got)
 	}
@@ -201,23 +208,7 @@ func TestSourceRevocation(t *testing.T) {
 		}
 	}
 
-	b := newSource(t, c, group, topic)
-	// a keeps polling so that the group's rebalance reaches it; b's first
-	// delivery tells which partition moved.
-	bctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	go func() {
-		for {
-			if _, err := a.Next(bctx); err != nil {
-				return
-			}
-		}
-	}()
-	d, err := b.Next(bctx)
-	if err != nil {
-		t.Fatalf("second member got nothing: %v", err)
-	}
-	cancel()
+	d := rebalanceTo(t, a, newSource(t, c, group, topic))
 	moved := partitionOf(d)
 	if string(d.Body) != string(byPart[moved][1].Body) {
 		t.Fatalf("new owner starts at %q, want the first unacked record %q", d.Body, byPart[moved][1].Body)
@@ -228,6 +219,30 @@ func TestSourceRevocation(t *testing.T) {
 	if err := a.Ack(ctx, byPart[moved][1]); !errors.Is(err, kafka.ErrRevoked) {
 		t.Fatalf("ack after revocation: %v, want ErrRevoked", err)
 	}
+}
+
+// rebalanceTo returns the first delivery of b, a member that joined a's
+// group: a keeps polling meanwhile, so that the rebalance reaches it. The
+// delivery's partition is one that moved from a to b.
+func rebalanceTo(t *testing.T, a, b *kafka.Source) effects.Delivery {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	polled := make(chan struct{})
+	go func() {
+		defer close(polled)
+		for {
+			if _, err := a.Next(ctx); err != nil {
+				return
+			}
+		}
+	}()
+	defer func() { cancel(); <-polled }()
+	d, err := b.Next(ctx)
+	if err != nil {
+		t.Fatalf("second member got nothing: %v", err)
+	}
+	return d
 }
 
 func partitionOf(d effects.Delivery) int32 {

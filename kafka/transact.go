@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"effectively.dev/effects"
 )
 
 // TransformFunc maps one input record to the records to produce for it
@@ -16,7 +18,12 @@ import (
 // Output records without a Topic go to the client's kgo.DefaultProduceTopic.
 type TransformFunc func(ctx context.Context, in *kgo.Record) ([]*kgo.Record, error)
 
-// TransformOption configures [Transform].
+// DefaultTransactionSize is how many input records one [Transform]
+// transaction consumes at most, unless [WithTransactionSize] says otherwise.
+const DefaultTransactionSize = 1000
+
+// TransformOption configures [Transform]. Options only record their value;
+// Transform validates them.
 type TransformOption func(*transformConfig)
 
 type transformConfig struct {
@@ -24,9 +31,9 @@ type transformConfig struct {
 }
 
 // WithTransactionSize bounds how many input records one transaction
-// consumes (default 1000). Smaller transactions commit sooner and redo
-// less after an abort; each costs a few round trips to the transaction
-// coordinator.
+// consumes (default [DefaultTransactionSize], 1000). Smaller transactions
+// commit sooner and redo less after an abort; each costs a few round trips
+// to the transaction coordinator. n must be at least 1.
 func WithTransactionSize(n int) TransformOption {
 	return func(c *transformConfig) { c.maxRecords = n }
 }
@@ -63,15 +70,24 @@ type TransformStats struct {
 // failure aborts and returns too.
 //
 // Transform returns nil when ctx is done between transactions, and does
-// not close sess. It must be the only user of sess while it runs.
+// not close sess. A nil sess or fn, or an invalid option, is a
+// *[effects.ConfigError], returned before any I/O. It must be the only user of sess while it runs.
 func Transform(ctx context.Context, sess *kgo.GroupTransactSession, fn TransformFunc, opts ...TransformOption) (TransformStats, error) {
-	cfg := transformConfig{maxRecords: 1000}
+	cfg := transformConfig{maxRecords: DefaultTransactionSize}
 	for _, o := range opts {
-		o(&cfg)
+		if o != nil {
+			o(&cfg)
+		}
 	}
 	var st TransformStats
-	if cfg.maxRecords <= 0 {
-		return st, errors.New("kafka.Transform: transaction size must be positive")
+	switch {
+	case sess == nil:
+		return st, &effects.ConfigError{Op: "kafka.Transform", Option: "sess", Reason: "nil session"}
+	case fn == nil:
+		return st, &effects.ConfigError{Op: "kafka.Transform", Option: "fn", Reason: "nil transform function"}
+	case cfg.maxRecords < 1:
+		return st, &effects.ConfigError{Op: "kafka.Transform", Option: "WithTransactionSize",
+			Reason: fmt.Sprintf("%d records; need at least 1", cfg.maxRecords)}
 	}
 	for {
 		fs := sess.PollRecords(ctx, cfg.maxRecords)

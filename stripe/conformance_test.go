@@ -108,7 +108,9 @@ func (h *harness) Age(_ context.Context, d time.Duration) error {
 // 24 hours, and a redelivery just inside it replays.
 func TestConformance(t *testing.T) {
 	rep := conformance.Run(t, "stripe.PaymentIntents", func(t testing.TB) conformance.Harness[PaymentIntent] {
-		return newHarness(t, func(api *client.API, _ func() time.Time) effects.Effect[PaymentIntent] { return must(NewPaymentIntents(api)) })
+		return newHarness(t, func(api *client.API, _ func() time.Time) effects.Effect[PaymentIntent] {
+			return must(NewPaymentIntents(api))
+		})
 	})
 	requireVerified(t, rep)
 }

@@ -35,7 +35,12 @@
 // Idempotency-Key, the object id kept in a journal), postgres.Effect (the
 // dedup row in the ledger's transaction), s3.Writer (If-None-Match: *),
 // kafka.Producer and email.Sender (each with a journal: at-least-once by
-// contract, duplicates only after an unknown outcome).
+// contract, duplicates only after an unknown outcome). It runs the charge
+// and the ledger row in order, then the receipt, the charged event and the
+// email, which need only those two results, concurrently
+// (effects.Step.Concurrent): every step keeps its key, so this changes
+// nothing about what a redelivery replays, and the plan's composite contract
+// is the one reported.
 //
 // Each handler gets its own topics, tables, Stripe server, SMTP server and
 // bucket, so the counts are separate; both share the throwaway PostgreSQL
@@ -192,6 +197,8 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 		return nil, err
 	}
 	defer smtpSrv.Close()
+	// A default client: neither kafka.Producer.Apply nor the naive
+	// handler's ProduceSync waits for its linger.
 	producer, err := kgo.NewClient(e.kafka.Opts()...)
 	if err != nil {
 		return nil, err

@@ -172,6 +172,11 @@ func (w *worker) consume(ctx context.Context, brokers []kgo.Opt, group, topic st
 		return effects.ConsumerStats{}, err
 	}
 	defer src.Close()
+	if obs == nil {
+		// The demo counts failures itself (the injected crashes are
+		// failures too): no log lines from the consumer's default.
+		obs = effects.ObserverFunc(func(context.Context, effects.Event) {})
+	}
 	c, err := effects.NewConsumer(src, w.handle,
 		effects.WithConcurrency(workers),
 		// A failover takes a second or two; a lease a few more. Retry

@@ -14,8 +14,8 @@
 //     names the ledger row, so a replayed plan must rebuild it from the
 //     recorded ledger id.
 //
-// It acks a record, which commits its offset, only after both steps are
-// done. It runs until SIGTERM or SIGINT, then stops taking records, lets
+// It acks a record only after both steps are done; the Source's group
+// commit then commits its offset, with the others acked meanwhile. It runs until SIGTERM or SIGINT, then stops taking records, lets
 // running handlers finish, commits the acked offsets and exits 0. Killed
 // (SIGKILL), it leaves its unacked records to the next process of the group,
 // whose deliveries replay whatever was already done.
@@ -199,8 +199,8 @@ func work(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 	if cfg.instanceID != "" {
 		opts = append(opts, kgo.InstanceID(cfg.instanceID))
 	}
-	src, err := kafka.NewSource(opts, kafka.WithFetchErrors(func(err error) {
-		fmt.Fprintln(stderr, "chargehook-worker: fetch:", err)
+	src, err := kafka.NewSource(opts, kafka.WithSourceErrors(func(err error) {
+		fmt.Fprintln(stderr, "chargehook-worker:", err)
 	}))
 	if err != nil {
 		return err
@@ -349,7 +349,13 @@ func (h *handler) handle(ctx context.Context, d effects.Delivery) (err error) {
 	}
 	if h.ackFirst {
 		// The negative control: the offset is committed before any effect.
+		// Ack only marks the record (the group commit follows within the
+		// commit interval); Flush commits it now, as a consumer that
+		// commits before its effect does.
 		if err := h.src.Ack(ctx, d); err != nil {
+			return err
+		}
+		if err := h.src.Flush(ctx); err != nil {
 			return err
 		}
 	}
@@ -380,7 +386,7 @@ func (s *tracingSource) Ack(ctx context.Context, d effects.Delivery) error {
 //	ready                          the consumer is about to run
 //	begin <id> <attempt>           a handler started attempt <attempt> (from 1) at a delivery of event <id>
 //	step <id> <step> <kind>        a plan step ended: applied, replayed, in_flight, failed, key_reused
-//	acked <id>                     Ack returned nil: the offset is committed (or held behind an earlier one)
+//	acked <id>                     Ack returned nil: the next group commit commits the offset (unless an earlier one is unacked)
 //	retry <id> <cause>             the consumer will try the delivery again
 //	stopped                        the consumer stopped after SIGTERM
 type tracer struct {

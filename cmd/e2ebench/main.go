@@ -1,0 +1,238 @@
+// Command e2ebench measures the whole path a team builds first, Kafka →
+// handler → PostgreSQL, end to end and side by side in one process: the
+// library's defaults, the library's batch path, the essay's fixed handler
+// written by hand with franz-go and pgx, and a floor without any dedup.
+//
+// Every variant drains the same number of events (one ledger row each) from
+// a topic of its own on an in-process kfake cluster into tables of their
+// own on one durable throwaway PostgreSQL cluster (postgres/pgtest, fsync
+// on), and the variants take turns round by round, in a rotating order, so
+// that the machine's drift hits them alike. The variants:
+//
+//   - defaults: kafka.NewSource → effects.NewConsumer(src, handler) with no
+//     options → postgres.New(pool, scope, write).Apply, the write being the
+//     README's ledger INSERT … RETURNING id (the id is the Result's ref).
+//   - batch: the same Source (ordered by partition) and
+//     effects.WithBatch(size, linger, h), h calling postgres.ApplyBatch and
+//     postgres.BatchErrors.
+//   - consumer-sql: the same Source and Consumer around the hand-written
+//     handler's transaction (below) instead of postgres.Apply: what the
+//     library's consumer costs, or gains, on its own.
+//   - hand-written: the essay's handler with franz-go and pgx: a group
+//     consumer without auto-commit; each poll's partitions handled in
+//     parallel, each record in its own transaction (BEGIN; INSERT INTO
+//     processed_events … ON CONFLICT DO NOTHING; the ledger INSERT if the
+//     claim was new; COMMIT); the offsets committed after each poll.
+//   - floor: the same loop with a plain autocommitted ledger INSERT and no
+//     dedup at all: what no dedup costs.
+//
+// Events/s is measured from the first handled event to the last, per
+// variant and round; the table shows the median and range over the
+// rounds, each variant's ratio to the hand-written handler of the same
+// round (median and range), and the OffsetCommit requests per event that
+// reached the broker during the run, the final ones included (counted with
+// a kfake control hook). After each run
+// the ledger must hold every event exactly once and the group's committed
+// offsets must reach the end, or the command fails.
+//
+// Usage:
+//
+//	go run ./cmd/e2ebench [-events 20000] [-partitions 8] [-rounds 3]
+//	    [-variants defaults,batch,consumer-sql,hand-written,floor] [-batch 100] [-linger 5ms]
+//
+// The table goes to stdout; progress to stderr. Exit status 1 when a run
+// failed or lost or duplicated an event, 2 for bad usage.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"time"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// config is what one invocation measures.
+type config struct {
+	events, partitions, rounds int
+	variants                   []string
+	batch                      int
+	linger                     time.Duration
+	cpuProfile, blockProfile   string
+}
+
+func parse(args []string, stderr io.Writer) (config, error) {
+	cfg := config{}
+	fs := flag.NewFlagSet("e2ebench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&cfg.events, "events", 20000, "events per variant and round")
+	fs.IntVar(&cfg.partitions, "partitions", 8, "partitions of each topic")
+	fs.IntVar(&cfg.rounds, "rounds", 3, "rounds (at least 3 for a median and a range worth reading)")
+	variants := fs.String("variants", strings.Join(variantNames(), ","), "variants to run, comma-separated")
+	fs.IntVar(&cfg.batch, "batch", 100, "batch size of the batch variant")
+	fs.DurationVar(&cfg.linger, "linger", 5*time.Millisecond, "batch linger of the batch variant")
+	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
+	fs.StringVar(&cfg.blockProfile, "blockprofile", "", "write a blocking profile of the whole run to this file")
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	cfg.variants = strings.Split(*variants, ",")
+	var errs []error
+	for _, v := range cfg.variants {
+		if !slices.Contains(variantNames(), v) {
+			errs = append(errs, fmt.Errorf("unknown variant %q (have %s)", v, strings.Join(variantNames(), ", ")))
+		}
+	}
+	if cfg.events < 2 || cfg.partitions < 1 || cfg.rounds < 1 || cfg.batch < 1 || cfg.linger < 0 {
+		errs = append(errs, errors.New("need -events >= 2, -partitions >= 1, -rounds >= 1, -batch >= 1, -linger >= 0"))
+	}
+	return cfg, errors.Join(errs...)
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cfg, err := parse(args, stderr)
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(stderr, "e2ebench:", err)
+		}
+		return 2
+	}
+	logf := func(format string, a ...any) { fmt.Fprintf(stderr, "e2ebench: "+format+"\n", a...) }
+	stopProfiles, err := startProfiles(cfg)
+	if err != nil {
+		fmt.Fprintln(stderr, "e2ebench:", err)
+		return 2
+	}
+	defer func() {
+		if err := stopProfiles(); err != nil {
+			fmt.Fprintln(stderr, "e2ebench:", err)
+		}
+	}()
+	env, err := start(ctx, logf)
+	if err != nil {
+		fmt.Fprintln(stderr, "e2ebench:", err)
+		return 1
+	}
+	defer env.close()
+	res, err := measure(ctx, env, cfg, logf)
+	if err != nil {
+		fmt.Fprintln(stderr, "e2ebench:", err)
+		return 1
+	}
+	report(stdout, cfg, env, res)
+	return 0
+}
+
+// measure runs every variant cfg.rounds times, in a rotating order.
+func measure(ctx context.Context, env *env, cfg config, logf func(string, ...any)) (map[string][]result, error) {
+	res := map[string][]result{}
+	for round := range cfg.rounds {
+		order := slices.Clone(cfg.variants)
+		k := round % len(order)
+		order = append(order[k:], order[:k]...)
+		for _, name := range order {
+			r, err := env.runVariant(ctx, cfg, name, round)
+			if err != nil {
+				return nil, fmt.Errorf("round %d, %s: %w", round+1, name, err)
+			}
+			logf("round %d %-12s %8.0f events/s  %5d OffsetCommits", round+1, name, r.rate, r.commits)
+			res[name] = append(res[name], r)
+		}
+	}
+	return res, nil
+}
+
+// report prints the table.
+func report(w io.Writer, cfg config, env *env, res map[string][]result) {
+	fmt.Fprintf(w, "%d events on %d partitions per variant and round, %d rounds; PostgreSQL %s (durable: fsync on), kfake in-process\n\n",
+		cfg.events, cfg.partitions, cfg.rounds, env.pgVersion)
+	fmt.Fprintln(w, "| variant | events/s (median) | range | × hand-written (median) | range | OffsetCommit requests per event |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|")
+	base, haveBase := res[handWritten]
+	for _, name := range cfg.variants {
+		rs := res[name]
+		rates := make([]float64, len(rs))
+		commits := 0.0
+		for i, r := range rs {
+			rates[i] = r.rate
+			commits += float64(r.commits) / float64(cfg.events)
+		}
+		ratio, ratioRange := "", ""
+		if haveBase {
+			ratios := make([]float64, len(rs))
+			for i, r := range rs {
+				ratios[i] = r.rate / base[i].rate
+			}
+			lo, hi := minMax(ratios)
+			ratio, ratioRange = fmt.Sprintf("%.2f×", median(ratios)), fmt.Sprintf("%.2f–%.2f", lo, hi)
+		}
+		lo, hi := minMax(rates)
+		fmt.Fprintf(w, "| %s | %.0f | %.0f–%.0f | %s | %s | %.4f |\n",
+			name, median(rates), lo, hi, ratio, ratioRange, commits/float64(len(rs)))
+	}
+	fmt.Fprintln(w)
+	for _, name := range cfg.variants {
+		fmt.Fprintf(w, "%-12s %s\n", name+":", describe[name])
+	}
+}
+
+// startProfiles starts the profiles cfg asks for; the returned function
+// stops them and writes the files.
+func startProfiles(cfg config) (stop func() error, err error) {
+	var cpu *os.File
+	if cfg.cpuProfile != "" {
+		if cpu, err = os.Create(cfg.cpuProfile); err != nil {
+			return nil, err
+		}
+		if err := pprof.StartCPUProfile(cpu); err != nil {
+			cpu.Close()
+			return nil, err
+		}
+	}
+	if cfg.blockProfile != "" {
+		runtime.SetBlockProfileRate(int(10 * time.Microsecond))
+	}
+	return func() error {
+		var errs []error
+		if cpu != nil {
+			pprof.StopCPUProfile()
+			errs = append(errs, cpu.Close())
+		}
+		if cfg.blockProfile != "" {
+			f, err := os.Create(cfg.blockProfile)
+			if err != nil {
+				return errors.Join(append(errs, err)...)
+			}
+			errs = append(errs, pprof.Lookup("block").WriteTo(f, 0), f.Close())
+		}
+		return errors.Join(errs...)
+	}, nil
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+func minMax(xs []float64) (float64, float64) { return slices.Min(xs), slices.Max(xs) }

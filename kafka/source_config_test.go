@@ -1,0 +1,85 @@
+package kafka_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"effectively.dev/effects"
+	"effectively.dev/kafka"
+	"effectively.dev/kafka/kafkatest"
+)
+
+// TestNewSourceValidates: bad options and a missing group are a
+// *effects.ConfigError naming the option; nil options are ignored.
+func TestNewSourceValidates(t *testing.T) {
+	c := kafkatest.New(t)
+	group := c.Opts(kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t"))
+	for _, tc := range []struct {
+		name   string
+		client []kgo.Opt
+		opts   []kafka.SourceOption
+		option string
+	}{
+		{"no group", c.Opts(kgo.ConsumeTopics("t")), nil, "clientOpts"},
+		{"empty id header", group, []kafka.SourceOption{kafka.WithIDHeader("")}, "WithIDHeader"},
+		{"max poll 0", group, []kafka.SourceOption{kafka.WithMaxPoll(0)}, "WithMaxPoll"},
+		{"per partition 0", group, []kafka.SourceOption{kafka.WithMaxPendingPerPartition(0)}, "WithMaxPendingPerPartition"},
+		{"negative interval", group, []kafka.SourceOption{kafka.WithCommitInterval(-time.Millisecond)}, "WithCommitInterval"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := kafka.NewSource(tc.client, tc.opts...)
+			var ce *effects.ConfigError
+			if !errors.As(err, &ce) || ce.Option != tc.option || !errors.Is(err, effects.ErrInvalidConfig) {
+				t.Fatalf("NewSource = %v, %v; want a ConfigError for %s", s, err, tc.option)
+			}
+		})
+	}
+	s, err := kafka.NewSource(group, nil, kafka.WithCommitInterval(0))
+	if err != nil {
+		t.Fatalf("nil option and a zero interval: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Next(context.Background()); !errors.Is(err, kafka.ErrSourceClosed) {
+		t.Errorf("Next after Close = %v, want ErrSourceClosed", err)
+	}
+	if err := s.Flush(context.Background()); !errors.Is(err, kafka.ErrSourceClosed) {
+		t.Errorf("Flush after Close = %v, want ErrSourceClosed", err)
+	}
+}
+
+// TestTransformValidates: Transform refuses a bad size or a missing
+// argument with a *effects.ConfigError before any I/O.
+func TestTransformValidates(t *testing.T) {
+	fn := func(context.Context, *kgo.Record) ([]*kgo.Record, error) { return nil, nil }
+	sess, err := kgo.NewGroupTransactSession(kgo.SeedBrokers("127.0.0.1:1"), kgo.TransactionalID("x"),
+		kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	for _, tc := range []struct {
+		name   string
+		sess   *kgo.GroupTransactSession
+		fn     kafka.TransformFunc
+		opts   []kafka.TransformOption
+		option string
+	}{
+		{"nil session", nil, fn, nil, "sess"},
+		{"nil fn", sess, nil, nil, "fn"},
+		{"size 0", sess, fn, []kafka.TransformOption{nil, kafka.WithTransactionSize(0)}, "WithTransactionSize"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := kafka.Transform(context.Background(), tc.sess, tc.fn, tc.opts...)
+			var ce *effects.ConfigError
+			if !errors.As(err, &ce) || ce.Option != tc.option {
+				t.Fatalf("Transform = %v, want a ConfigError for %s", err, tc.option)
+			}
+		})
+	}
+}
