@@ -20,6 +20,13 @@
 // Optionally ([WithAuth]) the server requires AUTH PLAIN, which it allows
 // without TLS because it only listens on 127.0.0.1.
 //
+// Unlike postgres/pgtest, s3/s3test and kafka/kafkatest, this kit has no
+// environment variable that points it at an existing server: what a
+// conformance harness needs from a mail server is to count the copies of
+// one Message-ID it accepted, and SMTP offers no way to ask a relay that.
+// The server here is the real protocol peer, over a real socket; to test
+// against your own relay too, send through it to this server.
+//
 // Not for production use: it keeps every message in memory and delivers
 // nothing.
 package smtptest
