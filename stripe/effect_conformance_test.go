@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"testing"
+	"time"
 
 	stripego "github.com/stripe/stripe-go/v76"
 
@@ -19,12 +20,14 @@ import (
 // whose traffic goes through the suite's Faults.
 type customerHarness struct {
 	srv     *stripetest.Server
+	clock   *agedClock      // the server's and the journal's: Age moves it
 	journal effects.Journal // nil: Stripe's key alone
 }
 
 var (
 	_ conformance.Harness[*stripego.CustomerParams] = (*customerHarness)(nil)
 	_ conformance.Restarter                         = (*customerHarness)(nil)
+	_ conformance.Ager                              = (*customerHarness)(nil)
 )
 
 func (h *customerHarness) Make(ctx context.Context, f *conformance.Faults) (effects.Effect[*stripego.CustomerParams], func(), error) {
@@ -59,15 +62,22 @@ func (h *customerHarness) Total(ctx context.Context) (int, error) { return h.srv
 
 func (h *customerHarness) Restart(ctx context.Context) error { return h.srv.Restart() }
 
+// Age moves the clock of the server (and of the journal) forward by d.
+func (h *customerHarness) Age(_ context.Context, d time.Duration) error {
+	h.clock.advance(d)
+	return nil
+}
+
 // The generic effect passes the suite on a resource other than
 // PaymentIntents, without and with a journal.
 func TestConformanceGenericCustomers(t *testing.T) {
 	for name, journaled := range map[string]bool{"stripe.New(Customers.New)": false, "stripe.New(Customers.New)+journal": true} {
 		t.Run(name, func(t *testing.T) {
 			rep := conformance.Run(t, name, func(t testing.TB) conformance.Harness[*stripego.CustomerParams] {
-				h := &customerHarness{srv: stripetest.Start(t, stripetest.WithLatency(serverLatency))}
+				clk := &agedClock{}
+				h := &customerHarness{srv: stripetest.Start(t, stripetest.WithLatency(serverLatency), stripetest.WithClock(clk.Now)), clock: clk}
 				if journaled {
-					h.journal = memjournal.New(nil)
+					h.journal = memjournal.New(clk.Now)
 				}
 				return h
 			})
