@@ -70,7 +70,7 @@ func Migrate(ctx context.Context, db TxBeginner) error {
 	if err != nil {
 		return fmt.Errorf("outbox.Migrate: begin: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+	defer rollback(ctx, tx)
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lockID); err != nil {
 		return fmt.Errorf("outbox.Migrate: lock: %w", err)
 	}
@@ -272,7 +272,7 @@ func (r *Relay) RelayBatch(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("%s: begin: %w", op, err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+	defer rollback(ctx, tx)
 	rows, err := tx.Query(ctx, `SELECT id, message_id, topic, key, value, header_keys, header_values
 FROM effectively_outbox
 WHERE sent_at IS NULL
@@ -423,7 +423,7 @@ func Prune(ctx context.Context, db TxBeginner, olderThan time.Time, limit int) (
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", op, err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+	defer rollback(ctx, tx)
 	tag, err := tx.Exec(ctx, `DELETE FROM effectively_outbox WHERE id IN (
 	SELECT id FROM effectively_outbox WHERE sent_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)`, olderThan, limit)
 	if err != nil {
@@ -433,4 +433,16 @@ func Prune(ctx context.Context, db TxBeginner, olderThan time.Time, limit int) (
 		return 0, fmt.Errorf("%s: %w", op, err)
 	}
 	return tag.RowsAffected(), nil
+}
+
+// rollbackTimeout bounds a rollback, which runs even after ctx is done so
+// that a healthy connection goes back to its pool.
+const rollbackTimeout = 5 * time.Second
+
+// rollback rolls tx back on a context detached from ctx's cancellation
+// (a no-op after Commit).
+func rollback(ctx context.Context, tx pgx.Tx) {
+	rctx, cancel := effects.Detached(ctx, rollbackTimeout)
+	defer cancel()
+	_ = tx.Rollback(rctx)
 }
