@@ -78,6 +78,10 @@
 //     or replays it, so a retry is always safe. (Failures before
 //     CompleteMultipartUpload are ErrTransient: nothing is visible before
 //     it.)
+//   - an endpoint no retry can reach: an unknown host, a TLS handshake
+//     refused (an untrusted certificate, TLS to a plain-text port): a
+//     configuration error, *[effects.ConfigError] ([effects.Misconfigured]),
+//     not retryable; nothing reached S3.
 //   - anything else (403, 404 NoSuchBucket, 400): a permanent error that
 //     wraps the SDK's error, reachable with errors.As (smithy.APIError).
 //

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -239,5 +242,34 @@ func TestCancelledContextIsAmbiguous(t *testing.T) {
 	_, err := w.Apply(ctx, "key", s3.Object{Body: []byte("body")})
 	if !errors.Is(err, effects.ErrAmbiguous) || !errors.Is(err, context.Canceled) || !effects.Retryable(err) {
 		t.Fatalf("got %v, want retryable ErrAmbiguous wrapping context.Canceled", err)
+	}
+}
+
+// An endpoint no retry can reach (an untrusted certificate, TLS to a plain
+// port) is a configuration error, not an ambiguous or transient failure:
+// nothing reached S3.
+func TestRefusedTLSIsAConfigurationError(t *testing.T) {
+	untrusted := httptest.NewUnstartedServer(http.NotFoundHandler())
+	untrusted.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshakes
+	untrusted.StartTLS()
+	defer untrusted.Close()
+	plain := httptest.NewServer(http.NotFoundHandler())
+	defer plain.Close()
+	for name, endpoint := range map[string]string{
+		"certificate not trusted": untrusted.URL,
+		"TLS to a plain port":     strings.Replace(plain.URL, "http://", "https://", 1),
+	} {
+		t.Run(name, func(t *testing.T) {
+			w := writerAt(t, endpoint)
+			_, err := w.Apply(context.Background(), "receipt-1", s3.Object{Body: []byte("paid")})
+			var ce *effects.ConfigError
+			if !errors.As(err, &ce) || !errors.Is(err, effects.ErrInvalidConfig) || effects.Retryable(err) ||
+				errors.Is(err, effects.ErrAmbiguous) || errors.Is(err, effects.ErrTransient) {
+				t.Fatalf("Apply = %v; want a configuration error that is not retryable", err)
+			}
+			if !strings.Contains(err.Error(), "PutObject") {
+				t.Errorf("error %q does not name the call", err)
+			}
+		})
 	}
 }

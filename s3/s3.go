@@ -258,6 +258,9 @@ func (p *put) single(ctx context.Context, in *awss3.PutObjectInput) (effects.Res
 // 412, else a classified error. mayHaveWritten says whether a lost reply
 // could mean the write happened.
 func (p *put) failed(ctx context.Context, call string, err error, mayHaveWritten bool) (effects.Result, error) {
+	if cerr := p.misconfigured(call, err); cerr != nil {
+		return effects.Result{}, cerr
+	}
 	switch classify(err) {
 	case precondition:
 		return p.replay(ctx)
@@ -272,6 +275,14 @@ func (p *put) failed(ctx context.Context, call string, err error, mayHaveWritten
 	return effects.Result{}, permanent(p.key, call, p.name, err)
 }
 
+// misconfigured returns a configuration error when err is a failure to
+// reach S3 that no retry fixes (an unknown host, a refused TLS handshake:
+// see [effects.Misconfigured]), and nil otherwise. Nothing reached S3, so
+// nothing was written.
+func (p *put) misconfigured(call string, err error) error {
+	return effects.Misconfigured(opApply, "the S3 endpoint of bucket "+p.w.bucket, callErr(call, p.name, err))
+}
+
 // replay checks, after a 412, that the object under the key is ours: written
 // under this key with this payload.
 func (p *put) replay(ctx context.Context) (effects.Result, error) {
@@ -280,6 +291,9 @@ func (p *put) replay(ctx context.Context) (effects.Result, error) {
 		Key:    aws.String(p.name),
 	})
 	if err != nil {
+		if cerr := p.misconfigured("HeadObject (reading back the existing object after 412)", err); cerr != nil {
+			return effects.Result{}, cerr
+		}
 		switch classify(err) {
 		case notFound:
 			return effects.Result{}, effects.Transient(opApply, p.key, fmt.Errorf(
