@@ -182,15 +182,10 @@ func ExampleReplay() {
 		}
 	}
 
-	stats, err := kafka.Replay(ctx, client, kafka.ReplayOptions{
-		Topic:       "events",
-		StartOffset: 1,
-		EndOffset:   4,
-		Rate:        500,
-	}, func(_ context.Context, r *kgo.Record) error {
+	stats, err := kafka.Replay(ctx, client, "events", func(_ context.Context, r *kgo.Record) error {
 		fmt.Printf("%d: %s\n", r.Offset, r.Value)
 		return nil
-	})
+	}, kafka.WithReplayOffsetRange(1, 4), kafka.WithReplayRate(500, 0))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -202,18 +197,14 @@ func ExampleReplay() {
 	// 3 records, resume at 4
 }
 
-// Replay from a point in time (e.g. before an incident) to now.
-func ExampleReplayOptions_timeRange() {
+// Replay from a point in time (e.g. before an incident) to now, at most
+// 200 records a second in bursts of up to 20.
+func ExampleWithReplayTimeRange() {
 	var client *kgo.Client // your client
 	incident := time.Date(2025, 3, 1, 14, 0, 0, 0, time.UTC)
-	_, err := kafka.Replay(context.Background(), client, kafka.ReplayOptions{
-		Topic: "payments",
-		From:  incident.Add(-10 * time.Minute),
-		Rate:  200,
-		Burst: 20,
-	}, func(ctx context.Context, r *kgo.Record) error {
+	_, err := kafka.Replay(context.Background(), client, "payments", func(ctx context.Context, r *kgo.Record) error {
 		return nil // your idempotent handler
-	})
+	}, kafka.WithReplayTimeRange(incident.Add(-10*time.Minute), time.Time{}), kafka.WithReplayRate(200, 20))
 	if err != nil {
 		log.Fatal(err)
 	}

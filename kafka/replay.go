@@ -25,51 +25,102 @@ type Limiter interface {
 	Wait(ctx context.Context) error
 }
 
-// ReplayOptions selects what [Replay] re-feeds and how fast.
+// ReplayOption configures [Replay] and [ReplayBatch]: what they re-feed
+// and how fast. Options only record their value; Replay and ReplayBatch
+// validate them before any I/O, and ignore nil options.
 //
 // The range is chosen per partition. Its start is the first offset at or
-// after From when From is set, else StartOffset (0: the log start); its end
-// (exclusive) is the first offset at or after To when To is set, else
-// EndOffset (0 or negative: no bound); and it never goes past the
-// partition's last stable offset when Replay starts, so a replay ends even
-// while producers keep writing. Records of aborted transactions and
-// control records are skipped (Replay reads with read_committed).
-type ReplayOptions struct {
-	// Topic is the topic to replay. Required.
-	Topic string
-	// Partitions limits the replay to these partitions; nil means all.
-	Partitions []int32
-	// StartOffset and EndOffset bound the range by offset: [StartOffset,
-	// EndOffset).
-	StartOffset, EndOffset int64
-	// From and To bound the range by record timestamp: [From, To).
-	From, To time.Time
+// after the [WithReplayTimeRange] from when it is set, else the
+// [WithReplayOffsetRange] start (default 0: the log start); its end
+// (exclusive) is the first offset at or after the time range's to when it
+// is set, else the offset range's end (default 0: no bound); and it never
+// goes past the partition's last stable offset when Replay starts, so a
+// replay ends even while producers keep writing. Records of aborted
+// transactions and control records are skipped (Replay reads with
+// read_committed).
+type ReplayOption func(*replayConfig)
 
-	// Rate is the most records per second handed to the handler, Burst
-	// how many may go at once (default 1). Rate 0 means no limit.
-	Rate  rate.Limit
-	Burst int
-	// Limiter, if set, paces the replay instead of Rate and Burst.
-	Limiter Limiter
-
-	// Progress receives a progress bar, redrawn in place at most ten times
-	// a second. Nil means standard error when it is a terminal, and no
-	// bar otherwise; io.Discard turns it off.
-	Progress io.Writer
-
-	// BatchSize is the most records [ReplayBatch] hands to its handler at
-	// once; 0 means [DefaultReplayBatchSize]. Only ReplayBatch heeds it:
-	// [Replay] refuses it.
-	BatchSize int
+type replayConfig struct {
+	partitions    []int32 // nil: all
+	partitionsSet bool
+	start, end    int64
+	from, to      time.Time
+	rate          rate.Limit
+	burst         int
+	rateSet       bool
+	limiter       Limiter
+	limiterSet    bool
+	progress      io.Writer
+	batchSize     int
+	batchSizeSet  bool
 }
 
-// DefaultReplayBatchSize is the batch size of [ReplayBatch] when
-// ReplayOptions.BatchSize is 0: large enough that the one query and the
-// one commit per batch of postgres.ApplyBatch with a pre-check cost little
+// WithReplayPartitions limits the replay to partitions ps (default: all
+// partitions of the topic). ps must name at least one partition, none
+// negative; a partition the topic does not have is an error of the replay.
+func WithReplayPartitions(ps ...int32) ReplayOption {
+	ps = slices.Clone(ps)
+	return func(c *replayConfig) { c.partitions, c.partitionsSet = ps, true }
+}
+
+// WithReplayOffsetRange bounds the range by offset: [start, end). start 0
+// (the default) means the log start, and an end of 0 or less means no
+// bound (the default). start must not be negative, nor after a positive
+// end. A [WithReplayTimeRange] bound that is set takes the place of the
+// offset bound on its side.
+func WithReplayOffsetRange(start, end int64) ReplayOption {
+	return func(c *replayConfig) { c.start, c.end = start, end }
+}
+
+// WithReplayTimeRange bounds the range by record timestamp: [from, to). A
+// zero from or to leaves that side to [WithReplayOffsetRange] (so
+// WithReplayTimeRange(incident, time.Time{}) replays from the incident to
+// the end). to must not be before a non-zero from.
+func WithReplayTimeRange(from, to time.Time) ReplayOption {
+	return func(c *replayConfig) { c.from, c.to = from, to }
+}
+
+// WithReplayRate hands the handler at most limit records per second, burst
+// of them at once (0 means [DefaultReplayBurst], 1). limit 0 or rate.Inf
+// means no limit, the default. Neither may be negative, and it does not
+// go with [WithReplayLimiter].
+func WithReplayRate(limit rate.Limit, burst int) ReplayOption {
+	return func(c *replayConfig) { c.rate, c.burst, c.rateSet = limit, burst, true }
+}
+
+// WithReplayLimiter paces the replay with lim instead of a rate of its own
+// (see [Limiter]), e.g. a *rate.Limiter shared with live traffic. lim must
+// not be nil, and it does not go with [WithReplayRate].
+func WithReplayLimiter(lim Limiter) ReplayOption {
+	return func(c *replayConfig) { c.limiter, c.limiterSet = lim, true }
+}
+
+// WithReplayProgress sends a progress bar to w, redrawn in place at most
+// ten times a second. By default, or when w is nil, the bar goes to
+// standard error when it is a terminal, and nowhere otherwise; io.Discard
+// turns it off.
+func WithReplayProgress(w io.Writer) ReplayOption {
+	return func(c *replayConfig) { c.progress = w }
+}
+
+// WithReplayBatchSize sets the most records [ReplayBatch] hands to its
+// handler at once (default [DefaultReplayBatchSize], 1000). n must be at
+// least 1. Only ReplayBatch heeds it: [Replay] refuses it.
+func WithReplayBatchSize(n int) ReplayOption {
+	return func(c *replayConfig) { c.batchSize, c.batchSizeSet = n, true }
+}
+
+// DefaultReplayBatchSize is the batch size of [ReplayBatch] without
+// [WithReplayBatchSize]: large enough that the one query and the one
+// commit per batch of postgres.ApplyBatch with a pre-check cost little
 // per record (a storm of 99% seen keys costs about 1/20 of applying record
 // by record; at 100 per batch, about 1/10), small enough that a failed
 // batch is cheap to redo.
 const DefaultReplayBatchSize = 1000
+
+// DefaultReplayBurst is how many records [WithReplayRate] lets go at once
+// when its burst is 0.
+const DefaultReplayBurst = 1
 
 // ReplayHandler handles one replayed record. Returning an error stops the
 // replay.
@@ -88,7 +139,8 @@ type ReplayStats struct {
 	// Ranges is the replayed range of each partition, [Start, End).
 	Ranges map[int32]OffsetRange
 	// Next is, per partition, the offset after the last record handled:
-	// a replay stopped early resumes with StartOffset = Next[p].
+	// a replay of partition p stopped early resumes with
+	// WithReplayPartitions(p) and WithReplayOffsetRange(Next[p], end).
 	Next map[int32]int64
 }
 
@@ -97,12 +149,14 @@ type OffsetRange struct {
 	Start, End int64
 }
 
-// Replay re-feeds a range of a topic through handler, one record at a
+// Replay re-feeds a range of topic through handler, one record at a
 // time in offset order per partition, waiting on the rate limiter before
 // each record so the replay does not starve live traffic. It is the tool
 // for re-running idempotent consumers over past records: effects that
 // were done replay, effects that were lost apply. For a replay of mostly
 // handled records, [ReplayBatch] with a batch pre-check is much cheaper.
+// Without options it replays every partition from the log start to the
+// last stable offset, with no rate limit; see [ReplayOption].
 //
 // client provides the connection settings (seed brokers, TLS, SASL,
 // dialer) and answers the offset lookups; Replay consumes with a client of
@@ -111,45 +165,94 @@ type OffsetRange struct {
 // would be shared). Replay returns when every partition reached
 // the end of its range, when handler fails (the error is returned
 // wrapped, with the stats up to it), or when ctx is done (ctx's error).
-// A missing client, handler or topic, a negative Rate or Burst, or a
-// BatchSize (which only ReplayBatch heeds) is an [*effects.ConfigError],
-// returned before any I/O.
-func Replay(ctx context.Context, client *kgo.Client, opts ReplayOptions, handler ReplayHandler) (ReplayStats, error) {
+// A missing client, handler or topic, an invalid option, or
+// [WithReplayBatchSize] (which only ReplayBatch heeds) is an
+// [*effects.ConfigError], returned before any I/O.
+func Replay(ctx context.Context, client *kgo.Client, topic string, handler ReplayHandler, opts ...ReplayOption) (ReplayStats, error) {
 	const op = "kafka.Replay"
-	if opts.BatchSize != 0 {
-		return newReplayStats(), &effects.ConfigError{Op: op, Option: "BatchSize", Reason: "only ReplayBatch heeds it"}
-	}
 	if handler == nil {
 		return newReplayStats(), &effects.ConfigError{Op: op, Option: "handler", Reason: "nil"}
 	}
-	return replay(ctx, op, client, opts, 1, func(ctx context.Context, recs []*kgo.Record) error {
+	cfg, err := newReplayConfig(op, client, topic, false, opts)
+	if err != nil {
+		return newReplayStats(), err
+	}
+	return replay(ctx, op, client, topic, cfg, func(ctx context.Context, recs []*kgo.Record) error {
 		return handler(ctx, recs[0])
 	})
 }
 
-// ReplayBatch is [Replay] with a handler that takes up to opts.BatchSize
-// records at a time (default [DefaultReplayBatchSize]): the form for a
-// handler that does one query or one transaction per batch, such as
-// postgres.ApplyBatch with postgres.WithPrecheck, which replays the
-// records already handled without a transaction. A batch is handed over
-// when it is full or when the range is exhausted; the limiter is waited on
-// once per record as it joins the batch. Stats count a batch's records,
-// and advance Next past them, only once the handler returned nil, so a
-// replay that stopped resumes at the first record of the failed batch. A
-// negative BatchSize is an [*effects.ConfigError], like Replay's.
-func ReplayBatch(ctx context.Context, client *kgo.Client, opts ReplayOptions, handler ReplayBatchHandler) (ReplayStats, error) {
+// ReplayBatch is [Replay] with a handler that takes up to
+// [WithReplayBatchSize] records at a time (default
+// [DefaultReplayBatchSize]): the form for a handler that does one query or
+// one transaction per batch, such as postgres.ApplyBatch with
+// postgres.WithPrecheck, which replays the records already handled without
+// a transaction. A batch is handed over when it is full or when the range
+// is exhausted; the limiter is waited on once per record as it joins the
+// batch. Stats count a batch's records, and advance Next past them, only
+// once the handler returned nil, so a replay that stopped resumes at the
+// first record of the failed batch. Bad arguments and options are an
+// [*effects.ConfigError] before any I/O, as for Replay.
+func ReplayBatch(ctx context.Context, client *kgo.Client, topic string, handler ReplayBatchHandler, opts ...ReplayOption) (ReplayStats, error) {
 	const op = "kafka.ReplayBatch"
-	size := opts.BatchSize
-	switch {
-	case size < 0:
-		return newReplayStats(), &effects.ConfigError{Op: op, Option: "BatchSize", Reason: "negative; 0 means DefaultReplayBatchSize"}
-	case size == 0:
-		size = DefaultReplayBatchSize
-	}
 	if handler == nil {
 		return newReplayStats(), &effects.ConfigError{Op: op, Option: "handler", Reason: "nil"}
 	}
-	return replay(ctx, op, client, opts, size, handler)
+	cfg, err := newReplayConfig(op, client, topic, true, opts)
+	if err != nil {
+		return newReplayStats(), err
+	}
+	return replay(ctx, op, client, topic, cfg, handler)
+}
+
+// newReplayConfig applies opts and validates them with client and topic;
+// batched says whether the caller is ReplayBatch, the only one that takes
+// a batch size. It does no I/O.
+func newReplayConfig(op string, client *kgo.Client, topic string, batched bool, opts []ReplayOption) (replayConfig, error) {
+	cfg := replayConfig{batchSize: 1}
+	if batched {
+		cfg.batchSize = DefaultReplayBatchSize
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	bad := func(option, format string, args ...any) (replayConfig, error) {
+		return cfg, &effects.ConfigError{Op: op, Option: option, Reason: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case client == nil:
+		return bad("client", "nil")
+	case topic == "":
+		return bad("topic", "empty")
+	case cfg.partitionsSet && len(cfg.partitions) == 0:
+		return bad("WithReplayPartitions", "no partitions; leave the option out to replay them all")
+	case slices.ContainsFunc(cfg.partitions, func(p int32) bool { return p < 0 }):
+		return bad("WithReplayPartitions", "negative partition in %v", cfg.partitions)
+	case cfg.start < 0:
+		return bad("WithReplayOffsetRange", "negative start %d; 0 means the log start", cfg.start)
+	case cfg.end > 0 && cfg.end < cfg.start:
+		return bad("WithReplayOffsetRange", "end %d before start %d", cfg.end, cfg.start)
+	case !cfg.from.IsZero() && !cfg.to.IsZero() && cfg.to.Before(cfg.from):
+		return bad("WithReplayTimeRange", "to %s before from %s", cfg.to.Format(time.RFC3339Nano), cfg.from.Format(time.RFC3339Nano))
+	case cfg.rate < 0:
+		return bad("WithReplayRate", "negative limit %v; 0 means no limit", cfg.rate)
+	case cfg.burst < 0:
+		return bad("WithReplayRate", "negative burst %d; 0 means %d", cfg.burst, DefaultReplayBurst)
+	case cfg.limiterSet && cfg.limiter == nil:
+		return bad("WithReplayLimiter", "nil; leave the option out for no limit")
+	case cfg.limiterSet && cfg.rateSet:
+		return bad("WithReplayLimiter", "given with WithReplayRate; the limiter would replace the rate")
+	case cfg.batchSizeSet && !batched:
+		return bad("WithReplayBatchSize", "only ReplayBatch heeds it")
+	case cfg.batchSize < 1:
+		return bad("WithReplayBatchSize", "%d records; need at least 1", cfg.batchSize)
+	}
+	if vs := client.OptValues(kgo.TransactionalID); len(vs) == 2 && vs[1] == true {
+		return bad("client", "transactional; pass a non-transactional client (Replay builds its consumer from its options)")
+	}
+	return cfg, nil
 }
 
 func newReplayStats() ReplayStats {
@@ -157,26 +260,13 @@ func newReplayStats() ReplayStats {
 }
 
 // replay runs Replay and ReplayBatch: it hands handler batches of up to
-// size records.
-func replay(ctx context.Context, op string, client *kgo.Client, opts ReplayOptions, size int, handler ReplayBatchHandler) (ReplayStats, error) {
+// cfg.batchSize records.
+func replay(ctx context.Context, op string, client *kgo.Client, topic string, cfg replayConfig, handler ReplayBatchHandler) (ReplayStats, error) {
 	stats := newReplayStats()
-	switch {
-	case client == nil:
-		return stats, &effects.ConfigError{Op: op, Option: "client", Reason: "nil"}
-	case opts.Topic == "":
-		return stats, &effects.ConfigError{Op: op, Option: "Topic", Reason: "empty"}
-	case opts.Rate < 0:
-		return stats, &effects.ConfigError{Op: op, Option: "Rate", Reason: "negative; 0 means no limit"}
-	case opts.Burst < 0:
-		return stats, &effects.ConfigError{Op: op, Option: "Burst", Reason: "negative; 0 means 1"}
-	}
-	if vs := client.OptValues(kgo.TransactionalID); len(vs) == 2 && vs[1] == true {
-		return stats, &effects.ConfigError{Op: op, Option: "client",
-			Reason: "transactional; pass a non-transactional client (Replay builds its consumer from its options)"}
-	}
-	ranges, err := replayRanges(ctx, kadm.NewClient(client), opts)
+	size := cfg.batchSize
+	ranges, err := replayRanges(ctx, kadm.NewClient(client), topic, cfg)
 	if err != nil {
-		return stats, fmt.Errorf("%s %s: %w", op, opts.Topic, err)
+		return stats, fmt.Errorf("%s %s: %w", op, topic, err)
 	}
 	var total int64
 	starts := map[int32]kgo.Offset{}
@@ -191,17 +281,17 @@ func replay(ctx context.Context, op string, client *kgo.Client, opts ReplayOptio
 	if len(starts) == 0 {
 		return stats, nil
 	}
-	lim := opts.Limiter
+	lim := cfg.limiter
 	if lim == nil {
-		lim = newLimiter(opts.Rate, opts.Burst)
+		lim = newLimiter(cfg.rate, cfg.burst)
 	}
-	bar := newProgress(opts.Progress, opts.Topic, total)
+	bar := newProgress(cfg.progress, topic, total)
 	defer bar.finish()
 
 	rc, err := kgo.NewClient(append(client.Opts(),
 		kgo.ConsumerGroup(""),
 		kgo.ConsumeTopics(),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{opts.Topic: starts}),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: starts}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		// Control records mark where a transaction ended; we need to see
 		// them to know that a range ending on one is done.
@@ -231,7 +321,7 @@ func replay(ctx context.Context, op string, client *kgo.Client, opts ReplayOptio
 				if len(batch) > 1 {
 					where = fmt.Sprintf("a batch of %d records from %s", len(batch), where)
 				}
-				return fmt.Errorf("%s %s: handler at %s: %w", op, opts.Topic, where, err)
+				return fmt.Errorf("%s %s: handler at %s: %w", op, topic, where, err)
 			}
 			stats.Records += len(batch)
 			clear(batch) // drop the references for the garbage collector
@@ -252,7 +342,7 @@ func replay(ctx context.Context, op string, client *kgo.Client, opts ReplayOptio
 		var ferr error
 		fs.EachError(func(_ string, _ int32, err error) { ferr = errors.Join(ferr, err) })
 		if ferr != nil {
-			return stats, fmt.Errorf("%s %s: fetching: %w", op, opts.Topic, ferr)
+			return stats, fmt.Errorf("%s %s: fetching: %w", op, topic, ferr)
 		}
 		var herr error
 		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
@@ -295,16 +385,16 @@ func replay(ctx context.Context, op string, client *kgo.Client, opts ReplayOptio
 	return stats, nil
 }
 
-// replayRanges resolves opts to a range per partition.
-func replayRanges(ctx context.Context, adm *kadm.Client, o ReplayOptions) (map[int32]OffsetRange, error) {
-	lso, err := adm.ListCommittedOffsets(ctx, o.Topic)
+// replayRanges resolves cfg to a range per partition of topic.
+func replayRanges(ctx context.Context, adm *kadm.Client, topic string, cfg replayConfig) (map[int32]OffsetRange, error) {
+	lso, err := adm.ListCommittedOffsets(ctx, topic)
 	if err == nil {
 		err = lso.Error()
 	}
 	if err != nil {
 		return nil, fmt.Errorf("listing end offsets: %w", err)
 	}
-	logStart, err := adm.ListStartOffsets(ctx, o.Topic)
+	logStart, err := adm.ListStartOffsets(ctx, topic)
 	if err == nil {
 		err = logStart.Error()
 	}
@@ -312,13 +402,13 @@ func replayRanges(ctx context.Context, adm *kadm.Client, o ReplayOptions) (map[i
 		return nil, fmt.Errorf("listing start offsets: %w", err)
 	}
 	var from, to kadm.ListedOffsets
-	if !o.From.IsZero() {
-		if from, err = afterMilli(ctx, adm, o.From, o.Topic); err != nil {
+	if !cfg.from.IsZero() {
+		if from, err = afterMilli(ctx, adm, cfg.from, topic); err != nil {
 			return nil, err
 		}
 	}
-	if !o.To.IsZero() {
-		if to, err = afterMilli(ctx, adm, o.To, o.Topic); err != nil {
+	if !cfg.to.IsZero() {
+		if to, err = afterMilli(ctx, adm, cfg.to, topic); err != nil {
 			return nil, err
 		}
 	}
@@ -326,25 +416,25 @@ func replayRanges(ctx context.Context, adm *kadm.Client, o ReplayOptions) (map[i
 	var bad error
 	lso.Each(func(l kadm.ListedOffset) {
 		p := l.Partition
-		if o.Partitions != nil && !slices.Contains(o.Partitions, p) {
+		if cfg.partitions != nil && !slices.Contains(cfg.partitions, p) {
 			return
 		}
-		start := o.StartOffset
+		start := cfg.start
 		if from != nil {
-			start = lookup(from, o.Topic, p, l.Offset)
+			start = lookup(from, topic, p, l.Offset)
 		}
-		if s := lookup(logStart, o.Topic, p, 0); start < s {
+		if s := lookup(logStart, topic, p, 0); start < s {
 			start = s
 		}
 		end := l.Offset
 		if to != nil {
-			end = min(end, lookup(to, o.Topic, p, l.Offset))
-		} else if o.EndOffset > 0 {
-			end = min(end, o.EndOffset)
+			end = min(end, lookup(to, topic, p, l.Offset))
+		} else if cfg.end > 0 {
+			end = min(end, cfg.end)
 		}
 		out[p] = OffsetRange{Start: start, End: max(start, end)}
 	})
-	for _, p := range o.Partitions {
+	for _, p := range cfg.partitions {
 		if _, ok := out[p]; !ok {
 			bad = errors.Join(bad, fmt.Errorf("partition %d does not exist", p))
 		}
@@ -379,7 +469,10 @@ func newLimiter(r rate.Limit, b int) Limiter {
 	if r == 0 || r == rate.Inf {
 		return rate.NewLimiter(rate.Inf, 1)
 	}
-	return rate.NewLimiter(r, max(b, 1))
+	if b == 0 {
+		b = DefaultReplayBurst
+	}
+	return rate.NewLimiter(r, b)
 }
 
 // progress is a one-line progress bar.

@@ -67,9 +67,8 @@ func TestReplayOffsetRange(t *testing.T) {
 	c := kafkatest.New(t)
 	topic := seedTopic(t, c, 2, 20, time.Now())
 	var h collect
-	st, err := kafka.Replay(context.Background(), c.Client(t), kafka.ReplayOptions{
-		Topic: topic, StartOffset: 5, EndOffset: 15, Progress: &bytes.Buffer{},
-	}, h.handle)
+	st, err := kafka.Replay(context.Background(), c.Client(t), topic, h.handle,
+		kafka.WithReplayOffsetRange(5, 15), kafka.WithReplayProgress(&bytes.Buffer{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,15 +89,14 @@ func TestReplayOffsetRange(t *testing.T) {
 
 	// One partition, to the end of the log.
 	h = collect{}
-	if _, err := kafka.Replay(context.Background(), c.Client(t), kafka.ReplayOptions{
-		Topic: topic, Partitions: []int32{1}, StartOffset: 18, Progress: &bytes.Buffer{},
-	}, h.handle); err != nil {
+	if _, err := kafka.Replay(context.Background(), c.Client(t), topic, h.handle,
+		kafka.WithReplayPartitions(1), kafka.WithReplayOffsetRange(18, 0), kafka.WithReplayProgress(&bytes.Buffer{})); err != nil {
 		t.Fatal(err)
 	}
 	if got := fmt.Sprint(h.seen); got != "map[1:[18 19]]" {
 		t.Errorf("got %s, want partition 1 offsets 18 and 19", got)
 	}
-	if _, err := kafka.Replay(context.Background(), c.Client(t), kafka.ReplayOptions{Topic: topic, Partitions: []int32{7}}, h.handle); err == nil {
+	if _, err := kafka.Replay(context.Background(), c.Client(t), topic, h.handle, kafka.WithReplayPartitions(7)); err == nil {
 		t.Error("replaying a partition that does not exist succeeded")
 	}
 }
@@ -108,9 +106,8 @@ func TestReplayTimeRange(t *testing.T) {
 	base := time.Now().Add(-time.Hour).Truncate(time.Second)
 	topic := seedTopic(t, c, 1, 20, base)
 	var h collect
-	if _, err := kafka.Replay(context.Background(), c.Client(t), kafka.ReplayOptions{
-		Topic: topic, From: base.Add(5 * time.Second), To: base.Add(10 * time.Second), Progress: &bytes.Buffer{},
-	}, h.handle); err != nil {
+	if _, err := kafka.Replay(context.Background(), c.Client(t), topic, h.handle,
+		kafka.WithReplayTimeRange(base.Add(5*time.Second), base.Add(10*time.Second)), kafka.WithReplayProgress(&bytes.Buffer{})); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := fmt.Sprint(h.seen[0]), fmt.Sprint(span(5, 10)); got != want {
@@ -144,11 +141,11 @@ func TestReplayRateLimit(t *testing.T) {
 	var events []string
 	start := time.Unix(1_000_000, 0)
 	lim := &virtualLimiter{lim: rate.NewLimiter(10, 1), now: start, events: &events}
-	st, err := kafka.Replay(context.Background(), c.Client(t), kafka.ReplayOptions{Topic: topic, Limiter: lim, Progress: &bytes.Buffer{}},
+	st, err := kafka.Replay(context.Background(), c.Client(t), topic,
 		func(context.Context, *kgo.Record) error {
 			events = append(events, "handle")
 			return nil
-		})
+		}, kafka.WithReplayLimiter(lim), kafka.WithReplayProgress(&bytes.Buffer{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,11 +187,11 @@ func TestReplayEndsOnTransactionMarker(t *testing.T) {
 	var values []string
 	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	st, err := kafka.Replay(rctx, c.Client(t), kafka.ReplayOptions{Topic: topic, Progress: &bytes.Buffer{}},
+	st, err := kafka.Replay(rctx, c.Client(t), topic,
 		func(_ context.Context, r *kgo.Record) error {
 			values = append(values, string(r.Value))
 			return nil
-		})
+		}, kafka.WithReplayProgress(&bytes.Buffer{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,13 +204,13 @@ func TestReplayEndsOnTransactionMarker(t *testing.T) {
 
 	// The same in batches: the range still ends, and Next passes the marker.
 	values = nil
-	st, err = kafka.ReplayBatch(rctx, c.Client(t), kafka.ReplayOptions{Topic: topic, BatchSize: 3, Progress: &bytes.Buffer{}},
+	st, err = kafka.ReplayBatch(rctx, c.Client(t), topic,
 		func(_ context.Context, recs []*kgo.Record) error {
 			for _, r := range recs {
 				values = append(values, string(r.Value))
 			}
 			return nil
-		})
+		}, kafka.WithReplayBatchSize(3), kafka.WithReplayProgress(&bytes.Buffer{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,13 +224,13 @@ func TestReplayHandlerErrorStops(t *testing.T) {
 	topic := seedTopic(t, c, 1, 10, time.Now())
 	boom := errors.New("boom")
 	var progress bytes.Buffer
-	st, err := kafka.Replay(context.Background(), c.Client(t), kafka.ReplayOptions{Topic: topic, Progress: &progress, Rate: 1e6},
+	st, err := kafka.Replay(context.Background(), c.Client(t), topic,
 		func(_ context.Context, r *kgo.Record) error {
 			if r.Offset == 4 {
 				return boom
 			}
 			return nil
-		})
+		}, kafka.WithReplayProgress(&progress), kafka.WithReplayRate(1e6, 0))
 	if !errors.Is(err, boom) {
 		t.Fatalf("Replay = %v, want the handler's error", err)
 	}
@@ -249,8 +246,8 @@ func TestReplayProgressBar(t *testing.T) {
 	c := kafkatest.New(t)
 	topic := seedTopic(t, c, 1, 10, time.Now())
 	var progress bytes.Buffer
-	if _, err := kafka.Replay(context.Background(), c.Client(t), kafka.ReplayOptions{Topic: topic, Progress: &progress},
-		func(context.Context, *kgo.Record) error { return nil }); err != nil {
+	if _, err := kafka.Replay(context.Background(), c.Client(t), topic,
+		func(context.Context, *kgo.Record) error { return nil }, kafka.WithReplayProgress(&progress)); err != nil {
 		t.Fatal(err)
 	}
 	out := progress.String()
@@ -271,9 +268,7 @@ func TestReplayBatch(t *testing.T) {
 		var sizes []int
 		var events []string
 		lim := &virtualLimiter{lim: rate.NewLimiter(rate.Inf, 1), now: time.Unix(0, 0), events: &events}
-		st, err := kafka.ReplayBatch(context.Background(), c.Client(t), kafka.ReplayOptions{
-			Topic: topic, StartOffset: 3, BatchSize: 10, Limiter: lim, Progress: &bytes.Buffer{},
-		}, func(ctx context.Context, recs []*kgo.Record) error {
+		st, err := kafka.ReplayBatch(context.Background(), c.Client(t), topic, func(ctx context.Context, recs []*kgo.Record) error {
 			sizes = append(sizes, len(recs))
 			for _, r := range recs {
 				if err := h.handle(ctx, r); err != nil {
@@ -281,7 +276,7 @@ func TestReplayBatch(t *testing.T) {
 				}
 			}
 			return nil
-		})
+		}, kafka.WithReplayOffsetRange(3, 0), kafka.WithReplayBatchSize(10), kafka.WithReplayLimiter(lim), kafka.WithReplayProgress(&bytes.Buffer{}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -308,15 +303,15 @@ func TestReplayBatch(t *testing.T) {
 
 	t.Run("a failed batch is not counted and the replay resumes at its first record", func(t *testing.T) {
 		boom := errors.New("boom")
-		opts := kafka.ReplayOptions{Topic: topic, Partitions: []int32{0}, BatchSize: 10, Progress: &bytes.Buffer{}}
+		opts := []kafka.ReplayOption{kafka.WithReplayPartitions(0), kafka.WithReplayBatchSize(10), kafka.WithReplayProgress(&bytes.Buffer{})}
 		calls := 0
-		st, err := kafka.ReplayBatch(context.Background(), c.Client(t), opts, func(_ context.Context, recs []*kgo.Record) error {
+		st, err := kafka.ReplayBatch(context.Background(), c.Client(t), topic, func(_ context.Context, recs []*kgo.Record) error {
 			calls++
 			if calls == 2 {
 				return boom
 			}
 			return nil
-		})
+		}, opts...)
 		if !errors.Is(err, boom) || !strings.Contains(err.Error(), "a batch of 10 records from 0/10") {
 			t.Fatalf("ReplayBatch = %v, want the handler's error naming the batch", err)
 		}
@@ -324,13 +319,13 @@ func TestReplayBatch(t *testing.T) {
 			t.Fatalf("records %d next %d, want 10 and 10", st.Records, st.Next[0])
 		}
 		var h collect
-		opts.StartOffset = st.Next[0]
-		if _, err := kafka.ReplayBatch(context.Background(), c.Client(t), opts, func(ctx context.Context, recs []*kgo.Record) error {
+		opts = append(opts, kafka.WithReplayOffsetRange(st.Next[0], 0))
+		if _, err := kafka.ReplayBatch(context.Background(), c.Client(t), topic, func(ctx context.Context, recs []*kgo.Record) error {
 			for _, r := range recs {
 				_ = h.handle(ctx, r)
 			}
 			return nil
-		}); err != nil {
+		}, opts...); err != nil {
 			t.Fatal(err)
 		}
 		if got, want := fmt.Sprint(h.seen[0]), fmt.Sprint(span(10, 25)); got != want {
@@ -339,43 +334,53 @@ func TestReplayBatch(t *testing.T) {
 	})
 }
 
-// TestReplayRefusesBadOptions: each mistake is a ConfigError naming it,
-// before any I/O (the client points at a closed port).
+// TestReplayRefusesBadOptions: each mistake is a ConfigError naming the
+// argument or option, before any I/O (the client points at a closed port).
 func TestReplayRefusesBadOptions(t *testing.T) {
 	client, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	ctx := context.Background()
+	txn, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"), kgo.TransactionalID("replay-txn"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer txn.Close()
+	// A case that got past validation would dial the closed port until
+	// this deadline and fail with something else than a ConfigError.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	one := func(context.Context, *kgo.Record) error { return nil }
 	many := func(context.Context, []*kgo.Record) error { return nil }
+	replay := func(opts ...kafka.ReplayOption) func() error {
+		return func() error { _, err := kafka.Replay(ctx, client, "t", one, opts...); return err }
+	}
+	batch := func(opts ...kafka.ReplayOption) func() error {
+		return func() error { _, err := kafka.ReplayBatch(ctx, client, "t", many, opts...); return err }
+	}
+	at := time.Date(2025, 3, 1, 14, 0, 0, 0, time.UTC)
 	for _, tc := range []struct {
 		name, option string
 		run          func() error
 	}{
-		{"Replay with a BatchSize", "BatchSize", func() error {
-			_, err := kafka.Replay(ctx, client, kafka.ReplayOptions{Topic: "t", BatchSize: 10}, one)
-			return err
-		}},
-		{"negative BatchSize", "BatchSize", func() error {
-			_, err := kafka.ReplayBatch(ctx, client, kafka.ReplayOptions{Topic: "t", BatchSize: -1}, many)
-			return err
-		}},
-		{"no topic", "Topic", func() error { _, err := kafka.ReplayBatch(ctx, client, kafka.ReplayOptions{}, many); return err }},
-		{"no client", "client", func() error { _, err := kafka.Replay(ctx, nil, kafka.ReplayOptions{Topic: "t"}, one); return err }},
-		{"no handler", "handler", func() error {
-			_, err := kafka.ReplayBatch(ctx, client, kafka.ReplayOptions{Topic: "t"}, nil)
-			return err
-		}},
-		{"negative rate", "Rate", func() error {
-			_, err := kafka.Replay(ctx, client, kafka.ReplayOptions{Topic: "t", Rate: -1}, one)
-			return err
-		}},
-		{"negative burst", "Burst", func() error {
-			_, err := kafka.Replay(ctx, client, kafka.ReplayOptions{Topic: "t", Burst: -1}, one)
-			return err
-		}},
+		{"Replay with a batch size", "WithReplayBatchSize", replay(kafka.WithReplayBatchSize(10))},
+		{"negative batch size", "WithReplayBatchSize", batch(kafka.WithReplayBatchSize(-1))},
+		{"zero batch size", "WithReplayBatchSize", batch(kafka.WithReplayBatchSize(0))},
+		{"no topic", "topic", func() error { _, err := kafka.ReplayBatch(ctx, client, "", many); return err }},
+		{"no client", "client", func() error { _, err := kafka.Replay(ctx, nil, "t", one); return err }},
+		{"transactional client", "client", func() error { _, err := kafka.Replay(ctx, txn, "t", one); return err }},
+		{"no handler", "handler", func() error { _, err := kafka.ReplayBatch(ctx, client, "t", nil); return err }},
+		{"no handler for Replay", "handler", func() error { _, err := kafka.Replay(ctx, client, "t", nil); return err }},
+		{"negative rate", "WithReplayRate", replay(kafka.WithReplayRate(-1, 0))},
+		{"negative burst", "WithReplayRate", replay(kafka.WithReplayRate(10, -1))},
+		{"no partitions", "WithReplayPartitions", replay(kafka.WithReplayPartitions())},
+		{"negative partition", "WithReplayPartitions", batch(kafka.WithReplayPartitions(0, -1))},
+		{"negative start offset", "WithReplayOffsetRange", replay(kafka.WithReplayOffsetRange(-1, 0))},
+		{"end offset before start", "WithReplayOffsetRange", replay(kafka.WithReplayOffsetRange(10, 5))},
+		{"to before from", "WithReplayTimeRange", batch(kafka.WithReplayTimeRange(at, at.Add(-time.Second)))},
+		{"nil limiter", "WithReplayLimiter", replay(kafka.WithReplayLimiter(nil))},
+		{"limiter and rate", "WithReplayLimiter", replay(kafka.WithReplayRate(10, 1), kafka.WithReplayLimiter(rate.NewLimiter(10, 1)))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.run()
@@ -384,6 +389,33 @@ func TestReplayRefusesBadOptions(t *testing.T) {
 				t.Fatalf("err = %v, want a ConfigError about %s", err, tc.option)
 			}
 		})
+	}
+}
+
+// TestReplayDefaults: without options (nil ones are ignored) Replay
+// re-feeds every record of every partition, and ReplayBatch hands them
+// over DefaultReplayBatchSize at a time.
+func TestReplayDefaults(t *testing.T) {
+	c := kafkatest.New(t)
+	const n = kafka.DefaultReplayBatchSize + 1
+	topic := seedTopic(t, c, 1, n, time.Now())
+	var h collect
+	st, err := kafka.Replay(context.Background(), c.Client(t), topic, h.handle, nil, kafka.WithReplayProgress(io.Discard), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := fmt.Sprint(h.seen[0]), fmt.Sprint(span(0, n)); got != want || st.Records != n || st.Next[0] != n {
+		t.Errorf("replayed %d records, next %d, in order %v; want every offset of [0, %d) once", st.Records, st.Next[0], got == want, n)
+	}
+	var sizes []int
+	if _, err := kafka.ReplayBatch(context.Background(), c.Client(t), topic, func(_ context.Context, recs []*kgo.Record) error {
+		sizes = append(sizes, len(recs))
+		return nil
+	}, nil, kafka.WithReplayProgress(io.Discard)); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := fmt.Sprint(sizes), fmt.Sprint([]int{kafka.DefaultReplayBatchSize, 1}); got != want {
+		t.Errorf("batch sizes %s, want %s", got, want)
 	}
 }
 
@@ -405,7 +437,7 @@ func ExampleReplayBatch() {
 		}
 	}
 
-	stats, err := kafka.ReplayBatch(ctx, client, kafka.ReplayOptions{Topic: "orders", BatchSize: 2, Progress: io.Discard},
+	stats, err := kafka.ReplayBatch(ctx, client, "orders",
 		func(_ context.Context, recs []*kgo.Record) error {
 			fmt.Printf("batch of %d:", len(recs))
 			for _, r := range recs {
@@ -413,7 +445,7 @@ func ExampleReplayBatch() {
 			}
 			fmt.Println()
 			return nil
-		})
+		}, kafka.WithReplayBatchSize(2), kafka.WithReplayProgress(io.Discard))
 	if err != nil {
 		log.Fatal(err)
 	}
