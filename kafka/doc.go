@@ -46,7 +46,11 @@
 // default). The outbox moved to package effectively.dev/kafka/outbox
 // (MigrateOutbox, OutboxMessage, PruneOutbox and WithRelayErrors are now
 // outbox.Migrate, outbox.Message, outbox.Prune and
-// outbox.WithErrorHandler).
+// outbox.WithErrorHandler). Replay and ReplayBatch take the topic and
+// [ReplayOption] values ([WithReplayOffsetRange], [WithReplayTimeRange],
+// [WithReplayRate], ...) instead of a ReplayOptions struct, and refuse
+// what they used to reinterpret quietly (an empty partition list, a
+// negative start, an end before the start, a limiter with a rate).
 //
 // When not to use it: if your consumer's effect lives in your database, a
 // dedup row in the same database transaction (package postgres) is
