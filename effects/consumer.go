@@ -231,6 +231,13 @@ type ConsumerStats struct {
 	// stayed unacked (no dead-letter hook, or the hook failed, or shutdown
 	// had begun), and failed Acks. It is the number to alert on.
 	Failed int64
+	// Released counts retries handed back to a [Releaser] source instead
+	// of run in place (each is also counted in Retried).
+	Released int64
+	// Dropped counts deliveries the consumer let go unhandled because the
+	// source no longer owned them ([OwnershipChecker]): a revoked
+	// partition, an expired acquisition lock. Their new owner handles them.
+	Dropped int64
 }
 
 // Consumer takes deliveries from a [Source], hands each to a [Handler], and
@@ -255,7 +262,11 @@ type ConsumerStats struct {
 // [WithMaxPending] deliveries taken from the source and not yet finished.
 //
 // What it never does: ack a delivery whose handler failed or was
-// interrupted, ack a delivery twice, or drop one. When a delivery can
+// interrupted, ack a delivery twice, or drop one the source still owns (a
+// source that is an [OwnershipChecker] may say a delivery is no longer its
+// own, a revoked partition: the consumer then drops it before its next
+// attempt, counted in [ConsumerStats].Dropped, and the new owner handles
+// it). When a delivery can
 // neither succeed nor be dead-lettered (no hook, or the hook fails), it
 // stays unacked and is retried every max backoff, each round reported as
 // [EventFailed] and counted in [ConsumerStats].Failed, rather than stopping
@@ -274,6 +285,13 @@ type ConsumerStats struct {
 // were queued or running (kafka.ErrRevoked): the partition's new owner
 // handles them too.
 //
+// Attempts are counted from [Delivery].Attempt when the source knows it (a
+// share group's delivery count), so the budget holds across processes. With
+// a [Releaser] source, a delivery without an Ordering that is to be retried
+// is released back to the broker after its backoff instead of retried in
+// place (counted in [ConsumerStats].Released); if the release fails it is
+// retried in place.
+//
 // The consumer does not recover panics: a panicking handler crashes the
 // process, and its delivery, unacked, is delivered again after the restart.
 //
@@ -285,6 +303,7 @@ type Consumer struct {
 
 	running                                       atomic.Bool
 	delivered, acked, retried, deadLettered, fail atomic.Int64
+	released, dropped                             atomic.Int64
 	log                                           ratelog.Limiter // without an observer
 }
 
@@ -355,6 +374,8 @@ func (c *Consumer) Stats() ConsumerStats {
 		Retried:      c.retried.Load(),
 		DeadLettered: c.deadLettered.Load(),
 		Failed:       c.fail.Load(),
+		Released:     c.released.Load(),
+		Dropped:      c.dropped.Load(),
 	}
 }
 
@@ -517,7 +538,11 @@ func (r *run) fetch() error {
 		if r.ctx.Err() != nil {
 			return nil // shutting down: left unacked, delivered again
 		}
-		r.dispatch(&task{d: d})
+		t := &task{d: d}
+		if d.Attempt > 1 {
+			t.attempt = d.Attempt - 1 // the source's earlier attempts count
+		}
+		r.dispatch(t)
 	}
 }
 
@@ -580,9 +605,40 @@ func (r *run) retryAfter(t *task, delay time.Duration) {
 		delete(r.timers, t)
 		r.mu.Unlock()
 		if r.ctx.Err() == nil {
-			r.ready <- t
+			r.resume(t)
 		}
 	})
+}
+
+// resume takes t up again after its backoff: drops it if the source no
+// longer owns it, releases it to a [Releaser] source (deliveries without an
+// Ordering only: a released delivery would lose its turn), or makes it
+// ready to retry in place.
+func (r *run) resume(t *task) {
+	if !r.owns(t) {
+		r.settle([]*task{t}, []error{errNotOwned}, 0)
+		return
+	}
+	if rel, ok := r.c.src.(Releaser); ok && t.lane == nil {
+		err := rel.Release(r.hctx, t.d)
+		if err == nil {
+			r.c.released.Add(1)
+			<-r.slots
+			return
+		}
+		r.failed(t, 0, fmt.Errorf("release for redelivery failed; retrying in place: %w", err))
+	}
+	r.ready <- t
+}
+
+// errNotOwned settles a delivery the source no longer owns: dropped.
+var errNotOwned = errors.New("effects: delivery no longer owned by this source")
+
+// owns reports whether the source still owns t's delivery (true for a
+// source that does not say).
+func (r *run) owns(t *task) bool {
+	oc, ok := r.c.src.(OwnershipChecker)
+	return !ok || oc.Owns(t.d)
 }
 
 // worker hands ready deliveries to the Handler one at a time.
@@ -595,6 +651,10 @@ func (r *run) worker() {
 		case t := <-r.ready:
 			if r.ctx.Err() != nil {
 				return // not started: left unacked
+			}
+			if !r.owns(t) {
+				r.settle([]*task{t}, []error{errNotOwned}, 0)
+				continue
 			}
 			t.attempt++
 			start := time.Now()
@@ -619,19 +679,32 @@ func (r *run) batchWorker() {
 		if r.ctx.Err() != nil {
 			return // not started: left unacked
 		}
-		ds := make([]Delivery, len(batch))
+		errs := make([]error, len(batch))
+		ds := make([]Delivery, 0, len(batch))
+		var owned []int // batch indexes of ds
 		for i, t := range batch {
+			if !r.owns(t) {
+				errs[i] = errNotOwned
+				continue
+			}
 			t.attempt++
-			ds[i] = t.d
+			ds = append(ds, t.d)
+			owned = append(owned, i)
 		}
-		start := time.Now()
-		errs := r.c.cfg.batch(r.hctx, ds)
-		took := time.Since(start)
-		if len(errs) != len(ds) {
-			err := fmt.Errorf("%w: %d results for %d deliveries", ErrBatchResults, len(errs), len(ds))
-			errs = make([]error, len(ds))
-			for i := range errs {
-				errs[i] = err
+		var took time.Duration
+		if len(ds) > 0 {
+			start := time.Now()
+			res := r.c.cfg.batch(r.hctx, ds)
+			took = time.Since(start)
+			if len(res) != len(ds) {
+				err := fmt.Errorf("%w: %d results for %d deliveries", ErrBatchResults, len(res), len(ds))
+				res = make([]error, len(ds))
+				for i := range res {
+					res[i] = err
+				}
+			}
+			for j, i := range owned {
+				errs[i] = res[j]
 			}
 		}
 		r.settle(batch, errs, took)
@@ -736,6 +809,9 @@ func (r *run) settle(tasks []*task, errs []error, took time.Duration) {
 		err := errs[i]
 		if t.lane != nil && blocked[t.lane] {
 			switch {
+			case err == errNotOwned:
+				r.c.dropped.Add(1)
+				outs[i] = outDone
 			case err == nil:
 				r.ack(t)
 				outs[i] = outDone
@@ -804,6 +880,10 @@ func (r *run) settleOne(t *task, err error, took time.Duration) (outcome, time.D
 	c := r.c
 	if err == nil {
 		r.ack(t)
+		return outDone, 0
+	}
+	if err == errNotOwned {
+		c.dropped.Add(1)
 		return outDone, 0
 	}
 	if r.ctx.Err() != nil {

@@ -96,7 +96,7 @@ func ExampleNewConsumer() {
 	// evt_2 applied note-2
 	// evt_1 replayed note-1
 	// evt_3 dead-lettered, poison: true
-	// {Delivered:4 Acked:4 Retried:0 DeadLettered:1 Failed:0}
+	// {Delivered:4 Acked:4 Retried:0 DeadLettered:1 Failed:0 Released:0 Dropped:0}
 }
 
 // Batches take a run of one Ordering (a Kafka partition's records) in
@@ -141,5 +141,5 @@ func ExampleWithBatch() {
 	fmt.Printf("%+v\n", c.Stats())
 	// Output:
 	// batch: a-1 a-2 a-3 b-1
-	// {Delivered:4 Acked:4 Retried:0 DeadLettered:0 Failed:0}
+	// {Delivered:4 Acked:4 Retried:0 DeadLettered:0 Failed:0 Released:0 Dropped:0}
 }

@@ -16,6 +16,11 @@ type Delivery struct {
 	Body []byte
 	// Headers are the message's headers or attributes.
 	Headers map[string]string
+	// Attempt is the delivery attempt the source knows this to be, from 1
+	// (a Kafka share group's delivery count), or 0 when the source does not
+	// know. A [Consumer] counts its attempts from it, so WithMaxAttempts
+	// holds across processes and redeliveries.
+	Attempt int
 
 	// Token is the source's own handle for Ack (e.g. a Kafka record); a
 	// consumer passes it back untouched.
@@ -35,4 +40,31 @@ type Source interface {
 	// offsets) commits a position only once every earlier delivery with the
 	// same Ordering was acked, so acking out of order never skips a message.
 	Ack(ctx context.Context, d Delivery) error
+}
+
+// Releaser is implemented by a source that can hand an unacked delivery
+// back to the broker for redelivery, to this consumer or another (a Kafka
+// share group's Release). A [Consumer] releases a delivery whose attempt
+// failed and is to be retried, after the backoff, instead of retrying it in
+// place, so the retry may run on a healthier member and the attempt counts
+// in the broker's delivery count. If Release fails, the consumer keeps the
+// delivery and retries it in place; a source may refuse to release (for
+// example a delivery on its broker's last allowed attempt, which the broker
+// would otherwise archive without the dead-letter hook seeing it).
+type Releaser interface {
+	// Release hands d back unacked. After a nil return the consumer forgets d.
+	Release(ctx context.Context, d Delivery) error
+}
+
+// OwnershipChecker is implemented by a source whose deliveries can stop
+// being this consumer's to handle before they are acked: a Kafka partition
+// revoked in a rebalance, an acquisition lock that expired. A [Consumer]
+// asks before each attempt (and each retry) and drops a delivery the source
+// no longer owns, without handling, acking or dead-lettering it: the new
+// owner handles it, and running it here would only duplicate that work
+// (safely, since handlers are idempotent, but at a cost).
+type OwnershipChecker interface {
+	// Owns reports whether d may still be handled and acked here. It must
+	// be cheap and must not block: it runs before every attempt.
+	Owns(d Delivery) bool
 }
