@@ -107,10 +107,15 @@ func TestSIGKILLTortureAckFirst(t *testing.T) {
 		t.Errorf("negative control: the worker acked every event before applying it, but the checker reports only %d of %d acked events as acked before commit",
 			v.AckBeforeCommit, v.Acked)
 	}
-	// Acking early loses events; it must not duplicate them or break the
-	// rest of the bookkeeping.
+	// Acking early loses events; it must not duplicate ledger rows or break
+	// the rest of the bookkeeping. Output duplicates outside the window are
+	// not judged here: the producer's window ends when the journal records
+	// the output, which needs a redelivery after a kill, and acking first
+	// is what takes the redelivery away (a kill after a duplicate record's
+	// second produce, before its Complete, leaves two outputs and an
+	// unfinished journal record for good).
 	if v.Duplicated != 0 || v.EffectWithoutKey != 0 || v.KeyWithoutEffect != 0 || v.Unexpected != 0 ||
-		v.WrongPayload != 0 || v.OutputOutsideWindow != 0 || v.OutputMismatch != 0 || v.Undrained != 0 {
+		v.WrongPayload != 0 || v.OutputMismatch != 0 || v.Undrained != 0 {
 		t.Errorf("negative control: %s", v)
 	}
 	r.checkSchedule(t)
