@@ -98,7 +98,15 @@ const commitTimeout = 10 * time.Second
 //
 // Delivery.ID is the [KeyHeader] header when the record has one (see
 // [WithIDHeader]), else "topic/partition/offset"; Delivery.Ordering is
-// "topic/partition".
+// "topic/partition". The fallback applies only when the header is absent:
+// a record whose id header is present but empty is handed out with an
+// empty Delivery.ID, because the position of a resent event differs from
+// the original's, and keying its effects on the position would apply them
+// twice. [effects.NewKey] refuses the empty id with [effects.ErrInvalidKey],
+// which a [effects.Consumer] treats as permanent: the delivery goes to the
+// dead-letter hook at its first attempt. The header's bytes are taken as
+// they are (NewKey escapes bytes that are not UTF-8, so ids that differ
+// only in them stay apart); of several id headers, the first counts.
 type Source struct {
 	cl  *kgo.Client
 	cfg sourceConfig
@@ -170,8 +178,9 @@ type sourceConfig struct {
 }
 
 // WithIDHeader names the header Delivery.ID is read from (default
-// [KeyHeader]). Records without it get "topic/partition/offset". name must
-// not be empty.
+// [KeyHeader]). Records without it get "topic/partition/offset"; records
+// with it empty get an empty ID, refused by [effects.NewKey] (see [Source]).
+// name must not be empty.
 func WithIDHeader(name string) SourceOption {
 	return func(c *sourceConfig) { c.idHeader = name }
 }
@@ -391,15 +400,18 @@ func (s *Source) deliverLocked(p *partState, rec *kgo.Record) effects.Delivery {
 	p.pending = append(p.pending, d)
 	p.unacked++
 	headers := make(map[string]string, len(rec.Headers))
-	id := ""
+	id, found := "", false
 	for _, h := range rec.Headers {
 		headers[h.Key] = string(h.Value)
-		if h.Key == s.cfg.idHeader && id == "" {
-			id = string(h.Value)
+		if h.Key == s.cfg.idHeader && !found {
+			// The first id header decides, even when it is empty: an empty
+			// one is handed out as an empty ID (which NewKey refuses), never
+			// replaced by the record's position.
+			id, found = string(h.Value), true
 		}
 	}
 	ordering := rec.Topic + "/" + strconv.FormatInt(int64(rec.Partition), 10)
-	if id == "" {
+	if !found {
 		id = ordering + "/" + strconv.FormatInt(rec.Offset, 10)
 	}
 	return effects.Delivery{
