@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -90,7 +91,10 @@ const commitTimeout = 10 * time.Second
 //
 // When the group revokes partitions, the Source commits their marks and
 // forgets the rest (the new owner redelivers it); when partitions are lost
-// (the member was kicked out) it commits nothing.
+// (the member was kicked out) it commits nothing. From the revocation on,
+// [Source.Owns] reports the partition's deliveries as no longer owned, so
+// an [effects.Consumer] drops those it still holds instead of running
+// their handlers for nothing.
 //
 // Failed group commits are retried with a backoff and reported to
 // [WithSourceErrors]'s hook, as are the fetch errors franz-go retries on its
@@ -130,7 +134,10 @@ type Source struct {
 	closed bool
 }
 
-var _ effects.Source = (*Source)(nil)
+var (
+	_ effects.Source           = (*Source)(nil)
+	_ effects.OwnershipChecker = (*Source)(nil)
+)
 
 type topicPartition struct {
 	topic     string
@@ -149,6 +156,12 @@ type partState struct {
 	paused  bool          // fetching paused by the Source
 	revoked bool          // a revocation started: acks are refused
 
+	// gone is set, with revoked, when a revocation starts or the
+	// partition is lost: this assignment's deliveries are no longer ours
+	// (Owns reads it without the lock). A later assignment of the same
+	// partition gets a new partState.
+	gone atomic.Bool
+
 	through   kgo.EpochOffset // the mark: offset after the contiguous acked prefix
 	committed int64           // offset the group has stored; -1 for none known
 }
@@ -163,6 +176,7 @@ type sourceToken struct {
 	tp    topicPartition
 	epoch uint64
 	d     *delivered
+	part  *partState // the assignment it was handed out in, for Owns
 }
 
 // SourceOption configures a [Source]; see [NewSource]. Options only record
@@ -419,7 +433,7 @@ func (s *Source) deliverLocked(p *partState, rec *kgo.Record) effects.Delivery {
 		Ordering: ordering,
 		Body:     rec.Value,
 		Headers:  headers,
-		Token:    &sourceToken{tp: p.tp, epoch: p.epoch, d: d},
+		Token:    &sourceToken{tp: p.tp, epoch: p.epoch, d: d, part: p},
 	}
 }
 
@@ -538,6 +552,20 @@ func (s *Source) Ack(_ context.Context, d effects.Delivery) error {
 		}
 	}
 	return nil
+}
+
+// Owns reports whether d's partition is still assigned to this member in
+// the assignment d was handed out in: false once the group revoked it or
+// it was lost (the member missed its session, a frozen process), also if
+// the group assigned it back since. An [effects.Consumer] asks before
+// every attempt and drops the deliveries this member no longer owns (see
+// [effects.OwnershipChecker]): their acks would fail with [ErrRevoked],
+// and the partition's new owner handles them. Owns does not block; it
+// reads one atomic flag. It reports false for a delivery this Source did
+// not hand out.
+func (s *Source) Owns(d effects.Delivery) bool {
+	tok, ok := d.Token.(*sourceToken)
+	return ok && tok.part != nil && !tok.part.gone.Load()
 }
 
 // committer sends group commits until Close: one at a time, each when a
@@ -675,6 +703,7 @@ func (s *Source) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[strin
 		for _, p := range ps {
 			if st := s.parts[topicPartition{topic, p}]; st != nil {
 				st.revoked = true
+				st.gone.Store(true)
 				s.unreadyLocked(st) // its records go to the new owner
 			}
 		}
@@ -713,6 +742,7 @@ func (s *Source) forget(parts map[string][]int32) {
 			if st == nil {
 				continue
 			}
+			st.gone.Store(true)
 			if st.paused {
 				if resume == nil {
 					resume = map[string][]int32{}
