@@ -44,6 +44,10 @@ const (
 	// franz-go's 5 s, because a partition the Source resumes waits for the
 	// fetch in flight.
 	DefaultFetchMaxWait = 500 * time.Millisecond
+	// DefaultCloseTimeout bounds [Source.Close]: the final commit and
+	// leaving the group. It matches effects.DefaultShutdownGrace, so a
+	// process that got SIGTERM stops within about twice that.
+	DefaultCloseTimeout = 10 * time.Second
 )
 
 // commitTimeout bounds the commit of a revocation and of Close, and each
@@ -120,7 +124,11 @@ type Source struct {
 	stop      chan struct{} // closed by Close: stops the poller and the committer
 	runCtx    context.Context
 	cancelRun context.CancelFunc
-	loops     sync.WaitGroup // the poller and the committer
+	// clientCtx is the client's context (kgo.WithContext): Close cancels
+	// it when its bound expires, which interrupts a join or sync in flight.
+	clientCtx    context.Context
+	cancelClient context.CancelFunc
+	loops        sync.WaitGroup // the poller and the committer
 
 	commitMu sync.Mutex    // one commit at a time; revocations commit under it too
 	dirty    chan struct{} // a mark advanced (capacity 1)
@@ -188,6 +196,7 @@ type sourceConfig struct {
 	maxPoll        int
 	maxPerPart     int
 	commitInterval time.Duration
+	closeTimeout   time.Duration
 	onErr          func(error)
 }
 
@@ -228,6 +237,14 @@ func WithCommitInterval(d time.Duration) SourceOption {
 	return func(c *sourceConfig) { c.commitInterval = d }
 }
 
+// WithCloseTimeout bounds [Source.Close] (default [DefaultCloseTimeout]):
+// the final commit of the acked offsets and leaving the group, which
+// otherwise waits for a rebalance in progress to finish (up to the group's
+// rebalance timeout, a minute by default). d must be positive.
+func WithCloseTimeout(d time.Duration) SourceOption {
+	return func(c *sourceConfig) { c.closeTimeout = d }
+}
+
 // WithSourceErrors receives the errors the Source handles on its own: the
 // fetch errors franz-go reports and retries (an unreachable broker, data
 // loss after a truncation), and failed group commits, which the Source
@@ -251,6 +268,9 @@ func WithSourceErrors(f func(error)) SourceOption {
 // transactions are not handed out unless you choose otherwise, and
 // kgo.FetchMaxWait([DefaultFetchMaxWait]).
 //
+// It also sets kgo.WithContext, after clientOpts (yours would be replaced),
+// with a context that only [Source.Close] cancels, when its bound expires.
+//
 // Fetching starts with the first call to Next.
 func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
 	cfg := sourceConfig{
@@ -258,6 +278,7 @@ func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
 		maxPoll:        DefaultMaxPoll,
 		maxPerPart:     DefaultMaxPendingPerPartition,
 		commitInterval: DefaultCommitInterval,
+		closeTimeout:   DefaultCloseTimeout,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -276,6 +297,8 @@ func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
 		return bad("WithMaxPendingPerPartition", "%d records; need at least 1", cfg.maxPerPart)
 	case cfg.commitInterval < 0:
 		return bad("WithCommitInterval", "negative interval %v", cfg.commitInterval)
+	case cfg.closeTimeout <= 0:
+		return bad("WithCloseTimeout", "%v; need a positive bound", cfg.closeTimeout)
 	}
 	s := &Source{
 		cfg:   cfg,
@@ -285,6 +308,7 @@ func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
 		avail: make(chan struct{}, 1),
 	}
 	s.runCtx, s.cancelRun = context.WithCancel(context.Background())
+	s.clientCtx, s.cancelClient = context.WithCancel(context.Background())
 	all := append([]kgo.Opt{
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.FetchMaxWait(DefaultFetchMaxWait),
@@ -294,15 +318,18 @@ func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
 		kgo.BlockRebalanceOnPoll(),
 		kgo.OnPartitionsRevoked(s.onRevoked),
 		kgo.OnPartitionsLost(s.onLost),
+		kgo.WithContext(s.clientCtx),
 	)
 	cl, err := kgo.NewClient(all...)
 	if err != nil {
 		s.cancelRun()
+		s.cancelClient()
 		return bad("clientOpts", "%v", err)
 	}
 	if g, _ := cl.OptValue(kgo.ConsumerGroup).(string); g == "" {
 		cl.Close()
 		s.cancelRun()
+		s.cancelClient()
 		return bad("clientOpts", "no consumer group (kgo.ConsumerGroup)")
 	}
 	s.cl = cl
@@ -764,10 +791,22 @@ func (s *Source) forget(parts map[string][]int32) {
 	}
 }
 
-// Close stops fetching, commits the marks (waiting at most 10 s), leaves
-// the group and closes the client. Unacked deliveries are delivered again
-// to the group's next owner of their partitions. Next, Ack and Flush
-// return [ErrSourceClosed] afterwards.
+// Close stops fetching, commits the marks, leaves the group and closes the
+// client, within [WithCloseTimeout]'s bound (default
+// [DefaultCloseTimeout]). Unacked deliveries are delivered again to the
+// group's next owner of their partitions. Next, Ack and Flush return
+// [ErrSourceClosed] afterwards.
+//
+// The commit and the leave can each wait for a rebalance in progress (the
+// broker parks the member's JoinGroup until every member rejoined or the
+// rebalance timeout passed; kgo holds commits meanwhile). When the bound
+// expires, Close cancels the client's requests and returns: acked
+// deliveries whose offsets were not committed by then are delivered again,
+// to the partition's next owner, and replayed by the idempotent handler
+// (the same as after a crash), and the member, which did not leave, stays
+// in the group until its session times out, holding its partitions that
+// long. Close returns the commit's error, or the bound's
+// (context.DeadlineExceeded) if it expired.
 func (s *Source) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -779,11 +818,26 @@ func (s *Source) Close() error {
 	close(s.stop)
 	s.cancelRun() // the poller's poll and the committer's commit
 	s.loops.Wait()
-	ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.closeTimeout)
 	defer cancel()
 	s.commitMu.Lock()
 	err := s.commitLocked(ctx)
 	s.commitMu.Unlock()
-	s.cl.CloseAllowingRebalance()
+	left := make(chan struct{})
+	go func() {
+		defer close(left)
+		s.cl.CloseAllowingRebalance()
+	}()
+	select {
+	case <-left:
+	case <-ctx.Done():
+		// A join or sync in flight: interrupt it, and with it the leave.
+		s.cancelClient()
+		<-left
+		if err == nil {
+			err = fmt.Errorf("kafka.Source.Close: leaving the group: %w", ctx.Err())
+		}
+	}
+	s.cancelClient()
 	return err
 }
