@@ -595,6 +595,19 @@ func (s *Source) Owns(d effects.Delivery) bool {
 	return ok && tok.part != nil && !tok.part.gone.Load()
 }
 
+// Record returns the Kafka record a [Source] handed out as d, and false
+// for a delivery no Source handed out. It is for a dead-letter hook that
+// keeps the record's topic, partition and offset (its identity when
+// Delivery.ID is empty or cannot be trusted), key or headers; do not
+// modify the record.
+func Record(d effects.Delivery) (*kgo.Record, bool) {
+	tok, ok := d.Token.(*sourceToken)
+	if !ok || tok.d == nil {
+		return nil, false
+	}
+	return tok.d.rec, true
+}
+
 // committer sends group commits until Close: one at a time, each when a
 // mark advanced, the previous commit returned and the interval since its
 // start passed. A failed commit is retried with a backoff.
