@@ -130,6 +130,7 @@ type config struct {
 	brokers, databaseURL, topic, output, group, instanceID, scope string
 	concurrency, maxAttempts                                      int
 	lease, grace                                                  time.Duration
+	session, rebalance, heartbeat                                 time.Duration
 	migrate, trace, ackFirst                                      bool
 }
 
@@ -152,6 +153,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.maxAttempts, "max-attempts", 10, "attempts before a failure goes to the dead-letter hook (which takes only poison)")
 	fs.DurationVar(&cfg.lease, "lease", 2*time.Second, "journal lease of the output step: how long a crashed attempt blocks its key")
 	fs.DurationVar(&cfg.grace, "grace", 5*time.Second, "shutdown grace for running handlers after SIGTERM")
+	fs.DurationVar(&cfg.session, "session-timeout", 0, "group session timeout (0: franz-go's default, 45s)")
+	fs.DurationVar(&cfg.rebalance, "rebalance-timeout", 0, "group rebalance timeout (0: franz-go's default, 60s)")
+	fs.DurationVar(&cfg.heartbeat, "heartbeat-interval", 0, "group heartbeat interval (0: franz-go's default, 3s)")
 	fs.BoolVar(&cfg.migrate, "migrate", false, "create the tables (postgres.Migrate and the ledger) before consuming")
 	fs.BoolVar(&cfg.trace, "trace", false, "write one line per step to stdout (for internal/torture)")
 	fs.BoolVar(&cfg.ackFirst, "ack-first", false, "NEGATIVE CONTROL: ack each record before applying it (loses events on a crash)")
@@ -221,6 +225,14 @@ func work(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 	opts := []kgo.Opt{brokers, kgo.ConsumerGroup(cfg.group), kgo.ConsumeTopics(cfg.topic), kgo.FetchMaxWait(100 * time.Millisecond)}
 	if cfg.instanceID != "" {
 		opts = append(opts, kgo.InstanceID(cfg.instanceID))
+	}
+	for _, o := range []struct {
+		d   time.Duration
+		opt func(time.Duration) kgo.GroupOpt
+	}{{cfg.session, kgo.SessionTimeout}, {cfg.rebalance, kgo.RebalanceTimeout}, {cfg.heartbeat, kgo.HeartbeatInterval}} {
+		if o.d > 0 {
+			opts = append(opts, o.opt(o.d))
+		}
 	}
 	src, err := kafka.NewSource(opts, kafka.WithSourceErrors(func(err error) {
 		fmt.Fprintln(stderr, "chargehook-worker:", err)
