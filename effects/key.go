@@ -51,6 +51,12 @@ type Key string
 // NewKey returns an error wrapping [ErrInvalidKey] when there are no parts
 // or a part is empty: an empty message id is a bug upstream, and keying on it
 // would merge unrelated messages.
+//
+// NewKey keeps apart parts that differ in any byte, but it cannot see bytes
+// a decoder replaced before it: encoding/json turns invalid UTF-8 and lone
+// surrogate escapes into U+FFFD, so two ids that differ only there arrive
+// equal and would share every key. Check ids decoded from a text format
+// with [CheckID] before keying on them.
 func NewKey(parts ...string) (Key, error) {
 	if len(parts) == 0 {
 		return "", &Error{Kind: ErrInvalidKey, Op: "NewKey", Err: fmt.Errorf("no parts")}
@@ -82,6 +88,32 @@ func NewKey(parts ...string) (Key, error) {
 		prefix = prefix[:len(prefix)-1]
 	}
 	return Key(prefix + hashMarker + hex.EncodeToString(sum[:])), nil
+}
+
+// CheckID returns nil if id, a message id decoded from a text format such
+// as JSON, can identify a message, and otherwise an error wrapping
+// [ErrPoison] (a [Consumer] dead-letters the delivery at once): id is
+// empty, is not valid UTF-8, or holds U+FFFD, the replacement character
+// that encoding/json substitutes for invalid UTF-8 and for lone surrogate
+// escapes (`"\ud800"`). Two events whose ids differed only in such bytes
+// decode to the same string; keyed on it, the second would be acked as a
+// replay of the first (or refused with [ErrKeyReused]). An id that really
+// contains U+FFFD is refused too: it cannot be told apart from a damaged
+// one. Ids taken as raw bytes (a Kafka header) need no check beyond being
+// non-empty: [NewKey] escapes invalid UTF-8 and keeps them apart.
+func CheckID(id string) error {
+	var why string
+	switch {
+	case id == "":
+		why = "empty"
+	case !utf8.ValidString(id):
+		why = "not valid UTF-8"
+	case strings.ContainsRune(id, utf8.RuneError):
+		why = "holds U+FFFD, which a decoder substitutes for invalid UTF-8 (ids that differed there would merge)"
+	default:
+		return nil
+	}
+	return fmt.Errorf("%w: message id %q: %s", ErrPoison, id, why)
 }
 
 // MustKey is like [NewKey] but panics on error. Use it for keys built from

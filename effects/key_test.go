@@ -1,6 +1,7 @@
 package effects_test
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -121,6 +122,35 @@ func TestValidate(t *testing.T) {
 	for _, k := range good {
 		if err := k.Validate(); err != nil {
 			t.Errorf("Validate(%q) = %v", k, err)
+		}
+	}
+}
+
+// TestCheckID: ids that encoding/json decoded from distinct invalid UTF-8
+// (or lone surrogates) arrive equal; CheckID refuses them as poison, and
+// the empty id too, and passes ordinary ids.
+func TestCheckID(t *testing.T) {
+	decode := func(raw string) string {
+		var ev struct {
+			ID string `json:"id"`
+		}
+		if err := json.Unmarshal([]byte(`{"id":"`+raw+`"}`), &ev); err != nil {
+			t.Fatalf("decoding %q: %v", raw, err)
+		}
+		return ev.ID
+	}
+	a, b := decode("evt-\xff"), decode("evt-\xfe")
+	if a != b {
+		t.Fatalf("encoding/json kept %q and %q apart; the premise of CheckID changed", a, b)
+	}
+	for _, id := range []string{a, decode(`evt-\ud800`), "", "evt-\xff", "\ufffd"} {
+		if err := effects.CheckID(id); !errors.Is(err, effects.ErrPoison) {
+			t.Errorf("CheckID(%q) = %v, want ErrPoison", id, err)
+		}
+	}
+	for _, id := range []string{"evt_42", "ünïcödé-€", "a:b%c", decode(`evt-\u00e9`)} {
+		if err := effects.CheckID(id); err != nil {
+			t.Errorf("CheckID(%q) = %v, want nil", id, err)
 		}
 	}
 }

@@ -7,7 +7,10 @@ import "context"
 type Delivery struct {
 	// ID is the message's identity, stable across redeliveries (a webhook's
 	// event id, a Kafka record's key header or topic/partition/offset). Keys
-	// for the message's effects are derived from it with NewKey.
+	// for the message's effects are derived from it with NewKey. A source
+	// hands out an empty ID for a message whose id is present but empty
+	// (never a substitute that would change on a resend): NewKey refuses it
+	// with ErrInvalidKey, so a Consumer dead-letters the delivery.
 	ID string
 	// Ordering groups deliveries that must be handled in order (a Kafka
 	// topic and partition); empty means no ordering constraint.

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -43,6 +44,10 @@ const (
 	// franz-go's 5 s, because a partition the Source resumes waits for the
 	// fetch in flight.
 	DefaultFetchMaxWait = 500 * time.Millisecond
+	// DefaultCloseTimeout bounds [Source.Close]: the final commit and
+	// leaving the group. It matches effects.DefaultShutdownGrace, so a
+	// process that got SIGTERM stops within about twice that.
+	DefaultCloseTimeout = 10 * time.Second
 )
 
 // commitTimeout bounds the commit of a revocation and of Close, and each
@@ -90,7 +95,10 @@ const commitTimeout = 10 * time.Second
 //
 // When the group revokes partitions, the Source commits their marks and
 // forgets the rest (the new owner redelivers it); when partitions are lost
-// (the member was kicked out) it commits nothing.
+// (the member was kicked out) it commits nothing. From the revocation on,
+// [Source.Owns] reports the partition's deliveries as no longer owned, so
+// an [effects.Consumer] drops those it still holds instead of running
+// their handlers for nothing.
 //
 // Failed group commits are retried with a backoff and reported to
 // [WithSourceErrors]'s hook, as are the fetch errors franz-go retries on its
@@ -98,7 +106,15 @@ const commitTimeout = 10 * time.Second
 //
 // Delivery.ID is the [KeyHeader] header when the record has one (see
 // [WithIDHeader]), else "topic/partition/offset"; Delivery.Ordering is
-// "topic/partition".
+// "topic/partition". The fallback applies only when the header is absent:
+// a record whose id header is present but empty is handed out with an
+// empty Delivery.ID, because the position of a resent event differs from
+// the original's, and keying its effects on the position would apply them
+// twice. [effects.NewKey] refuses the empty id with [effects.ErrInvalidKey],
+// which a [effects.Consumer] treats as permanent: the delivery goes to the
+// dead-letter hook at its first attempt. The header's bytes are taken as
+// they are (NewKey escapes bytes that are not UTF-8, so ids that differ
+// only in them stay apart); of several id headers, the first counts.
 type Source struct {
 	cl  *kgo.Client
 	cfg sourceConfig
@@ -108,7 +124,11 @@ type Source struct {
 	stop      chan struct{} // closed by Close: stops the poller and the committer
 	runCtx    context.Context
 	cancelRun context.CancelFunc
-	loops     sync.WaitGroup // the poller and the committer
+	// clientCtx is the client's context (kgo.WithContext): Close cancels
+	// it when its bound expires, which interrupts a join or sync in flight.
+	clientCtx    context.Context
+	cancelClient context.CancelFunc
+	loops        sync.WaitGroup // the poller and the committer
 
 	commitMu sync.Mutex    // one commit at a time; revocations commit under it too
 	dirty    chan struct{} // a mark advanced (capacity 1)
@@ -122,7 +142,10 @@ type Source struct {
 	closed bool
 }
 
-var _ effects.Source = (*Source)(nil)
+var (
+	_ effects.Source           = (*Source)(nil)
+	_ effects.OwnershipChecker = (*Source)(nil)
+)
 
 type topicPartition struct {
 	topic     string
@@ -141,6 +164,12 @@ type partState struct {
 	paused  bool          // fetching paused by the Source
 	revoked bool          // a revocation started: acks are refused
 
+	// gone is set, with revoked, when a revocation starts or the
+	// partition is lost: this assignment's deliveries are no longer ours
+	// (Owns reads it without the lock). A later assignment of the same
+	// partition gets a new partState.
+	gone atomic.Bool
+
 	through   kgo.EpochOffset // the mark: offset after the contiguous acked prefix
 	committed int64           // offset the group has stored; -1 for none known
 }
@@ -155,6 +184,7 @@ type sourceToken struct {
 	tp    topicPartition
 	epoch uint64
 	d     *delivered
+	part  *partState // the assignment it was handed out in, for Owns
 }
 
 // SourceOption configures a [Source]; see [NewSource]. Options only record
@@ -166,12 +196,14 @@ type sourceConfig struct {
 	maxPoll        int
 	maxPerPart     int
 	commitInterval time.Duration
+	closeTimeout   time.Duration
 	onErr          func(error)
 }
 
 // WithIDHeader names the header Delivery.ID is read from (default
-// [KeyHeader]). Records without it get "topic/partition/offset". name must
-// not be empty.
+// [KeyHeader]). Records without it get "topic/partition/offset"; records
+// with it empty get an empty ID, refused by [effects.NewKey] (see [Source]).
+// name must not be empty.
 func WithIDHeader(name string) SourceOption {
 	return func(c *sourceConfig) { c.idHeader = name }
 }
@@ -205,6 +237,14 @@ func WithCommitInterval(d time.Duration) SourceOption {
 	return func(c *sourceConfig) { c.commitInterval = d }
 }
 
+// WithCloseTimeout bounds [Source.Close] (default [DefaultCloseTimeout]):
+// the final commit of the acked offsets and leaving the group, which
+// otherwise waits for a rebalance in progress to finish (up to the group's
+// rebalance timeout, a minute by default). d must be positive.
+func WithCloseTimeout(d time.Duration) SourceOption {
+	return func(c *sourceConfig) { c.closeTimeout = d }
+}
+
 // WithSourceErrors receives the errors the Source handles on its own: the
 // fetch errors franz-go reports and retries (an unreachable broker, data
 // loss after a truncation), and failed group commits, which the Source
@@ -228,6 +268,9 @@ func WithSourceErrors(f func(error)) SourceOption {
 // transactions are not handed out unless you choose otherwise, and
 // kgo.FetchMaxWait([DefaultFetchMaxWait]).
 //
+// It also sets kgo.WithContext, after clientOpts (yours would be replaced),
+// with a context that only [Source.Close] cancels, when its bound expires.
+//
 // Fetching starts with the first call to Next.
 func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
 	cfg := sourceConfig{
@@ -235,6 +278,7 @@ func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
 		maxPoll:        DefaultMaxPoll,
 		maxPerPart:     DefaultMaxPendingPerPartition,
 		commitInterval: DefaultCommitInterval,
+		closeTimeout:   DefaultCloseTimeout,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -253,6 +297,8 @@ func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
 		return bad("WithMaxPendingPerPartition", "%d records; need at least 1", cfg.maxPerPart)
 	case cfg.commitInterval < 0:
 		return bad("WithCommitInterval", "negative interval %v", cfg.commitInterval)
+	case cfg.closeTimeout <= 0:
+		return bad("WithCloseTimeout", "%v; need a positive bound", cfg.closeTimeout)
 	}
 	s := &Source{
 		cfg:   cfg,
@@ -262,6 +308,7 @@ func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
 		avail: make(chan struct{}, 1),
 	}
 	s.runCtx, s.cancelRun = context.WithCancel(context.Background())
+	s.clientCtx, s.cancelClient = context.WithCancel(context.Background())
 	all := append([]kgo.Opt{
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.FetchMaxWait(DefaultFetchMaxWait),
@@ -271,15 +318,18 @@ func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
 		kgo.BlockRebalanceOnPoll(),
 		kgo.OnPartitionsRevoked(s.onRevoked),
 		kgo.OnPartitionsLost(s.onLost),
+		kgo.WithContext(s.clientCtx),
 	)
 	cl, err := kgo.NewClient(all...)
 	if err != nil {
 		s.cancelRun()
+		s.cancelClient()
 		return bad("clientOpts", "%v", err)
 	}
 	if g, _ := cl.OptValue(kgo.ConsumerGroup).(string); g == "" {
 		cl.Close()
 		s.cancelRun()
+		s.cancelClient()
 		return bad("clientOpts", "no consumer group (kgo.ConsumerGroup)")
 	}
 	s.cl = cl
@@ -391,15 +441,18 @@ func (s *Source) deliverLocked(p *partState, rec *kgo.Record) effects.Delivery {
 	p.pending = append(p.pending, d)
 	p.unacked++
 	headers := make(map[string]string, len(rec.Headers))
-	id := ""
+	id, found := "", false
 	for _, h := range rec.Headers {
 		headers[h.Key] = string(h.Value)
-		if h.Key == s.cfg.idHeader && id == "" {
-			id = string(h.Value)
+		if h.Key == s.cfg.idHeader && !found {
+			// The first id header decides, even when it is empty: an empty
+			// one is handed out as an empty ID (which NewKey refuses), never
+			// replaced by the record's position.
+			id, found = string(h.Value), true
 		}
 	}
 	ordering := rec.Topic + "/" + strconv.FormatInt(int64(rec.Partition), 10)
-	if id == "" {
+	if !found {
 		id = ordering + "/" + strconv.FormatInt(rec.Offset, 10)
 	}
 	return effects.Delivery{
@@ -407,7 +460,7 @@ func (s *Source) deliverLocked(p *partState, rec *kgo.Record) effects.Delivery {
 		Ordering: ordering,
 		Body:     rec.Value,
 		Headers:  headers,
-		Token:    &sourceToken{tp: p.tp, epoch: p.epoch, d: d},
+		Token:    &sourceToken{tp: p.tp, epoch: p.epoch, d: d, part: p},
 	}
 }
 
@@ -526,6 +579,33 @@ func (s *Source) Ack(_ context.Context, d effects.Delivery) error {
 		}
 	}
 	return nil
+}
+
+// Owns reports whether d's partition is still assigned to this member in
+// the assignment d was handed out in: false once the group revoked it or
+// it was lost (the member missed its session, a frozen process), also if
+// the group assigned it back since. An [effects.Consumer] asks before
+// every attempt and drops the deliveries this member no longer owns (see
+// [effects.OwnershipChecker]): their acks would fail with [ErrRevoked],
+// and the partition's new owner handles them. Owns does not block; it
+// reads one atomic flag. It reports false for a delivery this Source did
+// not hand out.
+func (s *Source) Owns(d effects.Delivery) bool {
+	tok, ok := d.Token.(*sourceToken)
+	return ok && tok.part != nil && !tok.part.gone.Load()
+}
+
+// Record returns the Kafka record a [Source] handed out as d, and false
+// for a delivery no Source handed out. It is for a dead-letter hook that
+// keeps the record's topic, partition and offset (its identity when
+// Delivery.ID is empty or cannot be trusted), key or headers; do not
+// modify the record.
+func Record(d effects.Delivery) (*kgo.Record, bool) {
+	tok, ok := d.Token.(*sourceToken)
+	if !ok || tok.d == nil {
+		return nil, false
+	}
+	return tok.d.rec, true
 }
 
 // committer sends group commits until Close: one at a time, each when a
@@ -663,6 +743,7 @@ func (s *Source) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[strin
 		for _, p := range ps {
 			if st := s.parts[topicPartition{topic, p}]; st != nil {
 				st.revoked = true
+				st.gone.Store(true)
 				s.unreadyLocked(st) // its records go to the new owner
 			}
 		}
@@ -701,6 +782,7 @@ func (s *Source) forget(parts map[string][]int32) {
 			if st == nil {
 				continue
 			}
+			st.gone.Store(true)
 			if st.paused {
 				if resume == nil {
 					resume = map[string][]int32{}
@@ -722,10 +804,22 @@ func (s *Source) forget(parts map[string][]int32) {
 	}
 }
 
-// Close stops fetching, commits the marks (waiting at most 10 s), leaves
-// the group and closes the client. Unacked deliveries are delivered again
-// to the group's next owner of their partitions. Next, Ack and Flush
-// return [ErrSourceClosed] afterwards.
+// Close stops fetching, commits the marks, leaves the group and closes the
+// client, within [WithCloseTimeout]'s bound (default
+// [DefaultCloseTimeout]). Unacked deliveries are delivered again to the
+// group's next owner of their partitions. Next, Ack and Flush return
+// [ErrSourceClosed] afterwards.
+//
+// The commit and the leave can each wait for a rebalance in progress (the
+// broker parks the member's JoinGroup until every member rejoined or the
+// rebalance timeout passed; kgo holds commits meanwhile). When the bound
+// expires, Close cancels the client's requests and returns: acked
+// deliveries whose offsets were not committed by then are delivered again,
+// to the partition's next owner, and replayed by the idempotent handler
+// (the same as after a crash), and the member, which did not leave, stays
+// in the group until its session times out, holding its partitions that
+// long. Close returns the commit's error, or the bound's
+// (context.DeadlineExceeded) if it expired.
 func (s *Source) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -737,11 +831,26 @@ func (s *Source) Close() error {
 	close(s.stop)
 	s.cancelRun() // the poller's poll and the committer's commit
 	s.loops.Wait()
-	ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.closeTimeout)
 	defer cancel()
 	s.commitMu.Lock()
 	err := s.commitLocked(ctx)
 	s.commitMu.Unlock()
-	s.cl.CloseAllowingRebalance()
+	left := make(chan struct{})
+	go func() {
+		defer close(left)
+		s.cl.CloseAllowingRebalance()
+	}()
+	select {
+	case <-left:
+	case <-ctx.Done():
+		// A join or sync in flight: interrupt it, and with it the leave.
+		s.cancelClient()
+		<-left
+		if err == nil {
+			err = fmt.Errorf("kafka.Source.Close: leaving the group: %w", ctx.Err())
+		}
+	}
+	s.cancelClient()
 	return err
 }

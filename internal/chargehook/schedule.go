@@ -4,16 +4,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"time"
+
+	"effectively.dev/internal/payment"
 )
 
 // Event is a payment webhook: the processor tells the billing pipeline to
-// charge Cents to Account.
-type Event struct {
-	ID      string `json:"id"`
-	Account string `json:"account"`
-	Email   string `json:"email"`
-	Cents   int64  `json:"cents"`
-}
+// charge Cents to Account. payment.Decode decodes and validates it.
+type Event = payment.Event
 
 // Faults is what the schedule does to one event on its way.
 type Faults struct {

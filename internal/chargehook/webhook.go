@@ -16,6 +16,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"effectively.dev/internal/payment"
 	"effectively.dev/kafka"
 )
 
@@ -85,9 +86,9 @@ func (p *pod) webhook(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "reading the body: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	var ev Event
-	if err := json.Unmarshal(body, &ev); err != nil || ev.ID == "" {
-		http.Error(w, "not a payment event", http.StatusBadRequest)
+	ev, err := payment.Decode(body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
 	attempt, _ := strconv.Atoi(r.Header.Get(hdrAttempt))

@@ -2,7 +2,6 @@ package chargehook
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
+	"effectively.dev/internal/payment"
 	"effectively.dev/kafka"
 )
 
@@ -75,9 +75,9 @@ func (w *worker) handle(ctx context.Context, d effects.Delivery) error {
 	w.deliveries[hop]++
 	w.mu.Unlock()
 
-	var ev Event
-	if err := json.Unmarshal(d.Body, &ev); err != nil || ev.ID == "" {
-		return fmt.Errorf("%w: not a payment event: %v", effects.ErrPoison, err)
+	ev, err := payment.Decode(d.Body) // poison: dead-lettered at once
+	if err != nil {
+		return err
 	}
 	hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	applied, err := w.h.handle(hctx, ev)

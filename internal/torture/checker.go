@@ -72,6 +72,9 @@ type CommitRequest struct {
 	At        time.Time
 	Partition int32
 	Offset    int64
+	// Member and Generation are the request's member id and generation.
+	Member     string
+	Generation int32
 }
 
 // LedgerRow is one ledger row.
@@ -394,4 +397,108 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(ks)
 	return ks
+}
+
+// AppliedCommit is a committed offset as the broker stored it: At is the
+// broker's time of the commit (kfake's GroupCommit.At), which follows the
+// arrival of the request that carried it and precedes the next request's.
+type AppliedCommit struct {
+	At        time.Time
+	Partition int32
+	Offset    int64
+}
+
+// CommitVerdict is what [CheckCommits] found. Backwards and Zombie must be
+// zero; Unmatched too (an applied offset no request carried means the
+// history is incomplete).
+type CommitVerdict struct {
+	// Applied counts the applied commits checked; Requests the requests.
+	Applied, Requests int
+	// Backwards counts applied commits whose offset is below the
+	// partition's previous applied offset.
+	Backwards int
+	// Zombie counts applied commits carried by a request from a member
+	// the group had already dropped when the request arrived.
+	Zombie int
+	// Unmatched counts applied commits no earlier request carried.
+	Unmatched int
+	// Samples holds up to five examples per violation.
+	Samples map[string][]string
+}
+
+// Violations names every must-be-zero count that is not, with samples.
+func (v *CommitVerdict) Violations() []string {
+	var out []string
+	for _, c := range []count{{"offset moved backwards", v.Backwards}, {"zombie commit applied", v.Zombie}, {"applied commit without a request", v.Unmatched}} {
+		if c.n != 0 {
+			out = append(out, fmt.Sprintf("%s: %d (%s)", c.name, c.n, strings.Join(v.Samples[c.name], "; ")))
+		}
+	}
+	return out
+}
+
+// String is the one-line report.
+func (v *CommitVerdict) String() string {
+	return fmt.Sprintf("%d applied commits checked against %d requests: %d moved an offset backwards, %d from a dropped member, %d without a request",
+		v.Applied, v.Requests, v.Backwards, v.Zombie, v.Unmatched)
+}
+
+func (v *CommitVerdict) sample(name, s string) {
+	if v.Samples == nil {
+		v.Samples = map[string][]string{}
+	}
+	if len(v.Samples[name]) < 5 {
+		v.Samples[name] = append(v.Samples[name], s)
+	}
+}
+
+// CheckCommits checks the offsets a group's broker applied against the
+// requests that carried them: per partition, in the broker's order, no
+// applied offset is below the one before it, and none was carried by a
+// request from a member the group had dropped before the request arrived
+// (dropped maps a member id to the time it was first seen gone). An
+// applied commit is matched to the latest request for its partition and
+// offset that arrived before it was applied.
+func CheckCommits(requests []CommitRequest, applied []AppliedCommit, dropped map[string]time.Time) *CommitVerdict {
+	v := &CommitVerdict{Applied: len(applied), Requests: len(requests)}
+	byPart := map[int32][]AppliedCommit{}
+	for _, a := range applied {
+		byPart[a.Partition] = append(byPart[a.Partition], a)
+	}
+	reqs := map[int32][]CommitRequest{}
+	for _, r := range requests {
+		reqs[r.Partition] = append(reqs[r.Partition], r)
+	}
+	for p, as := range byPart {
+		slices.SortFunc(as, func(a, b AppliedCommit) int { return a.At.Compare(b.At) })
+		rs := reqs[p]
+		slices.SortStableFunc(rs, func(a, b CommitRequest) int { return a.At.Compare(b.At) })
+		for i, a := range as {
+			if i > 0 && a.Offset < as[i-1].Offset {
+				v.Backwards++
+				v.sample("offset moved backwards", fmt.Sprintf("partition %d: %d after %d", p, a.Offset, as[i-1].Offset))
+			}
+			j := -1
+			for k, r := range rs {
+				if r.At.After(a.At) {
+					break
+				}
+				if r.Offset == a.Offset {
+					j = k
+				}
+			}
+			if j < 0 {
+				v.Unmatched++
+				v.sample("applied commit without a request", fmt.Sprintf("partition %d offset %d at %s", p, a.Offset, a.At.Format(time.StampMicro)))
+				continue
+			}
+			r := rs[j]
+			if gone, ok := dropped[r.Member]; ok && !gone.After(r.At) {
+				v.Zombie++
+				v.sample("zombie commit applied", fmt.Sprintf("partition %d offset %d from %s (generation %d), dropped at %s, request at %s",
+					p, a.Offset, r.Member, r.Generation, gone.Format(time.StampMicro), r.At.Format(time.StampMicro)))
+			}
+		}
+	}
+	return v
 }

@@ -148,3 +148,41 @@ func TestCheck(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckCommits: the commit checker passes a clean history and catches
+// each fault it exists for, on hand-made histories.
+func TestCheckCommits(t *testing.T) {
+	t0 := time.Date(2024, 9, 17, 12, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	req := func(ms int, p int32, o int64, m string) torture.CommitRequest {
+		return torture.CommitRequest{At: at(ms), Partition: p, Offset: o, Member: m, Generation: 1}
+	}
+	app := func(ms int, p int32, o int64) torture.AppliedCommit {
+		return torture.AppliedCommit{At: at(ms), Partition: p, Offset: o}
+	}
+	requests := []torture.CommitRequest{req(10, 0, 5, "a"), req(20, 0, 9, "a"), req(30, 1, 3, "b"), req(40, 0, 9, "zombie")}
+	applied := []torture.AppliedCommit{app(11, 0, 5), app(21, 0, 9), app(31, 1, 3)}
+	dropped := map[string]time.Time{"zombie": at(35)}
+	for _, tc := range []struct {
+		name    string
+		applied []torture.AppliedCommit
+		want    string // a violation's name; "" for none
+	}{
+		{"clean (the zombie's request was refused)", applied, ""},
+		{"backwards", append(slices.Clone(applied), app(32, 0, 5)), "offset moved backwards"},
+		{"zombie applied", append(slices.Clone(applied), app(41, 0, 9)), "zombie commit applied"},
+		{"no request", append(slices.Clone(applied), app(50, 1, 7)), "applied commit without a request"},
+		{"applied before its request", []torture.AppliedCommit{app(5, 0, 5)}, "applied commit without a request"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := torture.CheckCommits(requests, tc.applied, dropped)
+			vs := v.Violations()
+			switch {
+			case tc.want == "" && len(vs) > 0:
+				t.Errorf("clean history: %v", vs)
+			case tc.want != "" && (len(vs) != 1 || !strings.HasPrefix(vs[0], tc.want)):
+				t.Errorf("violations %v, want exactly %q", vs, tc.want)
+			}
+		})
+	}
+}

@@ -426,7 +426,7 @@ func observeCommits(fake *kfake.Cluster, group, topic string) *commitLog {
 				continue
 			}
 			for _, p := range tp.Partitions {
-				l.commits = append(l.commits, torture.CommitRequest{At: at, Partition: p.Partition, Offset: p.Offset})
+				l.commits = append(l.commits, torture.CommitRequest{At: at, Partition: p.Partition, Offset: p.Offset, Member: r.MemberID, Generation: r.Generation})
 			}
 		}
 		return nil, nil, false // observed, not handled: the broker commits as usual

@@ -30,6 +30,21 @@
 // Input records carry a JSON chargehook event ({"id", "account", "email",
 // "cents"}); the delivery id, and so every key, is the event id.
 //
+// What cannot be a payment is poison (internal/payment.Decode: bad JSON, a
+// string amount, an amount past int64, an empty id or one that is not
+// valid UTF-8, no account, an amount that is not positive or over
+// payment.MaxCents), and so is an event whose key was used with another
+// amount (effects.ErrKeyReused): the consumer hands it at its first attempt
+// to the dead-letter hook, which inserts it into the
+// chargehook_worker_dead_letters table, once per input record (its
+// topic/partition/offset is the primary key, so a redelivered dead letter
+// is not inserted twice), and the record is acked: the events behind it in
+// its partition go on. Other failures (the database down, a key leased by a
+// crashed attempt) are retried, -max-attempts times with backoff; past
+// that, the hook refuses them, so the record stays unacked and the consumer
+// keeps retrying it every half second: an outage is waited out, never
+// dead-lettered.
+//
 // Flags worth knowing:
 //
 //   - -instance-id makes the process a static group member (KIP-345): a
@@ -42,6 +57,8 @@
 //     consumer retries it, holding back its partition, until the lease
 //     expires (kafka.WithLease; the adapter's own default is
 //     effects.DefaultLease, a minute).
+//   - -max-attempts is the consumer's attempt budget before a failure goes
+//     to the dead-letter hook (which takes only poison; see above).
 //   - -trace writes one line per step to stdout, for the torture test (the
 //     format is documented on the tracer type).
 //   - -ack-first acks every record before running its plan: the mistake
@@ -73,6 +90,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
+	"effectively.dev/internal/payment"
 	"effectively.dev/kafka"
 	"effectively.dev/postgres"
 )
@@ -93,21 +111,26 @@ const ledgerDDL = `CREATE TABLE IF NOT EXISTS chargehook_worker_ledger (
 	created_at timestamptz NOT NULL DEFAULT now()
 )`
 
+// deadLetterDDL is where poison records go: one row per input record.
+const deadLetterDDL = `CREATE TABLE IF NOT EXISTS chargehook_worker_dead_letters (
+	position    text PRIMARY KEY, -- topic/partition/offset of the input record
+	delivery_id text        NOT NULL,
+	reason      text        NOT NULL,
+	body        bytea,
+	created_at  timestamptz NOT NULL DEFAULT now()
+)`
+
 // ledgerLockID serializes -migrate runs of concurrent workers.
 const ledgerLockID int64 = 0x63686b776f726b72 // "chkworkr"
 
 // event is the JSON of a chargehook webhook record (chargehook.Event).
-type event struct {
-	ID      string `json:"id"`
-	Account string `json:"account"`
-	Email   string `json:"email"`
-	Cents   int64  `json:"cents"`
-}
+type event = payment.Event
 
 type config struct {
 	brokers, databaseURL, topic, output, group, instanceID, scope string
-	concurrency                                                   int
+	concurrency, maxAttempts                                      int
 	lease, grace                                                  time.Duration
+	session, rebalance, heartbeat                                 time.Duration
 	migrate, trace, ackFirst                                      bool
 }
 
@@ -127,8 +150,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.instanceID, "instance-id", "", "static group membership id (a restart takes over at once); empty: dynamic membership")
 	fs.StringVar(&cfg.scope, "scope", "chargehook-worker", "scope of the idempotency keys")
 	fs.IntVar(&cfg.concurrency, "concurrency", 8, "handlers running at once (at most one per partition)")
+	fs.IntVar(&cfg.maxAttempts, "max-attempts", 10, "attempts before a failure goes to the dead-letter hook (which takes only poison)")
 	fs.DurationVar(&cfg.lease, "lease", 2*time.Second, "journal lease of the output step: how long a crashed attempt blocks its key")
 	fs.DurationVar(&cfg.grace, "grace", 5*time.Second, "shutdown grace for running handlers after SIGTERM")
+	fs.DurationVar(&cfg.session, "session-timeout", 0, "group session timeout (0: franz-go's default, 45s)")
+	fs.DurationVar(&cfg.rebalance, "rebalance-timeout", 0, "group rebalance timeout (0: franz-go's default, 60s)")
+	fs.DurationVar(&cfg.heartbeat, "heartbeat-interval", 0, "group heartbeat interval (0: franz-go's default, 3s)")
 	fs.BoolVar(&cfg.migrate, "migrate", false, "create the tables (postgres.Migrate and the ledger) before consuming")
 	fs.BoolVar(&cfg.trace, "trace", false, "write one line per step to stdout (for internal/torture)")
 	fs.BoolVar(&cfg.ackFirst, "ack-first", false, "NEGATIVE CONTROL: ack each record before applying it (loses events on a crash)")
@@ -141,8 +168,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			missing = append(missing, name)
 		}
 	}
-	if len(missing) > 0 || fs.NArg() > 0 || cfg.concurrency < 1 {
-		fmt.Fprintf(stderr, "chargehook-worker: need %s (and no arguments, a positive -concurrency)\n", strings.Join(missing, ", "))
+	if len(missing) > 0 || fs.NArg() > 0 || cfg.concurrency < 1 || cfg.maxAttempts < 1 {
+		fmt.Fprintf(stderr, "chargehook-worker: need %s (and no arguments, a positive -concurrency and -max-attempts)\n", strings.Join(missing, ", "))
 		fs.Usage()
 		return 2
 	}
@@ -199,6 +226,14 @@ func work(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 	if cfg.instanceID != "" {
 		opts = append(opts, kgo.InstanceID(cfg.instanceID))
 	}
+	for _, o := range []struct {
+		d   time.Duration
+		opt func(time.Duration) kgo.GroupOpt
+	}{{cfg.session, kgo.SessionTimeout}, {cfg.rebalance, kgo.RebalanceTimeout}, {cfg.heartbeat, kgo.HeartbeatInterval}} {
+		if o.d > 0 {
+			opts = append(opts, o.opt(o.d))
+		}
+	}
 	src, err := kafka.NewSource(opts, kafka.WithSourceErrors(func(err error) {
 		fmt.Fprintln(stderr, "chargehook-worker:", err)
 	}))
@@ -209,14 +244,19 @@ func work(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 
 	c, err := effects.NewConsumer(h.src, h.handle,
 		effects.WithConcurrency(cfg.concurrency),
-		// Never give up and never drop: after a crash a key can stay
-		// leased (ErrInFlight) until its lease expires, and a record that
-		// keeps failing must hold back its partition, not be acked.
-		effects.WithMaxAttempts(0),
+		// Poison goes to the dead-letter hook at once; anything else is
+		// retried -max-attempts times, then kept (the hook refuses it)
+		// and retried every max backoff: after a crash a key can stay
+		// leased (ErrInFlight) until its lease expires, and an outage must
+		// hold back its partition, not be dead-lettered.
+		effects.WithMaxAttempts(cfg.maxAttempts),
 		effects.WithBackoff(10*time.Millisecond, 500*time.Millisecond),
+		effects.WithDeadLetter(h.deadLetter),
 		effects.WithShutdownGrace(cfg.grace),
 		effects.WithObserver(effects.ObserverFunc(func(_ context.Context, ev effects.Event) {
-			tr.line("retry", ev.DeliveryID, cause(ev.Err))
+			if ev.Kind != effects.EventDeadLettered {
+				tr.line("retry", ev.DeliveryID, cause(ev.Err))
+			}
 		})),
 	)
 	if err != nil {
@@ -227,8 +267,8 @@ func work(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 	runErr := c.Run(ctx)
 	closeErr := src.Close() // commits the acked offsets
 	s := c.Stats()
-	fmt.Fprintf(stderr, "chargehook-worker: stopped: %d delivered, %d acked, %d retried, %d failed\n",
-		s.Delivered, s.Acked, s.Retried, s.Failed)
+	fmt.Fprintf(stderr, "chargehook-worker: stopped: %d delivered, %d acked, %d retried, %d dead-lettered, %d dropped (revoked), %d failed\n",
+		s.Delivered, s.Acked, s.Retried, s.DeadLettered, s.Dropped, s.Failed)
 	tr.line("stopped")
 	if runErr != nil {
 		return runErr
@@ -248,13 +288,17 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", ledgerLockID); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, ledgerDDL)
+		if _, err := tx.Exec(ctx, ledgerDDL); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, deadLetterDDL)
 		return err
 	})
 }
 
 // handler runs the plan for one delivery.
 type handler struct {
+	pool     *pgxpool.Pool
 	scope    string
 	ledger   *postgres.Effect[ledgerRow]
 	output   *kafka.Producer
@@ -290,7 +334,7 @@ func newHandler(pool *pgxpool.Pool, producer *kgo.Client, cfg config, tr *tracer
 	if err != nil {
 		return nil, err
 	}
-	h := &handler{scope: cfg.scope, ledger: ledger, output: output, ackFirst: cfg.ackFirst, tr: tr}
+	h := &handler{pool: pool, scope: cfg.scope, ledger: ledger, output: output, ackFirst: cfg.ackFirst, tr: tr}
 	if h.plan, err = h.newPlan(); err != nil {
 		return nil, err
 	}
@@ -343,9 +387,9 @@ func (h *handler) handle(ctx context.Context, d effects.Delivery) (err error) {
 		}()
 		h.tr.line("begin", d.ID, strconv.Itoa(n))
 	}
-	var ev event
-	if err := json.Unmarshal(d.Body, &ev); err != nil || ev.ID == "" {
-		return fmt.Errorf("%w: not a payment event: %v", effects.ErrPoison, err)
+	ev, err := payment.Decode(d.Body) // poison: dead-lettered at once
+	if err != nil {
+		return err
 	}
 	if h.ackFirst {
 		// The negative control: the offset is committed before any effect.
@@ -363,6 +407,35 @@ func (h *handler) handle(ctx context.Context, d effects.Delivery) (err error) {
 	defer cancel()
 	_, err = h.plan.Run(hctx, ev.ID, ev)
 	return err
+}
+
+// deadLetter is the consumer's dead-letter hook. It takes poison (see the
+// package doc) into the dead-letters table, once per input record, and
+// refuses every other failure, which so stays unacked and is retried.
+func (h *handler) deadLetter(ctx context.Context, d effects.Delivery, cause error) error {
+	if !errors.Is(cause, effects.ErrPoison) && !errors.Is(cause, effects.ErrKeyReused) && !errors.Is(cause, effects.ErrInvalidKey) {
+		return fmt.Errorf("not dead-lettering a failure that may heal; retrying: %w", cause)
+	}
+	rec, ok := kafka.Record(d)
+	if !ok {
+		return errors.New("dead letter: not a Kafka delivery")
+	}
+	pos := fmt.Sprintf("%s/%d/%d", rec.Topic, rec.Partition, rec.Offset)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := h.pool.Exec(ctx, `INSERT INTO chargehook_worker_dead_letters (position, delivery_id, reason, body)
+		VALUES ($1, $2, $3, $4) ON CONFLICT (position) DO NOTHING`,
+		pos, pgText(d.ID), pgText(cause.Error()), d.Body); err != nil {
+		return fmt.Errorf("dead letter %s: %w", pos, err)
+	}
+	h.tr.line("dead", pos)
+	return nil
+}
+
+// pgText makes s storable as PostgreSQL text, which refuses NUL bytes and
+// invalid UTF-8 (the body column keeps the exact bytes).
+func pgText(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", `\x00`)
 }
 
 // tracingSource traces every successful Ack.
@@ -388,6 +461,7 @@ func (s *tracingSource) Ack(ctx context.Context, d effects.Delivery) error {
 //	step <id> <step> <kind>        a plan step ended: applied, replayed, in_flight, failed, key_reused
 //	acked <id>                     Ack returned nil: the next group commit commits the offset (unless an earlier one is unacked)
 //	retry <id> <cause>             the consumer will try the delivery again
+//	dead <topic/partition/offset>  the dead-letter hook stored the record (poison)
 //	stopped                        the consumer stopped after SIGTERM
 type tracer struct {
 	w  io.Writer
