@@ -1,0 +1,173 @@
+package main
+
+// The share mode: "chargehook-worker share [flags]" runs the same plan for
+// every payment event, but takes the events from a Kafka share group
+// (kafka.ShareSource, KIP-932) instead of a consumer group: records are
+// acquired and accepted one by one, any number of workers share the
+// partitions, and a record whose acquisition lock expires (a worker frozen
+// by SIGSTOP) is delivered to another worker while the first may still run
+// it. internal/torture's share torture runs several of these at once.
+//
+//	chargehook-worker share -brokers 127.0.0.1:9092 -database-url postgres://... \
+//	    -topic webhooks -output charged -group workers -migrate
+//
+// The flags are those of the consumer-group mode, without -instance-id
+// and -ack-first, plus -members, -max-poll and -delivery-limit (see
+// kafka.WithShareMembers, kafka.WithShareMaxPoll, kafka.WithDeliveryLimit).
+// The -trace lines are the same; "acked" means the record was accepted.
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"effectively.dev/effects"
+	"effectively.dev/kafka"
+)
+
+// init dispatches the share subcommand before main parses the
+// consumer-group mode's flags.
+func init() {
+	if len(os.Args) > 1 && os.Args[1] == "share" {
+		os.Exit(runShare(os.Args[2:], os.Stdout, os.Stderr))
+	}
+}
+
+type shareConfig struct {
+	config
+	members, maxPoll, deliveryLimit int
+}
+
+func runShare(args []string, stdout, stderr io.Writer) int {
+	var cfg shareConfig
+	fs := flag.NewFlagSet("chargehook-worker share", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.brokers, "brokers", os.Getenv("KAFKA_BROKERS"), "Kafka seed brokers, host:port[,host:port...] (default $KAFKA_BROKERS)")
+	fs.StringVar(&cfg.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL connection URL (default $DATABASE_URL)")
+	fs.StringVar(&cfg.topic, "topic", "", "input topic of payment events")
+	fs.StringVar(&cfg.output, "output", "", "output topic for the \"charged\" records")
+	fs.StringVar(&cfg.group, "group", "", "share group")
+	fs.StringVar(&cfg.scope, "scope", "chargehook-worker", "scope of the idempotency keys")
+	fs.IntVar(&cfg.concurrency, "concurrency", 8, "handlers running at once")
+	fs.DurationVar(&cfg.lease, "lease", 2*time.Second, "journal lease of the output step: how long a crashed attempt blocks its key")
+	fs.DurationVar(&cfg.grace, "grace", 5*time.Second, "shutdown grace for running handlers after SIGTERM")
+	fs.BoolVar(&cfg.migrate, "migrate", false, "create the tables (postgres.Migrate and the ledger) before consuming")
+	fs.BoolVar(&cfg.trace, "trace", false, "write one line per step to stdout (for internal/torture)")
+	fs.IntVar(&cfg.members, "members", kafka.DefaultShareMembers, "share-group members (clients) of the source")
+	fs.IntVar(&cfg.maxPoll, "max-poll", kafka.DefaultShareMaxPoll, "records one member takes per poll")
+	fs.IntVar(&cfg.deliveryLimit, "delivery-limit", kafka.DefaultDeliveryLimit, "the group's share.delivery.count.limit")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	var missing []string
+	for name, v := range map[string]string{"-brokers": cfg.brokers, "-database-url": cfg.databaseURL, "-topic": cfg.topic, "-output": cfg.output, "-group": cfg.group} {
+		if v == "" {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 || fs.NArg() > 0 || cfg.concurrency < 1 {
+		fmt.Fprintf(stderr, "chargehook-worker share: need %s (and no arguments, a positive -concurrency)\n", strings.Join(missing, ", "))
+		fs.Usage()
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := workShare(ctx, cfg, stdout, stderr); err != nil {
+		fmt.Fprintln(stderr, "chargehook-worker share:", err)
+		return 1
+	}
+	return 0
+}
+
+// workShare runs the consumer over a share group until ctx is done.
+func workShare(ctx context.Context, cfg shareConfig, stdout, stderr io.Writer) error {
+	tr := &tracer{w: stdout, on: cfg.trace}
+	pcfg, err := pgxpool.ParseConfig(cfg.databaseURL)
+	if err != nil {
+		return fmt.Errorf("-database-url: %w", err)
+	}
+	if !strings.Contains(cfg.databaseURL, "pool_max_conns") {
+		pcfg.MaxConns = int32(2*cfg.concurrency + 2)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if cfg.migrate {
+		if err := migrate(ctx, pool); err != nil {
+			return err
+		}
+	}
+	brokers := kgo.SeedBrokers(strings.Split(cfg.brokers, ",")...)
+	producer, err := kgo.NewClient(brokers, kgo.ProducerLinger(0))
+	if err != nil {
+		return err
+	}
+	defer producer.Close()
+	h, err := newHandler(pool, producer, cfg.config, tr)
+	if err != nil {
+		return err
+	}
+	src, err := kafka.NewShareSource([]kgo.Opt{brokers, kgo.ShareGroup(cfg.group), kgo.ConsumeTopics(cfg.topic)},
+		kafka.WithShareMembers(cfg.members), kafka.WithShareMaxPoll(cfg.maxPoll), kafka.WithDeliveryLimit(cfg.deliveryLimit),
+		kafka.WithShareErrors(func(err error) { fmt.Fprintln(stderr, "chargehook-worker share:", err) }))
+	if err != nil {
+		return err
+	}
+	c, err := effects.NewConsumer(&tracingShareSource{ShareSource: src, tr: tr}, h.handle,
+		effects.WithConcurrency(cfg.concurrency),
+		// Never give up: a key can stay leased (ErrInFlight) after a
+		// crash until its lease expires. Retries go back to the broker
+		// (Release) until the delivery limit, then stay in place.
+		effects.WithMaxAttempts(0),
+		effects.WithBackoff(10*time.Millisecond, 500*time.Millisecond),
+		effects.WithShutdownGrace(cfg.grace),
+		effects.WithObserver(effects.ObserverFunc(func(_ context.Context, ev effects.Event) {
+			tr.line("retry", ev.DeliveryID, cause(ev.Err))
+		})),
+	)
+	if err != nil {
+		src.Close()
+		return err
+	}
+	tr.line("ready")
+	runErr := c.Run(ctx)
+	closeErr := src.Close() // releases what was not accepted
+	s := c.Stats()
+	fmt.Fprintf(stderr, "chargehook-worker share: stopped: %d delivered, %d acked, %d retried, %d released, %d dropped, %d failed\n",
+		s.Delivered, s.Acked, s.Retried, s.Released, s.Dropped, s.Failed)
+	tr.line("stopped")
+	if runErr != nil {
+		return runErr
+	}
+	if closeErr != nil {
+		return fmt.Errorf("closing the share source: %w", closeErr)
+	}
+	return nil
+}
+
+// tracingShareSource traces every successful Ack (an accepted record). The
+// embedded source's Release and Owns make it an effects.Releaser and an
+// effects.OwnershipChecker.
+type tracingShareSource struct {
+	*kafka.ShareSource
+	tr *tracer
+}
+
+func (s *tracingShareSource) Ack(ctx context.Context, d effects.Delivery) error {
+	err := s.ShareSource.Ack(ctx, d)
+	if err == nil {
+		s.tr.line("acked", d.ID)
+	}
+	return err
+}

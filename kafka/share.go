@@ -1,0 +1,741 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"effectively.dev/effects"
+	"effectively.dev/internal/ratelog"
+)
+
+// ErrLockExpired is returned (wrapped) by [ShareSource.Ack] and
+// [ShareSource.Release] for a delivery whose acquisition lock ran out
+// before the call: the broker hands the record to a member again (perhaps
+// another process, perhaps while this handler still runs), and that
+// delivery is handled again. The effect was done; an idempotent effect
+// replays it.
+var ErrLockExpired = errors.New("kafka: share-group acquisition lock expired; the record is delivered again")
+
+// ErrDeliveryLimit is returned (wrapped) by [ShareSource.Release] for a
+// delivery on the group's last allowed delivery ([WithDeliveryLimit]):
+// released, the broker would archive it without a handler or the
+// dead-letter hook seeing it again, so the source keeps it and the
+// consumer retries it in place and then dead-letters it.
+var ErrDeliveryLimit = errors.New("kafka: record on its share group's last allowed delivery; not released")
+
+// Defaults of a [ShareSource], used when the matching option is not given.
+const (
+	// DefaultShareMembers is how many share-group members (clients) one
+	// ShareSource runs.
+	DefaultShareMembers = 4
+	// DefaultShareMaxPoll is how many records one member takes per poll.
+	DefaultShareMaxPoll = 32
+	// DefaultDeliveryLimit is Kafka's default share.delivery.count.limit:
+	// the broker archives a record after this many deliveries.
+	DefaultDeliveryLimit = 5
+	// DefaultRenewBefore is how long before its acquisition deadline a held
+	// record's lock is renewed (at most half the lock).
+	DefaultRenewBefore = 10 * time.Second
+	// DefaultLockMargin is how long before its acquisition deadline a
+	// record stops being this source's to start handling (at most a
+	// quarter of the lock): the deadline is the client's estimate, and an
+	// attempt started at the last moment would mostly run unowned.
+	DefaultLockMargin = 2 * time.Second
+)
+
+// shareCloseTimeout bounds Close's flushing of acks and leaving the group.
+const shareCloseTimeout = 10 * time.Second
+
+// shareTick is how often the renewer looks for locks to renew.
+const shareTick = 200 * time.Millisecond
+
+// ShareSource is an [effects.Source] over a Kafka share group (KIP-932,
+// queues for Kafka): every record is acquired, handled and acknowledged on
+// its own, any number of members share a partition, and a record stuck in
+// a slow handler holds back nothing but itself.
+//
+// # When to use it
+//
+// Use [Source] when records of one key must be handled in order: it hands
+// out each partition's records in offset order (Delivery.Ordering) and
+// commits offsets. Use ShareSource when order does not matter and
+// throughput or isolation does: deliveries have no Ordering, so a
+// consumer runs as many at once as it has handlers (more handlers than
+// partitions is the point), and a slow or failing record does not block
+// the records behind it.
+//
+// # Acquisition and acknowledgement
+//
+// The broker lends each record to one member for an acquisition lock
+// (share.record.lock.duration.ms, 30 s by default). Next hands out the
+// records its members acquired; [ShareSource.Ack] accepts a record (the
+// consumer calls it after the handler's effects committed);
+// [ShareSource.Release] hands it back for redelivery, raising its
+// delivery count; [ShareSource.Close] releases everything not acked.
+// franz-go sends the acknowledgements in the background, batched per
+// partition (at once with the next fetch, else within a second), and Close
+// and every poll flush them first. Delivery.Attempt is the record's
+// delivery count, so [effects.WithMaxAttempts] counts across members and
+// processes.
+//
+// Acks are not acknowledged one record at a time on the wire: if the
+// broker refuses an ack of one record in a partition's batch (its lock had
+// expired), it refuses the batch, and those records are delivered again
+// once their locks expire. An effectively-once handler replays them.
+//
+// # Effects longer than the lock
+//
+// A record a handler is running, or one the consumer holds for a retry's
+// backoff, is renewed in the background (KIP-1222, Kafka 4.2) when less
+// than [WithRenewBefore] of its lock is left. A handler that outlives its
+// lock anyway (a process frozen by a debugger, SIGSTOP or a long GC pause
+// cannot renew) loses the record: the broker delivers it to another member
+// while the first may still run, and both run the effect concurrently,
+// which is the duplicate an effectively-once effect absorbs (postgres's
+// claim, Stripe's idempotency key). [ShareSource.Owns] says whether a
+// delivery's lock still holds, so the consumer does not start an attempt
+// on a record it no longer holds, and Ack of such a record returns
+// [ErrLockExpired] instead of sending an acknowledgement the broker
+// refuses.
+//
+// # Delivery limit and retries
+//
+// The broker archives a record after share.delivery.count.limit
+// deliveries (5 by default) without delivering it again. A consumer
+// configured with [effects.WithMaxAttempts] higher than that would never
+// see its dead-letter hook run: the broker would drop the record first.
+// So Release refuses ([ErrDeliveryLimit]) to release a record on its last
+// allowed delivery; the consumer keeps it, retries it in place (renewed
+// by the source), and gives it to the dead-letter hook when its attempts
+// run out. Set [WithDeliveryLimit] to the group's configured limit.
+//
+// # Dead letters: accepted
+//
+// After the dead-letter hook took a delivery, the consumer acks it, and
+// Ack accepts it (AckAccept), like every other ack: the hook handled the
+// record (moved it aside for a human), and the group is done with it.
+// Rejecting it (AckReject) would archive it too, but would report as
+// unprocessable a record the application did process; and an Ack cannot
+// tell a dead-lettered delivery from a handled one anyway.
+//
+// # Members and polls
+//
+// franz-go accepts, at the next poll, every record of the previous poll
+// not yet acknowledged (Renews do not persist across polls). So a member
+// polls again only once every record of its previous poll was accepted,
+// released, or its lock expired (then the source releases it). A record
+// stuck in a handler so holds back its member's polls, not the source:
+// the source runs [WithShareMembers] members (clients), each polling at
+// most [WithShareMaxPoll] records, and the others go on. Records a member
+// fetched and not yet polled sit acquired in the client; keep
+// kgo.ShareMaxRecords (set to the poll size by default) small.
+//
+// Delivery.ID comes from the id header ([KeyHeader] by default, see
+// [WithShareIDHeader]), else "topic/partition/offset"; Delivery.Ordering is
+// empty.
+type ShareSource struct {
+	cfg     shareConfig
+	members []*shareMember
+	log     ratelog.Limiter
+
+	startOnce sync.Once
+	stop      chan struct{} // closed by Close
+	runCtx    context.Context
+	cancelRun context.CancelFunc
+	loops     sync.WaitGroup // the members' pollers and the renewer
+
+	mu     sync.Mutex
+	queue  []*shareHeld  // polled, not handed out
+	avail  chan struct{} // a record was queued (capacity 1)
+	closed bool
+}
+
+var (
+	_ effects.Source           = (*ShareSource)(nil)
+	_ effects.Releaser         = (*ShareSource)(nil)
+	_ effects.OwnershipChecker = (*ShareSource)(nil)
+)
+
+// shareMember is one client in the share group, and the records of its
+// last poll.
+type shareMember struct {
+	cl    *kgo.Client
+	batch []*shareHeld  // the last poll's records
+	held  int           // of batch, not yet settled
+	wake  chan struct{} // held reached 0, or a lock may have expired (capacity 1)
+}
+
+// shareHeld is one acquired record: Delivery.Token.
+type shareHeld struct {
+	rec      *kgo.Record
+	m        *shareMember
+	lock     time.Duration // the lock's length, as seen at the poll
+	deadline time.Time     // the source's estimate of the lock's end
+	settled  bool          // accepted, released, or given up as expired
+	accepted bool
+}
+
+// ShareOption configures a [ShareSource]; see [NewShareSource]. Options
+// only record their value; NewShareSource validates them.
+type ShareOption func(*shareConfig)
+
+type shareConfig struct {
+	idHeader      string
+	members       int
+	maxPoll       int
+	deliveryLimit int
+	renewBefore   time.Duration
+	lockMargin    time.Duration
+	onErr         func(error)
+}
+
+// WithShareIDHeader names the header Delivery.ID is read from (default
+// [KeyHeader]). Records without it get "topic/partition/offset". name must
+// not be empty.
+func WithShareIDHeader(name string) ShareOption {
+	return func(c *shareConfig) { c.idHeader = name }
+}
+
+// WithShareMembers sets how many share-group members (kgo clients, each
+// with its own connections and heartbeat) the source runs (default
+// [DefaultShareMembers], 4). A record stuck in a handler holds back one
+// member's polls: n is how many stuck records the source absorbs before
+// it stops taking new ones. n must be at least 1.
+func WithShareMembers(n int) ShareOption {
+	return func(c *shareConfig) { c.members = n }
+}
+
+// WithShareMaxPoll bounds how many records one member takes per poll
+// (default [DefaultShareMaxPoll], 32); the source holds at most members ×
+// n records. n must be at least 1.
+func WithShareMaxPoll(n int) ShareOption {
+	return func(c *shareConfig) { c.maxPoll = n }
+}
+
+// WithDeliveryLimit tells the source the group's
+// share.delivery.count.limit (default [DefaultDeliveryLimit], Kafka's
+// default, 5): Release refuses a delivery whose delivery count reached it
+// ([ErrDeliveryLimit]), so the broker does not archive it unseen. 0 lets
+// Release release every delivery (the broker's limit then decides). n
+// must not be negative.
+func WithDeliveryLimit(n int) ShareOption {
+	return func(c *shareConfig) { c.deliveryLimit = n }
+}
+
+// WithRenewBefore sets how long before a held record's acquisition
+// deadline the source renews its lock (default [DefaultRenewBefore],
+// 10 s; at most half the lock is used). d must be positive.
+func WithRenewBefore(d time.Duration) ShareOption {
+	return func(c *shareConfig) { c.renewBefore = d }
+}
+
+// WithLockMargin sets how long before its acquisition deadline a record
+// stops being owned ([ShareSource.Owns]; default [DefaultLockMargin],
+// 2 s; at most a quarter of the lock is used). d must not be negative and
+// must be less than the renew lead ([WithRenewBefore]).
+func WithLockMargin(d time.Duration) ShareOption {
+	return func(c *shareConfig) { c.lockMargin = d }
+}
+
+// WithShareErrors receives the errors the source handles on its own: fetch
+// errors franz-go retries, and acknowledgements the broker refused (their
+// records are delivered again). By default they are logged to
+// slog.Default() at level Warn, rate-limited.
+func WithShareErrors(f func(error)) ShareOption {
+	return func(c *shareConfig) { c.onErr = f }
+}
+
+// NewShareSource creates a share-group consumer from clientOpts, which
+// must name the seed brokers, kgo.ShareGroup and the topics
+// (kgo.ConsumeTopics), and must not name a kgo.ConsumerGroup. Nil options
+// are ignored; an invalid option or a missing share group is a
+// *[effects.ConfigError].
+//
+// The source creates [WithShareMembers] clients from clientOpts, all in
+// the same share group, and sets kgo.ShareMaxRecords to the poll size
+// before clientOpts and kgo.ShareAckCallback after them (yours would be
+// replaced). The group's share.auto.offset.reset (a group config, "latest"
+// by default) decides whether records produced before the group first
+// consumed are delivered.
+//
+// Fetching starts with the first call to Next.
+func NewShareSource(clientOpts []kgo.Opt, opts ...ShareOption) (*ShareSource, error) {
+	cfg := shareConfig{
+		idHeader:      KeyHeader,
+		members:       DefaultShareMembers,
+		maxPoll:       DefaultShareMaxPoll,
+		deliveryLimit: DefaultDeliveryLimit,
+		renewBefore:   DefaultRenewBefore,
+		lockMargin:    DefaultLockMargin,
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	bad := func(option, format string, args ...any) (*ShareSource, error) {
+		return nil, &effects.ConfigError{Op: "kafka.NewShareSource", Option: option, Reason: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case cfg.idHeader == "":
+		return bad("WithShareIDHeader", "empty header name")
+	case cfg.members < 1:
+		return bad("WithShareMembers", "%d members; need at least 1", cfg.members)
+	case cfg.maxPoll < 1:
+		return bad("WithShareMaxPoll", "%d records; need at least 1", cfg.maxPoll)
+	case cfg.deliveryLimit < 0:
+		return bad("WithDeliveryLimit", "negative limit %d; 0 means no limit", cfg.deliveryLimit)
+	case cfg.renewBefore <= 0:
+		return bad("WithRenewBefore", "%v; need a positive duration", cfg.renewBefore)
+	case cfg.lockMargin < 0:
+		return bad("WithLockMargin", "negative margin %v", cfg.lockMargin)
+	case cfg.lockMargin >= cfg.renewBefore:
+		return bad("WithLockMargin", "margin %v is not less than the renew lead %v (WithRenewBefore): locks would lapse before their renewal", cfg.lockMargin, cfg.renewBefore)
+	}
+	s := &ShareSource{cfg: cfg, stop: make(chan struct{}), avail: make(chan struct{}, 1)}
+	s.runCtx, s.cancelRun = context.WithCancel(context.Background())
+	fail := func(option, format string, args ...any) (*ShareSource, error) {
+		for _, m := range s.members {
+			m.cl.Close()
+		}
+		s.cancelRun()
+		return bad(option, format, args...)
+	}
+	for range cfg.members {
+		all := append([]kgo.Opt{kgo.ShareMaxRecords(int32(min(cfg.maxPoll, 1<<30)))}, clientOpts...)
+		all = append(all, kgo.ShareAckCallback(s.onAcks))
+		cl, err := kgo.NewClient(all...)
+		if err != nil {
+			return fail("clientOpts", "%v", err)
+		}
+		s.members = append(s.members, &shareMember{cl: cl, wake: make(chan struct{}, 1)})
+		if g, _ := cl.OptValue(kgo.ShareGroup).(string); g == "" {
+			return fail("clientOpts", "no share group (kgo.ShareGroup)")
+		}
+		if g, _ := cl.OptValue(kgo.ConsumerGroup).(string); g != "" {
+			return fail("clientOpts", "consumer group %q with a share group: a ShareSource is a share-group member only (use NewSource for a consumer group)", g)
+		}
+		if topics, _ := cl.OptValue(kgo.ConsumeTopics).([]string); len(topics) == 0 {
+			return fail("clientOpts", "no topics (kgo.ConsumeTopics)")
+		}
+	}
+	return s, nil
+}
+
+// Clients returns the source's clients, one per member, e.g. for kadm. Do
+// not poll or acknowledge with them.
+func (s *ShareSource) Clients() []*kgo.Client {
+	out := make([]*kgo.Client, len(s.members))
+	for i, m := range s.members {
+		out[i] = m.cl
+	}
+	return out
+}
+
+// start starts the members' pollers and the renewer, once.
+func (s *ShareSource) start() {
+	s.startOnce.Do(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.closed {
+			return
+		}
+		s.loops.Add(len(s.members) + 1)
+		for _, m := range s.members {
+			go s.poll(m)
+		}
+		go s.renewer()
+	})
+}
+
+// Next returns the next acquired record, skipping (and releasing) those
+// whose lock ran out while they were queued. It blocks until one is
+// available, ctx is done, or the source is closed ([ErrSourceClosed]).
+// The first call starts fetching.
+func (s *ShareSource) Next(ctx context.Context) (effects.Delivery, error) {
+	s.start()
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return effects.Delivery{}, ErrSourceClosed
+		}
+		now := time.Now()
+		for len(s.queue) > 0 {
+			h := s.queue[0]
+			s.queue[0] = nil
+			s.queue = s.queue[1:]
+			if len(s.queue) == 0 {
+				s.wakeAllLocked() // members may poll
+			}
+			if h.settled {
+				continue
+			}
+			if !s.ownsLocked(h, now) {
+				s.settleLocked(h, kgo.AckRelease)
+				continue
+			}
+			more := len(s.queue) > 0
+			s.mu.Unlock()
+			if more {
+				signal(s.avail)
+			}
+			return s.delivery(h), nil
+		}
+		s.mu.Unlock()
+		select {
+		case <-s.avail:
+		case <-s.stop:
+		case <-ctx.Done():
+			return effects.Delivery{}, ctx.Err()
+		}
+	}
+}
+
+// delivery makes h's record a Delivery.
+func (s *ShareSource) delivery(h *shareHeld) effects.Delivery {
+	rec := h.rec
+	headers := make(map[string]string, len(rec.Headers))
+	id := ""
+	for _, hd := range rec.Headers {
+		headers[hd.Key] = string(hd.Value)
+		if hd.Key == s.cfg.idHeader && id == "" {
+			id = string(hd.Value)
+		}
+	}
+	if id == "" {
+		id = rec.Topic + "/" + strconv.FormatInt(int64(rec.Partition), 10) + "/" + strconv.FormatInt(rec.Offset, 10)
+	}
+	return effects.Delivery{
+		ID:      id,
+		Body:    rec.Value,
+		Headers: headers,
+		Attempt: int(rec.DeliveryCount()),
+		Token:   h,
+	}
+}
+
+// signal wakes whoever waits on ch (capacity 1).
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+func (s *ShareSource) wakeAllLocked() {
+	for _, m := range s.members {
+		signal(m.wake)
+	}
+}
+
+// heldOf returns d's record, or an error naming op if d was not handed out
+// by this source.
+func (s *ShareSource) heldOf(op string, d effects.Delivery) (*shareHeld, error) {
+	h, ok := d.Token.(*shareHeld)
+	if !ok || h == nil {
+		return nil, fmt.Errorf("kafka.ShareSource.%s: delivery was not handed out by a ShareSource", op)
+	}
+	for _, m := range s.members {
+		if h.m == m {
+			return h, nil
+		}
+	}
+	return nil, fmt.Errorf("kafka.ShareSource.%s: delivery was handed out by another ShareSource", op)
+}
+
+// Ack accepts d's record (after its handler's effects committed): the
+// group is done with it. The acknowledgement goes to the broker in the
+// background, within about a second, and at once on the member's next
+// poll or on Close. Ack returns [ErrLockExpired] if d's acquisition lock
+// ran out (the record is delivered again), and [ErrSourceClosed] after
+// Close (Close released it). Acking a delivery twice does nothing.
+func (s *ShareSource) Ack(_ context.Context, d effects.Delivery) error {
+	h, err := s.heldOf("Ack", d)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case h.accepted:
+		return nil
+	case s.closed:
+		return fmt.Errorf("kafka.ShareSource.Ack %s: %w", d.ID, ErrSourceClosed)
+	case h.settled:
+		return fmt.Errorf("kafka.ShareSource.Ack %s: released before the ack: %w", d.ID, ErrLockExpired)
+	case !time.Now().Before(h.deadline):
+		s.settleLocked(h, kgo.AckRelease)
+		return fmt.Errorf("kafka.ShareSource.Ack %s: %w", d.ID, ErrLockExpired)
+	}
+	s.settleLocked(h, kgo.AckAccept)
+	return nil
+}
+
+// Release hands d's record back to the broker for redelivery (AckRelease),
+// to this source or another member, with its delivery count raised. It
+// refuses ([ErrDeliveryLimit]) a record on its last allowed delivery
+// ([WithDeliveryLimit]), and returns [ErrLockExpired] for one whose lock
+// ran out: in both cases the consumer keeps the delivery and retries it in
+// place.
+func (s *ShareSource) Release(_ context.Context, d effects.Delivery) error {
+	h, err := s.heldOf("Release", d)
+	if err != nil {
+		return err
+	}
+	if n := int(h.rec.DeliveryCount()); s.cfg.deliveryLimit > 0 && n >= s.cfg.deliveryLimit {
+		return fmt.Errorf("kafka.ShareSource.Release %s: delivery %d of at most %d: %w", d.ID, n, s.cfg.deliveryLimit, ErrDeliveryLimit)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closed:
+		return fmt.Errorf("kafka.ShareSource.Release %s: %w", d.ID, ErrSourceClosed)
+	case h.accepted:
+		return fmt.Errorf("kafka.ShareSource.Release %s: already accepted", d.ID)
+	case h.settled || !time.Now().Before(h.deadline):
+		s.settleLocked(h, kgo.AckRelease)
+		return fmt.Errorf("kafka.ShareSource.Release %s: %w", d.ID, ErrLockExpired)
+	}
+	s.settleLocked(h, kgo.AckRelease)
+	return nil
+}
+
+// Owns reports whether d's acquisition lock still holds, with a safety
+// margin ([WithLockMargin]), so that an attempt started now is not
+// running on a record the broker gave to another member. The source
+// renews the locks of the records it holds, so Owns turns false only for
+// a record whose renewal failed to keep up (a frozen process) or that was
+// acked, released, or closed.
+func (s *ShareSource) Owns(d effects.Delivery) bool {
+	h, ok := d.Token.(*shareHeld)
+	if !ok || h == nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.closed && !h.settled && s.ownsLocked(h, time.Now())
+}
+
+func (s *ShareSource) ownsLocked(h *shareHeld, now time.Time) bool {
+	margin := min(s.cfg.lockMargin, h.lock/4)
+	return now.Before(h.deadline.Add(-margin))
+}
+
+// settleLocked gives h's record its final status, once, and lets its
+// member poll again when its batch is all settled.
+func (s *ShareSource) settleLocked(h *shareHeld, status kgo.AckStatus) {
+	if h.settled {
+		return
+	}
+	h.settled = true
+	h.accepted = status == kgo.AckAccept
+	h.rec.Ack(status)
+	h.m.held--
+	if h.m.held == 0 {
+		signal(h.m.wake)
+	}
+}
+
+// poll runs one member until Close: it polls when every record of its
+// previous poll is settled and the queue is not full, after flushing its
+// acknowledgements (franz-go would accept at the poll whatever is left).
+func (s *ShareSource) poll(m *shareMember) {
+	defer s.loops.Done()
+	for {
+		if !s.waitToPoll(m) {
+			return
+		}
+		fctx, cancel := context.WithTimeout(s.runCtx, commitTimeout)
+		if err := m.cl.FlushAcks(fctx); err != nil && s.runCtx.Err() == nil {
+			s.report(fmt.Errorf("kafka.ShareSource: flushing acknowledgements: %w", err))
+		}
+		cancel()
+		fs := m.cl.PollRecords(s.runCtx, s.cfg.maxPoll)
+		if fs.IsClientClosed() || s.runCtx.Err() != nil {
+			return
+		}
+		fs.EachError(func(_ string, _ int32, err error) {
+			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+				s.report(fmt.Errorf("kafka.ShareSource: fetch: %w", err))
+			}
+		})
+		s.take(m, fs)
+	}
+}
+
+// waitToPoll waits until m may poll: its previous poll's records all
+// settled (those whose lock expired are released here) and the queue
+// shorter than one poll. It returns false on Close.
+func (s *ShareSource) waitToPoll(m *shareMember) bool {
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return false
+		}
+		now := time.Now()
+		next := now.Add(time.Second)
+		for _, h := range m.batch {
+			if h.settled {
+				continue
+			}
+			if !now.Before(h.deadline) {
+				s.settleLocked(h, kgo.AckRelease) // the broker took it back
+				continue
+			}
+			if h.deadline.Before(next) {
+				next = h.deadline
+			}
+		}
+		if m.held == 0 && len(s.queue) < s.cfg.maxPoll {
+			clear(m.batch)
+			m.batch = m.batch[:0]
+			s.mu.Unlock()
+			return true
+		}
+		s.mu.Unlock()
+		t := time.NewTimer(time.Until(next))
+		select {
+		case <-m.wake:
+		case <-s.stop:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// take queues a poll's records.
+func (s *ShareSource) take(m *shareMember, fs kgo.Fetches) {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fs.EachRecord(func(rec *kgo.Record) {
+		dl := rec.AcquisitionDeadline()
+		h := &shareHeld{rec: rec, m: m, lock: dl.Sub(now), deadline: dl}
+		m.batch = append(m.batch, h)
+		m.held++
+		if s.closed || h.lock <= 0 {
+			s.settleLocked(h, kgo.AckRelease)
+			return
+		}
+		s.queue = append(s.queue, h)
+	})
+	if len(s.queue) > 0 {
+		signal(s.avail)
+	}
+}
+
+// renewer renews, until Close, the locks of held records near their
+// deadline, and flushes the renewals at once.
+func (s *ShareSource) renewer() {
+	defer s.loops.Done()
+	t := time.NewTicker(shareTick)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-s.stop:
+			return
+		}
+		for _, m := range s.members {
+			s.renew(m)
+		}
+	}
+}
+
+// renew renews m's held records whose deadline is near.
+func (s *ShareSource) renew(m *shareMember) {
+	var recs []*kgo.Record
+	now := time.Now()
+	s.mu.Lock()
+	for _, h := range m.batch {
+		if h.settled || !now.Before(h.deadline) {
+			continue
+		}
+		if h.deadline.Sub(now) < min(s.cfg.renewBefore, h.lock/2) {
+			recs = append(recs, h.rec)
+			// The broker restarts the lock when the renewal arrives,
+			// after now: now+lock is a lower bound.
+			h.deadline = now.Add(h.lock)
+		}
+	}
+	s.mu.Unlock()
+	if len(recs) == 0 {
+		return
+	}
+	m.cl.MarkAcks(kgo.AckRenew, recs...)
+	ctx, cancel := context.WithTimeout(s.runCtx, commitTimeout)
+	defer cancel()
+	if err := m.cl.FlushAcks(ctx); err != nil && s.runCtx.Err() == nil {
+		s.report(fmt.Errorf("kafka.ShareSource: renewing %d locks: %w", len(recs), err))
+	}
+}
+
+// onAcks reports acknowledgements the broker refused.
+func (s *ShareSource) onAcks(_ *kgo.Client, rs kgo.ShareAckResults) {
+	for _, r := range rs {
+		if r.Err != nil && !errors.Is(r.Err, context.Canceled) {
+			s.report(fmt.Errorf("kafka.ShareSource: acknowledgements of %s/%d refused (their records are delivered again): %w", r.Topic, r.Partition, r.Err))
+		}
+	}
+}
+
+// report hands err to the WithShareErrors hook, or logs it.
+func (s *ShareSource) report(err error) {
+	if s.cfg.onErr != nil {
+		s.cfg.onErr(err)
+		return
+	}
+	s.log.Log(context.Background(), slog.LevelWarn, "kafka.ShareSource: retrying after an error", slog.Any("error", err))
+}
+
+// Close stops fetching, releases every record not acked (handed out or
+// queued), flushes the acknowledgements, leaves the group and closes the
+// clients, waiting at most 10 s for the broker. Released records are
+// delivered again to the group's other members. Next, Ack and Release
+// return [ErrSourceClosed] afterwards.
+func (s *ShareSource) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	for _, m := range s.members {
+		for _, h := range m.batch {
+			s.settleLocked(h, kgo.AckRelease)
+		}
+	}
+	s.queue = nil
+	s.mu.Unlock()
+	close(s.stop)
+	s.cancelRun()
+	s.loops.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), shareCloseTimeout)
+	defer cancel()
+	errs := make([]error, len(s.members))
+	var wg sync.WaitGroup
+	for i, m := range s.members {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Leaving stops the client's fetches first (a fetch now
+			// would acquire records only to release them), then sends
+			// the pending acknowledgements with the session's close.
+			if err := m.cl.LeaveGroupContext(ctx); err != nil {
+				errs[i] = fmt.Errorf("kafka.ShareSource.Close: acknowledging and leaving the group: %w", err)
+			}
+			m.cl.Close()
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
