@@ -725,17 +725,20 @@ func (r *run) collect(first *task) []*task {
 		defer r.mu.Unlock()
 		return len(col.tasks) >= size
 	}
-	for !full() {
-		select {
-		case t := <-r.ready:
-			r.mu.Lock()
-			r.takeLocked(col, t)
-			r.mu.Unlock()
-			continue
-		default:
+	takeReady := func() {
+		for !full() {
+			select {
+			case t := <-r.ready:
+				r.mu.Lock()
+				r.takeLocked(col, t)
+				r.mu.Unlock()
+				continue
+			default:
+			}
+			return
 		}
-		break
 	}
+	takeReady()
 	if linger > 0 && !full() && !r.fetchBlocked.Load() {
 		r.mu.Lock()
 		r.collecting[col] = struct{}{}
@@ -756,6 +759,9 @@ func (r *run) collect(first *task) []*task {
 			}
 		}
 		tm.Stop()
+		// What became ready while the wait ended (the fetch loop's last
+		// delivery, sent just before it blocked) joins too.
+		takeReady()
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

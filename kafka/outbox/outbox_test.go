@@ -128,20 +128,27 @@ func TestOutboxTwoRelays(t *testing.T) {
 	defer cancel()
 	var wg sync.WaitGroup
 	sent := make([]int, 2)
-	for i := range 2 {
+	relays := make([]*outbox.Relay, 2)
+	for i := range relays {
 		relay, err := outbox.NewRelay(pool, c.Client(t), outbox.WithBatchSize(15), outbox.WithPollInterval(20*time.Millisecond),
 			outbox.WithErrorHandler(func(err error) { t.Errorf("relay %d: %v", i, err) }))
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Each relay takes one batch before they race, so that both take
-		// batches however the scheduler treats them (without it, one relay
-		// can drain the outbox before the other runs, on a loaded machine).
+		relays[i] = relay
+	}
+	// Each relay takes one batch before any of them races, so that both
+	// take batches however the scheduler treats them (without it, one
+	// relay can drain the outbox before the other runs, on a loaded
+	// machine).
+	for i, relay := range relays {
 		n, err := relay.RelayBatch(rctx)
 		if err != nil || n != 15 {
 			t.Fatalf("relay %d: first batch: %d, %v", i, n, err)
 		}
 		sent[i] += n
+	}
+	for i, relay := range relays {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
