@@ -2,6 +2,7 @@ package effects_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -16,6 +17,25 @@ func ExampleNewKey() {
 	}
 	fmt.Println(key)
 	// Output: billing:evt_1NqZ%3Aretry:ledger
+}
+
+// An id decoded from JSON: invalid UTF-8 arrives as U+FFFD, so two
+// events whose ids differ only there would share every key. CheckID makes
+// such an id poison, which a Consumer dead-letters at once.
+func ExampleCheckID() {
+	var a, b struct {
+		ID string `json:"id"`
+	}
+	_ = json.Unmarshal([]byte("{\"id\":\"evt-\xff\"}"), &a)
+	_ = json.Unmarshal([]byte("{\"id\":\"evt-\xfe\"}"), &b)
+	fmt.Println(a.ID == b.ID)
+	err := effects.CheckID(a.ID)
+	fmt.Println(errors.Is(err, effects.ErrPoison))
+	fmt.Println(effects.CheckID("evt_42"))
+	// Output:
+	// true
+	// true
+	// <nil>
 }
 
 func ExampleKey_Validate() {

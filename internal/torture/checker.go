@@ -422,6 +422,9 @@ type CommitVerdict struct {
 	Zombie int
 	// Unmatched counts applied commits no earlier request carried.
 	Unmatched int
+	// ZombieRequests counts requests from members the group had dropped
+	// when they arrived: attempts the broker must refuse (not violations).
+	ZombieRequests int
 	// Samples holds up to five examples per violation.
 	Samples map[string][]string
 }
@@ -439,8 +442,8 @@ func (v *CommitVerdict) Violations() []string {
 
 // String is the one-line report.
 func (v *CommitVerdict) String() string {
-	return fmt.Sprintf("%d applied commits checked against %d requests: %d moved an offset backwards, %d from a dropped member, %d without a request",
-		v.Applied, v.Requests, v.Backwards, v.Zombie, v.Unmatched)
+	return fmt.Sprintf("%d applied commits checked against %d requests (%d of them from members already dropped): %d moved an offset backwards, %d from a dropped member, %d without a request",
+		v.Applied, v.Requests, v.ZombieRequests, v.Backwards, v.Zombie, v.Unmatched)
 }
 
 func (v *CommitVerdict) sample(name, s string) {
@@ -461,6 +464,11 @@ func (v *CommitVerdict) sample(name, s string) {
 // offset that arrived before it was applied.
 func CheckCommits(requests []CommitRequest, applied []AppliedCommit, dropped map[string]time.Time) *CommitVerdict {
 	v := &CommitVerdict{Applied: len(applied), Requests: len(requests)}
+	for _, r := range requests {
+		if gone, ok := dropped[r.Member]; ok && !gone.After(r.At) {
+			v.ZombieRequests++
+		}
+	}
 	byPart := map[int32][]AppliedCommit{}
 	for _, a := range applied {
 		byPart[a.Partition] = append(byPart[a.Partition], a)

@@ -176,6 +176,9 @@ func TestCheckCommits(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			v := torture.CheckCommits(requests, tc.applied, dropped)
+			if v.ZombieRequests != 1 {
+				t.Errorf("ZombieRequests %d, want the zombie's one request", v.ZombieRequests)
+			}
 			vs := v.Violations()
 			switch {
 			case tc.want == "" && len(vs) > 0:

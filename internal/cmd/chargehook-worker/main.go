@@ -57,6 +57,10 @@
 //     consumer retries it, holding back its partition, until the lease
 //     expires (kafka.WithLease; the adapter's own default is
 //     effects.DefaultLease, a minute).
+//   - -session-timeout, -rebalance-timeout and -heartbeat-interval set the
+//     group's timing (franz-go's defaults otherwise); the rebalance torture
+//     runs three workers with a 3 s session, so a frozen worker is dropped
+//     quickly.
 //   - -max-attempts is the consumer's attempt budget before a failure goes
 //     to the dead-letter hook (which takes only poison; see above).
 //   - -trace writes one line per step to stdout, for the torture test (the
