@@ -309,7 +309,7 @@ func NewShareSource(clientOpts []kgo.Opt, opts ...ShareOption) (*ShareSource, er
 		return bad(option, format, args...)
 	}
 	for range cfg.members {
-		all := append([]kgo.Opt{kgo.ShareMaxRecords(int32(min(cfg.maxPoll, 1<<30)))}, clientOpts...)
+		all := append([]kgo.Opt{kgo.ShareMaxRecords(int32(min(cfg.maxPoll, 1<<30))), kgo.ShareMaxRecordsStrict()}, clientOpts...)
 		all = append(all, kgo.ShareAckCallback(s.onAcks))
 		cl, err := kgo.NewClient(all...)
 		if err != nil {
@@ -558,7 +558,10 @@ func (s *ShareSource) poll(m *shareMember) {
 			s.report(fmt.Errorf("kafka.ShareSource: flushing acknowledgements: %w", err))
 		}
 		cancel()
-		fs := m.cl.PollRecords(s.runCtx, s.cfg.maxPoll)
+		// Everything the client fetched: records left in its buffer
+		// would stay acquired, and unrenewed, until the next poll, which
+		// waits for this one's records to settle.
+		fs := m.cl.PollFetches(s.runCtx)
 		if fs.IsClientClosed() || s.runCtx.Err() != nil {
 			return
 		}
