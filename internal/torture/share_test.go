@@ -177,6 +177,9 @@ func TestShareTorture(t *testing.T) {
 	if tot.absorbed == 0 {
 		t.Errorf("no delivery replayed its ledger step: neither the duplicate records, the kills nor the stops caused a redelivery")
 	}
+	if tot.retries["lock_expired"] == 0 {
+		t.Errorf("no handler outlived its acquisition lock: the SIGSTOPs did not freeze a worker mid-delivery")
+	}
 	if kills == 0 || stops == 0 {
 		t.Errorf("%d kills and %d stops: the schedule did not run", kills, stops)
 	}
