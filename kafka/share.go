@@ -85,10 +85,10 @@ const shareTick = 200 * time.Millisecond
 // delivery count, so [effects.WithMaxAttempts] counts across members and
 // processes.
 //
-// Acks are not acknowledged one record at a time on the wire: if the
-// broker refuses an ack of one record in a partition's batch (its lock had
-// expired), it refuses the batch, and those records are delivered again
-// once their locks expire. An effectively-once handler replays them.
+// Acknowledgements travel in batches per partition: if the broker refuses
+// one record's (its lock had expired), it refuses the partition's batch,
+// and those records are delivered again once their locks expire. An
+// effectively-once handler replays them.
 //
 // # Effects longer than the lock
 //
@@ -138,7 +138,8 @@ const shareTick = 200 * time.Millisecond
 // [WithShareMaxPoll] records at a time (kgo.ShareMaxRecords with
 // kgo.ShareMaxRecordsStrict), and the others go on. A member's client may
 // have fetched one more batch before its poll was held back: those
-// records wait behind the stuck one (renewed, once polled), which is the
+// records wait behind the stuck one, unrenewed (if their locks expire
+// first, the broker gives them to other members), which is the
 // head-of-line blocking left, bounded by the poll size.
 //
 // # Crashes and the delivery limit
