@@ -26,6 +26,13 @@
 //     a record. It hands records out fairly across partitions, bounds each
 //     partition's unfinished records, and commits the acked marks of every
 //     partition in one OffsetCommit request at a time (group commit).
+//   - [ShareSource]: an [effects.Source] over a share group (KIP-932,
+//     queues for Kafka): records are acquired, accepted ([ShareSource.Ack])
+//     or released ([ShareSource.Release]) one by one, with no Ordering, so
+//     a consumer runs more handlers than there are partitions and a stuck
+//     record blocks nothing behind it. The delivery count is the
+//     delivery's attempt; held records' acquisition locks are renewed in
+//     the background; see "Share groups" below.
 //   - The transactional outbox, in package effectively.dev/kafka/outbox
 //     (apart, so that a program that only produces or consumes does not
 //     pull in pgx): the application writes the record into an outbox table
@@ -51,6 +58,45 @@
 // [WithReplayRate], ...) instead of a ReplayOptions struct, and refuse
 // what they used to reinterpret quietly (an empty partition list, a
 // negative start, an end before the start, a limiter with a rate).
+//
+// # Share groups or consumer groups
+//
+// Use [Source] (a consumer group) when records of one key must be handled
+// in order: it hands a partition's records out in offset order and
+// commits offsets, so a record that keeps failing holds back its
+// partition (and only its partition). Use [ShareSource] (a share group)
+// when order does not matter: every handler is busy whatever the
+// partition count, and a record whose effect takes seconds, or keeps
+// failing, delays nothing but itself (BENCHMARKS.md, "Share groups").
+//
+// The price of a share group is the acquisition lock
+// (share.record.lock.duration.ms, 30 s by default). The source renews the
+// locks of the records it holds; a process that cannot renew (frozen by
+// SIGSTOP, a debugger, a long pause) loses its records to other members,
+// which run the same effects while the first may still be running them.
+// That is the concurrent duplicate an effectively-once effect absorbs (a
+// postgres claim waits for the first transaction and replays it; Stripe
+// answers 409 in flight, then replays): use share groups only with
+// idempotent effects, which is what this module is for. The late
+// handler's Ack returns [ErrLockExpired].
+//
+// Retries and the delivery limit: with a share group the consumer
+// releases a failed delivery to the broker after its backoff (the retry
+// may run on another member, and the broker's delivery count, which is
+// Delivery.Attempt, keeps [effects.WithMaxAttempts] across processes).
+// The broker archives a record after share.delivery.count.limit
+// deliveries (5 by default, at most 10), so the source refuses to
+// release a record on its last allowed delivery ([ErrDeliveryLimit]) and
+// the consumer retries it in place until its attempts run out and the
+// dead-letter hook takes it; tell the source the group's limit with
+// [WithDeliveryLimit]. A dead-lettered delivery is accepted, not
+// rejected: the hook handled it. Crashes count toward the limit too (see
+// [ShareSource]).
+//
+// kfake serves share groups (acquisition locks, renewals, delivery
+// limits, sharing partitions among members), and the tests here use it;
+// it takes the lock duration and the delivery limit from broker configs
+// (kafkatest.ShareBrokerConfigs), where Kafka takes them per group.
 //
 // When not to use it: if your consumer's effect lives in your database, a
 // dedup row in the same database transaction (package postgres) is

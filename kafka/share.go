@@ -35,7 +35,7 @@ const (
 	// DefaultShareMembers is how many share-group members (clients) one
 	// ShareSource runs.
 	DefaultShareMembers = 4
-	// DefaultShareMaxPoll is how many records one member takes per poll.
+	// DefaultShareMaxPoll is how many records one member fetches at a time.
 	DefaultShareMaxPoll = 32
 	// DefaultDeliveryLimit is Kafka's default share.delivery.count.limit:
 	// the broker archives a record after this many deliveries.
@@ -85,10 +85,10 @@ const shareTick = 200 * time.Millisecond
 // delivery count, so [effects.WithMaxAttempts] counts across members and
 // processes.
 //
-// Acks are not acknowledged one record at a time on the wire: if the
-// broker refuses an ack of one record in a partition's batch (its lock had
-// expired), it refuses the batch, and those records are delivered again
-// once their locks expire. An effectively-once handler replays them.
+// Acknowledgements travel in batches per partition: if the broker refuses
+// one record's (its lock had expired), it refuses the partition's batch,
+// and those records are delivered again once their locks expire. An
+// effectively-once handler replays them.
 //
 // # Effects longer than the lock
 //
@@ -130,12 +130,28 @@ const shareTick = 200 * time.Millisecond
 // franz-go accepts, at the next poll, every record of the previous poll
 // not yet acknowledged (Renews do not persist across polls). So a member
 // polls again only once every record of its previous poll was accepted,
-// released, or its lock expired (then the source releases it). A record
-// stuck in a handler so holds back its member's polls, not the source:
-// the source runs [WithShareMembers] members (clients), each polling at
-// most [WithShareMaxPoll] records, and the others go on. Records a member
-// fetched and not yet polled sit acquired in the client; keep
-// kgo.ShareMaxRecords (set to the poll size by default) small.
+// released, or its lock expired (then the source releases it), and each
+// poll takes everything the client fetched, so that no record waits
+// acquired in the client's buffer. A record stuck in a handler so holds
+// back its member's next poll, not the source: the source runs
+// [WithShareMembers] members (clients), each fetching at most
+// [WithShareMaxPoll] records at a time (kgo.ShareMaxRecords with
+// kgo.ShareMaxRecordsStrict), and the others go on. A member's client may
+// have fetched one more batch before its poll was held back: those
+// records wait behind the stuck one, unrenewed (if their locks expire
+// first, the broker gives them to other members), which is the
+// head-of-line blocking left, bounded by the poll size.
+//
+// # Crashes and the delivery limit
+//
+// Every acquisition counts toward share.delivery.count.limit, including
+// those that end in a crash, a frozen process or a Close (kfake also lets
+// a closing member's in-flight fetch acquire a record once more). A record
+// delivered that many times without an accept is archived by the broker
+// without a handler seeing it again: with the default limit of 5, a
+// record caught in five crashes is lost to the consumer. Raise the
+// group's limit (Kafka allows up to 10) where crashes are frequent, and
+// watch the group's archived records.
 //
 // Delivery.ID comes from the id header ([KeyHeader] by default, see
 // [WithShareIDHeader]), else "topic/partition/offset"; Delivery.Ordering is
@@ -212,9 +228,11 @@ func WithShareMembers(n int) ShareOption {
 	return func(c *shareConfig) { c.members = n }
 }
 
-// WithShareMaxPoll bounds how many records one member takes per poll
-// (default [DefaultShareMaxPoll], 32); the source holds at most members ×
-// n records. n must be at least 1.
+// WithShareMaxPoll bounds how many records one member fetches at a time
+// (kgo.ShareMaxRecords, strict; default [DefaultShareMaxPoll], 32), and
+// a member polls only while fewer than n records wait to be handed out.
+// A larger n takes more records per round trip; a smaller one leaves
+// fewer records waiting behind a stuck one. n must be at least 1.
 func WithShareMaxPoll(n int) ShareOption {
 	return func(c *shareConfig) { c.maxPoll = n }
 }
@@ -259,9 +277,9 @@ func WithShareErrors(f func(error)) ShareOption {
 // *[effects.ConfigError].
 //
 // The source creates [WithShareMembers] clients from clientOpts, all in
-// the same share group, and sets kgo.ShareMaxRecords to the poll size
-// before clientOpts and kgo.ShareAckCallback after them (yours would be
-// replaced). The group's share.auto.offset.reset (a group config, "latest"
+// the same share group. Before clientOpts it sets kgo.ShareMaxRecords to
+// the poll size and kgo.ShareMaxRecordsStrict; after them,
+// kgo.ShareAckCallback (yours would be replaced). The group's share.auto.offset.reset (a group config, "latest"
 // by default) decides whether records produced before the group first
 // consumed are delivered.
 //
@@ -309,7 +327,7 @@ func NewShareSource(clientOpts []kgo.Opt, opts ...ShareOption) (*ShareSource, er
 		return bad(option, format, args...)
 	}
 	for range cfg.members {
-		all := append([]kgo.Opt{kgo.ShareMaxRecords(int32(min(cfg.maxPoll, 1<<30)))}, clientOpts...)
+		all := append([]kgo.Opt{kgo.ShareMaxRecords(int32(min(cfg.maxPoll, 1<<30))), kgo.ShareMaxRecordsStrict()}, clientOpts...)
 		all = append(all, kgo.ShareAckCallback(s.onAcks))
 		cl, err := kgo.NewClient(all...)
 		if err != nil {
@@ -558,7 +576,10 @@ func (s *ShareSource) poll(m *shareMember) {
 			s.report(fmt.Errorf("kafka.ShareSource: flushing acknowledgements: %w", err))
 		}
 		cancel()
-		fs := m.cl.PollRecords(s.runCtx, s.cfg.maxPoll)
+		// Everything the client fetched: records left in its buffer
+		// would stay acquired, and unrenewed, until the next poll, which
+		// waits for this one's records to settle.
+		fs := m.cl.PollFetches(s.runCtx)
 		if fs.IsClientClosed() || s.runCtx.Err() != nil {
 			return
 		}

@@ -219,3 +219,39 @@ func TestShareConsumerLockExpiryAbsorbed(t *testing.T) {
 		t.Errorf("ledger rows %v, want one for %s", got, d.ID)
 	}
 }
+
+// TestShareConsumerLongEffectRenewed: a handler that runs for two locks'
+// time keeps its record: the source renews the lock in the background, so
+// a second member never gets it, and the late Ack is accepted.
+func TestShareConsumerLongEffectRenewed(t *testing.T) {
+	c, topic, group := shareCluster(t, 1, shareTestLock, 0)
+	produceN(t, c, topic, 1, 1)
+	started := make(chan struct{})
+	var calls atomic.Int64
+	consA := runConsumer(t, newShareSource(t, c, group, topic, kafka.WithShareMembers(1)), func(ctx context.Context, d effects.Delivery) error {
+		if calls.Add(1) == 1 {
+			close(started)
+		}
+		select {
+		case <-time.After(2*shareTestLock + time.Second):
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler did not start")
+	}
+	other := newShareSource(t, c, group, topic, kafka.WithShareMembers(1))
+	consB := runConsumer(t, other, func(context.Context, effects.Delivery) error { return nil })
+	eventually(t, "the long handler's ack", func() bool { return consA.Stats().Acked == 1 })
+	time.Sleep(time.Second) // a redelivery would have had time to arrive
+	if n := consB.Stats().Delivered; n != 0 {
+		t.Errorf("the second member got %d deliveries of a record whose lock was being renewed", n)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("the handler ran %d times, want once", n)
+	}
+}

@@ -177,6 +177,9 @@ func TestShareTorture(t *testing.T) {
 	if tot.absorbed == 0 {
 		t.Errorf("no delivery replayed its ledger step: neither the duplicate records, the kills nor the stops caused a redelivery")
 	}
+	if tot.retries["lock_expired"] == 0 {
+		t.Errorf("no handler outlived its acquisition lock: the SIGSTOPs did not freeze a worker mid-delivery")
+	}
 	if kills == 0 || stops == 0 {
 		t.Errorf("%d kills and %d stops: the schedule did not run", kills, stops)
 	}
@@ -199,7 +202,12 @@ func (l *acceptLog) all() map[[2]int64]time.Time {
 	return out
 }
 
-func (l *acceptLog) add(at time.Time, p int32, first, last int64, types []int8) {
+// add records the accepts of offsets first to last of partition p (of
+// the observed topic, if ours), by their acknowledge types.
+func (l *acceptLog) add(ours bool, at time.Time, p int32, first, last int64, types []int8) {
+	if !ours {
+		return
+	}
 	for o := first; o <= last; o++ {
 		typ := int8(1) // no types: accept
 		switch {
@@ -226,46 +234,32 @@ func (l *acceptLog) add(at time.Time, p int32, first, last int64, types []int8) 
 func observeAccepts(fake *kfake.Cluster, topic string) *acceptLog {
 	l := &acceptLog{first: map[[2]int64]time.Time{}}
 	id := fake.TopicInfo(topic).TopicID
-	fake.ControlKey(kmsg.ShareFetch.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+	observe := func(req kmsg.Request) (kmsg.Response, error, bool) {
 		at := time.Now()
-		r, ok := req.(*kmsg.ShareFetchRequest)
-		if !ok {
-			return nil, nil, false
-		}
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		for _, tp := range r.Topics {
-			if tp.TopicID != id {
-				continue
+		switch r := req.(type) {
+		case *kmsg.ShareFetchRequest:
+			for _, tp := range r.Topics {
+				for _, p := range tp.Partitions {
+					for _, b := range p.AcknowledgementBatches {
+						l.add(tp.TopicID == id, at, p.Partition, b.FirstOffset, b.LastOffset, b.AcknowledgeTypes)
+					}
+				}
 			}
-			for _, p := range tp.Partitions {
-				for _, b := range p.AcknowledgementBatches {
-					l.add(at, p.Partition, b.FirstOffset, b.LastOffset, b.AcknowledgeTypes)
+		case *kmsg.ShareAcknowledgeRequest:
+			for _, tp := range r.Topics {
+				for _, p := range tp.Partitions {
+					for _, b := range p.AcknowledgementBatches {
+						l.add(tp.TopicID == id, at, p.Partition, b.FirstOffset, b.LastOffset, b.AcknowledgeTypes)
+					}
 				}
 			}
 		}
-		return nil, nil, false
-	})
-	fake.ControlKey(kmsg.ShareAcknowledge.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		at := time.Now()
-		r, ok := req.(*kmsg.ShareAcknowledgeRequest)
-		if !ok {
-			return nil, nil, false
-		}
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		for _, tp := range r.Topics {
-			if tp.TopicID != id {
-				continue
-			}
-			for _, p := range tp.Partitions {
-				for _, b := range p.AcknowledgementBatches {
-					l.add(at, p.Partition, b.FirstOffset, b.LastOffset, b.AcknowledgeTypes)
-				}
-			}
-		}
-		return nil, nil, false
-	})
+		return nil, nil, false // observed, not handled
+	}
+	fake.ControlKey(kmsg.ShareFetch.Int16(), observe)
+	fake.ControlKey(kmsg.ShareAcknowledge.Int16(), observe)
 	return l
 }
 

@@ -14,10 +14,13 @@ package main
 // The flags are those of the consumer-group mode, without -instance-id
 // and -ack-first, plus -members, -max-poll and -delivery-limit (see
 // kafka.WithShareMembers, kafka.WithShareMaxPoll, kafka.WithDeliveryLimit).
-// The -trace lines are the same; "acked" means the record was accepted.
+// The -trace lines are the same; "acked" means the record was accepted,
+// and "retry <id> lock_expired" reports an Ack refused because the
+// record's acquisition lock had expired (the worker was frozen past it).
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -133,7 +136,11 @@ func workShare(ctx context.Context, cfg shareConfig, stdout, stderr io.Writer) e
 		effects.WithBackoff(10*time.Millisecond, 500*time.Millisecond),
 		effects.WithShutdownGrace(cfg.grace),
 		effects.WithObserver(effects.ObserverFunc(func(_ context.Context, ev effects.Event) {
-			tr.line("retry", ev.DeliveryID, cause(ev.Err))
+			c := cause(ev.Err)
+			if errors.Is(ev.Err, kafka.ErrLockExpired) {
+				c = "lock_expired" // a handler outlived its lock: another worker had the record
+			}
+			tr.line("retry", ev.DeliveryID, c)
 		})),
 	)
 	if err != nil {
