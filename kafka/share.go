@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
 
@@ -154,8 +153,9 @@ const shareTick = 200 * time.Millisecond
 // watch the group's archived records.
 //
 // Delivery.ID comes from the id header ([KeyHeader] by default, see
-// [WithShareIDHeader]), else "topic/partition/offset"; Delivery.Ordering is
-// empty.
+// [WithShareIDHeader]), else "topic/partition/offset"; a header that is
+// present but empty gives an empty ID, as with [Source] (NewKey refuses it:
+// the consumer dead-letters the delivery). Delivery.Ordering is empty.
 type ShareSource struct {
 	cfg     shareConfig
 	members []*shareMember
@@ -420,17 +420,7 @@ func (s *ShareSource) Next(ctx context.Context) (effects.Delivery, error) {
 // delivery makes h's record a Delivery.
 func (s *ShareSource) delivery(h *shareHeld) effects.Delivery {
 	rec := h.rec
-	headers := make(map[string]string, len(rec.Headers))
-	id := ""
-	for _, hd := range rec.Headers {
-		headers[hd.Key] = string(hd.Value)
-		if hd.Key == s.cfg.idHeader && id == "" {
-			id = string(hd.Value)
-		}
-	}
-	if id == "" {
-		id = rec.Topic + "/" + strconv.FormatInt(int64(rec.Partition), 10) + "/" + strconv.FormatInt(rec.Offset, 10)
-	}
+	id, headers := recordID(rec, s.cfg.idHeader)
 	return effects.Delivery{
 		ID:      id,
 		Body:    rec.Value,

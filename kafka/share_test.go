@@ -276,3 +276,36 @@ func TestNewShareSourceValidates(t *testing.T) {
 		t.Error("Owns a foreign delivery")
 	}
 }
+
+// TestShareSourceEmptyIDHeader: as with the partition Source, a record
+// whose id header is present but empty gets an empty ID (NewKey refuses
+// it: dead letter), never its position, which a resent event would not
+// share; only a record without the header gets topic/partition/offset.
+func TestShareSourceEmptyIDHeader(t *testing.T) {
+	c, topic, group := shareCluster(t, 1, shareTestLock, 0)
+	hdr := func(v string) []kgo.RecordHeader { return []kgo.RecordHeader{{Key: kafka.KeyHeader, Value: []byte(v)}} }
+	recs := []*kgo.Record{
+		{Topic: topic, Value: []byte("empty"), Headers: hdr("")},
+		{Topic: topic, Value: []byte("absent")},
+		{Topic: topic, Value: []byte("empty-then-named"), Headers: append(hdr(""), hdr("evt-3")...)},
+	}
+	if err := c.Client(t).ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	s := newShareSource(t, c, group, topic)
+	ids := map[string]string{}
+	for range recs {
+		d := shareNext(t, s)
+		ids[string(d.Body)] = d.ID
+		if err := s.Ack(context.Background(), d); err != nil {
+			t.Fatalf("Ack(%s): %v", d.Body, err)
+		}
+	}
+	want := map[string]string{"empty": "", "absent": topic + "/0/1", "empty-then-named": ""}
+	if fmt.Sprint(ids) != fmt.Sprint(want) {
+		t.Errorf("ids by record %v, want %v", ids, want)
+	}
+	if _, err := effects.NewKey("billing", ids["empty"], "ledger"); !errors.Is(err, effects.ErrInvalidKey) {
+		t.Errorf("NewKey of the empty id: %v, want ErrInvalidKey", err)
+	}
+}

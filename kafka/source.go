@@ -440,21 +440,8 @@ func (s *Source) deliverLocked(p *partState, rec *kgo.Record) effects.Delivery {
 	d := &delivered{rec: rec}
 	p.pending = append(p.pending, d)
 	p.unacked++
-	headers := make(map[string]string, len(rec.Headers))
-	id, found := "", false
-	for _, h := range rec.Headers {
-		headers[h.Key] = string(h.Value)
-		if h.Key == s.cfg.idHeader && !found {
-			// The first id header decides, even when it is empty: an empty
-			// one is handed out as an empty ID (which NewKey refuses), never
-			// replaced by the record's position.
-			id, found = string(h.Value), true
-		}
-	}
+	id, headers := recordID(rec, s.cfg.idHeader)
 	ordering := rec.Topic + "/" + strconv.FormatInt(int64(rec.Partition), 10)
-	if !found {
-		id = ordering + "/" + strconv.FormatInt(rec.Offset, 10)
-	}
 	return effects.Delivery{
 		ID:       id,
 		Ordering: ordering,
@@ -853,4 +840,25 @@ func (s *Source) Close() error {
 	}
 	s.cancelClient()
 	return err
+}
+
+// recordID returns rec's delivery id and its headers as a map. The id is
+// the first header named idHeader, even when it is empty: an empty one is
+// handed out as an empty id (which NewKey refuses, so a consumer
+// dead-letters the delivery), never replaced by the record's position,
+// which changes when an event is resent. Only a record without the header
+// gets "topic/partition/offset".
+func recordID(rec *kgo.Record, idHeader string) (id string, headers map[string]string) {
+	headers = make(map[string]string, len(rec.Headers))
+	found := false
+	for _, h := range rec.Headers {
+		headers[h.Key] = string(h.Value)
+		if h.Key == idHeader && !found {
+			id, found = string(h.Value), true
+		}
+	}
+	if !found {
+		id = rec.Topic + "/" + strconv.FormatInt(int64(rec.Partition), 10) + "/" + strconv.FormatInt(rec.Offset, 10)
+	}
+	return id, headers
 }
