@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -186,6 +187,11 @@ type shareMember struct {
 	batch []*shareHeld  // the last poll's records
 	held  int           // of batch, not yet settled
 	wake  chan struct{} // held reached 0, or a lock may have expired (capacity 1)
+
+	// refused collects the partitions whose acknowledgements the broker
+	// refused while a renewal of this member's locks is being flushed
+	// (nil otherwise): their renewals do not extend a deadline.
+	refused map[string]bool
 }
 
 // shareHeld is one acquired record: Delivery.Token.
@@ -663,7 +669,13 @@ func (s *ShareSource) renewer() {
 }
 
 // renew renews m's held records whose deadline is near.
+//
+// A deadline moves only once the broker confirmed the renewal: a renewal
+// that arrives after the broker's lock expired is refused (the record is
+// another member's by then), and extending the deadline anyway would make
+// Owns and Ack claim a record this member lost.
 func (s *ShareSource) renew(m *shareMember) {
+	var held []*shareHeld
 	var recs []*kgo.Record
 	now := time.Now()
 	s.mu.Lock()
@@ -672,11 +684,12 @@ func (s *ShareSource) renew(m *shareMember) {
 			continue
 		}
 		if h.deadline.Sub(now) < min(s.cfg.renewBefore, h.lock/2) {
+			held = append(held, h)
 			recs = append(recs, h.rec)
-			// The broker restarts the lock when the renewal arrives,
-			// after now: now+lock is a lower bound.
-			h.deadline = now.Add(h.lock)
 		}
+	}
+	if len(recs) > 0 {
+		m.refused = map[string]bool{}
 	}
 	s.mu.Unlock()
 	if len(recs) == 0 {
@@ -685,13 +698,41 @@ func (s *ShareSource) renew(m *shareMember) {
 	m.cl.MarkAcks(kgo.AckRenew, recs...)
 	ctx, cancel := context.WithTimeout(s.runCtx, commitTimeout)
 	defer cancel()
-	if err := m.cl.FlushAcks(ctx); err != nil && s.runCtx.Err() == nil {
+	err := m.cl.FlushAcks(ctx)
+	if err != nil && s.runCtx.Err() == nil {
 		s.report(fmt.Errorf("kafka.ShareSource: renewing %d locks: %w", len(recs), err))
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, h := range held {
+		// The broker restarted the lock when the renewal arrived, after
+		// now: now+lock is a lower bound.
+		if err == nil && !h.settled && !m.refused[partitionKey(h.rec.Topic, h.rec.Partition)] {
+			h.deadline = now.Add(h.lock)
+		}
+	}
+	m.refused = nil
+}
+
+// partitionKey names a topic's partition, "topic/partition".
+func partitionKey(topic string, partition int32) string {
+	return topic + "/" + strconv.FormatInt(int64(partition), 10)
 }
 
 // onAcks reports acknowledgements the broker refused.
-func (s *ShareSource) onAcks(_ *kgo.Client, rs kgo.ShareAckResults) {
+func (s *ShareSource) onAcks(cl *kgo.Client, rs kgo.ShareAckResults) {
+	s.mu.Lock()
+	for _, m := range s.members {
+		if m.cl != cl || m.refused == nil {
+			continue
+		}
+		for _, r := range rs {
+			if r.Err != nil {
+				m.refused[partitionKey(r.Topic, r.Partition)] = true
+			}
+		}
+	}
+	s.mu.Unlock()
 	for _, r := range rs {
 		if r.Err != nil && !errors.Is(r.Err, context.Canceled) {
 			s.report(fmt.Errorf("kafka.ShareSource: acknowledgements of %s/%d refused (their records are delivered again): %w", r.Topic, r.Partition, r.Err))

@@ -441,7 +441,7 @@ func (s *Source) deliverLocked(p *partState, rec *kgo.Record) effects.Delivery {
 	p.pending = append(p.pending, d)
 	p.unacked++
 	id, headers := recordID(rec, s.cfg.idHeader)
-	ordering := rec.Topic + "/" + strconv.FormatInt(int64(rec.Partition), 10)
+	ordering := partitionKey(rec.Topic, rec.Partition)
 	return effects.Delivery{
 		ID:       id,
 		Ordering: ordering,
@@ -858,7 +858,7 @@ func recordID(rec *kgo.Record, idHeader string) (id string, headers map[string]s
 		}
 	}
 	if !found {
-		id = rec.Topic + "/" + strconv.FormatInt(int64(rec.Partition), 10) + "/" + strconv.FormatInt(rec.Offset, 10)
+		id = partitionKey(rec.Topic, rec.Partition) + "/" + strconv.FormatInt(rec.Offset, 10)
 	}
 	return id, headers
 }
