@@ -303,12 +303,20 @@ func Header(r *kgo.Record, name string) (string, bool) {
 // GroupOpts returns consumer-group options for tests: join group, consume
 // topic, and heartbeat and session timeouts short enough that a member
 // leaving or joining rebalances within seconds.
+//
+// The rebalance timeout (2 s) is below the session timeout (3 s), as it
+// should be on kfake: kfake does not refresh a member's session while the
+// member's JoinGroup is parked waiting for the others, and it restarts the
+// rebalance timer on every join or session expiry, so with a longer
+// rebalance timeout a member parked behind a slow one could expire
+// although it is alive, and the group churn. (Kafka refreshes the session
+// of a member whose join is in flight.)
 func GroupOpts(group, topic string) []kgo.Opt {
 	return []kgo.Opt{
 		kgo.ConsumerGroup(group),
 		kgo.ConsumeTopics(topic),
 		kgo.HeartbeatInterval(100 * time.Millisecond),
 		kgo.SessionTimeout(3 * time.Second),
-		kgo.RebalanceTimeout(5 * time.Second),
+		kgo.RebalanceTimeout(2 * time.Second),
 	}
 }
