@@ -191,35 +191,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 func work(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 	tr := &tracer{w: stdout, on: cfg.trace}
 
-	pcfg, err := pgxpool.ParseConfig(cfg.databaseURL)
-	if err != nil {
-		return fmt.Errorf("-database-url: %w", err)
-	}
-	if !strings.Contains(cfg.databaseURL, "pool_max_conns") {
-		// A handler holds one connection for the ledger's transaction and
-		// one for each journal call; the default (4 on 2 cores) would make
-		// the handlers wait for each other.
-		pcfg.MaxConns = int32(2*cfg.concurrency + 2)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	pool, producer, brokers, closeBackends, err := openBackends(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	if cfg.migrate {
-		if err := migrate(ctx, pool); err != nil {
-			return err
-		}
-	}
-
-	brokers := kgo.SeedBrokers(strings.Split(cfg.brokers, ",")...)
-	// Linger 0: every handler waits for its own record, so batching across
-	// handlers buys nothing and lingering would add to every event.
-	producer, err := kgo.NewClient(brokers, kgo.ProducerLinger(0))
-	if err != nil {
-		return err
-	}
-	defer producer.Close()
+	defer closeBackends()
 
 	h, err := newHandler(pool, producer, cfg, tr)
 	if err != nil {
@@ -281,6 +257,41 @@ func work(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 		return fmt.Errorf("committing offsets on shutdown: %w", closeErr)
 	}
 	return nil
+}
+
+// openBackends opens the worker's database pool (migrating it with
+// -migrate) and its producer client, and returns the seed brokers' option
+// for the consumer; closeBackends closes both.
+func openBackends(ctx context.Context, cfg config) (pool *pgxpool.Pool, producer *kgo.Client, brokers kgo.Opt, closeBackends func(), err error) {
+	pcfg, err := pgxpool.ParseConfig(cfg.databaseURL)
+	if err != nil {
+		return nil, nil, nil, nil, fmt.Errorf("-database-url: %w", err)
+	}
+	if !strings.Contains(cfg.databaseURL, "pool_max_conns") {
+		// A handler holds one connection for the ledger's transaction and
+		// one for each journal call; the default (4 on 2 cores) would make
+		// the handlers wait for each other.
+		pcfg.MaxConns = int32(2*cfg.concurrency + 2)
+	}
+	pool, err = pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	if cfg.migrate {
+		if err := migrate(ctx, pool); err != nil {
+			pool.Close()
+			return nil, nil, nil, nil, err
+		}
+	}
+	brokers = kgo.SeedBrokers(strings.Split(cfg.brokers, ",")...)
+	// Linger 0: every handler waits for its own record, so batching across
+	// handlers buys nothing and lingering would add to every event.
+	producer, err = kgo.NewClient(brokers, kgo.ProducerLinger(0))
+	if err != nil {
+		pool.Close()
+		return nil, nil, nil, nil, err
+	}
+	return pool, producer, brokers, func() { producer.Close(); pool.Close() }, nil
 }
 
 // migrate creates the library's tables and the ledger.

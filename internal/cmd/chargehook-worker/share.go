@@ -30,7 +30,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
@@ -94,29 +93,11 @@ func runShare(args []string, stdout, stderr io.Writer) int {
 // workShare runs the consumer over a share group until ctx is done.
 func workShare(ctx context.Context, cfg shareConfig, stdout, stderr io.Writer) error {
 	tr := &tracer{w: stdout, on: cfg.trace}
-	pcfg, err := pgxpool.ParseConfig(cfg.databaseURL)
-	if err != nil {
-		return fmt.Errorf("-database-url: %w", err)
-	}
-	if !strings.Contains(cfg.databaseURL, "pool_max_conns") {
-		pcfg.MaxConns = int32(2*cfg.concurrency + 2)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	pool, producer, brokers, closeBackends, err := openBackends(ctx, cfg.config)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	if cfg.migrate {
-		if err := migrate(ctx, pool); err != nil {
-			return err
-		}
-	}
-	brokers := kgo.SeedBrokers(strings.Split(cfg.brokers, ",")...)
-	producer, err := kgo.NewClient(brokers, kgo.ProducerLinger(0))
-	if err != nil {
-		return err
-	}
-	defer producer.Close()
+	defer closeBackends()
 	h, err := newHandler(pool, producer, cfg.config, tr)
 	if err != nil {
 		return err
