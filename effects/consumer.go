@@ -63,6 +63,13 @@ var (
 	// ErrConsumerRunning is returned by [Consumer.Run] while another Run
 	// of the same Consumer is in progress.
 	ErrConsumerRunning = errors.New("consumer is already running")
+
+	// ErrNotReleased is what a [Releaser] wraps when it declines, by
+	// design, to release a delivery (kafka.ErrDeliveryLimit: the broker
+	// would archive it unseen). The consumer then retries the delivery in
+	// place without reporting a failure; any other Release error is
+	// reported as [EventFailed] before the retry in place.
+	ErrNotReleased = errors.New("delivery not released: retried in place")
 )
 
 // Defaults of a [Consumer], used when the matching option is not given.
@@ -231,8 +238,10 @@ type ConsumerStats struct {
 	// stayed unacked (no dead-letter hook, or the hook failed, or shutdown
 	// had begun), and failed Acks. It is the number to alert on.
 	Failed int64
-	// Released counts retries handed back to a [Releaser] source instead
-	// of run in place (each is also counted in Retried).
+	// Released counts deliveries handed back to a [Releaser] source for
+	// redelivery instead of retried in place: retries within the attempt
+	// budget (also counted in Retried), and deliveries given up on and
+	// kept, whose hook failed or is missing (also counted in Failed).
 	Released int64
 	// Dropped counts deliveries the consumer let go unhandled because the
 	// source no longer owned them ([OwnershipChecker]): a revoked
@@ -626,7 +635,9 @@ func (r *run) resume(t *task) {
 			<-r.slots
 			return
 		}
-		r.failed(t, 0, fmt.Errorf("release for redelivery failed; retrying in place: %w", err))
+		if !errors.Is(err, ErrNotReleased) {
+			r.failed(t, 0, fmt.Errorf("release for redelivery failed; retrying in place: %w", err))
+		}
 	}
 	r.ready <- t
 }
@@ -897,13 +908,13 @@ func (r *run) settleOne(t *task, err error, took time.Duration) (outcome, time.D
 		return outDone, 0
 	}
 	exhausted := c.cfg.maxAttempts > 0 && t.attempt >= c.cfg.maxAttempts
-	if !permanent(err) && !exhausted {
+	if !Permanent(err) && !exhausted {
 		c.retried.Add(1)
 		r.observe(EventRetried, t, took, err)
 		return outRetry, c.cfg.backoff(t.attempt)
 	}
 	why := fmt.Sprintf("gave up after %d attempts", t.attempt)
-	if permanent(err) {
+	if Permanent(err) {
 		why = "permanent error"
 	}
 	if hook := c.cfg.deadLetter; hook != nil {
@@ -950,8 +961,12 @@ func (r *run) observe(kind EventKind, t *task, took time.Duration, err error) {
 	r.c.logDefault(r.hctx, ev)
 }
 
-// permanent reports whether retrying err is pointless.
-func permanent(err error) bool {
+// Permanent reports whether err is one a [Consumer] gives up on at once,
+// without another attempt, because retrying the same key cannot succeed:
+// it wraps [ErrKeyReused], [ErrInvalidKey] or [ErrPoison]. A dead-letter
+// hook that takes only such deliveries (and refuses failures that may
+// heal, such as an outage) branches on it.
+func Permanent(err error) bool {
 	return errors.Is(err, ErrKeyReused) || errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrPoison)
 }
 

@@ -3,6 +3,8 @@ package effects_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -88,17 +90,23 @@ func TestConsumerCountsTheSourcesAttempts(t *testing.T) {
 
 // TestConsumerReleasesRetriesToAReleaser: with a Releaser source, a failed
 // attempt goes back to the source (and comes back with its attempt
-// counted there); a release that fails is retried in place.
+// counted there); a release that fails is retried in place, reported as a
+// failure unless the source declined by design (ErrNotReleased).
 func TestConsumerReleasesRetriesToAReleaser(t *testing.T) {
-	for _, refuse := range []bool{false, true} {
-		name := "released"
-		if refuse {
-			name = "release refused"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		refusal    error // nil: released
+		wantFailed int64
+	}{
+		{"released", nil, 0},
+		{"declined", fmt.Errorf("last allowed delivery: %w", effects.ErrNotReleased), 0},
+		{"release failed", errors.New("broker unreachable"), 2},
+	} {
+		refuse := tc.refusal != nil
+		t.Run(tc.name, func(t *testing.T) {
 			src := &releasingSource{memSource: newMemSource(delivery("a", ""))}
 			if refuse {
-				src.refuse = func(effects.Delivery) error { return errors.New("last delivery: not released") }
+				src.refuse = func(effects.Delivery) error { return tc.refusal }
 			}
 			var mu sync.Mutex
 			var seen []int // the Attempt of every delivery handed to the handler
@@ -117,6 +125,9 @@ func TestConsumerReleasesRetriesToAReleaser(t *testing.T) {
 				t.Fatal(err)
 			}
 			st := c.Stats()
+			if st.Failed != tc.wantFailed {
+				t.Errorf("Failed = %d, want %d", st.Failed, tc.wantFailed)
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			if refuse {
@@ -210,5 +221,71 @@ func TestConsumerDropsDeliveriesTheSourceNoLongerOwns(t *testing.T) {
 				t.Errorf("stats %+v; want 19 dropped, 0 failed", st)
 			}
 		})
+	}
+}
+
+// TestConsumerBatchSkipsDeliveriesNotOwned: a batch that holds deliveries
+// the source no longer owns hands the handler only the owned ones, and
+// their results go to the right deliveries: the one the handler failed is
+// the one dead-lettered, the others are acked, the unowned are dropped.
+func TestConsumerBatchSkipsDeliveriesNotOwned(t *testing.T) {
+	ds := []effects.Delivery{delivery("p0-a", "p0"), delivery("p1-a", "p1"), delivery("p0-b", "p0"), delivery("x-a", ""), delivery("p1-b", "p1")}
+	src := &ownedSource{memSource: newMemSource(ds...), revoked: map[string]bool{"p0": true}}
+	var mu sync.Mutex
+	var batches [][]string
+	var dead []string
+	c := newConsumer(t, src, nil,
+		// The batch waits until the consumer holds all five (then nothing
+		// more can arrive), so one batch holds owned and unowned ones.
+		effects.WithBatch(10, time.Hour, func(ctx context.Context, ds []effects.Delivery) []error {
+			mu.Lock()
+			defer mu.Unlock()
+			var ids []string
+			errs := make([]error, len(ds))
+			for i, d := range ds {
+				ids = append(ids, d.ID)
+				if d.ID == "x-a" {
+					errs[i] = fmt.Errorf("%w: bad body", effects.ErrPoison)
+				}
+			}
+			batches = append(batches, ids)
+			return errs
+		}),
+		effects.WithConcurrency(1), effects.WithMaxPending(len(ds)),
+		effects.WithObserver(&events{}),
+		effects.WithDeadLetter(func(ctx context.Context, d effects.Delivery, err error) error {
+			mu.Lock()
+			defer mu.Unlock()
+			dead = append(dead, d.ID)
+			return nil
+		}))
+	stop := start(t, c)
+	waitFor(t, 10*time.Second, "three acks and two drops", func() bool {
+		st := c.Stats()
+		return st.Acked == 3 && st.Dropped == 2
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(batches) == 1 {
+		slices.Sort(batches[0])
+	}
+	if fmt.Sprint(batches) != "[[p1-a p1-b x-a]]" {
+		t.Errorf("batches %v; want one batch of p1-a, x-a, p1-b (p0 is not owned)", batches)
+	}
+	if fmt.Sprint(dead) != "[x-a]" {
+		t.Errorf("dead-lettered %v; want [x-a]: the failed result must go to its own delivery", dead)
+	}
+	for _, id := range []string{"p1-a", "p1-b"} {
+		if src.ackCount(id) != 1 {
+			t.Errorf("%s acked %d times, want 1", id, src.ackCount(id))
+		}
+	}
+	for _, id := range []string{"p0-a", "p0-b"} {
+		if src.ackCount(id) != 0 {
+			t.Errorf("%s acked although not owned", id)
+		}
 	}
 }

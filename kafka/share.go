@@ -27,8 +27,10 @@ var ErrLockExpired = errors.New("kafka: share-group acquisition lock expired; th
 // delivery on the group's last allowed delivery ([WithDeliveryLimit]):
 // released, the broker would archive it without a handler or the
 // dead-letter hook seeing it again, so the source keeps it and the
-// consumer retries it in place and then dead-letters it.
-var ErrDeliveryLimit = errors.New("kafka: record on its share group's last allowed delivery; not released")
+// consumer retries it in place and then dead-letters it. It wraps
+// [effects.ErrNotReleased], so the consumer does not count the refusal as
+// a failure.
+var ErrDeliveryLimit = fmt.Errorf("kafka: record on its share group's last allowed delivery: %w", effects.ErrNotReleased)
 
 // Defaults of a [ShareSource], used when the matching option is not given.
 const (
