@@ -55,13 +55,14 @@ const (
 // shareCloseTimeout bounds Close's flushing of acks and leaving the group.
 const shareCloseTimeout = 10 * time.Second
 
-// shareTick is how often the renewer looks for locks to renew.
+// shareTick is how often a member's renewer looks for locks to renew.
 const shareTick = 200 * time.Millisecond
 
 // ShareSource is an [effects.Source] over a Kafka share group (KIP-932,
 // queues for Kafka): every record is acquired, handled and acknowledged on
 // its own, any number of members share a partition, and a record stuck in
-// a slow handler holds back nothing but itself.
+// a slow handler holds back no partition (only its member client's next
+// poll; see "Members and polls" below).
 //
 // # When to use it
 //
@@ -168,7 +169,7 @@ type ShareSource struct {
 	stop      chan struct{} // closed by Close
 	runCtx    context.Context
 	cancelRun context.CancelFunc
-	loops     sync.WaitGroup // the members' pollers and the renewer
+	loops     sync.WaitGroup // the members' pollers and renewers
 
 	mu     sync.Mutex
 	queue  []*shareHeld  // polled, not handed out
@@ -365,7 +366,7 @@ func (s *ShareSource) Clients() []*kgo.Client {
 	return out
 }
 
-// start starts the members' pollers and the renewer, once.
+// start starts the members' pollers and renewers, once.
 func (s *ShareSource) start() {
 	s.startOnce.Do(func() {
 		s.mu.Lock()
@@ -373,11 +374,11 @@ func (s *ShareSource) start() {
 		if s.closed {
 			return
 		}
-		s.loops.Add(len(s.members) + 1)
+		s.loops.Add(2 * len(s.members))
 		for _, m := range s.members {
 			go s.poll(m)
+			go s.renewer(m)
 		}
-		go s.renewer()
 	})
 }
 
@@ -537,7 +538,17 @@ func (s *ShareSource) Owns(d effects.Delivery) bool {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return !s.closed && !h.settled && s.ownsLocked(h, time.Now())
+	if s.closed || h.settled {
+		return false
+	}
+	if s.ownsLocked(h, time.Now()) {
+		return true
+	}
+	// Its lock is about to lapse, or did: the consumer drops it, so give
+	// it up now. Left held, it would be renewed for nobody and hold back
+	// its member's next poll for good.
+	s.settleLocked(h, kgo.AckRelease)
+	return false
 }
 
 func (s *ShareSource) ownsLocked(h *shareHeld, now time.Time) bool {
@@ -652,9 +663,11 @@ func (s *ShareSource) take(m *shareMember, fs kgo.Fetches) {
 	}
 }
 
-// renewer renews, until Close, the locks of held records near their
-// deadline, and flushes the renewals at once.
-func (s *ShareSource) renewer() {
+// renewer renews, until Close, the locks of m's held records near their
+// deadline, and flushes the renewals at once. Each member has its own, so
+// a slow flush of one client's acknowledgements never delays another's
+// renewals.
+func (s *ShareSource) renewer(m *shareMember) {
 	defer s.loops.Done()
 	t := time.NewTicker(shareTick)
 	defer t.Stop()
@@ -664,9 +677,7 @@ func (s *ShareSource) renewer() {
 		case <-s.stop:
 			return
 		}
-		for _, m := range s.members {
-			s.renew(m)
-		}
+		s.renew(m)
 	}
 }
 

@@ -173,7 +173,11 @@ func TestShareConsumerLockExpiryAbsorbed(t *testing.T) {
 	h := func(ctx context.Context, d effects.Delivery) error {
 		if first.CompareAndSwap(false, true) {
 			close(started)
-			<-resume // frozen past the lock
+			select { // frozen past the lock
+			case <-resume:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 			r, err := applyLedger(ctx, fx, d)
 			if err == nil {
 				firstRes.Store(r)

@@ -582,17 +582,23 @@ func (s *Source) Owns(d effects.Delivery) bool {
 	return ok && tok.part != nil && !tok.part.gone.Load()
 }
 
-// Record returns the Kafka record a [Source] handed out as d, and false
-// for a delivery no Source handed out. It is for a dead-letter hook that
-// keeps the record's topic, partition and offset (its identity when
-// Delivery.ID is empty or cannot be trusted), key or headers; do not
-// modify the record.
+// Record returns the Kafka record a [Source] or a [ShareSource] handed
+// out as d, and false for a delivery neither handed out. It is for a
+// dead-letter hook that keeps the record's topic, partition and offset
+// (its identity when Delivery.ID is empty or cannot be trusted), key or
+// headers; do not modify the record.
 func Record(d effects.Delivery) (*kgo.Record, bool) {
-	tok, ok := d.Token.(*sourceToken)
-	if !ok || tok.d == nil {
-		return nil, false
+	switch tok := d.Token.(type) {
+	case *sourceToken:
+		if tok != nil && tok.d != nil {
+			return tok.d.rec, true
+		}
+	case *shareHeld:
+		if tok != nil {
+			return tok.rec, true
+		}
 	}
-	return tok.d.rec, true
+	return nil, false
 }
 
 // committer sends group commits until Close: one at a time, each when a
@@ -852,8 +858,11 @@ func recordID(rec *kgo.Record, idHeader string) (id string, headers map[string]s
 	headers = make(map[string]string, len(rec.Headers))
 	found := false
 	for _, h := range rec.Headers {
+		if _, dup := headers[h.Key]; dup {
+			continue // the first of several headers with one name counts, as for the id
+		}
 		headers[h.Key] = string(h.Value)
-		if h.Key == idHeader && !found {
+		if h.Key == idHeader {
 			id, found = string(h.Value), true
 		}
 	}

@@ -30,11 +30,25 @@ const badInputBehind = 40
 // only in invalid UTF-8 (encoding/json would merge them), no account, a
 // zero, negative or absurd amount, not a payment event at all, and an
 // event id reused with another amount.
+//
+// The share subtest runs the same input through the worker's share-group
+// mode (kafka.ShareSource), without the reused id: a share group keeps no
+// order, so which of the two records came first would be a coin toss.
 func TestBadInputPass(t *testing.T) {
+	t.Run("group", func(t *testing.T) { badInputPass(t, false) })
+	t.Run("share", func(t *testing.T) { badInputPass(t, true) })
+}
+
+func badInputPass(t *testing.T, share bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	bin := workerBinary(t)
-	cluster := kafkatest.New(t)
+	var cluster *kafkatest.Cluster
+	if share {
+		cluster = kafkatest.New(t, kafkatest.ShareBrokerConfigs(shareLock, shareDeliveryLimit))
+	} else {
+		cluster = kafkatest.New(t)
+	}
 	fake := cluster.RequireFake(t)
 	dbURL := pgtest.DB(t)
 	db, err := pgx.Connect(ctx, dbURL)
@@ -83,6 +97,9 @@ func TestBadInputPass(t *testing.T) {
 	}
 	addGood(0) // evt-good-0000, whose id the "key reused" record reuses behind it
 	for i, c := range poison {
+		if share && c.name == "key reused" {
+			continue
+		}
 		p := int32(i % partitions)
 		id := ""
 		if c.name == "key reused" {
@@ -99,12 +116,24 @@ func TestBadInputPass(t *testing.T) {
 	}
 
 	tl := newTraceLog(false)
-	w := startWorker(t, bin, []string{
+	args := []string{
 		"-brokers", strings.Join(cluster.Brokers(), ","), "-database-url", dbURL,
 		"-topic", input, "-output", output, "-group", group, "-scope", scope,
-		"-concurrency", strconv.Itoa(partitions), "-max-attempts", "5", "-migrate", "-trace",
-	}, tl)
-	if err := waitDrained(ctx, fake, group, input, ends, w); err != nil {
+		"-concurrency", strconv.Itoa(partitions), "-migrate", "-trace",
+	}
+	if share {
+		cluster.ShareFromEarliest(t, group)
+		args = append([]string{"share"}, append(args, "-delivery-limit", strconv.Itoa(shareDeliveryLimit))...)
+	} else {
+		args = append(args, "-max-attempts", "5")
+	}
+	w := startWorker(t, bin, args, tl)
+	if share {
+		// A share group commits no offsets: wait for the tables instead.
+		if err := waitForRows(ctx, db, len(good), len(poisonAt)); err != nil {
+			t.Fatalf("%v: a poison record held its member\nworker stderr:\n%s", err, w.stderrTail())
+		}
+	} else if err := waitDrained(ctx, fake, group, input, ends, w); err != nil {
 		t.Fatalf("%v: a poison record held its partition\nworker stderr:\n%s", err, w.stderrTail())
 	}
 	if err := w.terminate(20 * time.Second); err != nil {
@@ -175,6 +204,25 @@ func TestBadInputPass(t *testing.T) {
 	}
 	t.Logf("%d poison records dead-lettered, %d good events booked behind them; worker: %s",
 		len(dead), len(booked), strings.TrimSpace(lastLine(w.stderr.String())))
+}
+
+// waitForRows waits until the worker's ledger holds ledger rows and its
+// dead-letters table dead rows.
+func waitForRows(ctx context.Context, db *pgx.Conn, ledger, dead int) error {
+	ctx, cancel := context.WithTimeout(ctx, drainTimeout)
+	defer cancel()
+	for {
+		var l, d int
+		err := db.QueryRow(ctx, `SELECT (SELECT count(*) FROM chargehook_worker_ledger), (SELECT count(*) FROM chargehook_worker_dead_letters)`).Scan(&l, &d)
+		if err == nil && l >= ledger && d >= dead {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("after %v: %d of %d ledger rows, %d of %d dead letters (last error %v)", drainTimeout, l, ledger, d, dead, err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 func lastLine(s string) string {

@@ -110,10 +110,13 @@ func workShare(ctx context.Context, cfg shareConfig, stdout, stderr io.Writer) e
 	}
 	c, err := effects.NewConsumer(&tracingShareSource{ShareSource: src, tr: tr}, h.handle,
 		effects.WithConcurrency(cfg.concurrency),
-		// Never give up: a key can stay leased (ErrInFlight) after a
-		// crash until its lease expires. Retries go back to the broker
-		// (Release) until the delivery limit, then stay in place.
+		// Never give up on a failure that may heal: a key can stay leased
+		// (ErrInFlight) after a crash until its lease expires. Retries go
+		// back to the broker (Release) until the delivery limit, then stay
+		// in place. Poison and key reuse go to the dead-letter table at
+		// once, as in the group mode.
 		effects.WithMaxAttempts(0),
+		effects.WithDeadLetter(h.deadLetter),
 		effects.WithBackoff(10*time.Millisecond, 500*time.Millisecond),
 		effects.WithShutdownGrace(cfg.grace),
 		effects.WithObserver(effects.ObserverFunc(func(_ context.Context, ev effects.Event) {
