@@ -460,8 +460,12 @@ func (v *CommitVerdict) sample(name, s string) {
 // applied offset is below the one before it, and none was carried by a
 // request from a member the group had dropped before the request arrived
 // (dropped maps a member id to the time it was first seen gone). An
-// applied commit is matched to the latest request for its partition and
-// offset that arrived before it was applied.
+// applied commit is matched to the requests for its partition and offset
+// that arrived before it was applied and after the request matched to the
+// partition's previous applied commit (a request is applied once); it came
+// from a dropped member only if every one of them did (a zombie's request
+// for the same offset, which the broker refused, may arrive between a live
+// member's request and its apply).
 func CheckCommits(requests []CommitRequest, applied []AppliedCommit, dropped map[string]time.Time) *CommitVerdict {
 	v := &CommitVerdict{Applied: len(applied), Requests: len(requests)}
 	for _, r := range requests {
@@ -481,27 +485,35 @@ func CheckCommits(requests []CommitRequest, applied []AppliedCommit, dropped map
 		slices.SortFunc(as, func(a, b AppliedCommit) int { return a.At.Compare(b.At) })
 		rs := reqs[p]
 		slices.SortStableFunc(rs, func(a, b CommitRequest) int { return a.At.Compare(b.At) })
+		used := -1 // index in rs of the request matched to the previous applied commit
 		for i, a := range as {
 			if i > 0 && a.Offset < as[i-1].Offset {
 				v.Backwards++
 				v.sample("offset moved backwards", fmt.Sprintf("partition %d: %d after %d", p, a.Offset, as[i-1].Offset))
 			}
-			j := -1
-			for k, r := range rs {
-				if r.At.After(a.At) {
-					break
+			var from []CommitRequest // the requests that may have carried a
+			live, match := false, -1
+			for k := used + 1; k < len(rs) && !rs[k].At.After(a.At); k++ {
+				r := rs[k]
+				if r.Offset != a.Offset {
+					continue
 				}
-				if r.Offset == a.Offset {
-					j = k
+				from = append(from, r)
+				if gone, ok := dropped[r.Member]; !ok || gone.After(r.At) {
+					live, match = true, k
+				} else if !live {
+					match = k
 				}
 			}
-			if j < 0 {
+			if len(from) == 0 {
 				v.Unmatched++
 				v.sample("applied commit without a request", fmt.Sprintf("partition %d offset %d at %s", p, a.Offset, a.At.Format(time.StampMicro)))
 				continue
 			}
-			r := rs[j]
-			if gone, ok := dropped[r.Member]; ok && !gone.After(r.At) {
+			used = match
+			if !live {
+				r := from[len(from)-1]
+				gone := dropped[r.Member]
 				v.Zombie++
 				v.sample("zombie commit applied", fmt.Sprintf("partition %d offset %d from %s (generation %d), dropped at %s, request at %s",
 					p, a.Offset, r.Member, r.Generation, gone.Format(time.StampMicro), r.At.Format(time.StampMicro)))

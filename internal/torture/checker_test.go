@@ -166,18 +166,23 @@ func TestCheckCommits(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		applied []torture.AppliedCommit
-		want    string // a violation's name; "" for none
+		extra   []torture.CommitRequest // requests beside the shared ones
+		want    string                  // a violation's name; "" for none
 	}{
-		{"clean (the zombie's request was refused)", applied, ""},
-		{"backwards", append(slices.Clone(applied), app(32, 0, 5)), "offset moved backwards"},
-		{"zombie applied", append(slices.Clone(applied), app(41, 0, 9)), "zombie commit applied"},
-		{"no request", append(slices.Clone(applied), app(50, 1, 7)), "applied commit without a request"},
-		{"applied before its request", []torture.AppliedCommit{app(5, 0, 5)}, "applied commit without a request"},
+		{"clean (the zombie's request was refused)", applied, nil, ""},
+		{"backwards", append(slices.Clone(applied), app(32, 0, 5)), []torture.CommitRequest{req(31, 0, 5, "a")}, "offset moved backwards"},
+		{"zombie applied", append(slices.Clone(applied), app(41, 0, 9)), nil, "zombie commit applied"},
+		{"a zombie's request refused between a live request and its apply", []torture.AppliedCommit{app(11, 0, 5), app(42, 0, 12)},
+			[]torture.CommitRequest{req(38, 0, 12, "a"), req(39, 0, 12, "zombie")}, ""},
+		{"a request applied twice", append(slices.Clone(applied), app(22, 0, 9)), nil, "applied commit without a request"},
+		{"no request", append(slices.Clone(applied), app(50, 1, 7)), nil, "applied commit without a request"},
+		{"applied before its request", []torture.AppliedCommit{app(5, 0, 5)}, nil, "applied commit without a request"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			v := torture.CheckCommits(requests, tc.applied, dropped)
-			if v.ZombieRequests != 1 {
-				t.Errorf("ZombieRequests %d, want the zombie's one request", v.ZombieRequests)
+			reqs := append(slices.Clone(requests), tc.extra...)
+			v := torture.CheckCommits(reqs, tc.applied, dropped)
+			if want := 1 + len(slices.DeleteFunc(slices.Clone(tc.extra), func(r torture.CommitRequest) bool { return r.Member != "zombie" })); v.ZombieRequests != want {
+				t.Errorf("ZombieRequests %d, want %d (the zombie's requests)", v.ZombieRequests, want)
 			}
 			vs := v.Violations()
 			switch {
