@@ -12,6 +12,7 @@ import (
 
 	"effectively.dev/internal/torture"
 	"effectively.dev/kafka/kafkatest"
+	"effectively.dev/postgres/pgtest"
 )
 
 // committed returns the group's committed offsets of topic, by partition.
@@ -135,4 +136,26 @@ func readHistory(t *testing.T, ctx context.Context, c *kafkatest.Cluster, fake *
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// commitTimesDB returns a database of its own on a server that records
+// commit times (track_commit_timestamp), which the ack-before-commit check
+// needs, and a connection to it, closed at cleanup. It skips t when
+// DATABASE_URL names a server that does not record them.
+func commitTimesDB(ctx context.Context, t *testing.T) (string, *pgx.Conn) {
+	t.Helper()
+	dbURL := pgtest.DBWith(t, pgtest.Options{Settings: map[string]string{"track_commit_timestamp": "on"}})
+	db, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close(context.Background()) })
+	var tct string
+	if err := db.QueryRow(ctx, "SHOW track_commit_timestamp").Scan(&tct); err != nil {
+		t.Fatal(err)
+	}
+	if tct != "on" {
+		t.Skipf("track_commit_timestamp is %q on the server (DATABASE_URL?): the ack-before-commit check needs commit times", tct)
+	}
+	return dbURL, db
 }

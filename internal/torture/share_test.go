@@ -12,14 +12,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"effectively.dev/internal/torture"
 	"effectively.dev/kafka/kafkatest"
-	"effectively.dev/postgres/pgtest"
 )
 
 // The share torture: several workers (chargehook-worker share, each a
@@ -63,19 +61,7 @@ func TestShareTorture(t *testing.T) {
 	bin := workerBinary(t)
 	cluster := kafkatest.New(t, kafkatest.ShareBrokerConfigs(shareLock, shareDeliveryLimit))
 	fake := cluster.RequireFake(t)
-	dbURL := pgtest.DBWith(t, pgtest.Options{Settings: map[string]string{"track_commit_timestamp": "on"}})
-	db, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close(context.Background())
-	var tct string
-	if err := db.QueryRow(ctx, "SHOW track_commit_timestamp").Scan(&tct); err != nil {
-		t.Fatal(err)
-	}
-	if tct != "on" {
-		t.Skipf("track_commit_timestamp is %q on the server (DATABASE_URL?): the accept-before-commit check needs commit times", tct)
-	}
+	dbURL, db := commitTimesDB(ctx, t)
 
 	input := cluster.Topic(t, "share-torture-in", partitions)
 	output := cluster.Topic(t, "share-torture-out", 3)

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -206,19 +205,7 @@ func runTorture(t *testing.T, cfg tortureConfig) *tortureResult {
 	bin := workerBinary(t)
 	cluster := kafkatest.New(t)
 	fake := cluster.RequireFake(t)
-	dbURL := pgtest.DBWith(t, pgtest.Options{Settings: map[string]string{"track_commit_timestamp": "on"}})
-	db, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close(context.Background())
-	var tct string
-	if err := db.QueryRow(ctx, "SHOW track_commit_timestamp").Scan(&tct); err != nil {
-		t.Fatal(err)
-	}
-	if tct != "on" {
-		t.Skipf("track_commit_timestamp is %q on the server (DATABASE_URL?): the ack-before-commit check needs commit times", tct)
-	}
+	dbURL, db := commitTimesDB(ctx, t)
 
 	input := cluster.Topic(t, "torture-in", partitions)
 	output := cluster.Topic(t, "torture-out", 3)
