@@ -95,8 +95,8 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	cfg.variants = strings.Split(*variants, ",")
 	var errs []error
 	for _, v := range cfg.variants {
-		if !slices.Contains(variantNames(), v) {
-			errs = append(errs, fmt.Errorf("unknown variant %q (have %s)", v, strings.Join(variantNames(), ", ")))
+		if !slices.Contains(allVariantNames(), v) {
+			errs = append(errs, fmt.Errorf("unknown variant %q (have %s)", v, strings.Join(allVariantNames(), ", ")))
 		}
 	}
 	if cfg.events < 2 || cfg.partitions < 1 || cfg.rounds < 1 || cfg.batch < 1 || cfg.linger < 0 {

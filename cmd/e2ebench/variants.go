@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -23,6 +24,10 @@ const (
 	consumerSQL = "consumer-sql"
 	handWritten = "hand-written"
 	floor       = "floor"
+	// fetchWait500 is consumer-sql with the Source's fetch wait at the
+	// 500 ms it had before DefaultFetchMaxWait became 100 ms: run it with
+	// -variants to compare the two in one run. Not in the default set.
+	fetchWait500 = "consumer-sql-wait500"
 )
 
 // variants runs one variant until ctx is done (it returns nil) or it
@@ -31,19 +36,28 @@ var variants = map[string]func(ctx context.Context, r *runEnv) error{
 	libDefaults: runDefaults,
 	libBatch:    runBatch,
 	consumerSQL: runConsumerSQL,
+	fetchWait500: func(ctx context.Context, r *runEnv) error {
+		return runDefaultConsumer(ctx, r, func(ctx context.Context, d effects.Delivery) error {
+			return r.essayTx(ctx, d.Body)
+		}, kgo.FetchMaxWait(500*time.Millisecond))
+	},
 	handWritten: func(ctx context.Context, r *runEnv) error { return runByHand(ctx, r, r.essayHandler) },
 	floor:       func(ctx context.Context, r *runEnv) error { return runByHand(ctx, r, r.plainInsert) },
 }
 
 var describe = map[string]string{
-	libDefaults: "kafka.NewSource → effects.NewConsumer (no options) → postgres.New(...).Apply, ledger INSERT … RETURNING id as the ref",
-	libBatch:    "kafka.NewSource → effects.NewConsumer(WithBatch) → postgres.ApplyBatch + BatchErrors",
-	consumerSQL: "kafka.NewSource → effects.NewConsumer (no options) → the hand-written handler's transaction: the library's consumer alone",
-	handWritten: "franz-go + pgx: per poll, partitions in parallel; per record BEGIN; claim ON CONFLICT DO NOTHING; INSERT; COMMIT; offsets committed after each poll",
-	floor:       "the same loop with one autocommitted ledger INSERT and no dedup",
+	libDefaults:  "kafka.NewSource → effects.NewConsumer (no options) → postgres.New(...).Apply, ledger INSERT … RETURNING id as the ref",
+	libBatch:     "kafka.NewSource → effects.NewConsumer(WithBatch) → postgres.ApplyBatch + BatchErrors",
+	consumerSQL:  "kafka.NewSource → effects.NewConsumer (no options) → the hand-written handler's transaction: the library's consumer alone",
+	fetchWait500: "consumer-sql with kgo.FetchMaxWait(500ms), the Source's default before 100 ms",
+	handWritten:  "franz-go + pgx: per poll, partitions in parallel; per record BEGIN; claim ON CONFLICT DO NOTHING; INSERT; COMMIT; offsets committed after each poll",
+	floor:        "the same loop with one autocommitted ledger INSERT and no dedup",
 }
 
 func variantNames() []string { return []string{libDefaults, libBatch, consumerSQL, handWritten, floor} }
+
+// allVariantNames adds the variants that run only when named.
+func allVariantNames() []string { return append(variantNames(), fetchWait500) }
 
 // variantTag makes a name usable in table and topic names.
 func variantTag(name string) string { return strings.ReplaceAll(name, "-", "") }
@@ -75,9 +89,10 @@ func runDefaults(ctx context.Context, r *runEnv) error {
 }
 
 // runDefaultConsumer runs handle behind kafka.NewSource and
-// effects.NewConsumer, both with their defaults, and counts its successes.
-func runDefaultConsumer(ctx context.Context, r *runEnv, handle effects.Handler) error {
-	src, err := kafka.NewSource(r.groupOpts())
+// effects.NewConsumer, both with their defaults (the client's with extra
+// options after them), and counts its successes.
+func runDefaultConsumer(ctx context.Context, r *runEnv, handle effects.Handler, extra ...kgo.Opt) error {
+	src, err := kafka.NewSource(append(r.groupOpts(), extra...))
 	if err != nil {
 		return err
 	}
