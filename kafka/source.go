@@ -40,13 +40,11 @@ const (
 	// group commits.
 	DefaultCommitInterval = 100 * time.Millisecond
 	// DefaultFetchMaxWait is the kgo.FetchMaxWait a Source sets unless the
-	// client options set another: 100 ms instead of franz-go's 5 s (and
-	// Kafka's consumer's 500 ms), because a partition the Source resumes
-	// after pausing it waits for the fetch in flight, which waits this long
-	// when the other partitions have nothing new (see cmd/e2ebench's
-	// consumer-sql-wait500 variant in BENCHMARKS.md). The price is an
-	// empty fetch per broker every 100 ms while the topic is idle.
-	DefaultFetchMaxWait = 100 * time.Millisecond
+	// client options set another: Kafka's own consumer default, instead of
+	// franz-go's 5 s, because a partition the Source resumes waits for the
+	// fetch in flight. (100 ms was measured against it and gained nothing
+	// beyond the noise: BENCHMARKS.md, cmd/e2ebench's consumer-sql-wait100.)
+	DefaultFetchMaxWait = 500 * time.Millisecond
 	// DefaultCloseTimeout bounds [Source.Close]: the final commit and
 	// leaving the group. It matches effects.DefaultShutdownGrace, so a
 	// process that got SIGTERM stops within about twice that.
