@@ -146,32 +146,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var cfg config
 	fs := flag.NewFlagSet("chargehook-worker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&cfg.brokers, "brokers", os.Getenv("KAFKA_BROKERS"), "Kafka seed brokers, host:port[,host:port...] (default $KAFKA_BROKERS)")
-	fs.StringVar(&cfg.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL connection URL (default $DATABASE_URL)")
-	fs.StringVar(&cfg.topic, "topic", "", "input topic of payment events")
-	fs.StringVar(&cfg.output, "output", "", "output topic for the \"charged\" records")
-	fs.StringVar(&cfg.group, "group", "", "consumer group")
+	addCommonFlags(fs, &cfg, "consumer group", "handlers running at once (at most one per partition)")
 	fs.StringVar(&cfg.instanceID, "instance-id", "", "static group membership id (a restart takes over at once); empty: dynamic membership")
-	fs.StringVar(&cfg.scope, "scope", "chargehook-worker", "scope of the idempotency keys")
-	fs.IntVar(&cfg.concurrency, "concurrency", 8, "handlers running at once (at most one per partition)")
 	fs.IntVar(&cfg.maxAttempts, "max-attempts", 10, "attempts before a failure goes to the dead-letter hook (which takes only poison)")
-	fs.DurationVar(&cfg.lease, "lease", 2*time.Second, "journal lease of the output step: how long a crashed attempt blocks its key")
-	fs.DurationVar(&cfg.grace, "grace", 5*time.Second, "shutdown grace for running handlers after SIGTERM")
 	fs.DurationVar(&cfg.session, "session-timeout", 0, "group session timeout (0: franz-go's default, 45s)")
 	fs.DurationVar(&cfg.rebalance, "rebalance-timeout", 0, "group rebalance timeout (0: franz-go's default, 60s)")
 	fs.DurationVar(&cfg.heartbeat, "heartbeat-interval", 0, "group heartbeat interval (0: franz-go's default, 3s)")
-	fs.BoolVar(&cfg.migrate, "migrate", false, "create the tables (postgres.Migrate and the ledger) before consuming")
-	fs.BoolVar(&cfg.trace, "trace", false, "write one line per step to stdout (for internal/torture)")
 	fs.BoolVar(&cfg.ackFirst, "ack-first", false, "NEGATIVE CONTROL: ack each record before applying it (loses events on a crash)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	var missing []string
-	for name, v := range map[string]string{"-brokers": cfg.brokers, "-database-url": cfg.databaseURL, "-topic": cfg.topic, "-output": cfg.output, "-group": cfg.group} {
-		if v == "" {
-			missing = append(missing, name)
-		}
-	}
+	missing := cfg.missingFlags()
 	if len(missing) > 0 || fs.NArg() > 0 || cfg.concurrency < 1 || cfg.maxAttempts < 1 {
 		fmt.Fprintf(stderr, "chargehook-worker: need %s (and no arguments, a positive -concurrency and -max-attempts)\n", strings.Join(missing, ", "))
 		fs.Usage()
@@ -257,6 +242,37 @@ func work(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 		return fmt.Errorf("committing offsets on shutdown: %w", closeErr)
 	}
 	return nil
+}
+
+// addCommonFlags defines the flags both modes take, into cfg: where the
+// events come from and go to, the keys' scope, the handlers, the lease,
+// the shutdown grace, -migrate and -trace. group says which kind of group
+// -group names; concurrency documents -concurrency.
+func addCommonFlags(fs *flag.FlagSet, cfg *config, group, concurrency string) {
+	fs.StringVar(&cfg.brokers, "brokers", os.Getenv("KAFKA_BROKERS"), "Kafka seed brokers, host:port[,host:port...] (default $KAFKA_BROKERS)")
+	fs.StringVar(&cfg.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL connection URL (default $DATABASE_URL)")
+	fs.StringVar(&cfg.topic, "topic", "", "input topic of payment events")
+	fs.StringVar(&cfg.output, "output", "", "output topic for the \"charged\" records")
+	fs.StringVar(&cfg.group, "group", "", group)
+	fs.StringVar(&cfg.scope, "scope", "chargehook-worker", "scope of the idempotency keys")
+	fs.IntVar(&cfg.concurrency, "concurrency", 8, concurrency)
+	fs.DurationVar(&cfg.lease, "lease", 2*time.Second, "journal lease of the output step: how long a crashed attempt blocks its key")
+	fs.DurationVar(&cfg.grace, "grace", 5*time.Second, "shutdown grace for running handlers after SIGTERM")
+	fs.BoolVar(&cfg.migrate, "migrate", false, "create the tables (postgres.Migrate and the ledger) before consuming")
+	fs.BoolVar(&cfg.trace, "trace", false, "write one line per step to stdout (for internal/torture)")
+}
+
+// missingFlags names the required flags that are empty.
+func (cfg config) missingFlags() []string {
+	var missing []string
+	for _, f := range []struct{ name, v string }{
+		{"-brokers", cfg.brokers}, {"-database-url", cfg.databaseURL}, {"-topic", cfg.topic}, {"-output", cfg.output}, {"-group", cfg.group},
+	} {
+		if f.v == "" {
+			missing = append(missing, f.name)
+		}
+	}
+	return missing
 }
 
 // openBackends opens the worker's database pool (migrating it with

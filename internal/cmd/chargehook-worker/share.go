@@ -53,29 +53,14 @@ func runShare(args []string, stdout, stderr io.Writer) int {
 	var cfg shareConfig
 	fs := flag.NewFlagSet("chargehook-worker share", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&cfg.brokers, "brokers", os.Getenv("KAFKA_BROKERS"), "Kafka seed brokers, host:port[,host:port...] (default $KAFKA_BROKERS)")
-	fs.StringVar(&cfg.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL connection URL (default $DATABASE_URL)")
-	fs.StringVar(&cfg.topic, "topic", "", "input topic of payment events")
-	fs.StringVar(&cfg.output, "output", "", "output topic for the \"charged\" records")
-	fs.StringVar(&cfg.group, "group", "", "share group")
-	fs.StringVar(&cfg.scope, "scope", "chargehook-worker", "scope of the idempotency keys")
-	fs.IntVar(&cfg.concurrency, "concurrency", 8, "handlers running at once")
-	fs.DurationVar(&cfg.lease, "lease", 2*time.Second, "journal lease of the output step: how long a crashed attempt blocks its key")
-	fs.DurationVar(&cfg.grace, "grace", 5*time.Second, "shutdown grace for running handlers after SIGTERM")
-	fs.BoolVar(&cfg.migrate, "migrate", false, "create the tables (postgres.Migrate and the ledger) before consuming")
-	fs.BoolVar(&cfg.trace, "trace", false, "write one line per step to stdout (for internal/torture)")
+	addCommonFlags(fs, &cfg.config, "share group", "handlers running at once")
 	fs.IntVar(&cfg.members, "members", kafka.DefaultShareMembers, "share-group members (clients) of the source")
 	fs.IntVar(&cfg.maxPoll, "max-poll", kafka.DefaultShareMaxPoll, "records one member takes per poll")
 	fs.IntVar(&cfg.deliveryLimit, "delivery-limit", kafka.DefaultDeliveryLimit, "the group's share.delivery.count.limit")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	var missing []string
-	for name, v := range map[string]string{"-brokers": cfg.brokers, "-database-url": cfg.databaseURL, "-topic": cfg.topic, "-output": cfg.output, "-group": cfg.group} {
-		if v == "" {
-			missing = append(missing, name)
-		}
-	}
+	missing := cfg.missingFlags()
 	if len(missing) > 0 || fs.NArg() > 0 || cfg.concurrency < 1 {
 		fmt.Fprintf(stderr, "chargehook-worker share: need %s (and no arguments, a positive -concurrency)\n", strings.Join(missing, ", "))
 		fs.Usage()
