@@ -217,10 +217,12 @@ func (p *Plan[E]) runGroup(ctx context.Context, id string, ev E, keys []Key, ste
 	if len(steps) == 1 {
 		one(0)
 	} else {
+		// The first step runs on this goroutine, which would only wait.
 		var wg sync.WaitGroup
-		for i := range steps {
-			wg.Go(func() { one(i) })
+		for i := range steps[1:] {
+			wg.Go(func() { one(i + 1) })
 		}
+		one(0)
 		wg.Wait()
 	}
 	var first error

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,6 +28,30 @@ ON CONFLICT (scope, key) DO UPDATE
 		AND (j.lease_until IS NULL OR j.lease_until <= now())
 RETURNING j.attempt`
 
+// beginBatchSQL is beginSQL for many keys at once (distinct keys: ON
+// CONFLICT DO UPDATE cannot touch one row twice), in key order, so that
+// two statements lock their rows in one order and cannot deadlock.
+// RETURNING names the keys the caller now holds.
+const beginBatchSQL = `INSERT INTO effectively_journal AS j (scope, key, fingerprint, lease_until)
+SELECT $1, u.key, u.fp, now() + u.micros * interval '1 microsecond'
+FROM unnest($2::text[], $3::bytea[], $4::bigint[]) AS u(key, fp, micros)
+ORDER BY u.key COLLATE "C"
+ON CONFLICT (scope, key) DO UPDATE
+	SET attempt = j.attempt + 1, lease_until = excluded.lease_until, updated_at = now()
+	WHERE NOT j.done AND j.fingerprint = excluded.fingerprint
+		AND (j.lease_until IS NULL OR j.lease_until <= now())
+RETURNING j.key, j.attempt`
+
+// journalLookupManySQL is journalLookupSQL for many keys.
+const journalLookupManySQL = `SELECT key, fingerprint, done, ref, attempt, coalesce(lease_until > now(), false)
+FROM effectively_journal WHERE scope = $1 AND key = ANY($2::text[])`
+
+// completeBatchSQL is completeSQL for many distinct keys.
+const completeBatchSQL = `UPDATE effectively_journal AS j SET done = true, ref = u.ref, lease_until = NULL, updated_at = now()
+FROM unnest($2::text[], $3::text[]) AS u(key, ref)
+WHERE j.scope = $1 AND j.key = u.key AND NOT j.done
+RETURNING j.key`
+
 // journalLookupSQL explains why beginSQL took nothing.
 const journalLookupSQL = `SELECT fingerprint, done, ref, attempt, coalesce(lease_until > now(), false)
 FROM effectively_journal WHERE scope = $1 AND key = $2`
@@ -35,6 +61,16 @@ WHERE scope = $1 AND key = $2 AND NOT done`
 
 const releaseSQL = `UPDATE effectively_journal SET lease_until = NULL, updated_at = now()
 WHERE scope = $1 AND key = $2 AND NOT done AND attempt = $3`
+
+// statementsInFlight is how many statements of one kind (Begin,
+// Complete) a Journal on pool runs at once before calls start to share
+// them: half the pool's connections, so that journal calls alone never
+// queue for a connection (they wait for a statement to share instead,
+// which costs no more and commits them together), and a pool large
+// enough for every handler keeps one statement per call.
+func statementsInFlight(pool *pgxpool.Pool) int {
+	return max(1, int(pool.Config().MaxConns)/2)
+}
 
 // beginTries bounds Begin's retries when the record changes between its
 // statement and the follow-up read (a lease expiring, a record pruned).
@@ -46,13 +82,23 @@ const beginTries = 3
 // call is one autocommit statement (two when Begin finds the key taken or
 // Complete finds it done). It is safe for concurrent use.
 //
+// Concurrent calls share statements (group commit): a Begin or Complete
+// that arrives while statements of its kind hold half the pool's
+// connections waits for one of them, and then every call that waited runs
+// as one statement, so N handlers recording at once cost one round trip
+// and one commit, not N, and the journal never holds the whole pool. A
+// call that finds a free slot runs at once, alone; each call still waits
+// only as long as its own context, and each gets its own result.
+//
 // A journal does not make an outside effect effectively once: a crash
 // between the effect and Complete leaves the record pending, and once the
 // lease expires the next attempt (Record.Attempt > 1) repeats the effect.
 // Adapters that use it declare AtLeastOnce with that window.
 type Journal struct {
-	pool  *pgxpool.Pool
-	scope string
+	pool      *pgxpool.Pool
+	scope     string
+	begins    coalescer[beginReq, beginRes]
+	completes coalescer[completeReq, error]
 }
 
 var _ effects.Journal = (*Journal)(nil)
@@ -68,7 +114,10 @@ func NewJournal(pool *pgxpool.Pool, scope string) (*Journal, error) {
 	if err := validateScope(op, scope); err != nil {
 		return nil, err
 	}
-	return &Journal{pool: pool, scope: scope}, nil
+	j := &Journal{pool: pool, scope: scope}
+	j.begins = coalescer[beginReq, beginRes]{limit: statementsInFlight(pool), key: func(r beginReq) string { return string(r.key) }, exec: j.beginBatch}
+	j.completes = coalescer[completeReq, error]{limit: statementsInFlight(pool), key: func(r completeReq) string { return string(r.key) }, exec: j.completeBatch}
+	return j, nil
 }
 
 // Begin claims key for one attempt lasting at most lease (at least 1 µs),
@@ -79,46 +128,155 @@ func NewJournal(pool *pgxpool.Pool, scope string) (*Journal, error) {
 // reply was lost is [effects.ErrAmbiguous]: the caller may hold the lease,
 // so a retry may see ErrInFlight until it expires.
 func (j *Journal) Begin(ctx context.Context, key effects.Key, fingerprint []byte, lease time.Duration) (effects.Record, error) {
-	const op = "postgres.Journal.Begin"
 	if err := key.Validate(); err != nil {
 		return effects.Record{}, err
 	}
 	if lease <= 0 {
-		return effects.Record{}, fmt.Errorf("%s key %q: lease %v is not positive", op, key, lease)
+		return effects.Record{}, fmt.Errorf("%s key %q: lease %v is not positive", opBegin, key, lease)
 	}
-	fp := nonNil(fingerprint)
-	micros := max(lease.Microseconds(), 1)
+	req := beginReq{key: key, fp: nonNil(fingerprint), micros: max(lease.Microseconds(), 1)}
+	res, end := j.begins.do(ctx, req)
+	switch {
+	case end == callNotSent:
+		return effects.Record{}, canceled(ctx, opBegin, key, ctx.Err())
+	case end == callInFlight:
+		return effects.Record{}, effects.Ambiguous(opBegin, key, fmt.Errorf("gave up waiting for the statement: %w", ctx.Err()))
+	case res.again:
+		return j.beginAlone(ctx, req)
+	}
+	return res.rec, res.err
+}
+
+const (
+	opBegin    = "postgres.Journal.Begin"
+	opComplete = "postgres.Journal.Complete"
+)
+
+type beginReq struct {
+	key    effects.Key
+	fp     []byte
+	micros int64
+}
+
+type beginRes struct {
+	rec   effects.Record
+	err   error
+	again bool // the record changed between the statements: begin again alone
+}
+
+// beginBatch runs the Begins of one coalesced statement.
+func (j *Journal) beginBatch(ctx context.Context, reqs []beginReq) []beginRes {
+	out := make([]beginRes, len(reqs))
+	if len(reqs) == 1 {
+		out[0].rec, out[0].err = j.beginAlone(ctx, reqs[0])
+		return out
+	}
+	keys := make([]string, len(reqs))
+	fps := make([][]byte, len(reqs))
+	micros := make([]int64, len(reqs))
+	for i, r := range reqs {
+		keys[i], fps[i], micros[i] = string(r.key), r.fp, r.micros
+	}
+	taken := make(map[string]int, len(reqs))
+	rows, err := j.pool.Query(ctx, beginBatchSQL, j.scope, keys, fps, micros)
+	if err == nil {
+		var (
+			k string
+			a int
+		)
+		_, err = pgx.ForEachRow(rows, []any{&k, &a}, func() error { taken[k] = a; return nil })
+	}
+	if err != nil {
+		for i, r := range reqs {
+			out[i].err = classify(ctx, opBegin, r.key, err, true, false).err
+		}
+		return out
+	}
+	var missing []string
+	for i, r := range reqs {
+		if a, ok := taken[string(r.key)]; ok {
+			out[i].rec = effects.Record{Attempt: a}
+		} else {
+			missing = append(missing, string(r.key))
+		}
+	}
+	if len(missing) == 0 {
+		return out
+	}
+	found := make(map[string]journalRow, len(missing))
+	rows, err = j.pool.Query(ctx, journalLookupManySQL, j.scope, missing)
+	if err == nil {
+		var row journalRow
+		_, err = pgx.ForEachRow(rows, []any{&row.key, &row.fp, &row.rec.Done, &row.rec.Ref, &row.rec.Attempt, &row.live},
+			func() error { found[row.key] = row; return nil })
+	}
+	for i, r := range reqs {
+		if _, ok := taken[string(r.key)]; ok {
+			continue
+		}
+		if err != nil {
+			out[i].err = classify(ctx, opBegin, r.key, err, false, false).err
+			continue
+		}
+		row, ok := found[string(r.key)]
+		if !ok {
+			out[i].again = true // deleted in between
+			continue
+		}
+		out[i].rec, out[i].err, out[i].again = row.verdict(r)
+	}
+	return out
+}
+
+// journalRow is a record as journalLookupManySQL reads it.
+type journalRow struct {
+	key  string
+	fp   []byte
+	rec  effects.Record
+	live bool
+}
+
+// verdict explains why a Begin for r took nothing: the key is done, in
+// flight, begun with another fingerprint, or its lease expired since
+// (again: begin once more).
+func (row journalRow) verdict(r beginReq) (rec effects.Record, err error, again bool) {
+	switch {
+	case !bytes.Equal(row.fp, r.fp):
+		return effects.Record{}, reused(opBegin, r.key), false
+	case row.rec.Done:
+		return row.rec, nil, false
+	case row.live:
+		return effects.Record{}, &effects.Error{Kind: effects.ErrInFlight, Op: opBegin, Key: r.key,
+			Err: fmt.Errorf("attempt %d holds the lease", row.rec.Attempt)}, false
+	}
+	return effects.Record{}, nil, true
+}
+
+// beginAlone is Begin in statements of its own.
+func (j *Journal) beginAlone(ctx context.Context, r beginReq) (effects.Record, error) {
 	for range beginTries {
 		var attempt int
-		err := j.pool.QueryRow(ctx, beginSQL, j.scope, string(key), fp, micros).Scan(&attempt)
+		err := j.pool.QueryRow(ctx, beginSQL, j.scope, string(r.key), r.fp, r.micros).Scan(&attempt)
 		if err == nil {
 			return effects.Record{Attempt: attempt}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
-			return effects.Record{}, classify(ctx, op, key, err, true, false).err
+			return effects.Record{}, classify(ctx, opBegin, r.key, err, true, false).err
 		}
-		var (
-			storedFP []byte
-			rec      effects.Record
-			live     bool
-		)
-		err = j.pool.QueryRow(ctx, journalLookupSQL, j.scope, string(key)).Scan(&storedFP, &rec.Done, &rec.Ref, &rec.Attempt, &live)
+		row := journalRow{key: string(r.key)}
+		err = j.pool.QueryRow(ctx, journalLookupSQL, j.scope, string(r.key)).Scan(&row.fp, &row.rec.Done, &row.rec.Ref, &row.rec.Attempt, &row.live)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			continue // deleted in between: try again
 		case err != nil:
-			return effects.Record{}, classify(ctx, op, key, err, false, false).err
-		case !bytes.Equal(storedFP, fp):
-			return effects.Record{}, reused(op, key)
-		case rec.Done:
-			return rec, nil
-		case live:
-			return effects.Record{}, &effects.Error{Kind: effects.ErrInFlight, Op: op, Key: key,
-				Err: fmt.Errorf("attempt %d holds the lease", rec.Attempt)}
+			return effects.Record{}, classify(ctx, opBegin, r.key, err, false, false).err
+		}
+		if rec, err, again := row.verdict(r); !again {
+			return rec, err
 		}
 		// The lease expired between the two statements: try again.
 	}
-	return effects.Record{}, &effects.Error{Kind: effects.ErrInFlight, Op: op, Key: key,
+	return effects.Record{}, &effects.Error{Kind: effects.ErrInFlight, Op: opBegin, Key: r.key,
 		Err: errors.New("the record kept changing under concurrent attempts")}
 }
 
@@ -127,28 +285,107 @@ func (j *Journal) Begin(ctx context.Context, key effects.Key, fingerprint []byte
 // first reference. It fails if key was never begun. A lost reply is
 // [effects.ErrAmbiguous]; Complete is idempotent, so retry it.
 func (j *Journal) Complete(ctx context.Context, key effects.Key, ref string) error {
-	const op = "postgres.Journal.Complete"
 	if err := key.Validate(); err != nil {
 		return err
 	}
-	tag, err := j.pool.Exec(ctx, completeSQL, j.scope, string(key), ref)
+	err, end := j.completes.do(ctx, completeReq{key: key, ref: ref})
+	switch end {
+	case callNotSent:
+		return canceled(ctx, opComplete, key, ctx.Err())
+	case callInFlight:
+		return effects.Ambiguous(opComplete, key, fmt.Errorf("gave up waiting for the statement: %w", ctx.Err()))
+	}
+	return err
+}
+
+type completeReq struct {
+	key effects.Key
+	ref string
+}
+
+// completeBatch runs the Completes of one coalesced statement.
+func (j *Journal) completeBatch(ctx context.Context, reqs []completeReq) []error {
+	out := make([]error, len(reqs))
+	if len(reqs) == 1 {
+		out[0] = j.completeAlone(ctx, reqs[0])
+		return out
+	}
+	// In key order, as beginBatchSQL locks its rows.
+	byKey := slices.SortedFunc(slices.Values(reqs), func(a, b completeReq) int { return strings.Compare(string(a.key), string(b.key)) })
+	keys := make([]string, len(reqs))
+	refs := make([]string, len(reqs))
+	for i, r := range byKey {
+		keys[i], refs[i] = string(r.key), r.ref
+	}
+	updated := make(map[string]bool, len(reqs))
+	rows, err := j.pool.Query(ctx, completeBatchSQL, j.scope, keys, refs)
+	if err == nil {
+		var k string
+		_, err = pgx.ForEachRow(rows, []any{&k}, func() error { updated[k] = true; return nil })
+	}
 	if err != nil {
-		return classify(ctx, op, key, err, true, false).err
+		for i, r := range reqs {
+			out[i] = classify(ctx, opComplete, r.key, err, true, false).err
+		}
+		return out
+	}
+	var missing []string
+	for _, k := range keys {
+		if !updated[k] {
+			missing = append(missing, k)
+		}
+	}
+	if len(missing) == 0 {
+		return out
+	}
+	done := make(map[string]bool, len(missing))
+	rows, err = j.pool.Query(ctx, `SELECT key, done FROM effectively_journal WHERE scope = $1 AND key = ANY($2::text[])`, j.scope, missing)
+	if err == nil {
+		var (
+			k string
+			d bool
+		)
+		_, err = pgx.ForEachRow(rows, []any{&k, &d}, func() error { done[k] = d; return nil })
+	}
+	for i, r := range reqs {
+		if updated[string(r.key)] {
+			continue
+		}
+		d, ok := done[string(r.key)]
+		out[i] = j.completeVerdict(ctx, r.key, d, ok, err)
+	}
+	return out
+}
+
+// completeVerdict explains why a Complete updated nothing, from the
+// record's done flag (found false: no record) or the error reading it.
+func (j *Journal) completeVerdict(ctx context.Context, key effects.Key, done, found bool, err error) error {
+	switch {
+	case err != nil:
+		return classify(ctx, opComplete, key, err, false, false).err
+	case !found:
+		return fmt.Errorf("%s key %q: not begun in scope %q", opComplete, key, j.scope)
+	case !done: // released and re-begun concurrently? should not happen: the UPDATE saw it
+		return effects.Transient(opComplete, key, errors.New("record changed concurrently"))
+	}
+	return nil
+}
+
+// completeAlone is Complete in statements of its own.
+func (j *Journal) completeAlone(ctx context.Context, r completeReq) error {
+	tag, err := j.pool.Exec(ctx, completeSQL, j.scope, string(r.key), r.ref)
+	if err != nil {
+		return classify(ctx, opComplete, r.key, err, true, false).err
 	}
 	if tag.RowsAffected() == 1 {
 		return nil
 	}
 	var done bool
-	err = j.pool.QueryRow(ctx, `SELECT done FROM effectively_journal WHERE scope = $1 AND key = $2`, j.scope, string(key)).Scan(&done)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return fmt.Errorf("%s key %q: not begun in scope %q", op, key, j.scope)
-	case err != nil:
-		return classify(ctx, op, key, err, false, false).err
-	case !done: // released and re-begun concurrently? should not happen: the UPDATE saw it
-		return effects.Transient(op, key, errors.New("record changed concurrently"))
+	err = j.pool.QueryRow(ctx, `SELECT done FROM effectively_journal WHERE scope = $1 AND key = $2`, j.scope, string(r.key)).Scan(&done)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return j.completeVerdict(ctx, r.key, false, false, nil)
 	}
-	return nil
+	return j.completeVerdict(ctx, r.key, done, true, err)
 }
 
 // Release drops attempt's lease on key if it is not done, so the next Begin
