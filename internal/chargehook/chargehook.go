@@ -261,7 +261,14 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 		finished   atomic.Int64
 		failoverAt int
 	)
+	var start time.Time
+	var lastDone atomic.Int64 // when the worker finished its latest event, in ns since start
 	onDone := func(id string) {
+		for t := int64(time.Since(start)); ; {
+			if old := lastDone.Load(); old >= t || lastDone.CompareAndSwap(old, t) {
+				break
+			}
+		}
 		proc.done(id)
 		n := finished.Add(1)
 		if cfg.Failover && int(n) == sched.FailoverAfter {
@@ -304,7 +311,7 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 	}
 
 	cfg.logf("%s: running %d events", name, cfg.Events)
-	start := time.Now()
+	start = time.Now()
 	var (
 		total    atomic.Int64 // records in the webhook topic, once the tier stopped
 		procErr  error
@@ -315,8 +322,13 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 		defer close(procDone)
 		procErr = proc.run(ctx, sched.Events)
 		// Let the frozen pods finish enqueueing, then count the records.
+		// The processor's idle connections go first: a connection the
+		// balancer accepted and never got a request on holds its Shutdown
+		// for 5 s (net/http waits that long for a new connection's first
+		// request).
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
+		proc.close()
 		_ = lb.stop(sctx)
 		for _, p := range pods {
 			_ = p.stop(sctx)
@@ -332,7 +344,10 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 			t := total.Load()
 			return t >= 0 && handled >= t
 		})
-	elapsed := time.Since(start)
+	// The run lasts until the worker finished its last event; stopping
+	// the webhook tier and waiting for the count of its records is not
+	// the handler's time.
+	elapsed := time.Duration(lastDone.Load())
 	stopProgress()
 	<-procDone
 	failWG.Wait()
