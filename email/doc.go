@@ -92,4 +92,15 @@
 // The server must be reached with STARTTLS or in plain text: the Sender
 // dials for go-mail (to watch the context and inject faults in tests), so
 // go-mail's implicit TLS (mail.WithSSL, port 465) is not supported.
+//
+// # Sessions
+//
+// A Sender keeps up to [DefaultIdleSessions] SMTP sessions open between
+// messages ([WithIdleSessions]), so a message skips the connect, the
+// greeting, EHLO, STARTTLS and AUTH of a new session (about 0.7 of the
+// time per message over loopback, see BenchmarkSend; more over a real
+// network with TLS). A session idle longer than [DefaultIdleTimeout] is
+// closed, not used. One the server dropped while it was idle fails before
+// anything is handed over, and the message goes out on a new session at
+// once: no error, no duplicate. [Sender.Close] ends the idle sessions.
 package email

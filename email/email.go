@@ -139,6 +139,10 @@ type config struct {
 	domain    string
 	logger    *slog.Logger
 	loggerSet bool
+
+	idle        int
+	idleTimeout time.Duration
+	idleSet     bool
 }
 
 // WithMailOptions passes options to go-mail's client: TLS policy
@@ -200,6 +204,7 @@ type Sender struct {
 	dial     DialContextFunc
 	domain   string
 	contract effects.Contract
+	sessions *sessions
 }
 
 var _ effects.Effect[Message] = (*Sender)(nil)
@@ -223,7 +228,7 @@ func New(j effects.Journal, addr string, opts ...Option) (*Sender, error) {
 	if err != nil || port < 1 || port > 65535 || host == "" {
 		return nil, bad("addr", "%q: want a host and a port from 1 to 65535", addr)
 	}
-	cfg := config{lease: effects.DefaultLease}
+	cfg := config{lease: effects.DefaultLease, idle: DefaultIdleSessions, idleTimeout: DefaultIdleTimeout}
 	for _, o := range opts {
 		if o != nil {
 			o(&cfg)
@@ -238,6 +243,10 @@ func New(j effects.Journal, addr string, opts ...Option) (*Sender, error) {
 		return nil, bad("WithDialContext", "nil dial function")
 	case cfg.loggerSet && cfg.logger == nil:
 		return nil, bad("WithLogger", "nil logger")
+	case cfg.idle < 0:
+		return nil, bad("WithIdleSessions", "max %d is negative", cfg.idle)
+	case cfg.idleTimeout <= 0:
+		return nil, bad("WithIdleSessions", "timeout %v is not positive", cfg.idleTimeout)
 	}
 	jopts := []effects.JournaledOption{effects.WithJournalLease(cfg.lease), effects.WithNotApplied(notApplied)}
 	if cfg.logger != nil {
@@ -247,7 +256,8 @@ func New(j effects.Journal, addr string, opts ...Option) (*Sender, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Sender{j: journaled, addr: addr, domain: cfg.domain, dial: cfg.dial}
+	s := &Sender{j: journaled, addr: addr, domain: cfg.domain, dial: cfg.dial,
+		sessions: &sessions{max: cfg.idle, timeout: cfg.idleTimeout}}
 	if s.dial == nil {
 		var d net.Dialer
 		s.dial = d.DialContext
@@ -273,6 +283,15 @@ func New(j effects.Journal, addr string, opts ...Option) (*Sender, error) {
 		DetectsKeyReuse: true,
 	}
 	return s, nil
+}
+
+// Close ends the SMTP sessions the Sender keeps open between messages
+// (see [WithIdleSessions]), saying QUIT to each, and keeps none after. A
+// Sender still sends after Close, on a session per message. Close always
+// returns nil.
+func (s *Sender) Close() error {
+	s.sessions.close()
+	return nil
 }
 
 // Contract declares at-least-once delivery with a duplicate only after an
@@ -311,7 +330,7 @@ func (s *Sender) Apply(ctx context.Context, key effects.Key, m Message) (effects
 		// before the lease does, so that an attempt that begins after the
 		// lease expired never races this one.
 		a := &attempt{ctx: ctx}
-		sendErr := s.client.DialAndSendWithContext(context.WithValue(ctx, attemptKey{}, a), msg)
+		sendErr := s.send(ctx, a, msg)
 		a.finish()
 		switch out, smtpErr := classify(msg, sendErr); out {
 		case delivered:
@@ -481,6 +500,18 @@ func (s *Sender) dialContext(ctx context.Context, network, addr string) (net.Con
 		a.mu.Unlock()
 	}
 	return c, nil
+}
+
+// keep hands over the connection dialed last, which the caller keeps
+// open past the attempt: finish will not close it.
+func (a *attempt) keep() net.Conn {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := len(a.conns) - 1
+	c := a.conns[n]
+	a.stops[n]()
+	a.conns, a.stops = a.conns[:n], a.stops[:n]
+	return c
 }
 
 func (a *attempt) finish() {

@@ -514,6 +514,8 @@ func TestNewRefuses(t *testing.T) {
 		"nil dialer":     {e.journal, "127.0.0.1:25", []email.Option{email.WithDialContext(nil)}, "WithDialContext"},
 		"nil logger":     {e.journal, "127.0.0.1:25", []email.Option{email.WithLogger(nil)}, "WithLogger"},
 		"bad go-mail":    {e.journal, "127.0.0.1:25", []email.Option{email.WithMailOptions(mail.WithTimeout(-1))}, "WithMailOptions"},
+		"negative idle":  {e.journal, "127.0.0.1:25", []email.Option{email.WithIdleSessions(-1, time.Minute)}, "WithIdleSessions"},
+		"zero idle time": {e.journal, "127.0.0.1:25", []email.Option{email.WithIdleSessions(4, 0)}, "WithIdleSessions"},
 	} {
 		_, err := email.New(tc.j, tc.addr, tc.opts...)
 		var ce *effects.ConfigError

@@ -220,6 +220,7 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 		if err != nil {
 			return nil, err
 		}
+		defer eo.mail.Close()
 		h, objectKey = eo, eo.objectKey
 		*contract = eo.contract()
 	} else {
