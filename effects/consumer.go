@@ -861,7 +861,7 @@ func (r *run) settle(tasks []*task, errs []error, took time.Duration) {
 		if l == nil || slices.ContainsFunc(tasks[:i], func(u *task) bool { return u.lane == l }) {
 			continue // no lane, or visited
 		}
-		l.q = slices.DeleteFunc(l.q, func(u *task) bool { return u.done })
+		l.q = dropDone(l.q)
 		switch {
 		case blocked[l]:
 			l.out = 1 // q[0], waiting for its retry
@@ -893,6 +893,22 @@ func (r *run) settle(tasks []*task, errs []error, took time.Duration) {
 // settleOne settles t's attempt that returned err: ack, retry after a
 // pause, or give up (dead letter, or keep it and retry every max
 // backoff).
+// dropDone removes the finished tasks from a lane's queue. They are
+// usually its head (the run just settled): that costs a reslice, not a
+// copy of everything queued behind them.
+func dropDone(q []*task) []*task {
+	k := 0
+	for k < len(q) && q[k].done {
+		k++
+	}
+	clear(q[:k])
+	q = q[k:]
+	if slices.ContainsFunc(q, func(u *task) bool { return u.done }) {
+		q = slices.DeleteFunc(q, func(u *task) bool { return u.done })
+	}
+	return q
+}
+
 func (r *run) settleOne(t *task, err error, took time.Duration) (outcome, time.Duration) {
 	c := r.c
 	if err == nil {
