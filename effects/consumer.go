@@ -861,7 +861,13 @@ func (r *run) settle(tasks []*task, errs []error, took time.Duration) {
 		if l == nil || slices.ContainsFunc(tasks[:i], func(u *task) bool { return u.lane == l }) {
 			continue // no lane, or visited
 		}
-		l.q = dropDone(l.q)
+		settled := 0
+		for _, u := range tasks[i:] {
+			if u.lane == l && u.done {
+				settled++
+			}
+		}
+		l.q = dropDone(l.q, settled)
 		switch {
 		case blocked[l]:
 			l.out = 1 // q[0], waiting for its retry
@@ -893,20 +899,31 @@ func (r *run) settle(tasks []*task, errs []error, took time.Duration) {
 // settleOne settles t's attempt that returned err: ack, retry after a
 // pause, or give up (dead letter, or keep it and retry every max
 // backoff).
-// dropDone removes the finished tasks from a lane's queue. They are
+// dropDone removes the n finished tasks from a lane's queue. They are
 // usually its head (the run just settled): that costs a reslice, not a
-// copy of everything queued behind them.
-func dropDone(q []*task) []*task {
+// copy of everything queued behind them, and the scan stops once all n are
+// gone.
+func dropDone(q []*task, n int) []*task {
 	k := 0
-	for k < len(q) && q[k].done {
+	for k < len(q) && k < n && q[k].done {
 		k++
 	}
 	clear(q[:k])
-	q = q[k:]
-	if slices.ContainsFunc(q, func(u *task) bool { return u.done }) {
-		q = slices.DeleteFunc(q, func(u *task) bool { return u.done })
+	q, n = q[k:], n-k
+	if n == 0 {
+		return q
 	}
-	return q
+	w := 0
+	for i, u := range q {
+		if n > 0 && u.done {
+			n--
+			continue
+		}
+		q[w] = q[i]
+		w++
+	}
+	clear(q[w:])
+	return q[:w]
 }
 
 func (r *run) settleOne(t *task, err error, took time.Duration) (outcome, time.Duration) {
