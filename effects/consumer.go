@@ -655,23 +655,27 @@ func (r *run) owns(t *task) bool {
 // worker hands ready deliveries to the Handler one at a time.
 func (r *run) worker() {
 	defer r.workers.Done()
+	var next *task // the settled delivery's successor in its lane, kept
 	for {
-		select {
-		case <-r.ctx.Done():
-			return
-		case t := <-r.ready:
-			if r.ctx.Err() != nil {
-				return // not started: left unacked
+		t := next
+		if t == nil {
+			select {
+			case <-r.ctx.Done():
+				return
+			case t = <-r.ready:
 			}
-			if !r.owns(t) {
-				r.settle([]*task{t}, []error{errNotOwned}, 0)
-				continue
-			}
-			t.attempt++
-			start := time.Now()
-			err := r.c.h(r.hctx, t.d)
-			r.settle([]*task{t}, []error{err}, time.Since(start))
 		}
+		if r.ctx.Err() != nil {
+			return // not started: left unacked
+		}
+		if !r.owns(t) {
+			next = r.settleKeep([]*task{t}, []error{errNotOwned}, 0)
+			continue
+		}
+		t.attempt++
+		start := time.Now()
+		err := r.c.h(r.hctx, t.d)
+		next = r.settleKeep([]*task{t}, []error{err}, time.Since(start))
 	}
 }
 
@@ -819,6 +823,18 @@ const (
 // that failed wait, without their attempt counted, to be attempted again
 // behind it.
 func (r *run) settle(tasks []*task, errs []error, took time.Duration) {
+	if t := r.settleKeep(tasks, errs, took); t != nil {
+		r.ready <- t
+	}
+}
+
+// settleKeep is settle for a worker that goes on with the next delivery
+// of the lane it just settled when no other delivery waits for a worker:
+// it returns that delivery instead of putting it in line, so the lane
+// goes on without a handoff to another goroutine (the loop a hand-written
+// consumer runs per partition). It returns nil when it put everything in
+// line.
+func (r *run) settleKeep(tasks []*task, errs []error, took time.Duration) *task {
 	outs := make([]outcome, len(tasks))
 	delays := make([]time.Duration, len(tasks))
 	var blocked map[*lane]bool // lanes whose run has a delivery to retry
@@ -891,9 +907,14 @@ func (r *run) settle(tasks []*task, errs []error, took time.Duration) {
 			r.retryAfter(t, delays[i])
 		}
 	}
+	var keep *task
+	if len(next) == 1 && len(r.ready) == 0 {
+		keep, next = next[0], nil
+	}
 	for _, t := range next {
 		r.ready <- t
 	}
+	return keep
 }
 
 // settleOne settles t's attempt that returned err: ack, retry after a
