@@ -104,6 +104,14 @@ func (c *coalescer[Req, Res]) flush(batch []*coalescedCall[Req, Res]) {
 
 // run runs batch as one statement and delivers every result.
 func (c *coalescer[Req, Res]) run(batch []*coalescedCall[Req, Res]) {
+	c.statements.Add(1)
+	if len(batch) == 1 {
+		// Alone: on the caller's own context, as if there were no
+		// coalescer (its deadline and its error stay the caller's).
+		batch[0].res = c.exec(batch[0].ctx, []Req{batch[0].req})[0]
+		close(batch[0].done)
+		return
+	}
 	// The statement runs while any of its callers still waits for it.
 	ctx, cancel := context.WithCancel(context.WithoutCancel(batch[0].ctx))
 	var gone atomic.Int64
@@ -119,7 +127,6 @@ func (c *coalescer[Req, Res]) run(batch []*coalescedCall[Req, Res]) {
 	for i, b := range batch {
 		reqs[i] = b.req
 	}
-	c.statements.Add(1)
 	out := c.exec(ctx, reqs)
 	for _, stop := range stops {
 		stop()

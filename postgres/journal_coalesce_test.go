@@ -237,3 +237,19 @@ func TestJournalCoalescesUnderLoad(t *testing.T) {
 		t.Errorf("no statement was shared: %d Begins in %d statements, %d Completes in %d", 2*n, begins, n, completes)
 	}
 }
+
+// A call that runs alone keeps its own context: an expired deadline is
+// reported as context.DeadlineExceeded, not as the cancellation of a
+// shared statement.
+func TestJournalLoneCallKeepsItsDeadline(t *testing.T) {
+	j, _, fp := newCoalesceJournal(t)
+	ctx, cancel := context.WithTimeout(context.Background(), -time.Second)
+	defer cancel()
+	_, err := j.Begin(ctx, coalesceKey("late"), fp, time.Minute)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Begin with an expired deadline = %v; want context.DeadlineExceeded", err)
+	}
+	if err := j.Complete(ctx, coalesceKey("late"), "ref"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Complete with an expired deadline = %v; want context.DeadlineExceeded", err)
+	}
+}
