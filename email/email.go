@@ -503,11 +503,15 @@ func (s *Sender) dialContext(ctx context.Context, network, addr string) (net.Con
 }
 
 // keep hands over the connection dialed last, which the caller keeps
-// open past the attempt: finish will not close it.
+// open past the attempt: finish will not close it. It returns nil if the
+// attempt dialed nothing.
 func (a *attempt) keep() net.Conn {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	n := len(a.conns) - 1
+	if n < 0 {
+		return nil
+	}
 	c := a.conns[n]
 	a.stops[n]()
 	a.conns, a.stops = a.conns[:n], a.stops[:n]

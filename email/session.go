@@ -121,6 +121,10 @@ func (s *Sender) send(ctx context.Context, a *attempt, msg *mail.Msg) error {
 		return err
 	}
 	conn := a.keep()
+	if conn == nil { // not dialed through the Sender: nothing to keep open
+		defer client.Close()
+		return s.client.SendWithSMTPClient(client, msg)
+	}
 	return s.sendOn(ctx, &session{client: client, conn: conn}, msg)
 }
 
