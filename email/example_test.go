@@ -46,6 +46,7 @@ func ExampleNew() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer receipts.Close() // the SMTP sessions it keeps open between messages
 
 	// In the handler of a delivery whose id is eventID:
 	eventID := "evt_1"
