@@ -117,9 +117,11 @@ const commitTimeout = 10 * time.Second
 // they are (NewKey escapes bytes that are not UTF-8, so ids that differ
 // only in them stay apart); of several id headers, the first counts.
 type Source struct {
-	cl  *kgo.Client
-	cfg sourceConfig
-	log ratelog.Limiter
+	cl         *kgo.Client
+	group      string  // kgo.ConsumerGroup
+	instanceID *string // kgo.InstanceID, for static members
+	cfg        sourceConfig
+	log        ratelog.Limiter
 
 	startOnce sync.Once
 	stop      chan struct{} // closed by Close: stops the poller and the committer
@@ -141,6 +143,8 @@ type Source struct {
 	avail  chan struct{} // a record became ready (capacity 1)
 	epoch  uint64        // bumped on every revocation, for stale acks
 	closed bool
+
+	topicIDs map[string][16]byte // for OffsetCommit v10+
 }
 
 var (
@@ -327,11 +331,15 @@ func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
 		s.cancelClient()
 		return bad("clientOpts", "%v", err)
 	}
-	if g, _ := cl.OptValue(kgo.ConsumerGroup).(string); g == "" {
+	s.group, _ = cl.OptValue(kgo.ConsumerGroup).(string)
+	if s.group == "" {
 		cl.Close()
 		s.cancelRun()
 		s.cancelClient()
 		return bad("clientOpts", "no consumer group (kgo.ConsumerGroup)")
+	}
+	if id, _ := cl.OptValue(kgo.InstanceID).(string); id != "" {
+		s.instanceID = &id
 	}
 	s.cl = cl
 	return s, nil
@@ -671,49 +679,117 @@ func (s *Source) Flush(ctx context.Context) error {
 
 // commitLocked commits the mark of every partition that advanced past what
 // the group stored. The caller holds commitMu.
+//
+// The request carries the member id and generation read before the marks
+// were: kgo's CommitOffsetsSync would wait out a rebalance in progress and
+// then send the marks of the old assignment with the new generation, which
+// the coordinator accepts from any member, for any partition. After a
+// member was dropped and rejoined, that moved a partition's offset back
+// below what its new owner had committed meanwhile (seen in the rebalance
+// torture). Pinned to the generation of the marks, such a commit is
+// refused (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID) and retried with fresh
+// marks.
 func (s *Source) commitLocked(ctx context.Context) error {
-	offsets := map[string]map[int32]kgo.EpochOffset{}
+	member, generation := s.cl.GroupMetadata()
+	req := kmsg.NewPtrOffsetCommitRequest()
+	req.Group, req.MemberID, req.Generation = s.group, member, generation
+	req.InstanceID = s.instanceID
+	offsets := map[topicPartition]int64{}
 	epochs := map[topicPartition]uint64{}
+	byTopic := map[string]int{}
 	s.mu.Lock()
 	for tp, p := range s.parts {
 		if p.through.Offset <= p.committed || p.through.Offset == 0 {
 			continue
 		}
-		if offsets[tp.topic] == nil {
-			offsets[tp.topic] = map[int32]kgo.EpochOffset{}
+		i, ok := byTopic[tp.topic]
+		if !ok {
+			i = len(req.Topics)
+			byTopic[tp.topic] = i
+			t := kmsg.NewOffsetCommitRequestTopic()
+			t.Topic = tp.topic
+			req.Topics = append(req.Topics, t)
 		}
-		offsets[tp.topic][tp.partition] = p.through
-		epochs[tp] = p.epoch
+		rp := kmsg.NewOffsetCommitRequestTopicPartition()
+		rp.Partition, rp.Offset, rp.LeaderEpoch = tp.partition, p.through.Offset, p.through.Epoch
+		req.Topics[i].Partitions = append(req.Topics[i].Partitions, rp)
+		offsets[tp], epochs[tp] = p.through.Offset, p.epoch
 	}
 	s.mu.Unlock()
 	if len(offsets) == 0 {
 		return nil
 	}
-	var errs []error
-	s.cl.CommitOffsetsSync(ctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+	if member == "" || generation < 0 {
+		return errors.New("kafka.Source: committing offsets: not in the group yet")
+	}
+	// OffsetCommit v10 names topics by id.
+	names := map[[16]byte]string{}
+	for i := range req.Topics {
+		id, err := s.topicID(ctx, req.Topics[i].Topic)
 		if err != nil {
-			errs = append(errs, err)
-			return
+			return fmt.Errorf("kafka.Source: committing offsets: %w", err)
 		}
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		for _, t := range resp.Topics {
-			for _, rp := range t.Partitions {
-				if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
-					errs = append(errs, fmt.Errorf("%s/%d: %w", t.Topic, rp.Partition, err))
-					continue
-				}
-				tp := topicPartition{t.Topic, rp.Partition}
-				if p := s.parts[tp]; p != nil && p.epoch == epochs[tp] {
-					p.committed = max(p.committed, offsets[t.Topic][rp.Partition].Offset)
-				}
+		req.Topics[i].TopicID, names[id] = id, req.Topics[i].Topic
+	}
+	resp, err := req.RequestWith(ctx, s.cl)
+	if err != nil {
+		return fmt.Errorf("kafka.Source: committing offsets: %w", err)
+	}
+	var errs []error
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, t := range resp.Topics {
+		if t.Topic == "" {
+			t.Topic = names[t.TopicID]
+		}
+		for _, rp := range t.Partitions {
+			if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
+				errs = append(errs, fmt.Errorf("%s/%d: %w", t.Topic, rp.Partition, err))
+				continue
+			}
+			tp := topicPartition{t.Topic, rp.Partition}
+			if p := s.parts[tp]; p != nil && p.epoch == epochs[tp] {
+				p.committed = max(p.committed, offsets[tp])
 			}
 		}
-	})
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("kafka.Source: committing offsets: %w", errors.Join(errs...))
 	}
 	return nil
+}
+
+// topicID returns topic's id, from a metadata request the first time.
+func (s *Source) topicID(ctx context.Context, topic string) ([16]byte, error) {
+	s.mu.Lock()
+	id, ok := s.topicIDs[topic]
+	s.mu.Unlock()
+	if ok {
+		return id, nil
+	}
+	req := kmsg.NewPtrMetadataRequest()
+	t := kmsg.NewMetadataRequestTopic()
+	t.Topic = kmsg.StringPtr(topic)
+	req.Topics = append(req.Topics, t)
+	resp, err := req.RequestWith(ctx, s.cl)
+	if err != nil {
+		return id, fmt.Errorf("looking up the id of topic %s: %w", topic, err)
+	}
+	for _, rt := range resp.Topics {
+		if rt.Topic != nil && *rt.Topic == topic {
+			if err := kerr.ErrorForCode(rt.ErrorCode); err != nil {
+				return id, fmt.Errorf("looking up the id of topic %s: %w", topic, err)
+			}
+			s.mu.Lock()
+			if s.topicIDs == nil {
+				s.topicIDs = map[string][16]byte{}
+			}
+			s.topicIDs[topic] = rt.TopicID
+			s.mu.Unlock()
+			return rt.TopicID, nil
+		}
+	}
+	return id, fmt.Errorf("looking up the id of topic %s: not in the metadata response", topic)
 }
 
 // report hands err to the WithSourceErrors hook, or logs it.
