@@ -917,9 +917,6 @@ func (r *run) settleKeep(tasks []*task, errs []error, took time.Duration) *task 
 	return keep
 }
 
-// settleOne settles t's attempt that returned err: ack, retry after a
-// pause, or give up (dead letter, or keep it and retry every max
-// backoff).
 // dropDone removes the n finished tasks from a lane's queue. They are
 // usually its head (the run just settled): that costs a reslice, not a
 // copy of everything queued behind them, and the scan stops once all n are
@@ -947,6 +944,9 @@ func dropDone(q []*task, n int) []*task {
 	return q[:w]
 }
 
+// settleOne settles t's attempt that returned err: ack, retry after a
+// pause, or give up (dead letter, or keep it and retry every max
+// backoff).
 func (r *run) settleOne(t *task, err error, took time.Duration) (outcome, time.Duration) {
 	c := r.c
 	if err == nil {

@@ -142,7 +142,6 @@ type config struct {
 
 	idle        int
 	idleTimeout time.Duration
-	idleSet     bool
 }
 
 // WithMailOptions passes options to go-mail's client: TLS policy

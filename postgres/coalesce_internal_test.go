@@ -43,6 +43,17 @@ func newTestCoalescer(b *blockingExec) *coalescer[string, string] {
 	return &coalescer[string, string]{key: func(s string) string { return s }, exec: b.exec}
 }
 
+// busyCoalescer returns a coalescer whose one statement slot is taken by
+// the call "first", blocked in exec until b.release; wg waits for it.
+func busyCoalescer() (*blockingExec, *coalescer[string, string], *sync.WaitGroup) {
+	b := newBlockingExec()
+	c := newTestCoalescer(b)
+	wg := new(sync.WaitGroup)
+	wg.Go(func() { c.do(context.Background(), "first") })
+	<-b.started
+	return b, c, wg
+}
+
 func waitQueue(t *testing.T, c *coalescer[string, string], n int) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
@@ -111,11 +122,7 @@ func TestCoalescerBatchesWhatWaited(t *testing.T) {
 // A caller whose context ends while it waits in the queue leaves it, and
 // nothing is run for it.
 func TestCoalescerQueuedCallLeavesOnCancel(t *testing.T) {
-	b := newBlockingExec()
-	c := newTestCoalescer(b)
-	var wg sync.WaitGroup
-	wg.Go(func() { c.do(context.Background(), "first") })
-	<-b.started
+	b, c, wg := busyCoalescer()
 	ctx, cancel := context.WithCancel(context.Background())
 	ended := make(chan callEnd)
 	go func() { _, end := c.do(ctx, "gone"); ended <- end }()
@@ -135,11 +142,7 @@ func TestCoalescerQueuedCallLeavesOnCancel(t *testing.T) {
 // the statement goes on for the callers still waiting and is cancelled
 // once none is left.
 func TestCoalescerInFlightCallers(t *testing.T) {
-	b := newBlockingExec()
-	c := newTestCoalescer(b)
-	var wg sync.WaitGroup
-	wg.Go(func() { c.do(context.Background(), "first") })
-	<-b.started
+	b, c, wg := busyCoalescer()
 	ctxA, cancelA := context.WithCancel(context.Background())
 	ctxB, cancelB := context.WithCancel(context.Background())
 	endA, endB := make(chan callEnd, 1), make(chan callEnd, 1)

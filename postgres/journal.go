@@ -137,14 +137,22 @@ func (j *Journal) Begin(ctx context.Context, key effects.Key, fingerprint []byte
 	req := beginReq{key: key, fp: nonNil(fingerprint), micros: max(lease.Microseconds(), 1)}
 	res, end := j.begins.do(ctx, req)
 	switch {
-	case end == callNotSent:
-		return effects.Record{}, canceled(ctx, opBegin, key, ctx.Err())
-	case end == callInFlight:
-		return effects.Record{}, effects.Ambiguous(opBegin, key, fmt.Errorf("gave up waiting for the statement: %w", ctx.Err()))
+	case end != callDone:
+		return effects.Record{}, ended(ctx, opBegin, key, end)
 	case res.again:
 		return j.beginAlone(ctx, req)
 	}
 	return res.rec, res.err
+}
+
+// ended is the error of a call whose caller's context ended before its
+// result was known: nothing was sent for it, or its statement may have
+// done it.
+func ended(ctx context.Context, op string, key effects.Key, end callEnd) error {
+	if end == callNotSent {
+		return canceled(ctx, op, key, ctx.Err())
+	}
+	return effects.Ambiguous(op, key, fmt.Errorf("gave up waiting for the statement: %w", ctx.Err()))
 }
 
 const (
@@ -289,11 +297,8 @@ func (j *Journal) Complete(ctx context.Context, key effects.Key, ref string) err
 		return err
 	}
 	err, end := j.completes.do(ctx, completeReq{key: key, ref: ref})
-	switch end {
-	case callNotSent:
-		return canceled(ctx, opComplete, key, ctx.Err())
-	case callInFlight:
-		return effects.Ambiguous(opComplete, key, fmt.Errorf("gave up waiting for the statement: %w", ctx.Err()))
+	if end != callDone {
+		return ended(ctx, opComplete, key, end)
 	}
 	return err
 }
