@@ -133,8 +133,8 @@ func asyncCommit(op string, key effects.Key) error {
 // (several effects in one transaction, a framework that hands you a
 // pgx.Tx). It inserts the key first, with ON CONFLICT DO NOTHING, so that a
 // concurrent duplicate waits on the primary key from the start; Apply,
-// which owns its transaction, orders duplicates with an advisory lock and
-// writes the key row once, with its ref, in the round trip of COMMIT.
+// which owns its transaction, looks the key up first and writes the key
+// row once, with its ref, in the round trip of COMMIT.
 //
 // It returns Status [effects.Applied] when the key is new and now claimed in
 // tx: do the effect in tx, optionally [SetRef], then commit. "Applied" takes

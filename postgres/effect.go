@@ -3,7 +3,6 @@ package postgres
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -94,15 +93,19 @@ func (e *Effect[In]) Contract() effects.Contract {
 // looks the key up; if it is not there it runs the write and inserts
 // (scope, key, fingerprint, ref) and commits, returning [effects.Applied]
 // with the ref. If the key was committed before with the same fingerprint,
-// it rolls back and returns [effects.Replayed] with the stored ref. A
-// concurrent duplicate waits for the first to finish (a transaction-scoped
-// advisory lock on a hash of scope and key orders them; the primary key
-// stays the authority) and then replays, or applies if the first rolled
-// back.
+// it rolls back and returns [effects.Replayed] with the stored ref. The
+// primary key of effectively_keys decides between concurrent duplicates
+// (one the lookup could not see because it had not committed yet): the
+// second one's INSERT of the key waits for the first transaction, and if
+// that one committed, the second rolls back, its write with it, and
+// retries, which replays; if it rolled back, the second commits. A write
+// that fails while a concurrent duplicate commits (on a row that one wrote
+// or locked, say) is retried the same way: after such a failure Apply
+// checks whether the key was committed meanwhile.
 //
-// Cost of a new key: three round trips, as for a plain insert transaction:
-// BEGIN pipelined with the lock and the lookup (pgx Batch.BeginTx); the
-// write; the key's INSERT pipelined with COMMIT. Cost of a duplicate: two
+// Cost of a new key: three round trips, as for a plain insert transaction,
+// and one statement more than the write: BEGIN pipelined with the lookup
+// (pgx Batch.BeginTx); the write; the key's INSERT pipelined with COMMIT. Cost of a duplicate: two
 // round trips (the same first one, then ROLLBACK) and no WAL. Under
 // synchronous replication a replay also passes the replay barrier (see
 // RELIABILITY.md): a few bytes of WAL and a COMMIT that waits for the
@@ -147,21 +150,22 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (effects
 
 const opApply = "postgres.Apply"
 
-// lockSQL takes a transaction-scoped advisory lock on a hash of scope and
-// key, so that a concurrent Apply of the same key waits here until the
-// first one's transaction ends, and reads the settings that decide whether
-// the commit may be acknowledged (see ErrAsyncCommit), at no extra cost.
-// Advisory locks write no WAL. The two-int form keeps to a lock space apart
-// from the single-bigint locks applications usually take; a collision of
-// hashes only makes two unrelated keys wait for each other's transaction.
-const lockSQL = `SELECT pg_advisory_xact_lock(hashtext($1), hashtext($2)), current_setting('synchronous_commit'),
-	current_setting('synchronous_standby_names') <> ''`
+// lookupSQL reads the key, if it was committed, with the settings that
+// decide whether the commit may be acknowledged (see ErrAsyncCommit), in
+// one statement: a row always comes back, with found false for a new key.
+// It takes no lock: a concurrent Apply of the same key that this
+// statement did not see is settled by the key's INSERT (see insertKeySQL).
+const applyLookupSQL = `SELECT k.key IS NOT NULL, k.fingerprint, k.ref, s.sync_commit, s.sync_rep
+FROM (SELECT current_setting('synchronous_commit') AS sync_commit,
+		current_setting('synchronous_standby_names') <> '' AS sync_rep) AS s
+	LEFT JOIN effectively_keys AS k ON k.scope = $1 AND k.key = $2`
 
 // insertKeySQL records the key with its ref. It is a plain INSERT, no ON
-// CONFLICT: if a transaction that did not take the advisory lock (Claim,
-// ClaimBatch) or that the snapshot did not show (REPEATABLE READ) committed
-// the key meanwhile, it fails with 23505 and the whole attempt, write
-// included, rolls back and is retried, and the retry replays.
+// CONFLICT: if a transaction that the lookup did not see (a concurrent
+// Apply, Claim or ClaimBatch, or a commit after a REPEATABLE READ
+// snapshot) committed the key meanwhile, it fails with 23505 and the whole
+// attempt, write included, rolls back and is retried, and the retry
+// replays.
 const insertKeySQL = `INSERT INTO effectively_keys (scope, key, fingerprint, ref) VALUES ($1, $2, $3, $4)`
 
 // attempt runs one transaction. On success c.err is nil.
@@ -186,18 +190,15 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 		batch    pgx.Batch
 	)
 	batch.BeginTx(e.txOptions)
-	batch.Queue(lockSQL, e.scope, string(key)).QueryRow(func(row pgx.Row) error {
-		return row.Scan(nil, &settings.syncCommit, &settings.syncRep)
-	})
-	// A statement of its own, after the lock: at READ COMMITTED its snapshot
-	// sees what a concurrent duplicate committed while this one waited.
-	batch.Queue(lookupSQL, e.scope, string(key)).QueryRow(func(row pgx.Row) error {
-		err := row.Scan(&storedFP, &ref)
-		found = err == nil
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
+	batch.Queue(applyLookupSQL, e.scope, string(key)).QueryRow(func(row pgx.Row) error {
+		var storedRef *string
+		if err := row.Scan(&found, &storedFP, &storedRef, &settings.syncCommit, &settings.syncRep); err != nil {
+			return err
 		}
-		return err
+		if storedRef != nil {
+			ref = *storedRef
+		}
+		return nil
 	})
 	br := conn.SendBatch(ctx, &batch)
 	tx := br.Tx()
@@ -236,6 +237,12 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 
 	ref, err = e.write(ctx, tx, in)
 	if err != nil {
+		if committedMeanwhile(ctx, conn.Conn(), tx, e.scope, key) {
+			// A concurrent Apply of the key committed while this write ran
+			// (the write may have failed on what that one wrote or
+			// locked): the retry replays it.
+			return effects.Result{}, classified{err: effects.Transient(opApply, key, err), retry: true}
+		}
 		return fail(err)
 	}
 	ending = true // from here on, never roll back blindly: the COMMIT may have happened
@@ -257,6 +264,22 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 		return effects.Result{}, classify(ctx, opApply, key, err, true, false)
 	}
 	return effects.Result{Status: effects.Applied, Ref: ref}, classified{}
+}
+
+const keyExistsSQL = `SELECT EXISTS (SELECT 1 FROM effectively_keys WHERE scope = $1 AND key = $2)`
+
+// committedMeanwhile rolls tx back after its write failed and reports
+// whether key has been committed since the attempt looked it up, by a
+// concurrent Apply that the lookup could not see: one more round trip, on
+// the failure path only. It reports false when it cannot tell (ctx ended,
+// connection lost).
+func committedMeanwhile(ctx context.Context, conn *pgx.Conn, tx pgx.Tx, scope string, key effects.Key) bool {
+	if ctx.Err() != nil || conn.IsClosed() {
+		return false
+	}
+	rollback(ctx, tx)
+	var exists bool
+	return conn.QueryRow(ctx, keyExistsSQL, scope, string(key)).Scan(&exists) == nil && exists
 }
 
 // commitTag fails a COMMIT that the server answered with ROLLBACK (the

@@ -620,6 +620,88 @@ func TestApplyKeyTakenConcurrently(t *testing.T) {
 	}
 }
 
+// TestApplyWriteFailsOnConcurrentDuplicate: a concurrent duplicate (here a
+// transaction that claimed the key with Claim and wrote the same row) has
+// not committed when Apply looks the key up, so Apply runs its write, and
+// the write fails on that duplicate's row once it commits (a unique
+// violation in the caller's own table, not on the key). Apply must not
+// report the write's error: the key committed meanwhile, so it replays.
+// If the other transaction rolls back instead, the write goes through.
+func TestApplyWriteFailsOnConcurrentDuplicate(t *testing.T) {
+	url := newDB(t)
+	pool := newPool(t, url, nil)
+	mustExec(t, pool, `CREATE TABLE receipts (event_id text PRIMARY KEY)`)
+	watch, err := pgx.Connect(testCtx(t), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close(context.Background())
+	var calls atomic.Int64
+	fx, err := postgres.New(pool, "billing", func(ctx context.Context, tx pgx.Tx, p payment) (string, error) {
+		calls.Add(1)
+		_, err := tx.Exec(ctx, `INSERT INTO receipts (event_id) VALUES ($1)`, p.EventID)
+		return "receipt:" + p.EventID, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, commit := range []bool{true, false} {
+		t.Run(map[bool]string{true: "the other commits: replayed", false: "the other rolls back: applied"}[commit], func(t *testing.T) {
+			ctx := testCtx(t)
+			calls.Store(0)
+			event := fmt.Sprintf("evt_write_fails_%t", commit)
+			key := effects.MustKey(event, "receipt")
+			p := payment{EventID: event, Amount: 1}
+			fp, err := effects.FingerprintJSON(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			other, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer other.Rollback(ctx)
+			if res, err := postgres.Claim(ctx, other, "billing", key, fp); err != nil || res.Status != effects.Applied {
+				t.Fatalf("Claim = %+v, %v", res, err)
+			}
+			mustExec(t, other, `INSERT INTO receipts (event_id) VALUES ($1)`, event)
+			if err := postgres.SetRef(ctx, other, "billing", key, "receipt:"+event); err != nil {
+				t.Fatal(err)
+			}
+			type result struct {
+				res effects.Result
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				res, err := fx.Apply(ctx, key, p)
+				done <- result{res, err}
+			}()
+			// Apply's write waits on the other transaction's receipt row.
+			pgtest.WaitFor(t, ctx, watch, `SELECT count(*)::text FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`, "1")
+			if commit {
+				err = other.Commit(ctx)
+			} else {
+				err = other.Rollback(ctx)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := <-done
+			want := effects.Replayed
+			if !commit {
+				want = effects.Applied
+			}
+			if r.err != nil || r.res.Status != want || r.res.Ref != "receipt:"+event {
+				t.Fatalf("Apply = %+v, %v; want %v with ref %q", r.res, r.err, want, "receipt:"+event)
+			}
+			if n := count(t, pool, `SELECT count(*) FROM receipts WHERE event_id = $1`, event); n != 1 || calls.Load() != 1 {
+				t.Errorf("receipts = %d after %d writes, want 1 after 1", n, calls.Load())
+			}
+		})
+	}
+}
+
 // TestApplyConcurrentDuplicatesAtEveryIsolationLevel: at REPEATABLE READ
 // and SERIALIZABLE a duplicate that commits while Apply waits is not in
 // Apply's snapshot; its insert of the key fails and the retry replays.

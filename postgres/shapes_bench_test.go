@@ -19,10 +19,13 @@ package postgres_test
 //   - claim_noref: the same without the UPDATE (the ref is lost).
 //   - lock_insert: [BEGIN, advisory lock on the key's hash with the
 //     settings, read-back]; INSERT ledger; [INSERT key with its ref,
-//     COMMIT]: the key row is written once, with its ref. What Apply does.
+//     COMMIT]: the key row is written once, with its ref. What Apply did
+//     until it dropped the lock.
 //   - lookup_insert: lock_insert without the advisory lock: a concurrent
 //     duplicate is not made to wait, runs its write, and rolls back at the
 //     key's INSERT (23505).
+//   - lookup_merged: lookup_insert with the settings and the lookup in one
+//     statement: what Apply does.
 //   - apply: Effect.Apply itself.
 //   - floor_batch_begin, floor_key_row: lower bounds that do not dedup:
 //     plain_insert with BEGIN in a batch, and that plus the key row
@@ -152,10 +155,34 @@ func BenchmarkApplyShapes(b *testing.B) {
 		{"claim_noref", func(k effects.Key) { shapeClaim(b, lb, k, false) }},
 		{"lock_insert", func(k effects.Key) { shapeLockInsert(b, lb, k, true) }},
 		{"lookup_insert", func(k effects.Key) { shapeLockInsert(b, lb, k, false) }},
+		{"lookup_merged", func(k effects.Key) { shapeLookupMerged(b, lb, k) }},
 		{"apply", func(k effects.Key) { lb.apply(b, lb.fx, k, effects.Applied) }},
 		// Lower bounds, not correct dedup: [BEGIN]; write; [COMMIT] and the
 		// same with the key row inserted before COMMIT and no lookup.
 		{"floor_batch_begin", func(k effects.Key) { shapeFloor(b, lb, k, false) }},
 		{"floor_key_row", func(k effects.Key) { shapeFloor(b, lb, k, true) }},
+	})
+}
+
+// shapeLookupMergedSQL reads the settings and looks the key up in one
+// statement, without a lock.
+const shapeLookupMergedSQL = `SELECT s.sc, s.sr, k.fingerprint, k.ref
+FROM (VALUES (current_setting('synchronous_commit'), current_setting('synchronous_standby_names') <> '')) AS s (sc, sr)
+LEFT JOIN effectively_keys k ON k.scope = $1 AND k.key = $2`
+
+// shapeLookupMerged is lookup_insert with the settings and the lookup in
+// one statement.
+func shapeLookupMerged(b *testing.B, lb *ledgerBench, k effects.Key) {
+	runShape(b, lb, k, func(batch *pgx.Batch, _ []byte) func() bool {
+		var sc string
+		var rep bool
+		var fp []byte
+		batch.Queue(shapeLookupMergedSQL, "billing", string(k)).QueryRow(func(r pgx.Row) error {
+			var ref *string
+			return r.Scan(&sc, &rep, &fp, &ref)
+		})
+		return func() bool { return fp == nil && sc == "on" }
+	}, func(batch *pgx.Batch, fp []byte, ref string) {
+		batch.Queue(shapeInsertKeySQL, "billing", string(k), fp, ref)
 	})
 }
