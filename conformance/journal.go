@@ -40,6 +40,7 @@ const (
 	JournalConcurrent     = "concurrent-begin"
 	JournalCrashedHolder  = "crashed-holder"
 	JournalBackendRestart = "backend-restart"
+	JournalLookupMarkDone = "lookup-mark-done"
 )
 
 // holdLease is the lease the journal suite takes when it must not expire
@@ -59,6 +60,7 @@ func journalTable() []scenario[JournalHarness] {
 		{JournalConcurrent, nil, journal((*s).concurrent)},
 		{JournalCrashedHolder, nil, journal((*s).crashedHolder)},
 		{JournalBackendRestart, []capability{capRestarter}, journal((*s).restart)},
+		{JournalLookupMarkDone, nil, journal((*s).lookupMarkDone)},
 	}
 }
 
@@ -70,7 +72,11 @@ var JournalScenarios = names(journalTable())
 // opens: a lease and its expiry, fencing by attempt, Complete keeping the
 // first reference, key reuse, invalid and distinct keys, concurrent Begins
 // (of a new key and of an expired lease), a lease holder that crashed,
-// and a backend restart when the harness can do one. Each scenario is a
+// and a backend restart when the harness can do one; for a journal that
+// implements [effects.DoneJournal], Lookup and MarkDone (a key marked
+// done without Begin, the first reference kept, key reuse refused by both,
+// a pending record completed and its lease dropped; "not run" for a
+// journal without them). Each scenario is a
 // subtest of t; every failed check fails t. The report is returned and,
 // with CONFORMANCE_REPORT set, written for the matrix.
 func RunJournal(t *testing.T, name string, mk JournalMaker, opts ...Option) Report {
@@ -138,6 +144,19 @@ func (s *jscene) begin(i *jinst, key effects.Key, fp []byte, lease time.Duration
 	return timed(s.checker, i.f, 0, fmt.Sprintf("Begin(%s) on instance %s", shortKey(key), i.name), func(ctx context.Context) (effects.Record, error) {
 		return i.j.Begin(ctx, key, fp, lease)
 	})
+}
+
+func (s *jscene) lookup(i *jinst, key effects.Key, fp []byte) (effects.Record, error) {
+	return timed(s.checker, i.f, 0, fmt.Sprintf("Lookup(%s) on instance %s", shortKey(key), i.name), func(ctx context.Context) (effects.Record, error) {
+		return i.j.(effects.DoneJournal).Lookup(ctx, key, fp)
+	})
+}
+
+func (s *jscene) markDone(i *jinst, key effects.Key, fp []byte, ref string) error {
+	_, err := timed(s.checker, i.f, 0, fmt.Sprintf("MarkDone(%s) on instance %s", shortKey(key), i.name), func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, i.j.(effects.DoneJournal).MarkDone(ctx, key, fp, ref)
+	})
+	return err
 }
 
 func (s *jscene) complete(i *jinst, key effects.Key, ref string) error {
@@ -450,4 +469,87 @@ func (s *jscene) restart() {
 		_ = effects.Sleep(s.ctx, 100*time.Millisecond)
 	}
 	s.inFlight(b, held, "a leased key after a restart")
+}
+
+// lookupMarkDone holds a DoneJournal to its word: what Journaled relies on
+// when it does an owner-keyed effect without a lease.
+func (s *jscene) lookupMarkDone() {
+	a, b := s.open("A"), s.open("B")
+	if _, ok := a.j.(effects.DoneJournal); !ok {
+		s.skip("the journal (%T) does not implement effects.DoneJournal", a.j)
+	}
+	// lookedUp requires Lookup to return key done with ref (ref "": not
+	// done).
+	lookedUp := func(i *jinst, key effects.Key, ref, what string) {
+		rec, err := s.lookup(i, key, fp1)
+		if err != nil {
+			s.failf("%s: Lookup: %v", what, err)
+			return
+		}
+		if ref == "" {
+			s.check(!rec.Done, "%s: Lookup says done with ref %q, want not done", what, rec.Ref)
+			return
+		}
+		s.check(rec.Done && rec.Ref == ref, "%s: Lookup = %+v, want done with ref %q", what, rec, ref)
+	}
+	reusedBy := func(err error, what string) {
+		if s.check(errors.Is(err, effects.ErrKeyReused), "%s: %v, want ErrKeyReused", what, err) {
+			s.check(!effects.Retryable(err), "%s: ErrKeyReused must not be retryable", what)
+		}
+	}
+
+	key := s.key("mark-done")
+	lookedUp(a, key, "", "an unknown key")
+	if err := s.markDone(a, key, fp1, "ref-first"); err != nil {
+		s.fatalf("MarkDone of a key never begun: %v, want it recorded", err)
+	}
+	lookedUp(b, key, "ref-first", "after MarkDone")
+	s.doneWith(b, key, "ref-first", "a Begin after MarkDone")
+	if err := s.markDone(b, key, fp1, "ref-second"); err != nil {
+		s.failf("marking a done key done again: %v, want success", err)
+	}
+	lookedUp(a, key, "ref-first", "after a second MarkDone")
+	if err := s.complete(b, key, "ref-complete"); err != nil {
+		s.failf("Complete of a key marked done: %v, want success", err)
+	}
+	lookedUp(a, key, "ref-first", "after a Complete of a key marked done")
+	_, err := s.lookup(b, key, fp2)
+	reusedBy(err, "Lookup with another fingerprint")
+	reusedBy(s.markDone(b, key, fp2, "ref-reused"), "MarkDone with another fingerprint")
+	lookedUp(a, key, "ref-first", "after MarkDone with another fingerprint")
+
+	// A pending record: Lookup does not take it, MarkDone completes it and
+	// drops its lease, unless the fingerprint differs.
+	pending := s.key("mark-done", "pending")
+	s.mustLease(a, pending, holdLease, "a new key")
+	lookedUp(b, pending, "", "a key whose lease another attempt holds")
+	_, err = s.lookup(b, pending, fp2)
+	reusedBy(err, "Lookup of a pending key with another fingerprint")
+	reusedBy(s.markDone(b, pending, fp2, "ref-reused"), "MarkDone of a pending key with another fingerprint")
+	s.inFlight(b, pending, "a Begin after a refused MarkDone (the lease must still hold)")
+	if err := s.markDone(b, pending, fp1, "ref-pending"); err != nil {
+		s.fatalf("MarkDone of a pending key: %v", err)
+	}
+	s.doneWith(a, pending, "ref-pending", "a Begin after MarkDone of a pending key")
+
+	// Two instances mark one new key done at once: one reference wins, and
+	// every later Lookup returns it.
+	racing := s.key("mark-done", "racing")
+	var wg sync.WaitGroup
+	for _, i := range []*jinst{a, b} {
+		wg.Go(func() {
+			s.guard(func() {
+				if err := s.markDone(i, racing, fp1, "ref-"+i.name); err != nil {
+					s.failf("concurrent MarkDone: %v, want success", err)
+				}
+			})
+		})
+	}
+	wg.Wait()
+	first, err := s.lookup(a, racing, fp1)
+	if err != nil || !first.Done || (first.Ref != "ref-A" && first.Ref != "ref-B") {
+		s.failf("after concurrent MarkDones: Lookup = %+v, %v, want done with ref-A or ref-B", first, err)
+		return
+	}
+	lookedUp(b, racing, first.Ref, "a second Lookup after concurrent MarkDones")
 }

@@ -50,6 +50,29 @@ type Journal interface {
 	Release(ctx context.Context, key Key, attempt int) error
 }
 
+// DoneJournal is a [Journal] that can also read a key without taking a
+// lease and record a key done in one write, whether or not it was begun.
+// [Journaled] uses it for effects whose owner dedups on the key itself
+// ([WithOwnerIdempotency], Stripe's Idempotency-Key): the owner already
+// answers a concurrent attempt with in-flight and a repeated one with a
+// replay, so the lease adds nothing there, and Lookup, the call and
+// MarkDone do the work of Begin, the call and Complete with one write to
+// the journal instead of two. Package postgres implements it.
+type DoneJournal interface {
+	Journal
+	// Lookup reads key without changing it. It returns a Record with Done
+	// set and the stored Ref when key was completed; a zero Record when
+	// key is unknown or begun and not done; ErrKeyReused when key was
+	// begun or completed with another fingerprint.
+	Lookup(ctx context.Context, key Key, fingerprint []byte) (Record, error)
+	// MarkDone records key done with ref, creating its record with
+	// fingerprint when key was never begun, and ending any lease on it. A
+	// key already done keeps its first reference (and MarkDone returns
+	// nil); a key recorded with another fingerprint is ErrKeyReused and
+	// stays as it was.
+	MarkDone(ctx context.Context, key Key, fingerprint []byte, ref string) error
+}
+
 // Record is a journal's view of one key.
 type Record struct {
 	// Done reports whether the effect was completed earlier.

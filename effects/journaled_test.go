@@ -167,7 +167,10 @@ func TestJournaledInFlight(t *testing.T) {
 		leased = append(leased, a.Leased())
 		return effects.Result{Status: effects.Replayed, Ref: "owner-ref"}, nil
 	}
-	res, err := newJournaled(t, j, effects.WithOwnerIdempotency()).Apply(context.Background(), key, fp, call)
+	// leaseOnly hides memjournal's DoneJournal methods, so that Apply
+	// takes the lease path.
+	type leaseOnly struct{ effects.Journal }
+	res, err := newJournaled(t, leaseOnly{j}, effects.WithOwnerIdempotency()).Apply(context.Background(), key, fp, call)
 	if err != nil || res.Status != effects.Replayed || res.Ref != "owner-ref" {
 		t.Fatalf("owner-keyed Apply = %+v, %v", res, err)
 	}
@@ -458,4 +461,104 @@ func ExampleJournaled() {
 	// replayed queued-1 <nil>
 	// replayed queued-1 <nil>
 	// sent: 1
+}
+
+// doneJournal is a faultyJournal that also counts and fails the
+// DoneJournal calls.
+type doneJournal struct {
+	*faultyJournal
+	lookupErr      error
+	markErrs       []error // one per MarkDone call, then success
+	lookups, marks int
+}
+
+func (j *doneJournal) Lookup(ctx context.Context, key effects.Key, fp []byte) (effects.Record, error) {
+	j.lookups++
+	if j.lookupErr != nil {
+		return effects.Record{}, j.lookupErr
+	}
+	return j.Journal.Lookup(ctx, key, fp)
+}
+
+func (j *doneJournal) MarkDone(ctx context.Context, key effects.Key, fp []byte, ref string) error {
+	n := j.marks
+	j.marks++
+	if n < len(j.markErrs) {
+		return j.markErrs[n]
+	}
+	return j.Journal.MarkDone(ctx, key, fp, ref)
+}
+
+// An owner that dedups on the key, over a DoneJournal: no lease, one
+// journal write per effect (MarkDone), replays and key reuse from Lookup,
+// nothing recorded or released after a failure, a lost MarkDone retried.
+func TestJournaledOwnerKeyedTakesNoLease(t *testing.T) {
+	newDone := func() *doneJournal { return &doneJournal{faultyJournal: &faultyJournal{Journal: memjournal.New(nil)}} }
+	ctx := context.Background()
+	key := effects.MustKey("k")
+
+	j := newDone()
+	var leased []bool
+	o := &owner{}
+	call := func(ctx context.Context, a *effects.Attempt) (effects.Result, error) {
+		leased = append(leased, a.Leased() || a.Number() != 0)
+		return o.call(ctx, a)
+	}
+	p := newJournaled(t, j, effects.WithOwnerIdempotency())
+	res, err := p.Apply(ctx, key, fp, call)
+	if err != nil || res != (effects.Result{Status: effects.Applied, Ref: "ref-1"}) {
+		t.Fatalf("Apply = %+v, %v", res, err)
+	}
+	if rec := j.Get(key); !rec.Done || rec.Ref != "ref-1" || string(rec.Fingerprint) != string(fp) {
+		t.Errorf("record %+v, want done with ref-1 and the fingerprint", rec)
+	}
+	begins, completes, releases := j.counts()
+	if begins+completes+releases != 0 || j.lookups != 1 || j.marks != 1 || len(leased) != 1 || leased[0] {
+		t.Errorf("%d Begin, %d Complete, %d Release, %d Lookup, %d MarkDone, leased %v; want one Lookup and one MarkDone, no lease",
+			begins, completes, releases, j.lookups, j.marks, leased)
+	}
+	if res, err := p.Apply(ctx, key, fp, call); err != nil || res != (effects.Result{Status: effects.Replayed, Ref: "ref-1"}) || o.calls.Load() != 1 {
+		t.Errorf("redelivery = %+v, %v after %d calls; want the record replayed without a call", res, err, o.calls.Load())
+	}
+	if _, err := p.Apply(ctx, key, []byte("other"), call); !errors.Is(err, effects.ErrKeyReused) || o.calls.Load() != 1 {
+		t.Errorf("another payload = %v after %d calls; want ErrKeyReused without a call", err, o.calls.Load())
+	}
+
+	t.Run("a failed call records and releases nothing", func(t *testing.T) {
+		j := newDone()
+		o := &owner{fail: effects.Ambiguous("owner", key, errors.New("reply lost"))}
+		if _, err := newJournaled(t, j, effects.WithOwnerIdempotency()).Apply(ctx, key, fp, o.call); !errors.Is(err, effects.ErrAmbiguous) {
+			t.Fatalf("Apply = %v, want the call's error", err)
+		}
+		if _, _, releases := j.counts(); releases != 0 || j.marks != 0 || j.Get(key).Fingerprint != nil {
+			t.Errorf("%d Release, %d MarkDone, record %+v; want nothing", releases, j.marks, j.Get(key))
+		}
+	})
+	t.Run("a failed Lookup is transient and calls nobody", func(t *testing.T) {
+		j := newDone()
+		j.lookupErr = errors.New("connection refused")
+		o := &owner{}
+		_, err := newJournaled(t, j, effects.WithOwnerIdempotency()).Apply(ctx, key, fp, o.call)
+		if !errors.Is(err, effects.ErrTransient) || o.calls.Load() != 0 {
+			t.Errorf("Apply = %v after %d calls, want ErrTransient without a call", err, o.calls.Load())
+		}
+	})
+	t.Run("a lost MarkDone is retried", func(t *testing.T) {
+		j := newDone()
+		lost := effects.Ambiguous("journal.MarkDone", key, errors.New("reply lost"))
+		j.markErrs = []error{lost, lost}
+		res, err := newJournaled(t, j, effects.WithOwnerIdempotency()).Apply(ctx, key, fp, (&owner{}).call)
+		if err != nil || res.Status != effects.Applied || j.marks != 3 || !j.Get(key).Done {
+			t.Errorf("Apply = %+v, %v after %d MarkDone calls, record %+v; want applied and recorded on the third", res, err, j.marks, j.Get(key))
+		}
+	})
+	t.Run("without WithOwnerIdempotency the lease is taken", func(t *testing.T) {
+		j := newDone()
+		if _, err := newJournaled(t, j).Apply(ctx, key, fp, (&owner{}).call); err != nil {
+			t.Fatal(err)
+		}
+		if begins, completes, _ := j.counts(); begins != 1 || completes != 1 || j.lookups+j.marks != 0 {
+			t.Errorf("%d Begin, %d Complete, %d Lookup, %d MarkDone; want the lease protocol", begins, completes, j.lookups, j.marks)
+		}
+	})
 }

@@ -101,7 +101,7 @@ type Journal struct {
 	completes coalescer[completeReq, error]
 }
 
-var _ effects.Journal = (*Journal)(nil)
+var _ effects.DoneJournal = (*Journal)(nil)
 
 // NewJournal returns a Journal for keys in scope. The table must exist: see
 // [Migrate]. It returns an [*effects.ConfigError] if pool is nil or scope
@@ -391,6 +391,79 @@ func (j *Journal) completeAlone(ctx context.Context, r completeReq) error {
 		return j.completeVerdict(ctx, r.key, false, false, nil)
 	}
 	return j.completeVerdict(ctx, r.key, done, true, err)
+}
+
+// markDoneSQL records a key done, inserting it if it was never begun; a
+// pending record with the same fingerprint is completed and its lease
+// dropped. RETURNING gives a row exactly when it wrote: no row means the
+// key was done already (its first ref stays) or has another fingerprint.
+const markDoneSQL = `INSERT INTO effectively_journal AS j (scope, key, fingerprint, done, ref)
+VALUES ($1, $2, $3, true, $4)
+ON CONFLICT (scope, key) DO UPDATE SET done = true, ref = excluded.ref, lease_until = NULL, updated_at = now()
+	WHERE NOT j.done AND j.fingerprint = excluded.fingerprint
+RETURNING true`
+
+// Lookup reads key without writing: a done Record with its first ref, a
+// zero Record when key is unknown or pending (begun, not done), or
+// [effects.ErrKeyReused] when key was recorded with another fingerprint.
+// One SELECT, no WAL. See [effects.DoneJournal].
+func (j *Journal) Lookup(ctx context.Context, key effects.Key, fingerprint []byte) (effects.Record, error) {
+	const op = "postgres.Journal.Lookup"
+	if err := key.Validate(); err != nil {
+		return effects.Record{}, err
+	}
+	var row journalRow
+	err := j.pool.QueryRow(ctx, journalLookupSQL, j.scope, string(key)).Scan(&row.fp, &row.rec.Done, &row.rec.Ref, &row.rec.Attempt, &row.live)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return effects.Record{}, nil
+	case err != nil:
+		return effects.Record{}, classify(ctx, op, key, err, false, false).err
+	case !bytes.Equal(row.fp, nonNil(fingerprint)):
+		return effects.Record{}, reused(op, key)
+	case row.rec.Done:
+		return row.rec, nil
+	}
+	return effects.Record{}, nil
+}
+
+// MarkDone records key done with ref in one statement, whether or not it
+// was begun: a new record is created with fingerprint, a pending one is
+// completed and its lease dropped. A key already done keeps its first ref
+// and MarkDone returns nil; a key recorded with another fingerprint is
+// [effects.ErrKeyReused] and stays as it was. A lost reply is
+// [effects.ErrAmbiguous]; MarkDone is idempotent, so retry it. See
+// [effects.DoneJournal].
+func (j *Journal) MarkDone(ctx context.Context, key effects.Key, fingerprint []byte, ref string) error {
+	const op = "postgres.Journal.MarkDone"
+	if err := key.Validate(); err != nil {
+		return err
+	}
+	fp := nonNil(fingerprint)
+	for range beginTries {
+		var wrote bool
+		err := j.pool.QueryRow(ctx, markDoneSQL, j.scope, string(key), fp, ref).Scan(&wrote)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return classify(ctx, op, key, err, true, false).err
+		}
+		var stored []byte
+		var done bool
+		err = j.pool.QueryRow(ctx, `SELECT fingerprint, done FROM effectively_journal WHERE scope = $1 AND key = $2`, j.scope, string(key)).Scan(&stored, &done)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			continue // pruned in between: insert it again
+		case err != nil:
+			return classify(ctx, op, key, err, false, false).err
+		case !bytes.Equal(stored, fp):
+			return reused(op, key)
+		case done:
+			return nil
+		}
+	}
+	return effects.Transient(op, key, errors.New("the record kept changing under concurrent calls"))
 }
 
 // Release drops attempt's lease on key if it is not done, so the next Begin

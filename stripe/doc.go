@@ -90,14 +90,24 @@
 // id. The contract's Horizon becomes 0, until the journal prunes.
 //
 // This stays effectively once past Stripe's horizon because the two
-// records overlap: the journal covers everything after Complete, and
-// Stripe's key covers the gap between the call and Complete (a crash or a
-// lost reply there is resolved by a retry with the same key, which Stripe
-// replays, and the retry completes the record). The one gap left is a
-// record that stays pending for more than 24 h: the call succeeded, the
-// process died before Complete, and the message came back only after
-// Stripe forgot the key. Keep redelivery of failed messages well inside
-// 24 h, or reconcile pending records, if that matters to you.
+// records overlap: the journal covers everything after the record commits,
+// and Stripe's key covers the gap between the call and the record (a crash
+// or a lost reply there is resolved by a retry with the same key, which
+// Stripe replays, and the retry writes the record). The one gap left is a
+// success whose record never committed, redelivered only after Stripe
+// forgot the key (the process died between the call and the record, and
+// the message came back more than 24 h later). Keep redelivery of failed
+// messages well inside 24 h if that matters to you.
+//
+// With a journal that implements [effects.DoneJournal] (postgres.Journal
+// does), the effect takes no lease: a lease would only make a concurrent
+// attempt wait, and Stripe's key already does that (409 while the first
+// request executes, its stored result after). Apply reads the journal
+// (Lookup: a done record replays, another fingerprint is
+// [effects.ErrKeyReused]), calls Stripe, and records the id with one
+// write (MarkDone): one journal write per object instead of two (the
+// lease's and the record's). A failed call leaves nothing behind to
+// release.
 //
 // The journal runs [effects.Journaled]'s protocol and policy, the same as
 // package email's and the Kafka producer's: a journal failure before the
@@ -105,8 +115,9 @@
 // completed on a context detached from the caller's and retried; if it
 // still does not commit, Apply reports the object as Applied (Stripe has
 // it) and logs it ([WithLogger]), and the next attempt records it from
-// Stripe's replay. The journal's lease ([WithLease], default
-// [effects.DefaultLease]) does not gate the call. Within Stripe's horizon
+// Stripe's replay. With a journal that is not a DoneJournal, Apply takes
+// a lease ([WithLease], default [effects.DefaultLease]), and it does not
+// gate the call. Within Stripe's horizon
 // Stripe's key is the enforcer, so an attempt that finds the key leased by
 // another attempt ([effects.ErrInFlight] from Begin) calls Stripe anyway:
 // Stripe answers 409 (reported as ErrInFlight) while the other request

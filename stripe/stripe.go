@@ -52,10 +52,11 @@ type config struct {
 // journal runs [effects.Journaled]'s protocol and policy.
 func WithJournal(j effects.Journal) Option { return func(c *config) { c.journal = j } }
 
-// WithLease sets how long one attempt holds its key in the journal
-// (default [effects.DefaultLease]); it bounds the call too, which ends at
-// nine tenths of the lease. Without [WithJournal] it does nothing. d must
-// be positive.
+// WithLease sets how long one attempt holds its key in a journal that
+// takes leases (default [effects.DefaultLease]; a journal that implements
+// [effects.DoneJournal] takes none, see the package doc); it bounds the
+// call too, which ends at nine tenths of it. Without [WithJournal] it
+// does nothing. d must be positive.
 func WithLease(d time.Duration) Option { return func(c *config) { c.lease = d } }
 
 // WithLogger sets where the effect reports what it cannot return (an

@@ -43,7 +43,8 @@
 //     round trip.
 //
 // Journals (conformance.RunJournal), in journals.go: [TwoLeases],
-// [UnfencedRelease], [NoExpiry], [LastRefWins]. Sources
+// [UnfencedRelease], [NoExpiry], [LastRefWins], [LookupIgnoresFingerprint],
+// [MarkDoneNeedsBegin]. Sources
 // (conformance.RunSource), in sources.go: [AckOnNext].
 package counterexamples
 

@@ -83,3 +83,31 @@ func (j *LastRefWins) Begin(ctx context.Context, key effects.Key, fp []byte, lea
 	}
 	return rec, err
 }
+
+// LookupIgnoresFingerprint answers Lookup by the key alone: a key reused
+// with another payload replays the first payload's reference instead of
+// being refused, so an owner-keyed effect reports someone else's object.
+// Caught by lookup-mark-done.
+type LookupIgnoresFingerprint struct{ *memjournal.Journal }
+
+// Lookup looks key up with the stored fingerprint, whatever fp is.
+func (j LookupIgnoresFingerprint) Lookup(ctx context.Context, key effects.Key, fp []byte) (effects.Record, error) {
+	if stored := j.Get(key).Fingerprint; stored != nil {
+		fp = stored
+	}
+	return j.Journal.Lookup(ctx, key, fp)
+}
+
+// MarkDoneNeedsBegin records nothing for a key that was never begun, as
+// Complete would, yet reports success: an owner-keyed effect done without
+// a lease is never recorded, and a redelivery past the owner's horizon
+// does it again. Caught by lookup-mark-done.
+type MarkDoneNeedsBegin struct{ *memjournal.Journal }
+
+// MarkDone does nothing, successfully, for a key without a record.
+func (j MarkDoneNeedsBegin) MarkDone(ctx context.Context, key effects.Key, fp []byte, ref string) error {
+	if j.Get(key).Fingerprint == nil {
+		return nil
+	}
+	return j.Journal.MarkDone(ctx, key, fp, ref)
+}

@@ -34,6 +34,12 @@ func TestRunJournalCatchesCounterexamples(t *testing.T) {
 			[]string{conformance.JournalLeaseExpiry, conformance.JournalCrashedHolder}},
 		{"the last reference wins", func() effects.Journal { return counterexamples.NewLastRefWins() },
 			[]string{conformance.JournalFirstRef}},
+		{"Lookup ignores the fingerprint", func() effects.Journal {
+			return counterexamples.LookupIgnoresFingerprint{Journal: memjournal.New(nil)}
+		}, []string{conformance.JournalLookupMarkDone}},
+		{"MarkDone records nothing without Begin", func() effects.Journal {
+			return counterexamples.MarkDoneNeedsBegin{Journal: memjournal.New(nil)}
+		}, []string{conformance.JournalLookupMarkDone}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -12,9 +12,10 @@ import (
 	"effectively.dev/effects"
 )
 
-// Journal implements effects.Journal with the same semantics as
+// Journal implements effects.DoneJournal with the same semantics as
 // postgres.Journal: leases, takeover after expiry with Attempt + 1,
-// ErrKeyReused on another fingerprint, Release fenced by the attempt.
+// ErrKeyReused on another fingerprint, Release fenced by the attempt,
+// Lookup and MarkDone for the path without a lease.
 type Journal struct {
 	now func() time.Time
 
@@ -81,6 +82,51 @@ func (j *Journal) Complete(_ context.Context, key effects.Key, ref string) error
 		j.recs[key] = r
 	}
 	if !r.Done {
+		r.Done, r.Ref, r.LeaseUntil = true, ref, time.Time{}
+	}
+	return nil
+}
+
+// Lookup implements effects.DoneJournal.
+func (j *Journal) Lookup(ctx context.Context, key effects.Key, fp []byte) (effects.Record, error) {
+	if err := key.Validate(); err != nil {
+		return effects.Record{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return effects.Record{}, err
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	switch r := j.recs[key]; {
+	case r == nil:
+		return effects.Record{}, nil
+	case !bytes.Equal(r.Fingerprint, fp):
+		return effects.Record{}, &effects.Error{Kind: effects.ErrKeyReused, Op: "memjournal.Lookup", Key: key}
+	case r.Done:
+		return effects.Record{Done: true, Ref: r.Ref, Attempt: r.Attempt}, nil
+	}
+	return effects.Record{}, nil
+}
+
+// MarkDone implements effects.DoneJournal.
+func (j *Journal) MarkDone(ctx context.Context, key effects.Key, fp []byte, ref string) error {
+	if err := key.Validate(); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	r := j.recs[key]
+	if r == nil {
+		r = &Record{Fingerprint: fp}
+		j.recs[key] = r
+	}
+	switch {
+	case !bytes.Equal(r.Fingerprint, fp):
+		return &effects.Error{Kind: effects.ErrKeyReused, Op: "memjournal.MarkDone", Key: key}
+	case !r.Done:
 		r.Done, r.Ref, r.LeaseUntil = true, ref, time.Time{}
 	}
 	return nil
