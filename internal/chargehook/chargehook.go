@@ -31,16 +31,21 @@
 // mark the event seen, each in its own transaction or request; a Stripe
 // call with a fresh idempotency key per attempt, a plain S3 PUT, a produce
 // without a record, a send without a record. The effectively-once handler
-// runs the same five effects as a Plan: stripe.PaymentIntents (Stripe's
-// Idempotency-Key, the object id kept in a journal), postgres.Effect (the
-// dedup row in the ledger's transaction), s3.Writer (If-None-Match: *),
-// kafka.Producer and email.Sender (each with a journal: at-least-once by
-// contract, duplicates only after an unknown outcome). It runs the charge
-// and the ledger row in order, then the receipt, the charged event and the
-// email, which need only those two results, concurrently
-// (effects.Step.Concurrent): every step keeps its key, so this changes
-// nothing about what a redelivery replays, and the plan's composite contract
-// is the one reported.
+// runs the same effects as a Plan of four steps: stripe.PaymentIntents
+// (Stripe's Idempotency-Key, the object id kept in a journal),
+// postgres.Effect (the dedup row in the ledger's transaction, and in the
+// same transaction the "charged" event as a row of kafka/outbox, which an
+// outbox.Relay publishes), s3.Writer (If-None-Match: *) and email.Sender
+// (with a journal). The charged event and the email are at-least-once by
+// contract, duplicates only after an unknown outcome (the relay's: after
+// the broker's ack, before the rows are marked sent). It runs the charge
+// and the ledger row in order, then the receipt and the email, which need
+// only those two results, concurrently (effects.Step.Concurrent): every
+// step keeps its key, so this changes nothing about what a redelivery
+// replays, and the plan's composite contract is the one reported. An event
+// is handled once its steps are done; the relay publishes its charged
+// event from the outbox meanwhile, and the counts wait for the outbox to
+// drain.
 //
 // Each handler gets its own topics, tables, Stripe server, SMTP server and
 // bucket, so the counts are separate; both share the throwaway PostgreSQL
@@ -85,6 +90,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -214,6 +220,7 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 		h         handler
 		objectKey func(Event) string
 		unrecord  atomic.Int64
+		drain     = func(context.Context) error { return nil }
 	)
 	if name == EOName {
 		eo, err := newEffectivelyOnce(d, slog.New(countingHandler{&unrecord}))
@@ -223,6 +230,16 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 		defer eo.mail.Close()
 		h, objectKey = eo, eo.objectKey
 		*contract = eo.contract()
+		// The outbox relay publishes the charged events while the worker
+		// runs, and drains the outbox before the effects are counted.
+		relayCtx, stopRelay := context.WithCancel(ctx)
+		relayDone := make(chan struct{})
+		go func() {
+			defer close(relayDone)
+			_ = eo.relay.Run(relayCtx) // it retries its errors (the failover's) itself
+		}()
+		defer func() { stopRelay(); <-relayDone }()
+		drain = func(ctx context.Context) error { return drainOutbox(ctx, pool) }
 	} else {
 		d.ledger = "chargehook_naive_ledger"
 		nv, err := newNaive(d)
@@ -374,6 +391,9 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 	s.DeadLettered = len(w.deadLettered)
 	w.mu.Unlock()
 
+	if err := drain(ctx); err != nil {
+		return nil, err
+	}
 	cfg.logf("%s: counting effects in the backends", name)
 	c := counter{
 		pool: pool, ledger: d.ledger, stripe: stripeSrv, s3: s3srv, objectKey: objectKey,
@@ -383,6 +403,22 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 		return nil, fmt.Errorf("counting: %w", err)
 	}
 	return s, nil
+}
+
+// drainOutbox waits until the outbox relay has published every row.
+func drainOutbox(ctx context.Context, pool *pgxpool.Pool) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		var unsent int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM effectively_outbox WHERE sent_at IS NULL`).Scan(&unsent)
+		if err == nil && unsent == 0 {
+			return nil
+		}
+		if serr := effects.Sleep(ctx, 50*time.Millisecond); serr != nil {
+			return fmt.Errorf("waiting for the outbox relay to publish every charged event (%d left, %v): %w", unsent, err, serr)
+		}
+	}
 }
 
 // endOffsets sums the end offsets of topic's partitions: the number of

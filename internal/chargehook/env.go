@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"effectively.dev/kafka/outbox"
 	"effectively.dev/postgres"
 	"effectively.dev/postgres/pgtest"
 )
@@ -68,6 +69,10 @@ func startDatabase(ctx context.Context, cfg Config) (*database, error) {
 	}
 	defer conn.Close(context.Background())
 	if err := postgres.Migrate(ctx, conn); err != nil {
+		d.close()
+		return nil, err
+	}
+	if err := outbox.Migrate(ctx, conn); err != nil {
 		d.close()
 		return nil, err
 	}

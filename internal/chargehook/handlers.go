@@ -24,7 +24,7 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/email"
-	"effectively.dev/kafka"
+	"effectively.dev/kafka/outbox"
 	"effectively.dev/postgres"
 	"effectively.dev/s3"
 	"effectively.dev/stripe"
@@ -85,8 +85,8 @@ func receipt(ev Event, pi, ledgerID string) string {
 func mailSubject(ev Event) string { return "Your receipt for payment " + ev.ID }
 
 // chargedEvent is the value of a "charged" record.
-func chargedEvent(ev Event, pi, ledgerID string) []byte {
-	b, _ := json.Marshal(map[string]string{"event": ev.ID, "payment_intent": pi, "ledger_entry": ledgerID})
+func chargedEvent(eventID, pi, ledgerID string) []byte {
+	b, _ := json.Marshal(map[string]string{"event": eventID, "payment_intent": pi, "ledger_entry": ledgerID})
 	return b
 }
 
@@ -151,7 +151,7 @@ func (n *naive) handle(ctx context.Context, ev Event) (bool, error) {
 		return false, fmt.Errorf("receipt: %w", err)
 	}
 
-	rec := &kgo.Record{Topic: n.topic, Key: []byte(ev.ID), Value: chargedEvent(ev, pi.ID, ledgerID),
+	rec := &kgo.Record{Topic: n.topic, Key: []byte(ev.ID), Value: chargedEvent(ev.ID, pi.ID, ledgerID),
 		Headers: []kgo.RecordHeader{{Key: recEvent, Value: []byte(ev.ID)}}}
 	if err := n.kafka.ProduceSync(ctx, rec).FirstErr(); err != nil {
 		return false, fmt.Errorf("charged event: %w", err)
@@ -181,15 +181,19 @@ func (n *naive) handle(ctx context.Context, ev Event) (bool, error) {
 
 // effectivelyOnce runs the same effects as an [effects.Plan]: each step
 // under a key derived from the event's id and the step's name, enforced
-// by the effect's owner.
+// by the effect's owner. The "charged" event is a row of the outbox,
+// written in the ledger row's transaction (it describes that row), and
+// published by the relay: at least once, like a journaled produce, for a
+// row in a transaction the ledger commits anyway instead of a journal's
+// lease and record.
 type effectivelyOnce struct {
 	deps
 	charge  *stripe.PaymentIntents
 	ledger  *postgres.Effect[ledgerRow]
 	receipt *s3.Writer
-	event   *kafka.Producer
+	relay   *outbox.Relay
 	mail    *email.Sender
-	plan    *effects.Plan[Event] // the five effects, defined once
+	plan    *effects.Plan[Event] // the four effects, defined once
 }
 
 // ledgerRow is the ledger step's input.
@@ -212,15 +216,24 @@ func newEffectivelyOnce(d deps, mailLog *slog.Logger) (*effectivelyOnce, error) 
 	h.ledger, err = postgres.New(d.pool, d.scope, func(ctx context.Context, tx pgx.Tx, in ledgerRow) (id string, err error) {
 		err = tx.QueryRow(ctx, `INSERT INTO `+d.ledger+` (event_id, account, cents, payment_intent) VALUES ($1, $2, $3, $4) RETURNING id::text`,
 			in.EventID, in.Account, in.Cents, in.PaymentIntent).Scan(&id)
+		if err != nil {
+			return "", err
+		}
+		msgID, err := effects.NewKey(d.scope, in.EventID, stepEvent)
+		if err != nil {
+			return "", err
+		}
+		_, err = outbox.Enqueue(ctx, tx, outbox.Message{ID: msgID, Topic: d.topic, Key: []byte(in.EventID),
+			Value: chargedEvent(in.EventID, in.PaymentIntent, id), Headers: []kgo.RecordHeader{{Key: recEvent, Value: []byte(in.EventID)}}})
 		return id, err
 	})
 	if err != nil {
 		return nil, err
 	}
-	if h.receipt, err = s3.New(d.s3, d.bucket, s3.WithPrefix("receipts/")); err != nil {
+	if h.relay, err = outbox.NewRelay(d.pool, d.kafka); err != nil {
 		return nil, err
 	}
-	if h.event, err = kafka.NewProducer(d.kafka, d.topic, kafka.WithJournal(journal), kafka.WithLease(lease)); err != nil {
+	if h.receipt, err = s3.New(d.s3, d.bucket, s3.WithPrefix("receipts/")); err != nil {
 		return nil, err
 	}
 	h.mail, err = email.New(journal, d.smtp,
@@ -237,13 +250,14 @@ func newEffectivelyOnce(d deps, mailLog *slog.Logger) (*effectivelyOnce, error) 
 	return h, nil
 }
 
-// newPlan defines the five effects once, as functions of the event. A later
-// step's input is built from the earlier steps' results: on a redelivery
-// those replay with their recorded references, so every payload is the same
-// as the first time. The charge and the ledger row run in order; the
-// receipt, the charged event and the email need only those two results and
-// run at the same time (effects.Step.Concurrent): every step keeps its key,
-// so this changes nothing about what a redelivery replays.
+// newPlan defines the four effects once, as functions of the event (the
+// charged event rides in the ledger step's transaction). A later step's
+// input is built from the earlier steps' results: on a redelivery those
+// replay with their recorded references, so every payload is the same as
+// the first time. The charge and the ledger row run in order; the receipt
+// and the email need only those two results and run at the same time
+// (effects.Step.Concurrent): every step keeps its key, so this changes
+// nothing about what a redelivery replays.
 func (h *effectivelyOnce) newPlan() (*effects.Plan[Event], error) {
 	ref := func(done effects.Results, step string) (string, error) {
 		r, ok := done[step]
@@ -267,12 +281,6 @@ func (h *effectivelyOnce) newPlan() (*effects.Plan[Event], error) {
 			pi, err1 := ref(done, stepCharge)
 			id, err2 := ref(done, stepLedger)
 			return s3.Object{Body: []byte(receipt(ev, pi, id)), ContentType: "text/plain"}, errors.Join(err1, err2)
-		}).Concurrent(),
-		effects.NewStep(stepEvent, h.event, func(ev Event, done effects.Results) (kafka.Message, error) {
-			pi, err1 := ref(done, stepCharge)
-			id, err2 := ref(done, stepLedger)
-			return kafka.Message{Key: []byte(ev.ID), Value: chargedEvent(ev, pi, id),
-				Headers: []kgo.RecordHeader{{Key: recEvent, Value: []byte(ev.ID)}}}, errors.Join(err1, err2)
 		}).Concurrent(),
 		effects.NewStep(stepMail, h.mail, func(ev Event, done effects.Results) (email.Message, error) {
 			pi, err1 := ref(done, stepCharge)

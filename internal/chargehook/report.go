@@ -145,7 +145,7 @@ func (r *Report) WriteTable(out io.Writer) error {
 	row("double charges: >1 PaymentIntent", n.DoubleCharged, e.DoubleCharged, "events")
 	row("double charges: >1 ledger row", n.DoubleLedger, e.DoubleLedger, "events")
 	row("S3 receipts written twice", n.ReceiptDup, e.ReceiptDup, "events")
-	row("Kafka events duplicated", n.EventDup, e.EventDup, "events;", window(r.Contract, stepEvent))
+	row("Kafka events duplicated", n.EventDup, e.EventDup, "events;", "at-least-once by contract (outbox relay): duplicates only "+outboxWindow)
 	row("emails duplicated", n.EmailDup, e.EmailDup, "events;", window(r.Contract, stepMail))
 	row("lost events", n.Lost, e.Lost, "(no ledger row or no charge)")
 	row("dead-lettered deliveries", n.DeadLettered, e.DeadLettered)
@@ -171,6 +171,8 @@ func (r *Report) WriteTable(out io.Writer) error {
 			fmt.Fprintf(w, "  \t\tduplicates %s: %s\n", c.DuplicateWindow.Trigger, c.DuplicateWindow.Between)
 		}
 	}
+	fmt.Fprintf(w, "  (%s)\t%s\t%s\n", stepEvent, effects.AtLeastOnce, "a kafka/outbox row in the ledger step's transaction, published by outbox.Relay")
+	fmt.Fprintf(w, "  \t\tduplicates %s\n", outboxWindow)
 	fmt.Fprintf(w, "  plan\t%s\tweakest step: %s\n", r.Contract.Contract.Guarantee, r.Contract.Weakest)
 	if err := w.Flush(); err != nil {
 		return err
@@ -208,6 +210,9 @@ func failoverText(r *Report, n, e *Side) string {
 // window says, for an at-least-once step, that its duplicates are
 // declared and when they can happen; the contract section spells out the
 // window.
+// outboxWindow is when the outbox relay can publish a charged event twice.
+const outboxWindow = "after an unknown outcome: after the broker's ack, before the relay marks the rows sent"
+
 func window(pc effects.PlanContract, step string) string {
 	for _, sc := range pc.Steps {
 		if sc.Step == step && sc.Contract.Guarantee == effects.AtLeastOnce {
