@@ -329,14 +329,20 @@ func BenchmarkLedger(b *testing.B) {
 // the key ON CONFLICT DO NOTHING; the write; COMMIT. It keeps no ref,
 // compares no fingerprint and reads no setting.
 func (lb *ledgerBench) handwritten(b *testing.B, k effects.Key) {
+	fp, _ := effects.FingerprintJSON(benchPayment(k))
+	lb.handwrittenClaim(b, k, `INSERT INTO effectively_keys (scope, key, fingerprint) VALUES ('billing', $1, $2) ON CONFLICT DO NOTHING`, string(k), fp)
+}
+
+// handwrittenClaim is the hand-written handler's transaction with claim
+// (args its arguments) as the claim: BEGIN; claim; the write; COMMIT.
+func (lb *ledgerBench) handwrittenClaim(b *testing.B, k effects.Key, claim string, args ...any) {
 	ctx := lb.ctx
 	tx, err := lb.pool.Begin(ctx)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	fp, _ := effects.FingerprintJSON(benchPayment(k))
-	tag, err := tx.Exec(ctx, `INSERT INTO effectively_keys (scope, key, fingerprint) VALUES ('billing', $1, $2) ON CONFLICT DO NOTHING`, string(k), fp)
+	tag, err := tx.Exec(ctx, claim, args...)
 	if err != nil || tag.RowsAffected() != 1 {
 		b.Fatal(tag, err)
 	}

@@ -147,20 +147,5 @@ func machineCPU(b *testing.B) time.Duration {
 // variant runs it: the claim in a table of its own with only the event id
 // and a timestamp, then the write, in four round trips.
 func (lb *ledgerBench) handwrittenNarrow(b *testing.B, k effects.Key) {
-	ctx := lb.ctx
-	tx, err := lb.pool.Begin(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	tag, err := tx.Exec(ctx, `INSERT INTO seen_at (event_id, processed_at) VALUES ($1, now()) ON CONFLICT (event_id) DO NOTHING`, string(k))
-	if err != nil || tag.RowsAffected() != 1 {
-		b.Fatal(tag, err)
-	}
-	if _, err := writeLedger(ctx, tx, benchPayment(k)); err != nil {
-		b.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		b.Fatal(err)
-	}
+	lb.handwrittenClaim(b, k, `INSERT INTO seen_at (event_id, processed_at) VALUES ($1, now()) ON CONFLICT (event_id) DO NOTHING`, string(k))
 }

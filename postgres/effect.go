@@ -104,9 +104,10 @@ func (e *Effect[In]) Contract() effects.Contract {
 // checks whether the key was committed meanwhile.
 //
 // Cost of a new key: three round trips, as for a plain insert transaction,
-// and one statement more than the write: BEGIN pipelined with the lookup
-// (pgx Batch.BeginTx); the write; the key's INSERT pipelined with COMMIT. Cost of a duplicate: two
-// round trips (the same first one, then ROLLBACK) and no WAL. Under
+// and two statements more than it (the lookup and the key's INSERT): BEGIN
+// pipelined with the lookup (pgx Batch.BeginTx); the write; the key's
+// INSERT pipelined with COMMIT. Cost of a duplicate: two round trips (the same first one,
+// then ROLLBACK) and no WAL. Under
 // synchronous replication a replay also passes the replay barrier (see
 // RELIABILITY.md): a few bytes of WAL and a COMMIT that waits for the
 // standby.
@@ -150,7 +151,7 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (effects
 
 const opApply = "postgres.Apply"
 
-// lookupSQL reads the key, if it was committed, with the settings that
+// applyLookupSQL reads the key, if it was committed, with the settings that
 // decide whether the commit may be acknowledged (see ErrAsyncCommit), in
 // one statement: a row always comes back, with found false for a new key.
 // It takes no lock: a concurrent Apply of the same key that this

@@ -553,6 +553,36 @@ func TestApplyRetriesSerializationFailure(t *testing.T) {
 	})
 }
 
+// applyResult is the outcome of one Apply.
+type applyResult struct {
+	res effects.Result
+	err error
+}
+
+// applyBehind runs apply while other, an open transaction, holds a lock
+// that apply will wait for; once apply waits (watch sees a session waiting
+// on a lock), it commits other if commit, or rolls it back, and returns
+// apply's outcome.
+func applyBehind(t *testing.T, ctx context.Context, watch *pgx.Conn, other pgx.Tx, commit bool, apply func() (effects.Result, error)) applyResult {
+	t.Helper()
+	done := make(chan applyResult, 1)
+	go func() {
+		res, err := apply()
+		done <- applyResult{res, err}
+	}()
+	pgtest.WaitFor(t, ctx, watch, `SELECT count(*)::text FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`, "1")
+	var err error
+	if commit {
+		err = other.Commit(ctx)
+	} else {
+		err = other.Rollback(ctx)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return <-done
+}
+
 // TestApplyKeyTakenConcurrently: a transaction that claimed the key with
 // Claim (which takes no advisory lock) and has not committed yet. Apply
 // does not see it, runs its write, and its insert of the key waits for
@@ -586,26 +616,8 @@ func TestApplyKeyTakenConcurrently(t *testing.T) {
 			if res, err := postgres.Claim(ctx, other, "billing", key, fp); err != nil || res.Status != effects.Applied {
 				t.Fatalf("Claim = %+v, %v", res, err)
 			}
-			type result struct {
-				res effects.Result
-				err error
-			}
-			done := make(chan result, 1)
-			go func() {
-				res, err := fx.Apply(ctx, key, p)
-				done <- result{res, err}
-			}()
 			// Apply's INSERT of the key waits on the other transaction.
-			pgtest.WaitFor(t, ctx, watch, `SELECT count(*)::text FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`, "1")
-			if commit {
-				err = other.Commit(ctx)
-			} else {
-				err = other.Rollback(ctx)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			r := <-done
+			r := applyBehind(t, ctx, watch, other, commit, func() (effects.Result, error) { return fx.Apply(ctx, key, p) })
 			want, wantRows := effects.Replayed, 0 // the other transaction wrote no ledger row
 			if !commit {
 				want, wantRows = effects.Applied, 1
@@ -668,26 +680,8 @@ func TestApplyWriteFailsOnConcurrentDuplicate(t *testing.T) {
 			if err := postgres.SetRef(ctx, other, "billing", key, "receipt:"+event); err != nil {
 				t.Fatal(err)
 			}
-			type result struct {
-				res effects.Result
-				err error
-			}
-			done := make(chan result, 1)
-			go func() {
-				res, err := fx.Apply(ctx, key, p)
-				done <- result{res, err}
-			}()
 			// Apply's write waits on the other transaction's receipt row.
-			pgtest.WaitFor(t, ctx, watch, `SELECT count(*)::text FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`, "1")
-			if commit {
-				err = other.Commit(ctx)
-			} else {
-				err = other.Rollback(ctx)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			r := <-done
+			r := applyBehind(t, ctx, watch, other, commit, func() (effects.Result, error) { return fx.Apply(ctx, key, p) })
 			want := effects.Replayed
 			if !commit {
 				want = effects.Applied
