@@ -1,16 +1,14 @@
 package postgres_test
 
 import (
-	"os"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"effectively.dev/effects"
+	"effectively.dev/internal/machine"
 )
 
 // BenchmarkLedgerConcurrent runs the single-key variants the way a
@@ -121,26 +119,14 @@ func BenchmarkLedgerConcurrent(b *testing.B) {
 	}
 }
 
-// machineCPU is the CPU time the whole machine has spent busy (user,
-// nice, system, irq, softirq; not idle or waiting for I/O) since boot,
-// from /proc/stat: the benchmark's process, the cluster's and anything
-// else running. It counts in clock ticks, assumed 100 a second.
+// machineCPU is the CPU time the whole machine has spent busy since
+// boot (package machine): this process, the cluster and anything else.
 func machineCPU(b *testing.B) time.Duration {
-	data, err := os.ReadFile("/proc/stat")
+	d, err := machine.BusyCPU()
 	if err != nil {
-		b.Fatalf("machine CPU time: %v (the benchmark needs Linux's /proc/stat)", err)
+		b.Fatal(err)
 	}
-	line, _, _ := strings.Cut(string(data), "\n")
-	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq ...
-	var ticks int64
-	for _, i := range []int{1, 2, 3, 6, 7} {
-		n, err := strconv.ParseInt(f[i], 10, 64)
-		if err != nil {
-			b.Fatalf("/proc/stat: %q: %v", line, err)
-		}
-		ticks += n
-	}
-	return time.Duration(ticks) * 10 * time.Millisecond
+	return d
 }
 
 // handwrittenNarrow is the essay's handler as e2ebench's hand-written

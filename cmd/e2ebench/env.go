@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"effectively.dev/internal/machine"
 	"effectively.dev/kafka"
 	"effectively.dev/kafka/kafkatest"
 	"effectively.dev/postgres"
@@ -97,6 +98,9 @@ type event struct {
 type result struct {
 	rate    float64 // events/s, first handled event to last
 	commits int     // OffsetCommit requests of the run, the last ones (on close, after the last poll) included
+	// cpu is the machine's busy CPU time per event from the first handled
+	// event to the last (0 where /proc/stat cannot be read).
+	cpu time.Duration
 }
 
 // runEnv is one run of one variant: its topic, group, tables and scope.
@@ -110,13 +114,15 @@ type runEnv struct {
 	progress            *progress
 }
 
-// progress counts handled events and stamps the first and the last.
+// progress counts handled events and stamps the first and the last, in
+// wall time and in the machine's busy CPU time.
 type progress struct {
-	target      int64
-	n           atomic.Int64
-	first, last time.Time
-	once        sync.Once
-	done        chan struct{}
+	target            int64
+	n                 atomic.Int64
+	first, last       time.Time
+	cpuFirst, cpuLast time.Duration
+	once              sync.Once
+	done              chan struct{}
 }
 
 func newProgress(target int) *progress {
@@ -129,11 +135,17 @@ func (p *progress) handled(k int) {
 		return
 	}
 	now := time.Now()
-	p.once.Do(func() { p.first = now })
+	p.once.Do(func() { p.first, p.cpuFirst = now, busyCPU() })
 	if n := p.n.Add(int64(k)); n >= p.target && n-int64(k) < p.target {
-		p.last = now
+		p.last, p.cpuLast = now, busyCPU()
 		close(p.done)
 	}
+}
+
+// busyCPU is machine.BusyCPU, 0 where it cannot be read.
+func busyCPU() time.Duration {
+	d, _ := machine.BusyCPU()
+	return d
 }
 
 // runVariant prepares a topic and tables, drains them with the variant,
@@ -189,7 +201,11 @@ func (e *env) runVariant(ctx context.Context, cfg config, name string, round int
 		return result{}, err
 	}
 	el := r.progress.last.Sub(r.progress.first)
-	return result{rate: float64(cfg.events-1) / el.Seconds(), commits: e.commitsOf(r.group)}, nil
+	res := result{rate: float64(cfg.events-1) / el.Seconds(), commits: e.commitsOf(r.group)}
+	if r.progress.cpuFirst > 0 && r.progress.cpuLast > 0 {
+		res.cpu = (r.progress.cpuLast - r.progress.cpuFirst) / time.Duration(cfg.events-1)
+	}
+	return res, nil
 }
 
 // produce writes cfg.events events round robin over the partitions, each

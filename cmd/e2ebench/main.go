@@ -29,9 +29,13 @@
 // Events/s is measured from the first handled event to the last, per
 // variant and round; the table shows the median and range over the
 // rounds, each variant's ratio to the hand-written handler of the same
-// round (median and range), and the OffsetCommit requests per event that
+// round (median and range), the OffsetCommit requests per event that
 // reached the broker during the run, the final ones included (counted with
-// a kfake control hook). After each run
+// a kfake control hook), and the CPU time the whole machine spent busy per
+// event between the first handled event and the last (/proc/stat: this
+// process with kfake, and the cluster; a cost that does not depend on how
+// long the disk makes each commit wait, but counts whatever else runs on
+// the machine). After each run
 // the ledger must hold every event exactly once and the group's committed
 // offsets must reach the end, or the command fails.
 //
@@ -151,7 +155,7 @@ func measure(ctx context.Context, env *env, cfg config, logf func(string, ...any
 			if err != nil {
 				return nil, fmt.Errorf("round %d, %s: %w", round+1, name, err)
 			}
-			logf("round %d %-12s %8.0f events/s  %5d OffsetCommits", round+1, name, r.rate, r.commits)
+			logf("round %d %-12s %8.0f events/s  %5d OffsetCommits  %4d µs CPU/event", round+1, name, r.rate, r.commits, r.cpu.Microseconds())
 			res[name] = append(res[name], r)
 		}
 	}
@@ -162,16 +166,24 @@ func measure(ctx context.Context, env *env, cfg config, logf func(string, ...any
 func report(w io.Writer, cfg config, env *env, res map[string][]result) {
 	fmt.Fprintf(w, "%d events on %d partitions per variant and round, %d rounds; PostgreSQL %s (durable: fsync on), kfake in-process\n\n",
 		cfg.events, cfg.partitions, cfg.rounds, env.pgVersion)
-	fmt.Fprintln(w, "| variant | events/s (median) | range | × hand-written (median) | range | OffsetCommit requests per event |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| variant | events/s (median) | range | × hand-written (median) | range | OffsetCommit requests per event | machine CPU per event (median) |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|")
 	base, haveBase := res[handWritten]
 	for _, name := range cfg.variants {
 		rs := res[name]
 		rates := make([]float64, len(rs))
+		cpus := make([]float64, 0, len(rs))
 		commits := 0.0
 		for i, r := range rs {
 			rates[i] = r.rate
 			commits += float64(r.commits) / float64(cfg.events)
+			if r.cpu > 0 {
+				cpus = append(cpus, float64(r.cpu.Microseconds()))
+			}
+		}
+		cpu := "-"
+		if len(cpus) == len(rs) {
+			cpu = fmt.Sprintf("%.0f µs", median(cpus))
 		}
 		ratio, ratioRange := "", ""
 		if haveBase {
@@ -183,8 +195,8 @@ func report(w io.Writer, cfg config, env *env, res map[string][]result) {
 			ratio, ratioRange = fmt.Sprintf("%.2f×", median(ratios)), fmt.Sprintf("%.2f–%.2f", lo, hi)
 		}
 		lo, hi := minMax(rates)
-		fmt.Fprintf(w, "| %s | %.0f | %.0f–%.0f | %s | %s | %.4f |\n",
-			name, median(rates), lo, hi, ratio, ratioRange, commits/float64(len(rs)))
+		fmt.Fprintf(w, "| %s | %.0f | %.0f–%.0f | %s | %s | %.4f | %s |\n",
+			name, median(rates), lo, hi, ratio, ratioRange, commits/float64(len(rs)), cpu)
 	}
 	fmt.Fprintln(w)
 	for _, name := range cfg.variants {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -28,6 +29,13 @@ func TestRunSmall(t *testing.T) {
 	for _, v := range variantNames() {
 		if !strings.Contains(out.String(), "| "+v+" | ") {
 			t.Errorf("no row for %s:\n%s", v, &out)
+		}
+	}
+	if runtime.GOOS == "linux" {
+		for _, line := range strings.Split(out.String(), "\n") {
+			if strings.HasPrefix(line, "| ") && !strings.HasPrefix(line, "| variant") && !strings.HasSuffix(line, " µs |") {
+				t.Errorf("row without the machine's CPU per event: %s", line)
+			}
 		}
 	}
 	if !strings.Contains(out.String(), "| hand-written | ") || !strings.Contains(out.String(), "| 1.00× | 1.00–1.00 |") {
