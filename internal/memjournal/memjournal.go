@@ -6,6 +6,7 @@ package memjournal
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -69,7 +70,8 @@ func (j *Journal) Begin(ctx context.Context, key effects.Key, fp []byte, lease t
 	return effects.Record{Attempt: r.Attempt}, nil
 }
 
-// Complete implements effects.Journal.
+// Complete implements effects.Journal. Like postgres.Journal, it refuses
+// a key that was never begun.
 func (j *Journal) Complete(_ context.Context, key effects.Key, ref string) error {
 	if err := key.Validate(); err != nil {
 		return err
@@ -78,8 +80,7 @@ func (j *Journal) Complete(_ context.Context, key effects.Key, ref string) error
 	defer j.mu.Unlock()
 	r := j.recs[key]
 	if r == nil {
-		r = &Record{}
-		j.recs[key] = r
+		return fmt.Errorf("memjournal.Complete key %q: not begun", key)
 	}
 	if !r.Done {
 		r.Done, r.Ref, r.LeaseUntil = true, ref, time.Time{}
