@@ -553,6 +553,26 @@ func TestApplyRetriesSerializationFailure(t *testing.T) {
 	})
 }
 
+// claimedElsewhere opens a transaction that claims key for p with Claim,
+// as a concurrent duplicate of an Apply would, and leaves it open (rolled
+// back at the end of the test unless the test ends it).
+func claimedElsewhere(t *testing.T, ctx context.Context, pool *pgxpool.Pool, key effects.Key, p payment) pgx.Tx {
+	t.Helper()
+	fp, err := effects.FingerprintJSON(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = other.Rollback(context.Background()) })
+	if res, err := postgres.Claim(ctx, other, "billing", key, fp); err != nil || res.Status != effects.Applied {
+		t.Fatalf("Claim = %+v, %v", res, err)
+	}
+	return other
+}
+
 // applyResult is the outcome of one Apply.
 type applyResult struct {
 	res effects.Result
@@ -604,18 +624,7 @@ func TestApplyKeyTakenConcurrently(t *testing.T) {
 			event := fmt.Sprintf("evt_taken_%t", commit)
 			key := effects.MustKey(event, "ledger")
 			p := payment{EventID: event, Amount: 1}
-			fp, err := effects.FingerprintJSON(p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			other, err := pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer other.Rollback(ctx)
-			if res, err := postgres.Claim(ctx, other, "billing", key, fp); err != nil || res.Status != effects.Applied {
-				t.Fatalf("Claim = %+v, %v", res, err)
-			}
+			other := claimedElsewhere(t, ctx, pool, key, p)
 			// Apply's INSERT of the key waits on the other transaction.
 			r := applyBehind(t, ctx, watch, other, commit, func() (effects.Result, error) { return fx.Apply(ctx, key, p) })
 			want, wantRows := effects.Replayed, 0 // the other transaction wrote no ledger row
@@ -664,18 +673,7 @@ func TestApplyWriteFailsOnConcurrentDuplicate(t *testing.T) {
 			event := fmt.Sprintf("evt_write_fails_%t", commit)
 			key := effects.MustKey(event, "receipt")
 			p := payment{EventID: event, Amount: 1}
-			fp, err := effects.FingerprintJSON(p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			other, err := pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer other.Rollback(ctx)
-			if res, err := postgres.Claim(ctx, other, "billing", key, fp); err != nil || res.Status != effects.Applied {
-				t.Fatalf("Claim = %+v, %v", res, err)
-			}
+			other := claimedElsewhere(t, ctx, pool, key, p)
 			mustExec(t, other, `INSERT INTO receipts (event_id) VALUES ($1)`, event)
 			if err := postgres.SetRef(ctx, other, "billing", key, "receipt:"+event); err != nil {
 				t.Fatal(err)

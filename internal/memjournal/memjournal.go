@@ -52,11 +52,7 @@ func (j *Journal) Begin(ctx context.Context, key effects.Key, fp []byte, lease t
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	r := j.recs[key]
-	if r == nil {
-		r = &Record{Fingerprint: fp}
-		j.recs[key] = r
-	}
+	r := j.recordLocked(key, fp)
 	switch {
 	case !bytes.Equal(r.Fingerprint, fp):
 		return effects.Record{}, &effects.Error{Kind: effects.ErrKeyReused, Op: "memjournal.Begin", Key: key}
@@ -68,6 +64,17 @@ func (j *Journal) Begin(ctx context.Context, key effects.Key, fp []byte, lease t
 	r.Attempt++
 	r.LeaseUntil = j.now().Add(lease)
 	return effects.Record{Attempt: r.Attempt}, nil
+}
+
+// recordLocked returns key's record, creating it with fp if there is none.
+// j.mu must be held.
+func (j *Journal) recordLocked(key effects.Key, fp []byte) *Record {
+	r := j.recs[key]
+	if r == nil {
+		r = &Record{Fingerprint: fp}
+		j.recs[key] = r
+	}
+	return r
 }
 
 // Complete implements effects.Journal. Like postgres.Journal, it refuses
@@ -119,11 +126,7 @@ func (j *Journal) MarkDone(ctx context.Context, key effects.Key, fp []byte, ref 
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	r := j.recs[key]
-	if r == nil {
-		r = &Record{Fingerprint: fp}
-		j.recs[key] = r
-	}
+	r := j.recordLocked(key, fp)
 	switch {
 	case !bytes.Equal(r.Fingerprint, fp):
 		return &effects.Error{Kind: effects.ErrKeyReused, Op: "memjournal.MarkDone", Key: key}
