@@ -11,8 +11,9 @@ import (
 )
 
 // DefaultMaxRetries is how often Apply and ApplyBatch retry a transaction
-// that lost a race (a serialization failure, a deadlock, or a key taken
-// concurrently) before they give up; see [WithMaxRetries].
+// that lost a race (a serialization failure, a deadlock, a key taken
+// concurrently, or a write that failed while a concurrent Apply committed
+// its key) before they give up; see [WithMaxRetries].
 const DefaultMaxRetries = 5
 
 // retryBackoff spaces those retries: a random pause between half and all
@@ -111,8 +112,11 @@ func WithFingerprint[In any](f func(In) ([]byte, error)) Option {
 // WithMaxRetries sets how many times Apply and ApplyBatch retry the whole
 // transaction, after a short jittered backoff, when it lost a race:
 // PostgreSQL aborted it with a serialization failure (40001) or a deadlock
-// (40P01), or a concurrent transaction committed the same key first. After
-// the last retry they return an [effects.ErrTransient] error. Default
+// (40P01), or a concurrent transaction committed the same key first (seen
+// at the key's INSERT, or by Apply after its write failed). After the
+// last retry they return an [effects.ErrTransient] error: this call
+// applied nothing, and a retry with the same key replays what the other
+// one committed. Default
 // [DefaultMaxRetries]; 0 disables retries; a negative n is a ConfigError.
 // The write function runs once per attempt, so it must do nothing outside
 // the transaction. [New] and [ApplyBatch] heed it.
