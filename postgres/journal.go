@@ -52,7 +52,8 @@ FROM unnest($2::text[], $3::text[]) AS u(key, ref)
 WHERE j.scope = $1 AND j.key = u.key AND NOT j.done
 RETURNING j.key`
 
-// journalLookupSQL explains why beginSQL took nothing.
+// journalLookupSQL reads one key's record (see readRow): why beginSQL or
+// markDoneSQL took nothing, and Lookup.
 const journalLookupSQL = `SELECT fingerprint, done, ref, attempt, coalesce(lease_until > now(), false)
 FROM effectively_journal WHERE scope = $1 AND key = $2`
 
@@ -271,8 +272,7 @@ func (j *Journal) beginAlone(ctx context.Context, r beginReq) (effects.Record, e
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return effects.Record{}, classify(ctx, opBegin, r.key, err, true, false).err
 		}
-		row := journalRow{key: string(r.key)}
-		err = j.pool.QueryRow(ctx, journalLookupSQL, j.scope, string(r.key)).Scan(&row.fp, &row.rec.Done, &row.rec.Ref, &row.rec.Attempt, &row.live)
+		row, err := j.readRow(ctx, r.key)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			continue // deleted in between: try again
@@ -412,8 +412,7 @@ func (j *Journal) Lookup(ctx context.Context, key effects.Key, fingerprint []byt
 	if err := key.Validate(); err != nil {
 		return effects.Record{}, err
 	}
-	var row journalRow
-	err := j.pool.QueryRow(ctx, journalLookupSQL, j.scope, string(key)).Scan(&row.fp, &row.rec.Done, &row.rec.Ref, &row.rec.Attempt, &row.live)
+	row, err := j.readRow(ctx, key)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return effects.Record{}, nil
@@ -449,21 +448,27 @@ func (j *Journal) MarkDone(ctx context.Context, key effects.Key, fingerprint []b
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return classify(ctx, op, key, err, true, false).err
 		}
-		var stored []byte
-		var done bool
-		err = j.pool.QueryRow(ctx, `SELECT fingerprint, done FROM effectively_journal WHERE scope = $1 AND key = $2`, j.scope, string(key)).Scan(&stored, &done)
+		row, err := j.readRow(ctx, key)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			continue // pruned in between: insert it again
 		case err != nil:
 			return classify(ctx, op, key, err, false, false).err
-		case !bytes.Equal(stored, fp):
+		case !bytes.Equal(row.fp, fp):
 			return reused(op, key)
-		case done:
+		case row.rec.Done:
 			return nil
 		}
 	}
 	return effects.Transient(op, key, errors.New("the record kept changing under concurrent calls"))
+}
+
+// readRow reads key's record with journalLookupSQL; pgx.ErrNoRows when
+// there is none.
+func (j *Journal) readRow(ctx context.Context, key effects.Key) (journalRow, error) {
+	row := journalRow{key: string(key)}
+	err := j.pool.QueryRow(ctx, journalLookupSQL, j.scope, string(key)).Scan(&row.fp, &row.rec.Done, &row.rec.Ref, &row.rec.Attempt, &row.live)
+	return row, err
 }
 
 // Release drops attempt's lease on key if it is not done, so the next Begin
