@@ -41,6 +41,7 @@ const (
 	JournalCrashedHolder  = "crashed-holder"
 	JournalBackendRestart = "backend-restart"
 	JournalLookupMarkDone = "lookup-mark-done"
+	JournalCompleteAll    = "complete-all"
 )
 
 // holdLease is the lease the journal suite takes when it must not expire
@@ -61,6 +62,7 @@ func journalTable() []scenario[JournalHarness] {
 		{JournalCrashedHolder, nil, journal((*s).crashedHolder)},
 		{JournalBackendRestart, []capability{capRestarter}, journal((*s).restart)},
 		{JournalLookupMarkDone, nil, journal((*s).lookupMarkDone)},
+		{JournalCompleteAll, nil, journal((*s).completeAll)},
 	}
 }
 
@@ -76,7 +78,10 @@ var JournalScenarios = names(journalTable())
 // implements [effects.DoneJournal], Lookup and MarkDone (a key marked
 // done without Begin, the first reference kept, key reuse refused by both,
 // a pending record completed and its lease dropped; "not run" for a
-// journal without them). Each scenario is a
+// journal without them); for an [effects.BatchJournal], CompleteAll
+// (every completion of a mixed batch answered and written as its own
+// call would be, overlapping batches from two instances at once). Each
+// scenario is a
 // subtest of t; every failed check fails t. The report is returned and,
 // with CONFORMANCE_REPORT set, written for the matrix.
 func RunJournal(t *testing.T, name string, mk JournalMaker, opts ...Option) Report {
@@ -157,6 +162,19 @@ func (s *jscene) markDone(i *jinst, key effects.Key, fp []byte, ref string) erro
 		return struct{}{}, i.j.(effects.DoneJournal).MarkDone(ctx, key, fp, ref)
 	})
 	return err
+}
+
+func (s *jscene) completeAllOn(i *jinst, cs []effects.Completion) []error {
+	errs, err := timed(s.checker, i.f, 0, fmt.Sprintf("CompleteAll(%d completions) on instance %s", len(cs), i.name), func(ctx context.Context) ([]error, error) {
+		return i.j.(effects.BatchJournal).CompleteAll(ctx, cs), nil
+	})
+	if err != nil {
+		s.fatalf("CompleteAll: %v", err)
+	}
+	if len(errs) != len(cs) {
+		s.fatalf("CompleteAll of %d completions returned %d errors, want one per completion", len(cs), len(errs))
+	}
+	return errs
 }
 
 func (s *jscene) complete(i *jinst, key effects.Key, ref string) error {
@@ -552,4 +570,79 @@ func (s *jscene) lookupMarkDone() {
 		return
 	}
 	lookedUp(b, racing, first.Ref, "a second Lookup after concurrent MarkDones")
+}
+
+// completeAll holds a BatchJournal to its word: every completion of a
+// batch is answered and written as its own Complete or MarkDone would be
+// (what Plan.Run relies on when it commits its steps' records together),
+// and two instances writing overlapping batches at once both succeed.
+func (s *jscene) completeAll() {
+	a, b := s.open("A"), s.open("B")
+	if _, ok := a.j.(effects.BatchJournal); !ok {
+		s.skip("the journal (%T) does not implement effects.BatchJournal", a.j)
+	}
+	pending := s.key("complete-all", "pending") // begun: Complete writes it
+	fresh := s.key("complete-all", "fresh")     // never begun: MarkDone creates it
+	done := s.key("complete-all", "done")       // done: keeps its first ref
+	reused := s.key("complete-all", "reused")   // recorded with fp1: MarkDone with fp2 is refused
+	unbegun := s.key("complete-all", "unbegun") // never begun: Complete is refused
+	s.mustLease(a, pending, holdLease, "a new key")
+	if err := s.markDone(a, done, fp1, "ref-first"); err != nil {
+		s.fatalf("MarkDone: %v", err)
+	}
+	if err := s.markDone(a, reused, fp1, "ref-first"); err != nil {
+		s.fatalf("MarkDone: %v", err)
+	}
+	errs := s.completeAllOn(b, []effects.Completion{
+		{Key: pending, Ref: "ref-pending"},
+		{Key: fresh, Ref: "ref-fresh", MarkDone: true, Fingerprint: fp1},
+		{Key: done, Ref: "ref-again", MarkDone: true, Fingerprint: fp1},
+		{Key: reused, Ref: "ref-reused", MarkDone: true, Fingerprint: fp2},
+		{Key: unbegun, Ref: "ref-unbegun"},
+		{Key: "", Ref: "ref-invalid", MarkDone: true, Fingerprint: fp1},
+	})
+	s.check(errs[0] == nil, "CompleteAll: Complete of a pending key: %v, want success", errs[0])
+	s.check(errs[1] == nil, "CompleteAll: MarkDone of a key never begun: %v, want success", errs[1])
+	s.check(errs[2] == nil, "CompleteAll: MarkDone of a done key: %v, want success", errs[2])
+	if s.check(errors.Is(errs[3], effects.ErrKeyReused), "CompleteAll: MarkDone with another fingerprint: %v, want ErrKeyReused", errs[3]) {
+		s.check(!effects.Retryable(errs[3]), "CompleteAll: ErrKeyReused must not be retryable")
+	}
+	s.check(errs[4] != nil, "CompleteAll: Complete of a key never begun succeeded, want an error (Complete alone refuses it)")
+	s.check(errors.Is(errs[5], effects.ErrInvalidKey), "CompleteAll: an empty key: %v, want ErrInvalidKey", errs[5])
+
+	s.doneWith(a, pending, "ref-pending", "a Begin after CompleteAll completed a pending key")
+	s.doneWith(a, fresh, "ref-fresh", "a Begin after CompleteAll marked a new key done")
+	s.doneWith(a, done, "ref-first", "a Begin after CompleteAll marked a done key done again")
+	s.doneWith(a, reused, "ref-first", "a Begin after a refused MarkDone in CompleteAll")
+	if rec, err := s.lookup(a, unbegun, fp1); err != nil || rec.Done {
+		s.failf("after a refused Complete in CompleteAll: Lookup = %+v, %v, want no done record", rec, err)
+	}
+
+	// Two instances write overlapping batches, in opposite orders, at once
+	// (a journal that locks keys in the order given deadlocks here): both
+	// succeed, and each key keeps one of the two references.
+	k1, k2 := s.key("complete-all", "overlap-1"), s.key("complete-all", "overlap-2")
+	var wg sync.WaitGroup
+	for _, c := range []struct {
+		i    *jinst
+		keys []effects.Key
+	}{{a, []effects.Key{k1, k2}}, {b, []effects.Key{k2, k1}}} {
+		wg.Go(func() {
+			s.guard(func() {
+				cs := make([]effects.Completion, len(c.keys))
+				for n, k := range c.keys {
+					cs[n] = effects.Completion{Key: k, Ref: "ref-" + c.i.name, MarkDone: true, Fingerprint: fp1}
+				}
+				for n, err := range s.completeAllOn(c.i, cs) {
+					s.check(err == nil, "concurrent CompleteAll on instance %s: %s: %v, want success", c.i.name, shortKey(c.keys[n]), err)
+				}
+			})
+		})
+	}
+	wg.Wait()
+	for _, k := range []effects.Key{k1, k2} {
+		rec, err := s.lookup(b, k, fp1)
+		s.check(err == nil && rec.Done && (rec.Ref == "ref-A" || rec.Ref == "ref-B"),
+			"after concurrent CompleteAlls: Lookup(%s) = %+v, %v, want done with ref-A or ref-B", shortKey(k), rec, err)
+	}
 }

@@ -85,3 +85,34 @@ type Record struct {
 	// expired; after an expiry it may have done the effect.
 	Attempt int
 }
+
+// BatchJournal is a [DoneJournal] that can write the records of several
+// effects in one transaction. [Plan.Run] uses it to commit its steps'
+// records together: a lease-free step's MarkDone (see [DoneJournal]) is
+// held back until the next Complete on the same journal in the same run,
+// or until the run ends, and then written with it in one CompleteAll: one
+// commit instead of two, and none on the lease-free step's path. The
+// guarantees do not move: every record still commits before Run returns,
+// and a lease-free record that never commits only leaves the effect to
+// its owner's own key, as before. Package postgres implements it.
+type BatchJournal interface {
+	DoneJournal
+	// CompleteAll writes every completion as [Journal.Complete] (or, with
+	// MarkDone set, [DoneJournal.MarkDone]) would write it alone, in one
+	// transaction where the backend has them, and returns one error per
+	// completion, in order (nil for the ones written or found done). A
+	// failure of the transaction is every completion's error, and then
+	// none of them was written (or, when the reply was lost, maybe all:
+	// [ErrAmbiguous]; each call is idempotent, so retry them).
+	CompleteAll(ctx context.Context, cs []Completion) []error
+}
+
+// Completion is one record for [BatchJournal.CompleteAll]: key done with
+// ref, as Complete writes it, or, with MarkDone set, as MarkDone writes it
+// with Fingerprint.
+type Completion struct {
+	Key         Key
+	Ref         string
+	MarkDone    bool
+	Fingerprint []byte
+}

@@ -291,7 +291,7 @@ func (j *Journaled) Apply(ctx context.Context, key Key, fingerprint []byte, call
 		}
 		return Result{}, err
 	}
-	j.complete(a, res.Ref)
+	j.recordSuccess(a, res.Ref)
 	return res, nil
 }
 
@@ -319,8 +319,27 @@ func (j *Journaled) applyUnleased(ctx context.Context, dj DoneJournal, a *Attemp
 	if err != nil {
 		return Result{}, err
 	}
-	j.complete(a, res.Ref)
+	j.recordSuccess(a, res.Ref)
 	return res, nil
+}
+
+// recordSuccess records a's success with ref. Inside a [Plan.Run] over a
+// [BatchJournal], records commit together: a lease-free MarkDone is held
+// back for the run, and a Complete takes the run's held records on the
+// same journal along, in one CompleteAll. Otherwise, and outside a plan,
+// it is complete. Late successes never come here: a plan run may have
+// ended.
+func (j *Journaled) recordSuccess(a *Attempt, ref string) {
+	held, bj := heldRecordsFrom(a.ctx), batchJournal(j.journal)
+	if held == nil || bj == nil {
+		j.complete(a, ref)
+		return
+	}
+	if a.unleased != nil {
+		held.hold(a, ref)
+		return
+	}
+	writeRecords(append(held.take(bj), heldRecord{a: a, ref: ref}))
 }
 
 // certainlyNotApplied is the policy's classification of a failed call.

@@ -178,7 +178,15 @@ func (e *StepError) Unwrap() error { return e.Err }
 // Every step's key is derived before the first step runs, so an id that
 // cannot make keys (an empty one: [ErrInvalidKey]) fails before any
 // effect.
+//
+// Every journal record of the run's steps has committed (or its failure
+// was logged, see [Journaled]) when Run returns. Over a [BatchJournal],
+// records commit together: a lease-free step's record is held back and
+// written with the next Complete on the same journal in the run, or when
+// the run ends, in one transaction.
 func (p *Plan[E]) Run(ctx context.Context, id string, ev E) (Results, error) {
+	ctx, held := withHeldRecords(ctx)
+	defer held.flush()
 	keys := make([]Key, len(p.steps))
 	for i, s := range p.steps {
 		key, err := NewKey(p.scope, id, s.name)

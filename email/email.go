@@ -262,7 +262,13 @@ func New(j effects.Journal, addr string, opts ...Option) (*Sender, error) {
 		s.dial = d.DialContext
 	}
 	mopts := append([]mail.Option{mail.WithPort(port)}, cfg.mailOpts...)
-	mopts = append(mopts, mail.WithDialContextFunc(s.dialContext))
+	// The Sender checks its sessions itself (a session that died while
+	// idle fails before anything is handed over, and the message goes out
+	// on a new one), so go-mail's NOOP before each message and after it
+	// would only cost two round trips; and RFC 5321 ends a mail
+	// transaction with the reply to DATA, so the RSET after it is another
+	// round trip the next MAIL does not need.
+	mopts = append(mopts, mail.WithDialContextFunc(s.dialContext), mail.WithoutNoop(), mail.WithoutRset())
 	s.client, err = mail.NewClient(host, mopts...)
 	if err != nil {
 		return nil, bad("WithMailOptions", "%v", err)

@@ -102,7 +102,7 @@ type Journal struct {
 	completes coalescer[completeReq, error]
 }
 
-var _ effects.DoneJournal = (*Journal)(nil)
+var _ effects.BatchJournal = (*Journal)(nil)
 
 // NewJournal returns a Journal for keys in scope. The table must exist: see
 // [Migrate]. It returns an [*effects.ConfigError] if pool is nil or scope
@@ -159,6 +159,8 @@ func ended(ctx context.Context, op string, key effects.Key, end callEnd) error {
 const (
 	opBegin    = "postgres.Journal.Begin"
 	opComplete = "postgres.Journal.Complete"
+	// opCompleteAll names a CompleteAll whose transaction failed.
+	opCompleteAll = "postgres.Journal.CompleteAll"
 )
 
 type beginReq struct {
@@ -461,6 +463,82 @@ func (j *Journal) MarkDone(ctx context.Context, key effects.Key, fingerprint []b
 		}
 	}
 	return effects.Transient(op, key, errors.New("the record kept changing under concurrent calls"))
+}
+
+// CompleteAll writes every completion as Complete or MarkDone would alone,
+// in one round trip and one transaction (one pipeline, which PostgreSQL
+// runs as one implicit transaction): the records of several effects
+// commit together. Statements run in key order, as the coalesced ones do.
+// A completion that wrote nothing (a key done already, never begun,
+// recorded with another fingerprint) gets its verdict from its own call
+// afterwards. If the transaction fails, every valid completion gets the
+// error and none was written (or, if the reply was lost, maybe all:
+// [effects.ErrAmbiguous]). An invalid key is refused before any I/O and
+// does not stop the others. See [effects.BatchJournal].
+func (j *Journal) CompleteAll(ctx context.Context, cs []effects.Completion) []error {
+	errs := make([]error, len(cs))
+	var order []int
+	for i, c := range cs {
+		if errs[i] = c.Key.Validate(); errs[i] == nil {
+			order = append(order, i)
+		}
+	}
+	if len(order) < 2 {
+		for _, i := range order {
+			errs[i] = j.completeOne(ctx, cs[i])
+		}
+		return errs
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return strings.Compare(string(cs[a].Key), string(cs[b].Key)) })
+	b := &pgx.Batch{}
+	for _, i := range order {
+		c := cs[i]
+		if c.MarkDone {
+			b.Queue(markDoneSQL, j.scope, string(c.Key), nonNil(c.Fingerprint), c.Ref)
+		} else {
+			b.Queue(completeSQL, j.scope, string(c.Key), c.Ref)
+		}
+	}
+	wrote := make([]bool, len(cs))
+	br := j.pool.SendBatch(ctx, b)
+	var err error
+	for _, i := range order {
+		if cs[i].MarkDone {
+			var w bool
+			switch e := br.QueryRow().Scan(&w); {
+			case e == nil:
+				wrote[i] = true
+			case !errors.Is(e, pgx.ErrNoRows):
+				err = e
+			}
+		} else {
+			tag, e := br.Exec()
+			wrote[i], err = tag.RowsAffected() == 1, e
+		}
+		if err != nil {
+			break
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	for _, i := range order {
+		switch {
+		case err != nil:
+			errs[i] = classify(ctx, opCompleteAll, cs[i].Key, err, true, false).err
+		case !wrote[i]:
+			errs[i] = j.completeOne(ctx, cs[i])
+		}
+	}
+	return errs
+}
+
+// completeOne is c written alone, with Complete or MarkDone.
+func (j *Journal) completeOne(ctx context.Context, c effects.Completion) error {
+	if c.MarkDone {
+		return j.MarkDone(ctx, c.Key, c.Fingerprint, c.Ref)
+	}
+	return j.Complete(ctx, c.Key, c.Ref)
 }
 
 // readRow reads key's record with journalLookupSQL; pgx.ErrNoRows when

@@ -107,7 +107,11 @@
 // [effects.ErrKeyReused]), calls Stripe, and records the id with one
 // write (MarkDone): one journal write per object instead of two (the
 // lease's and the record's). A failed call leaves nothing behind to
-// release.
+// release. Inside an [effects.Plan] over a journal that implements
+// [effects.BatchJournal] (postgres.Journal does), that write does not even
+// get a commit of its own: it is held back and commits with the plan's
+// next journal record (an email's, say), or when the run ends, before Run
+// returns.
 //
 // The journal runs [effects.Journaled]'s protocol and policy, the same as
 // package email's and the Kafka producer's: a journal failure before the

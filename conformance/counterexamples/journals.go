@@ -3,6 +3,7 @@ package counterexamples
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -110,4 +111,32 @@ func (j MarkDoneNeedsBegin) MarkDone(ctx context.Context, key effects.Key, fp []
 		return nil
 	}
 	return j.Journal.MarkDone(ctx, key, fp, ref)
+}
+
+// CompleteAllIgnoresFingerprint writes a batch's MarkDones without
+// comparing fingerprints: a key recorded for another payload is reported
+// marked done, so the step that reused the key believes its own effect
+// recorded. Caught by complete-all.
+type CompleteAllIgnoresFingerprint struct{ *memjournal.Journal }
+
+// CompleteAll marks each key done with the fingerprint stored for it.
+func (j CompleteAllIgnoresFingerprint) CompleteAll(ctx context.Context, cs []effects.Completion) []error {
+	cs = slices.Clone(cs)
+	for i, c := range cs {
+		if stored := j.Get(c.Key).Fingerprint; c.MarkDone && stored != nil {
+			cs[i].Fingerprint = stored
+		}
+	}
+	return j.Journal.CompleteAll(ctx, cs)
+}
+
+// CompleteAllReportsSuccess answers every completion of a batch with nil,
+// whatever happened to it: a Complete the journal refused looks recorded.
+// Caught by complete-all.
+type CompleteAllReportsSuccess struct{ *memjournal.Journal }
+
+// CompleteAll writes what it can and reports success for all.
+func (j CompleteAllReportsSuccess) CompleteAll(ctx context.Context, cs []effects.Completion) []error {
+	j.Journal.CompleteAll(ctx, cs)
+	return make([]error, len(cs))
 }

@@ -40,6 +40,12 @@ func TestRunJournalCatchesCounterexamples(t *testing.T) {
 		{"MarkDone records nothing without Begin", func() effects.Journal {
 			return counterexamples.MarkDoneNeedsBegin{Journal: memjournal.New(nil)}
 		}, []string{conformance.JournalLookupMarkDone}},
+		{"CompleteAll ignores the fingerprint", func() effects.Journal {
+			return counterexamples.CompleteAllIgnoresFingerprint{Journal: memjournal.New(nil)}
+		}, []string{conformance.JournalCompleteAll}},
+		{"CompleteAll reports success for all", func() effects.Journal {
+			return counterexamples.CompleteAllReportsSuccess{Journal: memjournal.New(nil)}
+		}, []string{conformance.JournalCompleteAll}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

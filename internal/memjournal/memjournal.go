@@ -13,10 +13,10 @@ import (
 	"effectively.dev/effects"
 )
 
-// Journal implements effects.DoneJournal with the same semantics as
+// Journal implements effects.BatchJournal with the same semantics as
 // postgres.Journal: leases, takeover after expiry with Attempt + 1,
 // ErrKeyReused on another fingerprint, Release fenced by the attempt,
-// Lookup and MarkDone for the path without a lease.
+// Lookup and MarkDone for the path without a lease, CompleteAll.
 type Journal struct {
 	now func() time.Time
 
@@ -134,6 +134,21 @@ func (j *Journal) MarkDone(ctx context.Context, key effects.Key, fp []byte, ref 
 		r.Done, r.Ref, r.LeaseUntil = true, ref, time.Time{}
 	}
 	return nil
+}
+
+// CompleteAll implements effects.BatchJournal: each completion as
+// Complete or MarkDone alone would write it (there is no transaction to
+// fail in memory).
+func (j *Journal) CompleteAll(ctx context.Context, cs []effects.Completion) []error {
+	errs := make([]error, len(cs))
+	for i, c := range cs {
+		if c.MarkDone {
+			errs[i] = j.MarkDone(ctx, c.Key, c.Fingerprint, c.Ref)
+		} else {
+			errs[i] = j.Complete(ctx, c.Key, c.Ref)
+		}
+	}
+	return errs
 }
 
 // Release implements effects.Journal.

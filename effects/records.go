@@ -1,0 +1,117 @@
+package effects
+
+import (
+	"context"
+	"reflect"
+	"sync"
+)
+
+// heldRecords are the records one [Plan.Run] holds back to commit them
+// together (see [BatchJournal]): the MarkDones of its lease-free journaled
+// steps. A Complete on the same journal in the same run takes them along
+// in one CompleteAll; Run writes what is left when it ends, whatever the
+// outcome, before it returns.
+type heldRecords struct {
+	mu   sync.Mutex
+	held []heldRecord
+}
+
+// heldRecord is one success waiting for its record.
+type heldRecord struct {
+	a   *Attempt
+	ref string
+}
+
+type heldRecordsKey struct{}
+
+// withHeldRecords returns ctx carrying a new, empty set of held records.
+func withHeldRecords(ctx context.Context) (context.Context, *heldRecords) {
+	h := &heldRecords{}
+	return context.WithValue(ctx, heldRecordsKey{}, h), h
+}
+
+// heldRecordsFrom returns the held records ctx carries, or nil outside a
+// plan run.
+func heldRecordsFrom(ctx context.Context) *heldRecords {
+	h, _ := ctx.Value(heldRecordsKey{}).(*heldRecords)
+	return h
+}
+
+// batchJournal returns j as a BatchJournal whose values can be compared
+// (records are grouped by journal), or nil.
+func batchJournal(j Journal) BatchJournal {
+	bj, ok := j.(BatchJournal)
+	if !ok || !reflect.TypeOf(bj).Comparable() {
+		return nil
+	}
+	return bj
+}
+
+func (h *heldRecords) hold(a *Attempt, ref string) {
+	h.mu.Lock()
+	h.held = append(h.held, heldRecord{a: a, ref: ref})
+	h.mu.Unlock()
+}
+
+// take removes and returns the records held for journal bj (all of them
+// when bj is nil).
+func (h *heldRecords) take(bj BatchJournal) []heldRecord {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []heldRecord
+	kept := h.held[:0]
+	for _, r := range h.held {
+		if bj == nil || r.a.j.journal == Journal(bj) {
+			out = append(out, r)
+		} else {
+			kept = append(kept, r)
+		}
+	}
+	clear(h.held[len(kept):])
+	h.held = kept
+	return out
+}
+
+// flush writes every held record, one CompleteAll per journal.
+func (h *heldRecords) flush() {
+	rest := h.take(nil)
+	for len(rest) > 0 {
+		j := rest[0].a.j.journal
+		var same, other []heldRecord
+		for _, r := range rest {
+			if r.a.j.journal == j {
+				same = append(same, r)
+			} else {
+				other = append(other, r)
+			}
+		}
+		writeRecords(same)
+		rest = other
+	}
+}
+
+// writeRecords writes recs, all on one BatchJournal: a single record with
+// its own call, several in one CompleteAll. A record CompleteAll could not
+// write gets its own call after it, with the retries and the logging of
+// any other record (see [Journaled]).
+func writeRecords(recs []heldRecord) {
+	if len(recs) == 1 {
+		recs[0].a.j.complete(recs[0].a, recs[0].ref)
+		return
+	}
+	bj := recs[0].a.j.journal.(BatchJournal)
+	cs := make([]Completion, len(recs))
+	timeout := recs[0].a.j.record
+	for i, r := range recs {
+		cs[i] = Completion{Key: r.a.key, Ref: r.ref, MarkDone: r.a.unleased != nil, Fingerprint: r.a.fingerprint}
+		timeout = max(timeout, r.a.j.record)
+	}
+	dctx, cancel := Detached(recs[len(recs)-1].a.ctx, timeout)
+	errs := bj.CompleteAll(dctx, cs)
+	cancel()
+	for i, r := range recs {
+		if len(errs) != len(recs) || errs[i] != nil {
+			r.a.j.complete(r.a, r.ref)
+		}
+	}
+}

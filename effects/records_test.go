@@ -1,0 +1,225 @@
+package effects_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+
+	"effectively.dev/effects"
+	"effectively.dev/internal/memjournal"
+)
+
+// batchJournal is an in-memory BatchJournal that logs every write call
+// ("MarkDone k", "Complete k", "CompleteAll k1,k2") and can fail
+// CompleteAll.
+type batchJournal struct {
+	*memjournal.Journal
+	completeAllErr error
+
+	mu    sync.Mutex
+	calls []string
+}
+
+func newBatchJournal() *batchJournal { return &batchJournal{Journal: memjournal.New(nil)} }
+
+func (j *batchJournal) log(call string) {
+	j.mu.Lock()
+	j.calls = append(j.calls, call)
+	j.mu.Unlock()
+}
+
+func (j *batchJournal) writes() []string {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return slices.Clone(j.calls)
+}
+
+func (j *batchJournal) Complete(ctx context.Context, key effects.Key, ref string) error {
+	j.log("Complete " + string(key))
+	return j.Journal.Complete(ctx, key, ref)
+}
+
+func (j *batchJournal) MarkDone(ctx context.Context, key effects.Key, fp []byte, ref string) error {
+	j.log("MarkDone " + string(key))
+	return j.Journal.MarkDone(ctx, key, fp, ref)
+}
+
+func (j *batchJournal) CompleteAll(ctx context.Context, cs []effects.Completion) []error {
+	keys := ""
+	for i, c := range cs {
+		if i > 0 {
+			keys += ","
+		}
+		keys += string(c.Key)
+	}
+	j.log("CompleteAll " + keys)
+	if j.completeAllErr != nil {
+		errs := make([]error, len(cs))
+		for i := range errs {
+			errs[i] = j.completeAllErr
+		}
+		return errs
+	}
+	return j.Journal.CompleteAll(ctx, cs)
+}
+
+// journaledEffect is an Effect[string] over a Journaled: ownerKeyed
+// (lease-free over a DoneJournal) or leased. inspect, if set, runs
+// before the call.
+type journaledEffect struct {
+	j       *effects.Journaled
+	owner   *owner
+	inspect func()
+}
+
+func newJournaledEffect(t *testing.T, j effects.Journal, ownerKeyed bool) *journaledEffect {
+	var opts []effects.JournaledOption
+	if ownerKeyed {
+		opts = append(opts, effects.WithOwnerIdempotency())
+	}
+	return &journaledEffect{j: newJournaled(t, j, opts...), owner: &owner{}}
+}
+
+func (e *journaledEffect) Contract() effects.Contract {
+	return effects.Contract{Guarantee: effects.AtLeastOnce, Enforcer: "test journal",
+		DuplicateWindow: effects.Window{Trigger: effects.AfterUnknownOutcome, Between: "after the call, before the record"}}
+}
+
+func (e *journaledEffect) Apply(ctx context.Context, key effects.Key, in string) (effects.Result, error) {
+	if e.inspect != nil {
+		e.inspect()
+	}
+	return e.j.Apply(ctx, key, []byte(in), e.owner.call)
+}
+
+// funcEffect is an effectively-once Effect[string] that runs a function.
+type funcEffect func(key effects.Key) (effects.Result, error)
+
+func (f funcEffect) Contract() effects.Contract {
+	return effects.Contract{Guarantee: effects.EffectivelyOnce, Enforcer: "test"}
+}
+
+func (f funcEffect) Apply(_ context.Context, key effects.Key, _ string) (effects.Result, error) {
+	return f(key)
+}
+
+func stepOf(name string, e effects.Effect[string]) effects.Step[string] {
+	return effects.NewStep(name, e, func(ev string, _ effects.Results) (string, error) { return ev, nil })
+}
+
+func mustPlan(t *testing.T, steps ...effects.Step[string]) *effects.Plan[string] {
+	t.Helper()
+	p, err := effects.NewPlan("s", steps...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func requireDone(t *testing.T, j *batchJournal, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		if rec := j.Get(effects.Key(k)); !rec.Done {
+			t.Errorf("record of %s = %+v, want done", k, rec)
+		}
+	}
+}
+
+// In a plan run, a lease-free step's record waits for the next Complete
+// on the same journal and commits with it in one CompleteAll.
+func TestPlanCommitsItsRecordsTogether(t *testing.T) {
+	j := newBatchJournal()
+	charge, mail := newJournaledEffect(t, j, true), newJournaledEffect(t, j, false)
+	var heldDuringMail bool
+	mail.inspect = func() { heldDuringMail = !j.Get("s:e1:charge").Done }
+	p := mustPlan(t, stepOf("charge", charge), stepOf("mail", mail))
+	if _, err := p.Run(context.Background(), "e1", "payload"); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"CompleteAll s:e1:charge,s:e1:mail"}
+	if got := j.writes(); !slices.Equal(got, want) {
+		t.Errorf("journal writes %q, want %q", got, want)
+	}
+	if !heldDuringMail {
+		t.Error("the charge's record was written before the mail step ran; want it held for the mail's Complete")
+	}
+	requireDone(t, j, "s:e1:charge", "s:e1:mail")
+
+	// A redelivery replays both from their records.
+	res, err := p.Run(context.Background(), "e1", "payload")
+	if err != nil || !res["charge"].Replayed() || !res["mail"].Replayed() || charge.owner.calls.Load() != 1 || mail.owner.calls.Load() != 1 {
+		t.Errorf("redelivery = %+v, %v after %d and %d calls; want both replayed without a call",
+			res, err, charge.owner.calls.Load(), mail.owner.calls.Load())
+	}
+}
+
+// A record nothing else takes along is written when the run ends, before
+// Run returns, also when a later step fails.
+func TestPlanWritesHeldRecordsWhenItEnds(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		j := newBatchJournal()
+		charge := newJournaledEffect(t, j, true)
+		var heldDuringLedger bool
+		ledger := funcEffect(func(key effects.Key) (effects.Result, error) {
+			heldDuringLedger = !j.Get("s:e1:charge").Done
+			if fail {
+				return effects.Result{}, effects.Transient("ledger", key, errors.New("connection refused"))
+			}
+			return effects.Result{Status: effects.Applied, Ref: "row-1"}, nil
+		})
+		p := mustPlan(t, stepOf("charge", charge), stepOf("ledger", ledger))
+		_, err := p.Run(context.Background(), "e1", "payload")
+		if fail != (err != nil) {
+			t.Fatalf("failing ledger %v: Run = %v", fail, err)
+		}
+		if got, want := j.writes(), []string{"MarkDone s:e1:charge"}; !slices.Equal(got, want) || !heldDuringLedger {
+			t.Errorf("failing ledger %v: journal writes %q (held during the ledger step: %v), want %q after it", fail, got, heldDuringLedger, want)
+		}
+		requireDone(t, j, "s:e1:charge")
+	}
+}
+
+// When CompleteAll fails, every record is written with its own call.
+func TestPlanWritesRecordsAloneWhenCompleteAllFails(t *testing.T) {
+	j := newBatchJournal()
+	j.completeAllErr = effects.Ambiguous("journal", "", errors.New("reply lost"))
+	p := mustPlan(t, stepOf("charge", newJournaledEffect(t, j, true)), stepOf("mail", newJournaledEffect(t, j, false)))
+	if _, err := p.Run(context.Background(), "e1", "payload"); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"CompleteAll s:e1:charge,s:e1:mail", "MarkDone s:e1:charge", "Complete s:e1:mail"}
+	if got := j.writes(); !slices.Equal(got, want) {
+		t.Errorf("journal writes %q, want %q", got, want)
+	}
+	requireDone(t, j, "s:e1:charge", "s:e1:mail")
+}
+
+// Records on two journals are written per journal; outside a plan nothing
+// is held.
+func TestHeldRecordsStayWithTheirJournal(t *testing.T) {
+	j1, j2 := newBatchJournal(), newBatchJournal()
+	p := mustPlan(t,
+		stepOf("a", newJournaledEffect(t, j1, true)),
+		stepOf("b", newJournaledEffect(t, j2, true)),
+		stepOf("c", newJournaledEffect(t, j2, false)))
+	if _, err := p.Run(context.Background(), "e1", "payload"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := j1.writes(), []string{"MarkDone s:e1:a"}; !slices.Equal(got, want) {
+		t.Errorf("first journal's writes %q, want %q", got, want)
+	}
+	if got, want := j2.writes(), []string{"CompleteAll s:e1:b,s:e1:c"}; !slices.Equal(got, want) {
+		t.Errorf("second journal's writes %q, want %q", got, want)
+	}
+
+	j := newBatchJournal()
+	e := newJournaledEffect(t, j, true)
+	if _, err := e.Apply(context.Background(), "s:alone", "payload"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := j.writes(), []string{"MarkDone s:alone"}; !slices.Equal(got, want) || !j.Get("s:alone").Done {
+		t.Errorf("outside a plan: writes %q, record %+v; want %q before Apply returns", got, j.Get("s:alone"), want)
+	}
+}
