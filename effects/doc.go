@@ -20,13 +20,17 @@
 //   - Errors callers branch on with errors.Is: [ErrInvalidKey],
 //     [ErrKeyReused], [ErrInFlight], [ErrAmbiguous], and [Retryable].
 //   - [Journal]: the sent-record interface that best-effort adapters (email,
-//     a Kafka producer) use; package postgres implements it. [Journaled]
-//     runs the journaled-effect protocol over it, once for every adapter.
+//     a Kafka producer, Stripe past its 24 h) use; package postgres
+//     implements it, with its extensions [DoneJournal] (records without a
+//     lease, for owners that dedup on the key) and [BatchJournal] (several
+//     records in one transaction). [Journaled] runs the journaled-effect
+//     protocol over it, once for every adapter.
 //   - [Plan] and [Step]: a reusable definition of the effects of different
 //     kinds that one event causes, each step a function of the event, run
 //     in order under keys derived from the event's id ([Plan.Run]); the
 //     weakest step decides the plan's contract ([Plan.Contract]), known at
-//     start-up.
+//     start-up; a run's journal records commit together over a
+//     [BatchJournal].
 //   - [Consumer]: takes deliveries from a [Source], runs a [Handler], and
 //     acks only after it succeeded (side effect first, then ack), with
 //     per-ordering order, retries, dead letters and graceful shutdown.
