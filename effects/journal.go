@@ -89,12 +89,22 @@ type Record struct {
 // BatchJournal is a [DoneJournal] that can write the records of several
 // effects in one transaction. [Plan.Run] uses it to commit its steps'
 // records together: a lease-free step's MarkDone (see [DoneJournal]) is
-// held back until the next Complete on the same journal in the same run,
-// or until the run ends, and then written with it in one CompleteAll: one
-// commit instead of two, and none on the lease-free step's path. The
-// guarantees do not move: every record still commits before Run returns,
-// and a lease-free record that never commits only leaves the effect to
-// its owner's own key, as before. Package postgres implements it.
+// held back until the next Complete on the same journal in the same run
+// (a leased step's record), or until the run ends, and then written with
+// it in one CompleteAll: one commit instead of two, and none on the
+// lease-free step's path. Every record still commits before Run returns,
+// so what a record guards, a redelivery past the owner's own key horizon,
+// is unchanged. What moves is when: the step's Apply returns before its
+// record commits, and a concurrent redelivery meanwhile finds no record
+// and calls the owner again, which replays it under its key (the same as
+// before the record committed, only for longer). Only journals that are
+// pointers are batched (records are grouped by journal). Package postgres
+// implements it.
+//
+// A type that embeds a BatchJournal and overrides Complete or MarkDone
+// (to count, trace or inject faults) must override CompleteAll too:
+// otherwise the embedded CompleteAll writes records that its overrides
+// never see.
 type BatchJournal interface {
 	DoneJournal
 	// CompleteAll writes every completion as [Journal.Complete] (or, with

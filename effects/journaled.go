@@ -58,7 +58,10 @@ var completeBackoff = Backoff{Min: 10 * time.Millisecond, Max: 500 * time.Millis
 //     success is recorded with MarkDone. One journal write per effect
 //     instead of two, and the same duplicate window: a success whose
 //     record did not commit is redone only by a redelivery past the
-//     owner's own horizon, as after a lease that expired.
+//     owner's own horizon, as after a lease that expired. Inside a
+//     [Plan.Run] over a [BatchJournal], that record is written with the
+//     run's next Complete on the same journal, or when the run ends: it
+//     has committed when Run returns, not when Apply does.
 //   - The call runs under a deadline at nine tenths of the lease, so an
 //     attempt that takes the key over after the lease expired never
 //     overlaps this one. A caller's context that ended between Begin and
@@ -336,7 +339,9 @@ func (j *Journaled) recordSuccess(a *Attempt, ref string) {
 		return
 	}
 	if a.unleased != nil {
-		held.hold(a, ref)
+		if !held.hold(a, ref) {
+			j.complete(a, ref)
+		}
 		return
 	}
 	writeRecords(append(held.take(bj), heldRecord{a: a, ref: ref}))
@@ -376,14 +381,19 @@ func (j *Journaled) complete(a *Attempt, ref string) {
 		}
 	}
 	if err != nil {
-		redo := "a redelivery after the lease"
-		if a.unleased != nil {
-			redo = "a redelivery past the owner's own key horizon"
-		}
-		j.log().ErrorContext(ctx, j.op+": the owner confirmed the effect but its journal record did not commit; "+
-			"reporting success (the truth), but "+redo+" will do the effect again",
-			"key", string(key), "ref", ref, "lease", j.lease, "error", err)
+		j.unrecorded(a, ref, err)
 	}
+}
+
+// unrecorded logs a success whose record did not commit.
+func (j *Journaled) unrecorded(a *Attempt, ref string, err error) {
+	redo := "a redelivery after the lease"
+	if a.unleased != nil {
+		redo = "a redelivery past the owner's own key horizon"
+	}
+	j.log().ErrorContext(a.ctx, j.op+": the owner confirmed the effect but its journal record did not commit; "+
+		"reporting success (the truth), but "+redo+" will do the effect again",
+		"key", string(a.key), "ref", ref, "lease", j.lease, "error", err)
 }
 
 // release gives up a's lease on a detached context. If it fails, the lease

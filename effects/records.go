@@ -12,8 +12,9 @@ import (
 // in one CompleteAll; Run writes what is left when it ends, whatever the
 // outcome, before it returns.
 type heldRecords struct {
-	mu   sync.Mutex
-	held []heldRecord
+	mu     sync.Mutex
+	held   []heldRecord
+	closed bool // flushed: a late hold writes its record itself
 }
 
 // heldRecord is one success waiting for its record.
@@ -37,20 +38,29 @@ func heldRecordsFrom(ctx context.Context) *heldRecords {
 	return h
 }
 
-// batchJournal returns j as a BatchJournal whose values can be compared
-// (records are grouped by journal), or nil.
+// batchJournal returns j as a BatchJournal if it is a pointer (records
+// are grouped by journal, and comparing pointers never panics, where a
+// struct holding an interface may), or nil.
 func batchJournal(j Journal) BatchJournal {
 	bj, ok := j.(BatchJournal)
-	if !ok || !reflect.TypeOf(bj).Comparable() {
+	if !ok || reflect.TypeOf(bj).Kind() != reflect.Pointer {
 		return nil
 	}
 	return bj
 }
 
-func (h *heldRecords) hold(a *Attempt, ref string) {
+// hold keeps a's record for the run. It reports false, keeping nothing,
+// once the run has flushed (a step's work that outlived its step, or a
+// sibling still running after a panic ended the run): the caller writes
+// the record itself.
+func (h *heldRecords) hold(a *Attempt, ref string) bool {
 	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return false
+	}
 	h.held = append(h.held, heldRecord{a: a, ref: ref})
-	h.mu.Unlock()
+	return true
 }
 
 // take removes and returns the records held for journal bj (all of them
@@ -72,8 +82,12 @@ func (h *heldRecords) take(bj BatchJournal) []heldRecord {
 	return out
 }
 
-// flush writes every held record, one CompleteAll per journal.
+// flush writes every held record, one CompleteAll per journal, and
+// holds no more.
 func (h *heldRecords) flush() {
+	h.mu.Lock()
+	h.closed = true
+	h.mu.Unlock()
 	rest := h.take(nil)
 	for len(rest) > 0 {
 		j := rest[0].a.j.journal
@@ -92,8 +106,9 @@ func (h *heldRecords) flush() {
 
 // writeRecords writes recs, all on one BatchJournal: a single record with
 // its own call, several in one CompleteAll. A record CompleteAll could not
-// write gets its own call after it, with the retries and the logging of
-// any other record (see [Journaled]).
+// write for a reason a retry may fix gets its own call after it, with the
+// retries and the logging of any other record (see [Journaled]); one it
+// refused for good (another fingerprint, a key never begun) is logged.
 func writeRecords(recs []heldRecord) {
 	if len(recs) == 1 {
 		recs[0].a.j.complete(recs[0].a, recs[0].ref)
@@ -110,8 +125,11 @@ func writeRecords(recs []heldRecord) {
 	errs := bj.CompleteAll(dctx, cs)
 	cancel()
 	for i, r := range recs {
-		if len(errs) != len(recs) || errs[i] != nil {
+		switch {
+		case len(errs) != len(recs) || errs[i] != nil && Retryable(errs[i]):
 			r.a.j.complete(r.a, r.ref)
+		case errs[i] != nil:
+			r.a.j.unrecorded(r.a, r.ref, errs[i])
 		}
 	}
 }

@@ -3,7 +3,9 @@ package effects_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -221,5 +223,86 @@ func TestHeldRecordsStayWithTheirJournal(t *testing.T) {
 	}
 	if got, want := j.writes(), []string{"MarkDone s:alone"}; !slices.Equal(got, want) || !j.Get("s:alone").Done {
 		t.Errorf("outside a plan: writes %q, record %+v; want %q before Apply returns", got, j.Get("s:alone"), want)
+	}
+}
+
+// A lease-free success that comes after the run ended (work a step left
+// running) is recorded at once, not held where nobody writes it.
+func TestRecordHeldAfterTheRunIsWritten(t *testing.T) {
+	j := newBatchJournal()
+	late := newJournaledEffect(t, j, true)
+	start, done := make(chan struct{}), make(chan error, 1)
+	leaver := funcEffect(func(key effects.Key) (effects.Result, error) {
+		return effects.Result{Status: effects.Applied, Ref: "started"}, nil
+	})
+	p := mustPlan(t, stepOf("leaver", effects.Effect[string](leaverWith(leaver, func(ctx context.Context) {
+		go func() {
+			<-start
+			_, err := late.Apply(ctx, "s:e1:late", "payload")
+			done <- err
+		}()
+	}))))
+	if _, err := p.Run(context.Background(), "e1", "payload"); err != nil {
+		t.Fatal(err)
+	}
+	close(start)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got, want := j.writes(), []string{"MarkDone s:e1:late"}; !slices.Equal(got, want) || !j.Get("s:e1:late").Done {
+		t.Errorf("writes %q, record %+v; want %q before Apply returned", got, j.Get("s:e1:late"), want)
+	}
+}
+
+// leaverWith is f that also calls leave with its context.
+func leaverWith(f funcEffect, leave func(ctx context.Context)) effects.Effect[string] {
+	return ctxEffect{f: f, leave: leave}
+}
+
+type ctxEffect struct {
+	f     funcEffect
+	leave func(ctx context.Context)
+}
+
+func (e ctxEffect) Contract() effects.Contract { return e.f.Contract() }
+
+func (e ctxEffect) Apply(ctx context.Context, key effects.Key, in string) (effects.Result, error) {
+	e.leave(ctx)
+	return e.f.Apply(ctx, key, in)
+}
+
+// valueJournal is a BatchJournal that is not a pointer: its records are
+// never held (grouping compares journals, and comparing such values may
+// panic).
+type valueJournal struct{ *batchJournal }
+
+func TestRecordsOfAJournalThatIsNoPointerAreNotHeld(t *testing.T) {
+	j := newBatchJournal()
+	vj := valueJournal{j}
+	p := mustPlan(t, stepOf("a", newJournaledEffect(t, vj, true)), stepOf("b", newJournaledEffect(t, vj, false)))
+	if _, err := p.Run(context.Background(), "e1", "payload"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := j.writes(), []string{"MarkDone s:e1:a", "Complete s:e1:b"}; !slices.Equal(got, want) {
+		t.Errorf("writes %q, want %q", got, want)
+	}
+}
+
+// A record CompleteAll refused for good is logged, not sent again.
+func TestRecordRefusedByCompleteAllIsLogged(t *testing.T) {
+	j := newBatchJournal()
+	j.completeAllErr = &effects.Error{Kind: effects.ErrKeyReused, Op: "journal", Key: "k"}
+	var logged strings.Builder
+	logger := slog.New(slog.NewTextHandler(&logged, nil))
+	charge := &journaledEffect{j: newJournaled(t, j, effects.WithOwnerIdempotency(), effects.WithJournalLogger(logger)), owner: &owner{}}
+	mail := &journaledEffect{j: newJournaled(t, j, effects.WithJournalLogger(logger)), owner: &owner{}}
+	if _, err := mustPlan(t, stepOf("charge", charge), stepOf("mail", mail)).Run(context.Background(), "e1", "payload"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := j.writes(), []string{"CompleteAll s:e1:charge,s:e1:mail"}; !slices.Equal(got, want) {
+		t.Errorf("writes %q, want %q (no retry of a refusal)", got, want)
+	}
+	if n := strings.Count(logged.String(), "journal record did not commit"); n != 2 {
+		t.Errorf("logged %d unrecorded successes, want 2:\n%s", n, logged.String())
 	}
 }

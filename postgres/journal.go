@@ -466,9 +466,11 @@ func (j *Journal) MarkDone(ctx context.Context, key effects.Key, fingerprint []b
 }
 
 // CompleteAll writes every completion as Complete or MarkDone would alone,
-// in one round trip and one transaction (one pipeline, which PostgreSQL
-// runs as one implicit transaction): the records of several effects
-// commit together. Statements run in key order, as the coalesced ones do.
+// in one round trip (plus a prepare the first time on a connection) and
+// one transaction (one pipeline, which PostgreSQL runs as one implicit
+// transaction): the records of several effects commit together.
+// Statements run in key order, the order in which beginBatchSQL locks its
+// rows, so two batches never deadlock.
 // A completion that wrote nothing (a key done already, never begun,
 // recorded with another fingerprint) gets its verdict from its own call
 // afterwards. If the transaction fails, every valid completion gets the

@@ -109,9 +109,9 @@
 // lease's and the record's). A failed call leaves nothing behind to
 // release. Inside an [effects.Plan] over a journal that implements
 // [effects.BatchJournal] (postgres.Journal does), that write does not even
-// get a commit of its own: it is held back and commits with the plan's
-// next journal record (an email's, say), or when the run ends, before Run
-// returns.
+// get a commit of its own: it is held back and commits with the run's
+// next Complete on the same journal (an email's record, say), or when the
+// run ends, before Run returns.
 //
 // The journal runs [effects.Journaled]'s protocol and policy, the same as
 // package email's and the Kafka producer's: a journal failure before the
