@@ -72,7 +72,7 @@ var JournalScenarios = names(journalTable())
 
 // RunJournal runs the journal suite against the journal that mk's harness
 // opens: a lease and its expiry, fencing by attempt, Complete keeping the
-// first reference, key reuse, invalid and distinct keys, concurrent Begins
+// first reference and refusing a key never begun, key reuse, invalid and distinct keys, concurrent Begins
 // (of a new key and of an expired lease), a lease holder that crashed,
 // and a backend restart when the harness can do one; for a journal that
 // implements [effects.DoneJournal], Lookup and MarkDone (a key marked
@@ -325,6 +325,14 @@ func (s *jscene) firstRef() {
 		s.notef("the expired holder's late Complete returned %v", err)
 	}
 	s.doneWith(s.open("C"), key2, "ref-takeover", "after a late Complete by an expired holder")
+
+	// Complete of a key never begun records nothing, and says so: a done
+	// record without the payload's fingerprint would replay for any
+	// payload, and silence would hide a success that is not recorded.
+	never := s.key("first-ref", "never-begun")
+	s.check(s.complete(b, never, "ref-never") != nil, "Complete of a key never begun succeeded, want an error")
+	rec, err := s.begin(a, never, fp1, holdLease)
+	s.check(err == nil && !rec.Done, "a Begin after Complete of a key never begun = %+v, %v, want the lease (nothing recorded)", rec, err)
 }
 
 func (s *jscene) keyReuse() {

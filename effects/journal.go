@@ -39,7 +39,9 @@ type Journal interface {
 	// attempt may have done the effect already.
 	Begin(ctx context.Context, key Key, fingerprint []byte, lease time.Duration) (Record, error)
 	// Complete marks key done with the backend's reference. Completing a
-	// done key again keeps the first reference.
+	// done key again keeps the first reference. Completing a key that was
+	// never begun fails and records nothing (a record without the
+	// payload's fingerprint would replay for any payload).
 	Complete(ctx context.Context, key Key, ref string) error
 	// Release gives up the lease of attempt (the Record.Attempt that Begin
 	// returned) on a key that is not done, after a failure that definitely

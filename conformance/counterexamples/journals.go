@@ -140,3 +140,16 @@ func (j CompleteAllReportsSuccess) CompleteAll(ctx context.Context, cs []effects
 	j.Journal.CompleteAll(ctx, cs)
 	return make([]error, len(cs))
 }
+
+// CompleteCreates records a key it was asked to Complete without a Begin:
+// the record has no fingerprint, so a later attempt at the key, whatever
+// its payload, finds it taken. Caught by complete-keeps-first-ref.
+type CompleteCreates struct{ *memjournal.Journal }
+
+// Complete marks a key never begun done, with no fingerprint.
+func (j CompleteCreates) Complete(ctx context.Context, key effects.Key, ref string) error {
+	if j.Get(key).Fingerprint == nil {
+		return j.Journal.MarkDone(ctx, key, nil, ref)
+	}
+	return j.Journal.Complete(ctx, key, ref)
+}

@@ -40,6 +40,9 @@ func TestRunJournalCatchesCounterexamples(t *testing.T) {
 		{"MarkDone records nothing without Begin", func() effects.Journal {
 			return counterexamples.MarkDoneNeedsBegin{Journal: memjournal.New(nil)}
 		}, []string{conformance.JournalLookupMarkDone}},
+		{"Complete records a key never begun", func() effects.Journal {
+			return counterexamples.CompleteCreates{Journal: memjournal.New(nil)}
+		}, []string{conformance.JournalFirstRef}},
 		{"CompleteAll ignores the fingerprint", func() effects.Journal {
 			return counterexamples.CompleteAllIgnoresFingerprint{Journal: memjournal.New(nil)}
 		}, []string{conformance.JournalCompleteAll}},
