@@ -267,6 +267,14 @@ func (s *jscene) lease() {
 func (s *jscene) leaseExpiry() {
 	a, b := s.open("A"), s.open("B")
 	key := s.key("expiry")
+	// Taken alongside: a key reused with another payload once its lease
+	// expired (a takeover must not adopt the new fingerprint), and a key
+	// leased for longer than the scenario waits (a journal that cuts
+	// leases short lets a second attempt start while the first still
+	// runs; a cut longer than the wait cannot be seen from outside).
+	reused, long := s.key("expiry", "reused"), s.key("expiry", "long")
+	s.mustLease(a, reused, s.cfg.lease, "a new key")
+	s.mustLease(a, long, holdLease, "a new key")
 	until := time.Now().Add(s.cfg.lease)
 	rec := s.mustLease(a, key, s.cfg.lease, "a new key")
 	s.inFlightUntil(b, key, until, "a Begin before the lease expired")
@@ -274,6 +282,9 @@ func (s *jscene) leaseExpiry() {
 	rec2 := s.mustLease(b, key, holdLease, "a Begin after the lease expired")
 	s.check(rec2.Attempt > rec.Attempt, "takeover after expiry: Attempt %d, want more than %d (Attempt > 1 tells the new holder an earlier attempt may have done the effect)", rec2.Attempt, rec.Attempt)
 	s.inFlight(a, key, "the expired holder's next Begin")
+	s.inFlight(b, long, fmt.Sprintf("a Begin %v into a lease of %v", s.cfg.lease+max(s.cfg.lease/2, 250*time.Millisecond), holdLease))
+	_, err := s.begin(b, reused, fp2, holdLease)
+	s.check(errors.Is(err, effects.ErrKeyReused), "another fingerprint after the first one's lease expired: %v, want ErrKeyReused (a takeover must keep the key's fingerprint)", err)
 	s.notef("lease of %v expired and was taken over", s.cfg.lease)
 }
 
@@ -349,6 +360,15 @@ func (s *jscene) keyReuse() {
 	_, err = s.begin(s.open("B"), key, fp2, holdLease)
 	s.check(errors.Is(err, effects.ErrKeyReused), "another fingerprint after Complete: %v, want ErrKeyReused", err)
 	s.doneWith(a, key, "ref-reuse", "the first fingerprint after Complete")
+
+	// After a Release the key is free for the same payload, not another.
+	released := s.key("reuse", "released")
+	rec := s.mustLease(a, released, holdLease, "a new key")
+	if err := s.release(a, released, rec.Attempt); err != nil {
+		s.fatalf("Release: %v", err)
+	}
+	_, err = s.begin(s.open("C"), released, fp2, holdLease)
+	s.check(errors.Is(err, effects.ErrKeyReused), "another fingerprint after a Release: %v, want ErrKeyReused (a takeover must keep the key's fingerprint)", err)
 }
 
 func (s *jscene) invalidKeys() {

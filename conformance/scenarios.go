@@ -124,19 +124,30 @@ func days(d time.Duration) string {
 	return d.String()
 }
 
-// concurrent applies one key from cfg.concurrency goroutines at once, for
-// four keys in turn on one instance, so that a race window that connection
-// set-up hid in one round opens in the next.
+// concurrent applies one key from cfg.concurrency goroutines at once,
+// spread over two instances (two processes: a lock in process memory
+// guards nothing), for four keys in turn, so that a race window that
+// connection set-up hid in one round opens in the next.
 func (s *scene[In]) concurrent() {
 	if s.cfg.concurrency < DefaultConcurrency {
 		s.notef("only %d concurrent attempts (the full scenario uses %d)", s.cfg.concurrency, DefaultConcurrency)
 	}
-	f := NewFaults()
-	f.SetDelay(time.Millisecond) // widen every race window a little
-	inst := s.open(f)
+	insts := s.racers()
 	for round := range 4 {
-		s.concurrentRound(inst, s.key("concurrent", fmt.Sprint(round)))
+		s.concurrentRound(insts, s.key("concurrent", fmt.Sprint(round)))
 	}
+}
+
+// racers opens the two instances a race spreads its attempts over, each
+// with every round trip delayed a little to widen the race windows.
+func (s *scene[In]) racers() []*instance[In] {
+	insts := make([]*instance[In], 2)
+	for i := range insts {
+		f := NewFaults()
+		f.SetDelay(time.Millisecond)
+		insts[i] = s.open(f)
+	}
+	return insts
 }
 
 // outcome is one concurrent attempt's result.
@@ -146,10 +157,11 @@ type outcome struct {
 	err     error
 }
 
-// race applies key from cfg.concurrency goroutines at once, attempt i with
-// input variant(i), and returns every outcome. An attempt that hung has
-// recorded the hang; race then stops the scenario.
-func (s *scene[In]) race(inst *instance[In], key effects.Key, variant func(i int) int, what string) []outcome {
+// race applies key from cfg.concurrency goroutines at once, attempt i on
+// insts[i%len(insts)] with input variant(i), and returns every outcome.
+// An attempt that hung has recorded the hang; race then stops the
+// scenario.
+func (s *scene[In]) race(insts []*instance[In], key effects.Key, variant func(i int) int, what string) []outcome {
 	out := make([]outcome, s.cfg.concurrency)
 	var (
 		wg    sync.WaitGroup
@@ -164,7 +176,7 @@ func (s *scene[In]) race(inst *instance[In], key effects.Key, variant func(i int
 			v := variant(i)
 			hung[i] = true
 			s.guard(func() {
-				res, err := s.applyUntilDone(inst, key, s.h.Input(key, v), what)
+				res, err := s.applyUntilDone(insts[i%len(insts)], key, s.h.Input(key, v), what)
 				out[i] = outcome{v, res, err}
 				hung[i] = false
 			})
@@ -180,9 +192,9 @@ func (s *scene[In]) race(inst *instance[In], key effects.Key, variant func(i int
 	return out
 }
 
-func (s *scene[In]) concurrentRound(inst *instance[In], key effects.Key) {
-	what := fmt.Sprintf("%d concurrent attempts on %s", s.cfg.concurrency, key)
-	out := s.race(inst, key, func(int) int { return 0 }, what)
+func (s *scene[In]) concurrentRound(insts []*instance[In], key effects.Key) {
+	what := fmt.Sprintf("%d concurrent attempts on %s over %d instances", s.cfg.concurrency, key, len(insts))
+	out := s.race(insts, key, func(int) int { return 0 }, what)
 	applied, refs, failed := 0, map[string]int{}, 0
 	for _, o := range out {
 		if o.err != nil {
@@ -293,22 +305,29 @@ func (s *scene[In]) faultAt(kind FaultKind, n int) bool {
 	return fired
 }
 
-// keyReuse applies a key, then applies it again with another payload.
+// keyReuse applies a key, then applies it again with another payload, on
+// the same instance and on a new one (a process that never saw the first
+// payload: reuse must be detected from the backend, not from memory).
 func (s *scene[In]) keyReuse() {
 	inst := s.open(NewFaults())
 	key := s.key("reuse")
 	s.applyFirst(inst, key, "first Apply")
-	res, err := s.applyUntilDone(inst, key, s.h.Input(key, 1), "the same key with another payload")
-	switch {
-	case s.contract.DetectsKeyReuse:
-		s.check(errors.Is(err, effects.ErrKeyReused), "contract detects key reuse, but the second payload got (%v, %v), want ErrKeyReused", res.Status, err)
-	case err != nil && !errors.Is(err, effects.ErrKeyReused):
-		s.failf("second payload: %v", err)
-	default:
-		s.notef("contract does not detect key reuse; second payload got %v", res.Status)
-	}
-	if errors.Is(err, effects.ErrKeyReused) {
-		s.check(!effects.Retryable(err), "ErrKeyReused must not be retryable")
+	for _, on := range []struct {
+		inst *instance[In]
+		what string
+	}{{inst, "the same key with another payload"}, {s.open(NewFaults()), "the same key with another payload, on a new instance"}} {
+		res, err := s.applyUntilDone(on.inst, key, s.h.Input(key, 1), on.what)
+		switch {
+		case s.contract.DetectsKeyReuse:
+			s.check(errors.Is(err, effects.ErrKeyReused), "%s: contract detects key reuse, but it got (%v, %v), want ErrKeyReused", on.what, res.Status, err)
+		case err != nil && !errors.Is(err, effects.ErrKeyReused):
+			s.failf("%s: %v", on.what, err)
+		default:
+			s.notef("contract does not detect key reuse; %s got %v", on.what, res.Status)
+		}
+		if errors.Is(err, effects.ErrKeyReused) {
+			s.check(!effects.Retryable(err), "ErrKeyReused must not be retryable")
+		}
 	}
 	s.expect(key, cleanRepeat, true, "after key reuse")
 }
@@ -318,13 +337,13 @@ func (s *scene[In]) keyReuse() {
 // of the winning payload replay it, and, where the contract detects key
 // reuse, the others get ErrKeyReused. The backend must hold one effect.
 func (s *scene[In]) raceReuse() {
-	f := NewFaults()
-	f.SetDelay(time.Millisecond)
-	inst := s.open(f)
+	insts := s.racers()
 	for round := range 2 {
 		key := s.key("race-reuse", fmt.Sprint(round))
-		what := fmt.Sprintf("%d concurrent writers, two payloads, on %s", s.cfg.concurrency, key)
-		out := s.race(inst, key, func(i int) int { return i % 2 }, what)
+		what := fmt.Sprintf("%d concurrent writers, two payloads, on %s over %d instances", s.cfg.concurrency, key, len(insts))
+		// Writer i runs on instance i%2 with payload (i/2)%2: each instance
+		// has writers of both payloads.
+		out := s.race(insts, key, func(i int) int { return (i / 2) % 2 }, what)
 		winner, applied, succeeded := -1, 0, 0
 		for _, o := range out {
 			if o.err == nil {
@@ -370,6 +389,14 @@ func (s *scene[In]) invalidKeys() {
 		{"NUL byte", "abc\x00def"},
 		{"invalid UTF-8", "abc\xff\xfedef"},
 		{"newline", "abc\ndef"},
+		{"tab", "abc\tdef"},
+		{"carriage return", "abc\rdef"},
+		{"DEL", "abc\x7fdef"},
+		{"C1 control (U+0085)", "abc\u0085def"},
+		// Keys some clients trim, merging them with the trimmed key.
+		{"leading space", " abcdef"},
+		{"trailing space", "abcdef "},
+		{"trailing no-break space", "abcdef\u00a0"},
 	}
 	for _, k := range invalid {
 		_, err := s.apply(s.ctx, inst, k.key, s.h.Input(k.key, 0), k.what+" key")

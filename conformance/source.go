@@ -332,7 +332,20 @@ func (s *sscene) unacked(crash bool) {
 	s.stop(a, crash)
 	b := s.open("B")
 	want := idsOf(got[half:])
-	s.collect(b, want, 0, true, fmt.Sprintf("the %d unacked deliveries after %s", len(want), how))
+	what := fmt.Sprintf("the %d unacked deliveries after %s", len(want), how)
+	again := s.collect(b, want, 0, true, what)
+	// A source that counts attempts must count this one: a Consumer's
+	// WithMaxAttempts holds across processes only through it.
+	first := map[string]int{}
+	for _, d := range got[half:] {
+		first[d.ID] = d.Attempt
+	}
+	for _, d := range again {
+		if n, ok := first[d.ID]; ok && n > 0 && !s.check(d.Attempt > n,
+			"%s: %q came back with Attempt %d after Attempt %d, want more (a source that counts attempts counts redeliveries)", what, d.ID, d.Attempt, n) {
+			break
+		}
+	}
 }
 
 // outOfOrder: in every ordering, the first delivery and one in the middle

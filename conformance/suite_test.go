@@ -253,6 +253,8 @@ func TestRunSourceCatchesCounterexamples(t *testing.T) {
 		{"ack on next", memSourceMaker(nil, func(s effects.Source) effects.Source { return counterexamples.AckOnNext{Source: s} }),
 			[]string{conformance.SourceUnackedAfterClose, conformance.SourceUnackedAfterCrash, conformance.SourceOutOfOrderAcks, conformance.SourceNeverAcked}},
 		{"commit past holes", memSourceMaker(func(l *memLog) { l.skipHoles = true }, nil), []string{conformance.SourceOutOfOrderAcks}},
+		{"every delivery attempt 1", memSourceMaker(nil, func(s effects.Source) effects.Source { return counterexamples.AttemptAlwaysOne{Source: s} }),
+			[]string{conformance.SourceUnackedAfterClose, conformance.SourceUnackedAfterCrash}},
 		{"commit everything delivered on revoke", memSourceMaker(func(l *memLog) { l.revokeCommitsAll = true }, nil), []string{conformance.SourceRevocation}},
 	}
 	for _, c := range cases {

@@ -28,7 +28,8 @@
 //     whose promise is that nothing was applied. Caught by lost-reply.
 //   - [MemoryResolved]: resolves an unknown outcome from state in process
 //     memory, which a successor process does not have. Caught by
-//     lost-reply, which retries on a new instance.
+//     lost-reply, which retries on a new instance, and by the two
+//     concurrency scenarios, which race two instances.
 //   - [PrefixDedup] and [CaseFoldDedup]: dedup on the first 44 bytes of
 //     the key, or on the key folded to lower case. Caught by
 //     distinct-keys.
@@ -41,11 +42,21 @@
 //   - [HangOnFault]: on a connection failure waits for its context instead
 //     of returning. Reported by lost-reply as a hang of that Apply at that
 //     round trip.
+//   - [LockedCheckThenWrite]: check, write and mark behind a lock in
+//     process memory: safe in one process, not in two. Caught by
+//     concurrent-duplicates, which spreads its attempts over two
+//     instances.
+//   - [TrimmedKey]: trims white space off the key before validating it.
+//     Caught by invalid-keys.
+//   - [MemoryReuseCheck]: compares payloads in process memory. Caught by
+//     key-reuse, which reuses the key on a new instance too.
 //
 // Journals (conformance.RunJournal), in journals.go: [TwoLeases],
 // [UnfencedRelease], [NoExpiry], [LastRefWins], [LookupIgnoresFingerprint],
-// [MarkDoneNeedsBegin]. Sources
-// (conformance.RunSource), in sources.go: [AckOnNext].
+// [MarkDoneNeedsBegin], [CompleteAllIgnoresFingerprint],
+// [CompleteAllReportsSuccess], [CompleteCreates], [FingerprintOnTakeover],
+// [ShortLease]. Sources (conformance.RunSource), in sources.go:
+// [AckOnNext], [AttemptAlwaysOne].
 package counterexamples
 
 import (

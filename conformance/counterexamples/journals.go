@@ -153,3 +153,28 @@ func (j CompleteCreates) Complete(ctx context.Context, key effects.Key, ref stri
 	}
 	return j.Journal.Complete(ctx, key, ref)
 }
+
+// FingerprintOnTakeover checks the fingerprint only while a lease is live
+// or the key is done: a Begin with another payload after the lease expired
+// or was released takes the key over, so two payloads share one key.
+// Caught by lease-expiry and key-reuse.
+type FingerprintOnTakeover struct{ *memjournal.Journal }
+
+// Begin takes over a free, pending key whatever fp is.
+func (j FingerprintOnTakeover) Begin(ctx context.Context, key effects.Key, fp []byte, lease time.Duration) (effects.Record, error) {
+	if r := j.Get(key); r.Fingerprint != nil && !r.Done && !r.LeaseUntil.After(time.Now()) {
+		fp = r.Fingerprint
+	}
+	return j.Journal.Begin(ctx, key, fp, lease)
+}
+
+// ShortLease grants at most 200 ms whatever lease is asked for: an
+// attempt that runs longer has a second attempt start beside it. Caught
+// by lease-expiry (a lease longer than the scenario waits must still
+// hold).
+type ShortLease struct{ *memjournal.Journal }
+
+// Begin caps lease at 200 ms.
+func (j ShortLease) Begin(ctx context.Context, key effects.Key, fp []byte, lease time.Duration) (effects.Record, error) {
+	return j.Journal.Begin(ctx, key, fp, min(lease, 200*time.Millisecond))
+}

@@ -40,6 +40,11 @@ func TestRunJournalCatchesCounterexamples(t *testing.T) {
 		{"MarkDone records nothing without Begin", func() effects.Journal {
 			return counterexamples.MarkDoneNeedsBegin{Journal: memjournal.New(nil)}
 		}, []string{conformance.JournalLookupMarkDone}},
+		{"a takeover adopts another fingerprint", func() effects.Journal {
+			return counterexamples.FingerprintOnTakeover{Journal: memjournal.New(nil)}
+		}, []string{conformance.JournalLeaseExpiry, conformance.JournalKeyReuse}},
+		{"leases cut to 200 ms", func() effects.Journal { return counterexamples.ShortLease{Journal: memjournal.New(nil)} },
+			[]string{conformance.JournalLeaseExpiry}},
 		{"Complete records a key never begun", func() effects.Journal {
 			return counterexamples.CompleteCreates{Journal: memjournal.New(nil)}
 		}, []string{conformance.JournalFirstRef}},

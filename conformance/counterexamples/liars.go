@@ -290,3 +290,90 @@ func (e HangOnFault) Apply(ctx context.Context, key effects.Key, in Payment) (ef
 	}
 	return res, err
 }
+
+// TrimmedKey trims white space off the key before it validates it, as
+// some clients do: " order-7" is accepted, and merged with "order-7".
+// Caught by invalid-keys.
+type TrimmedKey struct{ DB *pgxpool.Pool }
+
+// Contract claims EffectivelyOnce.
+func (e TrimmedKey) Contract() effects.Contract {
+	return claim("counterexample: same-transaction dedup on the trimmed key")
+}
+
+// Apply dedups on strings.TrimSpace(key).
+func (e TrimmedKey) Apply(ctx context.Context, key effects.Key, in Payment) (effects.Result, error) {
+	trimmed := effects.Key(strings.TrimSpace(string(key)))
+	if err := trimmed.Validate(); err != nil {
+		return effects.Result{}, err
+	}
+	return dedupTx(ctx, e.DB, key, string(trimmed), in, true, classify)
+}
+
+// MemoryReuseCheck claims to detect key reuse but compares payloads it
+// remembers in process memory: another process, with another payload,
+// gets the first payload's effect replayed. Caught by key-reuse, which
+// reuses the key on a new instance too.
+type MemoryReuseCheck struct {
+	DB *pgxpool.Pool
+	mu *sync.Mutex
+	in map[effects.Key]int64
+}
+
+// NewMemoryReuseCheck returns a MemoryReuseCheck with empty memory.
+func NewMemoryReuseCheck(db *pgxpool.Pool) MemoryReuseCheck {
+	return MemoryReuseCheck{DB: db, mu: &sync.Mutex{}, in: map[effects.Key]int64{}}
+}
+
+// Contract claims EffectivelyOnce with key-reuse detection.
+func (e MemoryReuseCheck) Contract() effects.Contract {
+	return claim("counterexample: same-transaction dedup, payloads compared in process memory")
+}
+
+// Apply refuses a payload that differs from the one this process saw for
+// key, and otherwise dedups without comparing payloads.
+func (e MemoryReuseCheck) Apply(ctx context.Context, key effects.Key, in Payment) (effects.Result, error) {
+	if err := key.Validate(); err != nil {
+		return effects.Result{}, err
+	}
+	e.mu.Lock()
+	seen, ok := e.in[key]
+	if !ok {
+		e.in[key] = in.Cents
+	}
+	e.mu.Unlock()
+	if ok && seen != in.Cents {
+		return effects.Result{}, &effects.Error{Kind: effects.ErrKeyReused, Key: key}
+	}
+	return dedupInsert(ctx, e.DB, key, in, false)
+}
+
+// LockedCheckThenWrite is TwoTransactions behind a lock per key in
+// process memory: concurrent duplicates in one process wait for each
+// other and replay, but two processes both check, both find nothing and
+// both write. Caught by concurrent-duplicates, which spreads its attempts
+// over two instances.
+type LockedCheckThenWrite struct {
+	TwoTransactions
+	mu    *sync.Mutex
+	locks map[effects.Key]*sync.Mutex
+}
+
+// NewLockedCheckThenWrite returns one process's LockedCheckThenWrite.
+func NewLockedCheckThenWrite(db *pgxpool.Pool) LockedCheckThenWrite {
+	return LockedCheckThenWrite{TwoTransactions: TwoTransactions{DB: db}, mu: &sync.Mutex{}, locks: map[effects.Key]*sync.Mutex{}}
+}
+
+// Apply runs TwoTransactions' check, write and mark under key's lock.
+func (e LockedCheckThenWrite) Apply(ctx context.Context, key effects.Key, in Payment) (effects.Result, error) {
+	e.mu.Lock()
+	l := e.locks[key]
+	if l == nil {
+		l = &sync.Mutex{}
+		e.locks[key] = l
+	}
+	e.mu.Unlock()
+	l.Lock()
+	defer l.Unlock()
+	return e.TwoTransactions.Apply(ctx, key, in)
+}

@@ -28,3 +28,16 @@ func (s AckOnNext) Next(ctx context.Context) (effects.Delivery, error) {
 
 // Ack does nothing: the delivery was acked when it was handed out.
 func (s AckOnNext) Ack(context.Context, effects.Delivery) error { return nil }
+
+// AttemptAlwaysOne wraps any [effects.Source] so that every delivery
+// claims to be the first attempt: a Consumer's WithMaxAttempts then never
+// trips for a message that keeps coming back across processes. Caught by
+// unacked-after-close and unacked-after-crash.
+type AttemptAlwaysOne struct{ effects.Source }
+
+// Next hands out the next delivery as attempt 1.
+func (s AttemptAlwaysOne) Next(ctx context.Context) (effects.Delivery, error) {
+	d, err := s.Source.Next(ctx)
+	d.Attempt = 1
+	return d, err
+}
