@@ -98,6 +98,9 @@ type Journaled struct {
 	ownerKeyed  bool
 	logger      *slog.Logger
 	callTimeout time.Duration
+	// batch is journal as a BatchJournal whose records a plan run may hold
+	// (see batchJournal), or nil.
+	batch BatchJournal
 }
 
 // JournaledOption configures a [Journaled]; see [NewJournaled].
@@ -187,6 +190,7 @@ func NewJournaled(op string, j Journal, opts ...JournaledOption) (*Journaled, er
 		ownerKeyed:  cfg.ownerKeyed,
 		logger:      cfg.logger,
 		callTimeout: cfg.lease - cfg.lease/10,
+		batch:       batchJournal(j),
 	}, nil
 }
 
@@ -333,8 +337,8 @@ func (j *Journaled) applyUnleased(ctx context.Context, dj DoneJournal, a *Attemp
 // it is complete. Late successes never come here: a plan run may have
 // ended.
 func (j *Journaled) recordSuccess(a *Attempt, ref string) {
-	held, bj := heldRecordsFrom(a.ctx), batchJournal(j.journal)
-	if held == nil || bj == nil {
+	held := heldRecordsFrom(a.ctx)
+	if held == nil || j.batch == nil {
 		j.complete(a, ref)
 		return
 	}
@@ -344,7 +348,7 @@ func (j *Journaled) recordSuccess(a *Attempt, ref string) {
 		}
 		return
 	}
-	writeRecords(append(held.take(bj), heldRecord{a: a, ref: ref}))
+	writeRecords(append(held.take(j.batch), heldRecord{a: a, ref: ref}))
 }
 
 // certainlyNotApplied is the policy's classification of a failed call.

@@ -63,44 +63,38 @@ func (h *heldRecords) hold(a *Attempt, ref string) bool {
 	return true
 }
 
-// take removes and returns the records held for journal bj (all of them
-// when bj is nil).
+// take removes and returns the records held for journal bj.
 func (h *heldRecords) take(bj BatchJournal) []heldRecord {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var out []heldRecord
-	kept := h.held[:0]
-	for _, r := range h.held {
-		if bj == nil || r.a.j.journal == Journal(bj) {
-			out = append(out, r)
+	out, h.held = partition(h.held, bj)
+	return out
+}
+
+// partition splits recs into the records on journal bj and the others.
+func partition(recs []heldRecord, bj BatchJournal) (on, others []heldRecord) {
+	for _, r := range recs {
+		if r.a.j.batch == bj {
+			on = append(on, r)
 		} else {
-			kept = append(kept, r)
+			others = append(others, r)
 		}
 	}
-	clear(h.held[len(kept):])
-	h.held = kept
-	return out
+	return on, others
 }
 
 // flush writes every held record, one CompleteAll per journal, and
 // holds no more.
 func (h *heldRecords) flush() {
 	h.mu.Lock()
-	h.closed = true
+	rest := h.held
+	h.held, h.closed = nil, true
 	h.mu.Unlock()
-	rest := h.take(nil)
 	for len(rest) > 0 {
-		j := rest[0].a.j.journal
-		var same, other []heldRecord
-		for _, r := range rest {
-			if r.a.j.journal == j {
-				same = append(same, r)
-			} else {
-				other = append(other, r)
-			}
-		}
+		var same []heldRecord
+		same, rest = partition(rest, rest[0].a.j.batch)
 		writeRecords(same)
-		rest = other
 	}
 }
 
@@ -114,7 +108,7 @@ func writeRecords(recs []heldRecord) {
 		recs[0].a.j.complete(recs[0].a, recs[0].ref)
 		return
 	}
-	bj := recs[0].a.j.journal.(BatchJournal)
+	bj := recs[0].a.j.batch
 	cs := make([]Completion, len(recs))
 	timeout := recs[0].a.j.record
 	for i, r := range recs {

@@ -89,14 +89,37 @@ func (e TransientOnLostReply) Apply(ctx context.Context, key effects.Key, in Pay
 type MemoryResolved struct {
 	DB *pgxpool.Pool
 
+	locks    keyLocks
 	mu       sync.Mutex
-	locks    map[effects.Key]*sync.Mutex
 	attempts map[effects.Key]string
+}
+
+// keyLocks is a lock per key, in process memory.
+type keyLocks struct {
+	mu sync.Mutex
+	m  map[effects.Key]*sync.Mutex
+}
+
+// lock locks key's lock, creating it on first use, and returns its
+// unlock.
+func (k *keyLocks) lock(key effects.Key) (unlock func()) {
+	k.mu.Lock()
+	l := k.m[key]
+	if l == nil {
+		if k.m == nil {
+			k.m = map[effects.Key]*sync.Mutex{}
+		}
+		l = &sync.Mutex{}
+		k.m[key] = l
+	}
+	k.mu.Unlock()
+	l.Lock()
+	return l.Unlock
 }
 
 // NewMemoryResolved returns a MemoryResolved with empty memory.
 func NewMemoryResolved(db *pgxpool.Pool) *MemoryResolved {
-	return &MemoryResolved{DB: db, locks: map[effects.Key]*sync.Mutex{}, attempts: map[effects.Key]string{}}
+	return &MemoryResolved{DB: db, attempts: map[effects.Key]string{}}
 }
 
 // Contract claims EffectivelyOnce. It holds only while the process lives.
@@ -110,15 +133,7 @@ func (e *MemoryResolved) Apply(ctx context.Context, key effects.Key, in Payment)
 	if err := key.Validate(); err != nil {
 		return effects.Result{}, err
 	}
-	e.mu.Lock()
-	l := e.locks[key]
-	if l == nil {
-		l = &sync.Mutex{}
-		e.locks[key] = l
-	}
-	e.mu.Unlock()
-	l.Lock()
-	defer l.Unlock()
+	defer e.locks.lock(key)()
 	var cents int64
 	err := e.DB.QueryRow(ctx, `SELECT cents FROM cx_seen WHERE key = $1`, string(key)).Scan(&cents)
 	switch {
@@ -355,25 +370,16 @@ func (e MemoryReuseCheck) Apply(ctx context.Context, key effects.Key, in Payment
 // over two instances.
 type LockedCheckThenWrite struct {
 	TwoTransactions
-	mu    *sync.Mutex
-	locks map[effects.Key]*sync.Mutex
+	locks *keyLocks
 }
 
 // NewLockedCheckThenWrite returns one process's LockedCheckThenWrite.
 func NewLockedCheckThenWrite(db *pgxpool.Pool) LockedCheckThenWrite {
-	return LockedCheckThenWrite{TwoTransactions: TwoTransactions{DB: db}, mu: &sync.Mutex{}, locks: map[effects.Key]*sync.Mutex{}}
+	return LockedCheckThenWrite{TwoTransactions: TwoTransactions{DB: db}, locks: &keyLocks{}}
 }
 
 // Apply runs TwoTransactions' check, write and mark under key's lock.
 func (e LockedCheckThenWrite) Apply(ctx context.Context, key effects.Key, in Payment) (effects.Result, error) {
-	e.mu.Lock()
-	l := e.locks[key]
-	if l == nil {
-		l = &sync.Mutex{}
-		e.locks[key] = l
-	}
-	e.mu.Unlock()
-	l.Lock()
-	defer l.Unlock()
+	defer e.locks.lock(key)()
 	return e.TwoTransactions.Apply(ctx, key, in)
 }

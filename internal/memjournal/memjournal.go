@@ -42,12 +42,17 @@ func New(now func() time.Time) *Journal {
 	return &Journal{now: now, recs: map[effects.Key]*Record{}}
 }
 
+// usable refuses an invalid key, then an ended context, before any work.
+func usable(ctx context.Context, key effects.Key) error {
+	if err := key.Validate(); err != nil {
+		return err
+	}
+	return ctx.Err()
+}
+
 // Begin implements effects.Journal.
 func (j *Journal) Begin(ctx context.Context, key effects.Key, fp []byte, lease time.Duration) (effects.Record, error) {
-	if err := key.Validate(); err != nil {
-		return effects.Record{}, err
-	}
-	if err := ctx.Err(); err != nil {
+	if err := usable(ctx, key); err != nil {
 		return effects.Record{}, err
 	}
 	j.mu.Lock()
@@ -97,10 +102,7 @@ func (j *Journal) Complete(_ context.Context, key effects.Key, ref string) error
 
 // Lookup implements effects.DoneJournal.
 func (j *Journal) Lookup(ctx context.Context, key effects.Key, fp []byte) (effects.Record, error) {
-	if err := key.Validate(); err != nil {
-		return effects.Record{}, err
-	}
-	if err := ctx.Err(); err != nil {
+	if err := usable(ctx, key); err != nil {
 		return effects.Record{}, err
 	}
 	j.mu.Lock()
@@ -118,10 +120,7 @@ func (j *Journal) Lookup(ctx context.Context, key effects.Key, fp []byte) (effec
 
 // MarkDone implements effects.DoneJournal.
 func (j *Journal) MarkDone(ctx context.Context, key effects.Key, fp []byte, ref string) error {
-	if err := key.Validate(); err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
+	if err := usable(ctx, key); err != nil {
 		return err
 	}
 	j.mu.Lock()
