@@ -17,6 +17,7 @@
 //
 //	go run ./cmd/chargehook [-events 1000] [-seed 42] [-workers 8]
 //	    [-sender 0.05] [-sibling 0.05] [-crash 0.03] [-failover=true] [-v]
+//	    [-cpuprofile FILE]
 //
 // DATABASE_URL runs on an existing server instead (with -failover=false);
 // KAFKA_BROKERS on an existing Kafka cluster. A progress bar goes to
@@ -37,6 +38,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"time"
@@ -62,6 +64,7 @@ func run(args []string, stdout, stderr *os.File) int {
 	fs.Float64Var(&cfg.Sibling, "sibling", cfg.Sibling, "probability a pod freezes and the load balancer retries on its sibling")
 	fs.Float64Var(&cfg.Crash, "crash", cfg.Crash, "probability the worker crashes after the effects committed, before the ack")
 	fs.BoolVar(&cfg.Failover, "failover", cfg.Failover, "kill the PostgreSQL primary mid-run and promote its synchronous standby")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file; each side's goroutines are labelled side=naive or side=effectively-once (go tool pprof -tags)")
 	verbose := fs.Bool("v", false, "log the phases, and every failed attempt (effectively.dev/observe), to stderr")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -87,6 +90,19 @@ func run(args []string, stdout, stderr *os.File) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(stderr, "chargehook:", err)
+			return 2
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(stderr, "chargehook:", err)
+			return 2
+		}
+		defer pprof.StopCPUProfile()
+	}
 	report, err := chargehook.Run(ctx, cfg)
 	bar.finish()
 	if err != nil {

@@ -83,8 +83,10 @@ package chargehook
 
 import (
 	"context"
+	"effectively.dev/internal/machine"
 	"fmt"
 	"log/slog"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -150,10 +152,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		Database: e.db.describe(),
 	}
 	r.Scheduled.Sender, r.Scheduled.Sibling, r.Scheduled.Crash = e.sched.Count()
-	if r.Naive, err = e.runSide(ctx, NaiveName, nil); err != nil {
+	// Each side's goroutines carry a "side" profiler label, so a CPU
+	// profile of the run (chargehook -cpuprofile) splits by side.
+	pprof.Do(ctx, pprof.Labels("side", NaiveName), func(ctx context.Context) { r.Naive, err = e.runSide(ctx, NaiveName, nil) })
+	if err != nil {
 		return nil, fmt.Errorf("naive run: %w", err)
 	}
-	if r.EffectivelyOnce, err = e.runSide(ctx, EOName, &r.Contract); err != nil {
+	pprof.Do(ctx, pprof.Labels("side", EOName), func(ctx context.Context) { r.EffectivelyOnce, err = e.runSide(ctx, EOName, &r.Contract) })
+	if err != nil {
 		return nil, fmt.Errorf("effectively-once run: %w", err)
 	}
 	return r, nil
@@ -330,6 +336,8 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 
 	cfg.logf("%s: running %d events", name, cfg.Events)
 	start = time.Now()
+	cpu0, cpuErr := machine.BusyCPU()
+	wal0, walErr := walPosition(ctx, pool)
 	var (
 		total    atomic.Int64 // records in the webhook topic, once the tier stopped
 		procErr  error
@@ -366,6 +374,8 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 	// the webhook tier and waiting for the count of its records is not
 	// the handler's time.
 	elapsed := time.Duration(lastDone.Load())
+	cpu1, cpuErr1 := machine.BusyCPU()
+	wal1, walErr1 := walPosition(ctx, pool)
 	stopProgress()
 	<-procDone
 	failWG.Wait()
@@ -386,6 +396,12 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 		Enqueued: int(total.Load()), FailoverAt: failoverAt, Failover: failTook,
 		UnrecordedMail: int(unrecord.Load()),
 	}
+	if cpuErr == nil && cpuErr1 == nil {
+		s.MachineCPU = cpu1 - cpu0
+	}
+	if walErr == nil && walErr1 == nil {
+		s.WAL = wal1 - wal0
+	}
 	w.mu.Lock()
 	s.Deliveries, s.Absorbed, s.Failures = w.deliveries, w.absorbed, w.errors
 	s.DeadLettered = len(w.deadLettered)
@@ -403,6 +419,13 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 		return nil, fmt.Errorf("counting: %w", err)
 	}
 	return s, nil
+}
+
+// walPosition is the current WAL position of pool's primary, in bytes.
+func walPosition(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
+	var lsn int64
+	err := pool.QueryRow(ctx, `SELECT (pg_current_wal_lsn() - '0/0')::bigint`).Scan(&lsn)
+	return lsn, err
 }
 
 // drainOutbox waits until the outbox relay has published every row.

@@ -103,6 +103,24 @@ func TestDemo(t *testing.T) {
 			t.Errorf("naive: %d events lost (%v)", naive.Lost, naive.LostIDs)
 		}
 	})
+	t.Run("report measures each side's cost", func(t *testing.T) {
+		for _, s := range []*chargehook.Side{naive, eo} {
+			if s.MachineCPU <= 0 || s.WAL <= 0 {
+				t.Errorf("%s: machine CPU %v, WAL %d bytes; want both measured", s.Handler, s.MachineCPU, s.WAL)
+			}
+		}
+		// The effectively-once side writes more than the naive one: a key
+		// row, an outbox row and journal records per event besides the
+		// ledger row.
+		if eo.WAL <= naive.WAL {
+			t.Errorf("WAL: effectively-once %d bytes, naive %d; want more on the effectively-once side", eo.WAL, naive.WAL)
+		}
+		for _, want := range []string{"machine CPU per event", "PostgreSQL WAL per event"} {
+			if !strings.Contains(table.String(), want) {
+				t.Errorf("table lacks %q", want)
+			}
+		}
+	})
 	t.Run("report names the weakest step", func(t *testing.T) {
 		out := table.String()
 		for _, want := range []string{r.Contract.Weakest, "effectively-once", "at-least-once", "OK:"} {

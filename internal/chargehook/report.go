@@ -29,6 +29,12 @@ type Side struct {
 	// Elapsed runs from the processor's first POST to the last record's
 	// ack.
 	Elapsed time.Duration
+	// MachineCPU is the CPU time the whole machine spent busy over
+	// Elapsed (every process: the demo, its in-process servers,
+	// PostgreSQL), 0 where it cannot be read (not Linux); WAL is the
+	// PostgreSQL WAL written over it, in bytes.
+	MachineCPU time.Duration
+	WAL        int64
 
 	// The webhook tier.
 	Sent           int // POSTs the processor sent
@@ -69,6 +75,14 @@ func (s *Side) Throughput(events int) float64 {
 		return 0
 	}
 	return float64(events) / s.Elapsed.Seconds()
+}
+
+// perEvent is d per event, or "n/a" when d could not be measured.
+func perEvent(d time.Duration, events int) string {
+	if d <= 0 {
+		return "n/a"
+	}
+	return (d / time.Duration(events)).Round(10 * time.Microsecond).String()
 }
 
 // Report is the outcome of a [Run].
@@ -150,6 +164,8 @@ func (r *Report) WriteTable(out io.Writer) error {
 	row("lost events", n.Lost, e.Lost, "(no ledger row or no charge)")
 	row("dead-lettered deliveries", n.DeadLettered, e.DeadLettered)
 	row("throughput (events/s)", fmt.Sprintf("%.0f", n.Throughput(r.Events)), fmt.Sprintf("%.0f", e.Throughput(r.Events)))
+	row("machine CPU per event", perEvent(n.MachineCPU, r.Events), perEvent(e.MachineCPU, r.Events), "(every process, PostgreSQL included)")
+	row("PostgreSQL WAL per event (bytes)", n.WAL/int64(r.Events), e.WAL/int64(r.Events))
 	if err := w.Flush(); err != nil {
 		return err
 	}
