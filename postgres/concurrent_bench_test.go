@@ -41,10 +41,15 @@ func BenchmarkLedgerConcurrent(b *testing.B) {
 		// The hand-written transaction claiming into effectively_keys: the
 		// cost of the library's wider key row alone.
 		{"handwritten_keys", func(k effects.Key) { lb.handwritten(b, k) }},
-		// Apply's shape with the advisory lock it took before the lookup.
-		{"lock_insert", func(k effects.Key) { shapeLockInsert(b, lb, k, true) }},
+		// Apply's shape while duplicates are frequent (or with
+		// WithLookupFirst), which was its only shape until it let the
+		// key's INSERT find duplicates: the settings and the lookup in
+		// BEGIN's round trip.
+		{"lookup_merged", func(k effects.Key) { shapeLookupMerged(b, lb, k) }},
+		// Apply's shape for a new key, by hand.
+		{"settings_insert", func(k effects.Key) { shapeSettingsInsert(b, lb, k) }},
 		// A lower bound, not correct dedup: the key row inserted before
-		// COMMIT with no lookup.
+		// COMMIT, and nothing read, not even the settings.
 		{"floor_key_row", func(k effects.Key) { shapeFloor(b, lb, k, true) }},
 	}
 	for _, v := range variants {

@@ -10,8 +10,8 @@
 // The ways to use it, from most to least managed:
 //
 //   - [New] returns an [Effect] (an effects.Effect) that owns the
-//     transaction: Apply claims the key, runs your write function in the
-//     same transaction, commits, and classifies failures (retrying
+//     transaction: Apply runs your write function and records the key in
+//     the same transaction, commits, and classifies failures (retrying
 //     serialization failures and deadlocks itself).
 //   - [Claim] and [SetRef] work inside a pgx.Tx you own, for code that
 //     already has a transaction. You commit, and you ack only after the
@@ -30,8 +30,11 @@
 //     declared window, not effectively once.
 //
 // What it costs: Apply on a new key takes three round trips, as a plain
-// BEGIN/INSERT/COMMIT does (BEGIN travels with the key's lookup, the key's
-// INSERT with COMMIT), and a duplicate two and no WAL; BENCHMARKS.md has
+// BEGIN/INSERT/COMMIT does (BEGIN travels with a read of the commit
+// settings, the key's INSERT with COMMIT, and the key's primary key finds a
+// duplicate). While duplicates are frequent (a replay storm) it looks keys
+// up first, so that a duplicate takes two round trips, runs no write and
+// writes no WAL ([WithLookupFirst] makes that the rule); BENCHMARKS.md has
 // the measurements.
 //
 // Options follow the module's convention: each function validates the

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -32,6 +33,7 @@ type Effect[In any] struct {
 	fingerprint func(In) ([]byte, error)
 	txOptions   pgx.TxOptions
 	cfg         config
+	duplicates  duplicateRate // of recent Applies, deciding whether to look keys up first
 }
 
 var _ effects.Effect[struct{}] = (*Effect[struct{}])(nil)
@@ -53,7 +55,7 @@ func New[In any](pool *pgxpool.Pool, scope string, write WriteFunc[In], opts ...
 	if err := validateScope(op, scope); err != nil {
 		return nil, err
 	}
-	cfg, err := newConfig(op, opts, optFingerprint, optMaxRetries, optIsolation, optAsyncCommit)
+	cfg, err := newConfig(op, opts, optFingerprint, optMaxRetries, optIsolation, optAsyncCommit, optLookupFirst)
 	if err != nil {
 		return nil, err
 	}
@@ -89,26 +91,32 @@ func (e *Effect[In]) Contract() effects.Contract {
 	}
 }
 
-// Apply runs the effect for in under key, once. In one transaction it
-// looks the key up; if it is not there it runs the write and inserts
-// (scope, key, fingerprint, ref) and commits, returning [effects.Applied]
-// with the ref. If the key was committed before with the same fingerprint,
-// it rolls back and returns [effects.Replayed] with the stored ref. The
-// primary key of effectively_keys decides between concurrent duplicates
-// (one the lookup could not see because it had not committed yet): the
-// second one's INSERT of the key waits for the first transaction, and if
-// that one committed, the second rolls back, its write with it, and
-// retries, which replays; if it rolled back, the second commits. A write
-// that fails while a concurrent duplicate commits (on a row that one wrote
-// or locked, say) is retried the same way: after such a failure Apply
-// checks whether the key was committed meanwhile.
+// Apply runs the effect for in under key, once. In one transaction it runs
+// the write and inserts (scope, key, fingerprint, ref) and commits,
+// returning [effects.Applied] with the ref. If the key was committed
+// before with the same fingerprint, it returns [effects.Replayed] with the
+// stored ref and commits nothing. The primary key of effectively_keys is
+// the authority: the key's INSERT, just before COMMIT, fails if the key is
+// there, and waits for a concurrent transaction that inserted it (a
+// concurrent duplicate) and fails if that one commits; the attempt then
+// rolls back, its write with it, and Apply looks the key up, which
+// replays. A write that fails because the key was committed (on a row the
+// duplicate wrote or locked, say) is handled the same way: after a failed
+// write Apply checks whether the key is there.
+//
+// While duplicates are frequent (one Apply of this Effect in ten or more,
+// a replay storm) Apply looks the key up first, in BEGIN's round trip, and
+// a duplicate does not run the write at all; [WithLookupFirst] makes it
+// always do so.
 //
 // Cost of a new key: three round trips, as for a plain insert transaction,
-// and two statements more than it (the lookup and the key's INSERT): BEGIN
-// pipelined with the lookup (pgx Batch.BeginTx); the write; the key's
-// INSERT pipelined with COMMIT. Cost of a duplicate: two round trips (the same first one,
-// then ROLLBACK) and no WAL. Under
-// synchronous replication a replay also passes the replay barrier (see
+// and two statements more than it (the commit settings and the key's
+// INSERT): BEGIN pipelined with a read of the settings (pgx
+// Batch.BeginTx); the write; the key's INSERT pipelined with COMMIT. Cost
+// of a duplicate, looked up first: two round trips (the same first one,
+// with the lookup, then ROLLBACK) and no WAL; found by the key's INSERT:
+// the new key's round trips, a ROLLBACK, then those two. Under synchronous
+// replication a replay also passes the replay barrier (see
 // RELIABILITY.md): a few bytes of WAL and a COMMIT that waits for the
 // standby.
 //
@@ -138,14 +146,25 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (effects
 		return effects.Result{}, fmt.Errorf("%s key %q: fingerprint: %w", opApply, key, err)
 	}
 	fp = nonNil(fp)
-	for attempt := 1; ; attempt++ {
-		res, c := e.attempt(ctx, key, fp, in)
+	lookup := e.cfg.lookupFirst || e.duplicates.frequent()
+	for attempt := 1; ; {
+		res, c := e.attempt(ctx, key, fp, in, lookup)
+		if c.err == nil {
+			e.duplicates.observe(res.Status == effects.Replayed)
+		}
+		if c.lookUp {
+			// The key turned out to be committed already: look it up now,
+			// at once, which replays it (or reports its reuse).
+			lookup = true
+			continue
+		}
 		if !c.retry || attempt > e.cfg.maxRetries {
 			return res, c.err
 		}
 		if err := effects.Sleep(ctx, retryBackoff.Delay(attempt)); err != nil {
 			return effects.Result{}, canceled(ctx, opApply, key, c.err)
 		}
+		attempt++
 	}
 }
 
@@ -169,14 +188,15 @@ FROM (SELECT current_setting('synchronous_commit') AS sync_commit,
 // replays.
 const insertKeySQL = `INSERT INTO effectively_keys (scope, key, fingerprint, ref) VALUES ($1, $2, $3, $4)`
 
-// attempt runs one transaction. On success c.err is nil.
+// attempt runs one transaction, looking the key up first if lookup. On
+// success c.err is nil.
 //
 // It runs on a connection of its own rather than a pgxpool.Tx so that it
 // can end the transaction with the key's INSERT and COMMIT pipelined in
 // one round trip; the pgx.Tx that BEGIN's batch gave the write is then
 // abandoned, and Release checks that the connection is idle before pooling
 // it again.
-func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in In) (effects.Result, classified) {
+func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in In, lookup bool) (effects.Result, classified) {
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
 		return effects.Result{}, classify(ctx, opApply, key, err, false, false)
@@ -191,16 +211,23 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 		batch    pgx.Batch
 	)
 	batch.BeginTx(e.txOptions)
-	batch.Queue(applyLookupSQL, e.scope, string(key)).QueryRow(func(row pgx.Row) error {
-		var storedRef *string
-		if err := row.Scan(&found, &storedFP, &storedRef, &settings.syncCommit, &settings.syncRep); err != nil {
-			return err
-		}
-		if storedRef != nil {
-			ref = *storedRef
-		}
-		return nil
-	})
+	switch {
+	case lookup:
+		batch.Queue(applyLookupSQL, e.scope, string(key)).QueryRow(func(row pgx.Row) error {
+			var storedRef *string
+			if err := row.Scan(&found, &storedFP, &storedRef, &settings.syncCommit, &settings.syncRep); err != nil {
+				return err
+			}
+			if storedRef != nil {
+				ref = *storedRef
+			}
+			return nil
+		})
+	case !e.cfg.allowAsyncCommit:
+		batch.Queue(commitSettingsSQL).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&settings.syncCommit, &settings.syncRep)
+		})
+	}
 	br := conn.SendBatch(ctx, &batch)
 	tx := br.Tx()
 	ending := false
@@ -239,10 +266,11 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 	ref, err = e.write(ctx, tx, in)
 	if err != nil {
 		if committedMeanwhile(ctx, conn.Conn(), tx, e.scope, key) {
-			// A concurrent Apply of the key committed while this write ran
-			// (the write may have failed on what that one wrote or
-			// locked): the retry replays it.
-			return effects.Result{}, classified{err: effects.Transient(opApply, key, err), retry: true}
+			// The key was committed, before this attempt (which did not
+			// look) or by a concurrent Apply while this write ran (the
+			// write may have failed on what that one wrote or locked):
+			// the retry replays it.
+			return effects.Result{}, classified{err: effects.Transient(opApply, key, err), retry: true, lookUp: !lookup}
 		}
 		return fail(err)
 	}
@@ -258,14 +286,19 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 			rollback(ctx, tx)
 		}
 		if keyTaken(err) {
-			// A concurrent transaction committed the key first: the retry
-			// replays it.
-			return effects.Result{}, classified{err: effects.Transient(opApply, key, err), retry: true}
+			// The key was committed, before this attempt (which did not
+			// look) or by a concurrent transaction: the retry replays it.
+			return effects.Result{}, classified{err: effects.Transient(opApply, key, err), retry: true, lookUp: !lookup}
 		}
 		return effects.Result{}, classify(ctx, opApply, key, err, true, false)
 	}
 	return effects.Result{Status: effects.Applied, Ref: ref}, classified{}
 }
+
+// commitSettingsSQL reads the settings that decide whether a commit may be
+// acknowledged (see ErrAsyncCommit), for an attempt that does not look its
+// key up.
+const commitSettingsSQL = `SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names') <> ''`
 
 const keyExistsSQL = `SELECT EXISTS (SELECT 1 FROM effectively_keys WHERE scope = $1 AND key = $2)`
 
@@ -306,3 +339,40 @@ func rollback(ctx context.Context, tx pgx.Tx) {
 	defer cancel()
 	_ = tx.Rollback(rctx)
 }
+
+// duplicateRate is a moving average of how many of an Effect's recent
+// Applies were duplicates (replays), shared by its goroutines. Apply looks
+// a key up before the write only while it is at least lookupFirstRate: a
+// lookup costs every new key a statement, and an attempt that does not look
+// costs a duplicate its write, rolled back, and two more round trips.
+type duplicateRate struct{ scaled atomic.Int64 } // the rate times rateScale
+
+const (
+	rateScale = 1 << 16
+	// rateWeight is the weight of the newest Apply: 1/64, so that a replay
+	// storm turns lookups on within about 14 duplicates, and about 100 new
+	// keys in a row turn them off again.
+	rateWeight = 64
+	// lookupFirstRate is where looking first becomes the cheaper way: one
+	// duplicate in ten.
+	lookupFirstRate = rateScale / 10
+)
+
+// observe records one Apply's outcome.
+func (d *duplicateRate) observe(duplicate bool) {
+	target := int64(0)
+	if duplicate {
+		target = rateScale
+	}
+	for {
+		old := d.scaled.Load()
+		next := old + (target-old)/rateWeight
+		if next == old || d.scaled.CompareAndSwap(old, next) {
+			return
+		}
+	}
+}
+
+// frequent reports whether duplicates are frequent enough to look keys up
+// before the write.
+func (d *duplicateRate) frequent() bool { return d.scaled.Load() >= lookupFirstRate }

@@ -117,7 +117,7 @@ func TestNewRefusesBadArguments(t *testing.T) {
 	}
 	// A nil option is ignored, and every option New heeds is accepted.
 	if _, err := postgres.New(pool, "s", write, nil, postgres.WithMaxRetries(0), postgres.WithIsolation(pgx.Serializable),
-		postgres.AllowAsyncCommit(), postgres.WithFingerprint(func(payment) ([]byte, error) { return nil, nil })); err != nil {
+		postgres.AllowAsyncCommit(), postgres.WithLookupFirst(), postgres.WithFingerprint(func(payment) ([]byte, error) { return nil, nil })); err != nil {
 		t.Fatalf("New with valid options: %v", err)
 	}
 }
@@ -126,24 +126,82 @@ func TestApply(t *testing.T) {
 	url := newDB(t)
 	pool := newPool(t, url, func(c *pgxpool.Config) { c.MaxConns = 40 })
 
-	t.Run("redelivery after commit replays with the same ref", func(t *testing.T) {
+	// By default a rare duplicate runs its write in a transaction that
+	// rolls back (the key's INSERT finds it); looked up first, it does not.
+	for name, tc := range map[string]struct {
+		opts   []postgres.Option
+		writes int64
+	}{
+		"":                   {nil, 4},
+		" (WithLookupFirst)": {[]postgres.Option{postgres.WithLookupFirst()}, 1},
+	} {
+		t.Run("redelivery after commit replays with the same ref"+name, func(t *testing.T) {
+			ctx := testCtx(t)
+			var calls atomic.Int64
+			fx := ledgerEffect(t, pool, &calls, tc.opts...)
+			id := "evt_redelivery" + strings.ReplaceAll(name, " ", "_")
+			key := effects.MustKey(id, "ledger")
+			p := payment{EventID: id, Amount: 100}
+			first, err := fx.Apply(ctx, key, p)
+			if err != nil || first.Status != effects.Applied || !strings.HasPrefix(first.Ref, "ledger:") {
+				t.Fatalf("first Apply = %+v, %v; want applied with a ledger ref", first, err)
+			}
+			for range 3 {
+				again, err := fx.Apply(ctx, key, p)
+				if err != nil || again != (effects.Result{Status: effects.Replayed, Ref: first.Ref}) {
+					t.Fatalf("redelivery = %+v, %v; want replayed %s", again, err, first.Ref)
+				}
+			}
+			if n := rows(t, pool, p.EventID); n != 1 || calls.Load() != tc.writes {
+				t.Fatalf("ledger rows = %d, writes = %d; want 1, %d", n, calls.Load(), tc.writes)
+			}
+		})
+	}
+
+	t.Run("a replay storm makes Apply look keys up first", func(t *testing.T) {
 		ctx := testCtx(t)
 		var calls atomic.Int64
 		fx := ledgerEffect(t, pool, &calls)
-		key := effects.MustKey("evt_redelivery", "ledger")
-		p := payment{EventID: "evt_redelivery", Amount: 100}
-		first, err := fx.Apply(ctx, key, p)
-		if err != nil || first.Status != effects.Applied || !strings.HasPrefix(first.Ref, "ledger:") {
-			t.Fatalf("first Apply = %+v, %v; want applied with a ledger ref", first, err)
-		}
-		for range 3 {
-			again, err := fx.Apply(ctx, key, p)
-			if err != nil || again != (effects.Result{Status: effects.Replayed, Ref: first.Ref}) {
-				t.Fatalf("redelivery = %+v, %v; want replayed %s", again, err, first.Ref)
+		const n = 200
+		keys := make([]effects.Key, n)
+		for i := range keys {
+			keys[i] = effects.MustKey(fmt.Sprintf("evt_storm_%d", i), "ledger")
+			if _, err := fx.Apply(ctx, keys[i], payment{EventID: keys[i].String(), Amount: 1}); err != nil {
+				t.Fatal(err)
 			}
 		}
-		if n := rows(t, pool, p.EventID); n != 1 || calls.Load() != 1 {
-			t.Fatalf("ledger rows = %d, writes = %d; want 1, 1", n, calls.Load())
+		if calls.Load() != n {
+			t.Fatalf("writes = %d for %d new keys", calls.Load(), n)
+		}
+		var late int64
+		for i, k := range keys {
+			before := calls.Load()
+			res, err := fx.Apply(ctx, k, payment{EventID: k.String(), Amount: 1})
+			if err != nil || res.Status != effects.Replayed {
+				t.Fatalf("redelivery %d = %+v, %v; want replayed", i, res, err)
+			}
+			if i >= 20 {
+				late += calls.Load() - before
+			}
+		}
+		// 1/64 per duplicate reaches one in ten after 7 duplicates.
+		if ran := calls.Load() - n; ran < 1 || ran > 10 || late != 0 {
+			t.Fatalf("%d of %d duplicates ran their write, %d after the first 20; want 1 to 10, none after", ran, n, late)
+		}
+		// A run of new keys turns the lookups off again: their writes run
+		// once each, and a rare duplicate again runs its write.
+		for i := range 300 {
+			k := effects.MustKey(fmt.Sprintf("evt_after_storm_%d", i), "ledger")
+			if _, err := fx.Apply(ctx, k, payment{EventID: k.String(), Amount: 1}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		before := calls.Load()
+		if _, err := fx.Apply(ctx, keys[0], payment{EventID: keys[0].String(), Amount: 1}); err != nil {
+			t.Fatal(err)
+		}
+		if calls.Load() != before+1 {
+			t.Fatalf("a duplicate after 300 new keys ran %d writes; want 1 (no lookup first)", calls.Load()-before)
 		}
 	})
 

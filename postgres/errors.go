@@ -54,8 +54,9 @@ func keyTaken(err error) bool {
 
 // classified is the verdict on an error from one transaction attempt.
 type classified struct {
-	err   error // what to return
-	retry bool  // the whole transaction may be retried internally (40001, 40P01)
+	err    error // what to return
+	retry  bool  // the whole transaction may be retried internally (40001, 40P01)
+	lookUp bool  // an attempt that did not look its key up found it committed: look it up at once
 }
 
 // classify maps err, from one attempt of a transaction on behalf of op and

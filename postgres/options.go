@@ -37,6 +37,7 @@ const (
 	optIsolation   = "WithIsolation"
 	optAsyncCommit = "AllowAsyncCommit"
 	optPrecheck    = "WithPrecheck"
+	optLookupFirst = "WithLookupFirst"
 )
 
 // config is what the options recorded; check validates it once.
@@ -47,6 +48,7 @@ type config struct {
 	isolation        pgx.TxIsoLevel
 	allowAsyncCommit bool
 	precheck         KeyFilter
+	lookupFirst      bool
 }
 
 func (c *config) set(name string) { c.given = append(c.given, name) }
@@ -146,6 +148,19 @@ func WithIsolation(level pgx.TxIsoLevel) Option {
 // that takes options heeds it.
 func AllowAsyncCommit() Option {
 	return func(c *config) { c.set(optAsyncCommit); c.allowAsyncCommit = true }
+}
+
+// WithLookupFirst makes [Effect.Apply] look every key up before it runs
+// the write, as it does on its own while duplicates are frequent (one
+// Apply in ten or more). By default, while they are rare, Apply runs the
+// write first and lets the key's INSERT, just before COMMIT, find a
+// duplicate: a new key then costs one statement less, and a duplicate
+// runs its write in a transaction that rolls back (its WAL written, its
+// sequence values used up, its locks held until then) before it replays.
+// Use it when the write is expensive, or when a duplicate's rolled-back
+// write must not happen at all. Only [New] heeds it.
+func WithLookupFirst() Option {
+	return func(c *config) { c.set(optLookupFirst); c.lookupFirst = true }
 }
 
 // KeyFilter is what [WithPrecheck] needs: a set of keys known to be

@@ -25,7 +25,10 @@ package postgres_test
 //     duplicate is not made to wait, runs its write, and rolls back at the
 //     key's INSERT (23505).
 //   - lookup_merged: lookup_insert with the settings and the lookup in one
-//     statement: what Apply does.
+//     statement: what Apply does while duplicates are frequent.
+//   - settings_insert: [BEGIN, the settings]; INSERT ledger; [INSERT key
+//     with its ref, COMMIT]: no lookup, the key's INSERT finds a
+//     duplicate. What Apply does for a new key while duplicates are rare.
 //   - apply: Effect.Apply itself.
 //   - floor_batch_begin, floor_key_row: lower bounds that do not dedup:
 //     plain_insert with BEGIN in a batch, and that plus the key row
@@ -156,6 +159,7 @@ func BenchmarkApplyShapes(b *testing.B) {
 		{"lock_insert", func(k effects.Key) { shapeLockInsert(b, lb, k, true) }},
 		{"lookup_insert", func(k effects.Key) { shapeLockInsert(b, lb, k, false) }},
 		{"lookup_merged", func(k effects.Key) { shapeLookupMerged(b, lb, k) }},
+		{"settings_insert", func(k effects.Key) { shapeSettingsInsert(b, lb, k) }},
 		{"apply", func(k effects.Key) { lb.apply(b, lb.fx, k, effects.Applied) }},
 		// Lower bounds, not correct dedup: [BEGIN]; write; [COMMIT] and the
 		// same with the key row inserted before COMMIT and no lookup.
@@ -182,6 +186,22 @@ func shapeLookupMerged(b *testing.B, lb *ledgerBench, k effects.Key) {
 			return r.Scan(&sc, &rep, &fp, &ref)
 		})
 		return func() bool { return fp == nil && sc == "on" }
+	}, func(batch *pgx.Batch, fp []byte, ref string) {
+		batch.Queue(shapeInsertKeySQL, "billing", string(k), fp, ref)
+	})
+}
+
+// shapeSettingsSQL reads the commit settings and nothing else.
+const shapeSettingsSQL = `SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names') <> ''`
+
+// shapeSettingsInsert is floor_key_row with the settings read in BEGIN's
+// round trip: no lookup, the key's INSERT decides (a duplicate fails it).
+func shapeSettingsInsert(b *testing.B, lb *ledgerBench, k effects.Key) {
+	runShape(b, lb, k, func(batch *pgx.Batch, _ []byte) func() bool {
+		var sc string
+		var rep bool
+		batch.Queue(shapeSettingsSQL).QueryRow(func(r pgx.Row) error { return r.Scan(&sc, &rep) })
+		return func() bool { return sc == "on" }
 	}, func(batch *pgx.Batch, fp []byte, ref string) {
 		batch.Queue(shapeInsertKeySQL, "billing", string(k), fp, ref)
 	})

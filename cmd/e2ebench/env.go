@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -179,7 +180,7 @@ func (e *env) runVariant(ctx context.Context, cfg config, name string, round int
 
 	runCtx, cancel := context.WithCancel(ctx)
 	errc := make(chan error, 1)
-	go func() { errc <- variants[name](runCtx, r) }()
+	go pprof.Do(runCtx, pprof.Labels("variant", name), func(ctx context.Context) { errc <- variants[name](ctx, r) })
 	select {
 	case <-r.progress.done:
 		cancel()
