@@ -32,9 +32,11 @@
 //     clean Apply (those Make makes excluded), then fault each in turn. An
 //     Apply that returned no error must already show its effect in the
 //     backend; one that returned ErrTransient must show none (its promise:
-//     nothing was applied). The faulted instance is then closed and the key
-//     retried on a new instance, a successor process that knows nothing the
-//     faulted one kept in memory.
+//     nothing was applied). Every round trip is faulted twice, on two keys:
+//     once the key is retried on the faulted instance itself (a process
+//     that survived and retries, as a consumer does), once the faulted
+//     instance is closed and the key retried on a new instance, a
+//     successor process that knows nothing the faulted one kept in memory.
 //   - key-reuse, concurrent-key-reuse: another payload under the same key.
 //   - invalid-keys: refused with ErrInvalidKey before any I/O.
 //   - distinct-keys: keys that differ only after a common prefix (up to
@@ -94,8 +96,10 @@
 // ([JournalScenarios]). The source suite checks that acked deliveries stay
 // acked after a graceful close, that unacked ones come back after a close
 // and after a crash, that acks out of order never skip one, that a
-// delivery never acked is never committed, and that a rebalance loses
-// nothing no Ack confirmed ([SourceScenarios]).
+// delivery never acked is never committed, that a rebalance loses
+// nothing no Ack confirmed, and, for an [effects.Releaser], that a
+// released delivery comes back and is never taken for acked
+// ([SourceScenarios]).
 //
 // # Proofs
 //

@@ -51,6 +51,7 @@ type memPart struct {
 	epoch   int
 	pos     int // next offset to hand out
 	pending []*memDelivery
+	retry   []*memDelivery // released, to hand out again before pos
 }
 
 type memDelivery struct {
@@ -141,12 +142,17 @@ func (m *memSource) Next(ctx context.Context) (effects.Delivery, error) {
 			p := m.rr % len(m.log.parts)
 			m.rr++
 			mp := m.assigned[p]
-			if mp == nil || mp.pos >= len(m.log.parts[p]) {
+			if mp == nil || (len(mp.retry) == 0 && mp.pos >= len(m.log.parts[p])) {
 				continue
 			}
-			d := &memDelivery{part: p, off: mp.pos, epoch: mp.epoch}
-			mp.pending = append(mp.pending, d)
-			mp.pos++
+			var d *memDelivery
+			if len(mp.retry) > 0 {
+				d, mp.retry = mp.retry[0], mp.retry[1:]
+			} else {
+				d = &memDelivery{part: p, off: mp.pos, epoch: mp.epoch}
+				mp.pending = append(mp.pending, d)
+				mp.pos++
+			}
 			id := m.log.parts[p][d.off]
 			m.log.mu.Unlock()
 			return effects.Delivery{ID: id, Ordering: fmt.Sprintf("p%d", p), Token: d}, nil
@@ -174,5 +180,22 @@ func (m *memSource) Ack(_ context.Context, d effects.Delivery) error {
 		return nil
 	}
 	m.log.commitLocked(md.part, mp)
+	return nil
+}
+
+// Release hands d out again (before anything new from its partition),
+// unacked.
+func (m *memSource) Release(_ context.Context, d effects.Delivery) error {
+	md := d.Token.(*memDelivery)
+	m.log.mu.Lock()
+	defer m.log.mu.Unlock()
+	mp := m.assigned[md.part]
+	switch {
+	case mp == nil || mp.epoch != md.epoch:
+		return errMemRevoked
+	case md.acked:
+		return errors.New("memlog: released after its ack")
+	}
+	mp.retry = append(mp.retry, md)
 	return nil
 }

@@ -218,8 +218,9 @@ func (s *scene[In]) concurrentRound(insts []*instance[In], key effects.Key) {
 }
 
 // sweep counts the round trips of a clean Apply (Make's own excluded),
-// then for each n injects kind at round trip n of a fresh instance, in a
-// subtest of its own; see faultAt.
+// then for each n injects kind at round trip n of a fresh instance, twice,
+// each in a subtest of its own: once retried on a new instance (trip-NN),
+// once on the faulted instance itself (trip-NN-same); see faultAt.
 func (s *scene[In]) sweep(kind FaultKind) {
 	inst := s.open(NewFaults())
 	clean := s.key(kind.slug(), "clean")
@@ -236,39 +237,51 @@ func (s *scene[In]) sweep(kind FaultKind) {
 		s.notef("a clean Apply takes %d round trips; swept the first %d", trips, s.cfg.maxSweep)
 		trips = s.cfg.maxSweep
 	}
-	s.notef("%s at each of the %d round trips of a clean Apply (Make's own excluded)", kind, trips)
+	s.notef("%s at each of the %d round trips of a clean Apply (Make's own excluded), retried on a new instance and on the faulted one", kind, trips)
 	notFired, left := 0, 0
 	for n := 1; n <= trips; n++ {
-		ran := s.sub(fmt.Sprintf("trip-%02d", n), func(c *checker) {
-			ts := &scene[In]{checker: c, h: s.h, contract: s.contract}
-			if !ts.faultAt(kind, n) {
-				notFired++
+		for _, same := range []bool{false, true} {
+			name := fmt.Sprintf("trip-%02d", n)
+			if same {
+				name += "-same"
 			}
-		})
-		if !ran {
-			left++
+			ran := s.sub(name, func(c *checker) {
+				ts := &scene[In]{checker: c, h: s.h, contract: s.contract}
+				if !ts.faultAt(kind, n, same) {
+					notFired++
+				}
+			})
+			if !ran {
+				left++
+			}
 		}
 	}
 	if notFired > 0 {
-		s.notef("%d of %d armed faults did not fire (the apply took fewer round trips)", notFired, trips)
+		s.notef("%d of %d armed faults did not fire (the apply took fewer round trips)", notFired, 2*trips)
 	}
 	if left > 0 {
-		s.skip("%d of %d round trips not selected (go test -run): the sweep is incomplete", left, trips)
+		s.skip("%d of %d faulted applies not selected (go test -run): the sweep is incomplete", left, 2*trips)
 	}
 }
 
 // faultAt injects kind at round trip n of one Apply of a new key on a new
 // instance, then holds the outcome to its promise: an Apply that returned
 // no error must already show its effect in the backend; one that returned
-// ErrTransient must show none once its instance is gone. Then it closes
-// the faulted instance and retries the key on a new one (a successor
-// process, which knows nothing the faulted one kept in memory), and
-// checks the backend against the contract. It reports whether the fault
-// fired.
-func (s *scene[In]) faultAt(kind FaultKind, n int) bool {
+// ErrTransient must show none (once its instance is gone, unless same).
+// Then it retries the key, and checks the backend against the contract:
+// if same, on the faulted instance (a process that survived the fault and
+// retries, as a consumer does: what it kept in memory, a vendor key made
+// per attempt, must not make the retry a second effect), then closes it;
+// else it closes the faulted instance first and retries on a new one (a
+// successor process, which knows nothing the faulted one kept in memory).
+// It reports whether the fault fired.
+func (s *scene[In]) faultAt(kind FaultKind, n int, same bool) bool {
 	f := NewFaults()
 	inst := s.open(f)
 	key := s.key(kind.slug(), fmt.Sprint(n))
+	if same {
+		key = s.key(kind.slug(), fmt.Sprint(n), "same")
+	}
 	in := s.h.Input(key, 0)
 	what := fmt.Sprintf("%s at round trip %d", kind, n)
 	actx, cancel := context.WithCancel(s.ctx)
@@ -285,15 +298,21 @@ func (s *scene[In]) faultAt(kind FaultKind, n int) bool {
 		s.failf("%s: Apply returned an error that Retryable rejects, so a consumer would give up on a key it may have applied: %v", what, err)
 		return fired
 	}
-	inst.Close() // the faulted process is gone
+	// retry is the instance the key is retried on: the faulted one, or a
+	// successor once the faulted one is gone.
+	retry, again := inst, what+", retried on the same instance"
+	if !same {
+		inst.Close() // the faulted process is gone
+	}
 	if errors.Is(err, effects.ErrTransient) {
 		got := s.peek(key, what+": after ErrTransient")
 		s.check(got == 0, "%s: Apply returned ErrTransient, which promises that nothing was applied, but the backend shows %d effects: %v", what, got, err)
 	}
-	succ := s.open(NewFaults())
-	defer succ.Close()
-	again := what + ", retried on a new instance"
-	res2, err2 := s.applyUntilDone(succ, key, in, again)
+	if !same {
+		retry, again = s.open(NewFaults()), what+", retried on a new instance"
+	}
+	res2, err2 := s.applyUntilDone(retry, key, in, again)
+	retry.Close()
 	if err2 != nil {
 		s.failf("%s: %v", again, err2)
 		return fired

@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -53,6 +54,7 @@ const (
 	SourceOutOfOrderAcks    = "out-of-order-acks"
 	SourceNeverAcked        = "never-acked"
 	SourceRevocation        = "revocation"
+	SourceReleased          = "released"
 )
 
 func sourceTable() []scenario[SourceHarness] {
@@ -64,6 +66,7 @@ func sourceTable() []scenario[SourceHarness] {
 		{SourceOutOfOrderAcks, nil, source((*s).outOfOrder)},
 		{SourceNeverAcked, nil, source((*s).neverAcked)},
 		{SourceRevocation, nil, source((*s).revocation)},
+		{SourceReleased, nil, source((*s).released)},
 	}
 }
 
@@ -77,7 +80,9 @@ var SourceScenarios = names(sourceTable())
 // a close and after a crash; acks out of order never skip a message; a
 // message never acked is never committed; and when a second instance
 // joins (a rebalance, a revocation), no message that was not acked is
-// lost. Each scenario is a subtest of t; every failed check fails t.
+// lost; and a source that hands deliveries back ([effects.Releaser])
+// redelivers what it released and never takes a release for an ack. Each
+// scenario is a subtest of t; every failed check fails t.
 func RunSource(t *testing.T, name string, mk SourceMaker, opts ...Option) Report {
 	t.Helper()
 	return runSuite(t, "conformance.RunSource", suiteSource, name, sourceTable(), mk, opts, true, nil)
@@ -477,4 +482,57 @@ func (s *sscene) revocation() {
 		}
 	}
 	s.collect(s.open("C"), want, 0, true, fmt.Sprintf("the %d deliveries no Ack confirmed, after the rebalance", len(want)))
+}
+
+// released: for a source that hands deliveries back ([effects.Releaser]),
+// instance A releases half of what it holds and acks the rest. Every
+// delivery it released must come back to it (it is the only member), and,
+// never acked, come back again to a new instance after A closes: a
+// Release is no ack. A release the source declines ([effects.ErrNotReleased])
+// is not checked.
+func (s *sscene) released() {
+	a, got := s.takeAll("A")
+	rel, ok := a.Source.(effects.Releaser)
+	if !ok {
+		s.skip("the source does not implement effects.Releaser")
+	}
+	var released []effects.Delivery
+	declined := 0
+	for j, d := range got {
+		if j%2 == 0 {
+			if err := s.ack(a, d); err != nil {
+				s.failf("Ack(%q): %v", d.ID, err)
+			}
+			continue
+		}
+		_, err := timed(s.checker, a.f, 0, fmt.Sprintf("Release(%q) on instance A", d.ID), func(ctx context.Context) (struct{}, error) {
+			return struct{}{}, rel.Release(ctx, d)
+		})
+		switch {
+		case errors.Is(err, effects.ErrNotReleased):
+			declined++
+		case err != nil:
+			s.failf("Release(%q): %v", d.ID, err)
+		default:
+			released = append(released, d)
+		}
+	}
+	s.notef("%d deliveries released, %d acked, %d releases declined", len(released), len(got)-len(got)/2, declined)
+	if len(released) == 0 {
+		s.skip("the source declined every Release")
+	}
+	ids := idsOf(released)
+	back := s.collect(a, ids, 0, false, fmt.Sprintf("the %d released deliveries, on the instance that released them", len(ids)))
+	first := map[string]int{}
+	for _, d := range released {
+		first[d.ID] = d.Attempt
+	}
+	for _, d := range back {
+		if n, ok := first[d.ID]; ok && n > 0 && !s.check(d.Attempt > n,
+			"%q came back after its Release with Attempt %d after Attempt %d, want more (a source that counts attempts counts a release)", d.ID, d.Attempt, n) {
+			break
+		}
+	}
+	s.stop(a, false)
+	s.collect(s.open("B"), ids, 0, true, fmt.Sprintf("the %d released deliveries, never acked, after a graceful close", len(ids)))
 }

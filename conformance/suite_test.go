@@ -256,6 +256,8 @@ func TestRunSourceCatchesCounterexamples(t *testing.T) {
 		{"every delivery attempt 1", memSourceMaker(nil, func(s effects.Source) effects.Source { return counterexamples.AttemptAlwaysOne{Source: s} }),
 			[]string{conformance.SourceUnackedAfterClose, conformance.SourceUnackedAfterCrash}},
 		{"commit everything delivered on revoke", memSourceMaker(func(l *memLog) { l.revokeCommitsAll = true }, nil), []string{conformance.SourceRevocation}},
+		{"release acks", memSourceMaker(nil, func(s effects.Source) effects.Source { return counterexamples.ReleaseAcks{Source: s} }),
+			[]string{conformance.SourceReleased}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -68,13 +68,19 @@ func (h *sourceHarness) Open(_ context.Context, f *conformance.Faults) (conforma
 }
 
 // TestSourceConformance holds kafka.Source to the effects.Source contract.
+// It hands nothing back (no effects.Releaser: a partition's order is kept
+// by retrying in place), so the released scenario does not run.
 func TestSourceConformance(t *testing.T) {
 	rep := conformance.RunSource(t, "kafka.Source", func(t testing.TB) conformance.SourceHarness {
 		return newSourceHarness(t, nil)
 	}, conformance.WithRedeliveryWait(30*time.Second))
 	for _, row := range rep.Rows {
-		if row.Verdict != conformance.Pass {
-			t.Errorf("%s: %s %s", row.Scenario, row.Verdict, row.Skipped)
+		want := conformance.Pass
+		if row.Scenario == conformance.SourceReleased {
+			want = conformance.NotRun
+		}
+		if row.Verdict != want {
+			t.Errorf("%s: %s %s, want %s", row.Scenario, row.Verdict, row.Skipped, want)
 		}
 	}
 }

@@ -50,13 +50,17 @@
 //     Caught by invalid-keys.
 //   - [MemoryReuseCheck]: compares payloads in process memory. Caught by
 //     key-reuse, which reuses the key on a new instance too.
+//   - [FreshKeyOnRetry]: applies a call that follows a failed one under a
+//     new key, counting failures in process memory (a vendor key per
+//     attempt). Caught by lost-reply, which retries on the faulted
+//     instance as well as on a new one.
 //
 // Journals (conformance.RunJournal), in journals.go: [TwoLeases],
 // [UnfencedRelease], [NoExpiry], [LastRefWins], [LookupIgnoresFingerprint],
 // [MarkDoneNeedsBegin], [CompleteAllIgnoresFingerprint],
 // [CompleteAllReportsSuccess], [CompleteCreates], [FingerprintOnTakeover],
 // [ShortLease]. Sources (conformance.RunSource), in sources.go:
-// [AckOnNext], [AttemptAlwaysOne].
+// [AckOnNext], [AttemptAlwaysOne], [ReleaseAcks].
 package counterexamples
 
 import (

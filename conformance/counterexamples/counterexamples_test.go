@@ -121,6 +121,14 @@ func TestSuiteCatchesCounterexamples(t *testing.T) {
 			only:   true,
 		},
 		{
+			name: "fresh-key-on-retry (a vendor key per attempt, counted in process memory)",
+			build: simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
+				return counterexamples.NewFreshKeyOnRetry(p)
+			}),
+			caught: []string{conformance.ScenarioLostReply},
+			only:   true,
+		},
+		{
 			name: "blind-write",
 			build: simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
 				return counterexamples.BlindWrite{DB: p}

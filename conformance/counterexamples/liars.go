@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -382,4 +383,47 @@ func NewLockedCheckThenWrite(db *pgxpool.Pool) LockedCheckThenWrite {
 func (e LockedCheckThenWrite) Apply(ctx context.Context, key effects.Key, in Payment) (effects.Result, error) {
 	defer e.locks.lock(key)()
 	return e.TwoTransactions.Apply(ctx, key, in)
+}
+
+// FreshKeyOnRetry dedups correctly within one call, but counts in process
+// memory the calls for a key that failed and applies a later call under a
+// new key ("key#2", "key#3"): an application that makes an
+// Idempotency-Key per attempt and keeps the count per process. A
+// successor process starts the count again and replays. Create it with
+// [NewFreshKeyOnRetry], one per process.
+type FreshKeyOnRetry struct {
+	DB *pgxpool.Pool
+
+	mu     sync.Mutex
+	failed map[effects.Key]int
+}
+
+// NewFreshKeyOnRetry returns a FreshKeyOnRetry with empty memory.
+func NewFreshKeyOnRetry(db *pgxpool.Pool) *FreshKeyOnRetry {
+	return &FreshKeyOnRetry{DB: db, failed: map[effects.Key]int{}}
+}
+
+// Contract claims EffectivelyOnce. It holds only for a successor process.
+func (e *FreshKeyOnRetry) Contract() effects.Contract {
+	return claim("counterexample: a new key for a call that follows a failed one, in the same process")
+}
+
+// Apply dedups under the key, or under key#n after n-1 failed calls.
+func (e *FreshKeyOnRetry) Apply(ctx context.Context, key effects.Key, in Payment) (effects.Result, error) {
+	if err := key.Validate(); err != nil {
+		return effects.Result{}, err
+	}
+	e.mu.Lock()
+	k := key
+	if n := e.failed[key]; n > 0 {
+		k = effects.Key(string(key) + "#" + strconv.Itoa(n+1))
+	}
+	e.mu.Unlock()
+	res, err := dedupInsert(ctx, e.DB, k, in, true)
+	if err != nil {
+		e.mu.Lock()
+		e.failed[key]++
+		e.mu.Unlock()
+	}
+	return res, err
 }

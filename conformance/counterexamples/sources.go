@@ -41,3 +41,13 @@ func (s AttemptAlwaysOne) Next(ctx context.Context) (effects.Delivery, error) {
 	d.Attempt = 1
 	return d, err
 }
+
+// ReleaseAcks wraps any [effects.Source] with a Release that acks the
+// delivery instead of handing it back: every retry a Consumer hands to
+// the broker is lost. Caught by released.
+type ReleaseAcks struct{ effects.Source }
+
+// Release acks d.
+func (s ReleaseAcks) Release(ctx context.Context, d effects.Delivery) error {
+	return s.Source.Ack(ctx, d)
+}
