@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"crypto/rand"
 	"testing"
 	"time"
 
@@ -26,6 +27,31 @@ func TestConformance(t *testing.T) {
 	}
 }
 
+// TestConformancePipelined does the same for an Effect made by
+// NewPipelined, whose write travels with the key's row and COMMIT.
+func TestConformancePipelined(t *testing.T) {
+	rep := conformance.Run(t, "postgres.NewPipelined", func(t testing.TB) conformance.Harness[confCharge] {
+		h := newConfHarness(t)
+		switch h := h.(type) {
+		case *confHarness:
+			h.pipelined = true
+		case struct {
+			*confHarness
+			pgtest.RestartFunc
+		}:
+			h.pipelined = true
+		default:
+			t.Fatalf("harness %T", h)
+		}
+		return h
+	})
+	for _, f := range rep.Fields {
+		if f.Status != conformance.Verified {
+			t.Errorf("contract field %s", f)
+		}
+	}
+}
+
 // confCharge is the suite's input: one ledger row per key.
 type confCharge struct {
 	EventID string
@@ -34,8 +60,9 @@ type confCharge struct {
 
 // confHarness keeps its own pool (db) to count effects in the backend.
 type confHarness struct {
-	url string
-	db  *pgxpool.Pool
+	url       string
+	db        *pgxpool.Pool
+	pipelined bool // Make uses NewPipelined
 }
 
 func newConfHarness(t testing.TB) conformance.Harness[confCharge] {
@@ -49,7 +76,7 @@ func newConfHarness(t testing.TB) conformance.Harness[confCharge] {
 		t.Fatal(err)
 	}
 	// No unique index on event_id: only the adapter can keep duplicates out.
-	if _, err := db.Exec(context.Background(), `CREATE TABLE conf_ledger (id bigserial PRIMARY KEY, event_id text NOT NULL, cents bigint NOT NULL)`); err != nil {
+	if _, err := db.Exec(context.Background(), `CREATE TABLE conf_ledger (id bigserial PRIMARY KEY, event_id text NOT NULL, cents bigint NOT NULL, entry text)`); err != nil {
 		t.Fatal(err)
 	}
 	h := &confHarness{url: url, db: db}
@@ -74,6 +101,13 @@ func (h *confHarness) Make(ctx context.Context, f *conformance.Faults) (effects.
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, nil, err
+	}
+	if h.pipelined {
+		eff, err := postgres.NewPipelined(pool, "conformance", func(_ effects.Key, in confCharge) (string, []postgres.Statement, error) {
+			entry := rand.Text() // the ref, made before the write runs
+			return entry, []postgres.Statement{{SQL: `INSERT INTO conf_ledger (event_id, cents, entry) VALUES ($1, $2, $3)`, Args: []any{in.EventID, in.Cents, entry}}}, nil
+		})
+		return eff, pool.Close, err
 	}
 	eff, err := postgres.New(pool, "conformance", func(ctx context.Context, tx pgx.Tx, in confCharge) (id string, err error) {
 		err = tx.QueryRow(ctx, `INSERT INTO conf_ledger (event_id, cents) VALUES ($1, $2) RETURNING id::text`, in.EventID, in.Cents).Scan(&id)

@@ -25,11 +25,13 @@ type WriteFunc[In any] func(ctx context.Context, tx pgx.Tx, in In) (ref string, 
 // same PostgreSQL database that holds its keys. Apply runs them in one
 // transaction with a row in effectively_keys, so the writes and the record
 // that they happened commit together or not at all: effectively once, with
-// no window. Create it with [New]; it is safe for concurrent use.
+// no window. Create it with [New] or [NewPipelined]; it is safe for
+// concurrent use.
 type Effect[In any] struct {
 	pool        *pgxpool.Pool
 	scope       string
-	write       WriteFunc[In]
+	write       WriteFunc[In]      // set by New
+	statements  StatementsFunc[In] // set by NewPipelined
 	fingerprint func(In) ([]byte, error)
 	txOptions   pgx.TxOptions
 	cfg         config
@@ -46,11 +48,22 @@ var _ effects.Effect[struct{}] = (*Effect[struct{}])(nil)
 // unknown [WithIsolation] level, or an option New does not heed.
 func New[In any](pool *pgxpool.Pool, scope string, write WriteFunc[In], opts ...Option) (*Effect[In], error) {
 	const op = "postgres.New"
-	if pool == nil {
-		return nil, &effects.ConfigError{Op: op, Option: "pool", Reason: "nil"}
-	}
 	if write == nil {
 		return nil, &effects.ConfigError{Op: op, Option: "write", Reason: "nil write function"}
+	}
+	e, err := newEffect[In](op, pool, scope, opts)
+	if err != nil {
+		return nil, err
+	}
+	e.write = write
+	return e, nil
+}
+
+// newEffect validates what [New] and [NewPipelined] share and returns an
+// Effect without its writes.
+func newEffect[In any](op string, pool *pgxpool.Pool, scope string, opts []Option) (*Effect[In], error) {
+	if pool == nil {
+		return nil, &effects.ConfigError{Op: op, Option: "pool", Reason: "nil"}
 	}
 	if err := validateScope(op, scope); err != nil {
 		return nil, err
@@ -62,7 +75,6 @@ func New[In any](pool *pgxpool.Pool, scope string, write WriteFunc[In], opts ...
 	e := &Effect[In]{
 		pool:        pool,
 		scope:       scope,
-		write:       write,
 		fingerprint: func(in In) ([]byte, error) { return effects.FingerprintJSON(in) },
 		txOptions:   pgx.TxOptions{IsoLevel: cfg.isolation},
 		cfg:         cfg,
@@ -146,9 +158,15 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (effects
 		return effects.Result{}, fmt.Errorf("%s key %q: fingerprint: %w", opApply, key, err)
 	}
 	fp = nonNil(fp)
+	var queued *queuedWrites
+	if e.statements != nil {
+		if queued, err = e.queue(key, in); err != nil {
+			return effects.Result{}, err
+		}
+	}
 	lookup := e.cfg.lookupFirst || e.duplicates.frequent()
 	for attempt := 1; ; {
-		res, c := e.attempt(ctx, key, fp, in, lookup)
+		res, c := e.attemptOnce(ctx, key, fp, in, queued, lookup)
 		if c.err == nil {
 			e.duplicates.observe(res.Status == effects.Replayed)
 		}
@@ -169,6 +187,16 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (effects
 }
 
 const opApply = "postgres.Apply"
+
+// attemptOnce runs one attempt in the shape the Effect and lookup call for:
+// a pipelined Effect's attempt that does not look its key up is one round
+// trip (attemptPipelined); any other is attempt's.
+func (e *Effect[In]) attemptOnce(ctx context.Context, key effects.Key, fp []byte, in In, queued *queuedWrites, lookup bool) (effects.Result, classified) {
+	if queued != nil && !lookup {
+		return e.attemptPipelined(ctx, key, fp, queued)
+	}
+	return e.attempt(ctx, key, fp, in, queued, lookup)
+}
 
 // applyLookupSQL reads the key, if it was committed, with the settings that
 // decide whether the commit may be acknowledged (see ErrAsyncCommit), in
@@ -196,7 +224,7 @@ const insertKeySQL = `INSERT INTO effectively_keys (scope, key, fingerprint, ref
 // one round trip; the pgx.Tx that BEGIN's batch gave the write is then
 // abandoned, and Release checks that the connection is idle before pooling
 // it again.
-func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in In, lookup bool) (effects.Result, classified) {
+func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in In, queued *queuedWrites, lookup bool) (effects.Result, classified) {
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
 		return effects.Result{}, classify(ctx, opApply, key, err, false, false)
@@ -263,9 +291,10 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 		return effects.Result{Status: effects.Replayed, Ref: ref}, classified{}
 	}
 
-	ref, err = e.write(ctx, tx, in)
-	if err != nil {
-		if committedMeanwhile(ctx, conn.Conn(), tx, e.scope, key) {
+	// writeFailed handles a write that failed before COMMIT: nothing was
+	// committed.
+	writeFailed := func(err error) (effects.Result, classified) {
+		if committedMeanwhile(ctx, conn.Conn(), func() { rollback(ctx, tx) }, e.scope, key) {
 			// The key was committed, before this attempt (which did not
 			// look) or by a concurrent Apply while this write ran (the
 			// write may have failed on what that one wrote or locked):
@@ -274,8 +303,16 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 		}
 		return fail(err)
 	}
-	ending = true // from here on, never roll back blindly: the COMMIT may have happened
 	var end pgx.Batch
+	if queued != nil {
+		ref = queued.ref
+		for _, st := range queued.writes {
+			end.Queue(st.SQL, st.Args...)
+		}
+	} else if ref, err = e.write(ctx, tx, in); err != nil {
+		return writeFailed(err)
+	}
+	ending = true // from here on, never roll back blindly: the COMMIT may have happened
 	end.Queue(insertKeySQL, e.scope, string(key), fp, ref)
 	end.Queue("COMMIT").Exec(commitTag)
 	if err := conn.SendBatch(ctx, &end).Close(); err != nil {
@@ -290,6 +327,11 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 			// look) or by a concurrent transaction: the retry replays it.
 			return effects.Result{}, classified{err: effects.Transient(opApply, key, err), retry: true, lookUp: !lookup}
 		}
+		if queued != nil && serverError(err) {
+			// A queued write (or COMMIT) failed on the server, which then
+			// skipped the rest: nothing was committed.
+			return writeFailed(err)
+		}
 		return effects.Result{}, classify(ctx, opApply, key, err, true, false)
 	}
 	return effects.Result{Status: effects.Applied, Ref: ref}, classified{}
@@ -302,16 +344,15 @@ const commitSettingsSQL = `SELECT current_setting('synchronous_commit'), current
 
 const keyExistsSQL = `SELECT EXISTS (SELECT 1 FROM effectively_keys WHERE scope = $1 AND key = $2)`
 
-// committedMeanwhile rolls tx back after its write failed and reports
-// whether key has been committed since the attempt looked it up, by a
-// concurrent Apply that the lookup could not see: one more round trip, on
-// the failure path only. It reports false when it cannot tell (ctx ended,
-// connection lost).
-func committedMeanwhile(ctx context.Context, conn *pgx.Conn, tx pgx.Tx, scope string, key effects.Key) bool {
+// committedMeanwhile ends the transaction (with end) after its write
+// failed and reports whether key has been committed, before the attempt or
+// since it looked the key up: one more round trip, on the failure path
+// only. It reports false when it cannot tell (ctx ended, connection lost).
+func committedMeanwhile(ctx context.Context, conn *pgx.Conn, end func(), scope string, key effects.Key) bool {
 	if ctx.Err() != nil || conn.IsClosed() {
 		return false
 	}
-	rollback(ctx, tx)
+	end()
 	var exists bool
 	return conn.QueryRow(ctx, keyExistsSQL, scope, string(key)).Scan(&exists) == nil && exists
 }
@@ -329,6 +370,14 @@ func commitTag(tag pgconn.CommandTag) error {
 // marked failed: an ERROR was raised, and nothing of it can commit.
 func failedTx(conn *pgx.Conn) bool {
 	return !conn.IsClosed() && conn.PgConn().TxStatus() == 'E'
+}
+
+// rollbackConn ends the transaction open on conn, if any, even when ctx is
+// done (see rollback).
+func rollbackConn(ctx context.Context, conn *pgx.Conn) {
+	rctx, cancel := effects.Detached(ctx, rollbackTimeout)
+	defer cancel()
+	_, _ = conn.Exec(rctx, "ROLLBACK")
 }
 
 // rollback ends tx, even when ctx is done, so that a healthy connection

@@ -52,6 +52,13 @@ func keyTaken(err error) bool {
 		pgErr.Code == sqlstateUniqueViolation && pgErr.TableName == "effectively_keys"
 }
 
+// serverError reports whether err is an ERROR the server answered with:
+// the statement failed, and the connection is still usable.
+func serverError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && isError(pgErr)
+}
+
 // classified is the verdict on an error from one transaction attempt.
 type classified struct {
 	err    error // what to return

@@ -69,6 +69,41 @@ func ExampleNew() {
 	// ledger rows: 1
 }
 
+// Writes known before they run go as statements, with the key's row and
+// COMMIT in one round trip: the ref is made first (here from the event).
+func ExampleNewPipelined() {
+	ctx := context.Background()
+	pool := exampleDB() // your *pgxpool.Pool
+	defer pool.Close()
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE ledger (id text PRIMARY KEY, event_id text, amount bigint)`); err != nil {
+		log.Fatal(err)
+	}
+
+	record, err := postgres.NewPipelined(pool, "billing", func(key effects.Key, p Payment) (string, []postgres.Statement, error) {
+		id := "ledger/" + p.EventID
+		return id, []postgres.Statement{
+			{SQL: `INSERT INTO ledger (id, event_id, amount) VALUES ($1, $2, $3)`, Args: []any{id, p.EventID, p.Amount}},
+		}, nil
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	p := Payment{EventID: "evt_1", Amount: 4200}
+	for range 2 {
+		res, err := record.Apply(ctx, effects.MustKey(p.EventID, "ledger"), p)
+		if err != nil {
+			log.Fatal(err) // do not ack
+		}
+		fmt.Println(res.Status, res.Ref) // ack the message here
+	}
+	// Output:
+	// applied ledger/evt_1
+	// replayed ledger/evt_1
+}
+
 // Claim inside a transaction you own: claim, write, set the ref, commit, and
 // only then ack.
 func ExampleClaim() {

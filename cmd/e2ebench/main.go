@@ -12,6 +12,9 @@
 //   - defaults: kafka.NewSource → effects.NewConsumer(src, handler) with no
 //     options → postgres.New(pool, scope, write).Apply, the write being the
 //     README's ledger INSERT … RETURNING id (the id is the Result's ref).
+//   - pipelined: defaults with postgres.NewPipelined instead of New: the
+//     ledger INSERT as a statement, sent with the key's row and COMMIT (the
+//     event's id is the ref), one round trip per event.
 //   - batch: the same Source (ordered by partition) and
 //     effects.WithBatch(size, linger, h), h calling postgres.ApplyBatch and
 //     postgres.BatchErrors.
@@ -42,7 +45,7 @@
 // Usage:
 //
 //	go run ./cmd/e2ebench [-events 20000] [-partitions 8] [-rounds 3]
-//	    [-variants defaults,batch,consumer-sql,hand-written,floor] [-batch 100] [-linger 5ms]
+//	    [-variants defaults,pipelined,batch,consumer-sql,hand-written,floor] [-batch 100] [-linger 5ms]
 //
 // The table goes to stdout; progress to stderr. Exit status 1 when a run
 // failed or lost or duplicated an event, 2 for bad usage.

@@ -20,6 +20,7 @@ import (
 // Variant names.
 const (
 	libDefaults = "defaults"
+	pipelined   = "pipelined"
 	libBatch    = "batch"
 	consumerSQL = "consumer-sql"
 	handWritten = "hand-written"
@@ -35,6 +36,7 @@ const (
 // fails.
 var variants = map[string]func(ctx context.Context, r *runEnv) error{
 	libDefaults: runDefaults,
+	pipelined:   runPipelined,
 	libBatch:    runBatch,
 	consumerSQL: runConsumerSQL,
 	fetchWait100: func(ctx context.Context, r *runEnv) error {
@@ -48,6 +50,7 @@ var variants = map[string]func(ctx context.Context, r *runEnv) error{
 
 var describe = map[string]string{
 	libDefaults:  "kafka.NewSource → effects.NewConsumer (no options) → postgres.New(...).Apply, ledger INSERT … RETURNING id as the ref",
+	pipelined:    "defaults with postgres.NewPipelined: the ledger INSERT as a statement, sent with the key's row and COMMIT (the event's id as the ref)",
 	libBatch:     "kafka.NewSource → effects.NewConsumer(WithBatch) → postgres.ApplyBatch + BatchErrors",
 	consumerSQL:  "kafka.NewSource → effects.NewConsumer (no options) → the hand-written handler's transaction: the library's consumer alone",
 	fetchWait100: "consumer-sql with kgo.FetchMaxWait(100ms) instead of the Source's default 500 ms",
@@ -55,7 +58,9 @@ var describe = map[string]string{
 	floor:        "the same loop with one autocommitted ledger INSERT and no dedup",
 }
 
-func variantNames() []string { return []string{libDefaults, libBatch, consumerSQL, handWritten, floor} }
+func variantNames() []string {
+	return []string{libDefaults, pipelined, libBatch, consumerSQL, handWritten, floor}
+}
 
 // allVariantNames adds the variants that run only when named.
 func allVariantNames() []string { return append(variantNames(), fetchWait100) }
@@ -75,6 +80,26 @@ func runDefaults(ctx context.Context, r *runEnv) error {
 	if err != nil {
 		return err
 	}
+	return runEffect(ctx, r, ledger)
+}
+
+// runPipelined is runDefaults with postgres.NewPipelined: the ledger
+// INSERT goes as a statement with the key's row and COMMIT, and the
+// event's id is the ref.
+func runPipelined(ctx context.Context, r *runEnv) error {
+	write := fmt.Sprintf(insertLedger, r.ledger)
+	ledger, err := postgres.NewPipelined(r.pool, r.scope, func(_ effects.Key, ev event) (string, []postgres.Statement, error) {
+		return ev.ID, []postgres.Statement{{SQL: write, Args: []any{ev.ID, ev.Account, ev.Cents}}}, nil
+	})
+	if err != nil {
+		return err
+	}
+	return runEffect(ctx, r, ledger)
+}
+
+// runEffect applies ledger to every event, behind the default Source and
+// Consumer.
+func runEffect(ctx context.Context, r *runEnv, ledger effects.Effect[event]) error {
 	return runDefaultConsumer(ctx, r, func(ctx context.Context, d effects.Delivery) error {
 		var ev event
 		if err := json.Unmarshal(d.Body, &ev); err != nil {

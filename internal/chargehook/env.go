@@ -28,7 +28,7 @@ CREATE TABLE IF NOT EXISTS chargehook_naive_ledger (
 CREATE TABLE IF NOT EXISTS chargehook_naive_seen (
 	event_id text PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now());
 CREATE TABLE IF NOT EXISTS chargehook_ledger (
-	id bigserial PRIMARY KEY, event_id text NOT NULL, account text NOT NULL,
+	id bigint PRIMARY KEY, event_id text NOT NULL, account text NOT NULL,
 	cents bigint NOT NULL, payment_intent text NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
 TRUNCATE chargehook_naive_ledger, chargehook_naive_seen, chargehook_ledger;
 `

@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	mathrand "math/rand/v2"
 	"net"
 	"strconv"
 	"time"
@@ -213,19 +215,24 @@ func newEffectivelyOnce(d deps, mailLog *slog.Logger) (*effectivelyOnce, error) 
 	if h.charge, err = stripe.NewPaymentIntents(d.stripe, stripe.WithJournal(journal)); err != nil {
 		return nil, err
 	}
-	h.ledger, err = postgres.New(d.pool, d.scope, func(ctx context.Context, tx pgx.Tx, in ledgerRow) (id string, err error) {
-		err = tx.QueryRow(ctx, `INSERT INTO `+d.ledger+` (event_id, account, cents, payment_intent) VALUES ($1, $2, $3, $4) RETURNING id::text`,
-			in.EventID, in.Account, in.Cents, in.PaymentIntent).Scan(&id)
-		if err != nil {
-			return "", err
-		}
+	// The ledger row and the charged event's outbox row are statements
+	// known before they run (the row's id is made here, at random, and is
+	// the ref; the ledger has no other unique index, so that a second row
+	// for an event would show):
+	// postgres.NewPipelined sends them with the key's row and COMMIT in one
+	// round trip.
+	h.ledger, err = postgres.NewPipelined(d.pool, d.scope, func(_ effects.Key, in ledgerRow) (string, []postgres.Statement, error) {
+		id := strconv.FormatInt(mathrand.Int64N(math.MaxInt64), 10)
 		msgID, err := effects.NewKey(d.scope, in.EventID, stepEvent)
 		if err != nil {
-			return "", err
+			return "", nil, err
 		}
-		_, err = outbox.Enqueue(ctx, tx, outbox.Message{ID: msgID, Topic: d.topic, Key: []byte(in.EventID),
+		event, err := outbox.EnqueueStatement(outbox.Message{ID: msgID, Topic: d.topic, Key: []byte(in.EventID),
 			Value: chargedEvent(in.EventID, in.PaymentIntent, id), Headers: []kgo.RecordHeader{{Key: recEvent, Value: []byte(in.EventID)}}})
-		return id, err
+		return id, []postgres.Statement{{
+			SQL:  `INSERT INTO ` + d.ledger + ` (id, event_id, account, cents, payment_intent) VALUES ($1, $2, $3, $4, $5)`,
+			Args: []any{id, in.EventID, in.Account, in.Cents, in.PaymentIntent},
+		}, event}, err
 	})
 	if err != nil {
 		return nil, err

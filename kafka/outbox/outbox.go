@@ -30,6 +30,7 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/kafka/internal/produce"
+	"effectively.dev/postgres"
 )
 
 // Schema is the SQL that [Migrate] runs: the effectively_outbox table, a
@@ -115,21 +116,12 @@ type Message struct {
 // at least once.
 func Enqueue(ctx context.Context, tx pgx.Tx, m Message) (bool, error) {
 	const op = "outbox.Enqueue"
-	if err := m.ID.Validate(); err != nil {
+	st, fp, err := insert(op, m, " ON CONFLICT (message_id) DO NOTHING RETURNING id")
+	if err != nil {
 		return false, err
 	}
-	if m.Topic == "" {
-		return false, fmt.Errorf("%s key %q: empty topic", op, string(m.ID))
-	}
-	rec := produce.Record(m.ID, m.Topic, m.Key, m.Value, m.Headers)
-	fp := produce.Fingerprint(rec)
-	hk, hv := splitHeaders(m.Headers)
 	var id int64
-	err := tx.QueryRow(ctx, `INSERT INTO effectively_outbox
-	(message_id, fingerprint, topic, key, value, header_keys, header_values)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
-ON CONFLICT (message_id) DO NOTHING
-RETURNING id`, string(m.ID), fp, m.Topic, rec.Key, m.Value, hk, hv).Scan(&id)
+	err = tx.QueryRow(ctx, st.SQL, st.Args...).Scan(&id)
 	if err == nil {
 		return true, nil
 	}
@@ -145,6 +137,36 @@ RETURNING id`, string(m.ID), fp, m.Topic, rec.Key, m.Value, hk, hv).Scan(&id)
 			Err: errors.New("the outbox holds this message id with another payload")}
 	}
 	return false, nil
+}
+
+// EnqueueStatement returns the INSERT that writes m into the outbox, for a
+// write that runs as statements: [postgres.NewPipelined] sends it with the
+// business rows, the key's row and COMMIT in one round trip. Unlike
+// [Enqueue] it reads nothing back, so an ID already in the outbox fails the
+// whole transaction (a unique violation on effectively_outbox_message_id)
+// whatever its payload: use it where the enclosing effect runs once per
+// key, and derive m.ID from that key. It returns an error, before any I/O,
+// for an invalid ID or an empty topic.
+func EnqueueStatement(m Message) (postgres.Statement, error) {
+	st, _, err := insert("outbox.EnqueueStatement", m, "")
+	return st, err
+}
+
+// insert validates m and returns the INSERT of its row (followed by
+// suffix) and its fingerprint.
+func insert(op string, m Message, suffix string) (postgres.Statement, []byte, error) {
+	if err := m.ID.Validate(); err != nil {
+		return postgres.Statement{}, nil, err
+	}
+	if m.Topic == "" {
+		return postgres.Statement{}, nil, fmt.Errorf("%s key %q: empty topic", op, string(m.ID))
+	}
+	rec := produce.Record(m.ID, m.Topic, m.Key, m.Value, m.Headers)
+	fp := produce.Fingerprint(rec)
+	hk, hv := splitHeaders(m.Headers)
+	return postgres.Statement{SQL: `INSERT INTO effectively_outbox
+	(message_id, fingerprint, topic, key, value, header_keys, header_values)
+VALUES ($1, $2, $3, $4, $5, $6, $7)` + suffix, Args: []any{string(m.ID), fp, m.Topic, rec.Key, m.Value, hk, hv}}, fp, nil
 }
 
 func splitHeaders(hs []kgo.RecordHeader) ([]string, [][]byte) {

@@ -16,6 +16,7 @@ import (
 	"effectively.dev/kafka"
 	"effectively.dev/kafka/kafkatest"
 	"effectively.dev/kafka/outbox"
+	"effectively.dev/postgres"
 	"effectively.dev/postgres/pgtest"
 )
 
@@ -312,3 +313,60 @@ func TestRelayAndPruneRefuseBadConfiguration(t *testing.T) {
 }
 
 func second[T any](_ T, err error) error { return err }
+
+// TestEnqueueStatementInAPipelinedEffect: the outbox row travels with the
+// business row, the key's row and COMMIT (postgres.NewPipelined); it
+// commits once per key, a redelivery replays without a second row, and a
+// message id already in the outbox fails the whole transaction.
+func TestEnqueueStatementInAPipelinedEffect(t *testing.T) {
+	pool := outboxPool(t)
+	ctx := context.Background()
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY, cents bigint NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	type order struct {
+		ID    string
+		Cents int64
+	}
+	fx, err := postgres.NewPipelined(pool, "shop", func(key effects.Key, o order) (string, []postgres.Statement, error) {
+		ev, err := outbox.EnqueueStatement(outbox.Message{ID: effects.MustKey("shop", o.ID, "created"), Topic: "orders", Value: []byte(o.ID)})
+		return o.ID, []postgres.Statement{{SQL: `INSERT INTO orders (id, cents) VALUES ($1, $2)`, Args: []any{o.ID, o.Cents}}, ev}, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := effects.MustKey("shop", "o-1", "order")
+	for i, want := range []effects.Status{effects.Applied, effects.Replayed, effects.Replayed} {
+		res, err := fx.Apply(ctx, key, order{ID: "o-1", Cents: 5})
+		if err != nil || res.Status != want || res.Ref != "o-1" {
+			t.Fatalf("Apply %d = %+v, %v; want %v with ref o-1", i+1, res, err, want)
+		}
+	}
+	count := func(sql string, args ...any) int {
+		var n int
+		if err := pool.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n, m := count(`SELECT count(*) FROM orders`), count(`SELECT count(*) FROM effectively_outbox WHERE message_id = $1`, string(effects.MustKey("shop", "o-1", "created"))); n != 1 || m != 1 {
+		t.Fatalf("%d orders, %d outbox rows; want 1, 1", n, m)
+	}
+	// Another key enqueueing the same message id: the transaction fails,
+	// its order row with it.
+	if _, err := fx.Apply(ctx, effects.MustKey("shop", "o-1-again", "order"), order{ID: "o-1", Cents: 5}); err == nil {
+		t.Fatal("a message id already in the outbox: no error")
+	}
+	if n := count(`SELECT count(*) FROM effectively_keys WHERE key = $1`, string(effects.MustKey("shop", "o-1-again", "order"))); n != 0 {
+		t.Fatalf("%d key rows after the failed transaction, want 0", n)
+	}
+	if _, err := outbox.EnqueueStatement(outbox.Message{ID: "bad\x00key", Topic: "orders"}); !errors.Is(err, effects.ErrInvalidKey) {
+		t.Fatalf("invalid id: %v, want ErrInvalidKey", err)
+	}
+	if _, err := outbox.EnqueueStatement(outbox.Message{ID: "ok"}); err == nil {
+		t.Fatal("empty topic: no error")
+	}
+}
