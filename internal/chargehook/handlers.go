@@ -237,7 +237,9 @@ func newEffectivelyOnce(d deps, mailLog *slog.Logger) (*effectivelyOnce, error) 
 	if err != nil {
 		return nil, err
 	}
-	if h.relay, err = outbox.NewRelay(d.pool, d.kafka); err != nil {
+	// The ledger step enqueues each charged event once (its key dedups),
+	// so the relay need not keep published rows: it deletes them.
+	if h.relay, err = outbox.NewRelay(d.pool, d.kafka, outbox.WithDeleteSent()); err != nil {
 		return nil, err
 	}
 	if h.receipt, err = s3.New(d.s3, d.bucket, s3.WithPrefix("receipts/")); err != nil {

@@ -194,7 +194,8 @@ func nonNilBytes(b []byte) []byte {
 // Each batch is one database transaction: select up to the batch size of
 // unsent rows in id order with FOR UPDATE SKIP LOCKED, produce them with
 // the idempotent producer, and mark the acked ones sent (sent_at, and ref
-// = "partition/offset") before committing. Relays running at once take
+// = "partition/offset"; or delete them, [WithDeleteSent]) before
+// committing. Relays running at once take
 // disjoint batches, so they neither lose nor duplicate rows; rows whose
 // produce failed stay unsent (attempts and last_error say why) and are
 // retried by the next batch. A batch waits for its records only, never for
@@ -218,6 +219,8 @@ type Relay struct {
 	interval time.Duration
 	onErr    func(error)
 
+	deleteSent bool // WithDeleteSent
+
 	// afterProduce, if set, runs after the produce and before the rows
 	// are marked sent; tests use it to crash in the duplicate window.
 	afterProduce func(ctx context.Context) error
@@ -228,9 +231,10 @@ type Relay struct {
 type RelayOption func(*relayConfig)
 
 type relayConfig struct {
-	batch    int
-	interval time.Duration
-	onErr    func(error)
+	batch      int
+	interval   time.Duration
+	onErr      func(error)
+	deleteSent bool
 }
 
 // WithBatchSize sets how many rows one batch takes (default
@@ -241,6 +245,17 @@ func WithBatchSize(n int) RelayOption { return func(c *relayConfig) { c.batch = 
 // found fewer rows than the batch size, and after an error (default
 // [DefaultPollInterval]). d must be positive.
 func WithPollInterval(d time.Duration) RelayOption { return func(c *relayConfig) { c.interval = d } }
+
+// WithDeleteSent makes the relay delete the rows it published, in the
+// batch's transaction, instead of marking them sent: the outbox keeps only
+// unsent rows and needs no [Prune], and a published row costs a delete (a
+// small WAL record) instead of a new row version with two index entries.
+// What it gives up: no record of a published row (sent_at, ref) stays, so
+// an ID enqueued again after its row was deleted is published again. Use
+// it where each message is enqueued once, by an effect that dedups on its
+// own key ([EnqueueStatement] in a postgres.NewPipelined effect, [Enqueue]
+// in a postgres.New write). The duplicate window is the same.
+func WithDeleteSent() RelayOption { return func(c *relayConfig) { c.deleteSent = true } }
 
 // WithErrorHandler receives the errors that [Relay.Run] retries; by
 // default they are dropped.
@@ -277,7 +292,7 @@ func NewRelay(db TxBeginner, client *kgo.Client, opts ...RelayOption) (*Relay, e
 	case cfg.interval <= 0:
 		return nil, bad("WithPollInterval", "interval %v is not positive", cfg.interval)
 	}
-	return &Relay{db: db, sync: produce.NewSyncer(client), batch: cfg.batch, interval: cfg.interval, onErr: cfg.onErr}, nil
+	return &Relay{db: db, sync: produce.NewSyncer(client), batch: cfg.batch, interval: cfg.interval, onErr: cfg.onErr, deleteSent: cfg.deleteSent}, nil
 }
 
 type row struct {
@@ -369,10 +384,16 @@ FOR UPDATE SKIP LOCKED`, r.batch)
 		sentRefs = append(sentRefs, produce.Ref(res.Record))
 	}
 	if len(sentIDs) > 0 {
-		if _, err := tx.Exec(mctx, `UPDATE effectively_outbox AS o
+		var err error
+		if r.deleteSent {
+			_, err = tx.Exec(mctx, `DELETE FROM effectively_outbox WHERE id = ANY($1::bigint[])`, sentIDs)
+		} else {
+			_, err = tx.Exec(mctx, `UPDATE effectively_outbox AS o
 SET sent_at = now(), ref = u.ref, attempts = o.attempts + 1, last_error = NULL
 FROM unnest($1::bigint[], $2::text[]) AS u(id, ref)
-WHERE o.id = u.id`, sentIDs, sentRefs); err != nil {
+WHERE o.id = u.id`, sentIDs, sentRefs)
+		}
+		if err != nil {
 			return 0, fmt.Errorf("%s: marking %d rows sent (they will be published again): %w", op, len(sentIDs), err)
 		}
 	}

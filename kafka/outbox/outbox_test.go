@@ -97,7 +97,14 @@ func TestOutboxEnqueue(t *testing.T) {
 // TestOutboxTwoRelays: two relays publish one outbox at once; every
 // committed row reaches the topic, none twice, and rows of rolled-back
 // business transactions never do.
+// With WithDeleteSent the published rows are deleted instead: the outbox
+// ends empty, with the same guarantees.
 func TestOutboxTwoRelays(t *testing.T) {
+	t.Run("mark sent", func(t *testing.T) { testTwoRelays(t, false) })
+	t.Run("delete sent", func(t *testing.T) { testTwoRelays(t, true) })
+}
+
+func testTwoRelays(t *testing.T, deleteSent bool) {
 	pool := outboxPool(t)
 	c := kafkatest.New(t)
 	topic := c.Topic(t, "outbox", 3)
@@ -131,8 +138,12 @@ func TestOutboxTwoRelays(t *testing.T) {
 	sent := make([]int, 2)
 	relays := make([]*outbox.Relay, 2)
 	for i := range relays {
-		relay, err := outbox.NewRelay(pool, c.Client(t), outbox.WithBatchSize(15), outbox.WithPollInterval(20*time.Millisecond),
-			outbox.WithErrorHandler(func(err error) { t.Errorf("relay %d: %v", i, err) }))
+		opts := []outbox.RelayOption{outbox.WithBatchSize(15), outbox.WithPollInterval(20 * time.Millisecond),
+			outbox.WithErrorHandler(func(err error) { t.Errorf("relay %d: %v", i, err) })}
+		if deleteSent {
+			opts = append(opts, outbox.WithDeleteSent())
+		}
+		relay, err := outbox.NewRelay(pool, c.Client(t), opts...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -197,6 +208,16 @@ func TestOutboxTwoRelays(t *testing.T) {
 		t.Errorf("relays sent %v rows: both should have taken batches", sent)
 	}
 	t.Logf("%d rows, relays sent %v, %d duplicates", len(want), sent, dups)
+	if deleteSent {
+		var left int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM effectively_outbox`).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		if left != 0 {
+			t.Errorf("%d rows left in the outbox, want every published row deleted", left)
+		}
+		return
+	}
 
 	// The ref stored for a row points at its record.
 	var id, ref string
