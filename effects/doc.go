@@ -30,7 +30,8 @@
 //     in order under keys derived from the event's id ([Plan.Run]); the
 //     weakest step decides the plan's contract ([Plan.Contract]), known at
 //     start-up; a run's journal records commit together over a
-//     [BatchJournal].
+//     [BatchJournal], and a step's transaction may take a later step's
+//     lease ahead of it ([HoldLease]), sparing that step its Begin.
 //   - [Consumer]: takes deliveries from a [Source], runs a [Handler], and
 //     acks only after it succeeded (side effect first, then ack), with
 //     per-ordering order, retries, dead letters and graceful shutdown.

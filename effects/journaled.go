@@ -262,8 +262,24 @@ func (j *Journaled) Apply(ctx context.Context, key Key, fingerprint []byte, call
 	if dj, ok := j.journal.(DoneJournal); ok && j.ownerKeyed {
 		return j.applyUnleased(ctx, dj, a, fingerprint, call)
 	}
-	rec, err := j.journal.Begin(ctx, key, fingerprint, j.lease)
+	callTimeout := j.callTimeout
+	if l, ok := takeHeldLease(ctx, j.journal, key, fingerprint); ok {
+		// An earlier step of this run took the lease (see HoldLease):
+		// no Begin, and the call ends as far before the lease does as it
+		// would have.
+		if left := j.callTimeout - time.Since(l.takenAt); left > 0 {
+			a.number, a.leased, callTimeout = l.attempt, true, left
+		}
+	}
+	var (
+		rec Record
+		err error
+	)
+	if !a.leased {
+		rec, err = j.journal.Begin(ctx, key, fingerprint, j.lease)
+	}
 	switch {
+	case a.leased:
 	case err == nil && rec.Done:
 		return Result{Status: Replayed, Ref: rec.Ref}, nil
 	case err == nil:
@@ -289,7 +305,7 @@ func (j *Journaled) Apply(ctx context.Context, key Key, fingerprint []byte, call
 		}
 		return Result{}, Transient(j.op, key, fmt.Errorf("not attempted: %w", err))
 	}
-	cctx, cancel := context.WithTimeout(ctx, j.callTimeout)
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	res, err := call(cctx, a)
 	if err != nil {

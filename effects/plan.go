@@ -187,6 +187,7 @@ func (e *StepError) Unwrap() error { return e.Err }
 func (p *Plan[E]) Run(ctx context.Context, id string, ev E) (Results, error) {
 	ctx, held := withHeldRecords(ctx)
 	defer held.flush()
+	ctx = withHeldLeases(ctx)
 	keys := make([]Key, len(p.steps))
 	for i, s := range p.steps {
 		key, err := NewKey(p.scope, id, s.name)

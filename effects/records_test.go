@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"effectively.dev/effects"
 	"effectively.dev/internal/memjournal"
@@ -20,8 +21,22 @@ type batchJournal struct {
 	*memjournal.Journal
 	completeAllErr error
 
-	mu    sync.Mutex
-	calls []string
+	mu     sync.Mutex
+	calls  []string
+	begins int // Begin calls, not in calls
+}
+
+func (j *batchJournal) Begin(ctx context.Context, key effects.Key, fp []byte, lease time.Duration) (effects.Record, error) {
+	j.mu.Lock()
+	j.begins++
+	j.mu.Unlock()
+	return j.Journal.Begin(ctx, key, fp, lease)
+}
+
+func (j *batchJournal) beginCalls() int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.begins
 }
 
 func newBatchJournal() *batchJournal { return &batchJournal{Journal: memjournal.New(nil)} }
@@ -304,5 +319,72 @@ func TestRecordRefusedByCompleteAllIsLogged(t *testing.T) {
 	}
 	if n := strings.Count(logged.String(), "journal record did not commit"); n != 2 {
 		t.Errorf("logged %d unrecorded successes, want 2:\n%s", n, logged.String())
+	}
+}
+
+// ctxFuncEffect is an effectively-once Effect[string] that runs a function of
+// its context.
+type ctxFuncEffect func(ctx context.Context, key effects.Key) (effects.Result, error)
+
+func (f ctxFuncEffect) Contract() effects.Contract {
+	return effects.Contract{Guarantee: effects.EffectivelyOnce, Enforcer: "test"}
+}
+
+func (f ctxFuncEffect) Apply(ctx context.Context, key effects.Key, _ string) (effects.Result, error) {
+	return f(ctx, key)
+}
+
+// A lease an earlier step of the run took for a later step's key (in its
+// own transaction: here a Begin of its own) is used by that step instead
+// of a Begin, when the fingerprints match and time is left on it.
+func TestPlanUsesALeaseTakenAhead(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		fp      string        // the fingerprint the lease was taken with
+		age     time.Duration // how long before the hold the lease began
+		begins  int           // Begin calls in all
+		wantErr error
+	}{
+		{"used", "payload", 0, 1, nil},
+		{"another fingerprint: Begin, which refuses", "other", 0, 2, effects.ErrKeyReused},
+		{"no time left: Begin, which finds it live", "payload", time.Hour, 2, effects.ErrInFlight},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := newBatchJournal()
+			mailKey := effects.MustKey("s", "e1", "mail")
+			var held bool
+			ledger := ctxFuncEffect(func(ctx context.Context, key effects.Key) (effects.Result, error) {
+				taken := time.Now().Add(-tc.age)
+				rec, err := j.Begin(ctx, mailKey, []byte(tc.fp), time.Minute)
+				if err != nil {
+					return effects.Result{}, err
+				}
+				held = effects.HoldLease(ctx, j, mailKey, []byte(tc.fp), rec.Attempt, taken)
+				return effects.Result{Status: effects.Applied, Ref: "row-1"}, nil
+			})
+			mail := newJournaledEffect(t, j, false)
+			p := mustPlan(t, stepOf("ledger", ledger), stepOf("mail", mail))
+			_, err := p.Run(context.Background(), "e1", "payload")
+			if !held {
+				t.Fatal("HoldLease in a plan run reported false")
+			}
+			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil && err != nil) {
+				t.Fatalf("Run = %v, want %v", err, tc.wantErr)
+			}
+			if n := j.beginCalls(); n != tc.begins {
+				t.Errorf("%d Begin calls, want %d", n, tc.begins)
+			}
+			if tc.wantErr == nil {
+				requireDone(t, j, string(mailKey))
+				if mail.owner.calls.Load() != 1 {
+					t.Errorf("%d mail calls, want 1", mail.owner.calls.Load())
+				}
+			} else if mail.owner.calls.Load() != 0 {
+				t.Errorf("%d mail calls, want none", mail.owner.calls.Load())
+			}
+		})
+	}
+	if effects.HoldLease(context.Background(), newBatchJournal(), effects.MustKey("s", "e1", "mail"), nil, 1, time.Now()) {
+		t.Error("HoldLease outside a plan run reported true")
 	}
 }

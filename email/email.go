@@ -85,12 +85,14 @@ var reservedHeaders = map[string]bool{
 	"Content-Transfer-Encoding": true, "Content-Disposition": true, "Content-Id": true,
 }
 
-// fingerprint identifies the message's payload for key-reuse detection.
+// Fingerprint identifies the message's payload for key-reuse detection:
+// it is what [Sender.Apply] gives its journal's Begin, and what a lease
+// taken ahead of the send must carry (postgres.Journal.LeaseStatement).
 // A message without headers or attachments has the fingerprint it had
 // before they existed ("email/v1" and nine fields), so sent-records of
 // earlier versions still replay; the others add their fields after a
 // marker, with counts, so no two messages share an encoding.
-func (m Message) fingerprint() []byte {
+func (m Message) Fingerprint() []byte {
 	fields := [][]byte{
 		[]byte("email/v1"),
 		[]byte(m.From),
@@ -330,7 +332,7 @@ func (s *Sender) Apply(ctx context.Context, key effects.Key, m Message) (effects
 	if err != nil {
 		return effects.Result{}, fmt.Errorf("%s key %q: %w", op, key, err)
 	}
-	return s.j.Apply(ctx, key, m.fingerprint(), func(ctx context.Context, _ *effects.Attempt) (effects.Result, error) {
+	return s.j.Apply(ctx, key, m.Fingerprint(), func(ctx context.Context, _ *effects.Attempt) (effects.Result, error) {
 		// ctx ends at nine tenths of the lease: the SMTP session must end
 		// before the lease does, so that an attempt that begins after the
 		// lease expired never races this one.

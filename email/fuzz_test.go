@@ -36,8 +36,8 @@ func FuzzMessageFingerprint(f *testing.F) {
 				t.Fatalf("an accepted message has the address %q with a line break: the fingerprint's joining is ambiguous", a)
 			}
 		}
-		fp := m.fingerprint()
-		if !bytes.Equal(fp, m.fingerprint()) {
+		fp := m.Fingerprint()
+		if !bytes.Equal(fp, m.Fingerprint()) {
 			t.Fatalf("fingerprint of %+v is not deterministic", m)
 		}
 		variants := []Message{
@@ -63,7 +63,7 @@ func FuzzMessageFingerprint(f *testing.F) {
 			if reflect.DeepEqual(v, m) || !accepted(v) {
 				continue
 			}
-			if bytes.Equal(fp, v.fingerprint()) {
+			if bytes.Equal(fp, v.Fingerprint()) {
 				t.Fatalf("fingerprint(%+v) == fingerprint(%+v)", m, v)
 			}
 		}
@@ -88,11 +88,11 @@ func TestFingerprintOfPlainMessagesIsUnchanged(t *testing.T) {
 		ReplyTo: "e@shop.test", Subject: "s", Text: "t", HTML: "<p>h</p>"}
 	v1 := effects.Fingerprint([]byte("email/v1"), []byte(m.From), []byte("b@example.net\nc@example.net"),
 		[]byte("d@example.net"), nil, []byte(m.ReplyTo), []byte(m.Subject), []byte(m.Text), []byte(m.HTML))
-	if !bytes.Equal(m.fingerprint(), v1) {
+	if !bytes.Equal(m.Fingerprint(), v1) {
 		t.Error("the fingerprint of a message without headers or attachments changed")
 	}
 	m.Headers = []Header{{Name: "X-A", Value: "1"}}
-	if bytes.Equal(m.fingerprint(), v1) {
+	if bytes.Equal(m.Fingerprint(), v1) {
 		t.Error("a header does not change the fingerprint")
 	}
 }

@@ -1,6 +1,7 @@
 package postgres_test
 
 import (
+	"context"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -9,10 +10,11 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/internal/machine"
+	"effectively.dev/postgres"
 )
 
-// BenchmarkLedgerConcurrent runs the single-key variants the way a
-// consumer does, eight transactions at once on the default pool, and
+// BenchmarkLedgerConcurrent runs the single-key variants (Apply of New and
+// of NewPipelined among them) the way a consumer does, eight transactions at once on the default pool, and
 // reports throughput rather than latency: on a small machine the cluster's
 // CPU and its WAL, not round trips, decide how many keys a second commit.
 // One op is a round: every variant handles keysPerRound new keys with
@@ -35,9 +37,17 @@ func BenchmarkLedgerConcurrent(b *testing.B) {
 	)
 	lb := newLedgerBench(b)
 	mustExec(b, lb.pool, `CREATE TABLE seen_at (event_id text PRIMARY KEY, processed_at timestamptz NOT NULL)`)
+	// The same ledger row as a statement, the key as the ref.
+	pipelined, err := postgres.NewPipelined(lb.pool, "billing", func(_ context.Context, k effects.Key, p payment) (string, []postgres.Statement, error) {
+		return string(k), []postgres.Statement{{SQL: `INSERT INTO ledger (event_id, amount) VALUES ($1, $2)`, Args: []any{p.EventID, p.Amount}}}, nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
 	variants := []variant{
 		{"handwritten", func(k effects.Key) { lb.handwrittenNarrow(b, k) }},
 		{"apply", func(k effects.Key) { lb.apply(b, lb.fx, k, effects.Applied) }},
+		{"pipelined", func(k effects.Key) { lb.apply(b, pipelined, k, effects.Applied) }},
 		// The hand-written transaction claiming into effectively_keys: the
 		// cost of the library's wider key row alone.
 		{"handwritten_keys", func(k effects.Key) { lb.handwritten(b, k) }},

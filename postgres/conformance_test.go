@@ -103,7 +103,7 @@ func (h *confHarness) Make(ctx context.Context, f *conformance.Faults) (effects.
 		return nil, nil, err
 	}
 	if h.pipelined {
-		eff, err := postgres.NewPipelined(pool, "conformance", func(_ effects.Key, in confCharge) (string, []postgres.Statement, error) {
+		eff, err := postgres.NewPipelined(pool, "conformance", func(_ context.Context, _ effects.Key, in confCharge) (string, []postgres.Statement, error) {
 			entry := rand.Text() // the ref, made before the write runs
 			return entry, []postgres.Statement{{SQL: `INSERT INTO conf_ledger (event_id, cents, entry) VALUES ($1, $2, $3)`, Args: []any{in.EventID, in.Cents, entry}}}, nil
 		})

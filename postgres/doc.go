@@ -30,7 +30,9 @@
 //     [Seen] are that pre-check on its own.
 //   - [Journal] implements effects.Journal, the sent-record for effects
 //     outside the database (email, an API call): at-least-once with a
-//     declared window, not effectively once.
+//     declared window, not effectively once. Inside a plan run, a
+//     pipelined step can take a later step's lease in its own transaction
+//     ([Journal.LeaseStatement]), sparing that step its Begin.
 //
 // What it costs: Apply on a new key takes three round trips, as a plain
 // BEGIN/INSERT/COMMIT does (BEGIN travels with a read of the commit

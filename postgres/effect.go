@@ -160,7 +160,7 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (effects
 	fp = nonNil(fp)
 	var queued *queuedWrites
 	if e.statements != nil {
-		if queued, err = e.queue(key, in); err != nil {
+		if queued, err = e.queue(ctx, key, in); err != nil {
 			return effects.Result{}, err
 		}
 	}
@@ -304,11 +304,10 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 		return fail(err)
 	}
 	var end pgx.Batch
+	committed := func() {}
 	if queued != nil {
 		ref = queued.ref
-		for _, st := range queued.writes {
-			end.Queue(st.SQL, st.Args...)
-		}
+		committed = queued.queueOn(&end)
 	} else if ref, err = e.write(ctx, tx, in); err != nil {
 		return writeFailed(err)
 	}
@@ -334,6 +333,7 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 		}
 		return effects.Result{}, classify(ctx, opApply, key, err, true, false)
 	}
+	committed()
 	return effects.Result{Status: effects.Applied, Ref: ref}, classified{}
 }
 

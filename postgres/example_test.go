@@ -82,7 +82,7 @@ func ExampleNewPipelined() {
 		log.Fatal(err)
 	}
 
-	record, err := postgres.NewPipelined(pool, "billing", func(key effects.Key, p Payment) (string, []postgres.Statement, error) {
+	record, err := postgres.NewPipelined(pool, "billing", func(_ context.Context, key effects.Key, p Payment) (string, []postgres.Statement, error) {
 		id := "ledger/" + p.EventID
 		return id, []postgres.Statement{
 			{SQL: `INSERT INTO ledger (id, event_id, amount) VALUES ($1, $2, $3)`, Args: []any{id, p.EventID, p.Amount}},

@@ -1,10 +1,12 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -17,14 +19,19 @@ import (
 type Statement struct {
 	SQL  string
 	Args []any
+	// OnCommit, if set, is called with the statement's command tag once
+	// the transaction that ran it has committed, before Apply returns
+	// (never if it rolled back, nor for a duplicate that replays).
+	OnCommit func(pgconn.CommandTag)
 }
 
 // StatementsFunc returns an effect's writes for in as statements that read
 // nothing back, with the reference to store with key and replay (a row id
 // the writes insert, made before they run: random, or derived from in). It
-// must do no I/O: [Effect.Apply] calls it once, before its first round
-// trip, and sends the statements with the key's row and COMMIT.
-type StatementsFunc[In any] func(key effects.Key, in In) (ref string, writes []Statement, err error)
+// must do no I/O: [Effect.Apply] calls it once, with its own ctx, before
+// its first round trip, and sends the statements with the key's row and
+// COMMIT.
+type StatementsFunc[In any] func(ctx context.Context, key effects.Key, in In) (ref string, writes []Statement, err error)
 
 // NewPipelined is [New] for writes known in advance, as statements that
 // read nothing back: Apply sends BEGIN, a check of the commit settings,
@@ -60,8 +67,8 @@ type queuedWrites struct {
 }
 
 // queue calls the Effect's StatementsFunc and checks what it returned.
-func (e *Effect[In]) queue(key effects.Key, in In) (*queuedWrites, error) {
-	ref, writes, err := e.statements(key, in)
+func (e *Effect[In]) queue(ctx context.Context, key effects.Key, in In) (*queuedWrites, error) {
+	ref, writes, err := e.statements(ctx, key, in)
 	if err != nil {
 		return nil, fmt.Errorf("%s key %q: statements: %w", opApply, key, err)
 	}
@@ -71,6 +78,29 @@ func (e *Effect[In]) queue(key effects.Key, in In) (*queuedWrites, error) {
 		}
 	}
 	return &queuedWrites{ref: ref, writes: writes}, nil
+}
+
+// queueOn queues the writes on b, each whose OnCommit is set with a
+// callback that keeps its command tag, and returns the function that
+// calls the OnCommits once the transaction committed.
+func (q *queuedWrites) queueOn(b *pgx.Batch) (committed func()) {
+	var tags []pgconn.CommandTag
+	for i, st := range q.writes {
+		qq := b.Queue(st.SQL, st.Args...)
+		if st.OnCommit != nil {
+			if tags == nil {
+				tags = make([]pgconn.CommandTag, len(q.writes))
+			}
+			qq.Exec(func(tag pgconn.CommandTag) error { tags[i] = tag; return nil })
+		}
+	}
+	return func() {
+		for i, st := range q.writes {
+			if st.OnCommit != nil {
+				st.OnCommit(tags[i])
+			}
+		}
+	}
 }
 
 // commitGuardSQL fails the transaction, before anything is written, when
@@ -118,13 +148,12 @@ func (e *Effect[In]) attemptPipelined(ctx context.Context, key effects.Key, fp [
 	if !e.cfg.allowAsyncCommit {
 		b.Queue(commitGuardSQL)
 	}
-	for _, st := range q.writes {
-		b.Queue(st.SQL, st.Args...)
-	}
+	committed := q.queueOn(&b)
 	b.Queue(insertKeySQL, e.scope, string(key), fp, q.ref)
 	b.Queue("COMMIT").Exec(commitTag)
 	err = conn.SendBatch(ctx, &b).Close()
 	if err == nil {
+		committed()
 		return effects.Result{Status: effects.Applied, Ref: q.ref}, classified{}
 	}
 	end := func() { rollbackConn(ctx, conn.Conn()) }
@@ -148,4 +177,45 @@ func (e *Effect[In]) attemptPipelined(ctx context.Context, key effects.Key, fp [
 		return effects.Result{}, classify(ctx, opApply, key, err, false, conn.Conn().IsClosed())
 	}
 	return effects.Result{}, classify(ctx, opApply, key, err, true, false)
+}
+
+// leaseSQL takes a new key's lease as the first attempt's Begin would, and
+// leaves a key that has a record alone.
+const leaseSQL = `INSERT INTO effectively_journal (scope, key, fingerprint, lease_until)
+VALUES ($1, $2, $3, now() + $4 * interval '1 microsecond')
+ON CONFLICT (scope, key) DO NOTHING`
+
+// LeaseStatement returns a statement that takes key's lease for lease, as
+// the first attempt's Begin would, inside another transaction: the
+// transaction of a pipelined step ([NewPipelined]) of an [effects.Plan]
+// run, taking the lease of a later step's key, with the fingerprint that
+// step will pass to Begin (computed ahead, from what the later step's
+// input will be). Once that transaction has committed with the lease
+// taken, the statement hands it to the run ([effects.HoldLease]), and the
+// later step uses it instead of calling Begin: one round trip and one
+// commit fewer per run. A key that already has a record is left alone,
+// and the later step calls Begin as usual. ctx must be the one the
+// [StatementsFunc] got: outside a plan run nothing uses the lease, and the
+// key stays in flight ([effects.ErrInFlight]) until it expires. It returns
+// an error, before any I/O, for an invalid key or a lease that is not
+// positive.
+func (j *Journal) LeaseStatement(ctx context.Context, key effects.Key, fingerprint []byte, lease time.Duration) (Statement, error) {
+	const op = "postgres.Journal.LeaseStatement"
+	if err := key.Validate(); err != nil {
+		return Statement{}, err
+	}
+	if lease <= 0 {
+		return Statement{}, fmt.Errorf("%s key %q: lease %v is not positive", op, key, lease)
+	}
+	fp := nonNil(bytes.Clone(fingerprint))
+	taken := time.Now() // before the transaction is sent: no later than the lease begins
+	return Statement{
+		SQL:  leaseSQL,
+		Args: []any{j.scope, string(key), fp, max(lease.Microseconds(), 1)},
+		OnCommit: func(tag pgconn.CommandTag) {
+			if tag.RowsAffected() == 1 {
+				effects.HoldLease(ctx, j, key, fp, 1, taken)
+			}
+		},
+	}, nil
 }

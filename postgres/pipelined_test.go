@@ -23,7 +23,7 @@ import (
 // counter so that every Apply makes a new one).
 func pipelinedLedger(t testing.TB, pool *pgxpool.Pool, calls *atomic.Int64, opts ...postgres.Option) *postgres.Effect[payment] {
 	t.Helper()
-	fx, err := postgres.NewPipelined(pool, "billing", func(key effects.Key, p payment) (string, []postgres.Statement, error) {
+	fx, err := postgres.NewPipelined(pool, "billing", func(_ context.Context, key effects.Key, p payment) (string, []postgres.Statement, error) {
 		n := calls.Add(1)
 		ref := fmt.Sprintf("entry:%s:%d", p.EventID, n)
 		return ref, []postgres.Statement{
@@ -150,7 +150,7 @@ func TestNewPipelined(t *testing.T) {
 
 	t.Run("a statements error is returned before any round trip", func(t *testing.T) {
 		boom := errors.New("boom")
-		fx, err := postgres.NewPipelined(pool, "billing", func(effects.Key, payment) (string, []postgres.Statement, error) {
+		fx, err := postgres.NewPipelined(pool, "billing", func(context.Context, effects.Key, payment) (string, []postgres.Statement, error) {
 			return "", nil, boom
 		})
 		if err != nil {
@@ -160,7 +160,7 @@ func TestNewPipelined(t *testing.T) {
 		if _, err := fx.Apply(testCtx(t), effects.MustKey("evt_pipelined_boom", "ledger"), payment{}); !errors.Is(err, boom) {
 			t.Fatalf("Apply = %v, want boom", err)
 		}
-		empty, _ := postgres.NewPipelined(pool, "billing", func(effects.Key, payment) (string, []postgres.Statement, error) {
+		empty, _ := postgres.NewPipelined(pool, "billing", func(context.Context, effects.Key, payment) (string, []postgres.Statement, error) {
 			return "", []postgres.Statement{{}}, nil
 		})
 		if _, err := empty.Apply(testCtx(t), effects.MustKey("evt_pipelined_empty", "ledger"), payment{}); err == nil {
@@ -176,7 +176,7 @@ func TestNewPipelined(t *testing.T) {
 		if _, err := postgres.NewPipelined[payment](pool, "billing", nil); !errors.As(err, &ce) || ce.Option != "statements" {
 			t.Fatalf("nil statements: %v", err)
 		}
-		if _, err := postgres.NewPipelined[payment](nil, "billing", func(effects.Key, payment) (string, []postgres.Statement, error) { return "", nil, nil }); !errors.As(err, &ce) || ce.Option != "pool" {
+		if _, err := postgres.NewPipelined[payment](nil, "billing", func(context.Context, effects.Key, payment) (string, []postgres.Statement, error) { return "", nil, nil }); !errors.As(err, &ce) || ce.Option != "pool" {
 			t.Fatalf("nil pool: %v", err)
 		}
 	})
@@ -253,5 +253,94 @@ func TestNewPipelinedRefusesAsyncCommit(t *testing.T) {
 				t.Fatalf("keys = %d, ledger rows = %d; want 1 each", k, l)
 			}
 		})
+	}
+}
+
+// leasedMail is an at-least-once Effect[string] over a Journaled on a
+// postgres Journal: the call counts, the fingerprint is the input.
+type leasedMail struct {
+	j     *effects.Journaled
+	calls atomic.Int64
+}
+
+func (m *leasedMail) Contract() effects.Contract {
+	return effects.Contract{Guarantee: effects.AtLeastOnce, Enforcer: "test journal",
+		DuplicateWindow: effects.Window{Trigger: effects.AfterUnknownOutcome, Between: "after the call, before the record"}}
+}
+
+func (m *leasedMail) Apply(ctx context.Context, key effects.Key, in string) (effects.Result, error) {
+	return m.j.Apply(ctx, key, []byte(in), func(context.Context, *effects.Attempt) (effects.Result, error) {
+		m.calls.Add(1)
+		return effects.Result{Status: effects.Applied, Ref: "sent:" + in}, nil
+	})
+}
+
+// TestLeaseStatementInAPlan: the ledger step's transaction takes the mail
+// step's lease (Journal.LeaseStatement), and the mail step uses it: its
+// Begin would find the lease live and fail with ErrInFlight, so a run that
+// succeeds proves it was not called. A redelivery replays both.
+func TestLeaseStatementInAPlan(t *testing.T) {
+	pool := newPool(t, newDB(t), nil)
+	mustExec(t, pool, `CREATE TABLE audit (ref text PRIMARY KEY, amount bigint NOT NULL)`)
+	journal, err := postgres.NewJournal(pool, "billing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	jd, err := effects.NewJournaled("mail", journal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mail := &leasedMail{j: jd}
+	const mailText = "receipt for evt_lease"
+	ledger, err := postgres.NewPipelined(pool, "billing", func(ctx context.Context, key effects.Key, p payment) (string, []postgres.Statement, error) {
+		lease, err := journal.LeaseStatement(ctx, effects.MustKey("billing", p.EventID, "mail"), []byte(mailText), time.Minute)
+		return "entry:" + p.EventID, []postgres.Statement{
+			{SQL: `INSERT INTO ledger (event_id, amount) VALUES ($1, $2)`, Args: []any{p.EventID, p.Amount}},
+			lease,
+		}, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := effects.NewPlan("billing",
+		effects.NewStep("ledger", effects.Effect[payment](ledger), func(p payment, _ effects.Results) (payment, error) { return p, nil }),
+		effects.NewStep("mail", effects.Effect[string](mail), func(payment, effects.Results) (string, error) { return mailText, nil }),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testCtx(t)
+	p := payment{EventID: "evt_lease", Amount: 7}
+	res, err := plan.Run(ctx, p.EventID, p)
+	if err != nil || res["mail"].Status != effects.Applied || mail.calls.Load() != 1 {
+		t.Fatalf("Run = %+v, %v after %d mail calls; want the mail applied once on the lease taken ahead", res, err, mail.calls.Load())
+	}
+	var attempt int
+	var done bool
+	if err := pool.QueryRow(ctx, `SELECT attempt, done FROM effectively_journal WHERE key = $1`, string(effects.MustKey("billing", p.EventID, "mail"))).Scan(&attempt, &done); err != nil || attempt != 1 || !done {
+		t.Fatalf("mail record: attempt %d, done %v, %v; want attempt 1, done", attempt, done, err)
+	}
+	res, err = plan.Run(ctx, p.EventID, p)
+	if err != nil || !res["ledger"].Replayed() || !res["mail"].Replayed() || mail.calls.Load() != 1 {
+		t.Fatalf("redelivery = %+v, %v after %d mail calls; want both replayed", res, err, mail.calls.Load())
+	}
+	if rows(t, pool, p.EventID) != 1 {
+		t.Fatalf("ledger rows = %d, want 1", rows(t, pool, p.EventID))
+	}
+
+	// Outside a plan run the lease is taken but held by nobody: the mail's
+	// own Begin finds it live.
+	q := payment{EventID: "evt_lease_alone", Amount: 7}
+	if _, err := ledger.Apply(ctx, effects.MustKey("billing", q.EventID, "ledger"), q); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mail.Apply(ctx, effects.MustKey("billing", q.EventID, "mail"), mailText); !errors.Is(err, effects.ErrInFlight) {
+		t.Fatalf("mail after a lease taken outside a run = %v, want ErrInFlight", err)
+	}
+	if _, err := journal.LeaseStatement(ctx, "", nil, time.Minute); !errors.Is(err, effects.ErrInvalidKey) {
+		t.Fatalf("LeaseStatement of an empty key = %v, want ErrInvalidKey", err)
+	}
+	if _, err := journal.LeaseStatement(ctx, effects.MustKey("k"), nil, 0); err == nil {
+		t.Fatal("LeaseStatement with no lease: no error")
 	}
 }

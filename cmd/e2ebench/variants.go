@@ -88,7 +88,7 @@ func runDefaults(ctx context.Context, r *runEnv) error {
 // event's id is the ref.
 func runPipelined(ctx context.Context, r *runEnv) error {
 	write := fmt.Sprintf(insertLedger, r.ledger)
-	ledger, err := postgres.NewPipelined(r.pool, r.scope, func(_ effects.Key, ev event) (string, []postgres.Statement, error) {
+	ledger, err := postgres.NewPipelined(r.pool, r.scope, func(_ context.Context, _ effects.Key, ev event) (string, []postgres.Statement, error) {
 		return ev.ID, []postgres.Statement{{SQL: write, Args: []any{ev.ID, ev.Account, ev.Cents}}}, nil
 	})
 	if err != nil {

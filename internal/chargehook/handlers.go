@@ -198,10 +198,16 @@ type effectivelyOnce struct {
 	plan    *effects.Plan[Event] // the four effects, defined once
 }
 
-// ledgerRow is the ledger step's input.
+// ledgerRow is the ledger step's input: the event and the charge.
 type ledgerRow struct {
-	EventID, Account, PaymentIntent string
-	Cents                           int64
+	EventID, Account, Email, PaymentIntent string
+	Cents                                  int64
+}
+
+// receiptMail is the receipt-mail step's input for an event charged as
+// pi and recorded as ledger row id.
+func receiptMail(ev Event, pi, ledgerID string) email.Message {
+	return email.Message{From: mailFrom, To: []string{ev.Email}, Subject: mailSubject(ev), Text: receipt(ev, pi, ledgerID)}
 }
 
 func newEffectivelyOnce(d deps, mailLog *slog.Logger) (*effectivelyOnce, error) {
@@ -218,10 +224,11 @@ func newEffectivelyOnce(d deps, mailLog *slog.Logger) (*effectivelyOnce, error) 
 	// The ledger row and the charged event's outbox row are statements
 	// known before they run (the row's id is made here, at random, and is
 	// the ref; the ledger has no other unique index, so that a second row
-	// for an event would show):
-	// postgres.NewPipelined sends them with the key's row and COMMIT in one
-	// round trip.
-	h.ledger, err = postgres.NewPipelined(d.pool, d.scope, func(_ effects.Key, in ledgerRow) (string, []postgres.Statement, error) {
+	// for an event would show): postgres.NewPipelined sends them with the
+	// key's row and COMMIT in one round trip. The same transaction takes
+	// the receipt mail's lease (its message is known as soon as the row's
+	// id is): the mail step then needs no Begin of its own.
+	h.ledger, err = postgres.NewPipelined(d.pool, d.scope, func(ctx context.Context, _ effects.Key, in ledgerRow) (string, []postgres.Statement, error) {
 		id := strconv.FormatInt(mathrand.Int64N(math.MaxInt64), 10)
 		msgID, err := effects.NewKey(d.scope, in.EventID, stepEvent)
 		if err != nil {
@@ -229,10 +236,19 @@ func newEffectivelyOnce(d deps, mailLog *slog.Logger) (*effectivelyOnce, error) 
 		}
 		event, err := outbox.EnqueueStatement(outbox.Message{ID: msgID, Topic: d.topic, Key: []byte(in.EventID),
 			Value: chargedEvent(in.EventID, in.PaymentIntent, id), Headers: []kgo.RecordHeader{{Key: recEvent, Value: []byte(in.EventID)}}})
+		if err != nil {
+			return "", nil, err
+		}
+		mailKey, err := effects.NewKey(d.scope, in.EventID, stepMail)
+		if err != nil {
+			return "", nil, err
+		}
+		ev := Event{ID: in.EventID, Account: in.Account, Email: in.Email, Cents: in.Cents}
+		mailLease, err := journal.LeaseStatement(ctx, mailKey, receiptMail(ev, in.PaymentIntent, id).Fingerprint(), lease)
 		return id, []postgres.Statement{{
 			SQL:  `INSERT INTO ` + d.ledger + ` (id, event_id, account, cents, payment_intent) VALUES ($1, $2, $3, $4, $5)`,
 			Args: []any{id, in.EventID, in.Account, in.Cents, in.PaymentIntent},
-		}, event}, err
+		}, event, mailLease}, err
 	})
 	if err != nil {
 		return nil, err
@@ -284,7 +300,7 @@ func (h *effectivelyOnce) newPlan() (*effects.Plan[Event], error) {
 		}),
 		effects.NewStep(stepLedger, h.ledger, func(ev Event, done effects.Results) (ledgerRow, error) {
 			pi, err := ref(done, stepCharge)
-			return ledgerRow{EventID: ev.ID, Account: ev.Account, Cents: ev.Cents, PaymentIntent: pi}, err
+			return ledgerRow{EventID: ev.ID, Account: ev.Account, Email: ev.Email, Cents: ev.Cents, PaymentIntent: pi}, err
 		}),
 		effects.NewStep(stepReceipt, h.receipt, func(ev Event, done effects.Results) (s3.Object, error) {
 			pi, err1 := ref(done, stepCharge)
@@ -294,8 +310,7 @@ func (h *effectivelyOnce) newPlan() (*effects.Plan[Event], error) {
 		effects.NewStep(stepMail, h.mail, func(ev Event, done effects.Results) (email.Message, error) {
 			pi, err1 := ref(done, stepCharge)
 			id, err2 := ref(done, stepLedger)
-			return email.Message{From: mailFrom, To: []string{ev.Email}, Subject: mailSubject(ev),
-				Text: receipt(ev, pi, id)}, errors.Join(err1, err2)
+			return receiptMail(ev, pi, id), errors.Join(err1, err2)
 		}).Concurrent(),
 	)
 	if err != nil {

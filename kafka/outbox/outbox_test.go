@@ -352,7 +352,7 @@ func TestEnqueueStatementInAPipelinedEffect(t *testing.T) {
 		ID    string
 		Cents int64
 	}
-	fx, err := postgres.NewPipelined(pool, "shop", func(key effects.Key, o order) (string, []postgres.Statement, error) {
+	fx, err := postgres.NewPipelined(pool, "shop", func(_ context.Context, key effects.Key, o order) (string, []postgres.Statement, error) {
 		ev, err := outbox.EnqueueStatement(outbox.Message{ID: effects.MustKey("shop", o.ID, "created"), Topic: "orders", Value: []byte(o.ID)})
 		return o.ID, []postgres.Statement{{SQL: `INSERT INTO orders (id, cents) VALUES ($1, $2)`, Args: []any{o.ID, o.Cents}}, ev}, err
 	})

@@ -1,0 +1,75 @@
+package effects
+
+import (
+	"bytes"
+	"context"
+	"reflect"
+	"sync"
+	"time"
+)
+
+// heldLeases are the leases one [Plan.Run] holds for later steps: taken by
+// an earlier step, in its own transaction, for a key a later step of the
+// run applies (see [HoldLease]).
+type heldLeases struct {
+	mu     sync.Mutex
+	leases []heldLease
+}
+
+// heldLease is one lease taken ahead of its step.
+type heldLease struct {
+	journal     Journal
+	key         Key
+	fingerprint []byte
+	attempt     int
+	takenAt     time.Time // no later than the lease began
+}
+
+type heldLeasesKey struct{}
+
+// withHeldLeases returns ctx carrying a new, empty set of held leases.
+func withHeldLeases(ctx context.Context) context.Context {
+	return context.WithValue(ctx, heldLeasesKey{}, &heldLeases{})
+}
+
+// HoldLease records, inside a [Plan.Run], that the lease on key in journal
+// was taken for this run ahead of the step that applies key: an earlier
+// step's transaction inserted the key's record, pending, with fingerprint
+// and attempt number attempt, and has committed. takenAt must be no later
+// than the moment the lease began (a time read before the transaction was
+// sent). A [Journaled] step of the same run that applies key on journal
+// with the same fingerprint then uses the lease instead of calling Begin:
+// one round trip and one commit fewer, its call bounded by what is left of
+// the lease. It reports whether the lease is held: false outside a plan
+// run, or for a journal that is no pointer (leases are matched by
+// journal), and then nothing uses the lease: the step's Begin finds it
+// live and reports [ErrInFlight] until it expires. A held lease the run
+// does not use (a step failed before it) expires the same way.
+func HoldLease(ctx context.Context, journal Journal, key Key, fingerprint []byte, attempt int, takenAt time.Time) bool {
+	h, _ := ctx.Value(heldLeasesKey{}).(*heldLeases)
+	if h == nil || journal == nil || reflect.TypeOf(journal).Kind() != reflect.Pointer || attempt < 1 {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.leases = append(h.leases, heldLease{journal: journal, key: key, fingerprint: bytes.Clone(fingerprint), attempt: attempt, takenAt: takenAt})
+	return true
+}
+
+// takeHeldLease removes and returns the lease ctx's run holds for key on
+// journal, if its fingerprint is fingerprint.
+func takeHeldLease(ctx context.Context, journal Journal, key Key, fingerprint []byte) (heldLease, bool) {
+	h, _ := ctx.Value(heldLeasesKey{}).(*heldLeases)
+	if h == nil || reflect.TypeOf(journal).Kind() != reflect.Pointer {
+		return heldLease{}, false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i, l := range h.leases {
+		if l.journal == journal && l.key == key && bytes.Equal(l.fingerprint, fingerprint) {
+			h.leases = append(h.leases[:i], h.leases[i+1:]...)
+			return l, true
+		}
+	}
+	return heldLease{}, false
+}
