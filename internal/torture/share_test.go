@@ -97,7 +97,14 @@ func TestShareTorture(t *testing.T) {
 	var kills, stops int
 	for round := range rounds {
 		st.produce(ctx, shareTopUp)
-		time.Sleep(300*time.Millisecond + time.Duration(rng.Int64N(int64(700*time.Millisecond))))
+		if round%2 == 0 {
+			time.Sleep(300*time.Millisecond + time.Duration(rng.Int64N(int64(700*time.Millisecond))))
+		} else {
+			// A freeze must catch handlers mid-delivery: soon after the
+			// top-up, while the workers are still on it (without -race
+			// they finish a top-up within a few hundred milliseconds).
+			time.Sleep(20*time.Millisecond + time.Duration(rng.Int64N(int64(80*time.Millisecond))))
+		}
 		i := rng.IntN(len(workers))
 		w := workers[i]
 		select {
