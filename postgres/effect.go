@@ -326,6 +326,12 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 			// look) or by a concurrent transaction: the retry replays it.
 			return effects.Result{}, classified{err: effects.Transient(opApply, key, err), retry: true, lookUp: !lookup}
 		}
+		if batchNotSent(err) {
+			// pgx refused to send the batch (a statement it could not
+			// prepare, arguments it could not encode): COMMIT was never
+			// sent, nothing was committed.
+			return effects.Result{}, batchNotSentClassified(ctx, opApply, key, err, conn.Conn().IsClosed())
+		}
 		if queued != nil && serverError(err) {
 			// A queued write (or COMMIT) failed on the server, which then
 			// skipped the rest: nothing was committed.

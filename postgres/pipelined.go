@@ -169,6 +169,10 @@ func (e *Effect[In]) attemptPipelined(ctx context.Context, key effects.Key, fp [
 		// The key was committed, before this attempt or by a concurrent
 		// one: looking it up replays it.
 		return effects.Result{}, classified{err: effects.Transient(opApply, key, err), retry: true, lookUp: true}
+	case batchNotSent(err):
+		// pgx refused to send the batch (a statement it could not prepare,
+		// arguments it could not encode): COMMIT was never sent.
+		return effects.Result{}, batchNotSentClassified(ctx, opApply, key, err, conn.Conn().IsClosed())
 	case serverError(err):
 		// A write (or COMMIT) failed on the server: nothing was committed.
 		if committedMeanwhile(ctx, conn.Conn(), end, e.scope, key) {

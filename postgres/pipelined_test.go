@@ -344,3 +344,27 @@ func TestLeaseStatementInAPlan(t *testing.T) {
 		t.Fatal("LeaseStatement with no lease: no error")
 	}
 }
+
+// TestNewPipelinedStatementThatCannotBeEncoded: pgx refuses the batch
+// before COMMIT is sent, so the error is the statement's (not retryable),
+// never an ambiguous commit, with or without the lookup first, and
+// nothing is written.
+func TestNewPipelinedStatementThatCannotBeEncoded(t *testing.T) {
+	pool := newPool(t, newDB(t), nil)
+	for _, opts := range [][]postgres.Option{nil, {postgres.WithLookupFirst()}} {
+		fx, err := postgres.NewPipelined(pool, "billing", func(context.Context, effects.Key, payment) (string, []postgres.Statement, error) {
+			return "r", []postgres.Statement{{SQL: `INSERT INTO ledger (event_id, amount) VALUES ($1, $2)`, Args: []any{"evt", make(chan int)}}}, nil
+		}, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := effects.MustKey("evt_unencodable", fmt.Sprint(len(opts)))
+		_, err = fx.Apply(testCtx(t), key, payment{})
+		if err == nil || effects.Retryable(err) || errors.Is(err, effects.ErrAmbiguous) {
+			t.Fatalf("Apply with an argument pgx cannot encode (lookup first %v) = %v; want the statement's error, not retryable", len(opts) > 0, err)
+		}
+		if n := count(t, pool, `SELECT count(*) FROM effectively_keys WHERE key = $1`, string(key)); n != 0 {
+			t.Fatalf("%d key rows, want 0", n)
+		}
+	}
+}
