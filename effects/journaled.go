@@ -265,9 +265,9 @@ func (j *Journaled) Apply(ctx context.Context, key Key, fingerprint []byte, call
 	callTimeout := j.callTimeout
 	if l, ok := takeHeldLease(ctx, j.journal, key, fingerprint); ok {
 		// An earlier step of this run took the lease (see HoldLease):
-		// no Begin, and the call ends as far before the lease does as it
-		// would have.
-		if left := j.callTimeout - time.Since(l.takenAt); left > 0 {
+		// no Begin, and the call ends before the lease does, by the
+		// margin it keeps on a lease of its own.
+		if left := l.callTime(j.callTimeout); left > 0 {
 			a.number, a.leased, callTimeout = l.attempt, true, left
 		}
 	}

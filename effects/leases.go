@@ -22,7 +22,8 @@ type heldLease struct {
 	key         Key
 	fingerprint []byte
 	attempt     int
-	takenAt     time.Time // no later than the lease began
+	began       time.Time     // no later than the lease began
+	lease       time.Duration // how long it runs from then
 }
 
 type heldLeasesKey struct{}
@@ -35,25 +36,34 @@ func withHeldLeases(ctx context.Context) context.Context {
 // HoldLease records, inside a [Plan.Run], that the lease on key in journal
 // was taken for this run ahead of the step that applies key: an earlier
 // step's transaction inserted the key's record, pending, with fingerprint
-// and attempt number attempt, and has committed. takenAt must be no later
-// than the moment the lease began (a time read before the transaction was
-// sent). A [Journaled] step of the same run that applies key on journal
-// with the same fingerprint then uses the lease instead of calling Begin:
-// one round trip and one commit fewer, its call bounded by what is left of
-// the lease. It reports whether the lease is held: false outside a plan
+// and attempt number attempt, leased for lease from the moment it began,
+// and has committed. began must be no later than that moment (a time read
+// before the transaction's BEGIN was sent). A [Journaled] step of the same
+// run that applies key on journal with the same fingerprint then uses the
+// lease instead of calling Begin: one round trip and one commit fewer. Its
+// call ends at nine tenths of this lease or of its own, whichever ends
+// first, counted from began; with no time left it calls Begin. It reports whether the lease is held: false outside a plan
 // run, or for a journal that is no pointer (leases are matched by
 // journal), and then nothing uses the lease: the step's Begin finds it
 // live and reports [ErrInFlight] until it expires. A held lease the run
 // does not use (a step failed before it) expires the same way.
-func HoldLease(ctx context.Context, journal Journal, key Key, fingerprint []byte, attempt int, takenAt time.Time) bool {
+func HoldLease(ctx context.Context, journal Journal, key Key, fingerprint []byte, attempt int, began time.Time, lease time.Duration) bool {
 	h, _ := ctx.Value(heldLeasesKey{}).(*heldLeases)
-	if h == nil || journal == nil || reflect.TypeOf(journal).Kind() != reflect.Pointer || attempt < 1 {
+	if h == nil || journal == nil || reflect.TypeOf(journal).Kind() != reflect.Pointer || attempt < 1 || lease <= 0 {
 		return false
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.leases = append(h.leases, heldLease{journal: journal, key: key, fingerprint: bytes.Clone(fingerprint), attempt: attempt, takenAt: takenAt})
+	h.leases = append(h.leases, heldLease{journal: journal, key: key, fingerprint: bytes.Clone(fingerprint),
+		attempt: attempt, began: began, lease: lease})
 	return true
+}
+
+// callTime returns how long a call on l may run: until nine tenths of l
+// or of own (the Journaled's call timeout for its own leases), whichever
+// ends first, counted from when l began.
+func (l heldLease) callTime(own time.Duration) time.Duration {
+	return min(own, l.lease-l.lease/10) - time.Since(l.began)
 }
 
 // takeHeldLease removes and returns the lease ctx's run holds for key on

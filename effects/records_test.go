@@ -89,6 +89,7 @@ type journaledEffect struct {
 	j       *effects.Journaled
 	owner   *owner
 	inspect func()
+	left    time.Duration // time left before the last call's deadline, when it began
 }
 
 func newJournaledEffect(t *testing.T, j effects.Journal, ownerKeyed bool) *journaledEffect {
@@ -108,7 +109,12 @@ func (e *journaledEffect) Apply(ctx context.Context, key effects.Key, in string)
 	if e.inspect != nil {
 		e.inspect()
 	}
-	return e.j.Apply(ctx, key, []byte(in), e.owner.call)
+	return e.j.Apply(ctx, key, []byte(in), func(ctx context.Context, a *effects.Attempt) (effects.Result, error) {
+		if d, ok := ctx.Deadline(); ok {
+			e.left = time.Until(d)
+		}
+		return e.owner.call(ctx, a)
+	})
 }
 
 // funcEffect is an effectively-once Effect[string] that runs a function.
@@ -342,12 +348,14 @@ func TestPlanUsesALeaseTakenAhead(t *testing.T) {
 		name    string
 		fp      string        // the fingerprint the lease was taken with
 		age     time.Duration // how long before the hold the lease began
+		lease   time.Duration // the lease taken
 		begins  int           // Begin calls in all
 		wantErr error
 	}{
-		{"used", "payload", 0, 1, nil},
-		{"another fingerprint: Begin, which refuses", "other", 0, 2, effects.ErrKeyReused},
-		{"no time left: Begin, which finds it live", "payload", time.Hour, 2, effects.ErrInFlight},
+		{"used", "payload", 0, time.Minute, 1, nil},
+		{"another fingerprint: Begin, which refuses", "other", 0, time.Minute, 2, effects.ErrKeyReused},
+		{"no time left: Begin, which finds it live", "payload", time.Hour, time.Minute, 2, effects.ErrInFlight},
+		{"a lease shorter than the step's own bounds its call", "payload", 0, 200 * time.Millisecond, 1, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			j := newBatchJournal()
@@ -355,11 +363,11 @@ func TestPlanUsesALeaseTakenAhead(t *testing.T) {
 			var held bool
 			ledger := ctxFuncEffect(func(ctx context.Context, key effects.Key) (effects.Result, error) {
 				taken := time.Now().Add(-tc.age)
-				rec, err := j.Begin(ctx, mailKey, []byte(tc.fp), time.Minute)
+				rec, err := j.Begin(ctx, mailKey, []byte(tc.fp), tc.lease)
 				if err != nil {
 					return effects.Result{}, err
 				}
-				held = effects.HoldLease(ctx, j, mailKey, []byte(tc.fp), rec.Attempt, taken)
+				held = effects.HoldLease(ctx, j, mailKey, []byte(tc.fp), rec.Attempt, taken, tc.lease)
 				return effects.Result{Status: effects.Applied, Ref: "row-1"}, nil
 			})
 			mail := newJournaledEffect(t, j, false)
@@ -375,6 +383,10 @@ func TestPlanUsesALeaseTakenAhead(t *testing.T) {
 				t.Errorf("%d Begin calls, want %d", n, tc.begins)
 			}
 			if tc.wantErr == nil {
+				// The call must end at nine tenths of the shorter lease.
+				if limit := tc.lease - tc.lease/10; mail.left <= 0 || mail.left > limit {
+					t.Errorf("the mail call had %v left, want at most %v (nine tenths of the %v lease taken ahead)", mail.left, limit, tc.lease)
+				}
 				requireDone(t, j, string(mailKey))
 				if mail.owner.calls.Load() != 1 {
 					t.Errorf("%d mail calls, want 1", mail.owner.calls.Load())
@@ -384,7 +396,7 @@ func TestPlanUsesALeaseTakenAhead(t *testing.T) {
 			}
 		})
 	}
-	if effects.HoldLease(context.Background(), newBatchJournal(), effects.MustKey("s", "e1", "mail"), nil, 1, time.Now()) {
+	if effects.HoldLease(context.Background(), newBatchJournal(), effects.MustKey("s", "e1", "mail"), nil, 1, time.Now(), time.Minute) {
 		t.Error("HoldLease outside a plan run reported true")
 	}
 }

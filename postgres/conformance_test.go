@@ -17,38 +17,29 @@ import (
 
 // TestConformance holds the adapter to its declared contract in every
 // scenario of the suite, and requires every field of the contract to be
-// verified (the harness can age the dedup rows, so the horizon is too).
+// verified (the harness can age the dedup rows, so the horizon is too):
+// New and NewPipelined, each as it starts (the key's INSERT finds
+// duplicates) and with WithLookupFirst (the shape it takes while
+// duplicates are frequent), so that every round trip of both shapes is
+// faulted.
 func TestConformance(t *testing.T) {
-	rep := conformance.Run(t, "postgres", newConfHarness)
-	for _, f := range rep.Fields {
-		if f.Status != conformance.Verified {
-			t.Errorf("contract field %s", f)
-		}
-	}
-}
-
-// TestConformancePipelined does the same for an Effect made by
-// NewPipelined, whose write travels with the key's row and COMMIT.
-func TestConformancePipelined(t *testing.T) {
-	rep := conformance.Run(t, "postgres.NewPipelined", func(t testing.TB) conformance.Harness[confCharge] {
-		h := newConfHarness(t)
-		switch h := h.(type) {
-		case *confHarness:
-			h.pipelined = true
-		case struct {
-			*confHarness
-			pgtest.RestartFunc
-		}:
-			h.pipelined = true
-		default:
-			t.Fatalf("harness %T", h)
-		}
-		return h
-	})
-	for _, f := range rep.Fields {
-		if f.Status != conformance.Verified {
-			t.Errorf("contract field %s", f)
-		}
+	for _, tc := range []struct {
+		name string
+		h    confHarness
+	}{
+		{"postgres", confHarness{}},
+		{"postgres (WithLookupFirst)", confHarness{lookupFirst: true}},
+		{"postgres.NewPipelined", confHarness{pipelined: true}},
+		{"postgres.NewPipelined (WithLookupFirst)", confHarness{pipelined: true, lookupFirst: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := conformance.Run(t, tc.name, func(t testing.TB) conformance.Harness[confCharge] { return newConfHarness(t, tc.h) })
+			for _, f := range rep.Fields {
+				if f.Status != conformance.Verified {
+					t.Errorf("contract field %s", f)
+				}
+			}
+		})
 	}
 }
 
@@ -60,12 +51,15 @@ type confCharge struct {
 
 // confHarness keeps its own pool (db) to count effects in the backend.
 type confHarness struct {
-	url       string
-	db        *pgxpool.Pool
-	pipelined bool // Make uses NewPipelined
+	url         string
+	db          *pgxpool.Pool
+	pipelined   bool // Make uses NewPipelined
+	lookupFirst bool // with WithLookupFirst
 }
 
-func newConfHarness(t testing.TB) conformance.Harness[confCharge] {
+// newConfHarness returns a harness like shape (its pipelined and
+// lookupFirst) on a database of its own.
+func newConfHarness(t testing.TB, shape confHarness) conformance.Harness[confCharge] {
 	url, restart := pgtest.DedicatedDB(t) // a fresh database per scenario, on a server the suite may restart
 	db, err := pgxpool.New(context.Background(), url)
 	if err != nil {
@@ -79,7 +73,7 @@ func newConfHarness(t testing.TB) conformance.Harness[confCharge] {
 	if _, err := db.Exec(context.Background(), `CREATE TABLE conf_ledger (id bigserial PRIMARY KEY, event_id text NOT NULL, cents bigint NOT NULL, entry text)`); err != nil {
 		t.Fatal(err)
 	}
-	h := &confHarness{url: url, db: db}
+	h := &confHarness{url: url, db: db, pipelined: shape.pipelined, lookupFirst: shape.lookupFirst}
 	if restart == nil {
 		return h // DATABASE_URL is set: its server is not ours to restart
 	}
@@ -102,17 +96,21 @@ func (h *confHarness) Make(ctx context.Context, f *conformance.Faults) (effects.
 	if err != nil {
 		return nil, nil, err
 	}
+	var opts []postgres.Option
+	if h.lookupFirst {
+		opts = append(opts, postgres.WithLookupFirst())
+	}
 	if h.pipelined {
 		eff, err := postgres.NewPipelined(pool, "conformance", func(_ context.Context, _ effects.Key, in confCharge) (string, []postgres.Statement, error) {
 			entry := rand.Text() // the ref, made before the write runs
 			return entry, []postgres.Statement{{SQL: `INSERT INTO conf_ledger (event_id, cents, entry) VALUES ($1, $2, $3)`, Args: []any{in.EventID, in.Cents, entry}}}, nil
-		})
+		}, opts...)
 		return eff, pool.Close, err
 	}
 	eff, err := postgres.New(pool, "conformance", func(ctx context.Context, tx pgx.Tx, in confCharge) (id string, err error) {
 		err = tx.QueryRow(ctx, `INSERT INTO conf_ledger (event_id, cents) VALUES ($1, $2) RETURNING id::text`, in.EventID, in.Cents).Scan(&id)
 		return id, err
-	})
+	}, opts...)
 	return eff, pool.Close, err
 }
 

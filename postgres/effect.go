@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -127,7 +128,10 @@ func (e *Effect[In]) Contract() effects.Contract {
 // Batch.BeginTx); the write; the key's INSERT pipelined with COMMIT. Cost
 // of a duplicate, looked up first: two round trips (the same first one,
 // with the lookup, then ROLLBACK) and no WAL; found by the key's INSERT:
-// the new key's round trips, a ROLLBACK, then those two. Under synchronous
+// the new key's round trips, a ROLLBACK, then those two, and pgx, which
+// forgets a connection's prepared statements after a failed batch,
+// prepares them again for the next Apply on that connection (one round
+// trip). Under synchronous
 // replication a replay also passes the replay barrier (see
 // RELIABILITY.md): a few bytes of WAL and a COMMIT that waits for the
 // standby.
@@ -238,6 +242,7 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 		ref      string
 		batch    pgx.Batch
 	)
+	began := time.Now()
 	batch.BeginTx(e.txOptions)
 	switch {
 	case lookup:
@@ -307,7 +312,7 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 	committed := func() {}
 	if queued != nil {
 		ref = queued.ref
-		committed = queued.queueOn(&end)
+		committed = queued.queueOn(&end, began)
 	} else if ref, err = e.write(ctx, tx, in); err != nil {
 		return writeFailed(err)
 	}
@@ -404,9 +409,9 @@ type duplicateRate struct{ scaled atomic.Int64 } // the rate times rateScale
 
 const (
 	rateScale = 1 << 16
-	// rateWeight is the weight of the newest Apply: 1/64, so that a replay
-	// storm turns lookups on within about 14 duplicates, and about 100 new
-	// keys in a row turn them off again.
+	// rateWeight is the weight of the newest Apply: 1/64, so that from no
+	// duplicates at all 7 in a row turn lookups on, and after a long storm
+	// 147 new keys in a row turn them off again.
 	rateWeight = 64
 	// lookupFirstRate is where looking first becomes the cheaper way: one
 	// duplicate in ten.

@@ -463,12 +463,18 @@ func TestApplyLostCommitReply(t *testing.T) {
 // message the client writes, for every n until Apply needs fewer round
 // trips, and checks that the failure is retryable and that retrying the
 // same key leaves exactly one ledger row: replayed if the failure was
-// ambiguous and the commit happened, applied otherwise.
+// ambiguous and the commit happened, applied otherwise. It runs Apply as it
+// starts (the key's INSERT finds duplicates) and with WithLookupFirst.
 func TestApplyLostReplyAtEveryRoundTrip(t *testing.T) {
+	t.Run("insert finds duplicates", func(t *testing.T) { testApplyLostReplyAtEveryRoundTrip(t) })
+	t.Run("WithLookupFirst", func(t *testing.T) { testApplyLostReplyAtEveryRoundTrip(t, postgres.WithLookupFirst()) })
+}
+
+func testApplyLostReplyAtEveryRoundTrip(t *testing.T, opts ...postgres.Option) {
 	var f faults
 	pool := newPool(t, newDB(t), func(c *pgxpool.Config) { f.configure(c); c.MaxConns = 1 })
 	ctx := testCtx(t)
-	fx := ledgerEffect(t, pool, nil)
+	fx := ledgerEffect(t, pool, nil, opts...)
 	kinds := map[string]int{}
 	var trace []string
 	for n := int64(1); ; n++ {

@@ -101,7 +101,7 @@ func validIsolation(l pgx.TxIsoLevel) bool {
 // and make it deterministic: a field that changes between deliveries of the
 // same message (a receive timestamp, a delivery count) turns every
 // redelivery into ErrKeyReused. In must be the Effect's input type and f
-// must not be nil, or New fails. Only [New] heeds it.
+// must not be nil, or New fails. [New] and [NewPipelined] heed it.
 func WithFingerprint[In any](f func(In) ([]byte, error)) Option {
 	return func(c *config) {
 		c.set(optFingerprint)
@@ -158,7 +158,7 @@ func AllowAsyncCommit() Option {
 // runs its write in a transaction that rolls back (its WAL written, its
 // sequence values used up, its locks held until then) before it replays.
 // Use it when the write is expensive, or when a duplicate's rolled-back
-// write must not happen at all. Only [New] heeds it.
+// write must not happen at all. [New] and [NewPipelined] heed it.
 func WithLookupFirst() Option {
 	return func(c *config) { c.set(optLookupFirst); c.lookupFirst = true }
 }

@@ -19,10 +19,12 @@ import (
 type Statement struct {
 	SQL  string
 	Args []any
-	// OnCommit, if set, is called with the statement's command tag once
-	// the transaction that ran it has committed, before Apply returns
-	// (never if it rolled back, nor for a duplicate that replays).
-	OnCommit func(pgconn.CommandTag)
+	// OnCommit, if set, is called once the transaction that ran the
+	// statement has committed, before Apply returns (never if it rolled
+	// back, nor for a duplicate that replays), with the statement's
+	// command tag and began, a time read before the transaction's BEGIN
+	// was sent (so no later than its now()).
+	OnCommit func(tag pgconn.CommandTag, began time.Time)
 }
 
 // StatementsFunc returns an effect's writes for in as statements that read
@@ -40,7 +42,10 @@ type StatementsFunc[In any] func(ctx context.Context, key effects.Key, in In) (r
 // costs three, and one more per statement beyond the first that the write
 // function runs. While duplicates are frequent (or with [WithLookupFirst])
 // it looks the key up first, as New does: two round trips for a new key,
-// two and no WAL for a duplicate. The ref must be known before the writes
+// two and no WAL for a duplicate. A failed pipeline (a duplicate found by
+// the key's row, a refused setting) makes pgx forget the connection's
+// prepared statements: the next Apply there prepares them again, one
+// round trip more. The ref must be known before the writes
 // run (statements returns it). A statement that fails on the server fails the whole transaction
 // and nothing is committed: put checks in SQL (a constraint, a statement
 // that raises), since nothing can read a result before COMMIT. Everything
@@ -82,8 +87,8 @@ func (e *Effect[In]) queue(ctx context.Context, key effects.Key, in In) (*queued
 
 // queueOn queues the writes on b, each whose OnCommit is set with a
 // callback that keeps its command tag, and returns the function that
-// calls the OnCommits once the transaction committed.
-func (q *queuedWrites) queueOn(b *pgx.Batch) (committed func()) {
+// calls the OnCommits once the transaction, begun after began, committed.
+func (q *queuedWrites) queueOn(b *pgx.Batch, began time.Time) (committed func()) {
 	var tags []pgconn.CommandTag
 	for i, st := range q.writes {
 		qq := b.Queue(st.SQL, st.Args...)
@@ -97,7 +102,7 @@ func (q *queuedWrites) queueOn(b *pgx.Batch) (committed func()) {
 	return func() {
 		for i, st := range q.writes {
 			if st.OnCommit != nil {
-				st.OnCommit(tags[i])
+				st.OnCommit(tags[i], began)
 			}
 		}
 	}
@@ -144,11 +149,12 @@ func (e *Effect[In]) attemptPipelined(ctx context.Context, key effects.Key, fp [
 	defer conn.Release() // destroys the connection unless it is idle, outside a transaction
 
 	var b pgx.Batch
+	began := time.Now()
 	b.Queue(beginStatement(e.txOptions))
 	if !e.cfg.allowAsyncCommit {
 		b.Queue(commitGuardSQL)
 	}
-	committed := q.queueOn(&b)
+	committed := q.queueOn(&b, began)
 	b.Queue(insertKeySQL, e.scope, string(key), fp, q.ref)
 	b.Queue("COMMIT").Exec(commitTag)
 	err = conn.SendBatch(ctx, &b).Close()
@@ -212,13 +218,14 @@ func (j *Journal) LeaseStatement(ctx context.Context, key effects.Key, fingerpri
 		return Statement{}, fmt.Errorf("%s key %q: lease %v is not positive", op, key, lease)
 	}
 	fp := nonNil(bytes.Clone(fingerprint))
-	taken := time.Now() // before the transaction is sent: no later than the lease begins
 	return Statement{
 		SQL:  leaseSQL,
 		Args: []any{j.scope, string(key), fp, max(lease.Microseconds(), 1)},
-		OnCommit: func(tag pgconn.CommandTag) {
+		OnCommit: func(tag pgconn.CommandTag, began time.Time) {
 			if tag.RowsAffected() == 1 {
-				effects.HoldLease(ctx, j, key, fp, 1, taken)
+				// The lease runs from the transaction's now(), which is
+				// no earlier than began.
+				effects.HoldLease(ctx, j, key, fp, 1, began, lease)
 			}
 		},
 	}, nil

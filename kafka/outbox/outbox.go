@@ -251,7 +251,9 @@ func WithPollInterval(d time.Duration) RelayOption { return func(c *relayConfig)
 // unsent rows and needs no [Prune], and a published row costs a delete (a
 // small WAL record) instead of a new row version with two index entries.
 // What it gives up: no record of a published row (sent_at, ref) stays, so
-// an ID enqueued again after its row was deleted is published again. Use
+// an ID enqueued again after its row was deleted is published again, and
+// with another payload it is published rather than refused with
+// [effects.ErrKeyReused], which needs the row. Use
 // it where each message is enqueued once, by an effect that dedups on its
 // own key ([EnqueueStatement] in a postgres.NewPipelined effect, [Enqueue]
 // in a postgres.New write). The duplicate window is the same.
