@@ -3,7 +3,6 @@ package effects
 import (
 	"bytes"
 	"context"
-	"reflect"
 	"sync"
 	"time"
 )
@@ -42,14 +41,15 @@ func withHeldLeases(ctx context.Context) context.Context {
 // run that applies key on journal with the same fingerprint then uses the
 // lease instead of calling Begin: one round trip and one commit fewer. Its
 // call ends at nine tenths of this lease or of its own, whichever ends
-// first, counted from began; with no time left it calls Begin. It reports whether the lease is held: false outside a plan
-// run, or for a journal that is no pointer (leases are matched by
-// journal), and then nothing uses the lease: the step's Begin finds it
-// live and reports [ErrInFlight] until it expires. A held lease the run
-// does not use (a step failed before it) expires the same way.
+// first, counted from began; with no time left it calls Begin. It reports
+// whether the lease is held: false outside a plan run, or for a journal
+// that is no pointer (leases are matched by journal), and then nothing
+// uses the lease: the step's Begin finds it live and reports [ErrInFlight]
+// until it expires. A held lease the run does not use (a step failed
+// before it) expires the same way.
 func HoldLease(ctx context.Context, journal Journal, key Key, fingerprint []byte, attempt int, began time.Time, lease time.Duration) bool {
 	h, _ := ctx.Value(heldLeasesKey{}).(*heldLeases)
-	if h == nil || journal == nil || reflect.TypeOf(journal).Kind() != reflect.Pointer || attempt < 1 || lease <= 0 {
+	if h == nil || !isPointer(journal) || attempt < 1 || lease <= 0 {
 		return false
 	}
 	h.mu.Lock()
@@ -70,7 +70,7 @@ func (l heldLease) callTime(own time.Duration) time.Duration {
 // journal, if its fingerprint is fingerprint.
 func takeHeldLease(ctx context.Context, journal Journal, key Key, fingerprint []byte) (heldLease, bool) {
 	h, _ := ctx.Value(heldLeasesKey{}).(*heldLeases)
-	if h == nil || reflect.TypeOf(journal).Kind() != reflect.Pointer {
+	if h == nil || !isPointer(journal) {
 		return heldLease{}, false
 	}
 	h.mu.Lock()

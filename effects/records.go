@@ -43,10 +43,17 @@ func heldRecordsFrom(ctx context.Context) *heldRecords {
 // struct holding an interface may), or nil.
 func batchJournal(j Journal) BatchJournal {
 	bj, ok := j.(BatchJournal)
-	if !ok || reflect.TypeOf(bj).Kind() != reflect.Pointer {
+	if !ok || !isPointer(bj) {
 		return nil
 	}
 	return bj
+}
+
+// isPointer reports whether j is a pointer: journals are told apart by
+// ==, which never panics on pointers, where it may on a struct holding an
+// interface.
+func isPointer(j Journal) bool {
+	return j != nil && reflect.TypeOf(j).Kind() == reflect.Pointer
 }
 
 // hold keeps a's record for the run. It reports false, keeping nothing,

@@ -296,53 +296,20 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 		return effects.Result{Status: effects.Replayed, Ref: ref}, classified{}
 	}
 
-	// writeFailed handles a write that failed before COMMIT: nothing was
-	// committed.
-	writeFailed := func(err error) (effects.Result, classified) {
-		if committedMeanwhile(ctx, conn.Conn(), func() { rollback(ctx, tx) }, e.scope, key) {
-			// The key was committed, before this attempt (which did not
-			// look) or by a concurrent Apply while this write ran (the
-			// write may have failed on what that one wrote or locked):
-			// the retry replays it.
-			return effects.Result{}, classified{err: effects.Transient(opApply, key, err), retry: true, lookUp: !lookup}
-		}
-		return fail(err)
-	}
-	var end pgx.Batch
+	end := func() { rollback(ctx, tx) }
+	var last pgx.Batch // ends the transaction
 	committed := func() {}
 	if queued != nil {
 		ref = queued.ref
-		committed = queued.queueOn(&end, began)
+		committed = queued.queueOn(&last, began)
 	} else if ref, err = e.write(ctx, tx, in); err != nil {
-		return writeFailed(err)
+		return effects.Result{}, e.failedBeforeCommit(ctx, conn.Conn(), end, key, err, lookup)
 	}
 	ending = true // from here on, never roll back blindly: the COMMIT may have happened
-	end.Queue(insertKeySQL, e.scope, string(key), fp, ref)
-	end.Queue("COMMIT").Exec(commitTag)
-	if err := conn.SendBatch(ctx, &end).Close(); err != nil {
-		if failedTx(conn.Conn()) {
-			// The server failed the transaction before COMMIT (which it
-			// then skipped): nothing was committed. Roll back to keep the
-			// connection.
-			rollback(ctx, tx)
-		}
-		if keyTaken(err) {
-			// The key was committed, before this attempt (which did not
-			// look) or by a concurrent transaction: the retry replays it.
-			return effects.Result{}, classified{err: effects.Transient(opApply, key, err), retry: true, lookUp: !lookup}
-		}
-		if batchNotSent(err) {
-			// pgx refused to send the batch (a statement it could not
-			// prepare, arguments it could not encode): COMMIT was never
-			// sent, nothing was committed.
-			return effects.Result{}, batchNotSentClassified(ctx, opApply, key, err, conn.Conn().IsClosed())
-		}
-		if queued != nil && serverError(err) {
-			// A queued write (or COMMIT) failed on the server, which then
-			// skipped the rest: nothing was committed.
-			return writeFailed(err)
-		}
-		return effects.Result{}, classify(ctx, opApply, key, err, true, false)
+	last.Queue(insertKeySQL, e.scope, string(key), fp, ref)
+	last.Queue("COMMIT").Exec(commitTag)
+	if err := conn.SendBatch(ctx, &last).Close(); err != nil {
+		return effects.Result{}, e.endFailed(ctx, conn.Conn(), end, key, err, queued != nil, lookup)
 	}
 	committed()
 	return effects.Result{Status: effects.Applied, Ref: ref}, classified{}
@@ -352,6 +319,49 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 // acknowledged (see ErrAsyncCommit), for an attempt that does not look its
 // key up.
 const commitSettingsSQL = `SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names') <> ''`
+
+// endFailed classifies err from the batch that ends an attempt with the
+// key's INSERT and COMMIT (and, for a pipelined Effect, queued, its writes
+// and, in its one-round-trip form, BEGIN and the commit guard before them).
+// end rolls the transaction back, for a server that failed it and skipped
+// COMMIT. lookup says whether the attempt looked the key up first.
+func (e *Effect[In]) endFailed(ctx context.Context, conn *pgx.Conn, end func(), key effects.Key, err error, queued, lookup bool) classified {
+	if failedTx(conn) {
+		// The server failed the transaction before COMMIT (which it then
+		// skipped): nothing was committed. Roll back to keep the
+		// connection.
+		end()
+	}
+	if c, ok := preprocessingFailed(ctx, opApply, key, err, conn.IsClosed()); ok {
+		// pgx refused to send the batch: COMMIT was never sent.
+		return c
+	}
+	switch {
+	case guardRefused(err):
+		return classified{err: asyncCommit(opApply, key)}
+	case keyTaken(err):
+		// The key was committed, before this attempt (if it did not look)
+		// or by a concurrent transaction: the retry replays it.
+		return classified{err: effects.Transient(opApply, key, err), retry: true, lookUp: !lookup}
+	case queued && serverError(err):
+		// A queued write (or COMMIT) failed on the server, which then
+		// skipped the rest: nothing was committed.
+		return e.failedBeforeCommit(ctx, conn, end, key, err, lookup)
+	}
+	return classify(ctx, opApply, key, err, true, false)
+}
+
+// failedBeforeCommit classifies a write that failed before COMMIT: nothing
+// was committed. If the key was committed meanwhile, before this attempt
+// (if it did not look) or by a concurrent Apply while the write ran (the
+// write may have failed on what that one wrote or locked), the retry
+// replays it.
+func (e *Effect[In]) failedBeforeCommit(ctx context.Context, conn *pgx.Conn, end func(), key effects.Key, err error, lookup bool) classified {
+	if committedMeanwhile(ctx, conn, end, e.scope, key) {
+		return classified{err: effects.Transient(opApply, key, err), retry: true, lookUp: !lookup}
+	}
+	return classify(ctx, opApply, key, err, false, conn.IsClosed())
+}
 
 const keyExistsSQL = `SELECT EXISTS (SELECT 1 FROM effectively_keys WHERE scope = $1 AND key = $2)`
 

@@ -59,26 +59,23 @@ func serverError(err error) bool {
 	return errors.As(err, &pgErr) && isError(pgErr)
 }
 
-// batchNotSent reports whether err is pgx's refusal to send a batch: a
-// statement it could not prepare or whose arguments it could not encode.
-// The batch's COMMIT was never sent.
-func batchNotSent(err error) bool {
-	var pe pgx.ErrPreprocessingBatch
-	return errors.As(err, &pe)
-}
-
-// batchNotSentClassified classifies err, for which batchNotSent holds:
-// arguments pgx could not encode (its "build" step: pgx says so only in
-// the message) are the statement's fault and never retried, whatever pgx
-// did to the connection; a statement the server would not prepare is
-// classified as the server's error; a connection lost while preparing is
+// preprocessingFailed classifies err if it is pgx's refusal to send a
+// batch (a statement it could not prepare, arguments it could not encode),
+// whose COMMIT was then never sent, and reports whether it was: arguments
+// pgx could not encode (its "build" step: pgx says so only in the message)
+// are the statement's fault and never retried, whatever pgx did to the
+// connection; a statement the server would not prepare is classified as
+// the server's error; a connection lost while preparing (broken) is
 // transient.
-func batchNotSentClassified(ctx context.Context, op string, key effects.Key, err error, broken bool) classified {
+func preprocessingFailed(ctx context.Context, op string, key effects.Key, err error, broken bool) (classified, bool) {
 	var pe pgx.ErrPreprocessingBatch
-	if errors.As(err, &pe) && strings.HasPrefix(pe.Error(), "error preprocessing batch (build)") {
+	if !errors.As(err, &pe) {
+		return classified{}, false
+	}
+	if strings.HasPrefix(pe.Error(), "error preprocessing batch (build)") {
 		broken = false
 	}
-	return classify(ctx, op, key, err, false, broken)
+	return classify(ctx, op, key, err, false, broken), true
 }
 
 // classified is the verdict on an error from one transaction attempt.

@@ -45,13 +45,13 @@ type StatementsFunc[In any] func(ctx context.Context, key effects.Key, in In) (r
 // two and no WAL for a duplicate. A failed pipeline (a duplicate found by
 // the key's row, a refused setting) makes pgx forget the connection's
 // prepared statements: the next Apply there prepares them again, one
-// round trip more. The ref must be known before the writes
-// run (statements returns it). A statement that fails on the server fails the whole transaction
-// and nothing is committed: put checks in SQL (a constraint, a statement
-// that raises), since nothing can read a result before COMMIT. Everything
-// else, the options, the errors, duplicates and retries, is as for [New].
-// It returns an [*effects.ConfigError] where New does, and if statements is
-// nil.
+// round trip more. The ref must be known before the writes run
+// (statements returns it). A statement that fails on the server fails the
+// whole transaction and nothing is committed: put checks in SQL (a
+// constraint, a statement that raises), since nothing can read a result
+// before COMMIT. Everything else, the options, the errors, duplicates and
+// retries, is as for [New]. It returns an [*effects.ConfigError] where New
+// does, and if statements is nil.
 func NewPipelined[In any](pool *pgxpool.Pool, scope string, statements StatementsFunc[In], opts ...Option) (*Effect[In], error) {
 	const op = "postgres.NewPipelined"
 	if statements == nil {
@@ -162,31 +162,7 @@ func (e *Effect[In]) attemptPipelined(ctx context.Context, key effects.Key, fp [
 		committed()
 		return effects.Result{Status: effects.Applied, Ref: q.ref}, classified{}
 	}
-	end := func() { rollbackConn(ctx, conn.Conn()) }
-	if failedTx(conn.Conn()) {
-		// A statement failed and the server skipped the rest, COMMIT
-		// included: nothing was committed.
-		end()
-	}
-	switch {
-	case guardRefused(err):
-		return effects.Result{}, classified{err: asyncCommit(opApply, key)}
-	case keyTaken(err):
-		// The key was committed, before this attempt or by a concurrent
-		// one: looking it up replays it.
-		return effects.Result{}, classified{err: effects.Transient(opApply, key, err), retry: true, lookUp: true}
-	case batchNotSent(err):
-		// pgx refused to send the batch (a statement it could not prepare,
-		// arguments it could not encode): COMMIT was never sent.
-		return effects.Result{}, batchNotSentClassified(ctx, opApply, key, err, conn.Conn().IsClosed())
-	case serverError(err):
-		// A write (or COMMIT) failed on the server: nothing was committed.
-		if committedMeanwhile(ctx, conn.Conn(), end, e.scope, key) {
-			return effects.Result{}, classified{err: effects.Transient(opApply, key, err), retry: true, lookUp: true}
-		}
-		return effects.Result{}, classify(ctx, opApply, key, err, false, conn.Conn().IsClosed())
-	}
-	return effects.Result{}, classify(ctx, opApply, key, err, true, false)
+	return effects.Result{}, e.endFailed(ctx, conn.Conn(), func() { rollbackConn(ctx, conn.Conn()) }, key, err, true, false)
 }
 
 // leaseSQL takes a new key's lease as the first attempt's Begin would, and
