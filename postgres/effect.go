@@ -19,7 +19,28 @@ import (
 // row id, say) or "". It must write only through tx: anything it does
 // outside the transaction (an HTTP call, a message sent) is not undone when
 // the transaction rolls back and is repeated when Apply retries. It must not
-// commit or roll back tx (Apply does), nor keep tx after it returns.
+// keep tx after it returns, nor end it: Apply commits it with the key's
+// row, and tx's Commit and Rollback return an error (an attempt whose
+// write ran COMMIT or ROLLBACK as SQL fails, and commits nothing with the
+// key). A statement that fails on the server fails the whole transaction,
+// and the attempt fails even if the write ignores the error; so does the
+// statement BEGIN travels with, whatever made it fail.
+//
+// Unless Apply looked the key up first, BEGIN has not been sent when the
+// function is called: it travels with the function's first Exec (with
+// arguments), Query, QueryRow or SendBatch, in the same round trip, with a
+// guard that fails the transaction when the commit settings are unsafe
+// (see [ErrAsyncCommit]; the statement then fails and nothing is written).
+// Any other method of tx (CopyFrom, Prepare, Begin for a savepoint, Conn,
+// LargeObjects), an Exec without arguments (which pgx sends with the
+// simple protocol, several statements allowed) and a statement with a pgx
+// option argument (a QueryExecMode, result formats) send BEGIN and the
+// guard first, in a round trip of their own. A function that runs no
+// statement costs one round trip: BEGIN, the key's row and COMMIT. A
+// statement new to the connection costs one more round trip, to prepare
+// it, as in any pgx transaction, and so do the guard and BEGIN again after
+// a first statement that failed: pgx forgets the statements of a batch
+// that failed.
 type WriteFunc[In any] func(ctx context.Context, tx pgx.Tx, in In) (ref string, err error)
 
 // Effect is an [effects.Effect] whose side effect is a set of writes to the
@@ -122,17 +143,16 @@ func (e *Effect[In]) Contract() effects.Contract {
 // a duplicate does not run the write at all; [WithLookupFirst] makes it
 // always do so.
 //
-// Cost of a new key: three round trips, as for a plain insert transaction,
-// and two statements more than it (the commit settings and the key's
-// INSERT): BEGIN pipelined with a read of the settings (pgx
-// Batch.BeginTx); the write; the key's INSERT pipelined with COMMIT. Cost
-// of a duplicate, looked up first: two round trips (the same first one,
-// with the lookup, then ROLLBACK) and no WAL; found by the key's INSERT:
-// the new key's round trips, a ROLLBACK, then those two, and pgx, which
-// forgets a connection's prepared statements after a failed batch,
-// prepares them again for the next Apply on that connection (one round
-// trip). Under synchronous
-// replication a replay also passes the replay barrier (see
+// Cost of a new key: two round trips, one fewer than a plain insert
+// transaction, and two statements more than it (a guard on the commit
+// settings and the key's INSERT): BEGIN and the guard travel with the
+// write's first statement (see [WriteFunc]), the key's INSERT with COMMIT.
+// Cost of a duplicate, looked up first: two round trips (BEGIN with the
+// lookup, then ROLLBACK) and no WAL; found by the key's INSERT: the new
+// key's round trips, a ROLLBACK, then those two, and pgx, which forgets a
+// connection's prepared statements after a failed batch, prepares them
+// again for the next Apply on that connection (one round trip). Under
+// synchronous replication a replay also passes the replay barrier (see
 // RELIABILITY.md): a few bytes of WAL and a COMMIT that waits for the
 // standby.
 //
@@ -193,13 +213,17 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (effects
 const opApply = "postgres.Apply"
 
 // attemptOnce runs one attempt in the shape the Effect and lookup call for:
-// a pipelined Effect's attempt that does not look its key up is one round
-// trip (attemptPipelined); any other is attempt's.
+// one that looks its key up first is attempt's; a pipelined Effect's that
+// does not is one round trip (attemptPipelined); New's is two
+// (attemptDeferred).
 func (e *Effect[In]) attemptOnce(ctx context.Context, key effects.Key, fp []byte, in In, queued *queuedWrites, lookup bool) (effects.Result, classified) {
-	if queued != nil && !lookup {
+	switch {
+	case lookup:
+		return e.attempt(ctx, key, fp, in, queued)
+	case queued != nil:
 		return e.attemptPipelined(ctx, key, fp, queued)
 	}
-	return e.attempt(ctx, key, fp, in, queued, lookup)
+	return e.attemptDeferred(ctx, key, fp, in)
 }
 
 // applyLookupSQL reads the key, if it was committed, with the settings that
@@ -220,15 +244,15 @@ FROM (SELECT current_setting('synchronous_commit') AS sync_commit,
 // replays.
 const insertKeySQL = `INSERT INTO effectively_keys (scope, key, fingerprint, ref) VALUES ($1, $2, $3, $4)`
 
-// attempt runs one transaction, looking the key up first if lookup. On
-// success c.err is nil.
+// attempt runs one transaction that looks the key up first, in BEGIN's
+// round trip.
 //
 // It runs on a connection of its own rather than a pgxpool.Tx so that it
 // can end the transaction with the key's INSERT and COMMIT pipelined in
 // one round trip; the pgx.Tx that BEGIN's batch gave the write is then
 // abandoned, and Release checks that the connection is idle before pooling
 // it again.
-func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in In, queued *queuedWrites, lookup bool) (effects.Result, classified) {
+func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in In, queued *queuedWrites) (effects.Result, classified) {
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
 		return effects.Result{}, classify(ctx, opApply, key, err, false, false)
@@ -244,23 +268,16 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 	)
 	began := time.Now()
 	batch.BeginTx(e.txOptions)
-	switch {
-	case lookup:
-		batch.Queue(applyLookupSQL, e.scope, string(key)).QueryRow(func(row pgx.Row) error {
-			var storedRef *string
-			if err := row.Scan(&found, &storedFP, &storedRef, &settings.syncCommit, &settings.syncRep); err != nil {
-				return err
-			}
-			if storedRef != nil {
-				ref = *storedRef
-			}
-			return nil
-		})
-	case !e.cfg.allowAsyncCommit:
-		batch.Queue(commitSettingsSQL).QueryRow(func(row pgx.Row) error {
-			return row.Scan(&settings.syncCommit, &settings.syncRep)
-		})
-	}
+	batch.Queue(applyLookupSQL, e.scope, string(key)).QueryRow(func(row pgx.Row) error {
+		var storedRef *string
+		if err := row.Scan(&found, &storedFP, &storedRef, &settings.syncCommit, &settings.syncRep); err != nil {
+			return err
+		}
+		if storedRef != nil {
+			ref = *storedRef
+		}
+		return nil
+	})
 	br := conn.SendBatch(ctx, &batch)
 	tx := br.Tx()
 	ending := false
@@ -302,23 +319,68 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 	if queued != nil {
 		ref = queued.ref
 		committed = queued.queueOn(&last, began)
-	} else if ref, err = e.write(ctx, tx, in); err != nil {
-		return effects.Result{}, e.failedBeforeCommit(ctx, conn.Conn(), end, key, err, lookup)
+	} else if ref, err = e.write(ctx, writeTx{tx}, in); err != nil {
+		return effects.Result{}, e.failedBeforeCommit(ctx, conn.Conn(), end, key, err, true)
+	} else if !inTransaction(conn.Conn()) {
+		return effects.Result{}, classified{err: errNoTransaction(key)}
 	}
 	ending = true // from here on, never roll back blindly: the COMMIT may have happened
 	last.Queue(insertKeySQL, e.scope, string(key), fp, ref)
 	last.Queue("COMMIT").Exec(commitTag)
 	if err := conn.SendBatch(ctx, &last).Close(); err != nil {
-		return effects.Result{}, e.endFailed(ctx, conn.Conn(), end, key, err, queued != nil, lookup)
+		return effects.Result{}, e.endFailed(ctx, conn.Conn(), end, key, err, queued != nil, true)
 	}
 	committed()
 	return effects.Result{Status: effects.Applied, Ref: ref}, classified{}
 }
 
-// commitSettingsSQL reads the settings that decide whether a commit may be
-// acknowledged (see ErrAsyncCommit), for an attempt that does not look its
-// key up.
-const commitSettingsSQL = `SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names') <> ''`
+// attemptDeferred runs one attempt of New's Effect without looking its
+// key up, in two round trips: BEGIN and the commit guard (unless async
+// commits are allowed) go with the write's first statement (see
+// deferredTx), and the key's row with COMMIT; a write that runs no
+// statement has all of it in one. The key's primary key finds a
+// duplicate, as in attempt.
+func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []byte, in In) (effects.Result, classified) {
+	conn, err := e.pool.Acquire(ctx)
+	if err != nil {
+		return effects.Result{}, classify(ctx, opApply, key, err, false, false)
+	}
+	defer conn.Release() // destroys the connection unless it is idle, outside a transaction
+
+	tx := &deferredTx{ctx: ctx, conn: conn.Conn(), opts: e.txOptions, guard: !e.cfg.allowAsyncCommit}
+	ending := false
+	defer func() {
+		if !ending {
+			tx.rollback(ctx)
+		}
+	}()
+	end := func() { tx.rollback(ctx) }
+	ref, err := e.write(ctx, tx, in)
+	if err == nil {
+		err = tx.failed // a statement failed before BEGIN ran: as a failed statement in the transaction, it fails the attempt
+	}
+	switch {
+	case tx.refused:
+		return effects.Result{}, classified{err: asyncCommit(opApply, key)}
+	case err != nil:
+		return effects.Result{}, e.failedBeforeCommit(ctx, conn.Conn(), end, key, err, false)
+	case tx.begun() && !inTransaction(conn.Conn()):
+		return effects.Result{}, classified{err: errNoTransaction(key)}
+	}
+	ending = true // from here on, never roll back blindly: the COMMIT may have happened
+	var last pgx.Batch
+	alone := !tx.begun() // the write ran no statement: BEGIN goes with COMMIT
+	if alone {
+		tx.queueBegin(&last)
+		end = func() { rollbackConn(ctx, conn.Conn()) }
+	}
+	last.Queue(insertKeySQL, e.scope, string(key), fp, ref)
+	last.Queue("COMMIT").Exec(commitTag)
+	if err := conn.SendBatch(ctx, &last).Close(); err != nil {
+		return effects.Result{}, e.endFailed(ctx, conn.Conn(), end, key, err, alone, false)
+	}
+	return effects.Result{Status: effects.Applied, Ref: ref}, classified{}
+}
 
 // endFailed classifies err from the batch that ends an attempt with the
 // key's INSERT and COMMIT (and, for a pipelined Effect, queued, its writes

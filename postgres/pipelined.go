@@ -39,7 +39,7 @@ type StatementsFunc[In any] func(ctx context.Context, key effects.Key, in In) (r
 // read nothing back: Apply sends BEGIN, a check of the commit settings,
 // the statements, the key's row and COMMIT in one pipeline, so that a new
 // key costs one round trip whatever the number of statements, where [New]
-// costs three, and one more per statement beyond the first that the write
+// costs two, and one more per statement beyond the first that the write
 // function runs. While duplicates are frequent (or with [WithLookupFirst])
 // it looks the key up first, as New does: two round trips for a new key,
 // two and no WAL for a duplicate. A failed pipeline (a duplicate found by
