@@ -16,6 +16,10 @@ import (
 // ends the transaction itself, with the key's row.
 var errWriteEndedTx = errors.New("postgres: a write function must not commit or roll back the transaction: Apply ends it, with the key's row")
 
+// errKeyCommitted fails the statements of a write whose key the probe
+// found committed before: Apply replays it, and rolls back what ran.
+var errKeyCommitted = errors.New("postgres: the key was committed before: Apply replays it and rolls this transaction back")
+
 // errBatchBegins refuses a write's batch that begins a transaction, as
 // pgx does inside one.
 var errBatchBegins = errors.New("postgres: Batch.BeginTx cannot be used within a transaction")
@@ -29,10 +33,13 @@ func (writeTx) Commit(context.Context) error   { return errWriteEndedTx }
 func (writeTx) Rollback(context.Context) error { return errWriteEndedTx }
 
 // deferredTx is the pgx.Tx that Apply hands a write when it does not look
-// the key up first. BEGIN and the commit guard (commitGuardSQL) are not
-// sent in a round trip of their own: they go in one pipeline with the
-// write's first statement (Exec with arguments, Query, QueryRow or
-// SendBatch), or, if the write runs none, with the key's row and COMMIT.
+// the key up first. BEGIN and the probe of the key (probeGuardSQL, with
+// the commit guard) are not sent in a round trip of their own: they go in
+// one pipeline with the write's first statement (Exec with arguments,
+// Query, QueryRow or SendBatch), or, if the write runs none, with the
+// key's row and COMMIT. When the probe finds the key committed before,
+// that statement and every later one fail with errKeyCommitted, and
+// Apply replays the key.
 // Any other method, and a statement that a batch cannot carry, begins the
 // transaction first, in a round trip of its own, then does what a pgx.Tx
 // does. Commit and Rollback refuse (errWriteEndedTx): Apply ends the
@@ -41,7 +48,10 @@ type deferredTx struct {
 	ctx   context.Context // Apply's, for the methods that take none
 	conn  *pgx.Conn
 	opts  pgx.TxOptions
-	guard bool   // queue commitGuardSQL after BEGIN
+	guard bool // probe with the commit guard
+	scope string
+	key   effects.Key
+	probe probe  // what the probe found, once read
 	tx    pgx.Tx // the transaction, once BEGIN ran; nil before
 	// failed is the error of a first batch that failed before its BEGIN
 	// ran (pgx could not prepare or encode the first statement, or the
@@ -61,19 +71,19 @@ var _ pgx.Tx = (*deferredTx)(nil)
 // begun reports whether BEGIN ran.
 func (t *deferredTx) begun() bool { return t.tx != nil }
 
-// queueBegin queues BEGIN and the guard as the first statements of b, a
+// queueBegin queues BEGIN and the probe as the first statements of b, a
 // batch that has none yet.
 func (t *deferredTx) queueBegin(b *pgx.Batch) {
 	b.BeginTx(t.opts)
-	if t.guard {
-		b.Queue(commitGuardSQL)
-	}
+	queueProbe(b, t.scope, t.key, t.guard, &t.probe)
 }
 
-// send sends b, whose first statements queueBegin queued, and reads their
-// results: on success the next result of the returned BatchResults is the
-// first statement after them. On failure the batch is closed already.
-func (t *deferredTx) send(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, error) {
+// send sends b, whose first statements queueBegin queued, followed by n
+// statements of the write, and reads the results of BEGIN and the probe:
+// on success the next result of the returned BatchResults is the write's
+// first statement's. On failure, or when the probe found the key, the
+// batch is closed already.
+func (t *deferredTx) send(ctx context.Context, b *pgx.Batch, n int) (pgx.BatchResults, error) {
 	br := t.conn.SendBatch(ctx, b)
 	tx := br.Tx()
 	if _, err := br.Exec(); err != nil { // BEGIN
@@ -82,12 +92,23 @@ func (t *deferredTx) send(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, 
 		return nil, t.fail(err)
 	}
 	t.tx = tx
-	if t.guard {
-		if _, err := br.Exec(); err != nil {
-			t.refused = guardRefused(err)
-			_ = br.Close()
-			return nil, err
+	if err := keepStatements(b, t.probe.scan(br.QueryRow())); err != nil {
+		t.refused = guardRefused(err)
+		_ = br.Close()
+		return nil, err
+	}
+	if t.probe.found {
+		// The write's statements ran, and will be rolled back: read
+		// their results, keeping the statements prepared if one failed
+		// on a constraint (a duplicate's write often does).
+		for range n {
+			if _, err := br.Exec(); err != nil {
+				keepStatements(b, err) //nolint:errcheck // the error is the duplicate's, not reported
+				break
+			}
 		}
+		_ = br.Close()
+		return nil, errKeyCommitted
 	}
 	return br, nil
 }
@@ -129,14 +150,17 @@ func (t *deferredTx) inTx() bool {
 	return s == 'T' || s == 'E'
 }
 
-// begin sends BEGIN and the guard alone, if BEGIN has not run yet.
+// begin sends BEGIN and the probe alone, if BEGIN has not run yet.
 func (t *deferredTx) begin(ctx context.Context) error {
+	if t.probe.found {
+		return errKeyCommitted
+	}
 	if t.begun() {
 		return nil
 	}
 	var b pgx.Batch
 	t.queueBegin(&b)
-	br, err := t.send(ctx, &b)
+	br, err := t.send(ctx, &b, 0)
 	if err != nil {
 		return err
 	}
@@ -173,6 +197,9 @@ func pipelinable(exec bool, args []any) bool {
 
 // Exec runs sql, with BEGIN and the guard if BEGIN has not run yet.
 func (t *deferredTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if t.probe.found {
+		return pgconn.CommandTag{}, errKeyCommitted
+	}
 	if t.begun() || t.failed != nil || !pipelinable(true, args) {
 		if err := t.begin(ctx); err != nil {
 			return pgconn.CommandTag{}, err
@@ -182,7 +209,7 @@ func (t *deferredTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.
 	var b pgx.Batch
 	t.queueBegin(&b)
 	b.Queue(sql, args...)
-	br, err := t.send(ctx, &b)
+	br, err := t.send(ctx, &b, 1)
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
@@ -197,6 +224,9 @@ func (t *deferredTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.
 // with any pgx.Rows, the rows must be closed (or read to the end) before
 // the transaction is used again. On failure the rows carry the error too.
 func (t *deferredTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if t.probe.found {
+		return errRows{err: errKeyCommitted, conn: t.conn}, errKeyCommitted
+	}
 	if t.begun() || t.failed != nil || !pipelinable(false, args) {
 		if err := t.begin(ctx); err != nil {
 			return errRows{err: err, conn: t.conn}, err
@@ -206,7 +236,7 @@ func (t *deferredTx) Query(ctx context.Context, sql string, args ...any) (pgx.Ro
 	var b pgx.Batch
 	t.queueBegin(&b)
 	b.Queue(sql, args...)
-	br, err := t.send(ctx, &b)
+	br, err := t.send(ctx, &b, 1)
 	if err != nil {
 		return errRows{err: err, conn: t.conn}, err
 	}
@@ -231,6 +261,9 @@ func (t *deferredTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResul
 	if pgx.FailedBatchResults(b, nil).Tx() != nil {
 		return failedBatch{err: errBatchBegins, conn: t.conn}
 	}
+	if t.probe.found {
+		return failedBatch{err: errKeyCommitted, conn: t.conn}
+	}
 	if t.begun() || t.failed != nil {
 		if err := t.begin(ctx); err != nil {
 			return failedBatch{err: err, conn: t.conn}
@@ -240,7 +273,7 @@ func (t *deferredTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResul
 	var all pgx.Batch
 	t.queueBegin(&all)
 	all.QueuedQueries = append(all.QueuedQueries, b.QueuedQueries...)
-	br, err := t.send(ctx, &all)
+	br, err := t.send(ctx, &all, len(b.QueuedQueries))
 	if err != nil {
 		return failedBatch{err: err, conn: t.conn}
 	}

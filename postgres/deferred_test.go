@@ -395,3 +395,83 @@ func TestApplyWriteMisuse(t *testing.T) {
 		}
 	})
 }
+
+// TestApplyDuplicateFoundByTheProbe: a duplicate is found by the probe
+// that travels with the write's first statement (all of them for a
+// pipelined Effect): it replays in two round trips, the write's next
+// statement fails and nothing of the duplicate commits, and the
+// connection keeps its prepared statements, so the next new key costs
+// what a new key costs.
+func TestApplyDuplicateFoundByTheProbe(t *testing.T) {
+	url := newDB(t)
+	var sends atomic.Int64 // writes on the wire: one per round trip
+	pool := newPool(t, url, func(c *pgxpool.Config) {
+		c.MaxConns = 1
+		c.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			return &countingConn{Conn: conn, writes: &sends}, err
+		}
+	})
+	// A unique index the duplicate's first statement runs into, as a
+	// duplicate's write often does.
+	mustExec(t, pool, `CREATE TABLE receipts (event_id text PRIMARY KEY)`)
+	var secondErrs []error
+	newFx, err := postgres.New(pool, "billing", func(ctx context.Context, tx pgx.Tx, p payment) (string, error) {
+		if _, err := tx.Exec(ctx, `INSERT INTO receipts (event_id) VALUES ($1)`, p.EventID); err != nil {
+			_, err2 := tx.Exec(ctx, `SELECT $1::int`, 1)
+			secondErrs = append(secondErrs, err2)
+			return "", err
+		}
+		return writeLedger(ctx, tx, p)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	mustExec(t, pool, `CREATE TABLE audit (ref text PRIMARY KEY, amount bigint NOT NULL CHECK (amount >= 0))`)
+	pipelined := pipelinedLedger(t, pool, &calls)
+	for _, tc := range []struct {
+		name     string
+		fx       *postgres.Effect[payment]
+		newTrips int64
+	}{{"New", newFx, 3}, {"NewPipelined", pipelined, 1}} { // New's write runs two statements
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			apply := func(event string) (effects.Result, int64) {
+				t.Helper()
+				before := sends.Load()
+				res, err := tc.fx.Apply(ctx, effects.MustKey(event, "ledger"), payment{EventID: event, Amount: 3})
+				if err != nil {
+					t.Fatalf("Apply %s: %v", event, err)
+				}
+				return res, sends.Load() - before
+			}
+			apply("evt_probe_warm_" + tc.name)
+			event := "evt_probe_" + tc.name
+			first, trips := apply(event)
+			if first.Status != effects.Applied || trips != tc.newTrips {
+				t.Fatalf("new key = %+v in %d round trips, want applied in %d", first, trips, tc.newTrips)
+			}
+			for i := range 3 {
+				again, trips := apply(event)
+				if again != (effects.Result{Status: effects.Replayed, Ref: first.Ref}) || trips != 2 {
+					t.Fatalf("duplicate %d = %+v in %d round trips, want replayed %q in 2", i, again, trips, first.Ref)
+				}
+			}
+			if n := rows(t, pool, event); n != 1 {
+				t.Fatalf("ledger rows = %d, want 1", n)
+			}
+			if _, trips := apply(event + "_next"); trips != tc.newTrips {
+				t.Fatalf("the next new key took %d round trips, want %d: the duplicates made pgx prepare statements again", trips, tc.newTrips)
+			}
+		})
+	}
+	for i, err := range secondErrs {
+		if err == nil || !strings.Contains(err.Error(), "committed before") {
+			t.Errorf("the statement after the duplicate's first %d = %v, want it refused: the key was committed before", i, err)
+		}
+	}
+	if len(secondErrs) != 3 {
+		t.Errorf("%d duplicates of New ran into the unique index, want 3", len(secondErrs))
+	}
+}

@@ -129,32 +129,35 @@ func (e *Effect[In]) Contract() effects.Contract {
 // the write and inserts (scope, key, fingerprint, ref) and commits,
 // returning [effects.Applied] with the ref. If the key was committed
 // before with the same fingerprint, it returns [effects.Replayed] with the
-// stored ref and commits nothing. The primary key of effectively_keys is
-// the authority: the key's INSERT, just before COMMIT, fails if the key is
-// there, and waits for a concurrent transaction that inserted it (a
-// concurrent duplicate) and fails if that one commits; the attempt then
+// stored ref and commits nothing. A probe of the key travels with BEGIN
+// and the write's first statement: when it finds the key committed, the
+// write's next statement fails, the transaction rolls back and Apply
+// replays. The primary key of effectively_keys is the authority: the key's
+// INSERT, just before COMMIT, fails if the key is there, and waits for a
+// concurrent transaction that inserted it (a concurrent duplicate the
+// probe could not see) and fails if that one commits; the attempt then
 // rolls back, its write with it, and Apply looks the key up, which
 // replays. A write that fails because the key was committed (on a row the
 // duplicate wrote or locked, say) is handled the same way: after a failed
 // write Apply checks whether the key is there.
 //
-// While duplicates are frequent (one Apply of this Effect in ten or more,
-// a replay storm) Apply looks the key up first, in BEGIN's round trip, and
-// a duplicate does not run the write at all; [WithLookupFirst] makes it
-// always do so.
+// While duplicates are frequent (one Apply of this Effect in four or more,
+// a replay storm) Apply looks the key up first, in BEGIN's round trip of
+// its own, and a duplicate runs no statement of the write at all;
+// [WithLookupFirst] makes it always do so.
 //
 // Cost of a new key: two round trips, one fewer than a plain insert
-// transaction, and two statements more than it (a guard on the commit
-// settings and the key's INSERT): BEGIN and the guard travel with the
-// write's first statement (see [WriteFunc]), the key's INSERT with COMMIT.
-// Cost of a duplicate, looked up first: two round trips (BEGIN with the
-// lookup, then ROLLBACK) and no WAL; found by the key's INSERT: the new
-// key's round trips, a ROLLBACK, then those two, and pgx, which forgets a
-// connection's prepared statements after a failed batch, prepares them
-// again for the next Apply on that connection (one round trip). Under
-// synchronous replication a replay also passes the replay barrier (see
-// RELIABILITY.md): a few bytes of WAL and a COMMIT that waits for the
-// standby.
+// transaction, and two statements more than it (the probe, which also
+// guards the commit settings, and the key's INSERT): BEGIN and the probe
+// travel with the write's first statement (see [WriteFunc]), the key's
+// INSERT with COMMIT. Cost of a duplicate: two round trips (the first
+// one, then ROLLBACK), and the write's first statement run and rolled
+// back; looked up first: two round trips (BEGIN with the lookup, then
+// ROLLBACK) and no WAL. Under synchronous replication a replay also passes
+// the replay barrier (see RELIABILITY.md): a few bytes of WAL and a COMMIT
+// that waits for the standby, in the round trip of the ROLLBACK. A
+// concurrent duplicate found by the key's INSERT costs its round trips, a
+// ROLLBACK and the lookup's two.
 //
 // Errors:
 //   - [effects.ErrInvalidKey]: key is invalid; checked before any I/O.
@@ -226,16 +229,6 @@ func (e *Effect[In]) attemptOnce(ctx context.Context, key effects.Key, fp []byte
 	return e.attemptDeferred(ctx, key, fp, in)
 }
 
-// applyLookupSQL reads the key, if it was committed, with the settings that
-// decide whether the commit may be acknowledged (see ErrAsyncCommit), in
-// one statement: a row always comes back, with found false for a new key.
-// It takes no lock: a concurrent Apply of the same key that this
-// statement did not see is settled by the key's INSERT (see insertKeySQL).
-const applyLookupSQL = `SELECT k.key IS NOT NULL, k.fingerprint, k.ref, s.sync_commit, s.sync_rep
-FROM (SELECT current_setting('synchronous_commit') AS sync_commit,
-		current_setting('synchronous_standby_names') <> '' AS sync_rep) AS s
-	LEFT JOIN effectively_keys AS k ON k.scope = $1 AND k.key = $2`
-
 // insertKeySQL records the key with its ref. It is a plain INSERT, no ON
 // CONFLICT: if a transaction that the lookup did not see (a concurrent
 // Apply, Claim or ClaimBatch, or a commit after a REPEATABLE READ
@@ -260,24 +253,13 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 	defer conn.Release() // destroys the connection unless it is idle, outside a transaction
 
 	var (
-		settings commitSettings
-		found    bool
-		storedFP []byte
-		ref      string
-		batch    pgx.Batch
+		p     probe
+		ref   string
+		batch pgx.Batch
 	)
 	began := time.Now()
 	batch.BeginTx(e.txOptions)
-	batch.Queue(applyLookupSQL, e.scope, string(key)).QueryRow(func(row pgx.Row) error {
-		var storedRef *string
-		if err := row.Scan(&found, &storedFP, &storedRef, &settings.syncCommit, &settings.syncRep); err != nil {
-			return err
-		}
-		if storedRef != nil {
-			ref = *storedRef
-		}
-		return nil
-	})
+	queueProbe(&batch, e.scope, key, false, &p)
 	br := conn.SendBatch(ctx, &batch)
 	tx := br.Tx()
 	ending := false
@@ -294,11 +276,11 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 	}
 
 	switch {
-	case settings.unsafeCommit() && !e.cfg.allowAsyncCommit:
+	case p.unsafeCommit() && !e.cfg.allowAsyncCommit:
 		return effects.Result{}, classified{err: asyncCommit(opApply, key)}
-	case found && !bytes.Equal(storedFP, fp):
+	case p.found && !bytes.Equal(p.fp, fp):
 		return effects.Result{}, classified{err: reused(opApply, key)}
-	case found && settings.replayNeedsBarrier():
+	case p.found && p.replayNeedsBarrier():
 		// Report the replay only once the earlier commit is surely on the
 		// synchronous standby (see replayBarrierSQL).
 		ending = true
@@ -308,9 +290,9 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 		if err := conn.SendBatch(ctx, &end).Close(); err != nil {
 			return effects.Result{}, classify(ctx, opApply, key, err, true, false)
 		}
-		return effects.Result{Status: effects.Replayed, Ref: ref}, classified{}
-	case found:
-		return effects.Result{Status: effects.Replayed, Ref: ref}, classified{}
+		return effects.Result{Status: effects.Replayed, Ref: p.ref}, classified{}
+	case p.found:
+		return effects.Result{Status: effects.Replayed, Ref: p.ref}, classified{}
 	}
 
 	end := func() { rollback(ctx, tx) }
@@ -325,7 +307,7 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 		return effects.Result{}, classified{err: errNoTransaction(key)}
 	}
 	ending = true // from here on, never roll back blindly: the COMMIT may have happened
-	last.Queue(insertKeySQL, e.scope, string(key), fp, ref)
+	queueKeyInsert(&last, e.scope, key, fp, ref)
 	last.Queue("COMMIT").Exec(commitTag)
 	if err := conn.SendBatch(ctx, &last).Close(); err != nil {
 		return effects.Result{}, e.endFailed(ctx, conn.Conn(), end, key, err, queued != nil, true)
@@ -335,11 +317,13 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 }
 
 // attemptDeferred runs one attempt of New's Effect without looking its
-// key up, in two round trips: BEGIN and the commit guard (unless async
-// commits are allowed) go with the write's first statement (see
-// deferredTx), and the key's row with COMMIT; a write that runs no
-// statement has all of it in one. The key's primary key finds a
-// duplicate, as in attempt.
+// key up first, in two round trips: BEGIN and the probe (with the commit
+// guard unless async commits are allowed) go with the write's first
+// statement (see deferredTx), and the key's row with COMMIT; a write that
+// runs no statement has all of it in one. A key the probe found committed
+// before is replayed at once: the write's next statement fails, and the
+// attempt rolls back. A concurrent duplicate the probe did not see fails
+// the key's INSERT, and is looked up, as in attempt.
 func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []byte, in In) (effects.Result, classified) {
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
@@ -347,7 +331,7 @@ func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []
 	}
 	defer conn.Release() // destroys the connection unless it is idle, outside a transaction
 
-	tx := &deferredTx{ctx: ctx, conn: conn.Conn(), opts: e.txOptions, guard: !e.cfg.allowAsyncCommit}
+	tx := &deferredTx{ctx: ctx, conn: conn.Conn(), opts: e.txOptions, guard: !e.cfg.allowAsyncCommit, scope: e.scope, key: key}
 	ending := false
 	defer func() {
 		if !ending {
@@ -360,6 +344,9 @@ func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []
 		err = tx.failed // a statement failed before BEGIN ran: as a failed statement in the transaction, it fails the attempt
 	}
 	switch {
+	case tx.probe.found:
+		ending = true
+		return replayFound(ctx, conn.Conn(), key, fp, &tx.probe)
 	case tx.refused:
 		return effects.Result{}, classified{err: asyncCommit(opApply, key)}
 	case err != nil:
@@ -374,12 +361,16 @@ func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []
 		tx.queueBegin(&last)
 		end = func() { rollbackConn(ctx, conn.Conn()) }
 	}
-	last.Queue(insertKeySQL, e.scope, string(key), fp, ref)
+	queueKeyInsert(&last, e.scope, key, fp, ref)
 	last.Queue("COMMIT").Exec(commitTag)
-	if err := conn.SendBatch(ctx, &last).Close(); err != nil {
-		return effects.Result{}, e.endFailed(ctx, conn.Conn(), end, key, err, alone, false)
+	err = conn.SendBatch(ctx, &last).Close()
+	switch {
+	case err == nil:
+		return effects.Result{Status: effects.Applied, Ref: ref}, classified{}
+	case tx.probe.found && keyTaken(err):
+		return replayFound(ctx, conn.Conn(), key, fp, &tx.probe)
 	}
-	return effects.Result{Status: effects.Applied, Ref: ref}, classified{}
+	return effects.Result{}, e.endFailed(ctx, conn.Conn(), end, key, err, alone, false)
 }
 
 // endFailed classifies err from the batch that ends an attempt with the
@@ -475,19 +466,22 @@ func rollback(ctx context.Context, tx pgx.Tx) {
 // duplicateRate is a moving average of how many of an Effect's recent
 // Applies were duplicates (replays), shared by its goroutines. Apply looks
 // a key up before the write only while it is at least lookupFirstRate: a
-// lookup costs every new key a statement, and an attempt that does not look
-// costs a duplicate its write, rolled back, and two more round trips.
+// lookup of its own costs every new key a round trip, and an attempt that
+// does not look first costs a duplicate the statements of its write that
+// ran with the probe (all of them for a pipelined Effect), rolled back.
 type duplicateRate struct{ scaled atomic.Int64 } // the rate times rateScale
 
 const (
 	rateScale = 1 << 16
 	// rateWeight is the weight of the newest Apply: 1/64, so that from no
-	// duplicates at all 7 in a row turn lookups on, and after a long storm
-	// 147 new keys in a row turn them off again.
+	// duplicates at all 19 in a row turn lookups on, and after a long storm
+	// 89 new keys in a row turn them off again.
 	rateWeight = 64
 	// lookupFirstRate is where looking first becomes the cheaper way: one
-	// duplicate in ten.
-	lookupFirstRate = rateScale / 10
+	// duplicate in four (a round trip saved for every new key against the
+	// rolled-back statements of a duplicate, which cost more CPU than a
+	// round trip).
+	lookupFirstRate = rateScale / 4
 )
 
 // observe records one Apply's outcome.

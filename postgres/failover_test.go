@@ -544,12 +544,27 @@ func check(t *testing.T, ctx context.Context, conn *pgx.Conn, r *failoverResult,
 // then lost in the failover. The replay barrier makes the retry wait for the
 // standby too, so nothing is acked while the standby lags; after the
 // failover, the redelivery applies on the new primary: one effect, none lost.
+// It runs for New and for NewPipelined: each finds the earlier commit by
+// the probe sent with its writes, and replays through the barrier.
 func TestFailoverCancelledSyncWait(t *testing.T) {
+	pipelined := func(pool *pgxpool.Pool) (*postgres.Effect[payment], error) {
+		return postgres.NewPipelined(pool, failoverScope, func(_ context.Context, k effects.Key, p payment) (string, []postgres.Statement, error) {
+			return "ledger:" + p.EventID, []postgres.Statement{{SQL: `INSERT INTO ledger (event_id, amount) VALUES ($1, $2)`, Args: []any{p.EventID, p.Amount}}}, nil
+		})
+	}
+	plain := func(pool *pgxpool.Pool) (*postgres.Effect[payment], error) {
+		return postgres.New(pool, failoverScope, writeLedger)
+	}
+	t.Run("New", func(t *testing.T) { failoverCancelledSyncWait(t, plain) })
+	t.Run("NewPipelined", func(t *testing.T) { failoverCancelledSyncWait(t, pipelined) })
+}
+
+func failoverCancelledSyncWait(t *testing.T, newEffect func(*pgxpool.Pool) (*postgres.Effect[payment], error)) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	fp := startFailoverPair(t, ctx, true)
 	pool := newPool(t, fp.primary.URL(failoverDB), nil)
-	eff, err := postgres.New(pool, failoverScope, writeLedger)
+	eff, err := newEffect(pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -586,7 +601,7 @@ func TestFailoverCancelledSyncWait(t *testing.T) {
 	}
 	// The broker redelivers the unacked message to a worker on the new primary.
 	pool2 := newPool(t, fp.standby.URL(failoverDB), nil)
-	eff2, err := postgres.New(pool2, failoverScope, writeLedger)
+	eff2, err := newEffect(pool2)
 	if err != nil {
 		t.Fatal(err)
 	}

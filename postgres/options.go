@@ -151,12 +151,13 @@ func AllowAsyncCommit() Option {
 }
 
 // WithLookupFirst makes [Effect.Apply] look every key up before it runs
-// the write, as it does on its own while duplicates are frequent (one
-// Apply in ten or more). By default, while they are rare, Apply runs the
-// write first and lets the key's INSERT, just before COMMIT, find a
-// duplicate: a new key then costs one statement less, and a duplicate
-// runs its write in a transaction that rolls back (its WAL written, its
-// sequence values used up, its locks held until then) before it replays.
+// the write, in a round trip of its own, as it does on its own while
+// duplicates are frequent (one Apply in four or more). By default, while
+// they are rare, Apply sends the lookup with the write's first statement
+// (for [NewPipelined], with all of them): a new key then costs one round
+// trip less, and a duplicate runs those statements in a transaction that
+// rolls back (their WAL written, sequence values used up, locks held until
+// then) before it replays.
 // Use it when the write is expensive, or when a duplicate's rolled-back
 // write must not happen at all. [New] and [NewPipelined] heed it.
 func WithLookupFirst() Option {

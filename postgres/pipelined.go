@@ -36,16 +36,20 @@ type Statement struct {
 type StatementsFunc[In any] func(ctx context.Context, key effects.Key, in In) (ref string, writes []Statement, err error)
 
 // NewPipelined is [New] for writes known in advance, as statements that
-// read nothing back: Apply sends BEGIN, a check of the commit settings,
-// the statements, the key's row and COMMIT in one pipeline, so that a new
-// key costs one round trip whatever the number of statements, where [New]
-// costs two, and one more per statement beyond the first that the write
-// function runs. While duplicates are frequent (or with [WithLookupFirst])
-// it looks the key up first, as New does: two round trips for a new key,
-// two and no WAL for a duplicate. A failed pipeline (a duplicate found by
-// the key's row, a refused setting) makes pgx forget the connection's
-// prepared statements: the next Apply there prepares them again, one
-// round trip more. The ref must be known before the writes run
+// read nothing back: Apply sends BEGIN, a probe of the key (which also
+// guards the commit settings), the statements, the key's row and COMMIT in
+// one pipeline, so that a new key costs one round trip whatever the number
+// of statements, where [New] costs two, and one more per statement beyond
+// the first that the write function runs. A duplicate costs one round trip
+// too, and the statements run and rolled back: the key's row fails, and
+// the probe's row, read before, replays it (under synchronous replication,
+// one more round trip for the replay barrier). While duplicates are
+// frequent (or with [WithLookupFirst]) it looks the key up first, as New
+// does: two round trips for a new key, two and no WAL for a duplicate. A
+// pipeline that failed on a statement of the write makes pgx forget the
+// connection's prepared statements of it: the next Apply there prepares
+// them again, one round trip more (a duplicate's, or a refused setting's,
+// does not). The ref must be known before the writes run
 // (statements returns it). A statement that fails on the server fails the
 // whole transaction and nothing is committed: put checks in SQL (a
 // constraint, a statement that raises), since nothing can read a result
@@ -108,14 +112,14 @@ func (q *queuedWrites) queueOn(b *pgx.Batch, began time.Time) (committed func())
 	}
 }
 
-// commitGuardSQL fails the transaction, before anything is written, when
+// commitGuardExpr fails the transaction, before anything is written, when
 // the commit settings make a commit unsafe to acknowledge (see
 // ErrAsyncCommit; commitSettings.unsafeCommit says the same): it sets
 // synchronous_commit, for this transaction only, to its own value, or to
 // a value PostgreSQL rejects (22023, invalid_parameter_value) that names
-// the refusal. It lets a pipelined attempt check the settings in the same
-// round trip as its writes and COMMIT.
-const commitGuardSQL = `SELECT set_config('synchronous_commit',
+// the refusal. It lets an attempt check the settings in the round trip of
+// its writes (see probeGuardSQL).
+const commitGuardExpr = `set_config('synchronous_commit',
 	CASE WHEN current_setting('synchronous_commit') = 'off'
 		OR (current_setting('synchronous_commit') = 'local' AND current_setting('synchronous_standby_names') <> '')
 	THEN '` + commitGuardMarker + `' || current_setting('synchronous_commit')
@@ -123,7 +127,7 @@ const commitGuardSQL = `SELECT set_config('synchronous_commit',
 
 const commitGuardMarker = "refused by effectively.dev: "
 
-// guardRefused reports whether err is commitGuardSQL's refusal.
+// guardRefused reports whether err is commitGuardExpr's refusal.
 func guardRefused(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "22023" && strings.Contains(pgErr.Message, commitGuardMarker)
@@ -138,9 +142,11 @@ func beginStatement(opts pgx.TxOptions) string {
 }
 
 // attemptPipelined runs one attempt of a pipelined Effect without looking
-// its key up, in one round trip: BEGIN, the commit guard (unless async
-// commits are allowed), the writes, the key's row and COMMIT. The key's
-// primary key finds a duplicate, as in attempt.
+// its key up first, in one round trip: BEGIN, the probe (with the commit
+// guard unless async commits are allowed), the writes, the key's row and
+// COMMIT. A key committed before fails the key's INSERT, and the probe's
+// row, read before the failure, replays it; a concurrent duplicate the
+// probe did not see fails it too, and is looked up, as in attempt.
 func (e *Effect[In]) attemptPipelined(ctx context.Context, key effects.Key, fp []byte, q *queuedWrites) (effects.Result, classified) {
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
@@ -148,19 +154,23 @@ func (e *Effect[In]) attemptPipelined(ctx context.Context, key effects.Key, fp [
 	}
 	defer conn.Release() // destroys the connection unless it is idle, outside a transaction
 
-	var b pgx.Batch
+	var (
+		b     pgx.Batch
+		found probe
+	)
 	began := time.Now()
 	b.Queue(beginStatement(e.txOptions))
-	if !e.cfg.allowAsyncCommit {
-		b.Queue(commitGuardSQL)
-	}
+	queueProbe(&b, e.scope, key, !e.cfg.allowAsyncCommit, &found)
 	committed := q.queueOn(&b, began)
-	b.Queue(insertKeySQL, e.scope, string(key), fp, q.ref)
+	queueKeyInsert(&b, e.scope, key, fp, q.ref)
 	b.Queue("COMMIT").Exec(commitTag)
 	err = conn.SendBatch(ctx, &b).Close()
-	if err == nil {
+	switch {
+	case err == nil:
 		committed()
 		return effects.Result{Status: effects.Applied, Ref: q.ref}, classified{}
+	case found.found && keyTaken(err):
+		return replayFound(ctx, conn.Conn(), key, fp, &found)
 	}
 	return effects.Result{}, e.endFailed(ctx, conn.Conn(), func() { rollbackConn(ctx, conn.Conn()) }, key, err, true, false)
 }
