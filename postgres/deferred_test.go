@@ -430,11 +430,26 @@ func TestApplyDuplicateFoundByTheProbe(t *testing.T) {
 	var calls atomic.Int64
 	mustExec(t, pool, `CREATE TABLE audit (ref text PRIMARY KEY, amount bigint NOT NULL CHECK (amount >= 0))`)
 	pipelined := pipelinedLedger(t, pool, &calls)
+	// A pipelined write whose duplicate fails on the earlier one's row
+	// before the key's row is reached.
+	receipts, err := postgres.NewPipelined(pool, "billing", func(_ context.Context, _ effects.Key, p payment) (string, []postgres.Statement, error) {
+		return "receipt:" + p.EventID, []postgres.Statement{
+			{SQL: `INSERT INTO receipts (event_id) VALUES ($1)`, Args: []any{p.EventID}},
+			{SQL: `INSERT INTO ledger (event_id, amount) VALUES ($1, $2)`, Args: []any{p.EventID, p.Amount}},
+		}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
-		name     string
-		fx       *postgres.Effect[payment]
-		newTrips int64
-	}{{"New", newFx, 3}, {"NewPipelined", pipelined, 1}} { // New's write runs two statements
+		name, tag string
+		fx        *postgres.Effect[payment]
+		newTrips  int64
+	}{
+		{"New", "new", newFx, 3}, // its write runs two statements
+		{"NewPipelined", "pipelined", pipelined, 1},
+		{"NewPipelined, a write that fails on the earlier one's row", "receipts", receipts, 1},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := testCtx(t)
 			apply := func(event string) (effects.Result, int64) {
@@ -446,8 +461,8 @@ func TestApplyDuplicateFoundByTheProbe(t *testing.T) {
 				}
 				return res, sends.Load() - before
 			}
-			apply("evt_probe_warm_" + tc.name)
-			event := "evt_probe_" + tc.name
+			apply("evt_probe_warm_" + tc.tag)
+			event := "evt_probe_" + tc.tag
 			first, trips := apply(event)
 			if first.Status != effects.Applied || trips != tc.newTrips {
 				t.Fatalf("new key = %+v in %d round trips, want applied in %d", first, trips, tc.newTrips)

@@ -367,7 +367,7 @@ func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []
 	switch {
 	case err == nil:
 		return effects.Result{Status: effects.Applied, Ref: ref}, classified{}
-	case tx.probe.found && keyTaken(err):
+	case tx.probe.found:
 		return replayFound(ctx, conn.Conn(), key, fp, &tx.probe)
 	}
 	return effects.Result{}, e.endFailed(ctx, conn.Conn(), end, key, err, alone, false)

@@ -89,18 +89,18 @@ func (e *Effect[In]) queue(ctx context.Context, key effects.Key, in In) (*queued
 	return &queuedWrites{ref: ref, writes: writes}, nil
 }
 
-// queueOn queues the writes on b, each whose OnCommit is set with a
-// callback that keeps its command tag, and returns the function that
-// calls the OnCommits once the transaction, begun after began, committed.
+// queueOn queues the writes on b and returns the function that calls
+// their OnCommits, with their command tags, once the transaction, begun
+// after began, committed. A write that fails on a constraint leaves pgx's
+// prepared statements alone (see keepStatements).
 func (q *queuedWrites) queueOn(b *pgx.Batch, began time.Time) (committed func()) {
-	var tags []pgconn.CommandTag
+	tags := make([]pgconn.CommandTag, len(q.writes))
 	for i, st := range q.writes {
 		qq := b.Queue(st.SQL, st.Args...)
-		if st.OnCommit != nil {
-			if tags == nil {
-				tags = make([]pgconn.CommandTag, len(q.writes))
-			}
-			qq.Exec(func(tag pgconn.CommandTag) error { tags[i] = tag; return nil })
+		qq.Fn = func(br pgx.BatchResults) error {
+			tag, err := br.Exec()
+			tags[i] = tag
+			return keepStatements(b, err)
 		}
 	}
 	return func() {
@@ -144,9 +144,10 @@ func beginStatement(opts pgx.TxOptions) string {
 // attemptPipelined runs one attempt of a pipelined Effect without looking
 // its key up first, in one round trip: BEGIN, the probe (with the commit
 // guard unless async commits are allowed), the writes, the key's row and
-// COMMIT. A key committed before fails the key's INSERT, and the probe's
-// row, read before the failure, replays it; a concurrent duplicate the
-// probe did not see fails it too, and is looked up, as in attempt.
+// COMMIT. A key committed before fails the key's INSERT (or a write that
+// runs into the earlier one's rows fails first), and the probe's row, read
+// before the failure, replays it; a concurrent duplicate the probe did not
+// see fails it too, and is looked up, as in attempt.
 func (e *Effect[In]) attemptPipelined(ctx context.Context, key effects.Key, fp []byte, q *queuedWrites) (effects.Result, classified) {
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
@@ -169,7 +170,10 @@ func (e *Effect[In]) attemptPipelined(ctx context.Context, key effects.Key, fp [
 	case err == nil:
 		committed()
 		return effects.Result{Status: effects.Applied, Ref: q.ref}, classified{}
-	case found.found && keyTaken(err):
+	case found.found:
+		// The key was committed before this transaction began its writes:
+		// whatever failed after the probe (the key's row, or a write that
+		// ran into the earlier one's rows), this is a replay.
 		return replayFound(ctx, conn.Conn(), key, fp, &found)
 	}
 	return effects.Result{}, e.endFailed(ctx, conn.Conn(), func() { rollbackConn(ctx, conn.Conn()) }, key, err, true, false)
