@@ -49,10 +49,13 @@ type deferredTx struct {
 	conn  *pgx.Conn
 	opts  pgx.TxOptions
 	guard bool // probe with the commit guard
-	scope string
-	key   effects.Key
-	probe probe  // what the probe found, once read
-	tx    pgx.Tx // the transaction, once BEGIN ran; nil before
+	// lookup makes the probe look the key up (not at SERIALIZABLE: see
+	// queueProbe).
+	lookup bool
+	scope  string
+	key    effects.Key
+	probe  probe  // what the probe found, once read
+	tx     pgx.Tx // the transaction, once BEGIN ran; nil before
 	// failed is the error of a first batch that failed before its BEGIN
 	// ran (pgx could not prepare or encode the first statement, or the
 	// connection broke): the attempt fails with it whatever the write
@@ -75,7 +78,7 @@ func (t *deferredTx) begun() bool { return t.tx != nil }
 // batch that has none yet.
 func (t *deferredTx) queueBegin(b *pgx.Batch) {
 	b.BeginTx(t.opts)
-	queueProbe(b, t.scope, t.key, t.guard, &t.probe)
+	queueProbe(b, t.scope, t.key, t.guard, t.lookup, &t.probe)
 }
 
 // send sends b, whose first statements queueBegin queued, followed by n
@@ -456,7 +459,8 @@ type userBatch struct{ pgx.BatchResults }
 func (userBatch) Tx() pgx.Tx { return nil }
 
 // failedBatch is the BatchResults of a write's batch that could not be
-// sent, or whose BEGIN or guard failed.
+// sent, whose BEGIN or probe failed, or whose probe found the key
+// (errKeyCommitted).
 type failedBatch struct {
 	err  error
 	conn *pgx.Conn

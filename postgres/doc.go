@@ -35,9 +35,10 @@
 //     ([Journal.LeaseStatement]), sparing that step its Begin.
 //
 // What it costs: Apply on a new key takes two round trips, one fewer than
-// a plain BEGIN/INSERT/COMMIT (BEGIN and a guard on the commit settings
-// travel with the write's first statement, the key's INSERT with COMMIT,
-// and the key's primary key finds a duplicate). While duplicates are
+// a plain BEGIN/INSERT/COMMIT (BEGIN and a probe of the key, which also
+// guards the commit settings, travel with the write's first statement,
+// the key's INSERT with COMMIT; the probe finds a duplicate, and the key's
+// primary key a concurrent one). While duplicates are
 // frequent (a replay storm) it looks keys up first, so that a duplicate
 // takes two round trips, runs no write and writes no WAL
 // ([WithLookupFirst] makes that the rule); BENCHMARKS.md has the

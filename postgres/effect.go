@@ -29,18 +29,23 @@ import (
 // Unless Apply looked the key up first, BEGIN has not been sent when the
 // function is called: it travels with the function's first Exec (with
 // arguments), Query, QueryRow or SendBatch, in the same round trip, with a
-// guard that fails the transaction when the commit settings are unsafe
-// (see [ErrAsyncCommit]; the statement then fails and nothing is written).
-// Any other method of tx (CopyFrom, Prepare, Begin for a savepoint, Conn,
-// LargeObjects), an Exec without arguments (which pgx sends with the
-// simple protocol, several statements allowed) and a statement with a pgx
-// option argument (a QueryExecMode, result formats) send BEGIN and the
-// guard first, in a round trip of their own. A function that runs no
-// statement costs one round trip: BEGIN, the key's row and COMMIT. A
-// statement new to the connection costs one more round trip, to prepare
-// it, as in any pgx transaction, and so do the guard and BEGIN again after
-// a first statement that failed: pgx forgets the statements of a batch
-// that failed.
+// probe of the key that fails the transaction when the commit settings
+// are unsafe (see [ErrAsyncCommit]; the statement then fails and nothing
+// is written). When the probe finds the key committed before, that
+// statement's result is dropped and it and every later statement fail:
+// the function should return the error, and Apply rolls back and replays.
+// (At SERIALIZABLE the probe reads only the settings: reading the key
+// would make concurrent Applies of other keys fail with serialization
+// errors.) Any other method of tx (CopyFrom, Prepare, Begin for a
+// savepoint, Conn, LargeObjects), an Exec without arguments (which pgx
+// sends with the simple protocol, several statements allowed) and a
+// statement with a pgx option argument (a QueryExecMode, result formats)
+// send BEGIN and the probe first, in a round trip of their own. A function
+// that runs no statement costs one round trip: BEGIN, the probe, the key's
+// row and COMMIT. A statement new to the connection costs one more round
+// trip, to prepare it, as in any pgx transaction, and so do BEGIN and the
+// probe again after a first statement that failed other than on a
+// constraint: pgx forgets the statements of such a batch.
 type WriteFunc[In any] func(ctx context.Context, tx pgx.Tx, in In) (ref string, err error)
 
 // Effect is an [effects.Effect] whose side effect is a set of writes to the
@@ -169,8 +174,9 @@ func (e *Effect[In]) Contract() effects.Contract {
 //     before COMMIT, or serialization failures, deadlocks or keys taken
 //     concurrently beyond [WithMaxRetries]); retry with the same key.
 //   - [effects.ErrAmbiguous]: COMMIT was sent but its reply was lost (or ctx
-//     ended while waiting for it); the effect may have committed. Retry with
-//     the same key: it replays or applies.
+//     ended while waiting for it, even if the COMMIT then succeeded: its
+//     wait for a synchronous standby may have been cancelled); the effect
+//     may have committed. Retry with the same key: it replays or applies.
 //   - the context's error, wrapped, when ctx ended before COMMIT was sent:
 //     nothing was committed.
 //   - the write's own error, wrapped with %w, after rolling back.
@@ -259,7 +265,7 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 	)
 	began := time.Now()
 	batch.BeginTx(e.txOptions)
-	queueProbe(&batch, e.scope, key, false, &p)
+	queueProbe(&batch, e.scope, key, false, true, &p)
 	br := conn.SendBatch(ctx, &batch)
 	tx := br.Tx()
 	ending := false
@@ -290,6 +296,9 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 		if err := conn.SendBatch(ctx, &end).Close(); err != nil {
 			return effects.Result{}, classify(ctx, opApply, key, err, true, false)
 		}
+		if c := waitCut(ctx, key); c.err != nil {
+			return effects.Result{}, c
+		}
 		return effects.Result{Status: effects.Replayed, Ref: p.ref}, classified{}
 	case p.found:
 		return effects.Result{Status: effects.Replayed, Ref: p.ref}, classified{}
@@ -312,6 +321,9 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 	if err := conn.SendBatch(ctx, &last).Close(); err != nil {
 		return effects.Result{}, e.endFailed(ctx, conn.Conn(), end, key, err, queued != nil, true)
 	}
+	if c := waitCut(ctx, key); c.err != nil {
+		return effects.Result{}, c
+	}
 	committed()
 	return effects.Result{Status: effects.Applied, Ref: ref}, classified{}
 }
@@ -331,7 +343,8 @@ func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []
 	}
 	defer conn.Release() // destroys the connection unless it is idle, outside a transaction
 
-	tx := &deferredTx{ctx: ctx, conn: conn.Conn(), opts: e.txOptions, guard: !e.cfg.allowAsyncCommit, scope: e.scope, key: key}
+	tx := &deferredTx{ctx: ctx, conn: conn.Conn(), opts: e.txOptions, guard: !e.cfg.allowAsyncCommit,
+		lookup: probesKey(e.txOptions.IsoLevel), scope: e.scope, key: key}
 	ending := false
 	defer func() {
 		if !ending {
@@ -344,6 +357,8 @@ func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []
 		err = tx.failed // a statement failed before BEGIN ran: as a failed statement in the transaction, it fails the attempt
 	}
 	switch {
+	case tx.begun() && !inTransaction(conn.Conn()):
+		return effects.Result{}, classified{err: errNoTransaction(key)}
 	case tx.probe.found:
 		ending = true
 		return replayFound(ctx, conn.Conn(), key, fp, &tx.probe)
@@ -351,8 +366,6 @@ func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []
 		return effects.Result{}, classified{err: asyncCommit(opApply, key)}
 	case err != nil:
 		return effects.Result{}, e.failedBeforeCommit(ctx, conn.Conn(), end, key, err, false)
-	case tx.begun() && !inTransaction(conn.Conn()):
-		return effects.Result{}, classified{err: errNoTransaction(key)}
 	}
 	ending = true // from here on, never roll back blindly: the COMMIT may have happened
 	var last pgx.Batch
@@ -366,8 +379,15 @@ func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []
 	err = conn.SendBatch(ctx, &last).Close()
 	switch {
 	case err == nil:
+		if c := waitCut(ctx, key); c.err != nil {
+			return effects.Result{}, c
+		}
 		return effects.Result{Status: effects.Applied, Ref: ref}, classified{}
-	case tx.probe.found:
+	case tx.probe.found && serverError(err):
+		// The server failed the transaction after the probe found the
+		// key committed (the key's row failed): nothing of this attempt
+		// committed, and this is a replay. After any other failure
+		// (a lost connection) the COMMIT may have happened: endFailed.
 		return replayFound(ctx, conn.Conn(), key, fp, &tx.probe)
 	}
 	return effects.Result{}, e.endFailed(ctx, conn.Conn(), end, key, err, alone, false)
@@ -477,10 +497,10 @@ const (
 	// duplicates at all 19 in a row turn lookups on, and after a long storm
 	// 89 new keys in a row turn them off again.
 	rateWeight = 64
-	// lookupFirstRate is where looking first becomes the cheaper way: one
-	// duplicate in four (a round trip saved for every new key against the
-	// rolled-back statements of a duplicate, which cost more CPU than a
-	// round trip).
+	// lookupFirstRate is where Apply starts looking first: one duplicate in
+	// four (not looking saves every new key a round trip; looking saves
+	// every duplicate its rolled-back statements, whose cost depends on
+	// the write).
 	lookupFirstRate = rateScale / 4
 )
 

@@ -29,8 +29,8 @@ import (
 // recovered by replaying the source from a position saved elsewhere.
 //
 // The settings are checked before the write runs (by the claim statement
-// itself for [Claim], by the lookup or by a guard statement sent with
-// BEGIN for [Effect.Apply]), at no extra round trip, so a write that runs
+// itself for [Claim], by the lookup or by the probe sent with BEGIN for
+// [Effect.Apply]), at no extra round trip, so a write that runs
 // SET LOCAL synchronous_commit = off is not caught: don't.
 var ErrAsyncCommit = errors.New("synchronous_commit is off, so an acknowledged commit can be lost in a crash: " +
 	"set synchronous_commit=on, or use AllowAsyncCommit when the adapter is not used for ack-after-commit")

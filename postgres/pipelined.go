@@ -20,8 +20,9 @@ type Statement struct {
 	SQL  string
 	Args []any
 	// OnCommit, if set, is called once the transaction that ran the
-	// statement has committed, before Apply returns (never if it rolled
-	// back, nor for a duplicate that replays), with the statement's
+	// statement has committed, before Apply returns Applied (never if it
+	// rolled back, nor for a duplicate that replays, nor when Apply
+	// reports the commit ambiguous), with the statement's
 	// command tag and began, a time read before the transaction's BEGIN
 	// was sent (so no later than its now()).
 	OnCommit func(tag pgconn.CommandTag, began time.Time)
@@ -147,7 +148,8 @@ func beginStatement(opts pgx.TxOptions) string {
 // COMMIT. A key committed before fails the key's INSERT (or a write that
 // runs into the earlier one's rows fails first), and the probe's row, read
 // before the failure, replays it; a concurrent duplicate the probe did not
-// see fails it too, and is looked up, as in attempt.
+// see fails it too, and is looked up, as in attempt. At SERIALIZABLE the
+// probe reads only the settings (see queueProbe).
 func (e *Effect[In]) attemptPipelined(ctx context.Context, key effects.Key, fp []byte, q *queuedWrites) (effects.Result, classified) {
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
@@ -161,19 +163,24 @@ func (e *Effect[In]) attemptPipelined(ctx context.Context, key effects.Key, fp [
 	)
 	began := time.Now()
 	b.Queue(beginStatement(e.txOptions))
-	queueProbe(&b, e.scope, key, !e.cfg.allowAsyncCommit, &found)
+	queueProbe(&b, e.scope, key, !e.cfg.allowAsyncCommit, probesKey(e.txOptions.IsoLevel), &found)
 	committed := q.queueOn(&b, began)
 	queueKeyInsert(&b, e.scope, key, fp, q.ref)
 	b.Queue("COMMIT").Exec(commitTag)
 	err = conn.SendBatch(ctx, &b).Close()
 	switch {
 	case err == nil:
+		if c := waitCut(ctx, key); c.err != nil {
+			return effects.Result{}, c
+		}
 		committed()
 		return effects.Result{Status: effects.Applied, Ref: q.ref}, classified{}
-	case found.found:
-		// The key was committed before this transaction began its writes:
-		// whatever failed after the probe (the key's row, or a write that
-		// ran into the earlier one's rows), this is a replay.
+	case found.found && serverError(err):
+		// The key was committed before this transaction began its writes,
+		// and the server failed the transaction (the key's row, or a write
+		// that ran into the earlier one's rows): nothing of it committed,
+		// and this is a replay. After any other failure (a lost
+		// connection) the COMMIT may have happened: endFailed.
 		return replayFound(ctx, conn.Conn(), key, fp, &found)
 	}
 	return effects.Result{}, e.endFailed(ctx, conn.Conn(), func() { rollbackConn(ctx, conn.Conn()) }, key, err, true, false)

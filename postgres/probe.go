@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -63,16 +64,39 @@ func (p *probe) scan(row pgx.Row) error {
 // queueProbe queues the probe of key on b (with the guard when guard),
 // read into p when b's results are closed. When the guard refuses, pgx
 // is told nothing of the failure's statements (see keepStatements).
-func queueProbe(b *pgx.Batch, scope string, key effects.Key, guard bool, p *probe) {
-	sql := probeSQL
-	if guard {
-		sql = probeGuardSQL
+// Without lookup it reads only the settings (and guards them), and p
+// finds nothing: for SERIALIZABLE transactions, in which reading the key
+// would make concurrent Applies of other keys conflict (a read of the
+// index range their key's INSERT writes) and fail with 40001.
+func queueProbe(b *pgx.Batch, scope string, key effects.Key, guard, lookup bool, p *probe) {
+	var qq *pgx.QueuedQuery
+	switch {
+	case lookup && guard:
+		qq = b.Queue(probeGuardSQL, scope, string(key))
+	case lookup:
+		qq = b.Queue(probeSQL, scope, string(key))
+	case guard:
+		qq = b.Queue(settingsGuardSQL)
+	default:
+		qq = b.Queue(settingsSQL)
 	}
-	qq := b.Queue(sql, scope, string(key))
 	qq.Fn = func(br pgx.BatchResults) error {
 		return keepStatements(b, p.scan(br.QueryRow()))
 	}
 }
+
+// settingsSQL and settingsGuardSQL are probeSQL and probeGuardSQL without
+// the lookup: the same columns, found always false.
+const (
+	settingsSQL      = settingsSelect + `''`
+	settingsGuardSQL = settingsSelect + commitGuardExpr
+	settingsSelect   = `SELECT false, NULL::bytea, NULL::text, current_setting('synchronous_commit'),
+	current_setting('synchronous_standby_names') <> '', `
+)
+
+// probesKey reports whether an attempt at isolation level iso may probe
+// the key in the round trip of its writes (see queueProbe).
+func probesKey(iso pgx.TxIsoLevel) bool { return iso != pgx.Serializable }
 
 // queueKeyInsert queues the key's INSERT on b; when it finds the key taken,
 // pgx is told nothing of the failure's statements (see keepStatements).
@@ -138,5 +162,22 @@ func replayFound(ctx context.Context, conn *pgx.Conn, key effects.Key, fp []byte
 	if err != nil {
 		return effects.Result{}, classify(ctx, opApply, key, err, true, conn.IsClosed())
 	}
+	if c := waitCut(ctx, key); c.err != nil {
+		return effects.Result{}, c
+	}
 	return effects.Result{Status: effects.Replayed, Ref: p.ref}, classified{}
+}
+
+// waitCut reports ErrAmbiguous when ctx ended by the time a COMMIT
+// returned success: PostgreSQL ends a commit's wait for the synchronous
+// standby when the query is cancelled (pgx's
+// CancelRequestContextWatcherHandler cancels it when ctx ends), keeps the
+// commit locally and only warns, so the standby a failover promotes may
+// not have it. A retry with the same key replays, once the standby has it.
+func waitCut(ctx context.Context, key effects.Key) classified {
+	if err := ctx.Err(); err != nil {
+		return classified{err: effects.Ambiguous(opApply, key,
+			fmt.Errorf("the context ended while COMMIT waited, so the synchronous standby may not have the commit: %w", err))}
+	}
+	return classified{}
 }
