@@ -37,6 +37,11 @@
 //     that survived and retries, as a consumer does), once the faulted
 //     instance is closed and the key retried on a new instance, a
 //     successor process that knows nothing the faulted one kept in memory.
+//     Then the round trips of a duplicate Apply (of a key applied before)
+//     are counted and faulted the same way (dup-trip-NN), retried on a new
+//     instance: a duplicate takes paths of its own (a lookup, a rollback,
+//     a replay), and no fault on them may add an effect or lose the
+//     replay of the first Apply's ref.
 //   - key-reuse, concurrent-key-reuse: another payload under the same key.
 //   - invalid-keys: refused with ErrInvalidKey before any I/O.
 //   - distinct-keys: keys that differ only after a common prefix (up to

@@ -259,9 +259,72 @@ func (s *scene[In]) sweep(kind FaultKind) {
 	if notFired > 0 {
 		s.notef("%d of %d armed faults did not fire (the apply took fewer round trips)", notFired, 2*trips)
 	}
+	dupTrips := s.dupSweep(kind, clean)
 	if left > 0 {
-		s.skip("%d of %d faulted applies not selected (go test -run): the sweep is incomplete", left, 2*trips)
+		s.skip("%d of %d faulted applies not selected (go test -run): the sweep is incomplete", left, 2*trips+dupTrips)
 	}
+}
+
+// dupSweep counts the round trips of a clean duplicate Apply of clean (a
+// key applied before), then for each n injects kind at round trip n of a
+// duplicate Apply of a key applied once, on a new instance, in a subtest
+// of its own (dup-trip-NN), retried on another new instance: a duplicate
+// takes paths of its own (a lookup, a replay, a rollback), which must hold
+// the contract under faults too. It returns how many it swept.
+func (s *scene[In]) dupSweep(kind FaultKind, clean effects.Key) int {
+	inst := s.open(NewFaults())
+	if _, err := s.applyUntilDone(inst, clean, s.h.Input(clean, 0), "the clean duplicate Apply that counts round trips"); err != nil {
+		s.fatalf("clean duplicate Apply: %v", err)
+	}
+	trips := min(inst.f.RoundTrips()-inst.base, s.cfg.maxSweep)
+	inst.Close()
+	s.expect(clean, cleanRepeat, true, "clean duplicate Apply")
+	s.notef("%s at each of the %d round trips of a duplicate Apply, retried on a new instance", kind, trips)
+	for n := 1; n <= trips; n++ {
+		s.sub(fmt.Sprintf("dup-trip-%02d", n), func(c *checker) {
+			ts := &scene[In]{checker: c, h: s.h, contract: s.contract}
+			ts.faultDuplicateAt(kind, n)
+		})
+	}
+	return trips
+}
+
+// faultDuplicateAt applies a new key once, then injects kind at round trip
+// n of its duplicate Apply on a new instance: a duplicate that returned no
+// error must not have added an effect, nor one that returned ErrTransient;
+// an error must be retryable; the retry, on another new instance, must
+// replay the first Apply.
+func (s *scene[In]) faultDuplicateAt(kind FaultKind, n int) {
+	key := s.key(kind.slug(), "dup", fmt.Sprint(n))
+	in := s.h.Input(key, 0)
+	firstInst := s.open(NewFaults())
+	first := s.applyFirst(firstInst, key, "the first Apply")
+	firstInst.Close()
+	f := NewFaults()
+	inst := s.open(f)
+	what := fmt.Sprintf("%s at round trip %d of a duplicate", kind, n)
+	res, _, err := s.applyFaulted(inst, f, kind, n, key, in, what)
+	inst.Close()
+	switch {
+	case err == nil:
+		s.checkReplay(first, res, what)
+		s.expect(key, cleanRepeat, true, what+": after Apply returned no error")
+	case !effects.Retryable(err):
+		s.failf("%s: Apply returned an error that Retryable rejects, so a consumer would give up on a key it may have applied: %v", what, err)
+		return
+	case errors.Is(err, effects.ErrTransient):
+		s.expect(key, cleanRepeat, true, what+": after ErrTransient, which promises that nothing more was applied")
+	}
+	again := what + ", retried on a new instance"
+	retry := s.open(NewFaults())
+	res2, err2 := s.applyUntilDone(retry, key, in, again)
+	retry.Close()
+	if err2 != nil {
+		s.failf("%s: %v", again, err2)
+		return
+	}
+	s.checkReplay(first, res2, again)
+	s.expect(key, unknownOutcome, true, again)
 }
 
 // faultAt injects kind at round trip n of one Apply of a new key on a new
@@ -284,13 +347,7 @@ func (s *scene[In]) faultAt(kind FaultKind, n int, same bool) bool {
 	}
 	in := s.h.Input(key, 0)
 	what := fmt.Sprintf("%s at round trip %d", kind, n)
-	actx, cancel := context.WithCancel(s.ctx)
-	defer cancel()
-	f.Arm(inst.base+n, kind, cancel)
-	res, err := s.apply(actx, inst, key, in, what)
-	cancel()
-	fired := f.Fired()
-	f.Disarm()
+	res, fired, err := s.applyFaulted(inst, f, kind, n, key, in, what)
 	if err == nil {
 		got := s.peek(key, what+": after Apply returned no error")
 		s.check(got >= 1, "%s: Apply returned %s with no error, but the backend shows no effect: it reported an effect that did not happen", what, res.Status)
@@ -322,6 +379,20 @@ func (s *scene[In]) faultAt(kind FaultKind, n int, same bool) bool {
 	}
 	s.expect(key, unknownOutcome, true, again)
 	return fired
+}
+
+// applyFaulted applies key on inst, whose Faults f injects kind at round
+// trip n of the Apply (cancelling its context for CancelAfterSend), and
+// reports whether the fault fired.
+func (s *scene[In]) applyFaulted(inst *instance[In], f *Faults, kind FaultKind, n int, key effects.Key, in In, what string) (res effects.Result, fired bool, err error) {
+	actx, cancel := context.WithCancel(s.ctx)
+	defer cancel()
+	f.Arm(inst.base+n, kind, cancel)
+	res, err = s.apply(actx, inst, key, in, what)
+	cancel()
+	fired = f.Fired()
+	f.Disarm()
+	return res, fired, err
 }
 
 // keyReuse applies a key, then applies it again with another payload, on
