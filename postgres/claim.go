@@ -146,9 +146,13 @@ func asyncCommit(op string, key effects.Key) error {
 // The caller must commit tx, and must ack the message only after the commit
 // returned nil, also after a replay: under synchronous replication a
 // replayed claim makes tx wait, at commit, for the standby to hold the
-// earlier commit (see [New]); rolling back instead skips that wait. If Commit fails with an error other than a PostgreSQL ERROR
-// (a lost connection), the outcome is unknown: redeliver with the same key,
-// which replays or applies.
+// earlier commit (see [New]); rolling back instead skips that wait. If Commit
+// fails with an error other than a PostgreSQL ERROR (a lost connection),
+// the outcome is unknown: redeliver with the same key, which replays or
+// applies. So it is if the commit's context ended by the time Commit
+// returned nil: with pgx's CancelRequestContextWatcherHandler PostgreSQL
+// ends the wait for a synchronous standby, keeps the commit locally and
+// only warns (Apply reports that as [effects.ErrAmbiguous]).
 //
 // Errors: [effects.ErrInvalidKey] before any I/O; [effects.ErrKeyReused]
 // when the stored fingerprint differs (roll back); [ErrAsyncCommit] (roll

@@ -71,8 +71,8 @@ type Option func(*config)
 type config struct{ ackTimeout time.Duration }
 
 // WithAckTimeout bounds how long Apply waits for the acknowledgement of a
-// publish (default [DefaultAckTimeout]), whatever the caller's context
-// allows: when the connection drops after the request was sent, the
+// publish, and for the read-back of a duplicate's first message (default
+// [DefaultAckTimeout]), whatever the caller's context allows: when the connection drops after the request was sent, the
 // client reconnects but the reply is lost for good, and without a bound
 // Apply would wait for the caller's whole deadline. The publish is then
 // ErrAmbiguous, and a retry with the same key replays it if it was stored,
@@ -148,7 +148,11 @@ func (p *Publisher) Apply(ctx context.Context, key effects.Key, m Message) (effe
 	if !ack.Duplicate {
 		return effects.Result{Status: effects.Applied, Ref: ref}, nil
 	}
-	first, err := p.stream.GetMsg(ctx, ack.Sequence)
+	// Bounded like the publish: a reply lost on the way back would
+	// otherwise leave the read waiting for as long as ctx lasts.
+	gctx, cancel := context.WithTimeout(ctx, p.ackTimeout)
+	first, err := p.stream.GetMsg(gctx, ack.Sequence)
+	cancel()
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 		// The stream still remembers the id, but limits removed the first
