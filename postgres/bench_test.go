@@ -74,10 +74,7 @@ func newLedgerBench(b *testing.B) *ledgerBench {
 	b.Helper()
 	lb := &ledgerBench{ctx: context.Background()}
 	pool := newPool(b, newDBWith(b, pgtest.Options{Durable: true}), func(c *pgxpool.Config) {
-		c.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-			return &countingConn{Conn: conn, writes: &lb.writes}, err
-		}
+		countWrites(c, &lb.writes)
 	})
 	mustExec(b, pool, `CREATE TABLE seen (key text PRIMARY KEY)`)
 	fx, err := postgres.New(pool, "billing", writeLedger)
@@ -93,6 +90,16 @@ func newLedgerBench(b *testing.B) *ledgerBench {
 	}
 	lb.pool, lb.fx, lb.fxNoRef = pool, fx, fxNoRef
 	return lb
+}
+
+// countWrites makes c's connections count their writes in writes: one per
+// round trip (pgx flushes a statement, or a pipelined batch, with one
+// write).
+func countWrites(c *pgxpool.Config, writes *atomic.Int64) {
+	c.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		return &countingConn{Conn: conn, writes: writes}, err
+	}
 }
 
 // countingConn counts writes.

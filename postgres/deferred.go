@@ -135,22 +135,12 @@ func (t *deferredTx) fail(err error) error {
 	}
 	if !t.recovering && !t.conn.IsClosed() {
 		t.recovering = true
-		if t.begin(t.ctx) != nil && !t.inTx() {
+		if t.begin(t.ctx) != nil && !inTx(t.conn) {
 			closeConn(t.ctx, t.conn)
 		}
 		t.recovering = false
 	}
 	return err
-}
-
-// inTx reports whether the connection is inside a transaction (failed or
-// not).
-func (t *deferredTx) inTx() bool {
-	if t.conn.IsClosed() {
-		return false
-	}
-	s := t.conn.PgConn().TxStatus()
-	return s == 'T' || s == 'E'
 }
 
 // begin sends BEGIN and the probe alone, if BEGIN has not run yet.
@@ -174,7 +164,7 @@ func (t *deferredTx) begin(ctx context.Context) error {
 // LargeObjects): if it cannot, the connection is closed, so that nothing
 // runs on it outside the transaction.
 func (t *deferredTx) mustBegin() {
-	if t.begin(t.ctx) != nil && !t.inTx() {
+	if t.begin(t.ctx) != nil && !inTx(t.conn) {
 		closeConn(t.ctx, t.conn)
 	}
 }
@@ -354,14 +344,21 @@ func closeConn(ctx context.Context, conn *pgx.Conn) {
 	_ = conn.Close(cctx)
 }
 
-// inTransaction reports whether conn is inside a transaction, failed or
-// not: what the batch that ends an attempt with the key's row and COMMIT
-// requires. Outside one (the write ran COMMIT or ROLLBACK as SQL), that
-// batch would commit the key alone.
-func inTransaction(conn *pgx.Conn) bool {
+// inTx reports whether conn is open and inside a transaction, failed or
+// not.
+func inTx(conn *pgx.Conn) bool {
+	if conn.IsClosed() {
+		return false
+	}
 	s := conn.PgConn().TxStatus()
-	return conn.IsClosed() || s == 'T' || s == 'E'
+	return s == 'T' || s == 'E'
 }
+
+// inTransaction reports whether the batch that ends an attempt with the
+// key's row and COMMIT may be sent on conn: it is inside a transaction,
+// failed or not, or closed (the batch then fails). Outside one (the write
+// ran COMMIT or ROLLBACK as SQL), that batch would commit the key alone.
+func inTransaction(conn *pgx.Conn) bool { return conn.IsClosed() || inTx(conn) }
 
 // errNoTransaction fails an attempt whose transaction the write ended.
 func errNoTransaction(key effects.Key) error {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -123,10 +122,7 @@ func TestApplyWriteShapes(t *testing.T) {
 	var sends atomic.Int64 // writes on the wire: one per round trip
 	pool := newPool(t, url, func(c *pgxpool.Config) {
 		c.MaxConns = 1 // one connection, warmed by the first Apply of each shape
-		c.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-			return &countingConn{Conn: conn, writes: &sends}, err
-		}
+		countWrites(c, &sends)
 	})
 	async := newPool(t, url, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["synchronous_commit"] = "off" })
 	errAfter := errors.New("the write fails after its statements")
@@ -407,10 +403,7 @@ func TestApplyDuplicateFoundByTheProbe(t *testing.T) {
 	var sends atomic.Int64 // writes on the wire: one per round trip
 	pool := newPool(t, url, func(c *pgxpool.Config) {
 		c.MaxConns = 1
-		c.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-			return &countingConn{Conn: conn, writes: &sends}, err
-		}
+		countWrites(c, &sends)
 	})
 	// A unique index the duplicate's first statement runs into, as a
 	// duplicate's write often does.

@@ -1,7 +1,6 @@
 package postgres
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"sync/atomic"
@@ -284,24 +283,9 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 	switch {
 	case p.unsafeCommit() && !e.cfg.allowAsyncCommit:
 		return effects.Result{}, classified{err: asyncCommit(opApply, key)}
-	case p.found && !bytes.Equal(p.fp, fp):
-		return effects.Result{}, classified{err: reused(opApply, key)}
-	case p.found && p.replayNeedsBarrier():
-		// Report the replay only once the earlier commit is surely on the
-		// synchronous standby (see replayBarrierSQL).
-		ending = true
-		var end pgx.Batch
-		end.Queue(replayBarrierSQL)
-		end.Queue("COMMIT")
-		if err := conn.SendBatch(ctx, &end).Close(); err != nil {
-			return effects.Result{}, classify(ctx, opApply, key, err, true, false)
-		}
-		if c := waitCut(ctx, key); c.err != nil {
-			return effects.Result{}, c
-		}
-		return effects.Result{Status: effects.Replayed, Ref: p.ref}, classified{}
 	case p.found:
-		return effects.Result{Status: effects.Replayed, Ref: p.ref}, classified{}
+		ending = true
+		return replayFound(ctx, conn.Conn(), key, fp, &p)
 	}
 
 	end := func() { rollback(ctx, tx) }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -42,10 +41,7 @@ func TestNewPipelined(t *testing.T) {
 	var sends atomic.Int64 // writes on the wire: one per round trip
 	pool := newPool(t, url, func(c *pgxpool.Config) {
 		c.MaxConns = 20
-		c.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-			return &countingConn{Conn: conn, writes: &sends}, err
-		}
+		countWrites(c, &sends)
 	})
 	mustExec(t, pool, `CREATE TABLE audit (ref text PRIMARY KEY, amount bigint NOT NULL CHECK (amount >= 0))`)
 

@@ -138,7 +138,7 @@ func keptAfter(err error) bool {
 // that BEGIN is parsed only once ROLLBACK has ended a failed transaction
 // (in which PostgreSQL would refuse to prepare it).
 func replayFound(ctx context.Context, conn *pgx.Conn, key effects.Key, fp []byte, p *probe) (effects.Result, classified) {
-	inTx := !conn.IsClosed() && conn.PgConn().TxStatus() != 'I'
+	inTx := inTx(conn)
 	switch {
 	case !bytes.Equal(p.fp, fp):
 		if inTx {
