@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -181,7 +182,7 @@ func (e *Effect[In]) Contract() effects.Contract {
 //   - the write's own error, wrapped with %w, after rolling back.
 //
 // Use [effects.Retryable] to decide whether to retry.
-func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (effects.Result, error) {
+func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (res effects.Result, err error) {
 	if err := key.Validate(); err != nil {
 		return effects.Result{}, err
 	}
@@ -197,8 +198,23 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (effects
 		}
 	}
 	lookup := e.cfg.lookupFirst || e.duplicates.frequent()
+	var unknownSince time.Time // before the latest attempt whose outcome is unknown
+	if queued != nil {
+		defer func() {
+			if !unknownSince.IsZero() && (err != nil || res.Status != effects.Applied) {
+				queued.lost(unknownSince)
+			}
+		}()
+	}
 	for attempt := 1; ; {
+		var sent time.Time
+		if queued != nil {
+			sent = time.Now()
+		}
 		res, c := e.attemptOnce(ctx, key, fp, in, queued, lookup)
+		if queued != nil && errors.Is(c.err, effects.ErrAmbiguous) {
+			unknownSince = sent
+		}
 		if c.err == nil {
 			e.duplicates.observe(res.Status == effects.Replayed)
 		}

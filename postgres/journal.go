@@ -19,25 +19,28 @@ import (
 // with a lease; an existing one is taken over (attempt + 1, new lease) only
 // if it is not done, has the same fingerprint and no live lease. RETURNING
 // gives a row exactly when the caller now holds the lease. Leases use the
-// database's clock, so the callers' clocks do not matter.
-const beginSQL = `INSERT INTO effectively_journal AS j (scope, key, fingerprint, lease_until)
-VALUES ($1, $2, $3, now() + $4 * interval '1 microsecond')
+// database's clock, so the callers' clocks do not matter. A pending
+// record's ref is its lease's holder token (see lostLeases): a Begin that
+// names it ($6, the tokens of this Journal's lost leases of the key) takes
+// the lease over although it is live.
+const beginSQL = `INSERT INTO effectively_journal AS j (scope, key, fingerprint, lease_until, ref)
+VALUES ($1, $2, $3, now() + $4 * interval '1 microsecond', $5)
 ON CONFLICT (scope, key) DO UPDATE
-	SET attempt = j.attempt + 1, lease_until = excluded.lease_until, updated_at = now()
+	SET attempt = j.attempt + 1, lease_until = excluded.lease_until, ref = excluded.ref, updated_at = now()
 	WHERE NOT j.done AND j.fingerprint = excluded.fingerprint
-		AND (j.lease_until IS NULL OR j.lease_until <= now())
+		AND (j.lease_until IS NULL OR j.lease_until <= now() OR j.ref = ANY($6::text[]))
 RETURNING j.attempt`
 
 // beginBatchSQL is beginSQL for many keys at once (distinct keys: ON
 // CONFLICT DO UPDATE cannot touch one row twice), in key order, so that
 // two statements lock their rows in one order and cannot deadlock.
 // RETURNING names the keys the caller now holds.
-const beginBatchSQL = `INSERT INTO effectively_journal AS j (scope, key, fingerprint, lease_until)
-SELECT $1, u.key, u.fp, now() + u.micros * interval '1 microsecond'
-FROM unnest($2::text[], $3::bytea[], $4::bigint[]) AS u(key, fp, micros)
+const beginBatchSQL = `INSERT INTO effectively_journal AS j (scope, key, fingerprint, lease_until, ref)
+SELECT $1, u.key, u.fp, now() + u.micros * interval '1 microsecond', u.token
+FROM unnest($2::text[], $3::bytea[], $4::bigint[], $5::text[]) AS u(key, fp, micros, token)
 ORDER BY u.key COLLATE "C"
 ON CONFLICT (scope, key) DO UPDATE
-	SET attempt = j.attempt + 1, lease_until = excluded.lease_until, updated_at = now()
+	SET attempt = j.attempt + 1, lease_until = excluded.lease_until, ref = excluded.ref, updated_at = now()
 	WHERE NOT j.done AND j.fingerprint = excluded.fingerprint
 		AND (j.lease_until IS NULL OR j.lease_until <= now())
 RETURNING j.key, j.attempt`
@@ -100,6 +103,7 @@ type Journal struct {
 	scope     string
 	begins    coalescer[beginReq, beginRes]
 	completes coalescer[completeReq, error]
+	lost      lostLeases // leases whose statements lost their replies
 }
 
 var _ effects.BatchJournal = (*Journal)(nil)
@@ -126,8 +130,13 @@ func NewJournal(pool *pgxpool.Pool, scope string) (*Journal, error) {
 // done Record, [effects.ErrInFlight], [effects.ErrKeyReused], or a Record
 // whose lease the caller now holds, with Attempt 1 for a new key and one
 // more for each takeover of an expired or released lease. A failure whose
-// reply was lost is [effects.ErrAmbiguous]: the caller may hold the lease,
-// so a retry may see ErrInFlight until it expires.
+// reply was lost is [effects.ErrAmbiguous]: the lease may have been taken,
+// and the caller must not do the effect. The Journal remembers such a
+// lease (and one that a [Journal.LeaseStatement] whose transaction's
+// outcome is unknown may have taken) until it expires: its next Begin of
+// key takes it back at once (one attempt more), where a Begin through
+// another Journal, in another process, sees ErrInFlight until the lease
+// expires.
 func (j *Journal) Begin(ctx context.Context, key effects.Key, fingerprint []byte, lease time.Duration) (effects.Record, error) {
 	if err := key.Validate(); err != nil {
 		return effects.Record{}, err
@@ -135,15 +144,30 @@ func (j *Journal) Begin(ctx context.Context, key effects.Key, fingerprint []byte
 	if lease <= 0 {
 		return effects.Record{}, fmt.Errorf("%s key %q: lease %v is not positive", opBegin, key, lease)
 	}
-	req := beginReq{key: key, fp: nonNil(fingerprint), micros: max(lease.Microseconds(), 1)}
-	res, end := j.begins.do(ctx, req)
-	switch {
+	req := beginReq{key: key, fp: nonNil(fingerprint), micros: max(lease.Microseconds(), 1),
+		token: newLeaseToken(), lost: j.lost.tokens(key)}
+	sent := time.Now()
+	var (
+		rec effects.Record
+		err error
+	)
+	switch res, end := j.begins.do(ctx, req); {
 	case end != callDone:
-		return effects.Record{}, ended(ctx, opBegin, key, end)
+		err = ended(ctx, opBegin, key, end)
 	case res.again:
-		return j.beginAlone(ctx, req)
+		rec, err = j.beginAlone(ctx, req)
+	default:
+		rec, err = res.rec, res.err
 	}
-	return res.rec, res.err
+	switch {
+	case errors.Is(err, effects.ErrAmbiguous):
+		j.lost.remember(key, req.token, sent, lease)
+	case req.lost != nil && (err == nil || errors.Is(err, effects.ErrInFlight) || errors.Is(err, effects.ErrKeyReused)):
+		// The database answered: a lost lease was taken back, or the
+		// record has moved on without them.
+		j.lost.forget(key)
+	}
+	return rec, err
 }
 
 // ended is the error of a call whose caller's context ended before its
@@ -167,6 +191,8 @@ type beginReq struct {
 	key    effects.Key
 	fp     []byte
 	micros int64
+	token  string   // the lease's holder token
+	lost   []string // holder tokens of key's lost leases (nil: none)
 }
 
 type beginRes struct {
@@ -175,21 +201,48 @@ type beginRes struct {
 	again bool // the record changed between the statements: begin again alone
 }
 
-// beginBatch runs the Begins of one coalesced statement.
+// beginBatch runs the Begins of one coalesced statement. A Begin that
+// would take a lost lease back runs alone (beginBatchSQL takes only
+// leases that are free).
 func (j *Journal) beginBatch(ctx context.Context, reqs []beginReq) []beginRes {
 	out := make([]beginRes, len(reqs))
-	if len(reqs) == 1 {
-		out[0].rec, out[0].err = j.beginAlone(ctx, reqs[0])
-		return out
+	var many []int // indexes into reqs of the Begins that share a statement
+	for i, r := range reqs {
+		if len(reqs) == 1 || r.lost != nil {
+			out[i].rec, out[i].err = j.beginAlone(ctx, r)
+		} else {
+			many = append(many, i)
+		}
 	}
+	switch len(many) {
+	case 0:
+	case 1:
+		out[many[0]].rec, out[many[0]].err = j.beginAlone(ctx, reqs[many[0]])
+	default:
+		sub := make([]beginReq, len(many))
+		for k, i := range many {
+			sub[k] = reqs[i]
+		}
+		for k, res := range j.beginMany(ctx, sub) {
+			out[many[k]] = res
+		}
+	}
+	return out
+}
+
+// beginMany runs Begins of distinct keys, none with lost leases, in one
+// statement.
+func (j *Journal) beginMany(ctx context.Context, reqs []beginReq) []beginRes {
+	out := make([]beginRes, len(reqs))
 	keys := make([]string, len(reqs))
 	fps := make([][]byte, len(reqs))
 	micros := make([]int64, len(reqs))
+	tokens := make([]string, len(reqs))
 	for i, r := range reqs {
-		keys[i], fps[i], micros[i] = string(r.key), r.fp, r.micros
+		keys[i], fps[i], micros[i], tokens[i] = string(r.key), r.fp, r.micros, r.token
 	}
 	taken := make(map[string]int, len(reqs))
-	rows, err := j.pool.Query(ctx, beginBatchSQL, j.scope, keys, fps, micros)
+	rows, err := j.pool.Query(ctx, beginBatchSQL, j.scope, keys, fps, micros, tokens)
 	if err == nil {
 		var (
 			k string
@@ -267,7 +320,7 @@ func (row journalRow) verdict(r beginReq) (rec effects.Record, err error, again 
 func (j *Journal) beginAlone(ctx context.Context, r beginReq) (effects.Record, error) {
 	for range beginTries {
 		var attempt int
-		err := j.pool.QueryRow(ctx, beginSQL, j.scope, string(r.key), r.fp, r.micros).Scan(&attempt)
+		err := j.pool.QueryRow(ctx, beginSQL, j.scope, string(r.key), r.fp, r.micros, r.token, nonNilStrings(r.lost)).Scan(&attempt)
 		if err == nil {
 			return effects.Record{Attempt: attempt}, nil
 		}
@@ -566,4 +619,13 @@ func (j *Journal) Release(ctx context.Context, key effects.Key, attempt int) err
 		return classify(ctx, op, key, err, true, false).err
 	}
 	return nil
+}
+
+// nonNilStrings returns ss, or an empty slice for nil: pgx sends a nil
+// slice as NULL, and "= ANY(NULL)" is NULL, not false.
+func nonNilStrings(ss []string) []string {
+	if ss == nil {
+		return []string{}
+	}
+	return ss
 }

@@ -26,6 +26,12 @@ type Statement struct {
 	// command tag and began, a time read before the transaction's BEGIN
 	// was sent (so no later than its now()).
 	OnCommit func(tag pgconn.CommandTag, began time.Time)
+
+	// lost, if set, is called when Apply ends without having committed
+	// the statement's transaction after an attempt whose outcome is
+	// unknown (it may have committed, with no OnCommit), with a time
+	// read before that attempt's BEGIN was sent.
+	lost func(sent time.Time)
 }
 
 // StatementsFunc returns an effect's writes for in as statements that read
@@ -88,6 +94,16 @@ func (e *Effect[In]) queue(ctx context.Context, key effects.Key, in In) (*queued
 		}
 	}
 	return &queuedWrites{ref: ref, writes: writes}, nil
+}
+
+// lost tells the writes that an attempt begun after sent may have
+// committed them without their OnCommits (see Statement.lost).
+func (q *queuedWrites) lost(sent time.Time) {
+	for _, st := range q.writes {
+		if st.lost != nil {
+			st.lost(sent)
+		}
+	}
 }
 
 // queueOn queues the writes on b and returns the function that calls
@@ -188,8 +204,8 @@ func (e *Effect[In]) attemptPipelined(ctx context.Context, key effects.Key, fp [
 
 // leaseSQL takes a new key's lease as the first attempt's Begin would, and
 // leaves a key that has a record alone.
-const leaseSQL = `INSERT INTO effectively_journal (scope, key, fingerprint, lease_until)
-VALUES ($1, $2, $3, now() + $4 * interval '1 microsecond')
+const leaseSQL = `INSERT INTO effectively_journal (scope, key, fingerprint, lease_until, ref)
+VALUES ($1, $2, $3, now() + $4 * interval '1 microsecond', $5)
 ON CONFLICT (scope, key) DO NOTHING`
 
 // LeaseStatement returns a statement that takes key's lease for lease, as
@@ -203,7 +219,11 @@ ON CONFLICT (scope, key) DO NOTHING`
 // commit fewer per run. A key that already has a record is left alone,
 // and the later step calls Begin as usual. ctx must be the one the
 // [StatementsFunc] got: outside a plan run nothing uses the lease, and the
-// key stays in flight ([effects.ErrInFlight]) until it expires. It returns
+// key stays in flight ([effects.ErrInFlight]) until it expires. When the
+// transaction's outcome is unknown and its Apply did not commit it after
+// all (it reports an error, or replays), the lease is held by nobody: the
+// Journal remembers it as lost, and its next Begin of key takes it back
+// at once (see [Journal.Begin]). It returns
 // an error, before any I/O, for an invalid key or a lease that is not
 // positive.
 func (j *Journal) LeaseStatement(ctx context.Context, key effects.Key, fingerprint []byte, lease time.Duration) (Statement, error) {
@@ -215,9 +235,11 @@ func (j *Journal) LeaseStatement(ctx context.Context, key effects.Key, fingerpri
 		return Statement{}, fmt.Errorf("%s key %q: lease %v is not positive", op, key, lease)
 	}
 	fp := nonNil(bytes.Clone(fingerprint))
+	token := newLeaseToken()
 	return Statement{
 		SQL:  leaseSQL,
-		Args: []any{j.scope, string(key), fp, max(lease.Microseconds(), 1)},
+		Args: []any{j.scope, string(key), fp, max(lease.Microseconds(), 1), token},
+		lost: func(sent time.Time) { j.lost.remember(key, token, sent, lease) },
 		OnCommit: func(tag pgconn.CommandTag, began time.Time) {
 			if tag.RowsAffected() == 1 {
 				// The lease runs from the transaction's now(), which is

@@ -271,23 +271,19 @@ func (m *leasedMail) Apply(ctx context.Context, key effects.Key, in string) (eff
 	})
 }
 
-// TestLeaseStatementInAPlan: the ledger step's transaction takes the mail
-// step's lease (Journal.LeaseStatement), and the mail step uses it: its
-// Begin would find the lease live and fail with ErrInFlight, so a run that
-// succeeds proves it was not called. A redelivery replays both.
-func TestLeaseStatementInAPlan(t *testing.T) {
-	pool := newPool(t, newDB(t), nil)
-	mustExec(t, pool, `CREATE TABLE audit (ref text PRIMARY KEY, amount bigint NOT NULL)`)
-	journal, err := postgres.NewJournal(pool, "billing")
-	if err != nil {
-		t.Fatal(err)
-	}
+// mailText is the text leaseAheadPlan's mail step sends.
+const mailText = "receipt for evt_lease"
+
+// leaseAheadPlan returns a ledger step whose transaction takes the mail
+// step's lease for mailText ahead (Journal.LeaseStatement, a minute), and
+// the plan of the two steps.
+func leaseAheadPlan(t *testing.T, pool *pgxpool.Pool, journal *postgres.Journal) (*postgres.Effect[payment], *effects.Plan[payment], *leasedMail) {
+	t.Helper()
 	jd, err := effects.NewJournaled("mail", journal)
 	if err != nil {
 		t.Fatal(err)
 	}
 	mail := &leasedMail{j: jd}
-	const mailText = "receipt for evt_lease"
 	ledger, err := postgres.NewPipelined(pool, "billing", func(ctx context.Context, key effects.Key, p payment) (string, []postgres.Statement, error) {
 		lease, err := journal.LeaseStatement(ctx, effects.MustKey("billing", p.EventID, "mail"), []byte(mailText), time.Minute)
 		return "entry:" + p.EventID, []postgres.Statement{
@@ -305,6 +301,21 @@ func TestLeaseStatementInAPlan(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ledger, plan, mail
+}
+
+// TestLeaseStatementInAPlan: the ledger step's transaction takes the mail
+// step's lease (Journal.LeaseStatement), and the mail step uses it: its
+// Begin would find the lease live and fail with ErrInFlight, so a run that
+// succeeds proves it was not called. A redelivery replays both.
+func TestLeaseStatementInAPlan(t *testing.T) {
+	pool := newPool(t, newDB(t), nil)
+	mustExec(t, pool, `CREATE TABLE audit (ref text PRIMARY KEY, amount bigint NOT NULL)`)
+	journal, err := postgres.NewJournal(pool, "billing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ledger, plan, mail := leaseAheadPlan(t, pool, journal)
 	ctx := testCtx(t)
 	p := payment{EventID: "evt_lease", Amount: 7}
 	res, err := plan.Run(ctx, p.EventID, p)

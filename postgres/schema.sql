@@ -19,7 +19,10 @@ CREATE INDEX IF NOT EXISTS effectively_keys_scope_created_at
     ON effectively_keys (scope, created_at);
 
 -- Sent-records for effects outside the database (Journal). lease_until is
--- NULL when no attempt holds the key (done, or released).
+-- NULL when no attempt holds the key (done, or released). ref is the
+-- effect's reference once done; before that, the holder token of the
+-- attempt that took the lease last (a Journal takes a lease back by its
+-- token when the reply to the statement that took it was lost).
 CREATE TABLE IF NOT EXISTS effectively_journal (
     scope       text        NOT NULL,
     key         text        NOT NULL,

@@ -47,11 +47,13 @@ const (
 	testCard = "pm_card_visa"
 	mailFrom = "billing@chargehook.example"
 	// lease bounds how long an attempt whose outcome is unknown holds an
-	// at-least-once key before a retry may redo it (kafka.WithLease,
-	// email.WithLease): short, so the demo does not stall (an attempt the
-	// failover broke after its journal Begin holds its partition until the
-	// lease expires), yet well above a send's usual milliseconds; the
-	// window it opens is the one the contracts declare.
+	// at-least-once key before a retry in another process may redo it
+	// (kafka.WithLease, email.WithLease): short, so that a worker that
+	// crashed mid-send holds its partition up only briefly, yet well above
+	// a send's usual milliseconds; the window it opens is the one the
+	// contracts declare. A lease the failover broke (a Begin, or the
+	// ledger's transaction that takes the mail's lease ahead, whose reply
+	// was lost) this worker's journal takes back at once.
 	lease = time.Second
 )
 

@@ -1,0 +1,113 @@
+package postgres
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"sync"
+	"time"
+
+	"effectively.dev/effects"
+)
+
+// A lease a Journal takes (Begin, LeaseStatement) carries a holder token,
+// random per call, in the record's ref column until the key is done. When
+// the reply to the statement that took it is lost (effects.ErrAmbiguous),
+// nobody holds the lease: the caller did not do the effect, and no other
+// call knows the token. The Journal remembers it (lostLeases), and its
+// next Begin of that key takes the lease back at once, instead of failing
+// with effects.ErrInFlight until the lease expires (a minute by default:
+// after a database failover, every key whose Begin or lease-taking
+// transaction lost its reply held up its partition that long). A Begin
+// through another Journal, another process, still waits for the lease:
+// it cannot tell a lost lease from a live one.
+
+// newLeaseToken returns a holder token: 64 random bits in hex.
+func newLeaseToken() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24)
+	return hex.EncodeToString(b[:])
+}
+
+// maxLostLeases bounds a Journal's lostLeases. A lease lost beyond it is
+// not remembered, and its key waits for the lease to expire, as it would
+// without them.
+const maxLostLeases = 4096
+
+// lostLeases are the holder tokens of the leases a Journal's statements
+// may have taken when their replies were lost, per key, until those
+// leases expire. It is safe for concurrent use; the zero value is empty.
+type lostLeases struct {
+	mu sync.Mutex
+	m  map[effects.Key][]lostLease
+}
+
+type lostLease struct {
+	token string
+	until time.Time // the lease's end by this process's clock, at the latest
+}
+
+// remember notes that a statement sent at sent, with token, may have taken
+// key's lease for lease.
+func (l *lostLeases) remember(key effects.Key, token string, sent time.Time, lease time.Duration) {
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.m == nil {
+		l.m = make(map[effects.Key][]lostLease)
+	}
+	if len(l.m) >= maxLostLeases {
+		for k, ls := range l.m {
+			if ls = live(ls, now); len(ls) == 0 {
+				delete(l.m, k)
+			} else {
+				l.m[k] = ls
+			}
+		}
+		if len(l.m) >= maxLostLeases {
+			return
+		}
+	}
+	// The lease ends lease after the statement's now(), which is no
+	// earlier than sent; a second more covers a clock a little behind
+	// the database's. Past until, the database's own expiry frees it.
+	l.m[key] = append(live(l.m[key], now), lostLease{token: token, until: sent.Add(lease + time.Second)})
+}
+
+// tokens returns the holder tokens of key's lost leases that may still be
+// live.
+func (l *lostLeases) tokens(key effects.Key) []string {
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ls := live(l.m[key], now)
+	if len(ls) == 0 {
+		delete(l.m, key)
+		return nil
+	}
+	l.m[key] = ls
+	out := make([]string, len(ls))
+	for i, x := range ls {
+		out[i] = x.token
+	}
+	return out
+}
+
+// forget drops key's lost leases: a Begin of key ended with a definite
+// outcome, so none of them is held by nobody any more (taken back, done,
+// or another key's fingerprint).
+func (l *lostLeases) forget(key effects.Key) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.m, key)
+}
+
+// live returns the leases of ls that have not ended at now, in ls's array.
+func live(ls []lostLease, now time.Time) []lostLease {
+	out := ls[:0]
+	for _, x := range ls {
+		if now.Before(x.until) {
+			out = append(out, x)
+		}
+	}
+	return out
+}

@@ -1,0 +1,169 @@
+package postgres_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"effectively.dev/effects"
+	"effectively.dev/postgres"
+)
+
+// journalRecord reads key's record: its attempt, whether its lease is
+// live, and whether it is done.
+func journalRecord(t *testing.T, pool *pgxpool.Pool, key effects.Key) (attempt int, live, done bool) {
+	t.Helper()
+	err := pool.QueryRow(testCtx(t), `SELECT attempt, coalesce(lease_until > now(), false), done FROM effectively_journal WHERE key = $1`,
+		string(key)).Scan(&attempt, &live, &done)
+	if err != nil {
+		t.Fatalf("reading the record of %q: %v", key, err)
+	}
+	return attempt, live, done
+}
+
+// TestJournalTakesBackALeaseWhoseReplyWasLost: a Begin whose reply is lost
+// took the lease, but nobody holds it (the caller got ErrAmbiguous and did
+// nothing). The same Journal takes it back at once on its next Begin;
+// another Journal (another process) cannot tell it from a live lease and
+// waits. Once taken back, the lease is held: neither Journal takes it
+// again.
+func TestJournalTakesBackALeaseWhoseReplyWasLost(t *testing.T) {
+	url := newDB(t)
+	var f faults
+	faulty := newPool(t, url, func(c *pgxpool.Config) {
+		f.configure(c)
+		c.MaxConns = 1
+		c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec // Begin's statement in one write
+	})
+	clean := newPool(t, url, nil)
+	ctx := testCtx(t)
+	j1, err := postgres.NewJournal(faulty, "email")
+	if err != nil {
+		t.Fatal(err)
+	}
+	j2, err := postgres.NewJournal(clean, "email")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp := effects.Fingerprint([]byte("receipt for evt_lost"))
+	key := effects.MustKey("evt_lost_begin", "email")
+	if _, err := faulty.Exec(ctx, "SELECT 1"); err != nil { // the connection is up: the next write is Begin's
+		t.Fatal(err)
+	}
+
+	before := f.fired.Load()
+	f.countdown.Store(1)
+	_, err = j1.Begin(ctx, key, fp, time.Minute)
+	f.countdown.Store(0)
+	if f.fired.Load() != before+1 {
+		t.Fatal("the reply to Begin was not dropped")
+	}
+	if !errors.Is(err, effects.ErrAmbiguous) {
+		t.Fatalf("Begin with a lost reply = %v; want ErrAmbiguous", err)
+	}
+	if attempt, live, done := journalRecord(t, clean, key); attempt != 1 || !live || done {
+		t.Fatalf("record after the lost reply: attempt %d, live %v, done %v; want attempt 1 holding a live lease", attempt, live, done)
+	}
+
+	if _, err := j2.Begin(ctx, key, fp, time.Minute); !errors.Is(err, effects.ErrInFlight) {
+		t.Fatalf("Begin through another Journal = %v; want ErrInFlight until the lease expires", err)
+	}
+	rec, err := j1.Begin(ctx, key, fp, time.Minute)
+	if err != nil || rec != (effects.Record{Attempt: 2}) {
+		t.Fatalf("Begin again through the Journal that lost the reply = %+v, %v; want the lease back at once, attempt 2", rec, err)
+	}
+	for name, j := range map[string]*postgres.Journal{"the same Journal": j1, "another Journal": j2} {
+		if _, err := j.Begin(ctx, key, fp, time.Minute); !errors.Is(err, effects.ErrInFlight) {
+			t.Fatalf("Begin through %s after the lease was taken back = %v; want ErrInFlight", name, err)
+		}
+	}
+	if err := j1.Complete(ctx, key, "250 queued as L1"); err != nil {
+		t.Fatal(err)
+	}
+	rec, err = j2.Begin(ctx, key, fp, time.Minute)
+	if err != nil || rec != (effects.Record{Done: true, Ref: "250 queued as L1", Attempt: 2}) {
+		t.Fatalf("Begin after Complete = %+v, %v; want done with the ref", rec, err)
+	}
+	// A lease held by a Begin that got its reply is never taken.
+	held := effects.MustKey("evt_held", "email")
+	if _, err := j1.Begin(ctx, held, fp, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := j1.Begin(ctx, held, fp, time.Minute); !errors.Is(err, effects.ErrInFlight) {
+		t.Fatalf("second Begin of a held lease = %v; want ErrInFlight", err)
+	}
+}
+
+// TestLeaseStatementWhoseCommitReplyWasLost: the ledger step's transaction
+// takes the mail step's lease ahead and commits, but its COMMIT reply is
+// lost, so the run ends with ErrAmbiguous before the mail step and nobody
+// holds the lease. The redelivery's run replays the ledger and its mail
+// step takes the lease back at once: before, its Begin failed with
+// ErrInFlight until the lease expired (a minute by default), holding up
+// the delivery's partition. A lease taken in a transaction whose reply
+// came is not taken back.
+func TestLeaseStatementWhoseCommitReplyWasLost(t *testing.T) {
+	url := newDB(t)
+	var f faults
+	pool := newPool(t, url, func(c *pgxpool.Config) {
+		f.configure(c)
+		c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec // faultConn finds the COMMIT by its text
+	})
+	clean := newPool(t, url, nil)
+	journal, err := postgres.NewJournal(pool, "billing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ledger, plan, mail := leaseAheadPlan(t, pool, journal)
+	mailKey := func(event string) effects.Key { return effects.MustKey("billing", event, "mail") }
+	ctx := testCtx(t)
+	p := payment{EventID: "evt_lease_lost", Amount: 3} // no "COMMIT" in it: faultConn looks for that
+
+	before := f.fired.Load()
+	f.onCommit.Store(true)
+	_, err = plan.Run(ctx, p.EventID, p)
+	f.onCommit.Store(false)
+	if f.fired.Load() != before+1 {
+		t.Fatal("the COMMIT reply was not dropped")
+	}
+	if !errors.Is(err, effects.ErrAmbiguous) || mail.calls.Load() != 0 {
+		t.Fatalf("Run with a lost COMMIT reply = %v after %d mail calls; want ErrAmbiguous before the mail step", err, mail.calls.Load())
+	}
+	if attempt, live, done := journalRecord(t, clean, mailKey(p.EventID)); attempt != 1 || !live || done {
+		t.Fatalf("mail record after the lost reply: attempt %d, live %v, done %v; want the lease taken (the transaction committed)", attempt, live, done)
+	}
+	other, err := postgres.NewJournal(clean, "billing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Begin(ctx, mailKey(p.EventID), []byte(mailText), time.Minute); !errors.Is(err, effects.ErrInFlight) {
+		t.Fatalf("Begin through another Journal = %v; want ErrInFlight", err)
+	}
+
+	start := time.Now()
+	res, err := plan.Run(ctx, p.EventID, p)
+	if err != nil || !res["ledger"].Replayed() || res["mail"].Status != effects.Applied || mail.calls.Load() != 1 {
+		t.Fatalf("redelivery = %+v, %v after %d mail calls; want the ledger replayed and the mail sent once, on the lease taken back", res, err, mail.calls.Load())
+	}
+	if attempt, live, done := journalRecord(t, clean, mailKey(p.EventID)); attempt != 2 || live || !done {
+		t.Fatalf("mail record: attempt %d, live %v, done %v; want attempt 2, done", attempt, live, done)
+	}
+	t.Logf("redelivery took %v (the lease was a minute)", time.Since(start))
+	if rows(t, clean, p.EventID) != 1 {
+		t.Fatalf("ledger rows = %d, want 1", rows(t, clean, p.EventID))
+	}
+
+	// Outside a plan run, a committed transaction's lease is held by
+	// nobody too, but its Apply reported Applied: the Journal cannot tell
+	// that from a lease a run holds, and leaves it to expire.
+	q := payment{EventID: "evt_lease_ok", Amount: 4}
+	if _, err := ledger.Apply(ctx, effects.MustKey("billing", q.EventID, "ledger"), q); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := journal.Begin(ctx, mailKey(q.EventID), []byte(mailText), time.Minute); !errors.Is(err, effects.ErrInFlight) {
+		t.Fatalf("Begin of a lease whose transaction's reply came = %v; want ErrInFlight", err)
+	}
+}
