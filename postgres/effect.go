@@ -198,7 +198,11 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (res eff
 		}
 	}
 	lookup := e.cfg.lookupFirst || e.duplicates.frequent()
-	var unknownSince time.Time // before the latest attempt whose outcome is unknown
+	// unknownSince is a time before the latest attempt whose outcome is
+	// unknown. Such an attempt ends Apply with its error, so the writes'
+	// OnCommits never run for it; should a later attempt ever commit
+	// them (Applied), their OnCommits do, and they are not lost.
+	var unknownSince time.Time
 	if queued != nil {
 		defer func() {
 			if !unknownSince.IsZero() && (err != nil || res.Status != effects.Applied) {

@@ -22,11 +22,13 @@ import (
 // database's clock, so the callers' clocks do not matter. A pending
 // record's ref is its lease's holder token (see lostLeases): a Begin that
 // names it ($6, the tokens of this Journal's lost leases of the key) takes
-// the lease over although it is live.
+// the lease back although it is live, as the same attempt (the one whose
+// Begin lost its reply, and did nothing).
 const beginSQL = `INSERT INTO effectively_journal AS j (scope, key, fingerprint, lease_until, ref)
 VALUES ($1, $2, $3, now() + $4 * interval '1 microsecond', $5)
 ON CONFLICT (scope, key) DO UPDATE
-	SET attempt = j.attempt + 1, lease_until = excluded.lease_until, ref = excluded.ref, updated_at = now()
+	SET attempt = CASE WHEN j.lease_until > now() THEN j.attempt ELSE j.attempt + 1 END,
+		lease_until = excluded.lease_until, ref = excluded.ref, updated_at = now()
 	WHERE NOT j.done AND j.fingerprint = excluded.fingerprint
 		AND (j.lease_until IS NULL OR j.lease_until <= now() OR j.ref = ANY($6::text[]))
 RETURNING j.attempt`
@@ -133,10 +135,10 @@ func NewJournal(pool *pgxpool.Pool, scope string) (*Journal, error) {
 // reply was lost is [effects.ErrAmbiguous]: the lease may have been taken,
 // and the caller must not do the effect. The Journal remembers such a
 // lease (and one that a [Journal.LeaseStatement] whose transaction's
-// outcome is unknown may have taken) until it expires: its next Begin of
-// key takes it back at once (one attempt more), where a Begin through
-// another Journal, in another process, sees ErrInFlight until the lease
-// expires.
+// outcome is unknown may have taken), at most until it expires: its next
+// Begin of key takes it back at once, as the same attempt, where a Begin
+// through another Journal, in another process, sees ErrInFlight until the
+// lease expires.
 func (j *Journal) Begin(ctx context.Context, key effects.Key, fingerprint []byte, lease time.Duration) (effects.Record, error) {
 	if err := key.Validate(); err != nil {
 		return effects.Record{}, err
@@ -162,10 +164,12 @@ func (j *Journal) Begin(ctx context.Context, key effects.Key, fingerprint []byte
 	switch {
 	case errors.Is(err, effects.ErrAmbiguous):
 		j.lost.remember(key, req.token, sent, lease)
-	case req.lost != nil && (err == nil || errors.Is(err, effects.ErrInFlight) || errors.Is(err, effects.ErrKeyReused)):
-		// The database answered: a lost lease was taken back, or the
-		// record has moved on without them.
-		j.lost.forget(key)
+	case req.lost != nil && (err == nil || errors.Is(err, effects.ErrInFlight)):
+		// The database answered with the record as it is: the tokens
+		// named were taken back, or match nothing any more. (Not after
+		// ErrKeyReused: that Begin had another payload, and a lost lease
+		// of the key's own stays lost.)
+		j.lost.forget(key, req.lost)
 	}
 	return rec, err
 }

@@ -3,6 +3,7 @@ package postgres
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"slices"
 	"sync"
 	"time"
 
@@ -14,8 +15,8 @@ import (
 // the reply to the statement that took it is lost (effects.ErrAmbiguous),
 // nobody holds the lease: the caller did not do the effect, and no other
 // call knows the token. The Journal remembers it (lostLeases), and its
-// next Begin of that key takes the lease back at once, instead of failing
-// with effects.ErrInFlight until the lease expires (a minute by default:
+// next Begin of that key takes the lease back at once, as the same attempt,
+// instead of failing with effects.ErrInFlight until the lease expires (a minute by default:
 // after a database failover, every key whose Begin or lease-taking
 // transaction lost its reply held up its partition that long). A Begin
 // through another Journal, another process, still waits for the lease:
@@ -28,10 +29,13 @@ func newLeaseToken() string {
 	return hex.EncodeToString(b[:])
 }
 
-// maxLostLeases bounds a Journal's lostLeases. A lease lost beyond it is
-// not remembered, and its key waits for the lease to expire, as it would
-// without them.
-const maxLostLeases = 4096
+// maxLostLeases bounds a Journal's lostLeases: the keys, and the leases
+// of one key. A lease lost beyond them is not remembered, and its key
+// waits for the lease to expire, as it would without them.
+const (
+	maxLostLeases       = 4096
+	maxLostLeasesPerKey = 8
+)
 
 // lostLeases are the holder tokens of the leases a Journal's statements
 // may have taken when their replies were lost, per key, until those
@@ -67,10 +71,17 @@ func (l *lostLeases) remember(key effects.Key, token string, sent time.Time, lea
 			return
 		}
 	}
-	// The lease ends lease after the statement's now(), which is no
-	// earlier than sent; a second more covers a clock a little behind
-	// the database's. Past until, the database's own expiry frees it.
-	l.m[key] = append(live(l.m[key], now), lostLease{token: token, until: sent.Add(lease + time.Second)})
+	// The lease ends lease after the statement's now(), which comes
+	// after sent: until is before the lease's end, whatever the clocks
+	// read (both are durations from one statement). It must not be
+	// later: past the lease's end another process may take the key over,
+	// and code before the holder tokens leaves ref as it was when it
+	// does. Past until, the database's own expiry frees the key.
+	ls := live(l.m[key], now)
+	if len(ls) >= maxLostLeasesPerKey {
+		ls = append(ls[:0], ls[1:]...)
+	}
+	l.m[key] = append(ls, lostLease{token: token, until: sent.Add(lease)})
 }
 
 // tokens returns the holder tokens of key's lost leases that may still be
@@ -92,13 +103,19 @@ func (l *lostLeases) tokens(key effects.Key) []string {
 	return out
 }
 
-// forget drops key's lost leases: a Begin of key ended with a definite
-// outcome, so none of them is held by nobody any more (taken back, done,
-// or another key's fingerprint).
-func (l *lostLeases) forget(key effects.Key) {
+// forget drops key's lost leases with tokens: a Begin that named them
+// got the record as it is, so none of them is a lease held by nobody any
+// more (taken back, done, or taken over after it expired). Leases lost
+// since that Begin read the tokens stay.
+func (l *lostLeases) forget(key effects.Key, tokens []string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	delete(l.m, key)
+	ls := slices.DeleteFunc(l.m[key], func(x lostLease) bool { return slices.Contains(tokens, x.token) })
+	if len(ls) == 0 {
+		delete(l.m, key)
+		return
+	}
+	l.m[key] = ls
 }
 
 // live returns the leases of ls that have not ended at now, in ls's array.

@@ -26,7 +26,8 @@ func journalRecord(t *testing.T, pool *pgxpool.Pool, key effects.Key) (attempt i
 
 // TestJournalTakesBackALeaseWhoseReplyWasLost: a Begin whose reply is lost
 // took the lease, but nobody holds it (the caller got ErrAmbiguous and did
-// nothing). The same Journal takes it back at once on its next Begin;
+// nothing). The same Journal takes it back at once on its next Begin, as
+// the same attempt, also after a Begin with another payload was refused;
 // another Journal (another process) cannot tell it from a live lease and
 // waits. Once taken back, the lease is held: neither Journal takes it
 // again.
@@ -71,9 +72,12 @@ func TestJournalTakesBackALeaseWhoseReplyWasLost(t *testing.T) {
 	if _, err := j2.Begin(ctx, key, fp, time.Minute); !errors.Is(err, effects.ErrInFlight) {
 		t.Fatalf("Begin through another Journal = %v; want ErrInFlight until the lease expires", err)
 	}
+	if _, err := j1.Begin(ctx, key, effects.Fingerprint([]byte("another payload")), time.Minute); !errors.Is(err, effects.ErrKeyReused) {
+		t.Fatalf("Begin with another payload = %v; want ErrKeyReused", err)
+	}
 	rec, err := j1.Begin(ctx, key, fp, time.Minute)
-	if err != nil || rec != (effects.Record{Attempt: 2}) {
-		t.Fatalf("Begin again through the Journal that lost the reply = %+v, %v; want the lease back at once, attempt 2", rec, err)
+	if err != nil || rec != (effects.Record{Attempt: 1}) {
+		t.Fatalf("Begin again through the Journal that lost the reply = %+v, %v; want the lease back at once, as attempt 1 (which did nothing)", rec, err)
 	}
 	for name, j := range map[string]*postgres.Journal{"the same Journal": j1, "another Journal": j2} {
 		if _, err := j.Begin(ctx, key, fp, time.Minute); !errors.Is(err, effects.ErrInFlight) {
@@ -84,7 +88,7 @@ func TestJournalTakesBackALeaseWhoseReplyWasLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec, err = j2.Begin(ctx, key, fp, time.Minute)
-	if err != nil || rec != (effects.Record{Done: true, Ref: "250 queued as L1", Attempt: 2}) {
+	if err != nil || rec != (effects.Record{Done: true, Ref: "250 queued as L1", Attempt: 1}) {
 		t.Fatalf("Begin after Complete = %+v, %v; want done with the ref", rec, err)
 	}
 	// A lease held by a Begin that got its reply is never taken.
@@ -148,8 +152,8 @@ func TestLeaseStatementWhoseCommitReplyWasLost(t *testing.T) {
 	if err != nil || !res["ledger"].Replayed() || res["mail"].Status != effects.Applied || mail.calls.Load() != 1 {
 		t.Fatalf("redelivery = %+v, %v after %d mail calls; want the ledger replayed and the mail sent once, on the lease taken back", res, err, mail.calls.Load())
 	}
-	if attempt, live, done := journalRecord(t, clean, mailKey(p.EventID)); attempt != 2 || live || !done {
-		t.Fatalf("mail record: attempt %d, live %v, done %v; want attempt 2, done", attempt, live, done)
+	if attempt, live, done := journalRecord(t, clean, mailKey(p.EventID)); attempt != 1 || live || !done {
+		t.Fatalf("mail record: attempt %d, live %v, done %v; want attempt 1, done", attempt, live, done)
 	}
 	t.Logf("redelivery took %v (the lease was a minute)", time.Since(start))
 	if rows(t, clean, p.EventID) != 1 {

@@ -220,10 +220,11 @@ ON CONFLICT (scope, key) DO NOTHING`
 // and the later step calls Begin as usual. ctx must be the one the
 // [StatementsFunc] got: outside a plan run nothing uses the lease, and the
 // key stays in flight ([effects.ErrInFlight]) until it expires. When the
-// transaction's outcome is unknown and its Apply did not commit it after
-// all (it reports an error, or replays), the lease is held by nobody: the
-// Journal remembers it as lost, and its next Begin of key takes it back
-// at once (see [Journal.Begin]). It returns
+// transaction's outcome is unknown (Apply reports [effects.ErrAmbiguous]),
+// the run ends before the later step, and a lease it took is held by
+// nobody: the Journal remembers it as lost, and its next Begin of key,
+// the later step's in the redelivery's run, takes it back at once (see
+// [Journal.Begin]). It returns
 // an error, before any I/O, for an invalid key or a lease that is not
 // positive.
 func (j *Journal) LeaseStatement(ctx context.Context, key effects.Key, fingerprint []byte, lease time.Duration) (Statement, error) {

@@ -21,8 +21,9 @@ CREATE INDEX IF NOT EXISTS effectively_keys_scope_created_at
 -- Sent-records for effects outside the database (Journal). lease_until is
 -- NULL when no attempt holds the key (done, or released). ref is the
 -- effect's reference once done; before that, the holder token of the
--- attempt that took the lease last (a Journal takes a lease back by its
--- token when the reply to the statement that took it was lost).
+-- lease's Begin (a Journal takes a lease back by its token when the reply
+-- to the statement that took it was lost; '' when written by a version
+-- before the tokens).
 CREATE TABLE IF NOT EXISTS effectively_journal (
     scope       text        NOT NULL,
     key         text        NOT NULL,
