@@ -273,9 +273,12 @@ func (j *Journaled) Apply(ctx context.Context, key Key, fingerprint []byte, call
 	if l, ok := takeHeldLease(ctx, j.journal, key, fingerprint); ok {
 		// An earlier step of this run took the lease (see HoldLease):
 		// no Begin, and the call ends before the lease does, by the
-		// margin it keeps on a lease of its own.
+		// margin it keeps on a lease of its own. With no time left, the
+		// lease is given up unused, and Begin takes the key anew.
 		if left := l.callTime(j.callTimeout); left > 0 {
 			a.number, a.leased, callTimeout = l.attempt, true, left
+		} else {
+			j.release(&Attempt{j: j, ctx: ctx, key: key, number: l.attempt})
 		}
 	}
 	var (

@@ -28,8 +28,26 @@ type heldLease struct {
 type heldLeasesKey struct{}
 
 // withHeldLeases returns ctx carrying a new, empty set of held leases.
-func withHeldLeases(ctx context.Context) context.Context {
-	return context.WithValue(ctx, heldLeasesKey{}, &heldLeases{})
+func withHeldLeases(ctx context.Context) (context.Context, *heldLeases) {
+	h := &heldLeases{}
+	return context.WithValue(ctx, heldLeasesKey{}, h), h
+}
+
+// releaseUnused gives up the leases the run took ahead and no step used
+// (a step before theirs failed, or the run's context ended): nothing was
+// done under them, and a redelivery's Begin takes the key at once instead
+// of waiting for the lease to expire. A failed Release leaves the lease
+// to expire on its own. Run calls it as it returns.
+func (h *heldLeases) releaseUnused(ctx context.Context) {
+	h.mu.Lock()
+	unused := h.leases
+	h.leases = nil
+	h.mu.Unlock()
+	for _, l := range unused {
+		rctx, cancel := Detached(ctx, DefaultRecordTimeout)
+		_ = l.journal.Release(rctx, l.key, l.attempt)
+		cancel()
+	}
 }
 
 // HoldLease records, inside a [Plan.Run], that the lease on key in journal
@@ -46,7 +64,8 @@ func withHeldLeases(ctx context.Context) context.Context {
 // that is no pointer (leases are matched by journal), and then nothing
 // uses the lease: the step's Begin finds it live and reports [ErrInFlight]
 // until it expires. A held lease the run does not use (a step failed
-// before it) expires the same way.
+// before it) is released when the run returns ([Journal].Release of its
+// attempt), so that the redelivery's step takes the key at once.
 func HoldLease(ctx context.Context, journal Journal, key Key, fingerprint []byte, attempt int, began time.Time, lease time.Duration) bool {
 	h, _ := ctx.Value(heldLeasesKey{}).(*heldLeases)
 	if h == nil || !isPointer(journal) || attempt < 1 || lease <= 0 {

@@ -180,14 +180,16 @@ func (e *StepError) Unwrap() error { return e.Err }
 // effect.
 //
 // Every journal record of the run's steps has committed (or its failure
-// was logged, see [Journaled]) when Run returns. Over a [BatchJournal],
-// records commit together: a lease-free step's record is held back and
-// written with the next Complete on the same journal in the run, or when
-// the run ends, in one transaction.
+// was logged, see [Journaled]) when Run returns, and a lease a step took
+// ahead for a later one that did not run ([HoldLease]) is released. Over
+// a [BatchJournal], records commit together: a lease-free step's record is
+// held back and written with the next Complete on the same journal in the
+// run, or when the run ends, in one transaction.
 func (p *Plan[E]) Run(ctx context.Context, id string, ev E) (Results, error) {
 	ctx, held := withHeldRecords(ctx)
 	defer held.flush()
-	ctx = withHeldLeases(ctx)
+	ctx, leases := withHeldLeases(ctx)
+	defer leases.releaseUnused(ctx)
 	keys := make([]Key, len(p.steps))
 	for i, s := range p.steps {
 		key, err := NewKey(p.scope, id, s.name)

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -354,7 +355,7 @@ func TestPlanUsesALeaseTakenAhead(t *testing.T) {
 	}{
 		{"used", "payload", 0, time.Minute, 1, nil},
 		{"another fingerprint: Begin, which refuses", "other", 0, time.Minute, 2, effects.ErrKeyReused},
-		{"no time left: Begin, which finds it live", "payload", time.Hour, time.Minute, 2, effects.ErrInFlight},
+		{"no time left: released unused, and Begin takes the key anew", "payload", time.Hour, time.Minute, 2, nil},
 		{"a lease shorter than the step's own bounds its call", "payload", 0, 200 * time.Millisecond, 1, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -399,4 +400,54 @@ func TestPlanUsesALeaseTakenAhead(t *testing.T) {
 	if effects.HoldLease(context.Background(), newBatchJournal(), effects.MustKey("s", "e1", "mail"), nil, 1, time.Now(), time.Minute) {
 		t.Error("HoldLease outside a plan run reported true")
 	}
+}
+
+// A lease taken ahead for a step that did not run (a step between failed)
+// is released when the run returns: the redelivery's step takes the key at
+// once, where it used to find the lease live (ErrInFlight) until it
+// expired.
+func TestPlanReleasesALeaseTakenAheadThatNoStepUsed(t *testing.T) {
+	j := newBatchJournal()
+	mailKey := effects.MustKey("s", "e1", "mail")
+	var ledgerDone atomic.Bool
+	ledger := ctxFuncEffect(func(ctx context.Context, key effects.Key) (effects.Result, error) {
+		if ledgerDone.Load() {
+			return effects.Result{Status: effects.Replayed, Ref: "row-1"}, nil
+		}
+		rec, err := j.Begin(ctx, mailKey, []byte("payload"), time.Minute)
+		if err != nil {
+			return effects.Result{}, err
+		}
+		if !effects.HoldLease(ctx, j, mailKey, []byte("payload"), rec.Attempt, time.Now(), time.Minute) {
+			t.Error("HoldLease in a plan run reported false")
+		}
+		ledgerDone.Store(true)
+		return effects.Result{Status: effects.Applied, Ref: "row-1"}, nil
+	})
+	var failures atomic.Int64
+	failures.Store(1)
+	between := ctxFuncEffect(func(context.Context, effects.Key) (effects.Result, error) {
+		if failures.Add(-1) >= 0 {
+			return effects.Result{}, effects.Transient("between", "", errors.New("injected"))
+		}
+		return effects.Result{Status: effects.Applied, Ref: "ok"}, nil
+	})
+	mail := newJournaledEffect(t, j, false)
+	p := mustPlan(t, stepOf("ledger", ledger), stepOf("between", between), stepOf("mail", mail))
+	if _, err := p.Run(context.Background(), "e1", "payload"); !errors.Is(err, effects.ErrTransient) {
+		t.Fatalf("Run = %v, want the middle step's ErrTransient", err)
+	}
+	if rec, err := j.Begin(context.Background(), mailKey, []byte("other payload"), time.Minute); !errors.Is(err, effects.ErrKeyReused) {
+		t.Fatalf("the mail key after the run = %+v, %v; want its record kept (ErrKeyReused for another payload)", rec, err)
+	}
+	// The redelivery: the ledger replays, and the mail step's own Begin
+	// takes the released key at once.
+	res, err := p.Run(context.Background(), "e1", "payload")
+	if err != nil || res["mail"].Status != effects.Applied || mail.owner.calls.Load() != 1 {
+		t.Fatalf("redelivery = %+v, %v after %d mail calls; want the mail sent once", res, err, mail.owner.calls.Load())
+	}
+	if n := j.beginCalls(); n != 3 { // the ledger's, the refused one above, the mail's
+		t.Errorf("%d Begin calls, want 3", n)
+	}
+	requireDone(t, j, string(mailKey))
 }
