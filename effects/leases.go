@@ -37,14 +37,21 @@ func withHeldLeases(ctx context.Context) (context.Context, *heldLeases) {
 // (a step before theirs failed, or the run's context ended): nothing was
 // done under them, and a redelivery's Begin takes the key at once instead
 // of waiting for the lease to expire. A failed Release leaves the lease
-// to expire on its own. Run calls it as it returns.
+// to expire on its own; none is tried past the lease's end. Run calls it
+// as it returns.
 func (h *heldLeases) releaseUnused(ctx context.Context) {
 	h.mu.Lock()
 	unused := h.leases
 	h.leases = nil
 	h.mu.Unlock()
 	for _, l := range unused {
-		rctx, cancel := Detached(ctx, DefaultRecordTimeout)
+		// Not past the lease's end, which frees it anyway: an
+		// unreachable journal does not hold the run up longer.
+		left := min(l.lease-time.Since(l.began), DefaultRecordTimeout)
+		if left <= 0 {
+			continue
+		}
+		rctx, cancel := Detached(ctx, left)
 		_ = l.journal.Release(rctx, l.key, l.attempt)
 		cancel()
 	}
