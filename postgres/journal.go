@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -207,13 +208,20 @@ type beginRes struct {
 
 // beginBatch runs the Begins of one coalesced statement. A Begin that
 // would take a lost lease back runs alone (beginBatchSQL takes only
-// leases that are free).
+// leases that are free), at the same time as the statement.
 func (j *Journal) beginBatch(ctx context.Context, reqs []beginReq) []beginRes {
 	out := make([]beginRes, len(reqs))
-	var many []int // indexes into reqs of the Begins that share a statement
+	if len(reqs) == 1 {
+		out[0].rec, out[0].err = j.beginAlone(ctx, reqs[0])
+		return out
+	}
+	var (
+		many  []int // indexes into reqs of the Begins that share a statement
+		alone sync.WaitGroup
+	)
 	for i, r := range reqs {
-		if len(reqs) == 1 || r.lost != nil {
-			out[i].rec, out[i].err = j.beginAlone(ctx, r)
+		if r.lost != nil {
+			alone.Go(func() { out[i].rec, out[i].err = j.beginAlone(ctx, r) })
 		} else {
 			many = append(many, i)
 		}
@@ -231,6 +239,7 @@ func (j *Journal) beginBatch(ctx context.Context, reqs []beginReq) []beginRes {
 			out[many[k]] = res
 		}
 	}
+	alone.Wait()
 	return out
 }
 

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -98,6 +99,55 @@ func TestJournalTakesBackALeaseWhoseReplyWasLost(t *testing.T) {
 	}
 	if _, err := j1.Begin(ctx, held, fp, time.Minute); !errors.Is(err, effects.ErrInFlight) {
 		t.Fatalf("second Begin of a held lease = %v; want ErrInFlight", err)
+	}
+}
+
+// TestCoalescedBeginTakesBackALostLease: a Begin that would take a lost
+// lease back, queued with others into one coalesced statement, runs on
+// its own beside it and gets the lease back; the others share the
+// statement.
+func TestCoalescedBeginTakesBackALostLease(t *testing.T) {
+	var f faults
+	pool := newPool(t, newDB(t), func(c *pgxpool.Config) {
+		f.configure(c)
+		c.MaxConns = 1 // the next write is the lost Begin's
+		c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	})
+	ctx := testCtx(t)
+	j, err := postgres.NewJournal(pool, "email")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp := effects.Fingerprint([]byte("receipt"))
+	lost := effects.MustKey("evt_coalesced_lost", "email")
+	if _, err := pool.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+	f.countdown.Store(1)
+	_, err = j.Begin(ctx, lost, fp, time.Minute)
+	f.countdown.Store(0)
+	if !errors.Is(err, effects.ErrAmbiguous) {
+		t.Fatalf("Begin with a lost reply = %v; want ErrAmbiguous", err)
+	}
+
+	keys := []effects.Key{lost, effects.MustKey("evt_coalesced_a", "email"), effects.MustKey("evt_coalesced_b", "email")}
+	queued, release := postgres.HoldJournal(j)
+	recs := make([]effects.Record, len(keys))
+	errs := make([]error, len(keys))
+	var wg sync.WaitGroup
+	for i, k := range keys {
+		wg.Go(func() { recs[i], errs[i] = j.Begin(ctx, k, fp, time.Minute) })
+	}
+	waitQueued(t, queued, len(keys))
+	release()
+	wg.Wait()
+	for i, k := range keys {
+		if errs[i] != nil || recs[i] != (effects.Record{Attempt: 1}) {
+			t.Errorf("coalesced Begin of %q = %+v, %v; want the lease, attempt 1", k, recs[i], errs[i])
+		}
+	}
+	if _, err := j.Begin(ctx, lost, fp, time.Minute); !errors.Is(err, effects.ErrInFlight) {
+		t.Fatalf("Begin after the lease was taken back = %v; want ErrInFlight", err)
 	}
 }
 
