@@ -218,11 +218,12 @@ func SetRef(ctx context.Context, tx pgx.Tx, scope string, key effects.Key, ref s
 	return nil
 }
 
-// nonNil returns b, or an empty slice for nil: pgx sends a nil []byte as
-// NULL, and the fingerprint column is NOT NULL.
-func nonNil(b []byte) []byte {
-	if b == nil {
-		return []byte{}
+// nonNil returns s, or an empty slice for nil: pgx sends a nil slice as
+// NULL, and the fingerprint column is NOT NULL ("= ANY(NULL)" is NULL, not
+// false, for the lost-lease tokens of beginSQL).
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
 	}
-	return b
+	return s
 }

@@ -182,7 +182,7 @@ func (e *Effect[In]) Contract() effects.Contract {
 //   - the write's own error, wrapped with %w, after rolling back.
 //
 // Use [effects.Retryable] to decide whether to retry.
-func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (res effects.Result, err error) {
+func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (_ effects.Result, err error) {
 	if err := key.Validate(); err != nil {
 		return effects.Result{}, err
 	}
@@ -198,27 +198,19 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (res eff
 		}
 	}
 	lookup := e.cfg.lookupFirst || e.duplicates.frequent()
-	// unknownSince is a time before the latest attempt whose outcome is
-	// unknown. Such an attempt ends Apply with its error, so the writes'
-	// OnCommits never run for it; should a later attempt ever commit
-	// them (Applied), their OnCommits do, and they are not lost.
-	var unknownSince time.Time
 	if queued != nil {
+		// An attempt whose outcome is unknown ends Apply with its
+		// ErrAmbiguous (only transient failures are retried here): the
+		// writes may have committed, and their OnCommits never run.
+		start := time.Now() // before any attempt was sent
 		defer func() {
-			if !unknownSince.IsZero() && (err != nil || res.Status != effects.Applied) {
-				queued.lost(unknownSince)
+			if errors.Is(err, effects.ErrAmbiguous) {
+				queued.lost(start)
 			}
 		}()
 	}
 	for attempt := 1; ; {
-		var sent time.Time
-		if queued != nil {
-			sent = time.Now()
-		}
 		res, c := e.attemptOnce(ctx, key, fp, in, queued, lookup)
-		if queued != nil && errors.Is(c.err, effects.ErrAmbiguous) {
-			unknownSince = sent
-		}
 		if c.err == nil {
 			e.duplicates.observe(res.Status == effects.Replayed)
 		}

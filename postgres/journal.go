@@ -333,7 +333,7 @@ func (row journalRow) verdict(r beginReq) (rec effects.Record, err error, again 
 func (j *Journal) beginAlone(ctx context.Context, r beginReq) (effects.Record, error) {
 	for range beginTries {
 		var attempt int
-		err := j.pool.QueryRow(ctx, beginSQL, j.scope, string(r.key), r.fp, r.micros, r.token, nonNilStrings(r.lost)).Scan(&attempt)
+		err := j.pool.QueryRow(ctx, beginSQL, j.scope, string(r.key), r.fp, r.micros, r.token, nonNil(r.lost)).Scan(&attempt)
 		if err == nil {
 			return effects.Record{Attempt: attempt}, nil
 		}
@@ -632,13 +632,4 @@ func (j *Journal) Release(ctx context.Context, key effects.Key, attempt int) err
 		return classify(ctx, op, key, err, true, false).err
 	}
 	return nil
-}
-
-// nonNilStrings returns ss, or an empty slice for nil: pgx sends a nil
-// slice as NULL, and "= ANY(NULL)" is NULL, not false.
-func nonNilStrings(ss []string) []string {
-	if ss == nil {
-		return []string{}
-	}
-	return ss
 }

@@ -15,10 +15,11 @@ import (
 // the reply to the statement that took it is lost (effects.ErrAmbiguous),
 // nobody holds the lease: the caller did not do the effect, and no other
 // call knows the token. The Journal remembers it (lostLeases), and its
-// next Begin of that key takes the lease back at once, as the same attempt,
-// instead of failing with effects.ErrInFlight until the lease expires (a minute by default:
-// after a database failover, every key whose Begin or lease-taking
-// transaction lost its reply held up its partition that long). A Begin
+// next Begin of that key takes the lease back at once, as the same
+// attempt, instead of failing with effects.ErrInFlight until the lease
+// expires (a minute by default: after a database failover, every key
+// whose Begin or lease-taking transaction lost its reply held up its
+// partition that long). A Begin
 // through another Journal, another process, still waits for the lease:
 // it cannot tell a lost lease from a live one.
 
@@ -87,11 +88,13 @@ func (l *lostLeases) remember(key effects.Key, token string, sent time.Time, lea
 // tokens returns the holder tokens of key's lost leases that may still be
 // live.
 func (l *lostLeases) tokens(key effects.Key) []string {
-	now := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	ls := live(l.m[key], now)
-	if len(ls) == 0 {
+	ls, ok := l.m[key]
+	if !ok {
+		return nil // every Begin asks: no clock read, no write for a key with none
+	}
+	if ls = live(ls, time.Now()); len(ls) == 0 {
 		delete(l.m, key)
 		return nil
 	}

@@ -25,6 +25,43 @@ func journalRecord(t *testing.T, pool *pgxpool.Pool, key effects.Key) (attempt i
 	return attempt, live, done
 }
 
+// faultyJournal returns a Journal on url whose pool drops replies as f
+// says: one connection, each statement in one write (so that the write
+// after loseBegin's warm-up is Begin's).
+func faultyJournal(t *testing.T, url string, f *faults) (*postgres.Journal, *pgxpool.Pool) {
+	t.Helper()
+	pool := newPool(t, url, func(c *pgxpool.Config) {
+		f.configure(c)
+		c.MaxConns = 1
+		c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	})
+	j, err := postgres.NewJournal(pool, "email")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return j, pool
+}
+
+// loseBegin runs a Begin of key through j whose reply is dropped after
+// the server committed it, and checks that it reports ErrAmbiguous.
+func loseBegin(t *testing.T, j *postgres.Journal, pool *pgxpool.Pool, f *faults, key effects.Key, fp []byte) {
+	t.Helper()
+	ctx := testCtx(t)
+	if _, err := pool.Exec(ctx, "SELECT 1"); err != nil { // the connection is up: the next write is Begin's
+		t.Fatal(err)
+	}
+	before := f.fired.Load()
+	f.countdown.Store(1)
+	_, err := j.Begin(ctx, key, fp, time.Minute)
+	f.countdown.Store(0)
+	if f.fired.Load() != before+1 {
+		t.Fatal("the reply to Begin was not dropped")
+	}
+	if !errors.Is(err, effects.ErrAmbiguous) {
+		t.Fatalf("Begin with a lost reply = %v; want ErrAmbiguous", err)
+	}
+}
+
 // TestJournalTakesBackALeaseWhoseReplyWasLost: a Begin whose reply is lost
 // took the lease, but nobody holds it (the caller got ErrAmbiguous and did
 // nothing). The same Journal takes it back at once on its next Begin, as
@@ -35,37 +72,16 @@ func journalRecord(t *testing.T, pool *pgxpool.Pool, key effects.Key) (attempt i
 func TestJournalTakesBackALeaseWhoseReplyWasLost(t *testing.T) {
 	url := newDB(t)
 	var f faults
-	faulty := newPool(t, url, func(c *pgxpool.Config) {
-		f.configure(c)
-		c.MaxConns = 1
-		c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec // Begin's statement in one write
-	})
+	j1, faulty := faultyJournal(t, url, &f)
 	clean := newPool(t, url, nil)
 	ctx := testCtx(t)
-	j1, err := postgres.NewJournal(faulty, "email")
-	if err != nil {
-		t.Fatal(err)
-	}
 	j2, err := postgres.NewJournal(clean, "email")
 	if err != nil {
 		t.Fatal(err)
 	}
 	fp := effects.Fingerprint([]byte("receipt for evt_lost"))
 	key := effects.MustKey("evt_lost_begin", "email")
-	if _, err := faulty.Exec(ctx, "SELECT 1"); err != nil { // the connection is up: the next write is Begin's
-		t.Fatal(err)
-	}
-
-	before := f.fired.Load()
-	f.countdown.Store(1)
-	_, err = j1.Begin(ctx, key, fp, time.Minute)
-	f.countdown.Store(0)
-	if f.fired.Load() != before+1 {
-		t.Fatal("the reply to Begin was not dropped")
-	}
-	if !errors.Is(err, effects.ErrAmbiguous) {
-		t.Fatalf("Begin with a lost reply = %v; want ErrAmbiguous", err)
-	}
+	loseBegin(t, j1, faulty, &f, key, fp)
 	if attempt, live, done := journalRecord(t, clean, key); attempt != 1 || !live || done {
 		t.Fatalf("record after the lost reply: attempt %d, live %v, done %v; want attempt 1 holding a live lease", attempt, live, done)
 	}
@@ -108,27 +124,11 @@ func TestJournalTakesBackALeaseWhoseReplyWasLost(t *testing.T) {
 // statement.
 func TestCoalescedBeginTakesBackALostLease(t *testing.T) {
 	var f faults
-	pool := newPool(t, newDB(t), func(c *pgxpool.Config) {
-		f.configure(c)
-		c.MaxConns = 1 // the next write is the lost Begin's
-		c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
-	})
+	j, pool := faultyJournal(t, newDB(t), &f)
 	ctx := testCtx(t)
-	j, err := postgres.NewJournal(pool, "email")
-	if err != nil {
-		t.Fatal(err)
-	}
 	fp := effects.Fingerprint([]byte("receipt"))
 	lost := effects.MustKey("evt_coalesced_lost", "email")
-	if _, err := pool.Exec(ctx, "SELECT 1"); err != nil {
-		t.Fatal(err)
-	}
-	f.countdown.Store(1)
-	_, err = j.Begin(ctx, lost, fp, time.Minute)
-	f.countdown.Store(0)
-	if !errors.Is(err, effects.ErrAmbiguous) {
-		t.Fatalf("Begin with a lost reply = %v; want ErrAmbiguous", err)
-	}
+	loseBegin(t, j, pool, &f, lost, fp)
 
 	keys := []effects.Key{lost, effects.MustKey("evt_coalesced_a", "email"), effects.MustKey("evt_coalesced_b", "email")}
 	queued, release := postgres.HoldJournal(j)

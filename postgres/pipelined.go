@@ -27,10 +27,9 @@ type Statement struct {
 	// was sent (so no later than its now()).
 	OnCommit func(tag pgconn.CommandTag, began time.Time)
 
-	// lost, if set, is called when Apply ends without having committed
-	// the statement's transaction after an attempt whose outcome is
-	// unknown (it may have committed, with no OnCommit), with a time
-	// read before that attempt's BEGIN was sent.
+	// lost, if set, is called when Apply ends with ErrAmbiguous: the
+	// statement's transaction may have committed, with no OnCommit. sent
+	// is a time read before any of Apply's attempts was sent.
 	lost func(sent time.Time)
 }
 
@@ -96,7 +95,7 @@ func (e *Effect[In]) queue(ctx context.Context, key effects.Key, in In) (*queued
 	return &queuedWrites{ref: ref, writes: writes}, nil
 }
 
-// lost tells the writes that an attempt begun after sent may have
+// lost tells the writes that an attempt sent after sent may have
 // committed them without their OnCommits (see Statement.lost).
 func (q *queuedWrites) lost(sent time.Time) {
 	for _, st := range q.writes {
