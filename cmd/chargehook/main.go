@@ -16,7 +16,8 @@
 // Usage:
 //
 //	go run ./cmd/chargehook [-events 1000] [-seed 42] [-workers 8]
-//	    [-sender 0.05] [-sibling 0.05] [-crash 0.03] [-failover=true] [-v]
+//	    [-sender 0.05] [-sibling 0.05] [-crash 0.03] [-failover=true]
+//	    [-standby] [-v]
 //	    [-cpuprofile FILE]
 //
 // DATABASE_URL runs on an existing server instead (with -failover=false);
@@ -64,6 +65,7 @@ func run(args []string, stdout, stderr *os.File) int {
 	fs.Float64Var(&cfg.Sibling, "sibling", cfg.Sibling, "probability a pod freezes and the load balancer retries on its sibling")
 	fs.Float64Var(&cfg.Crash, "crash", cfg.Crash, "probability the worker crashes after the effects committed, before the ack")
 	fs.BoolVar(&cfg.Failover, "failover", cfg.Failover, "kill the PostgreSQL primary mid-run and promote its synchronous standby")
+	fs.BoolVar(&cfg.Standby, "standby", cfg.Standby, "with -failover=false: keep a synchronous standby anyway, shared by both runs (what the standby costs each side)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file; each side's goroutines are labelled side=naive or side=effectively-once (go tool pprof -tags)")
 	verbose := fs.Bool("v", false, "log the phases, and every failed attempt (effectively.dev/observe), to stderr")
 	if err := fs.Parse(args); err != nil {
@@ -73,6 +75,10 @@ func run(args []string, stdout, stderr *os.File) int {
 	if cfg.DatabaseURL != "" && cfg.Failover {
 		fmt.Fprintln(stderr, "chargehook: DATABASE_URL is set: running without the failover (it needs the demo's own primary and standby)")
 		cfg.Failover = false
+	}
+	if cfg.DatabaseURL != "" && cfg.Standby {
+		fmt.Fprintln(stderr, "chargehook: DATABASE_URL is set: running without the standby (it needs the demo's own primary)")
+		cfg.Standby = false
 	}
 
 	bar := newProgress(stderr)

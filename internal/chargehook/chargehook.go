@@ -148,7 +148,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	r := &Report{
 		Events: cfg.Events, Workers: cfg.Workers, Seed: cfg.Seed,
-		Sender: cfg.Sender, Sibling: cfg.Sibling, Crash: cfg.Crash, Failover: cfg.Failover,
+		Sender: cfg.Sender, Sibling: cfg.Sibling, Crash: cfg.Crash, Failover: cfg.Failover, Standby: cfg.Standby && !cfg.Failover,
 		Database: e.db.describe(),
 	}
 	r.Scheduled.Sender, r.Scheduled.Sibling, r.Scheduled.Crash = e.sched.Count()
@@ -172,7 +172,9 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 	if name == EOName {
 		tag = "eo"
 	}
-	if cfg.Failover {
+	if (cfg.Failover || cfg.Standby) && e.db.standby == nil {
+		// A failover used up the previous run's standby; without one,
+		// both runs share the first.
 		if err := e.db.addStandby(ctx); err != nil {
 			return nil, err
 		}

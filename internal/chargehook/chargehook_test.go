@@ -165,6 +165,7 @@ func TestConfigValidate(t *testing.T) {
 		{Events: 1, Workers: 1, Crash: 1.5},
 		{Events: 1, Workers: 1, Sender: -0.1},
 		{Events: 1, Workers: 1, Failover: true, DatabaseURL: "postgres://elsewhere/db"},
+		{Events: 1, Workers: 1, Standby: true, DatabaseURL: "postgres://elsewhere/db"},
 	}
 	for _, c := range bad {
 		if err := c.Validate(); err == nil {

@@ -39,6 +39,11 @@ type Config struct {
 	// synchronous standby; the worker's pool follows with a multi-host URL
 	// and target_session_attrs=read-write (hop 5).
 	Failover bool
+	// Standby keeps a synchronous standby of the demo's primary without
+	// the failover: both handlers then run against the same primary and
+	// standby, which shows what the standby costs each of them. (With
+	// Failover there is always one: each handler's run gets its own.)
+	Standby bool
 
 	// DatabaseURL, if set, runs on that server instead of throwaway
 	// clusters; Failover is then impossible and must be off. The demo
@@ -91,6 +96,9 @@ func (c Config) Validate() error {
 	}
 	if c.Failover && c.DatabaseURL != "" {
 		errs = append(errs, errors.New("a failover needs the demo's own primary and standby: unset DATABASE_URL or turn failover off"))
+	}
+	if c.Standby && c.DatabaseURL != "" {
+		errs = append(errs, errors.New("a standby needs the demo's own primary: unset DATABASE_URL or turn the standby off"))
 	}
 	if c.Timeout < 0 {
 		errs = append(errs, fmt.Errorf("negative timeout %v", c.Timeout))

@@ -92,6 +92,8 @@ type Report struct {
 	Seed                   uint64
 	Sender, Sibling, Crash float64
 	Failover               bool
+	// Standby says both runs shared a synchronous standby (Config.Standby).
+	Standby bool
 	// Database says where PostgreSQL ran.
 	Database string
 	// Scheduled counts the events the schedule hits with each fault.
@@ -216,7 +218,10 @@ var hopLabel = map[string]string{
 }
 
 func failoverText(r *Report, n, e *Side) string {
-	if !r.Failover {
+	switch {
+	case !r.Failover && r.Standby:
+		return "off (both handlers ran against one primary and its synchronous standby)"
+	case !r.Failover:
 		return "off"
 	}
 	return fmt.Sprintf("primary killed after %d events (naive: %v to promotion, effectively-once: %v)",
