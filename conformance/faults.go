@@ -35,7 +35,10 @@ const (
 	// then closes the connection: the backend never sees a whole request.
 	CutRequest
 	// CancelAfterSend cancels the attempt's context right after the request
-	// was sent, while the adapter waits for the reply.
+	// was sent, while the adapter waits for the reply, and drops the reply
+	// as DropReply does: it comes after the caller gave up, so a reply
+	// quicker than the client's check of its context cannot turn the fault
+	// into a plain success.
 	CancelAfterSend
 )
 
@@ -254,8 +257,8 @@ func (c *faultConn) Write(p []byte) (int, error) {
 		c.Conn.Close()
 		return 0, ErrInjected
 	}
-	if kind == DropReply {
-		c.pending = DropReply
+	if kind == DropReply || kind == CancelAfterSend {
+		c.pending = DropReply // see CancelAfterSend
 	}
 	c.mu.Unlock()
 	if delay > 0 {
@@ -310,7 +313,7 @@ func (c *faultConn) Read(p []byte) (int, error) {
 // so a round trip is one HTTP request: DropReply lets the server answer and
 // loses the answer, CutRequest sends half of the request's first write (the
 // server never sees a whole request), CancelAfterSend cancels once the
-// request was written. base is modified in place (so its
+// request was written and loses the answer. base is modified in place (so its
 // CloseIdleConnections keeps working); nil means a new transport. Use it
 // for stripe-go's and aws-sdk-go-v2's HTTPClient:
 //

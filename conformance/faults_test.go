@@ -145,7 +145,9 @@ func TestCancelAfterSend(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	f.Arm(1, conformance.CancelAfterSend, cancel)
 	c, r := dial(t, f, s)
-	_ = call(c, r)
+	if err := call(c, r); err == nil {
+		t.Fatal("the reply to a cancelled request reached the client; want it dropped")
+	}
 	if ctx.Err() == nil {
 		t.Fatal("context not cancelled after the request was sent")
 	}
