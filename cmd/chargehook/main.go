@@ -4,9 +4,10 @@
 // effects.Plan, and a table compares what each did to the ledger, to
 // Stripe, to S3, to Kafka and to the customers' inboxes.
 //
-// Everything runs on this machine, on 127.0.0.1: a throwaway PostgreSQL
-// primary with a synchronous standby, kfake, an in-process S3 (gofakes3),
-// an in-process SMTP server and stripetest; a payment processor, a load
+// Everything runs on this machine, on 127.0.0.1, and each handler's run
+// gets its own: a throwaway PostgreSQL primary with a synchronous standby,
+// kfake, an in-process S3 (gofakes3), an in-process SMTP server and
+// stripetest; a payment processor, a load
 // balancer and two webhook pods over real HTTP; a worker that is an
 // effects.Consumer over kafka.Source. Faults: the processor resends events
 // whose 200 it lost, the balancer retries on the sibling of a frozen pod,
@@ -65,7 +66,7 @@ func run(args []string, stdout, stderr *os.File) int {
 	fs.Float64Var(&cfg.Sibling, "sibling", cfg.Sibling, "probability a pod freezes and the load balancer retries on its sibling")
 	fs.Float64Var(&cfg.Crash, "crash", cfg.Crash, "probability the worker crashes after the effects committed, before the ack")
 	fs.BoolVar(&cfg.Failover, "failover", cfg.Failover, "kill the PostgreSQL primary mid-run and promote its synchronous standby")
-	fs.BoolVar(&cfg.Standby, "standby", cfg.Standby, "with -failover=false: keep a synchronous standby anyway, shared by both runs (what the standby costs each side)")
+	fs.BoolVar(&cfg.Standby, "standby", cfg.Standby, "with -failover=false: give each run's primary a synchronous standby anyway (what the standby costs each side)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file; each side's goroutines are labelled side=naive or side=effectively-once (go tool pprof -tags)")
 	verbose := fs.Bool("v", false, "log the phases, and every failed attempt (effectively.dev/observe), to stderr")
 	if err := fs.Parse(args); err != nil {

@@ -47,10 +47,12 @@
 // event from the outbox meanwhile, and the counts wait for the outbox to
 // drain.
 //
-// Each handler gets its own topics, tables, Stripe server, SMTP server and
-// bucket, so the counts are separate; both share the throwaway PostgreSQL
-// (a primary with a synchronous standby, a new standby for each run), the
-// kfake cluster and the in-process S3. [Run] returns a [Report]; its
+// Each handler's run gets backends of its own, started for it and stopped
+// before the other run starts: a throwaway PostgreSQL primary with a
+// synchronous standby, kfake, an in-process S3, a Stripe server and an
+// SMTP server. The counts are separate, and neither run inherits what the
+// other left behind (the cluster its failover promoted, a broker holding
+// its records), so both start alike, whichever runs first. [Run] returns a [Report]; its
 // [Report.Violations] lists what the effectively-once side must never do:
 // charge an event twice (two PaymentIntents or two ledger rows), write a
 // receipt twice, or lose an event.
@@ -109,12 +111,11 @@ const (
 	EOName    = "effectively-once"
 )
 
-// env is what both runs share.
+// env is what both runs share: the configuration and the schedule. Each
+// run gets backends of its own (see [env.runSide]).
 type env struct {
 	cfg   Config
 	sched Schedule
-	db    *database
-	kafka *kafkatest.Cluster
 	runID string
 }
 
@@ -136,20 +137,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	e := &env{cfg: cfg, sched: NewSchedule(cfg), runID: randomKey()[:8]}
 	var err error
-	if e.db, err = startDatabase(ctx, cfg); err != nil {
-		return nil, err
-	}
-	defer e.db.close()
-	cfg.logf("starting kfake, the in-process S3 and the webhook tier")
-	if e.kafka, err = kafkatest.Start(); err != nil {
-		return nil, err
-	}
-	defer e.kafka.Close()
-
 	r := &Report{
 		Events: cfg.Events, Workers: cfg.Workers, Seed: cfg.Seed,
 		Sender: cfg.Sender, Sibling: cfg.Sibling, Crash: cfg.Crash, Failover: cfg.Failover, Standby: cfg.Standby && !cfg.Failover,
-		Database: e.db.describe(),
+		Database: describeDatabase(cfg),
 	}
 	r.Scheduled.Sender, r.Scheduled.Sibling, r.Scheduled.Crash = e.sched.Count()
 	// Each side's goroutines carry a "side" profiler label, so a CPU
@@ -172,24 +163,37 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 	if name == EOName {
 		tag = "eo"
 	}
-	if (cfg.Failover || cfg.Standby) && e.db.standby == nil {
-		// A failover used up the previous run's standby; without one,
-		// both runs share the first.
-		if err := e.db.addStandby(ctx); err != nil {
+	// Backends made for this run alone, stopped before the next run
+	// starts: neither handler runs on what the other left behind (the
+	// cluster a failover promoted and its WAL, a broker full of the other
+	// run's records), so both start alike whatever their order.
+	db, err := startDatabase(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer db.close()
+	if cfg.Failover || cfg.Standby {
+		if err := db.addStandby(ctx); err != nil {
 			return nil, err
 		}
 	}
-	pool, err := e.db.newPool(ctx, cfg.Workers)
+	cfg.logf("%s: starting kfake, the in-process S3 and the webhook tier", name)
+	kc, err := kafkatest.Start()
+	if err != nil {
+		return nil, err
+	}
+	defer kc.Close()
+	pool, err := db.newPool(ctx, cfg.Workers)
 	if err != nil {
 		return nil, err
 	}
 	defer pool.Close()
 
-	webhooks, err := e.kafka.CreateTopic(ctx, "chargehook-"+tag+"-webhooks", int32(cfg.Workers))
+	webhooks, err := kc.CreateTopic(ctx, "chargehook-"+tag+"-webhooks", int32(cfg.Workers))
 	if err != nil {
 		return nil, err
 	}
-	charged, err := e.kafka.CreateTopic(ctx, "chargehook-"+tag+"-charged", 3)
+	charged, err := kc.CreateTopic(ctx, "chargehook-"+tag+"-charged", 3)
 	if err != nil {
 		return nil, err
 	}
@@ -213,7 +217,7 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 	defer smtpSrv.Close()
 	// A default client: neither kafka.Producer.Apply nor the naive
 	// handler's ProduceSync waits for its linger.
-	producer, err := kgo.NewClient(e.kafka.Opts()...)
+	producer, err := kgo.NewClient(kc.Opts()...)
 	if err != nil {
 		return nil, err
 	}
@@ -260,7 +264,7 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 	// The webhook tier.
 	var pods []*pod
 	for _, pn := range []string{"pod-a", "pod-b"} {
-		cl, err := kgo.NewClient(e.kafka.Opts(kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))...)
+		cl, err := kgo.NewClient(kc.Opts(kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))...)
 		if err != nil {
 			return nil, err
 		}
@@ -304,7 +308,7 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 				defer failWG.Done()
 				cfg.logf("%s: failover: killing the primary with %d of %d events done", name, n, cfg.Events)
 				fw.begin()
-				failErr = e.db.failover(ctx)
+				failErr = db.failover(ctx)
 				failTook = fw.promoted()
 				cfg.logf("%s: failover: standby promoted %v after the kill", name, failTook.Round(time.Millisecond))
 			}()
@@ -340,6 +344,7 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 	start = time.Now()
 	cpu0, cpuErr := machine.BusyCPU()
 	wal0, walErr := walPosition(ctx, pool)
+	timeline, tlErr := walTimeline(ctx, pool)
 	var (
 		total    atomic.Int64 // records in the webhook topic, once the tier stopped
 		procErr  error
@@ -361,13 +366,13 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 		for _, p := range pods {
 			_ = p.stop(sctx)
 		}
-		n, err := endOffsets(sctx, e.kafka, webhooks)
+		n, err := endOffsets(sctx, kc, webhooks)
 		if err != nil && procErr == nil {
 			procErr = err
 		}
 		total.Store(n)
 	}()
-	stats, err := w.consume(ctx, e.kafka.Opts(), "chargehook-"+tag+"-worker", webhooks, cfg.Workers, cfg.Observer,
+	stats, err := w.consume(ctx, kc.Opts(), "chargehook-"+tag+"-worker", webhooks, cfg.Workers, cfg.Observer,
 		func(handled int64) bool {
 			t := total.Load()
 			return t >= 0 && handled >= t
@@ -398,6 +403,9 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 		Enqueued: int(total.Load()), FailoverAt: failoverAt, Failover: failTook,
 		UnrecordedMail: int(unrecord.Load()),
 	}
+	if tlErr == nil {
+		s.Timeline = timeline
+	}
 	if cpuErr == nil && cpuErr1 == nil {
 		s.MachineCPU = cpu1 - cpu0
 	}
@@ -415,7 +423,7 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 	cfg.logf("%s: counting effects in the backends", name)
 	c := counter{
 		pool: pool, ledger: d.ledger, stripe: stripeSrv, s3: s3srv, objectKey: objectKey,
-		kafka: e.kafka, topic: charged, smtp: smtpSrv,
+		kafka: kc, topic: charged, smtp: smtpSrv,
 	}
 	if err := c.count(ctx, sched.Events, s); err != nil {
 		return nil, fmt.Errorf("counting: %w", err)
@@ -428,6 +436,14 @@ func walPosition(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
 	var lsn int64
 	err := pool.QueryRow(ctx, `SELECT (pg_current_wal_lsn() - '0/0')::bigint`).Scan(&lsn)
 	return lsn, err
+}
+
+// walTimeline is the timeline of pool's primary: the first eight hex
+// digits of its current WAL file's name.
+func walTimeline(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+	var tl int
+	err := pool.QueryRow(ctx, `SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int`).Scan(&tl)
+	return tl, err
 }
 
 // drainOutbox waits until the outbox relay has published every row.

@@ -103,6 +103,15 @@ func TestDemo(t *testing.T) {
 			t.Errorf("naive: %d events lost (%v)", naive.Lost, naive.LostIDs)
 		}
 	})
+	t.Run("both sides start alike", func(t *testing.T) {
+		// Each run gets a primary made for it: neither starts on the
+		// standby the other run's failover promoted (timeline 2).
+		for _, s := range []*chargehook.Side{naive, eo} {
+			if s.Timeline != 1 {
+				t.Errorf("%s: the run started on timeline %d; want 1, a primary of its own", s.Handler, s.Timeline)
+			}
+		}
+	})
 	t.Run("report measures each side's cost", func(t *testing.T) {
 		for _, s := range []*chargehook.Side{naive, eo} {
 			if s.MachineCPU <= 0 || s.WAL <= 0 {

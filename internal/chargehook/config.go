@@ -39,10 +39,9 @@ type Config struct {
 	// synchronous standby; the worker's pool follows with a multi-host URL
 	// and target_session_attrs=read-write (hop 5).
 	Failover bool
-	// Standby keeps a synchronous standby of the demo's primary without
-	// the failover: both handlers then run against the same primary and
-	// standby, which shows what the standby costs each of them. (With
-	// Failover there is always one: each handler's run gets its own.)
+	// Standby keeps a synchronous standby of each run's primary without
+	// the failover, which shows what the standby costs each handler. (With
+	// Failover there is always one.)
 	Standby bool
 
 	// DatabaseURL, if set, runs on that server instead of throwaway

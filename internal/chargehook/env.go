@@ -195,14 +195,14 @@ func (d *database) close() {
 	d.clusters = nil
 }
 
-// describe says where the demo's PostgreSQL is, for the report.
-func (d *database) describe() string {
-	if d.external != "" {
-		u := d.external
+// describeDatabase says where the demo's PostgreSQL is, for the report.
+func describeDatabase(cfg Config) string {
+	if cfg.DatabaseURL != "" {
+		u := cfg.DatabaseURL
 		if i := strings.Index(u, "@"); i >= 0 {
 			u = u[i+1:] // no credentials in the report
 		}
 		return "DATABASE_URL (" + u + ")"
 	}
-	return "throwaway PostgreSQL cluster"
+	return "a throwaway PostgreSQL cluster per run"
 }

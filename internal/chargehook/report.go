@@ -35,6 +35,10 @@ type Side struct {
 	// PostgreSQL WAL written over it, in bytes.
 	MachineCPU time.Duration
 	WAL        int64
+	// Timeline is the PostgreSQL timeline the run started on: 1 on a
+	// primary made for the run; a failover moves the promoted standby to
+	// the next one.
+	Timeline int
 
 	// The webhook tier.
 	Sent           int // POSTs the processor sent
@@ -92,7 +96,8 @@ type Report struct {
 	Seed                   uint64
 	Sender, Sibling, Crash float64
 	Failover               bool
-	// Standby says both runs shared a synchronous standby (Config.Standby).
+	// Standby says both runs had a synchronous standby without the
+	// failover (Config.Standby).
 	Standby bool
 	// Database says where PostgreSQL ran.
 	Database string
@@ -220,7 +225,7 @@ var hopLabel = map[string]string{
 func failoverText(r *Report, n, e *Side) string {
 	switch {
 	case !r.Failover && r.Standby:
-		return "off (both handlers ran against one primary and its synchronous standby)"
+		return "off (each handler ran against a primary with a synchronous standby)"
 	case !r.Failover:
 		return "off"
 	}
