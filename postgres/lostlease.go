@@ -61,12 +61,8 @@ func (l *lostLeases) remember(key effects.Key, token string, sent time.Time, lea
 		l.m = make(map[effects.Key][]lostLease)
 	}
 	if len(l.m) >= maxLostLeases {
-		for k, ls := range l.m {
-			if ls = live(ls, now); len(ls) == 0 {
-				delete(l.m, k)
-			} else {
-				l.m[k] = ls
-			}
+		for k := range l.m {
+			l.liveLocked(k, now)
 		}
 		if len(l.m) >= maxLostLeases {
 			return
@@ -78,7 +74,7 @@ func (l *lostLeases) remember(key effects.Key, token string, sent time.Time, lea
 	// later: past the lease's end another process may take the key over,
 	// and code before the holder tokens leaves ref as it was when it
 	// does. Past until, the database's own expiry frees the key.
-	ls := live(l.m[key], now)
+	ls := l.liveLocked(key, now)
 	if len(ls) >= maxLostLeasesPerKey {
 		ls = append(ls[:0], ls[1:]...)
 	}
@@ -90,15 +86,13 @@ func (l *lostLeases) remember(key effects.Key, token string, sent time.Time, lea
 func (l *lostLeases) tokens(key effects.Key) []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	ls, ok := l.m[key]
-	if !ok {
+	if _, ok := l.m[key]; !ok {
 		return nil // every Begin asks: no clock read, no write for a key with none
 	}
-	if ls = live(ls, time.Now()); len(ls) == 0 {
-		delete(l.m, key)
+	ls := l.liveLocked(key, time.Now())
+	if len(ls) == 0 {
 		return nil
 	}
-	l.m[key] = ls
 	out := make([]string, len(ls))
 	for i, x := range ls {
 		out[i] = x.token
@@ -121,13 +115,14 @@ func (l *lostLeases) forget(key effects.Key, tokens []string) {
 	l.m[key] = ls
 }
 
-// live returns the leases of ls that have not ended at now, in ls's array.
-func live(ls []lostLease, now time.Time) []lostLease {
-	out := ls[:0]
-	for _, x := range ls {
-		if now.Before(x.until) {
-			out = append(out, x)
-		}
+// liveLocked drops key's leases that have ended at now (the key, when
+// none is left) and returns the others. l.mu must be held.
+func (l *lostLeases) liveLocked(key effects.Key, now time.Time) []lostLease {
+	ls := slices.DeleteFunc(l.m[key], func(x lostLease) bool { return !now.Before(x.until) })
+	if len(ls) == 0 {
+		delete(l.m, key)
+		return nil
 	}
-	return out
+	l.m[key] = ls
+	return ls
 }

@@ -33,16 +33,15 @@ CREATE TABLE IF NOT EXISTS chargehook_ledger (
 TRUNCATE chargehook_naive_ledger, chargehook_naive_seen, chargehook_ledger;
 `
 
-// database is the PostgreSQL the demo runs on: a primary and, when the
-// config has a failover, a synchronous standby per handler run; or the
-// server named by Config.DatabaseURL.
+// database is the PostgreSQL one handler's run uses: a primary made for
+// it and, with a failover or Config.Standby, one synchronous standby; or
+// the server named by Config.DatabaseURL.
 type database struct {
 	cfg      Config
 	external string          // Config.DatabaseURL
 	primary  *pgtest.Cluster // the current primary; nil with external
 	standby  *pgtest.Cluster // its synchronous standby; nil when none
 	clusters []*pgtest.Cluster
-	standbys int // standbys started, for their names
 }
 
 // startDatabase starts the primary (or checks the external server) and
@@ -109,8 +108,7 @@ func (d *database) poolURL() string {
 // synchronous: from then on every COMMIT the primary acknowledges is on the
 // standby too, so a failover loses no acknowledged commit.
 func (d *database) addStandby(ctx context.Context) error {
-	d.standbys++
-	name := fmt.Sprintf("chargehook_standby_%d", d.standbys)
+	const name = "chargehook_standby"
 	d.cfg.logf("starting a synchronous standby (%s)", name)
 	s, err := d.primary.StartStandby(pgtest.Options{Name: name})
 	if err != nil {
