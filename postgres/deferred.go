@@ -207,6 +207,7 @@ func (t *deferredTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.
 		return pgconn.CommandTag{}, err
 	}
 	tag, err := br.Exec()
+	err = keepStatements(&b, err) // a duplicate's write often fails on a constraint
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
@@ -238,7 +239,7 @@ func (t *deferredTx) Query(ctx context.Context, sql string, args ...any) (pgx.Ro
 		_ = br.Close()
 		return errRows{err: err, conn: t.conn}, err
 	}
-	return &batchRows{Rows: rows, br: br}, nil
+	return &batchRows{Rows: rows, br: br, b: &b}, nil
 }
 
 // QueryRow runs sql as Query does and returns its first row.
@@ -270,7 +271,7 @@ func (t *deferredTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResul
 	if err != nil {
 		return failedBatch{err: err, conn: t.conn}
 	}
-	return userBatch{br}
+	return userBatch{BatchResults: br, b: &all}
 }
 
 // Begin begins a pseudo nested transaction (a savepoint), as pgx.Tx does.
@@ -371,6 +372,7 @@ func errNoTransaction(key effects.Key) error {
 type batchRows struct {
 	pgx.Rows
 	br       pgx.BatchResults
+	b        *pgx.Batch // the batch br's results are of
 	closeErr error
 	closed   bool
 }
@@ -389,6 +391,7 @@ func (r *batchRows) Close() {
 	}
 	r.closed = true
 	r.Rows.Close()
+	keepStatements(r.b, r.Rows.Err()) //nolint:errcheck // Err reports it
 	r.closeErr = r.br.Close()
 }
 
@@ -451,9 +454,19 @@ func (r errRows) TypeMap() *pgtype.Map                         { return nil }
 // userBatch is the BatchResults of a write's batch sent with BEGIN: its
 // Tx is nil, as for any batch sent inside a transaction (the write must
 // not end it).
-type userBatch struct{ pgx.BatchResults }
+type userBatch struct {
+	pgx.BatchResults
+	b *pgx.Batch // the batch the results are of
+}
 
 func (userBatch) Tx() pgx.Tx { return nil }
+
+// Exec reads the next statement's result, keeping the batch's statements
+// prepared when it failed on a constraint (see keepStatements).
+func (u userBatch) Exec() (pgconn.CommandTag, error) {
+	tag, err := u.BatchResults.Exec()
+	return tag, keepStatements(u.b, err)
+}
 
 // failedBatch is the BatchResults of a write's batch that could not be
 // sent, whose BEGIN or probe failed, or whose probe found the key

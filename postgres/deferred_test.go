@@ -392,9 +392,9 @@ func TestApplyWriteMisuse(t *testing.T) {
 	})
 }
 
-// TestApplyDuplicateFoundByTheProbe: a duplicate is found by the probe
-// that travels with the write's first statement (all of them for a
-// pipelined Effect): it replays in two round trips, the write's next
+// TestApplyDuplicateFoundByTheProbe: while duplicates are occasional, a
+// duplicate is found by the probe that travels with the write's first
+// statement (all of them for a pipelined Effect): it replays in two round trips, the write's next
 // statement fails and nothing of the duplicate commits, and the
 // connection keeps its prepared statements, so the next new key costs
 // what a new key costs.
@@ -448,6 +448,9 @@ func TestApplyDuplicateFoundByTheProbe(t *testing.T) {
 			apply := func(event string) (effects.Result, int64) {
 				t.Helper()
 				before := sends.Load()
+				// Duplicates are occasional: Apply probes the key with the
+				// write.
+				postgres.SetDuplicateRate(tc.fx, 1, 8)
 				res, err := tc.fx.Apply(ctx, effects.MustKey(event, "ledger"), payment{EventID: event, Amount: 3})
 				if err != nil {
 					t.Fatalf("Apply %s: %v", event, err)
@@ -481,5 +484,84 @@ func TestApplyDuplicateFoundByTheProbe(t *testing.T) {
 	}
 	if len(secondErrs) != 3 {
 		t.Errorf("%d duplicates of New ran into the unique index, want 3", len(secondErrs))
+	}
+}
+
+// TestApplyKeyCheckFollowsTheDuplicateRate: how Apply finds a key committed
+// before follows how many of its recent Applies were duplicates. While
+// they are rare, only by the key's INSERT: a new key pays no probe, and a
+// duplicate runs its write, fails at the key's row, rolls back and is
+// looked up (four round trips). From one in sixteen (five duplicates in a row) a probe travels
+// with the write and a duplicate replays in two; from one in four
+// (nineteen) the key is looked up first and a duplicate runs no write. A
+// run of new keys turns the probe off again. Every duplicate replays the
+// first Apply's ref, and the ledger keeps one row.
+func TestApplyKeyCheckFollowsTheDuplicateRate(t *testing.T) {
+	url := newDB(t)
+	var sends atomic.Int64 // writes on the wire: one per round trip
+	pool := newPool(t, url, func(c *pgxpool.Config) {
+		c.MaxConns = 1
+		countWrites(c, &sends)
+	})
+	ctx := testCtx(t)
+	var calls atomic.Int64
+	fx := ledgerEffect(t, pool, &calls)
+	apply := func(event string) (res effects.Result, trips, writes int64) {
+		t.Helper()
+		sent, called := sends.Load(), calls.Load()
+		res, err := fx.Apply(ctx, effects.MustKey(event, "ledger"), payment{EventID: event, Amount: 5})
+		if err != nil {
+			t.Fatalf("Apply %s: %v", event, err)
+		}
+		return res, sends.Load() - sent, calls.Load() - called
+	}
+	// Warm the connection: every statement of every check prepared.
+	postgres.SetDuplicateRate(fx, 0, 1)
+	apply("evt_rate_warm")
+	apply("evt_rate_warm")
+	postgres.SetDuplicateRate(fx, 1, 8)
+	apply("evt_rate_warm")
+	postgres.SetDuplicateRate(fx, 1, 2)
+	apply("evt_rate_warm")
+	postgres.SetDuplicateRate(fx, 0, 1)
+
+	first, trips, _ := apply("evt_rate")
+	if first.Status != effects.Applied || trips != 2 {
+		t.Fatalf("new key = %+v in %d round trips, want applied in 2", first, trips)
+	}
+	for i := 1; i <= 25; i++ {
+		res, trips, writes := apply("evt_rate")
+		var wantTrips, wantWrites int64
+		switch {
+		case i <= 5:
+			wantTrips, wantWrites = 4, 1 // write; key's row, COMMIT; ROLLBACK; lookup
+		case i <= 19:
+			wantTrips, wantWrites = 2, 1 // write with the probe, ROLLBACK
+		default:
+			wantTrips, wantWrites = 2, 0 // lookup, ROLLBACK
+		}
+		if res != (effects.Result{Status: effects.Replayed, Ref: first.Ref}) || trips != wantTrips || writes != wantWrites {
+			t.Fatalf("duplicate %d = %+v in %d round trips with %d writes; want replayed %q in %d with %d", i, res, trips, writes, first.Ref, wantTrips, wantWrites)
+		}
+	}
+	if n := rows(t, pool, "evt_rate"); n != 1 {
+		t.Fatalf("ledger rows = %d, want 1", n)
+	}
+	// From the storm's rate, new keys bring lookups off, then the probe.
+	var probed int
+	for i := range 400 {
+		res, trips, _ := apply(fmt.Sprintf("evt_rate_new_%d", i))
+		if res.Status != effects.Applied || trips > 3 {
+			t.Fatalf("new key %d = %+v in %d round trips", i, res, trips)
+		}
+		if trips == 3 {
+			probed++ // looked up first
+		}
+	}
+	if probed == 0 || probed > 120 {
+		t.Errorf("%d of 400 new keys after the storm were looked up first; want some, fewer than 120", probed)
+	}
+	if res, trips, writes := apply("evt_rate"); res.Status != effects.Replayed || trips != 4 || writes != 1 {
+		t.Fatalf("a duplicate after 400 new keys = %+v in %d round trips with %d writes; want replayed in 4 with 1 (no probe)", res, trips, writes)
 	}
 }

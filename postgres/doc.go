@@ -35,12 +35,14 @@
 //     ([Journal.LeaseStatement]), sparing that step its Begin.
 //
 // What it costs: Apply on a new key takes two round trips, one fewer than
-// a plain BEGIN/INSERT/COMMIT (BEGIN and a probe of the key, which also
-// guards the commit settings, travel with the write's first statement,
-// the key's INSERT with COMMIT; the probe finds a duplicate, and the key's
-// primary key a concurrent one). While duplicates are
-// frequent (a replay storm) it looks keys up first, so that a duplicate
-// takes two round trips, runs no write and writes no WAL
+// a plain BEGIN/INSERT/COMMIT (BEGIN and a guard of the commit settings
+// travel with the write's first statement, the key's INSERT with COMMIT;
+// the key's primary key finds a duplicate). How early it looks for
+// duplicates follows how many it has seen lately: while they are
+// occasional (one Apply in sixteen) a probe of the key travels with the
+// write and replays a duplicate without a round trip more, and while they
+// are frequent (one in four, a replay storm) it looks keys up first, so
+// that a duplicate takes two round trips, runs no write and writes no WAL
 // ([WithLookupFirst] makes that the rule); BENCHMARKS.md has the
 // measurements.
 //

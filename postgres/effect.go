@@ -29,14 +29,16 @@ import (
 // Unless Apply looked the key up first, BEGIN has not been sent when the
 // function is called: it travels with the function's first Exec (with
 // arguments), Query, QueryRow or SendBatch, in the same round trip, with a
-// probe of the key that fails the transaction when the commit settings
-// are unsafe (see [ErrAsyncCommit]; the statement then fails and nothing
-// is written). When the probe finds the key committed before, that
+// probe that fails the transaction when the commit settings are unsafe
+// (see [ErrAsyncCommit]; the statement then fails and nothing is
+// written). While duplicates are occasional (see [Effect.Apply]) the probe
+// also looks the key up: when it finds the key committed before, that
 // statement's result is dropped and it and every later statement fail:
 // the function should return the error, and Apply rolls back and replays.
-// (At SERIALIZABLE the probe reads only the settings: reading the key
+// (At SERIALIZABLE the probe never looks the key up: reading the key
 // would make concurrent Applies of other keys fail with serialization
-// errors.) Any other method of tx (CopyFrom, Prepare, Begin for a
+// errors.) While duplicates are rare, a duplicate's function runs to its
+// end and the key's INSERT fails instead. Any other method of tx (CopyFrom, Prepare, Begin for a
 // savepoint, Conn, LargeObjects), an Exec without arguments (which pgx
 // sends with the simple protocol, several statements allowed) and a
 // statement with a pgx option argument (a QueryExecMode, result formats)
@@ -134,35 +136,43 @@ func (e *Effect[In]) Contract() effects.Contract {
 // the write and inserts (scope, key, fingerprint, ref) and commits,
 // returning [effects.Applied] with the ref. If the key was committed
 // before with the same fingerprint, it returns [effects.Replayed] with the
-// stored ref and commits nothing. A probe of the key travels with BEGIN
-// and the write's first statement: when it finds the key committed, the
-// write's next statement fails, the transaction rolls back and Apply
-// replays. The primary key of effectively_keys is the authority: the key's
-// INSERT, just before COMMIT, fails if the key is there, and waits for a
-// concurrent transaction that inserted it (a concurrent duplicate the
-// probe could not see) and fails if that one commits; the attempt then
-// rolls back, its write with it, and Apply looks the key up, which
-// replays. A write that fails because the key was committed (on a row the
-// duplicate wrote or locked, say) is handled the same way: after a failed
-// write Apply checks whether the key is there.
+// stored ref and commits nothing. The primary key of effectively_keys is
+// the authority: the key's INSERT, just before COMMIT, fails if the key
+// is there, and waits for a concurrent transaction that inserted it and
+// fails if that one commits; the attempt then rolls back, its write with
+// it, and Apply looks the key up, which replays. A write that fails
+// because the key was committed (on a row the duplicate wrote or locked,
+// say) is handled the same way: after a failed write Apply looks the key
+// up.
 //
-// While duplicates are frequent (one Apply of this Effect in four or more,
-// a replay storm) Apply looks the key up first, in BEGIN's round trip of
-// its own, and a duplicate runs no statement of the write at all;
-// [WithLookupFirst] makes it always do so.
+// How early Apply finds a duplicate follows how many of this Effect's
+// recent Applies were duplicates (a moving average, 1/64 per Apply):
+//   - rare (below one in sixteen, and at first): only at the key's
+//     INSERT. A new key pays for no check at all.
+//   - occasional (from one in sixteen): a probe of the key travels with
+//     BEGIN and the write's first statement (all of them for
+//     [NewPipelined]); when it finds the key, the write's next statement
+//     fails, the transaction rolls back and Apply replays.
+//   - frequent (from one in four, a replay storm), or always with
+//     [WithLookupFirst]: Apply looks the key up first, in BEGIN's round
+//     trip of its own, and a duplicate runs no statement of the write at
+//     all.
 //
 // Cost of a new key: two round trips, one fewer than a plain insert
-// transaction, and two statements more than it (the probe, which also
-// guards the commit settings, and the key's INSERT): BEGIN and the probe
+// transaction. BEGIN and a statement that guards the commit settings
 // travel with the write's first statement (see [WriteFunc]), the key's
-// INSERT with COMMIT. Cost of a duplicate: two round trips (the first
-// one, then ROLLBACK), and the write's first statement run and rolled
-// back; looked up first: two round trips (BEGIN with the lookup, then
-// ROLLBACK) and no WAL. Under synchronous replication a replay also passes
-// the replay barrier (see RELIABILITY.md): a few bytes of WAL and a COMMIT
-// that waits for the standby, in the round trip of the ROLLBACK. A
-// concurrent duplicate found by the key's INSERT costs its round trips, a
-// ROLLBACK and the lookup's two.
+// INSERT with COMMIT. While duplicates are occasional the guard is the
+// probe, which also reads the key's index; while they are frequent a new
+// key costs three round trips. Cost of a duplicate: four round trips
+// while they are rare (the write, run and rolled back; the key's INSERT
+// and COMMIT, which fail; a ROLLBACK; the lookup); two while they are
+// occasional (the first one, then ROLLBACK; the write's first statement
+// run and rolled back); two and no WAL looked up first (BEGIN with the
+// lookup, then ROLLBACK). Under synchronous replication a replay also
+// passes the replay barrier (see RELIABILITY.md): a few bytes of WAL and a
+// COMMIT that waits for the standby, in the round trip of the ROLLBACK,
+// or of its own after the lookup. A concurrent duplicate found by the
+// key's INSERT costs the new key's round trips, a ROLLBACK and the lookup.
 //
 // Errors:
 //   - [effects.ErrInvalidKey]: key is invalid; checked before any I/O.
@@ -197,7 +207,10 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (_ effec
 			return effects.Result{}, err
 		}
 	}
-	lookup := e.cfg.lookupFirst || e.duplicates.frequent()
+	check := e.duplicates.check()
+	if e.cfg.lookupFirst {
+		check = lookFirst
+	}
 	if queued != nil {
 		// An attempt whose outcome is unknown ends Apply with its
 		// ErrAmbiguous (only transient failures are retried here): the
@@ -210,14 +223,14 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (_ effec
 		}()
 	}
 	for attempt := 1; ; {
-		res, c := e.attemptOnce(ctx, key, fp, in, queued, lookup)
+		res, c := e.attemptOnce(ctx, key, fp, in, queued, check)
 		if c.err == nil {
 			e.duplicates.observe(res.Status == effects.Replayed)
 		}
 		if c.lookUp {
 			// The key turned out to be committed already: look it up now,
 			// at once, which replays it (or reports its reuse).
-			lookup = true
+			check = lookFirst
 			continue
 		}
 		if !c.retry || attempt > e.cfg.maxRetries {
@@ -232,18 +245,20 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (_ effec
 
 const opApply = "postgres.Apply"
 
-// attemptOnce runs one attempt in the shape the Effect and lookup call for:
+// attemptOnce runs one attempt in the shape the Effect and check call for:
 // one that looks its key up first is attempt's; a pipelined Effect's that
 // does not is one round trip (attemptPipelined); New's is two
-// (attemptDeferred).
-func (e *Effect[In]) attemptOnce(ctx context.Context, key effects.Key, fp []byte, in In, queued *queuedWrites, lookup bool) (effects.Result, classified) {
+// (attemptDeferred). Those two probe the key with the write when check is
+// probeWithWrite (and the isolation level allows it: see queueProbe).
+func (e *Effect[In]) attemptOnce(ctx context.Context, key effects.Key, fp []byte, in In, queued *queuedWrites, check keyCheck) (effects.Result, classified) {
+	probeKey := check == probeWithWrite && probesKey(e.txOptions.IsoLevel)
 	switch {
-	case lookup:
+	case check == lookFirst:
 		return e.attempt(ctx, key, fp, in, queued)
 	case queued != nil:
-		return e.attemptPipelined(ctx, key, fp, queued)
+		return e.attemptPipelined(ctx, key, fp, queued, probeKey)
 	}
-	return e.attemptDeferred(ctx, key, fp, in)
+	return e.attemptDeferred(ctx, key, fp, in, probeKey)
 }
 
 // insertKeySQL records the key with its ref. It is a plain INSERT, no ON
@@ -307,7 +322,7 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 		ref = queued.ref
 		committed = queued.queueOn(&last, began)
 	} else if ref, err = e.write(ctx, writeTx{tx}, in); err != nil {
-		return effects.Result{}, e.failedBeforeCommit(ctx, conn.Conn(), end, key, err, true)
+		return e.failedBeforeCommit(ctx, conn.Conn(), end, key, fp, err)
 	} else if !inTransaction(conn.Conn()) {
 		return effects.Result{}, classified{err: errNoTransaction(key)}
 	}
@@ -315,7 +330,7 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 	queueKeyInsert(&last, e.scope, key, fp, ref)
 	last.Queue("COMMIT").Exec(commitTag)
 	if err := conn.SendBatch(ctx, &last).Close(); err != nil {
-		return effects.Result{}, e.endFailed(ctx, conn.Conn(), end, key, err, queued != nil, true)
+		return e.endFailed(ctx, conn.Conn(), end, key, fp, err, queued != nil)
 	}
 	if c := waitCut(ctx, key); c.err != nil {
 		return effects.Result{}, c
@@ -329,10 +344,11 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 // guard unless async commits are allowed) go with the write's first
 // statement (see deferredTx), and the key's row with COMMIT; a write that
 // runs no statement has all of it in one. A key the probe found committed
-// before is replayed at once: the write's next statement fails, and the
-// attempt rolls back. A concurrent duplicate the probe did not see fails
-// the key's INSERT, and is looked up, as in attempt.
-func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []byte, in In) (effects.Result, classified) {
+// before (it looks only when probeKey) is replayed at once: the write's
+// next statement fails, and the attempt rolls back. A duplicate the probe
+// did not look for or did not see fails the key's INSERT, and is looked up
+// after the rollback (endFailed).
+func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []byte, in In, probeKey bool) (effects.Result, classified) {
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
 		return effects.Result{}, classify(ctx, opApply, key, err, false, false)
@@ -340,7 +356,7 @@ func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []
 	defer conn.Release() // destroys the connection unless it is idle, outside a transaction
 
 	tx := &deferredTx{ctx: ctx, conn: conn.Conn(), opts: e.txOptions, guard: !e.cfg.allowAsyncCommit,
-		lookup: probesKey(e.txOptions.IsoLevel), scope: e.scope, key: key}
+		lookup: probeKey, scope: e.scope, key: key}
 	ending := false
 	defer func() {
 		if !ending {
@@ -361,7 +377,7 @@ func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []
 	case tx.refused:
 		return effects.Result{}, classified{err: asyncCommit(opApply, key)}
 	case err != nil:
-		return effects.Result{}, e.failedBeforeCommit(ctx, conn.Conn(), end, key, err, false)
+		return e.failedBeforeCommit(ctx, conn.Conn(), end, key, fp, err)
 	}
 	ending = true // from here on, never roll back blindly: the COMMIT may have happened
 	var last pgx.Batch
@@ -386,65 +402,74 @@ func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []
 		// (a lost connection) the COMMIT may have happened: endFailed.
 		return replayFound(ctx, conn.Conn(), key, fp, &tx.probe)
 	}
-	return effects.Result{}, e.endFailed(ctx, conn.Conn(), end, key, err, alone, false)
+	return e.endFailed(ctx, conn.Conn(), end, key, fp, err, alone)
 }
 
 // endFailed classifies err from the batch that ends an attempt with the
 // key's INSERT and COMMIT (and, for a pipelined Effect, queued, its writes
 // and, in its one-round-trip form, BEGIN and the commit guard before them).
 // end rolls the transaction back, for a server that failed it and skipped
-// COMMIT. lookup says whether the attempt looked the key up first.
-func (e *Effect[In]) endFailed(ctx context.Context, conn *pgx.Conn, end func(), key effects.Key, err error, queued, lookup bool) classified {
+// COMMIT. A key committed before the attempt or concurrently with it is
+// replayed at once (see replayAfterFailure).
+func (e *Effect[In]) endFailed(ctx context.Context, conn *pgx.Conn, end func(), key effects.Key, fp []byte, err error, queued bool) (effects.Result, classified) {
 	if failedTx(conn) {
 		// The server failed the transaction before COMMIT (which it then
 		// skipped): nothing was committed. Roll back to keep the
 		// connection.
 		end()
+		end = func() {}
 	}
 	if c, ok := preprocessingFailed(ctx, opApply, key, err, conn.IsClosed()); ok {
 		// pgx refused to send the batch: COMMIT was never sent.
-		return c
+		return effects.Result{}, c
 	}
 	switch {
 	case guardRefused(err):
-		return classified{err: asyncCommit(opApply, key)}
+		return effects.Result{}, classified{err: asyncCommit(opApply, key)}
 	case keyTaken(err):
 		// The key was committed, before this attempt (if it did not look)
-		// or by a concurrent transaction: the retry replays it.
-		return classified{err: effects.Transient(opApply, key, err), retry: true, lookUp: !lookup}
+		// or by a concurrent transaction: it replays, now or in the retry.
+		if res, c, ok := e.replayIfCommitted(ctx, conn, end, key, fp); ok {
+			return res, c
+		}
+		return effects.Result{}, classified{err: effects.Transient(opApply, key, err), retry: true, lookUp: true}
 	case queued && serverError(err):
 		// A queued write (or COMMIT) failed on the server, which then
 		// skipped the rest: nothing was committed.
-		return e.failedBeforeCommit(ctx, conn, end, key, err, lookup)
+		return e.failedBeforeCommit(ctx, conn, end, key, fp, err)
 	}
-	return classify(ctx, opApply, key, err, true, false)
+	return effects.Result{}, classify(ctx, opApply, key, err, true, false)
 }
 
 // failedBeforeCommit classifies a write that failed before COMMIT: nothing
 // was committed. If the key was committed meanwhile, before this attempt
 // (if it did not look) or by a concurrent Apply while the write ran (the
-// write may have failed on what that one wrote or locked), the retry
-// replays it.
-func (e *Effect[In]) failedBeforeCommit(ctx context.Context, conn *pgx.Conn, end func(), key effects.Key, err error, lookup bool) classified {
-	if committedMeanwhile(ctx, conn, end, e.scope, key) {
-		return classified{err: effects.Transient(opApply, key, err), retry: true, lookUp: !lookup}
+// write may have failed on what that one wrote or locked), it replays.
+func (e *Effect[In]) failedBeforeCommit(ctx context.Context, conn *pgx.Conn, end func(), key effects.Key, fp []byte, err error) (effects.Result, classified) {
+	if res, c, ok := e.replayIfCommitted(ctx, conn, end, key, fp); ok {
+		return res, c
 	}
-	return classify(ctx, opApply, key, err, false, conn.IsClosed())
+	return effects.Result{}, classify(ctx, opApply, key, err, false, conn.IsClosed())
 }
 
-const keyExistsSQL = `SELECT EXISTS (SELECT 1 FROM effectively_keys WHERE scope = $1 AND key = $2)`
-
-// committedMeanwhile ends the transaction (with end) after its write
-// failed and reports whether key has been committed, before the attempt or
-// since it looked the key up: one more round trip, on the failure path
-// only. It reports false when it cannot tell (ctx ended, connection lost).
-func committedMeanwhile(ctx context.Context, conn *pgx.Conn, end func(), scope string, key effects.Key) bool {
+// replayIfCommitted ends the transaction of an attempt that failed before
+// COMMIT (with end) and looks its key up (probeSQL): if the key has been
+// committed, before the attempt or concurrently with it, it replays it
+// (replayFound) and reports true. One round trip more than end's, on the
+// failure path only. It reports false when the key is not committed, and
+// when it cannot tell (ctx ended, the connection is lost), after ending
+// the transaction if it can.
+func (e *Effect[In]) replayIfCommitted(ctx context.Context, conn *pgx.Conn, end func(), key effects.Key, fp []byte) (effects.Result, classified, bool) {
 	if ctx.Err() != nil || conn.IsClosed() {
-		return false
+		return effects.Result{}, classified{}, false
 	}
 	end()
-	var exists bool
-	return conn.QueryRow(ctx, keyExistsSQL, scope, string(key)).Scan(&exists) == nil && exists
+	var p probe
+	if p.scan(conn.QueryRow(ctx, probeSQL, e.scope, string(key))) != nil || !p.found {
+		return effects.Result{}, classified{}, false
+	}
+	res, c := replayFound(ctx, conn, key, fp, &p)
+	return res, c, true
 }
 
 // commitTag fails a COMMIT that the server answered with ROLLBACK (the
@@ -479,20 +504,45 @@ func rollback(ctx context.Context, tx pgx.Tx) {
 	_ = tx.Rollback(rctx)
 }
 
+// keyCheck is how an attempt finds out that its key was committed before.
+type keyCheck int
+
+const (
+	// atKeyInsert: by the key's INSERT only, which fails; Apply then
+	// rolls back and looks the key up. A new key pays nothing for the
+	// check; a duplicate pays its whole write, rolled back, and the
+	// lookup's round trips.
+	atKeyInsert keyCheck = iota
+	// probeWithWrite: by a probe sent with the write's first statement
+	// (New) or with all of them (NewPipelined). A new key pays a
+	// statement; a duplicate is replayed from the probe's row, with no
+	// round trip more.
+	probeWithWrite
+	// lookFirst: by a lookup in a round trip of its own, before the
+	// write. A new key pays a round trip; a duplicate runs no write.
+	lookFirst
+)
+
 // duplicateRate is a moving average of how many of an Effect's recent
-// Applies were duplicates (replays), shared by its goroutines. Apply looks
-// a key up before the write only while it is at least lookupFirstRate: a
-// lookup of its own costs every new key a round trip, and an attempt that
-// does not look first costs a duplicate the statements of its write that
-// ran with the probe (all of them for a pipelined Effect), rolled back.
+// Applies were duplicates (replays), shared by its goroutines. It decides
+// how Apply checks for a key committed before (keyCheck): not at all
+// before the key's INSERT while duplicates are rare, with a probe sent
+// with the write from one in sixteen, and with a lookup of its own from
+// one in four.
 type duplicateRate struct{ scaled atomic.Int64 } // the rate times rateScale
 
 const (
 	rateScale = 1 << 16
 	// rateWeight is the weight of the newest Apply: 1/64, so that from no
-	// duplicates at all 19 in a row turn lookups on, and after a long storm
-	// 89 new keys in a row turn them off again.
+	// duplicates at all 5 in a row turn the probe on and 19 lookups, and
+	// after a long storm 89 new keys in a row turn lookups off again.
 	rateWeight = 64
+	// probeRate is where Apply starts probing the key with the write:
+	// one duplicate in sixteen. The probe costs every new key a
+	// statement, about 20 µs of CPU (BENCHMARKS.md); without it a
+	// duplicate costs its write, rolled back, and two or three round
+	// trips more, which below this rate cost less than the probes.
+	probeRate = rateScale / 16
 	// lookupFirstRate is where Apply starts looking first: one duplicate in
 	// four (not looking saves every new key a round trip; looking saves
 	// every duplicate its rolled-back statements, whose cost depends on
@@ -515,6 +565,13 @@ func (d *duplicateRate) observe(duplicate bool) {
 	}
 }
 
-// frequent reports whether duplicates are frequent enough to look keys up
-// before the write.
-func (d *duplicateRate) frequent() bool { return d.scaled.Load() >= lookupFirstRate }
+// check returns how the next attempt checks its key, for the rate now.
+func (d *duplicateRate) check() keyCheck {
+	switch r := d.scaled.Load(); {
+	case r >= lookupFirstRate:
+		return lookFirst
+	case r >= probeRate:
+		return probeWithWrite
+	}
+	return atKeyInsert
+}

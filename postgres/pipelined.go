@@ -42,16 +42,20 @@ type Statement struct {
 type StatementsFunc[In any] func(ctx context.Context, key effects.Key, in In) (ref string, writes []Statement, err error)
 
 // NewPipelined is [New] for writes known in advance, as statements that
-// read nothing back: Apply sends BEGIN, a probe of the key (which also
-// guards the commit settings), the statements, the key's row and COMMIT in
-// one pipeline, so that a new key costs one round trip whatever the number
-// of statements, where [New] costs two, and one more per statement beyond
-// the first that the write function runs. A duplicate costs one round trip
-// too, and the statements run and rolled back: the key's row fails, and
-// the probe's row, read before, replays it (under synchronous replication,
-// one more round trip for the replay barrier). While duplicates are
-// frequent (or with [WithLookupFirst]) it looks the key up first, as New
-// does: two round trips for a new key, two and no WAL for a duplicate. A
+// read nothing back: Apply sends BEGIN, a guard on the commit settings,
+// the statements, the key's row and COMMIT in one pipeline, so that a new
+// key costs one round trip whatever the number of statements, where [New]
+// costs two, and one more per statement beyond the first that the write
+// function runs. A duplicate fails the pipeline (the key's row, or a
+// statement that runs into the earlier one's rows) and rolls back, its
+// statements with it, and replays: in three round trips while duplicates
+// are rare (the pipeline, ROLLBACK, a lookup of the key), in two while
+// they are occasional, when the guard is a probe of the key whose row,
+// read before the failure, replays it (see [Effect.Apply]); under
+// synchronous replication, one more for the replay barrier. While
+// duplicates are frequent (or with [WithLookupFirst]) it looks the key up
+// first, as New does: two round trips for a new key, two and no WAL for a
+// duplicate. A
 // pipeline that failed on a statement of the write makes pgx forget the
 // connection's prepared statements of it: the next Apply there prepares
 // them again, one round trip more (a duplicate's, or a refused setting's,
@@ -158,14 +162,14 @@ func beginStatement(opts pgx.TxOptions) string {
 }
 
 // attemptPipelined runs one attempt of a pipelined Effect without looking
-// its key up first, in one round trip: BEGIN, the probe (with the commit
-// guard unless async commits are allowed), the writes, the key's row and
-// COMMIT. A key committed before fails the key's INSERT (or a write that
-// runs into the earlier one's rows fails first), and the probe's row, read
-// before the failure, replays it; a concurrent duplicate the probe did not
-// see fails it too, and is looked up, as in attempt. At SERIALIZABLE the
-// probe reads only the settings (see queueProbe).
-func (e *Effect[In]) attemptPipelined(ctx context.Context, key effects.Key, fp []byte, q *queuedWrites) (effects.Result, classified) {
+// its key up first, in one round trip: BEGIN, the probe (of the key when
+// probeKey; with the commit guard unless async commits are allowed), the
+// writes, the key's row and COMMIT. A key committed before fails the key's
+// INSERT (or a write that runs into the earlier one's rows fails first),
+// and the probe's row, read before the failure, replays it; a duplicate
+// the probe did not look for or did not see fails it too, and is looked
+// up after the rollback (endFailed).
+func (e *Effect[In]) attemptPipelined(ctx context.Context, key effects.Key, fp []byte, q *queuedWrites, probeKey bool) (effects.Result, classified) {
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
 		return effects.Result{}, classify(ctx, opApply, key, err, false, false)
@@ -178,7 +182,7 @@ func (e *Effect[In]) attemptPipelined(ctx context.Context, key effects.Key, fp [
 	)
 	began := time.Now()
 	b.Queue(beginStatement(e.txOptions))
-	queueProbe(&b, e.scope, key, !e.cfg.allowAsyncCommit, probesKey(e.txOptions.IsoLevel), &found)
+	queueProbe(&b, e.scope, key, !e.cfg.allowAsyncCommit, probeKey, &found)
 	committed := q.queueOn(&b, began)
 	queueKeyInsert(&b, e.scope, key, fp, q.ref)
 	b.Queue("COMMIT").Exec(commitTag)
@@ -198,7 +202,7 @@ func (e *Effect[In]) attemptPipelined(ctx context.Context, key effects.Key, fp [
 		// connection) the COMMIT may have happened: endFailed.
 		return replayFound(ctx, conn.Conn(), key, fp, &found)
 	}
-	return effects.Result{}, e.endFailed(ctx, conn.Conn(), func() { rollbackConn(ctx, conn.Conn()) }, key, err, true, false)
+	return e.endFailed(ctx, conn.Conn(), func() { rollbackConn(ctx, conn.Conn()) }, key, fp, err, true)
 }
 
 // leaseSQL takes a new key's lease as the first attempt's Begin would, and

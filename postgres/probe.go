@@ -65,9 +65,11 @@ func (p *probe) scan(row pgx.Row) error {
 // read into p when b's results are closed. When the guard refuses, pgx
 // is told nothing of the failure's statements (see keepStatements).
 // Without lookup it reads only the settings (and guards them), and p
-// finds nothing: for SERIALIZABLE transactions, in which reading the key
-// would make concurrent Applies of other keys conflict (a read of the
-// index range their key's INSERT writes) and fail with 40001.
+// finds nothing: while duplicates are rare (the key's INSERT finds them,
+// and reading the key would cost every new key for nothing), and for
+// SERIALIZABLE transactions, in which reading the key would make
+// concurrent Applies of other keys conflict (a read of the index range
+// their key's INSERT writes) and fail with 40001.
 func queueProbe(b *pgx.Batch, scope string, key effects.Key, guard, lookup bool, p *probe) {
 	var qq *pgx.QueuedQuery
 	switch {
