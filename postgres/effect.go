@@ -37,8 +37,9 @@ import (
 // the function should return the error, and Apply rolls back and replays.
 // (At SERIALIZABLE the probe never looks the key up: reading the key
 // would make concurrent Applies of other keys fail with serialization
-// errors.) While duplicates are rare, a duplicate's function runs to its
-// end and the key's INSERT fails instead. Any other method of tx (CopyFrom, Prepare, Begin for a
+// errors.) While duplicates are rare nothing stops a duplicate's function
+// early: one of its statements (on the earlier Apply's rows, say) or the
+// key's INSERT fails, and Apply looks the key up. Any other method of tx (CopyFrom, Prepare, Begin for a
 // savepoint, Conn, LargeObjects), an Exec without arguments (which pgx
 // sends with the simple protocol, several statements allowed) and a
 // statement with a pgx option argument (a QueryExecMode, result formats)
@@ -330,7 +331,7 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 	queueKeyInsert(&last, e.scope, key, fp, ref)
 	last.Queue("COMMIT").Exec(commitTag)
 	if err := conn.SendBatch(ctx, &last).Close(); err != nil {
-		return e.endFailed(ctx, conn.Conn(), end, key, fp, err, queued != nil)
+		return e.endFailed(ctx, conn.Conn(), end, key, fp, err, queued != nil, true)
 	}
 	if c := waitCut(ctx, key); c.err != nil {
 		return effects.Result{}, c
@@ -402,7 +403,7 @@ func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []
 		// (a lost connection) the COMMIT may have happened: endFailed.
 		return replayFound(ctx, conn.Conn(), key, fp, &tx.probe)
 	}
-	return e.endFailed(ctx, conn.Conn(), end, key, fp, err, alone)
+	return e.endFailed(ctx, conn.Conn(), end, key, fp, err, alone, false)
 }
 
 // endFailed classifies err from the batch that ends an attempt with the
@@ -410,8 +411,9 @@ func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []
 // and, in its one-round-trip form, BEGIN and the commit guard before them).
 // end rolls the transaction back, for a server that failed it and skipped
 // COMMIT. A key committed before the attempt or concurrently with it is
-// replayed at once (see replayAfterFailure).
-func (e *Effect[In]) endFailed(ctx context.Context, conn *pgx.Conn, end func(), key effects.Key, fp []byte, err error, queued bool) (effects.Result, classified) {
+// replayed at once (see replayIfCommitted). lookedFirst says whether the
+// attempt looked the key up first.
+func (e *Effect[In]) endFailed(ctx context.Context, conn *pgx.Conn, end func(), key effects.Key, fp []byte, err error, queued, lookedFirst bool) (effects.Result, classified) {
 	if failedTx(conn) {
 		// The server failed the transaction before COMMIT (which it then
 		// skipped): nothing was committed. Roll back to keep the
@@ -428,15 +430,22 @@ func (e *Effect[In]) endFailed(ctx context.Context, conn *pgx.Conn, end func(), 
 		return effects.Result{}, classified{err: asyncCommit(opApply, key)}
 	case keyTaken(err):
 		// The key was committed, before this attempt (if it did not look)
-		// or by a concurrent transaction: it replays, now or in the retry.
+		// or by a concurrent transaction: it replays, now or in the
+		// retry (which looks the key up first, unless this one did: then
+		// it is an ordinary retry, counted and delayed).
 		if res, c, ok := e.replayIfCommitted(ctx, conn, end, key, fp); ok {
 			return res, c
 		}
-		return effects.Result{}, classified{err: effects.Transient(opApply, key, err), retry: true, lookUp: true}
-	case queued && serverError(err):
-		// A queued write (or COMMIT) failed on the server, which then
-		// skipped the rest: nothing was committed.
-		return e.failedBeforeCommit(ctx, conn, end, key, fp, err)
+		return effects.Result{}, classified{err: effects.Transient(opApply, key, err), retry: true, lookUp: !lookedFirst}
+	case serverError(err):
+		// A statement of the batch (a queued write, the key's row, one
+		// that failed because the write ignored an earlier failure) or
+		// COMMIT itself failed with an ERROR: nothing was committed. The
+		// key may have been committed meanwhile.
+		if res, c, ok := e.replayIfCommitted(ctx, conn, end, key, fp); ok {
+			return res, c
+		}
+		return effects.Result{}, classify(ctx, opApply, key, err, !queued, conn.IsClosed())
 	}
 	return effects.Result{}, classify(ctx, opApply, key, err, true, false)
 }
@@ -455,18 +464,26 @@ func (e *Effect[In]) failedBeforeCommit(ctx context.Context, conn *pgx.Conn, end
 // replayIfCommitted ends the transaction of an attempt that failed before
 // COMMIT (with end) and looks its key up (probeSQL): if the key has been
 // committed, before the attempt or concurrently with it, it replays it
-// (replayFound) and reports true. One round trip more than end's, on the
-// failure path only. It reports false when the key is not committed, and
-// when it cannot tell (ctx ended, the connection is lost), after ending
-// the transaction if it can.
+// (replayFound, after the same check of the commit settings as a lookup
+// first: a replay acked under unsafe settings could ack a commit that a
+// crash or a failover loses) and reports true. One round trip more than
+// end's, on the failure path only. It reports false when the key is not
+// committed, and when it cannot tell (ctx ended, the connection is lost);
+// then it leaves the transaction to the caller's rollback, or to Release,
+// which destroys a connection that is not idle.
 func (e *Effect[In]) replayIfCommitted(ctx context.Context, conn *pgx.Conn, end func(), key effects.Key, fp []byte) (effects.Result, classified, bool) {
 	if ctx.Err() != nil || conn.IsClosed() {
 		return effects.Result{}, classified{}, false
 	}
-	end()
+	if inTx(conn) { // not after a COMMIT that failed: that ended it
+		end()
+	}
 	var p probe
 	if p.scan(conn.QueryRow(ctx, probeSQL, e.scope, string(key))) != nil || !p.found {
 		return effects.Result{}, classified{}, false
+	}
+	if p.unsafeCommit() && !e.cfg.allowAsyncCommit {
+		return effects.Result{}, classified{err: asyncCommit(opApply, key)}, true
 	}
 	res, c := replayFound(ctx, conn, key, fp, &p)
 	return res, c, true

@@ -83,7 +83,7 @@ func preprocessingFailed(ctx context.Context, op string, key effects.Key, err er
 type classified struct {
 	err    error // what to return
 	retry  bool  // the whole transaction may be retried internally (40001, 40P01)
-	lookUp bool  // an attempt that did not look its key up found it committed: look it up at once
+	lookUp bool  // an attempt that did not look its key up first found it taken: look it up at once
 }
 
 // classify maps err, from one attempt of a transaction on behalf of op and

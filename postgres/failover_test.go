@@ -544,8 +544,10 @@ func check(t *testing.T, ctx context.Context, conn *pgx.Conn, r *failoverResult,
 // then lost in the failover. The replay barrier makes the retry wait for the
 // standby too, so nothing is acked while the standby lags; after the
 // failover, the redelivery applies on the new primary: one effect, none lost.
-// It runs for New and for NewPipelined: each finds the earlier commit by
-// the probe sent with its writes, and replays through the barrier.
+// It runs for New and for NewPipelined, each with duplicates rare (the
+// key's INSERT finds the earlier commit, and the lookup after the rollback
+// replays it) and occasional (the probe sent with the writes finds it):
+// every path replays through the barrier.
 func TestFailoverCancelledSyncWait(t *testing.T) {
 	pipelined := func(pool *pgxpool.Pool) (*postgres.Effect[payment], error) {
 		return postgres.NewPipelined(pool, failoverScope, func(_ context.Context, k effects.Key, p payment) (string, []postgres.Statement, error) {
@@ -555,11 +557,17 @@ func TestFailoverCancelledSyncWait(t *testing.T) {
 	plain := func(pool *pgxpool.Pool) (*postgres.Effect[payment], error) {
 		return postgres.New(pool, failoverScope, writeLedger)
 	}
-	t.Run("New", func(t *testing.T) { failoverCancelledSyncWait(t, plain) })
-	t.Run("NewPipelined", func(t *testing.T) { failoverCancelledSyncWait(t, pipelined) })
+	for _, probe := range []bool{false, true} {
+		name := ""
+		if probe {
+			name = ", probe"
+		}
+		t.Run("New"+name, func(t *testing.T) { failoverCancelledSyncWait(t, plain, probe) })
+		t.Run("NewPipelined"+name, func(t *testing.T) { failoverCancelledSyncWait(t, pipelined, probe) })
+	}
 }
 
-func failoverCancelledSyncWait(t *testing.T, newEffect func(*pgxpool.Pool) (*postgres.Effect[payment], error)) {
+func failoverCancelledSyncWait(t *testing.T, newEffect func(*pgxpool.Pool) (*postgres.Effect[payment], error), probe bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	fp := startFailoverPair(t, ctx, true)
@@ -576,6 +584,9 @@ func failoverCancelledSyncWait(t *testing.T, newEffect func(*pgxpool.Pool) (*pos
 	attempts := 0
 	for deadline := time.Now().Add(3 * time.Second); acked == nil && time.Now().Before(deadline); attempts++ {
 		actx, cancel := context.WithTimeout(ctx, 500*time.Millisecond) // a caller's per-attempt timeout
+		if probe {
+			postgres.SetDuplicateRate(eff, 1, 8)
+		}
 		res, err := eff.Apply(actx, key, ev)
 		cancel()
 		t.Logf("Apply while the standby lags: %v, %v", res.Status, err)

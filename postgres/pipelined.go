@@ -202,7 +202,7 @@ func (e *Effect[In]) attemptPipelined(ctx context.Context, key effects.Key, fp [
 		// connection) the COMMIT may have happened: endFailed.
 		return replayFound(ctx, conn.Conn(), key, fp, &found)
 	}
-	return e.endFailed(ctx, conn.Conn(), func() { rollbackConn(ctx, conn.Conn()) }, key, fp, err, true)
+	return e.endFailed(ctx, conn.Conn(), func() { rollbackConn(ctx, conn.Conn()) }, key, fp, err, true, false)
 }
 
 // leaseSQL takes a new key's lease as the first attempt's Begin would, and

@@ -1,0 +1,160 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"effectively.dev/effects"
+	"effectively.dev/postgres"
+)
+
+// Duplicates that arrive while duplicates are rare: no probe travels with
+// the write, so the key's INSERT (or a write statement that runs into the
+// earlier Apply's rows) finds them, and Apply looks the key up after the
+// rollback (several of these cases came from an independent review).
+
+// TestApplyRareDuplicateKeepsStatements: a rare duplicate whose write
+// fails on a constraint replays, and the next new key costs what a new key
+// costs: pgx is kept from forgetting the connection's prepared statements.
+// A write that reads the failing statement's rows (QueryRow) loses that
+// one statement all the same (pgx's Rows forget their statement on any
+// error): one round trip more for the next new key, no more.
+func TestApplyRareDuplicateKeepsStatements(t *testing.T) {
+	for _, tc := range []struct {
+		shape string
+		extra int64 // round trips the next new key may take beyond a new key's
+	}{{"exec", 0}, {"batch", 0}, {"query", 1}} {
+		t.Run(tc.shape, func(t *testing.T) {
+			var sends atomic.Int64 // writes on the wire: one per round trip
+			pool := newPool(t, newDB(t), func(c *pgxpool.Config) { c.MaxConns = 1; countWrites(c, &sends) })
+			mustExec(t, pool, `CREATE TABLE receipts (event_id text PRIMARY KEY)`)
+			fx, err := postgres.New(pool, "billing", func(ctx context.Context, tx pgx.Tx, p payment) (string, error) {
+				const insert = `INSERT INTO receipts (event_id) VALUES ($1)`
+				switch tc.shape {
+				case "exec":
+					_, err := tx.Exec(ctx, insert, p.EventID)
+					return "r:" + p.EventID, err
+				case "query":
+					var id string
+					err := tx.QueryRow(ctx, insert+` RETURNING event_id`, p.EventID).Scan(&id)
+					return "r:" + id, err
+				}
+				var b pgx.Batch
+				b.Queue(insert, p.EventID)
+				br := tx.SendBatch(ctx, &b)
+				_, err := br.Exec()
+				if cerr := br.Close(); err == nil {
+					err = cerr
+				}
+				return "r:" + p.EventID, err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := testCtx(t)
+			apply := func(event string) (effects.Result, int64) {
+				t.Helper()
+				postgres.SetDuplicateRate(fx, 0, 1) // rare: no probe
+				before := sends.Load()
+				res, err := fx.Apply(ctx, effects.MustKey(event, "receipt"), payment{EventID: event, Amount: 1})
+				if err != nil {
+					t.Fatalf("Apply %s: %v", event, err)
+				}
+				return res, sends.Load() - before
+			}
+			apply("evt_warm")
+			apply("evt_warm") // prepares the lookup
+			apply("evt_warm_2")
+			first, trips := apply("evt_a")
+			again, dupTrips := apply("evt_a")
+			if again != (effects.Result{Status: effects.Replayed, Ref: first.Ref}) || dupTrips > 3+tc.extra {
+				t.Fatalf("duplicate = %+v in %d round trips; want replayed %q in at most %d", again, dupTrips, first.Ref, 3+tc.extra)
+			}
+			if _, next := apply("evt_b"); next > trips+tc.extra {
+				t.Fatalf("the next new key took %d round trips, a new key %d: the duplicate made pgx prepare statements again", next, trips)
+			}
+		})
+	}
+}
+
+// TestApplyRareDuplicateOfAWriteThatIgnoresAnError: a write that ignores
+// a failed statement leaves the transaction failed, and the key's INSERT
+// fails with 25P02 instead of finding the key: the duplicate still
+// replays, with or without the probe.
+func TestApplyRareDuplicateOfAWriteThatIgnoresAnError(t *testing.T) {
+	pool := newPool(t, newDB(t), nil)
+	mustExec(t, pool, `CREATE TABLE receipts (event_id text PRIMARY KEY)`)
+	fx, err := postgres.New(pool, "billing", func(ctx context.Context, tx pgx.Tx, p payment) (string, error) {
+		_, _ = tx.Exec(ctx, `INSERT INTO receipts (event_id) VALUES ($1)`, p.EventID) // its error ignored
+		return "r:" + p.EventID, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testCtx(t)
+	key := effects.MustKey("evt_ignored", "receipt")
+	if res, err := fx.Apply(ctx, key, payment{EventID: "evt_ignored"}); err != nil || res.Status != effects.Applied {
+		t.Fatalf("first Apply = %+v, %v", res, err)
+	}
+	for _, tier := range []struct {
+		name     string
+		num, den int64
+	}{{"probe", 1, 8}, {"no probe", 0, 1}} {
+		postgres.SetDuplicateRate(fx, tier.num, tier.den)
+		if res, err := fx.Apply(ctx, key, payment{EventID: "evt_ignored"}); err != nil || res.Status != effects.Replayed {
+			t.Errorf("duplicate (%s) = %+v, %v; want replayed", tier.name, res, err)
+		}
+	}
+}
+
+// TestApplyKeyTakenElsewhereGivesUp: a pipelined write that fails on
+// another key of effectively_keys (23505, but not on its own key) is
+// retried WithMaxRetries times, not looked up for ever.
+func TestApplyKeyTakenElsewhereGivesUp(t *testing.T) {
+	pool := newPool(t, newDB(t), nil)
+	const taken = `INSERT INTO effectively_keys (scope, key, fingerprint) VALUES ('other', 'taken', '\x00')`
+	mustExec(t, pool, taken)
+	fx, err := postgres.NewPipelined(pool, "billing", func(context.Context, effects.Key, payment) (string, []postgres.Statement, error) {
+		return "x", []postgres.Statement{{SQL: taken}}, nil
+	}, postgres.WithMaxRetries(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(testCtx(t), 5*time.Second)
+	defer cancel()
+	_, err = fx.Apply(ctx, effects.MustKey("evt_loop", "ledger"), payment{EventID: "evt_loop"})
+	if !errors.Is(err, effects.ErrTransient) || ctx.Err() != nil {
+		t.Fatalf("Apply = %v (ctx %v); want ErrTransient after 2 retries", err, ctx.Err())
+	}
+}
+
+// TestApplyReplayAfterAFailedWriteChecksCommitSettings: a write that
+// fails, on a session with synchronous_commit off, for a key committed
+// before: the lookup after the failure finds the key, and Apply refuses
+// with ErrAsyncCommit rather than ack a replay under unsafe settings.
+func TestApplyReplayAfterAFailedWriteChecksCommitSettings(t *testing.T) {
+	url := newDB(t)
+	safe := newPool(t, url, nil)
+	unsafe := newPool(t, url, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["synchronous_commit"] = "off" })
+	ctx := testCtx(t)
+	key := effects.MustKey("evt_unsafe", "ledger")
+	if _, err := ledgerEffect(t, safe, nil).Apply(ctx, key, payment{EventID: "evt_unsafe", Amount: 1}); err != nil {
+		t.Fatal(err)
+	}
+	failing, err := postgres.New(unsafe, "billing", func(context.Context, pgx.Tx, payment) (string, error) {
+		return "", errors.New("validation failed before any statement")
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := failing.Apply(ctx, key, payment{EventID: "evt_unsafe", Amount: 1}); !errors.Is(err, postgres.ErrAsyncCommit) {
+		t.Fatalf("Apply = %+v, %v; want ErrAsyncCommit", res, err)
+	}
+}
