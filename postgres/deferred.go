@@ -33,8 +33,8 @@ func (writeTx) Commit(context.Context) error   { return errWriteEndedTx }
 func (writeTx) Rollback(context.Context) error { return errWriteEndedTx }
 
 // deferredTx is the pgx.Tx that Apply hands a write when it does not look
-// the key up first. BEGIN and the probe of the key (probeGuardSQL, with
-// the commit guard) are not sent in a round trip of their own: they go in
+// the key up first. BEGIN, and the probe of the key while duplicates are
+// occasional (probeSQL), are not sent in a round trip of their own: they go in
 // one pipeline with the write's first statement (Exec with arguments,
 // Query, QueryRow or SendBatch), or, if the write runs none, with the
 // key's row and COMMIT. When the probe finds the key committed before,
@@ -45,12 +45,11 @@ func (writeTx) Rollback(context.Context) error { return errWriteEndedTx }
 // does. Commit and Rollback refuse (errWriteEndedTx): Apply ends the
 // transaction.
 type deferredTx struct {
-	ctx   context.Context // Apply's, for the methods that take none
-	conn  *pgx.Conn
-	opts  pgx.TxOptions
-	guard bool // probe with the commit guard
-	// lookup makes the probe look the key up (not at SERIALIZABLE: see
-	// queueProbe).
+	ctx  context.Context // Apply's, for the methods that take none
+	conn *pgx.Conn
+	opts pgx.TxOptions
+	// lookup sends the probe of the key with BEGIN (while duplicates are
+	// occasional, and not at SERIALIZABLE: see Apply's attemptOnce).
 	lookup bool
 	scope  string
 	key    effects.Key
@@ -62,9 +61,6 @@ type deferredTx struct {
 	// returns, as a statement that failed in the transaction would make
 	// it fail.
 	failed error
-	// refused is set when the guard failed the transaction: the commit
-	// settings are unsafe, and the attempt must report ErrAsyncCommit.
-	refused bool
 	// recovering is set while fail begins the transaction on its own.
 	recovering bool
 }
@@ -74,18 +70,20 @@ var _ pgx.Tx = (*deferredTx)(nil)
 // begun reports whether BEGIN ran.
 func (t *deferredTx) begun() bool { return t.tx != nil }
 
-// queueBegin queues BEGIN and the probe as the first statements of b, a
-// batch that has none yet.
+// queueBegin queues BEGIN, and the probe if the attempt looks the key up,
+// as the first statements of b, a batch that has none yet.
 func (t *deferredTx) queueBegin(b *pgx.Batch) {
 	b.BeginTx(t.opts)
-	queueProbe(b, t.scope, t.key, t.guard, t.lookup, &t.probe)
+	if t.lookup {
+		queueProbe(b, t.scope, t.key, &t.probe)
+	}
 }
 
 // send sends b, whose first statements queueBegin queued, followed by n
-// statements of the write, and reads the results of BEGIN and the probe:
-// on success the next result of the returned BatchResults is the write's
-// first statement's. On failure, or when the probe found the key, the
-// batch is closed already.
+// statements of the write, and reads the results of BEGIN and the probe,
+// if any: on success the next result of the returned BatchResults is the
+// write's first statement's. On failure, or when the probe found the key,
+// the batch is closed already.
 func (t *deferredTx) send(ctx context.Context, b *pgx.Batch, n int) (pgx.BatchResults, error) {
 	br := t.conn.SendBatch(ctx, b)
 	tx := br.Tx()
@@ -95,8 +93,10 @@ func (t *deferredTx) send(ctx context.Context, b *pgx.Batch, n int) (pgx.BatchRe
 		return nil, t.fail(err)
 	}
 	t.tx = tx
-	if err := keepStatements(b, t.probe.scan(br.QueryRow())); err != nil {
-		t.refused = guardRefused(err)
+	if !t.lookup {
+		return br, nil
+	}
+	if err := t.probe.scan(br.QueryRow()); err != nil {
 		_ = br.Close()
 		return nil, err
 	}

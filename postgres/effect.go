@@ -28,23 +28,24 @@ import (
 //
 // Unless Apply looked the key up first, BEGIN has not been sent when the
 // function is called: it travels with the function's first Exec (with
-// arguments), Query, QueryRow or SendBatch, in the same round trip, with a
-// probe that fails the transaction when the commit settings are unsafe
-// (see [ErrAsyncCommit]; the statement then fails and nothing is
-// written). While duplicates are occasional (see [Effect.Apply]) the probe
-// also looks the key up: when it finds the key committed before, that
+// arguments), Query, QueryRow or SendBatch, in the same round trip. While
+// duplicates are occasional (see [Effect.Apply]) a probe of the key
+// travels with them: when it finds the key committed before, that
 // statement's result is dropped and it and every later statement fail:
 // the function should return the error, and Apply rolls back and replays.
-// (At SERIALIZABLE the probe never looks the key up: reading the key
-// would make concurrent Applies of other keys fail with serialization
-// errors.) While duplicates are rare nothing stops a duplicate's function
-// early: one of its statements (on the earlier Apply's rows, say) or the
-// key's INSERT fails, and Apply looks the key up. Any other method of tx (CopyFrom, Prepare, Begin for a
-// savepoint, Conn, LargeObjects), an Exec without arguments (which pgx
-// sends with the simple protocol, several statements allowed) and a
-// statement with a pgx option argument (a QueryExecMode, result formats)
-// send BEGIN and the probe first, in a round trip of their own. A function
-// that runs no statement costs one round trip: BEGIN, the probe, the key's
+// (At SERIALIZABLE the probe never runs: reading the key would make
+// concurrent Applies of other keys fail with serialization errors.) While
+// duplicates are rare nothing stops a duplicate's function early: one of
+// its statements (on the earlier Apply's rows, say) or the key's INSERT
+// fails, and Apply looks the key up. The commit settings (see
+// [ErrAsyncCommit]) are checked by the key's INSERT, after the function
+// returned: a function that turns synchronous_commit off is refused too,
+// and nothing is written. Any other method of tx (CopyFrom, Prepare,
+// Begin for a savepoint, Conn, LargeObjects), an Exec without arguments
+// (which pgx sends with the simple protocol, several statements allowed)
+// and a statement with a pgx option argument (a QueryExecMode, result
+// formats) send BEGIN (and the probe) first, in a round trip of their own.
+// A function that runs no statement costs one round trip: BEGIN, the key's
 // row and COMMIT. A statement new to the connection costs one more round
 // trip, to prepare it, as in any pgx transaction, and so do BEGIN and the
 // probe again after a first statement that failed other than on a
@@ -160,20 +161,21 @@ func (e *Effect[In]) Contract() effects.Contract {
 //     all.
 //
 // Cost of a new key: two round trips, one fewer than a plain insert
-// transaction. BEGIN and a statement that guards the commit settings
-// travel with the write's first statement (see [WriteFunc]), the key's
-// INSERT with COMMIT. While duplicates are occasional the guard is the
-// probe, which also reads the key's index; while they are frequent a new
-// key costs three round trips. Cost of a duplicate: four round trips
-// while they are rare (the write, run and rolled back; the key's INSERT
-// and COMMIT, which fail; a ROLLBACK; the lookup); two while they are
-// occasional (the first one, then ROLLBACK; the write's first statement
-// run and rolled back); two and no WAL looked up first (BEGIN with the
-// lookup, then ROLLBACK). Under synchronous replication a replay also
-// passes the replay barrier (see RELIABILITY.md): a few bytes of WAL and a
-// COMMIT that waits for the standby, in the round trip of the ROLLBACK,
-// or of its own after the lookup. A concurrent duplicate found by the
-// key's INSERT costs the new key's round trips, a ROLLBACK and the lookup.
+// transaction, and one statement more, the key's INSERT (which also
+// checks the commit settings): BEGIN travels with the write's first
+// statement (see [WriteFunc]), the key's INSERT with COMMIT. While
+// duplicates are occasional the probe comes on top, a statement that
+// reads the key's index; while they are frequent a new key costs three
+// round trips. Cost of a duplicate: four round trips while they are rare
+// (the write, run and rolled back; the key's INSERT and COMMIT, which
+// fail; a ROLLBACK; the lookup); two while they are occasional (the first
+// one, then ROLLBACK; the write's first statement run and rolled back);
+// two and no WAL looked up first (BEGIN with the lookup, then ROLLBACK).
+// Under synchronous replication a replay also passes the replay barrier
+// (see RELIABILITY.md): a few bytes of WAL and a COMMIT that waits for the
+// standby, in the round trip of the ROLLBACK, or of its own after the
+// lookup. A concurrent duplicate found by the key's INSERT costs the new
+// key's round trips, a ROLLBACK and the lookup.
 //
 // Errors:
 //   - [effects.ErrInvalidKey]: key is invalid; checked before any I/O.
@@ -270,6 +272,14 @@ func (e *Effect[In]) attemptOnce(ctx context.Context, key effects.Key, fp []byte
 // replays.
 const insertKeySQL = `INSERT INTO effectively_keys (scope, key, fingerprint, ref) VALUES ($1, $2, $3, $4)`
 
+// guardedInsertKeySQL is insertKeySQL that also fails, and with it the
+// transaction, when the commit settings make the COMMIT that follows it
+// unsafe to acknowledge (commitGuardExpr, ” when they are safe): the
+// check costs no statement of its own, and it sees the settings as
+// COMMIT will, after everything the write ran (a SET LOCAL
+// synchronous_commit = off in the write included).
+const guardedInsertKeySQL = `INSERT INTO effectively_keys (scope, key, fingerprint, ref) VALUES ($1, $2, $3, $4 || ` + commitGuardExpr + `)`
+
 // attempt runs one transaction that looks the key up first, in BEGIN's
 // round trip.
 //
@@ -292,7 +302,7 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 	)
 	began := time.Now()
 	batch.BeginTx(e.txOptions)
-	queueProbe(&batch, e.scope, key, false, true, &p)
+	queueProbe(&batch, e.scope, key, &p)
 	br := conn.SendBatch(ctx, &batch)
 	tx := br.Tx()
 	ending := false
@@ -328,7 +338,7 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 		return effects.Result{}, classified{err: errNoTransaction(key)}
 	}
 	ending = true // from here on, never roll back blindly: the COMMIT may have happened
-	queueKeyInsert(&last, e.scope, key, fp, ref)
+	queueKeyInsert(&last, e.scope, key, fp, ref, !e.cfg.allowAsyncCommit)
 	last.Queue("COMMIT").Exec(commitTag)
 	if err := conn.SendBatch(ctx, &last).Close(); err != nil {
 		return e.endFailed(ctx, conn.Conn(), end, key, fp, err, queued != nil, true)
@@ -356,8 +366,7 @@ func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []
 	}
 	defer conn.Release() // destroys the connection unless it is idle, outside a transaction
 
-	tx := &deferredTx{ctx: ctx, conn: conn.Conn(), opts: e.txOptions, guard: !e.cfg.allowAsyncCommit,
-		lookup: probeKey, scope: e.scope, key: key}
+	tx := &deferredTx{ctx: ctx, conn: conn.Conn(), opts: e.txOptions, lookup: probeKey, scope: e.scope, key: key}
 	ending := false
 	defer func() {
 		if !ending {
@@ -374,9 +383,7 @@ func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []
 		return effects.Result{}, classified{err: errNoTransaction(key)}
 	case tx.probe.found:
 		ending = true
-		return replayFound(ctx, conn.Conn(), key, fp, &tx.probe)
-	case tx.refused:
-		return effects.Result{}, classified{err: asyncCommit(opApply, key)}
+		return e.replay(ctx, conn.Conn(), key, fp, &tx.probe)
 	case err != nil:
 		return e.failedBeforeCommit(ctx, conn.Conn(), end, key, fp, err)
 	}
@@ -387,7 +394,7 @@ func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []
 		tx.queueBegin(&last)
 		end = func() { rollbackConn(ctx, conn.Conn()) }
 	}
-	queueKeyInsert(&last, e.scope, key, fp, ref)
+	queueKeyInsert(&last, e.scope, key, fp, ref, !e.cfg.allowAsyncCommit)
 	last.Queue("COMMIT").Exec(commitTag)
 	err = conn.SendBatch(ctx, &last).Close()
 	switch {
@@ -401,7 +408,7 @@ func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []
 		// key committed (the key's row failed): nothing of this attempt
 		// committed, and this is a replay. After any other failure
 		// (a lost connection) the COMMIT may have happened: endFailed.
-		return replayFound(ctx, conn.Conn(), key, fp, &tx.probe)
+		return e.replay(ctx, conn.Conn(), key, fp, &tx.probe)
 	}
 	return e.endFailed(ctx, conn.Conn(), end, key, fp, err, alone, false)
 }
@@ -482,11 +489,23 @@ func (e *Effect[In]) replayIfCommitted(ctx context.Context, conn *pgx.Conn, end 
 	if p.scan(conn.QueryRow(ctx, probeSQL, e.scope, string(key))) != nil || !p.found {
 		return effects.Result{}, classified{}, false
 	}
-	if p.unsafeCommit() && !e.cfg.allowAsyncCommit {
-		return effects.Result{}, classified{err: asyncCommit(opApply, key)}, true
-	}
-	res, c := replayFound(ctx, conn, key, fp, &p)
+	res, c := e.replay(ctx, conn, key, fp, &p)
 	return res, c, true
+}
+
+// replay replays key, found committed by p (a probe or a lookup): it
+// refuses with ErrAsyncCommit instead when the session's commit settings
+// make acknowledging unsafe (a replay acked under them could ack a commit
+// that a crash or a failover loses; AllowAsyncCommit allows it), and
+// otherwise replays (replayFound).
+func (e *Effect[In]) replay(ctx context.Context, conn *pgx.Conn, key effects.Key, fp []byte, p *probe) (effects.Result, classified) {
+	if p.unsafeCommit() && !e.cfg.allowAsyncCommit {
+		if inTx(conn) {
+			rollbackConn(ctx, conn)
+		}
+		return effects.Result{}, classified{err: asyncCommit(opApply, key)}
+	}
+	return replayFound(ctx, conn, key, fp, p)
 }
 
 // commitTag fails a COMMIT that the server answered with ROLLBACK (the

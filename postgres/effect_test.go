@@ -543,9 +543,9 @@ func TestApplyRefusesAsyncCommit(t *testing.T) {
 		t.Fatalf("Apply with synchronous_commit=off = %v; want ErrAsyncCommit", err)
 	}
 	t.Logf("error: %v", err)
-	// The write is called (its first statement carries BEGIN and the
-	// guard, which fails the transaction before the statement runs), but
-	// nothing is written.
+	// The write is called and runs (the guard is in the key's INSERT,
+	// just before COMMIT, and fails the transaction), but nothing is
+	// written.
 	if k, l := count(t, pool, `SELECT count(*) FROM effectively_keys`), rows(t, pool, p.EventID); k != 0 || l != 0 || calls.Load() > 1 {
 		t.Fatalf("keys = %d, ledger rows = %d, writes = %d; want nothing written", k, l, calls.Load())
 	}
@@ -553,6 +553,44 @@ func TestApplyRefusesAsyncCommit(t *testing.T) {
 	res, err := ledgerEffect(t, pool, nil, postgres.AllowAsyncCommit()).Apply(ctx, key, p)
 	if err != nil || res.Status != effects.Applied {
 		t.Fatalf("Apply with AllowAsyncCommit = %+v, %v; want applied", res, err)
+	}
+}
+
+// TestApplyRefusesAsyncCommitSetByTheWrite: a write that turns
+// synchronous_commit off for its own transaction is refused too (the
+// guard runs in the key's INSERT, after the write), with New and with
+// NewPipelined, and nothing is written.
+func TestApplyRefusesAsyncCommitSetByTheWrite(t *testing.T) {
+	pool := newPool(t, newDB(t), nil)
+	const setOff = `SET LOCAL synchronous_commit = off`
+	plain, err := postgres.New(pool, "billing", func(ctx context.Context, tx pgx.Tx, p payment) (string, error) {
+		if _, err := tx.Exec(ctx, setOff); err != nil {
+			return "", err
+		}
+		return writeLedger(ctx, tx, p)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pipelined, err := postgres.NewPipelined(pool, "billing", func(_ context.Context, _ effects.Key, p payment) (string, []postgres.Statement, error) {
+		return "ledger:" + p.EventID, []postgres.Statement{
+			{SQL: `INSERT INTO ledger (event_id, amount) VALUES ($1, $2)`, Args: []any{p.EventID, p.Amount}},
+			{SQL: setOff},
+		}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testCtx(t)
+	for name, fx := range map[string]*postgres.Effect[payment]{"New": plain, "NewPipelined": pipelined} {
+		event := "evt_set_off_" + name
+		_, err := fx.Apply(ctx, effects.MustKey(event, "ledger"), payment{EventID: event, Amount: 1})
+		if !errors.Is(err, postgres.ErrAsyncCommit) {
+			t.Errorf("%s: Apply of a write that sets synchronous_commit off = %v; want ErrAsyncCommit", name, err)
+		}
+		if k, l := count(t, pool, `SELECT count(*) FROM effectively_keys WHERE key LIKE $1`, "%"+event+"%"), rows(t, pool, event); k != 0 || l != 0 {
+			t.Errorf("%s: keys = %d, ledger rows = %d; want nothing written", name, k, l)
+		}
 	}
 }
 

@@ -42,16 +42,17 @@ type Statement struct {
 type StatementsFunc[In any] func(ctx context.Context, key effects.Key, in In) (ref string, writes []Statement, err error)
 
 // NewPipelined is [New] for writes known in advance, as statements that
-// read nothing back: Apply sends BEGIN, a guard on the commit settings,
-// the statements, the key's row and COMMIT in one pipeline, so that a new
-// key costs one round trip whatever the number of statements, where [New]
-// costs two, and one more per statement beyond the first that the write
-// function runs. A duplicate fails the pipeline (the key's row, or a
-// statement that runs into the earlier one's rows) and rolls back, its
-// statements with it, and replays: in three round trips while duplicates
-// are rare (the pipeline, ROLLBACK, a lookup of the key), in two while
-// they are occasional, when the guard is a probe of the key whose row,
-// read before the failure, replays it (see [Effect.Apply]); under
+// read nothing back: Apply sends BEGIN, the statements, the key's row
+// (which also checks the commit settings) and COMMIT in one pipeline, so
+// that a new key costs one round trip whatever the number of statements,
+// where [New] costs two, and one more per statement beyond the first that
+// the write function runs. A duplicate fails the pipeline (the key's row,
+// or a statement that runs into the earlier one's rows) and rolls back,
+// its statements with it, and replays: in three round trips while
+// duplicates are rare (the pipeline, ROLLBACK, a lookup of the key), in
+// two while they are occasional, when a probe of the key travels after
+// BEGIN and its row, read before the failure, replays it (see
+// [Effect.Apply]); under
 // synchronous replication, one more for the replay barrier. While
 // duplicates are frequent (or with [WithLookupFirst]) it looks the key up
 // first, as New does: two round trips for a new key, two and no WAL for a
@@ -132,25 +133,25 @@ func (q *queuedWrites) queueOn(b *pgx.Batch, began time.Time) (committed func())
 	}
 }
 
-// commitGuardExpr fails the transaction, before anything is written, when
-// the commit settings make a commit unsafe to acknowledge (see
-// ErrAsyncCommit; commitSettings.unsafeCommit says the same): it sets
-// synchronous_commit, for this transaction only, to its own value, or to
-// a value PostgreSQL rejects (22023, invalid_parameter_value) that names
-// the refusal. It lets an attempt check the settings in the round trip of
-// its writes (see probeGuardSQL).
-const commitGuardExpr = `set_config('synchronous_commit',
-	CASE WHEN current_setting('synchronous_commit') = 'off'
+// commitGuardExpr is ” when the commit settings make a commit safe to
+// acknowledge, and fails the statement, and with it the transaction, when
+// they do not (see ErrAsyncCommit; commitSettings.unsafeCommit says the
+// same): it casts a text that names the refusal to an integer, which
+// PostgreSQL rejects (22P02, invalid_text_representation). It costs
+// nothing more than reading the settings: no GUC is set. The key's INSERT
+// carries it (guardedInsertKeySQL), so the settings are checked in the
+// statement just before COMMIT, after everything the write ran.
+const commitGuardExpr = `CASE WHEN current_setting('synchronous_commit') = 'off'
 		OR (current_setting('synchronous_commit') = 'local' AND current_setting('synchronous_standby_names') <> '')
-	THEN '` + commitGuardMarker + `' || current_setting('synchronous_commit')
-	ELSE current_setting('synchronous_commit') END, true)`
+	THEN ('` + commitGuardMarker + `synchronous_commit = ' || current_setting('synchronous_commit'))::int::text
+	ELSE '' END`
 
 const commitGuardMarker = "refused by effectively.dev: "
 
 // guardRefused reports whether err is commitGuardExpr's refusal.
 func guardRefused(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "22023" && strings.Contains(pgErr.Message, commitGuardMarker)
+	return errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, commitGuardMarker)
 }
 
 // beginStatement is BEGIN with opts' isolation level.
@@ -162,9 +163,9 @@ func beginStatement(opts pgx.TxOptions) string {
 }
 
 // attemptPipelined runs one attempt of a pipelined Effect without looking
-// its key up first, in one round trip: BEGIN, the probe (of the key when
-// probeKey; with the commit guard unless async commits are allowed), the
-// writes, the key's row and COMMIT. A key committed before fails the key's
+// its key up first, in one round trip: BEGIN, the probe when probeKey,
+// the writes, the key's row (with the commit guard unless async commits
+// are allowed) and COMMIT. A key committed before fails the key's
 // INSERT (or a write that runs into the earlier one's rows fails first),
 // and the probe's row, read before the failure, replays it; a duplicate
 // the probe did not look for or did not see fails it too, and is looked
@@ -182,9 +183,11 @@ func (e *Effect[In]) attemptPipelined(ctx context.Context, key effects.Key, fp [
 	)
 	began := time.Now()
 	b.Queue(beginStatement(e.txOptions))
-	queueProbe(&b, e.scope, key, !e.cfg.allowAsyncCommit, probeKey, &found)
+	if probeKey {
+		queueProbe(&b, e.scope, key, &found)
+	}
 	committed := q.queueOn(&b, began)
-	queueKeyInsert(&b, e.scope, key, fp, q.ref)
+	queueKeyInsert(&b, e.scope, key, fp, q.ref, !e.cfg.allowAsyncCommit)
 	b.Queue("COMMIT").Exec(commitTag)
 	err = conn.SendBatch(ctx, &b).Close()
 	switch {
@@ -200,7 +203,7 @@ func (e *Effect[In]) attemptPipelined(ctx context.Context, key effects.Key, fp [
 		// that ran into the earlier one's rows): nothing of it committed,
 		// and this is a replay. After any other failure (a lost
 		// connection) the COMMIT may have happened: endFailed.
-		return replayFound(ctx, conn.Conn(), key, fp, &found)
+		return e.replay(ctx, conn.Conn(), key, fp, &found)
 	}
 	return e.endFailed(ctx, conn.Conn(), func() { rollbackConn(ctx, conn.Conn()) }, key, fp, err, true, false)
 }

@@ -12,31 +12,19 @@ import (
 	"effectively.dev/effects"
 )
 
-// probeSQL looks the key up with the settings that decide whether a commit
+// probeSQL looks the key up with the settings that decide whether a replay
 // may be acknowledged, in one statement that always returns one row (found
 // false for a new key). Sent right after BEGIN, in the round trip that
 // carries the writes, it lets an attempt that did not look the key up
-// first replay a key committed before without another round trip, and
-// sent alone (with BEGIN) it is the lookup of an attempt that looks first.
-// It takes no lock: a concurrent Apply of the same key that it did not see
-// is settled by the key's INSERT (see insertKeySQL).
-const probeSQL = probeSelect + `'' AS guard` + probeFrom
-
-// probeGuardSQL is probeSQL that also fails the transaction, before
-// anything is written, when the commit settings make a commit unsafe to
-// acknowledge (commitGuardExpr): for a round trip whose writes run
-// before the probe's row is read. The guard is a column of the result,
-// so that no plan can leave it out.
-const probeGuardSQL = probeSelect + commitGuardExpr + ` AS guard` + probeFrom
-
-const (
-	probeSelect = `SELECT k.key IS NOT NULL, k.fingerprint, k.ref, s.sync_commit, s.sync_rep, s.guard
+// first replay a key committed before without another round trip; sent
+// alone (with BEGIN) it is the lookup of an attempt that looks first, and
+// after a failed attempt the lookup that replays a duplicate. It takes no
+// lock: a concurrent Apply of the same key that it did not see is settled
+// by the key's INSERT (see insertKeySQL).
+const probeSQL = `SELECT k.key IS NOT NULL, k.fingerprint, k.ref, s.sync_commit, s.sync_rep
 FROM (SELECT current_setting('synchronous_commit') AS sync_commit,
-		current_setting('synchronous_standby_names') <> '' AS sync_rep,
-		`
-	probeFrom = `) AS s
+		current_setting('synchronous_standby_names') <> '' AS sync_rep) AS s
 	LEFT JOIN effectively_keys AS k ON k.scope = $1 AND k.key = $2`
-)
 
 // probe is what probeSQL found.
 type probe struct {
@@ -48,11 +36,8 @@ type probe struct {
 
 // scan reads the probe's row.
 func (p *probe) scan(row pgx.Row) error {
-	var (
-		ref   *string
-		guard string
-	)
-	if err := row.Scan(&p.found, &p.fp, &ref, &p.syncCommit, &p.syncRep, &guard); err != nil {
+	var ref *string
+	if err := row.Scan(&p.found, &p.fp, &ref, &p.syncCommit, &p.syncRep); err != nil {
 		return err
 	}
 	if ref != nil {
@@ -61,49 +46,31 @@ func (p *probe) scan(row pgx.Row) error {
 	return nil
 }
 
-// queueProbe queues the probe of key on b (with the guard when guard),
-// read into p when b's results are closed. When the guard refuses, pgx
-// is told nothing of the failure's statements (see keepStatements).
-// Without lookup it reads only the settings (and guards them), and p
-// finds nothing: while duplicates are rare (the key's INSERT finds them,
-// and reading the key would cost every new key for nothing), and for
-// SERIALIZABLE transactions, in which reading the key would make
-// concurrent Applies of other keys conflict (a read of the index range
-// their key's INSERT writes) and fail with 40001.
-func queueProbe(b *pgx.Batch, scope string, key effects.Key, guard, lookup bool, p *probe) {
-	var qq *pgx.QueuedQuery
-	switch {
-	case lookup && guard:
-		qq = b.Queue(probeGuardSQL, scope, string(key))
-	case lookup:
-		qq = b.Queue(probeSQL, scope, string(key))
-	case guard:
-		qq = b.Queue(settingsGuardSQL)
-	default:
-		qq = b.Queue(settingsSQL)
-	}
-	qq.Fn = func(br pgx.BatchResults) error {
-		return keepStatements(b, p.scan(br.QueryRow()))
+// queueProbe queues the probe of key on b, read into p when b's results
+// are closed. An attempt probes only while duplicates are occasional (see
+// keyCheck), and never at SERIALIZABLE (probesKey).
+func queueProbe(b *pgx.Batch, scope string, key effects.Key, p *probe) {
+	b.Queue(probeSQL, scope, string(key)).Fn = func(br pgx.BatchResults) error {
+		return p.scan(br.QueryRow())
 	}
 }
 
-// settingsSQL and settingsGuardSQL are probeSQL and probeGuardSQL without
-// the lookup: the same columns, found always false.
-const (
-	settingsSQL      = settingsSelect + `''`
-	settingsGuardSQL = settingsSelect + commitGuardExpr
-	settingsSelect   = `SELECT false, NULL::bytea, NULL::text, current_setting('synchronous_commit'),
-	current_setting('synchronous_standby_names') <> '', `
-)
-
 // probesKey reports whether an attempt at isolation level iso may probe
-// the key in the round trip of its writes (see queueProbe).
+// the key in the round trip of its writes: not at SERIALIZABLE, where
+// reading the key would make concurrent Applies of other keys conflict (a
+// read of the index range their key's INSERT writes) and fail with 40001.
 func probesKey(iso pgx.TxIsoLevel) bool { return iso != pgx.Serializable }
 
-// queueKeyInsert queues the key's INSERT on b; when it finds the key taken,
-// pgx is told nothing of the failure's statements (see keepStatements).
-func queueKeyInsert(b *pgx.Batch, scope string, key effects.Key, fp []byte, ref string) {
-	qq := b.Queue(insertKeySQL, scope, string(key), fp, ref)
+// queueKeyInsert queues the key's INSERT on b, with the commit guard when
+// guard (guardedInsertKeySQL); when it finds the key taken, or the guard
+// refuses, pgx is told nothing of the failure's statements (see
+// keepStatements).
+func queueKeyInsert(b *pgx.Batch, scope string, key effects.Key, fp []byte, ref string, guard bool) {
+	sql := insertKeySQL
+	if guard {
+		sql = guardedInsertKeySQL
+	}
+	qq := b.Queue(sql, scope, string(key), fp, ref)
 	qq.Fn = func(br pgx.BatchResults) error {
 		_, err := br.Exec()
 		return keepStatements(b, err)

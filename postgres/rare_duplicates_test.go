@@ -3,10 +3,9 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
-
-	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
