@@ -188,7 +188,7 @@ func pipelinable(exec bool, args []any) bool {
 	return !exec // no arguments, or only rewriters
 }
 
-// Exec runs sql, with BEGIN and the guard if BEGIN has not run yet.
+// Exec runs sql, with BEGIN (and the probe) if BEGIN has not run yet.
 func (t *deferredTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if t.probe.found {
 		return pgconn.CommandTag{}, errKeyCommitted
@@ -214,7 +214,7 @@ func (t *deferredTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.
 	return tag, err
 }
 
-// Query runs sql, with BEGIN and the guard if BEGIN has not run yet. As
+// Query runs sql, with BEGIN (and the probe) if BEGIN has not run yet. As
 // with any pgx.Rows, the rows must be closed (or read to the end) before
 // the transaction is used again. On failure the rows carry the error too.
 func (t *deferredTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
@@ -248,7 +248,7 @@ func (t *deferredTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.
 	return &firstRow{rows: rows, err: err}
 }
 
-// SendBatch sends b, after BEGIN and the guard, in the same round trip, if
+// SendBatch sends b, after BEGIN (and the probe), in the same round trip, if
 // BEGIN has not run yet. A batch that begins a transaction is refused, as
 // pgx refuses it in one.
 func (t *deferredTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {

@@ -30,8 +30,9 @@ const insertLedgerReturning = `INSERT INTO ledger (event_id, amount) VALUES ($1,
 func ledgerRef(id int64) string { return "ledger:" + strconv.FormatInt(id, 10) }
 
 // writeShapes are the ways a write can use the pgx.Tx Apply gives it. BEGIN
-// and the commit guard go with the first Exec, Query, QueryRow or
-// SendBatch; any other method sends them first, on their own.
+// (and the probe, while duplicates are occasional) goes with the first
+// Exec, Query, QueryRow or SendBatch; any other method sends it first, on
+// its own. The commit guard is in the key's INSERT, after the write.
 var writeShapes = []writeShape{
 	{"QueryRow", 2, writeLedger},
 	{"Exec", 2, func(ctx context.Context, tx pgx.Tx, p payment) (string, error) {
@@ -372,7 +373,10 @@ func TestApplyWriteMisuse(t *testing.T) {
 		})
 	}
 
-	t.Run("a batch read after the guard refused", func(t *testing.T) {
+	// A write that reads its batch's rows ignoring their error, under
+	// unsafe settings: the refusal comes at the key's INSERT, after the
+	// write, and nothing is written.
+	t.Run("a write that ignores its batch's error is refused at the key's row", func(t *testing.T) {
 		async := newPool(t, url, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["synchronous_commit"] = "off" })
 		fx, err := postgres.New(async, "billing", func(ctx context.Context, tx pgx.Tx, p payment) (string, error) {
 			var b pgx.Batch
@@ -389,12 +393,16 @@ func TestApplyWriteMisuse(t *testing.T) {
 		if _, err := fx.Apply(testCtx(t), effects.MustKey("evt_batch_refused", "ledger"), payment{EventID: "evt_batch_refused", Amount: 1}); !errors.Is(err, postgres.ErrAsyncCommit) {
 			t.Fatalf("Apply = %v, want ErrAsyncCommit", err)
 		}
+		if n := rows(t, async, "evt_batch_refused"); n != 0 {
+			t.Fatalf("ledger rows = %d after ErrAsyncCommit, want 0", n)
+		}
 	})
 }
 
 // TestApplyDuplicateFoundByTheProbe: while duplicates are occasional, a
 // duplicate is found by the probe that travels with the write's first
-// statement (all of them for a pipelined Effect): it replays in two round trips, the write's next
+// statement (all of them for a pipelined Effect): it replays in two round
+// trips, the write's next
 // statement fails and nothing of the duplicate commits, and the
 // connection keeps its prepared statements, so the next new key costs
 // what a new key costs.

@@ -351,9 +351,10 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 }
 
 // attemptDeferred runs one attempt of New's Effect without looking its
-// key up first, in two round trips: BEGIN and the probe (with the commit
-// guard unless async commits are allowed) go with the write's first
-// statement (see deferredTx), and the key's row with COMMIT; a write that
+// key up first, in two round trips: BEGIN (and the probe when probeKey)
+// go with the write's first statement (see deferredTx), and the key's row
+// (with the commit guard unless async commits are allowed) with COMMIT; a
+// write that
 // runs no statement has all of it in one. A key the probe found committed
 // before (it looks only when probeKey) is replayed at once: the write's
 // next statement fails, and the attempt rolls back. A duplicate the probe
@@ -415,7 +416,7 @@ func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []
 
 // endFailed classifies err from the batch that ends an attempt with the
 // key's INSERT and COMMIT (and, for a pipelined Effect, queued, its writes
-// and, in its one-round-trip form, BEGIN and the commit guard before them).
+// and, in its one-round-trip form, BEGIN and the probe before them).
 // end rolls the transaction back, for a server that failed it and skipped
 // COMMIT. A key committed before the attempt or concurrently with it is
 // replayed at once (see replayIfCommitted). lookedFirst says whether the

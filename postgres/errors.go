@@ -28,9 +28,10 @@ import (
 // is not used for ack-after-commit, for example when a lost effect is
 // recovered by replaying the source from a position saved elsewhere.
 //
-// The settings are checked at no extra round trip. [Claim] checks them
-// with the claim statement itself, before the write runs, so a write that
-// runs SET LOCAL synchronous_commit = off after it is not caught: don't.
+// The settings are checked at no extra round trip. [Claim], [ClaimBatch]
+// and [ApplyBatch] check them with the claim statement itself, before the
+// write runs, so a write that runs SET LOCAL synchronous_commit = off
+// after it is not caught: don't.
 // [Effect.Apply] checks them in the key's INSERT, the statement just
 // before COMMIT, so it sees them as COMMIT will, a write's SET LOCAL
 // included (and, when it looks the key up first, before the write too).
