@@ -274,7 +274,7 @@ const insertKeySQL = `INSERT INTO effectively_keys (scope, key, fingerprint, ref
 
 // guardedInsertKeySQL is insertKeySQL that also fails, and with it the
 // transaction, when the commit settings make the COMMIT that follows it
-// unsafe to acknowledge (commitGuardExpr, ” when they are safe): the
+// unsafe to acknowledge (commitGuardExpr, empty when they are safe): the
 // check costs no statement of its own, and it sees the settings as
 // COMMIT will, after everything the write ran (a SET LOCAL
 // synchronous_commit = off in the write included).

@@ -133,10 +133,10 @@ func (q *queuedWrites) queueOn(b *pgx.Batch, began time.Time) (committed func())
 	}
 }
 
-// commitGuardExpr is ” when the commit settings make a commit safe to
-// acknowledge, and fails the statement, and with it the transaction, when
-// they do not (see ErrAsyncCommit; commitSettings.unsafeCommit says the
-// same): it casts a text that names the refusal to an integer, which
+// commitGuardExpr is the empty string when the commit settings make a
+// commit safe to acknowledge, and fails the statement, and with it the
+// transaction, when they do not (see ErrAsyncCommit;
+// commitSettings.unsafeCommit says the same): it casts a text that names the refusal to an integer, which
 // PostgreSQL rejects (22P02, invalid_text_representation). It costs
 // nothing more than reading the settings: no GUC is set. The key's INSERT
 // carries it (guardedInsertKeySQL), so the settings are checked in the
