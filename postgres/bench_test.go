@@ -102,6 +102,19 @@ func countWrites(c *pgxpool.Config, writes *atomic.Int64) {
 	}
 }
 
+// countingPool returns a pool of at most maxConns connections to url, and
+// the count of the writes on their sockets: one per round trip (see
+// countWrites).
+func countingPool(t testing.TB, url string, maxConns int32) (*pgxpool.Pool, *atomic.Int64) {
+	t.Helper()
+	var writes atomic.Int64
+	pool := newPool(t, url, func(c *pgxpool.Config) {
+		c.MaxConns = maxConns
+		countWrites(c, &writes)
+	})
+	return pool, &writes
+}
+
 // countingConn counts writes.
 type countingConn struct {
 	net.Conn

@@ -391,6 +391,9 @@ func (r *batchRows) Close() {
 	}
 	r.closed = true
 	r.Rows.Close()
+	// Keeps the batch's other statements (the probe's) prepared after a
+	// constraint failure; the failed statement itself pgx's Rows forget
+	// on any error.
 	keepStatements(r.b, r.Rows.Err()) //nolint:errcheck // Err reports it
 	r.closeErr = r.br.Close()
 }

@@ -120,11 +120,7 @@ var writeShapes = []writeShape{
 // is refused, writing nothing, under synchronous_commit = off.
 func TestApplyWriteShapes(t *testing.T) {
 	url := newDB(t)
-	var sends atomic.Int64 // writes on the wire: one per round trip
-	pool := newPool(t, url, func(c *pgxpool.Config) {
-		c.MaxConns = 1 // one connection, warmed by the first Apply of each shape
-		countWrites(c, &sends)
-	})
+	pool, sends := countingPool(t, url, 1) // one connection, warmed by the first Apply of each shape
 	async := newPool(t, url, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["synchronous_commit"] = "off" })
 	errAfter := errors.New("the write fails after its statements")
 	for i, shape := range writeShapes {
@@ -408,11 +404,7 @@ func TestApplyWriteMisuse(t *testing.T) {
 // what a new key costs.
 func TestApplyDuplicateFoundByTheProbe(t *testing.T) {
 	url := newDB(t)
-	var sends atomic.Int64 // writes on the wire: one per round trip
-	pool := newPool(t, url, func(c *pgxpool.Config) {
-		c.MaxConns = 1
-		countWrites(c, &sends)
-	})
+	pool, sends := countingPool(t, url, 1) // sends: one per round trip
 	// A unique index the duplicate's first statement runs into, as a
 	// duplicate's write often does.
 	mustExec(t, pool, `CREATE TABLE receipts (event_id text PRIMARY KEY)`)
@@ -506,11 +498,7 @@ func TestApplyDuplicateFoundByTheProbe(t *testing.T) {
 // first Apply's ref, and the ledger keeps one row.
 func TestApplyKeyCheckFollowsTheDuplicateRate(t *testing.T) {
 	url := newDB(t)
-	var sends atomic.Int64 // writes on the wire: one per round trip
-	pool := newPool(t, url, func(c *pgxpool.Config) {
-		c.MaxConns = 1
-		countWrites(c, &sends)
-	})
+	pool, sends := countingPool(t, url, 1) // sends: one per round trip
 	ctx := testCtx(t)
 	var calls atomic.Int64
 	fx := ledgerEffect(t, pool, &calls)

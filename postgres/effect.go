@@ -252,7 +252,7 @@ const opApply = "postgres.Apply"
 // one that looks its key up first is attempt's; a pipelined Effect's that
 // does not is one round trip (attemptPipelined); New's is two
 // (attemptDeferred). Those two probe the key with the write when check is
-// probeWithWrite (and the isolation level allows it: see queueProbe).
+// probeWithWrite (and the isolation level allows it: see probesKey).
 func (e *Effect[In]) attemptOnce(ctx context.Context, key effects.Key, fp []byte, in In, queued *queuedWrites, check keyCheck) (effects.Result, classified) {
 	probeKey := check == probeWithWrite && probesKey(e.txOptions.IsoLevel)
 	switch {
@@ -354,8 +354,7 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 // key up first, in two round trips: BEGIN (and the probe when probeKey)
 // go with the write's first statement (see deferredTx), and the key's row
 // (with the commit guard unless async commits are allowed) with COMMIT; a
-// write that
-// runs no statement has all of it in one. A key the probe found committed
+// write that runs no statement has all of it in one. A key the probe found committed
 // before (it looks only when probeKey) is replayed at once: the write's
 // next statement fails, and the attempt rolls back. A duplicate the probe
 // did not look for or did not see fails the key's INSERT, and is looked up
@@ -436,22 +435,20 @@ func (e *Effect[In]) endFailed(ctx context.Context, conn *pgx.Conn, end func(), 
 	switch {
 	case guardRefused(err):
 		return effects.Result{}, classified{err: asyncCommit(opApply, key)}
-	case keyTaken(err):
-		// The key was committed, before this attempt (if it did not look)
-		// or by a concurrent transaction: it replays, now or in the
-		// retry (which looks the key up first, unless this one did: then
-		// it is an ordinary retry, counted and delayed).
-		if res, c, ok := e.replayIfCommitted(ctx, conn, end, key, fp); ok {
-			return res, c
-		}
-		return effects.Result{}, classified{err: effects.Transient(opApply, key, err), retry: true, lookUp: !lookedFirst}
 	case serverError(err):
 		// A statement of the batch (a queued write, the key's row, one
 		// that failed because the write ignored an earlier failure) or
 		// COMMIT itself failed with an ERROR: nothing was committed. The
-		// key may have been committed meanwhile.
+		// key may have been committed, before this attempt (if it did not
+		// look) or by a concurrent transaction: it replays.
 		if res, c, ok := e.replayIfCommitted(ctx, conn, end, key, fp); ok {
 			return res, c
+		}
+		if keyTaken(err) {
+			// The lookup could not tell: the retry replays it (looking
+			// the key up first, unless this attempt did: then it is an
+			// ordinary retry, counted and delayed).
+			return effects.Result{}, classified{err: effects.Transient(opApply, key, err), retry: true, lookUp: !lookedFirst}
 		}
 		return effects.Result{}, classify(ctx, opApply, key, err, !queued, conn.IsClosed())
 	}

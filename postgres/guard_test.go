@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -145,8 +144,7 @@ func guardEffect(t *testing.T, pool *pgxpool.Pool, kind string, opts ...postgres
 func TestApplyCommitGuardKeepsStatements(t *testing.T) {
 	url := newDB(t)
 	for _, kind := range []string{"New", "Pipelined"} {
-		var sends atomic.Int64
-		pool := newPool(t, url, func(c *pgxpool.Config) { c.MaxConns = 1; countWrites(c, &sends) })
+		pool, sends := countingPool(t, url, 1)
 		fx := guardEffect(t, pool, kind)
 		ctx := testCtx(t)
 		apply := func(ev string, amount int64) (int64, error) {

@@ -52,16 +52,14 @@ type StatementsFunc[In any] func(ctx context.Context, key effects.Key, in In) (r
 // duplicates are rare (the pipeline, ROLLBACK, a lookup of the key), in
 // two while they are occasional, when a probe of the key travels after
 // BEGIN and its row, read before the failure, replays it (see
-// [Effect.Apply]); under
-// synchronous replication, one more for the replay barrier. While
-// duplicates are frequent (or with [WithLookupFirst]) it looks the key up
-// first, as New does: two round trips for a new key, two and no WAL for a
-// duplicate. A
-// pipeline that failed on a statement of the write makes pgx forget the
-// connection's prepared statements of it: the next Apply there prepares
-// them again, one round trip more (a duplicate's, or a refused setting's,
-// does not). The ref must be known before the writes run
-// (statements returns it). A statement that fails on the server fails the
+// [Effect.Apply]); under synchronous replication, one more for the replay
+// barrier. While duplicates are frequent (or with [WithLookupFirst]) it
+// looks the key up first, as New does: two round trips for a new key, two
+// and no WAL for a duplicate. A pipeline that failed on a statement of
+// the write makes pgx forget the connection's prepared statements of it:
+// the next Apply there prepares them again, one round trip more (a
+// duplicate's, or a refused setting's, does not). The ref must be known
+// before the writes run (statements returns it). A statement that fails on the server fails the
 // whole transaction and nothing is committed: put checks in SQL (a
 // constraint, a statement that raises), since nothing can read a result
 // before COMMIT. Everything else, the options, the errors, duplicates and
@@ -136,8 +134,9 @@ func (q *queuedWrites) queueOn(b *pgx.Batch, began time.Time) (committed func())
 // commitGuardExpr is the empty string when the commit settings make a
 // commit safe to acknowledge, and fails the statement, and with it the
 // transaction, when they do not (see ErrAsyncCommit;
-// commitSettings.unsafeCommit says the same): it casts a text that names the refusal to an integer, which
-// PostgreSQL rejects (22P02, invalid_text_representation). It costs
+// commitSettings.unsafeCommit says the same): it casts a text that names
+// the refusal to an integer, which PostgreSQL rejects (22P02,
+// invalid_text_representation). It costs
 // nothing more than reading the settings: no GUC is set. The key's INSERT
 // carries it (guardedInsertKeySQL), so the settings are checked in the
 // statement just before COMMIT, after everything the write ran.

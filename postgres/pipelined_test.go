@@ -38,11 +38,7 @@ func pipelinedLedger(t testing.TB, pool *pgxpool.Pool, calls *atomic.Int64, opts
 
 func TestNewPipelined(t *testing.T) {
 	url := newDB(t)
-	var sends atomic.Int64 // writes on the wire: one per round trip
-	pool := newPool(t, url, func(c *pgxpool.Config) {
-		c.MaxConns = 20
-		countWrites(c, &sends)
-	})
+	pool, sends := countingPool(t, url, 20) // sends: one per round trip
 	mustExec(t, pool, `CREATE TABLE audit (ref text PRIMARY KEY, amount bigint NOT NULL CHECK (amount >= 0))`)
 
 	t.Run("a new key applies once in one round trip and replays its ref", func(t *testing.T) {

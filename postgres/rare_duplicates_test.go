@@ -3,7 +3,6 @@ package postgres_test
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,8 +30,7 @@ func TestApplyRareDuplicateKeepsStatements(t *testing.T) {
 		extra int64 // round trips the next new key may take beyond a new key's
 	}{{"exec", 0}, {"batch", 0}, {"query", 1}} {
 		t.Run(tc.shape, func(t *testing.T) {
-			var sends atomic.Int64 // writes on the wire: one per round trip
-			pool := newPool(t, newDB(t), func(c *pgxpool.Config) { c.MaxConns = 1; countWrites(c, &sends) })
+			pool, sends := countingPool(t, newDB(t), 1) // sends: one per round trip
 			mustExec(t, pool, `CREATE TABLE receipts (event_id text PRIMARY KEY)`)
 			fx, err := postgres.New(pool, "billing", func(ctx context.Context, tx pgx.Tx, p payment) (string, error) {
 				const insert = `INSERT INTO receipts (event_id) VALUES ($1)`
