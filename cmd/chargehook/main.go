@@ -18,8 +18,14 @@
 //
 //	go run ./cmd/chargehook [-events 1000] [-seed 42] [-workers 8]
 //	    [-sender 0.05] [-sibling 0.05] [-crash 0.03] [-failover=true]
-//	    [-standby] [-v]
+//	    [-standby] [-noise] [-v]
 //	    [-cpuprofile FILE]
+//
+// -noise runs the naive handler on both sides instead: the same schedule
+// and kind of backends, in the same order. Their throughputs differ only
+// by what the machine did meanwhile, which shows how far apart the two
+// sides of a normal run can land on this machine for reasons other than
+// their handlers.
 //
 // DATABASE_URL runs on an existing server instead (with -failover=false);
 // KAFKA_BROKERS on an existing Kafka cluster. A progress bar goes to
@@ -29,7 +35,8 @@
 // once (one PaymentIntent, one ledger row), wrote every receipt once and
 // lost no event; 1 when it did not; 2 when the demo could not run. The
 // at-least-once steps (the Kafka event and the email) never fail the run:
-// their duplicates are reported next to their declared window.
+// their duplicates are reported next to their declared window. A -noise
+// run exits 0 when it could run.
 package main
 
 import (
@@ -67,6 +74,7 @@ func run(args []string, stdout, stderr *os.File) int {
 	fs.Float64Var(&cfg.Crash, "crash", cfg.Crash, "probability the worker crashes after the effects committed, before the ack")
 	fs.BoolVar(&cfg.Failover, "failover", cfg.Failover, "kill the PostgreSQL primary mid-run and promote its synchronous standby")
 	fs.BoolVar(&cfg.Standby, "standby", cfg.Standby, "with -failover=false: give each run's primary a synchronous standby anyway (what the standby costs each side)")
+	fs.BoolVar(&cfg.NaiveTwice, "noise", cfg.NaiveTwice, "run the naive handler on both sides, to see how far apart two runs of the same code land on this machine")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file; each side's goroutines are labelled side=naive or side=effectively-once (go tool pprof -tags)")
 	verbose := fs.Bool("v", false, "log the phases, and every failed attempt (effectively.dev/observe), to stderr")
 	if err := fs.Parse(args); err != nil {

@@ -85,7 +85,6 @@ package chargehook
 
 import (
 	"context"
-	"effectively.dev/internal/machine"
 	"fmt"
 	"log/slog"
 	"runtime/pprof"
@@ -100,6 +99,7 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/email/smtptest"
+	"effectively.dev/internal/machine"
 	"effectively.dev/kafka/kafkatest"
 	"effectively.dev/s3/s3test"
 	"effectively.dev/stripe/stripetest"
@@ -109,6 +109,8 @@ import (
 const (
 	NaiveName = "naive"
 	EOName    = "effectively-once"
+	// NaiveAgainName is the second side of a Config.NaiveTwice run.
+	NaiveAgainName = "naive again"
 )
 
 // env is what both runs share: the configuration and the schedule. Each
@@ -145,22 +147,31 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r.Scheduled.Sender, r.Scheduled.Sibling, r.Scheduled.Crash = e.sched.Count()
 	// Each side's goroutines carry a "side" profiler label, so a CPU
 	// profile of the run (chargehook -cpuprofile) splits by side.
-	pprof.Do(ctx, pprof.Labels("side", NaiveName), func(ctx context.Context) { r.Naive, err = e.runSide(ctx, NaiveName, nil) })
+	pprof.Do(ctx, pprof.Labels("side", NaiveName), func(ctx context.Context) { r.Naive, err = e.runSide(ctx, NaiveName, false, nil) })
 	if err != nil {
 		return nil, fmt.Errorf("naive run: %w", err)
 	}
-	pprof.Do(ctx, pprof.Labels("side", EOName), func(ctx context.Context) { r.EffectivelyOnce, err = e.runSide(ctx, EOName, &r.Contract) })
+	if cfg.NaiveTwice {
+		pprof.Do(ctx, pprof.Labels("side", NaiveAgainName), func(ctx context.Context) { r.NaiveAgain, err = e.runSide(ctx, NaiveAgainName, false, nil) })
+		if err != nil {
+			return nil, fmt.Errorf("second naive run: %w", err)
+		}
+		return r, nil
+	}
+	pprof.Do(ctx, pprof.Labels("side", EOName), func(ctx context.Context) { r.EffectivelyOnce, err = e.runSide(ctx, EOName, true, &r.Contract) })
 	if err != nil {
 		return nil, fmt.Errorf("effectively-once run: %w", err)
 	}
 	return r, nil
 }
 
-// runSide runs the whole pipeline once with one handler and counts.
-func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanContract) (*Side, error) {
+// runSide runs the whole pipeline once with one handler, the
+// effectively-once one if eoSide and the naive one if not, and counts.
+// name labels the side in the report and the logs.
+func (e *env) runSide(ctx context.Context, name string, eoSide bool, contract *effects.PlanContract) (*Side, error) {
 	cfg, sched := e.cfg, e.sched
 	tag := "naive"
-	if name == EOName {
+	if eoSide {
 		tag = "eo"
 	}
 	// Backends made for this run alone, stopped before the next run
@@ -234,7 +245,7 @@ func (e *env) runSide(ctx context.Context, name string, contract *effects.PlanCo
 		unrecord  atomic.Int64
 		drain     = func(context.Context) error { return nil }
 	)
-	if name == EOName {
+	if eoSide {
 		eo, err := newEffectivelyOnce(d, slog.New(countingHandler{&unrecord}))
 		if err != nil {
 			return nil, err

@@ -14,6 +14,21 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
+// runDemo runs the demo with cfg and logs its table, which it returns.
+func runDemo(t *testing.T, cfg chargehook.Config) (*chargehook.Report, *strings.Builder) {
+	t.Helper()
+	r, err := chargehook.Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := new(strings.Builder)
+	if err := r.WriteTable(table); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", table.String())
+	return r, table
+}
+
 // TestDemo runs the whole demo at a small size with every kind of fault,
 // a failover included, and holds both handlers to what the demo claims:
 // the effectively-once side charges each event exactly once, writes each
@@ -32,15 +47,7 @@ func TestDemo(t *testing.T) {
 	if sender == 0 || sibling == 0 || crash == 0 {
 		t.Fatalf("seed %d schedules %d sender retries, %d sibling retries, %d crashes: pick a seed with every fault", cfg.Seed, sender, sibling, crash)
 	}
-	r, err := chargehook.Run(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var table strings.Builder
-	if err := r.WriteTable(&table); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("\n%s", table.String())
+	r, table := runDemo(t, cfg)
 
 	eo, naive := r.EffectivelyOnce, r.Naive
 	t.Run("every fault happened", func(t *testing.T) {
@@ -146,6 +153,62 @@ func TestDemo(t *testing.T) {
 	})
 }
 
+// TestNaiveTwice runs the naive handler on both sides (cmd/chargehook
+// -noise): both runs go through the naive handler on backends of their
+// own, and the report compares their throughputs without claiming a
+// contract.
+func TestNaiveTwice(t *testing.T) {
+	if os.Getenv("DATABASE_URL") != "" {
+		t.Skip("running the naive handler twice needs the demo's own throwaway clusters; DATABASE_URL is set")
+	}
+	cfg := chargehook.Config{
+		Events: 120, Workers: 4, Seed: 7,
+		Sender: 0.1, Sibling: 0.15, Crash: 0.05,
+		NaiveTwice: true,
+		Timeout:    5 * time.Minute,
+		Log:        t.Logf,
+	}
+	r, table := runDemo(t, cfg)
+	if r.EffectivelyOnce != nil || r.NaiveAgain == nil {
+		t.Fatalf("effectively-once side %v, second naive side %v; want only the second naive side", r.EffectivelyOnce, r.NaiveAgain)
+	}
+	for _, s := range []*chargehook.Side{r.Naive, r.NaiveAgain} {
+		// The naive handler writes a ledger row per attempt that got that
+		// far, so at least one per event; its seen-table read absorbs the
+		// duplicates that come after the mark.
+		if s.LedgerRows < cfg.Events || s.Lost != 0 {
+			t.Errorf("%s: %d ledger rows for %d events, %d lost", s.Handler, s.LedgerRows, cfg.Events, s.Lost)
+		}
+		n := 0
+		for _, k := range s.Deliveries {
+			n += k
+		}
+		if n < cfg.Events {
+			t.Errorf("%s: %d deliveries for %d events", s.Handler, n, cfg.Events)
+		}
+		if s.Throughput(cfg.Events) <= 0 || s.Timeline != 1 {
+			t.Errorf("%s: throughput %.0f events/s, timeline %d; want a measured run on a primary of its own", s.Handler, s.Throughput(cfg.Events), s.Timeline)
+		}
+	}
+	if r.NaiveAgain.Handler != chargehook.NaiveAgainName || r.Naive.Handler != chargehook.NaiveName {
+		t.Errorf("sides %q and %q", r.Naive.Handler, r.NaiveAgain.Handler)
+	}
+	if v := r.Violations(); v != nil {
+		t.Errorf("violations %v: a run without the effectively-once side has no contract to break", v)
+	}
+	out := table.String()
+	for _, want := range []string{"naive again", "throughput (events/s)", "times the first's"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	for _, unwanted := range []string{"effectively-once", "Contract", "OK:"} {
+		if strings.Contains(out, unwanted) {
+			t.Errorf("table mentions %q, but no effectively-once side ran:\n%s", unwanted, out)
+		}
+	}
+}
+
 func TestScheduleIsSeeded(t *testing.T) {
 	cfg := chargehook.DefaultConfig()
 	a, b := chargehook.NewSchedule(cfg), chargehook.NewSchedule(cfg)
@@ -175,6 +238,7 @@ func TestConfigValidate(t *testing.T) {
 		{Events: 1, Workers: 1, Sender: -0.1},
 		{Events: 1, Workers: 1, Failover: true, DatabaseURL: "postgres://elsewhere/db"},
 		{Events: 1, Workers: 1, Standby: true, DatabaseURL: "postgres://elsewhere/db"},
+		{Events: 1, Workers: 1, NaiveTwice: true, DatabaseURL: "postgres://elsewhere/db"},
 	}
 	for _, c := range bad {
 		if err := c.Validate(); err == nil {

@@ -44,6 +44,15 @@ type Config struct {
 	// Failover there is always one.)
 	Standby bool
 
+	// NaiveTwice runs the naive handler on both sides, the second in
+	// place of the effectively-once handler: the same schedule, backends
+	// made alike and the same order as a normal run. The two throughputs
+	// then differ only by what the machine did meanwhile, which shows how
+	// far apart a normal run's two sides can land for reasons other than
+	// their handlers (cmd/chargehook -noise). It needs the demo's own
+	// clusters.
+	NaiveTwice bool
+
 	// DatabaseURL, if set, runs on that server instead of throwaway
 	// clusters; Failover is then impossible and must be off. The demo
 	// creates its own tables there (names starting with chargehook_).
@@ -98,6 +107,9 @@ func (c Config) Validate() error {
 	}
 	if c.Standby && c.DatabaseURL != "" {
 		errs = append(errs, errors.New("a standby needs the demo's own primary: unset DATABASE_URL or turn the standby off"))
+	}
+	if c.NaiveTwice && c.DatabaseURL != "" {
+		errs = append(errs, errors.New("running the naive handler twice needs the demo's own clusters (on one server the second run would find the first's rows): unset DATABASE_URL"))
 	}
 	if c.Timeout < 0 {
 		errs = append(errs, fmt.Errorf("negative timeout %v", c.Timeout))

@@ -104,7 +104,10 @@ type Report struct {
 	// Scheduled counts the events the schedule hits with each fault.
 	Scheduled struct{ Sender, Sibling, Crash int }
 	// Naive and EffectivelyOnce are what each handler did.
+	// EffectivelyOnce is nil after a Config.NaiveTwice run, whose second
+	// naive side is NaiveAgain.
 	Naive, EffectivelyOnce *Side
+	NaiveAgain             *Side
 	// Contract is the effectively-once plan's composite contract.
 	Contract effects.PlanContract
 }
@@ -117,6 +120,9 @@ type Report struct {
 // them next to their declared window.
 func (r *Report) Violations() []string {
 	s := r.EffectivelyOnce
+	if s == nil { // a Config.NaiveTwice run: no contract to break
+		return nil
+	}
 	var v []string
 	if s.DoubleCharged > 0 {
 		v = append(v, fmt.Sprintf("%d events charged twice (more than one PaymentIntent)", s.DoubleCharged))
@@ -136,10 +142,20 @@ func (r *Report) Violations() []string {
 // WriteTable prints the report.
 func (r *Report) WriteTable(out io.Writer) error {
 	n, e := r.Naive, r.EffectivelyOnce
+	if r.NaiveAgain != nil {
+		e = r.NaiveAgain
+	}
 	b := &strings.Builder{}
 	fmt.Fprintf(b, "chargehook: %d events, seed %d, %d concurrent handlers, %s\n", r.Events, r.Seed, r.Workers, r.Database)
 	fmt.Fprintf(b, "faults scheduled: sender retry %d (%.0f%%), sibling retry %d (%.0f%%), crash before ack %d (%.0f%%), failover: %s\n\n",
 		r.Scheduled.Sender, 100*r.Sender, r.Scheduled.Sibling, 100*r.Sibling, r.Scheduled.Crash, 100*r.Crash, failoverText(r, n, e))
+	if r.NaiveAgain != nil {
+		if err := writeNoise(b, r.Events, n, e); err != nil {
+			return err
+		}
+		_, err := io.WriteString(out, b.String())
+		return err
+	}
 
 	w := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
 	row := func(name string, a, c any, note ...string) {
@@ -229,8 +245,35 @@ func failoverText(r *Report, n, e *Side) string {
 	case !r.Failover:
 		return "off"
 	}
-	return fmt.Sprintf("primary killed after %d events (naive: %v to promotion, effectively-once: %v)",
-		n.FailoverAt, n.Failover.Round(time.Millisecond), e.Failover.Round(time.Millisecond))
+	return fmt.Sprintf("primary killed after %d events (%s: %v to promotion, %s: %v)",
+		n.FailoverAt, n.Handler, n.Failover.Round(time.Millisecond), e.Handler, e.Failover.Round(time.Millisecond))
+}
+
+// writeNoise prints a Config.NaiveTwice run: what each run of the naive
+// handler did, and how far apart their throughputs landed.
+func writeNoise(b *strings.Builder, events int, n, a *Side) error {
+	w := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
+	row := func(name string, x, y any, note ...string) {
+		fmt.Fprintf(w, "%s\t%v\t%v\t%s\n", name, x, y, strings.Join(note, " "))
+	}
+	fmt.Fprintf(w, "\t%s\t%s\t\n", n.Handler, a.Handler)
+	row("events", events, events)
+	row("deliveries to the worker", sum(n.Deliveries), sum(a.Deliveries))
+	row("ledger rows", n.LedgerRows, a.LedgerRows)
+	row("double charges: >1 PaymentIntent", n.DoubleCharged, a.DoubleCharged, "events")
+	row("throughput (events/s)", fmt.Sprintf("%.0f", n.Throughput(events)), fmt.Sprintf("%.0f", a.Throughput(events)))
+	row("machine CPU per event", perEvent(n.MachineCPU, events), perEvent(a.MachineCPU, events), "(every process, PostgreSQL included)")
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	ratio := 0.0
+	if t := n.Throughput(events); t > 0 {
+		ratio = a.Throughput(events) / t
+	}
+	fmt.Fprintf(b, "\nThe same handler, schedule and kind of backends twice, in the order a normal run uses: the second run's\n"+
+		"throughput is %.2f times the first's. Only the machine differed: a normal run's two sides can differ this much\n"+
+		"for reasons other than their handlers.\n", ratio)
+	return nil
 }
 
 // window says, for an at-least-once step, that its duplicates are
