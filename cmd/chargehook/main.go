@@ -75,7 +75,7 @@ func run(args []string, stdout, stderr *os.File) int {
 	fs.BoolVar(&cfg.Failover, "failover", cfg.Failover, "kill the PostgreSQL primary mid-run and promote its synchronous standby")
 	fs.BoolVar(&cfg.Standby, "standby", cfg.Standby, "with -failover=false: give each run's primary a synchronous standby anyway (what the standby costs each side)")
 	fs.BoolVar(&cfg.NaiveTwice, "noise", cfg.NaiveTwice, "run the naive handler on both sides, to see how far apart two runs of the same code land on this machine")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file; each side's goroutines are labelled side=naive or side=effectively-once (go tool pprof -tags)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file; each side's goroutines are labelled side=naive or side=effectively-once (side=naive again with -noise; go tool pprof -tags)")
 	verbose := fs.Bool("v", false, "log the phases, and every failed attempt (effectively.dev/observe), to stderr")
 	if err := fs.Parse(args); err != nil {
 		return 2
