@@ -34,8 +34,8 @@ func (writeTx) Rollback(context.Context) error { return errWriteEndedTx }
 
 // deferredTx is the pgx.Tx that Apply hands a write when it does not look
 // the key up first. BEGIN, and the probe of the key while duplicates are
-// occasional (probeSQL), are not sent in a round trip of their own: they go in
-// one pipeline with the write's first statement (Exec with arguments,
+// occasional (probeSQL), are not sent in a round trip of their own: they
+// go in one pipeline with the write's first statement (Exec with arguments,
 // Query, QueryRow or SendBatch), or, if the write runs none, with the
 // key's row and COMMIT. When the probe finds the key committed before,
 // that statement and every later one fail with errKeyCommitted, and

@@ -121,7 +121,7 @@ var writeShapes = []writeShape{
 func TestApplyWriteShapes(t *testing.T) {
 	url := newDB(t)
 	pool, sends := countingPool(t, url, 1) // one connection, warmed by the first Apply of each shape
-	async := newPool(t, url, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["synchronous_commit"] = "off" })
+	async := asyncPool(t, url)
 	errAfter := errors.New("the write fails after its statements")
 	for i, shape := range writeShapes {
 		for _, lookup := range []bool{false, true} {
@@ -373,7 +373,7 @@ func TestApplyWriteMisuse(t *testing.T) {
 	// unsafe settings: the refusal comes at the key's INSERT, after the
 	// write, and nothing is written.
 	t.Run("a write that ignores its batch's error is refused at the key's row", func(t *testing.T) {
-		async := newPool(t, url, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["synchronous_commit"] = "off" })
+		async := asyncPool(t, url)
 		fx, err := postgres.New(async, "billing", func(ctx context.Context, tx pgx.Tx, p payment) (string, error) {
 			var b pgx.Batch
 			b.Queue(insertLedgerReturning, p.EventID, p.Amount)
@@ -398,10 +398,9 @@ func TestApplyWriteMisuse(t *testing.T) {
 // TestApplyDuplicateFoundByTheProbe: while duplicates are occasional, a
 // duplicate is found by the probe that travels with the write's first
 // statement (all of them for a pipelined Effect): it replays in two round
-// trips, the write's next
-// statement fails and nothing of the duplicate commits, and the
-// connection keeps its prepared statements, so the next new key costs
-// what a new key costs.
+// trips, the write's next statement fails and nothing of the duplicate
+// commits, and the connection keeps its prepared statements, so the next
+// new key costs what a new key costs.
 func TestApplyDuplicateFoundByTheProbe(t *testing.T) {
 	url := newDB(t)
 	pool, sends := countingPool(t, url, 1) // sends: one per round trip
@@ -491,10 +490,10 @@ func TestApplyDuplicateFoundByTheProbe(t *testing.T) {
 // before follows how many of its recent Applies were duplicates. While
 // they are rare, only by the key's INSERT: a new key pays no probe, and a
 // duplicate runs its write, fails at the key's row, rolls back and is
-// looked up (four round trips). From one in sixteen (five duplicates in a row) a probe travels
-// with the write and a duplicate replays in two; from one in four
-// (nineteen) the key is looked up first and a duplicate runs no write. A
-// run of new keys turns the probe off again. Every duplicate replays the
+// looked up (four round trips). From one in sixteen (five duplicates in a
+// row) a probe travels with the write and a duplicate replays in two;
+// from one in four (nineteen) the key is looked up first and a duplicate
+// runs no write. A run of new keys turns the probe off again. Every duplicate replays the
 // first Apply's ref, and the ledger keeps one row.
 func TestApplyKeyCheckFollowsTheDuplicateRate(t *testing.T) {
 	url := newDB(t)

@@ -37,8 +37,8 @@
 // What it costs: Apply on a new key takes two round trips, one fewer than
 // a plain BEGIN/INSERT/COMMIT (BEGIN travels with the write's first
 // statement, the key's INSERT, which also checks the commit settings,
-// with COMMIT; the key's primary key finds a duplicate). How early it looks for
-// duplicates follows how many it has seen lately: while they are
+// with COMMIT; the key's primary key finds a duplicate). How early it
+// looks for duplicates follows how many it has seen lately: while they are
 // occasional (one Apply in sixteen) a probe of the key travels with the
 // write and replays a duplicate without a round trip more, and while they
 // are frequent (one in four, a replay storm) it looks keys up first, so

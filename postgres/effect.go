@@ -354,11 +354,11 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 // key up first, in two round trips: BEGIN (and the probe when probeKey)
 // go with the write's first statement (see deferredTx), and the key's row
 // (with the commit guard unless async commits are allowed) with COMMIT; a
-// write that runs no statement has all of it in one. A key the probe found committed
-// before (it looks only when probeKey) is replayed at once: the write's
-// next statement fails, and the attempt rolls back. A duplicate the probe
-// did not look for or did not see fails the key's INSERT, and is looked up
-// after the rollback (endFailed).
+// write that runs no statement has all of it in one. A key the probe
+// found committed before (it looks only when probeKey) is replayed at
+// once: the write's next statement fails, and the attempt rolls back. A
+// duplicate the probe did not look for or did not see fails the key's
+// INSERT, and is looked up after the rollback (endFailed).
 func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []byte, in In, probeKey bool) (effects.Result, classified) {
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {

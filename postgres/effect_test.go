@@ -39,6 +39,13 @@ func rows(t testing.TB, pool *pgxpool.Pool, eventID string) int {
 	return count(t, pool, `SELECT count(*) FROM ledger WHERE event_id = $1`, eventID)
 }
 
+// keyRowsNaming counts the rows of effectively_keys whose key contains
+// eventID, in any scope and for any step (keyRows counts one key's).
+func keyRowsNaming(t testing.TB, pool *pgxpool.Pool, eventID string) int {
+	t.Helper()
+	return count(t, pool, `SELECT count(*) FROM effectively_keys WHERE key LIKE $1`, "%"+eventID+"%")
+}
+
 func TestEffectContract(t *testing.T) {
 	pool := newPool(t, newDB(t), nil)
 	c := ledgerEffect(t, pool, nil).Contract()
@@ -532,7 +539,7 @@ func testApplyLostReplyAtEveryRoundTrip(t *testing.T, opts ...postgres.Option) {
 
 func TestApplyRefusesAsyncCommit(t *testing.T) {
 	url := newDB(t)
-	pool := newPool(t, url, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["synchronous_commit"] = "off" })
+	pool := asyncPool(t, url)
 	ctx := testCtx(t)
 	var calls atomic.Int64
 	key := effects.MustKey("evt_async", "ledger")
@@ -572,23 +579,17 @@ func TestApplyRefusesAsyncCommitSetByTheWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pipelined, err := postgres.NewPipelined(pool, "billing", func(_ context.Context, _ effects.Key, p payment) (string, []postgres.Statement, error) {
-		return "ledger:" + p.EventID, []postgres.Statement{
-			{SQL: `INSERT INTO ledger (event_id, amount) VALUES ($1, $2)`, Args: []any{p.EventID, p.Amount}},
-			{SQL: setOff},
-		}, nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The ledger row, then SET LOCAL synchronous_commit = off, for a
+	// negative amount.
+	pipelined := guardEffect(t, pool, "Pipelined")
 	ctx := testCtx(t)
 	for name, fx := range map[string]*postgres.Effect[payment]{"New": plain, "NewPipelined": pipelined} {
 		event := "evt_set_off_" + name
-		_, err := fx.Apply(ctx, effects.MustKey(event, "ledger"), payment{EventID: event, Amount: 1})
+		_, err := fx.Apply(ctx, effects.MustKey(event, "ledger"), payment{EventID: event, Amount: -1})
 		if !errors.Is(err, postgres.ErrAsyncCommit) {
 			t.Errorf("%s: Apply of a write that sets synchronous_commit off = %v; want ErrAsyncCommit", name, err)
 		}
-		if k, l := count(t, pool, `SELECT count(*) FROM effectively_keys WHERE key LIKE $1`, "%"+event+"%"), rows(t, pool, event); k != 0 || l != 0 {
+		if k, l := keyRowsNaming(t, pool, event), rows(t, pool, event); k != 0 || l != 0 {
 			t.Errorf("%s: keys = %d, ledger rows = %d; want nothing written", name, k, l)
 		}
 	}

@@ -97,6 +97,14 @@ func newPool(t testing.TB, url string, configure func(*pgxpool.Config)) *pgxpool
 	return pool
 }
 
+// asyncPool returns a pool to url whose sessions run with
+// synchronous_commit = off: the settings under which an acknowledged
+// commit can be lost, which Apply refuses (ErrAsyncCommit).
+func asyncPool(t testing.TB, url string) *pgxpool.Pool {
+	t.Helper()
+	return newPool(t, url, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["synchronous_commit"] = "off" })
+}
+
 // count runs a SELECT count(*) query.
 func count(t testing.TB, db interface {
 	QueryRow(context.Context, string, ...any) pgx.Row

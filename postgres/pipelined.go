@@ -59,10 +59,10 @@ type StatementsFunc[In any] func(ctx context.Context, key effects.Key, in In) (r
 // the write makes pgx forget the connection's prepared statements of it:
 // the next Apply there prepares them again, one round trip more (a
 // duplicate's, or a refused setting's, does not). The ref must be known
-// before the writes run (statements returns it). A statement that fails on the server fails the
-// whole transaction and nothing is committed: put checks in SQL (a
-// constraint, a statement that raises), since nothing can read a result
-// before COMMIT. Everything else, the options, the errors, duplicates and
+// before the writes run (statements returns it). A statement that fails
+// on the server fails the whole transaction and nothing is committed: put
+// checks in SQL (a constraint, a statement that raises), since nothing
+// can read a result before COMMIT. Everything else, the options, the errors, duplicates and
 // retries, is as for [New]. It returns an [*effects.ConfigError] where New
 // does, and if statements is nil.
 func NewPipelined[In any](pool *pgxpool.Pool, scope string, statements StatementsFunc[In], opts ...Option) (*Effect[In], error) {

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/effects"
 	"effectively.dev/postgres"
@@ -139,7 +138,7 @@ func TestApplyKeyTakenElsewhereGivesUp(t *testing.T) {
 func TestApplyReplayAfterAFailedWriteChecksCommitSettings(t *testing.T) {
 	url := newDB(t)
 	safe := newPool(t, url, nil)
-	unsafe := newPool(t, url, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["synchronous_commit"] = "off" })
+	unsafe := asyncPool(t, url)
 	ctx := testCtx(t)
 	key := effects.MustKey("evt_unsafe", "ledger")
 	if _, err := ledgerEffect(t, safe, nil).Apply(ctx, key, payment{EventID: "evt_unsafe", Amount: 1}); err != nil {

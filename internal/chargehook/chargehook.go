@@ -124,8 +124,9 @@ type env struct {
 // Run starts the embedded backends, runs the schedule drawn from cfg
 // through the naive handler and then through the effectively-once
 // handler (with Config.NaiveTwice, through the naive handler again),
-// counts the effects in the backends, and stops everything it started. An error means the demo could not run; what the handlers did
-// wrong is in the Report.
+// counts the effects in the backends, and stops everything it started.
+// An error means the demo could not run; what the handlers did wrong is
+// in the Report.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err

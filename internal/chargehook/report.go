@@ -157,11 +157,7 @@ func (r *Report) WriteTable(out io.Writer) error {
 		return err
 	}
 
-	w := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
-	row := func(name string, a, c any, note ...string) {
-		fmt.Fprintf(w, "%s\t%v\t%v\t%s\n", name, a, c, strings.Join(note, " "))
-	}
-	fmt.Fprintf(w, "\tnaive\teffectively-once\t\n")
+	w, row := sideBySide(b, NaiveName, EOName)
 	row("events", r.Events, r.Events)
 	row("webhook POSTs (processor)", n.Sent, e.Sent)
 	row("  replies lost, resent", n.SenderRetries, e.SenderRetries)
@@ -249,14 +245,21 @@ func failoverText(r *Report, n, e *Side) string {
 		n.FailoverAt, n.Handler, n.Failover.Round(time.Millisecond), e.Handler, e.Failover.Round(time.Millisecond))
 }
 
+// sideBySide starts a table of two sides' figures on b, under a header
+// that names them, and returns it with the function that adds a row: a
+// name, each side's figure and an optional note.
+func sideBySide(b *strings.Builder, left, right string) (*tabwriter.Writer, func(name string, l, r any, note ...string)) {
+	w := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "\t%s\t%s\t\n", left, right)
+	return w, func(name string, l, r any, note ...string) {
+		fmt.Fprintf(w, "%s\t%v\t%v\t%s\n", name, l, r, strings.Join(note, " "))
+	}
+}
+
 // writeNoise prints a Config.NaiveTwice run: what each run of the naive
 // handler did, and how far apart their throughputs landed.
 func writeNoise(b *strings.Builder, events int, n, a *Side) error {
-	w := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
-	row := func(name string, x, y any, note ...string) {
-		fmt.Fprintf(w, "%s\t%v\t%v\t%s\n", name, x, y, strings.Join(note, " "))
-	}
-	fmt.Fprintf(w, "\t%s\t%s\t\n", n.Handler, a.Handler)
+	w, row := sideBySide(b, n.Handler, a.Handler)
 	row("events", events, events)
 	row("deliveries to the worker", sum(n.Deliveries), sum(a.Deliveries))
 	row("ledger rows", n.LedgerRows, a.LedgerRows)
