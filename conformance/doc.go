@@ -1,6 +1,6 @@
 // Package conformance is the shared test suite that holds code to its
 // word under injected faults: every adapter to its declared
-// [effects.Contract] ([Run]), every [effects.Journal] to the journal
+// [effects.Contract] ([Run]), every [journal.Journal] to the journal
 // protocol ([RunJournal]) and every [effects.Source] to "side effect
 // first, then ack" ([RunSource]). A declaration the suite cannot check is
 // reported as not verified, never as passed.
@@ -89,7 +89,7 @@
 // harness publishes messages and opens consumers that join one group:
 //
 //	conformance.RunJournal(t, "myjournal", func(t testing.TB) conformance.JournalHarness {
-//		return &journalHarness{url: newDatabase(t)} // Open(ctx, faults) (effects.Journal, close, error)
+//		return &journalHarness{url: newDatabase(t)} // Open(ctx, faults) (journal.Journal, close, error)
 //	})
 //	conformance.RunSource(t, "mysource", func(t testing.TB) conformance.SourceHarness {
 //		return &sourceHarness{topic: newTopic(t)} // Publish(ctx, n), Open(ctx, faults)

@@ -10,10 +10,12 @@ import (
 	"time"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
+	"effectively.dev/effects/retry"
 )
 
 // JournalHarness connects the journal suite ([RunJournal]) to one
-// [effects.Journal] implementation and its backend. A [Restarter] harness
+// [journal.Journal] implementation and its backend. A [Restarter] harness
 // also runs the backend-restart scenario.
 type JournalHarness interface {
 	// Open returns a new instance of the journal over the harness's
@@ -21,7 +23,7 @@ type JournalHarness interface {
 	// connection through f (a journal held in process memory ignores f).
 	// Instances of one harness share the backend: what one records, the
 	// others read. close releases the instance.
-	Open(ctx context.Context, f *Faults) (j effects.Journal, close func(), err error)
+	Open(ctx context.Context, f *Faults) (j journal.Journal, close func(), err error)
 }
 
 // JournalMaker returns a fresh JournalHarness (a fresh backend, or a fresh
@@ -41,7 +43,6 @@ const (
 	JournalCrashedHolder  = "crashed-holder"
 	JournalBackendRestart = "backend-restart"
 	JournalLookupMarkDone = "lookup-mark-done"
-	JournalCompleteAll    = "complete-all"
 )
 
 // holdLease is the lease the journal suite takes when it must not expire
@@ -51,18 +52,17 @@ const holdLease = time.Minute
 func journalTable() []scenario[JournalHarness] {
 	type s = jscene
 	return []scenario[JournalHarness]{
-		{JournalLease, nil, journal((*s).lease)},
-		{JournalLeaseExpiry, nil, journal((*s).leaseExpiry)},
-		{JournalFencing, nil, journal((*s).fencing)},
-		{JournalFirstRef, nil, journal((*s).firstRef)},
-		{JournalKeyReuse, nil, journal((*s).keyReuse)},
-		{JournalInvalidKeys, nil, journal((*s).invalidKeys)},
-		{JournalDistinctKeys, nil, journal((*s).distinctKeys)},
-		{JournalConcurrent, nil, journal((*s).concurrent)},
-		{JournalCrashedHolder, nil, journal((*s).crashedHolder)},
-		{JournalBackendRestart, []capability{capRestarter}, journal((*s).restart)},
-		{JournalLookupMarkDone, nil, journal((*s).lookupMarkDone)},
-		{JournalCompleteAll, nil, journal((*s).completeAll)},
+		{JournalLease, nil, jscenario((*s).lease)},
+		{JournalLeaseExpiry, nil, jscenario((*s).leaseExpiry)},
+		{JournalFencing, nil, jscenario((*s).fencing)},
+		{JournalFirstRef, nil, jscenario((*s).firstRef)},
+		{JournalKeyReuse, nil, jscenario((*s).keyReuse)},
+		{JournalInvalidKeys, nil, jscenario((*s).invalidKeys)},
+		{JournalDistinctKeys, nil, jscenario((*s).distinctKeys)},
+		{JournalConcurrent, nil, jscenario((*s).concurrent)},
+		{JournalCrashedHolder, nil, jscenario((*s).crashedHolder)},
+		{JournalBackendRestart, []capability{capRestarter}, jscenario((*s).restart)},
+		{JournalLookupMarkDone, nil, jscenario((*s).lookupMarkDone)},
 	}
 }
 
@@ -75,14 +75,10 @@ var JournalScenarios = names(journalTable())
 // first reference and refusing a key never begun, key reuse, invalid and distinct keys, concurrent Begins
 // (of a new key and of an expired lease), a lease holder that crashed,
 // and a backend restart when the harness can do one; for a journal that
-// implements [effects.DoneJournal], Lookup and MarkDone (a key marked
+// implements [journal.DoneJournal], Lookup and MarkDone (a key marked
 // done without Begin, the first reference kept, key reuse refused by both,
 // a pending record completed and its lease dropped; "not run" for a
-// journal without them); for an [effects.BatchJournal], CompleteAll
-// (every completion of a mixed batch answered and written as its own
-// call would be, overlapping batches from two instances at once). Each
-// scenario is a
-// subtest of t; every failed check fails t. The report is returned and,
+// journal without them). Each scenario is a subtest of t; every failed check fails t. The report is returned and,
 // with CONFORMANCE_REPORT set, written for the matrix.
 func RunJournal(t *testing.T, name string, mk JournalMaker, opts ...Option) Report {
 	t.Helper()
@@ -96,7 +92,7 @@ func EvaluateJournal(t *testing.T, name string, mk JournalMaker, opts ...Option)
 	return runSuite(t, "conformance.EvaluateJournal", suiteJournal, name, journalTable(), mk, opts, false, nil)
 }
 
-func journal(fn func(s *jscene)) func(c *checker, h JournalHarness) {
+func jscenario(fn func(s *jscene)) func(c *checker, h JournalHarness) {
 	return func(c *checker, h JournalHarness) { fn(&jscene{checker: c, h: h}) }
 }
 
@@ -108,7 +104,7 @@ type jscene struct {
 
 // jinst is one journal instance: a process, to the suite.
 type jinst struct {
-	j     effects.Journal
+	j     journal.Journal
 	f     *Faults
 	close func()
 	done  bool
@@ -145,36 +141,23 @@ func (s *jscene) key(parts ...string) effects.Key {
 
 var fp1, fp2 = []byte("fingerprint-1"), []byte("fingerprint-2")
 
-func (s *jscene) begin(i *jinst, key effects.Key, fp []byte, lease time.Duration) (effects.Record, error) {
-	return timed(s.checker, i.f, 0, fmt.Sprintf("Begin(%s) on instance %s", shortKey(key), i.name), func(ctx context.Context) (effects.Record, error) {
+func (s *jscene) begin(i *jinst, key effects.Key, fp []byte, lease time.Duration) (journal.Record, error) {
+	return timed(s.checker, i.f, 0, fmt.Sprintf("Begin(%s) on instance %s", shortKey(key), i.name), func(ctx context.Context) (journal.Record, error) {
 		return i.j.Begin(ctx, key, fp, lease)
 	})
 }
 
-func (s *jscene) lookup(i *jinst, key effects.Key, fp []byte) (effects.Record, error) {
-	return timed(s.checker, i.f, 0, fmt.Sprintf("Lookup(%s) on instance %s", shortKey(key), i.name), func(ctx context.Context) (effects.Record, error) {
-		return i.j.(effects.DoneJournal).Lookup(ctx, key, fp)
+func (s *jscene) lookup(i *jinst, key effects.Key, fp []byte) (journal.Record, error) {
+	return timed(s.checker, i.f, 0, fmt.Sprintf("Lookup(%s) on instance %s", shortKey(key), i.name), func(ctx context.Context) (journal.Record, error) {
+		return i.j.(journal.DoneJournal).Lookup(ctx, key, fp)
 	})
 }
 
 func (s *jscene) markDone(i *jinst, key effects.Key, fp []byte, ref string) error {
 	_, err := timed(s.checker, i.f, 0, fmt.Sprintf("MarkDone(%s) on instance %s", shortKey(key), i.name), func(ctx context.Context) (struct{}, error) {
-		return struct{}{}, i.j.(effects.DoneJournal).MarkDone(ctx, key, fp, ref)
+		return struct{}{}, i.j.(journal.DoneJournal).MarkDone(ctx, key, fp, ref)
 	})
 	return err
-}
-
-func (s *jscene) completeAllOn(i *jinst, cs []effects.Completion) []error {
-	errs, err := timed(s.checker, i.f, 0, fmt.Sprintf("CompleteAll(%d completions) on instance %s", len(cs), i.name), func(ctx context.Context) ([]error, error) {
-		return i.j.(effects.BatchJournal).CompleteAll(ctx, cs), nil
-	})
-	if err != nil {
-		s.fatalf("CompleteAll: %v", err)
-	}
-	if len(errs) != len(cs) {
-		s.fatalf("CompleteAll of %d completions returned %d errors, want one per completion", len(cs), len(errs))
-	}
-	return errs
 }
 
 func (s *jscene) complete(i *jinst, key effects.Key, ref string) error {
@@ -192,7 +175,7 @@ func (s *jscene) release(i *jinst, key effects.Key, attempt int) error {
 }
 
 // mustLease begins key and requires the lease.
-func (s *jscene) mustLease(i *jinst, key effects.Key, lease time.Duration, what string) effects.Record {
+func (s *jscene) mustLease(i *jinst, key effects.Key, lease time.Duration, what string) journal.Record {
 	rec, err := s.begin(i, key, fp1, lease)
 	if err != nil {
 		s.fatalf("%s: Begin: %v, want the lease", what, err)
@@ -240,7 +223,7 @@ func (s *jscene) doneWith(i *jinst, key effects.Key, ref, what string) {
 
 // expire waits until a lease of cfg.lease has surely expired.
 func (s *jscene) expire() {
-	if err := effects.Sleep(s.ctx, s.cfg.lease+max(s.cfg.lease/2, 250*time.Millisecond)); err != nil {
+	if err := retry.Sleep(s.ctx, s.cfg.lease+max(s.cfg.lease/2, 250*time.Millisecond)); err != nil {
 		s.fatalf("waiting for a lease to expire: %v", err)
 	}
 }
@@ -512,7 +495,7 @@ func (s *jscene) restart() {
 			s.check(err == nil && rec.Done && rec.Ref == "ref-restart", "a completed key after a restart: (done %v, ref %q, %v), want done with ref-restart", rec.Done, rec.Ref, err)
 			break
 		}
-		_ = effects.Sleep(s.ctx, 100*time.Millisecond)
+		_ = retry.Sleep(s.ctx, 100*time.Millisecond)
 	}
 	s.inFlight(b, held, "a leased key after a restart")
 }
@@ -521,8 +504,8 @@ func (s *jscene) restart() {
 // when it does an owner-keyed effect without a lease.
 func (s *jscene) lookupMarkDone() {
 	a, b := s.open("A"), s.open("B")
-	if _, ok := a.j.(effects.DoneJournal); !ok {
-		s.skip("the journal (%T) does not implement effects.DoneJournal", a.j)
+	if _, ok := a.j.(journal.DoneJournal); !ok {
+		s.skip("the journal (%T) does not implement journal.DoneJournal", a.j)
 	}
 	// lookedUp requires Lookup to return key done with ref (ref "": not
 	// done).
@@ -598,79 +581,4 @@ func (s *jscene) lookupMarkDone() {
 		return
 	}
 	lookedUp(b, racing, first.Ref, "a second Lookup after concurrent MarkDones")
-}
-
-// completeAll holds a BatchJournal to its word: every completion of a
-// batch is answered and written as its own Complete or MarkDone would be
-// (what Plan.Run relies on when it commits its steps' records together),
-// and two instances writing overlapping batches at once both succeed.
-func (s *jscene) completeAll() {
-	a, b := s.open("A"), s.open("B")
-	if _, ok := a.j.(effects.BatchJournal); !ok {
-		s.skip("the journal (%T) does not implement effects.BatchJournal", a.j)
-	}
-	pending := s.key("complete-all", "pending") // begun: Complete writes it
-	fresh := s.key("complete-all", "fresh")     // never begun: MarkDone creates it
-	done := s.key("complete-all", "done")       // done: keeps its first ref
-	reused := s.key("complete-all", "reused")   // recorded with fp1: MarkDone with fp2 is refused
-	unbegun := s.key("complete-all", "unbegun") // never begun: Complete is refused
-	s.mustLease(a, pending, holdLease, "a new key")
-	if err := s.markDone(a, done, fp1, "ref-first"); err != nil {
-		s.fatalf("MarkDone: %v", err)
-	}
-	if err := s.markDone(a, reused, fp1, "ref-first"); err != nil {
-		s.fatalf("MarkDone: %v", err)
-	}
-	errs := s.completeAllOn(b, []effects.Completion{
-		{Key: pending, Ref: "ref-pending"},
-		{Key: fresh, Ref: "ref-fresh", MarkDone: true, Fingerprint: fp1},
-		{Key: done, Ref: "ref-again", MarkDone: true, Fingerprint: fp1},
-		{Key: reused, Ref: "ref-reused", MarkDone: true, Fingerprint: fp2},
-		{Key: unbegun, Ref: "ref-unbegun"},
-		{Key: "", Ref: "ref-invalid", MarkDone: true, Fingerprint: fp1},
-	})
-	s.check(errs[0] == nil, "CompleteAll: Complete of a pending key: %v, want success", errs[0])
-	s.check(errs[1] == nil, "CompleteAll: MarkDone of a key never begun: %v, want success", errs[1])
-	s.check(errs[2] == nil, "CompleteAll: MarkDone of a done key: %v, want success", errs[2])
-	if s.check(errors.Is(errs[3], effects.ErrKeyReused), "CompleteAll: MarkDone with another fingerprint: %v, want ErrKeyReused", errs[3]) {
-		s.check(!effects.Retryable(errs[3]), "CompleteAll: ErrKeyReused must not be retryable")
-	}
-	s.check(errs[4] != nil, "CompleteAll: Complete of a key never begun succeeded, want an error (Complete alone refuses it)")
-	s.check(errors.Is(errs[5], effects.ErrInvalidKey), "CompleteAll: an empty key: %v, want ErrInvalidKey", errs[5])
-
-	s.doneWith(a, pending, "ref-pending", "a Begin after CompleteAll completed a pending key")
-	s.doneWith(a, fresh, "ref-fresh", "a Begin after CompleteAll marked a new key done")
-	s.doneWith(a, done, "ref-first", "a Begin after CompleteAll marked a done key done again")
-	s.doneWith(a, reused, "ref-first", "a Begin after a refused MarkDone in CompleteAll")
-	if rec, err := s.lookup(a, unbegun, fp1); err != nil || rec.Done {
-		s.failf("after a refused Complete in CompleteAll: Lookup = %+v, %v, want no done record", rec, err)
-	}
-
-	// Two instances write overlapping batches, in opposite orders, at once
-	// (a journal that locks keys in the order given deadlocks here): both
-	// succeed, and each key keeps one of the two references.
-	k1, k2 := s.key("complete-all", "overlap-1"), s.key("complete-all", "overlap-2")
-	var wg sync.WaitGroup
-	for _, c := range []struct {
-		i    *jinst
-		keys []effects.Key
-	}{{a, []effects.Key{k1, k2}}, {b, []effects.Key{k2, k1}}} {
-		wg.Go(func() {
-			s.guard(func() {
-				cs := make([]effects.Completion, len(c.keys))
-				for n, k := range c.keys {
-					cs[n] = effects.Completion{Key: k, Ref: "ref-" + c.i.name, MarkDone: true, Fingerprint: fp1}
-				}
-				for n, err := range s.completeAllOn(c.i, cs) {
-					s.check(err == nil, "concurrent CompleteAll on instance %s: %s: %v, want success", c.i.name, shortKey(c.keys[n]), err)
-				}
-			})
-		})
-	}
-	wg.Wait()
-	for _, k := range []effects.Key{k1, k2} {
-		rec, err := s.lookup(b, k, fp1)
-		s.check(err == nil && rec.Done && (rec.Ref == "ref-A" || rec.Ref == "ref-B"),
-			"after concurrent CompleteAlls: Lookup(%s) = %+v, %v, want done with ref-A or ref-B", shortKey(k), rec, err)
-	}
 }

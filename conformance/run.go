@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/retry"
 )
 
 // Scenario names of the effect suite, as they appear in subtest names and
@@ -166,7 +167,7 @@ func (s *scene[In]) apply(ctx context.Context, inst *instance[In], key effects.K
 // effects.Retryable accepts with backoff for up to the retry bound.
 func (s *scene[In]) applyUntilDone(inst *instance[In], key effects.Key, in In, what string) (effects.Result, error) {
 	deadline := time.Now().Add(s.cfg.retryFor)
-	b := effects.Backoff{Min: 5 * time.Millisecond, Max: 250 * time.Millisecond}
+	b := retry.Backoff{Min: 5 * time.Millisecond, Max: 250 * time.Millisecond}
 	for attempt := 1; ; attempt++ {
 		res, err := s.apply(s.ctx, inst, key, in, what)
 		if err == nil {
@@ -175,7 +176,7 @@ func (s *scene[In]) applyUntilDone(inst *instance[In], key effects.Key, in In, w
 		if !effects.Retryable(err) || s.ctx.Err() != nil || time.Now().After(deadline) {
 			return res, err
 		}
-		if effects.Sleep(s.ctx, b.Delay(attempt)) != nil {
+		if retry.Sleep(s.ctx, b.Delay(attempt)) != nil {
 			return res, err
 		}
 	}

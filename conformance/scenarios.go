@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/retry"
 )
 
 // applyFirst applies a new key on inst and checks that it applied and
@@ -63,7 +64,7 @@ func (s *scene[In]) lateRedelivery() {
 	key := s.key("late")
 	first := s.applyFirst(inst, key, "first Apply")
 	inst.Close()
-	if err := effects.Sleep(s.ctx, wait); err != nil {
+	if err := retry.Sleep(s.ctx, wait); err != nil {
 		s.fatalf("waiting %v: %v", wait, err)
 	}
 	what := fmt.Sprintf("redelivery %v later to a new instance", wait)

@@ -17,6 +17,7 @@ type Step[E any] struct {
 	contract   Contract
 	concurrent bool
 	apply      func(ctx context.Context, key Key, ev E, done Results) (Result, error)
+	check      Checker // eff, when it is one
 }
 
 // NewStep makes a step that applies eff to the input that input builds
@@ -39,9 +40,11 @@ func NewStep[E, In any](name string, eff Effect[In], input func(ev E, done Resul
 	if eff == nil || input == nil {
 		return Step[E]{name: name}
 	}
+	check, _ := any(eff).(Checker)
 	return Step[E]{
 		name:     name,
 		contract: eff.Contract(),
+		check:    check,
 		apply: func(ctx context.Context, key Key, ev E, done Results) (Result, error) {
 			in, err := input(ev, done)
 			if err != nil {
@@ -56,6 +59,12 @@ func NewStep[E, In any](name string, eff Effect[In], input func(ev E, done Resul
 // with the input func(ev E, _ Results) (E, error) { return ev, nil }.
 func EventStep[E any](name string, eff Effect[E]) Step[E] {
 	return NewStep(name, eff, func(ev E, _ Results) (E, error) { return ev, nil })
+}
+
+// run applies the step, recovering a panic as a *PanicError.
+func (s Step[E]) run(ctx context.Context, key Key, ev E, done Results) (res Result, err error) {
+	defer Recover(fmt.Sprintf("plan step %q", s.name), &err)
+	return s.apply(ctx, key, ev, done)
 }
 
 // Name returns the step's name.
@@ -179,17 +188,10 @@ func (e *StepError) Unwrap() error { return e.Err }
 // cannot make keys (an empty one: [ErrInvalidKey]) fails before any
 // effect.
 //
-// Every journal record of the run's steps has committed (or its failure
-// was logged, see [Journaled]) when Run returns, and a lease a step took
-// ahead for a later one that did not run ([HoldLease]) is released. Over
-// a [BatchJournal], records commit together: a lease-free step's record is
-// held back and written with the next Complete on the same journal in the
-// run, or when the run ends, in one transaction.
+// A panic in a step, concurrent ones included, is recovered and returned
+// as the step's *[PanicError] (permanent): the process and the other
+// deliveries go on.
 func (p *Plan[E]) Run(ctx context.Context, id string, ev E) (Results, error) {
-	ctx, held := withHeldRecords(ctx)
-	defer held.flush()
-	ctx, leases := withHeldLeases(ctx)
-	defer leases.releaseUnused(ctx)
 	keys := make([]Key, len(p.steps))
 	for i, s := range p.steps {
 		key, err := NewKey(p.scope, id, s.name)
@@ -220,7 +222,7 @@ func (p *Plan[E]) runGroup(ctx context.Context, id string, ev E, keys []Key, ste
 	errs := make([]error, len(steps))
 	one := func(i int) {
 		start := time.Now()
-		results[i], errs[i] = steps[i].apply(ctx, keys[i], ev, done)
+		results[i], errs[i] = steps[i].run(ctx, keys[i], ev, done)
 		if p.obs != nil {
 			p.obs.Observe(ctx, Event{Kind: resultKind(results[i], errs[i]), Step: steps[i].name, Key: keys[i], DeliveryID: id, Duration: time.Since(start), Err: errs[i]})
 		}

@@ -1,6 +1,9 @@
 package effects
 
-import "context"
+import (
+	"context"
+	"errors"
+)
 
 // Delivery is one message handed out by a [Source]: the unit a consumer
 // handles and then acks.
@@ -71,3 +74,9 @@ type OwnershipChecker interface {
 	// be cheap and must not block: it runs before every attempt.
 	Owns(d Delivery) bool
 }
+
+// ErrNotReleased is what a [Releaser] wraps when it declines, by design,
+// to release a delivery (a Kafka share group's record on its last allowed
+// delivery, which the broker would archive unseen). The consumer then
+// retries the delivery in place without reporting a failure.
+var ErrNotReleased = errors.New("delivery not released: retried in place")

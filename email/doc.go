@@ -5,7 +5,7 @@
 //
 // SMTP has no idempotency key: a server that accepted a message will accept
 // it again. So a [Sender] keeps a sent-record per key in an
-// [effects.Journal] (package effectively.dev/postgres provides one) and
+// [journal.Journal] (package effectively.dev/postgres provides one) and
 // gives every message a Message-ID derived from the key ([MessageID]):
 //
 //   - Begin claims the key with a lease. A key already done is answered from
@@ -37,13 +37,13 @@
 // it (some mail stores and list software do), most will not. Clean
 // redeliveries and concurrent duplicates never send twice.
 //
-// The protocol and its policy are [effects.Journaled]'s, the same as
+// The protocol and its policy are [journal.Journaled]'s, the same as
 // Stripe's journal and the Kafka producer's: a journal failure before the
 // send is [effects.ErrTransient] (nothing was sent); the sent-record is
 // completed on a context detached from the caller's and retried while the
-// failure is retryable, for up to [effects.DefaultRecordTimeout]; if it
+// failure is retryable, for up to [journal.DefaultRecordTimeout]; if it
 // still does not commit, Apply returns Applied and logs it. Changed on
-// purpose with the move to effects.Journaled: a journal error of Begin that
+// purpose with the move to journal.Journaled: a journal error of Begin that
 // the journal did not classify was returned as it was (so
 // [effects.Retryable] refused it) and is now ErrTransient, and so is an
 // ambiguous Begin (the journal's reply was lost, but no message was sent);

@@ -20,6 +20,7 @@ import (
 	"github.com/wneessen/go-mail"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
 )
 
 // op names the operation in the errors Apply returns.
@@ -86,8 +87,7 @@ var reservedHeaders = map[string]bool{
 }
 
 // Fingerprint identifies the message's payload for key-reuse detection:
-// it is what [Sender.Apply] gives its journal's Begin, and what a lease
-// taken ahead of the send must carry (postgres.Journal.LeaseStatement).
+// it is what [Sender.Apply] gives its journal's Begin.
 // A message without headers or attachments has the fingerprint it had
 // before they existed ("email/v1" and nine fields), so sent-records of
 // earlier versions still replay; the others add their fields after a
@@ -166,7 +166,7 @@ func WithDialContext(dial DialContextFunc) Option {
 }
 
 // WithLease sets how long one attempt holds its key in the journal
-// (default [effects.DefaultLease], a minute). The lease also bounds the
+// (default [journal.DefaultLease], a minute). The lease also bounds the
 // attempt's SMTP session, which ends at nine tenths of it. It decides what
 // happens after an unknown outcome: a retry within the lease gets
 // [effects.ErrInFlight], a retry after it sends again. Keep it well above
@@ -194,12 +194,12 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 // Sender is an [effects.Effect] that sends a [Message] under a key, keeping
-// a sent-record in an [effects.Journal]. Its contract is
+// a sent-record in an [journal.Journal]. Its contract is
 // [effects.AtLeastOnce]: see the package doc for the duplicate window and
 // the lease. It is safe for concurrent use; create one per SMTP server and
 // share it.
 type Sender struct {
-	j        *effects.Journaled
+	j        *journal.Journaled
 	client   *mail.Client
 	addr     string
 	dial     DialContextFunc
@@ -214,7 +214,7 @@ var _ effects.Effect[Message] = (*Sender)(nil)
 // ("host:port", e.g. "smtp.example.com:587") and records each key in j,
 // which is required. New does no I/O. It returns a *[effects.ConfigError]
 // for a missing journal, a bad address or an invalid option.
-func New(j effects.Journal, addr string, opts ...Option) (*Sender, error) {
+func New(j journal.Journal, addr string, opts ...Option) (*Sender, error) {
 	bad := func(option, format string, args ...any) error {
 		return &effects.ConfigError{Op: "email.New", Option: option, Reason: fmt.Sprintf(format, args...)}
 	}
@@ -229,7 +229,7 @@ func New(j effects.Journal, addr string, opts ...Option) (*Sender, error) {
 	if err != nil || port < 1 || port > 65535 || host == "" {
 		return nil, bad("addr", "%q: want a host and a port from 1 to 65535", addr)
 	}
-	cfg := config{lease: effects.DefaultLease, idle: DefaultIdleSessions, idleTimeout: DefaultIdleTimeout}
+	cfg := config{lease: journal.DefaultLease, idle: DefaultIdleSessions, idleTimeout: DefaultIdleTimeout}
 	for _, o := range opts {
 		if o != nil {
 			o(&cfg)
@@ -249,11 +249,11 @@ func New(j effects.Journal, addr string, opts ...Option) (*Sender, error) {
 	case cfg.idleTimeout <= 0:
 		return nil, bad("WithIdleSessions", "timeout %v is not positive", cfg.idleTimeout)
 	}
-	jopts := []effects.JournaledOption{effects.WithJournalLease(cfg.lease), effects.WithNotApplied(notApplied)}
+	jopts := []journal.Option{journal.WithLease(cfg.lease), journal.WithNotApplied(notApplied)}
 	if cfg.logger != nil {
-		jopts = append(jopts, effects.WithJournalLogger(cfg.logger))
+		jopts = append(jopts, journal.WithLogger(cfg.logger))
 	}
-	journaled, err := effects.NewJournaled(op, j, jopts...)
+	journaled, err := journal.NewJournaled(op, j, jopts...)
 	if err != nil {
 		return nil, err
 	}
@@ -332,7 +332,7 @@ func (s *Sender) Apply(ctx context.Context, key effects.Key, m Message) (effects
 	if err != nil {
 		return effects.Result{}, fmt.Errorf("%s key %q: %w", op, key, err)
 	}
-	return s.j.Apply(ctx, key, m.Fingerprint(), func(ctx context.Context, _ *effects.Attempt) (effects.Result, error) {
+	return s.j.Apply(ctx, key, m.Fingerprint(), func(ctx context.Context, _ *journal.Attempt) (effects.Result, error) {
 		// ctx ends at nine tenths of the lease: the SMTP session must end
 		// before the lease does, so that an attempt that begins after the
 		// lease expired never races this one.

@@ -15,6 +15,7 @@ import (
 	"github.com/wneessen/go-mail"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
 	"effectively.dev/email"
 	"effectively.dev/email/smtptest"
 )
@@ -498,7 +499,7 @@ func TestContract(t *testing.T) {
 func TestNewRefuses(t *testing.T) {
 	e := newEnv(t)
 	for name, tc := range map[string]struct {
-		j      effects.Journal
+		j      journal.Journal
 		addr   string
 		opts   []email.Option
 		option string
@@ -557,7 +558,7 @@ func TestUnrecordedSendIsAppliedAndLogged(t *testing.T) {
 }
 
 type failingComplete struct {
-	effects.Journal
+	journal.Journal
 	calls atomic.Int64
 }
 

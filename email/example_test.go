@@ -11,9 +11,9 @@ import (
 	"github.com/wneessen/go-mail"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal/memjournal"
 	"effectively.dev/email"
 	"effectively.dev/email/smtptest"
-	"effectively.dev/internal/memjournal"
 	"effectively.dev/postgres"
 )
 

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
 	"effectively.dev/email"
 	"effectively.dev/email/smtptest"
 	"effectively.dev/postgres"
@@ -118,11 +119,11 @@ func receipt(body string) email.Message {
 
 // spyJournal counts the calls the Sender makes.
 type spyJournal struct {
-	effects.Journal
+	journal.Journal
 	begins, completes, releases atomic.Int64
 }
 
-func (j *spyJournal) Begin(ctx context.Context, key effects.Key, fp []byte, lease time.Duration) (effects.Record, error) {
+func (j *spyJournal) Begin(ctx context.Context, key effects.Key, fp []byte, lease time.Duration) (journal.Record, error) {
 	j.begins.Add(1)
 	return j.Journal.Begin(ctx, key, fp, lease)
 }

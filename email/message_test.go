@@ -17,9 +17,10 @@ import (
 	gomail "github.com/wneessen/go-mail"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
+	"effectively.dev/effects/journal/memjournal"
 	"effectively.dev/email"
 	"effectively.dev/email/smtptest"
-	"effectively.dev/internal/memjournal"
 )
 
 // rich is a message that uses every field.
@@ -298,10 +299,10 @@ func TestJournalFailureBeforeTheSendIsTransient(t *testing.T) {
 }
 
 type failingBegin struct {
-	effects.Journal
+	journal.Journal
 	err error
 }
 
-func (j *failingBegin) Begin(context.Context, effects.Key, []byte, time.Duration) (effects.Record, error) {
-	return effects.Record{}, j.err
+func (j *failingBegin) Begin(context.Context, effects.Key, []byte, time.Duration) (journal.Record, error) {
+	return journal.Record{}, j.err
 }

@@ -14,7 +14,7 @@
 //     postgres.NewJournal) a recorded success is replayed instead, and
 //     duplicates are left only after an unknown outcome (after the broker's
 //     ack, before the journal records it). The journal runs
-//     [effects.Journaled]'s protocol and policy, the same as package email's
+//     [journal.Journaled]'s protocol and policy, the same as package email's
 //     and package stripe's. An Apply never waits for the client's linger.
 //   - [Transform]: consume-transform-produce in one Kafka transaction per
 //     poll over a kgo.GroupTransactSession. Effectively once inside Kafka:
@@ -43,11 +43,11 @@
 //     handler at a rate limit, so a replay does not starve live traffic.
 //
 // Changed on purpose in this version: the Producer's journal protocol is
-// effects.Journaled's, so a record the broker acked but the journal could
+// journal.Journaled's, so a record the broker acked but the journal could
 // not record is Applied (logged) instead of [effects.ErrAmbiguous]; an
 // ambiguous journal Begin (nothing was produced) is [effects.ErrTransient];
 // Complete stops retrying at an error that is not retryable; the default
-// lease is [effects.DefaultLease] (a minute, was 30 s), and an Apply stops
+// lease is [journal.DefaultLease] (a minute, was 30 s), and an Apply stops
 // waiting for its record at nine tenths of the lease. Apply no longer waits
 // for the client's linger (it waited up to kgo.ProducerLinger, 10 ms by
 // default). The outbox moved to package effectively.dev/kafka/outbox
@@ -83,7 +83,7 @@
 // Retries and the delivery limit: with a share group the consumer
 // releases a failed delivery to the broker after its backoff (the retry
 // may run on another member, and the broker's delivery count, which is
-// Delivery.Attempt, keeps [effects.WithMaxAttempts] across processes).
+// Delivery.Attempt, keeps [consume.WithMaxAttempts] across processes).
 // The broker archives a record after share.delivery.count.limit
 // deliveries (5 by default, at most 10), so the source refuses to
 // release a record on its last allowed delivery ([ErrDeliveryLimit]) and

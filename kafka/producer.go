@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
 	"effectively.dev/kafka/internal/produce"
 )
 
@@ -60,7 +61,7 @@ type Producer struct {
 	client   *kgo.Client
 	sync     *produce.Syncer
 	topic    string
-	j        *effects.Journaled
+	j        *journal.Journaled
 	contract effects.Contract
 }
 
@@ -71,7 +72,7 @@ var _ effects.Effect[Message] = (*Producer)(nil)
 type ProducerOption func(*producerConfig)
 
 type producerConfig struct {
-	journal   effects.Journal
+	journal   journal.Journal
 	lease     time.Duration
 	finish    time.Duration
 	logger    *slog.Logger
@@ -84,13 +85,13 @@ type producerConfig struct {
 // Complete after the ack) and one per replay, and it makes the producer
 // detect a key reused with a different message ([effects.ErrKeyReused]):
 // the journal stores a fingerprint of topic, record key, value and headers.
-// The journal runs [effects.Journaled]'s protocol and policy.
-func WithJournal(j effects.Journal) ProducerOption {
+// The journal runs [journal.Journaled]'s protocol and policy.
+func WithJournal(j journal.Journal) ProducerOption {
 	return func(c *producerConfig) { c.journal = j }
 }
 
 // WithLease sets how long one attempt holds a key in the journal (default
-// [effects.DefaultLease], a minute). While the lease runs, other attempts
+// [journal.DefaultLease], a minute). While the lease runs, other attempts
 // with the key get [effects.ErrInFlight]; after it expires, a key whose
 // attempt ended with an unknown outcome is produced again. An Apply stops
 // waiting for its record at nine tenths of the lease (ErrAmbiguous; a
@@ -102,7 +103,7 @@ func WithLease(d time.Duration) ProducerOption {
 
 // WithJournalTimeout bounds how long the producer keeps trying to record a
 // produced record in the journal, or to release a key after a failure
-// (default [effects.DefaultRecordTimeout], 10 s). These writes run even
+// (default [journal.DefaultRecordTimeout], 10 s). These writes run even
 // when the Apply context is done: the record is already in Kafka, and
 // recording it is what prevents a duplicate. d must be positive.
 func WithJournalTimeout(d time.Duration) ProducerOption {
@@ -143,7 +144,7 @@ func NewProducer(client *kgo.Client, topic string, opts ...ProducerOption) (*Pro
 	if err := produce.CheckClient(client); err != nil {
 		return nil, fmt.Errorf("%s: %w", ctor, err)
 	}
-	cfg := producerConfig{lease: effects.DefaultLease, finish: effects.DefaultRecordTimeout}
+	cfg := producerConfig{lease: journal.DefaultLease, finish: journal.DefaultRecordTimeout}
 	for _, o := range opts {
 		if o != nil {
 			o(&cfg)
@@ -157,15 +158,15 @@ func NewProducer(client *kgo.Client, topic string, opts ...ProducerOption) (*Pro
 	case cfg.loggerSet && cfg.logger == nil:
 		return nil, bad("WithProducerLogger", "nil logger")
 	}
-	jopts := []effects.JournaledOption{
-		effects.WithJournalLease(cfg.lease),
-		effects.WithRecordTimeout(cfg.finish),
-		effects.WithNotApplied(notApplied),
+	jopts := []journal.Option{
+		journal.WithLease(cfg.lease),
+		journal.WithRecordTimeout(cfg.finish),
+		journal.WithNotApplied(notApplied),
 	}
 	if cfg.logger != nil {
-		jopts = append(jopts, effects.WithJournalLogger(cfg.logger))
+		jopts = append(jopts, journal.WithLogger(cfg.logger))
 	}
-	j, err := effects.NewJournaled("kafka.Producer.Apply", cfg.journal, jopts...)
+	j, err := journal.NewJournaled("kafka.Producer.Apply", cfg.journal, jopts...)
 	if err != nil {
 		return nil, err
 	}
@@ -234,7 +235,7 @@ func (p *Producer) Apply(ctx context.Context, key effects.Key, m Message) (effec
 	if p.j.Journal() != nil {
 		fp = produce.Fingerprint(rec)
 	}
-	return p.j.Apply(ctx, key, fp, func(ctx context.Context, a *effects.Attempt) (effects.Result, error) {
+	return p.j.Apply(ctx, key, fp, func(ctx context.Context, a *journal.Attempt) (effects.Result, error) {
 		return p.produce(ctx, key, rec, a)
 	})
 }
@@ -249,7 +250,7 @@ func notApplied(err error) bool { return err != nil }
 // produce produces rec and waits for its outcome or for ctx, never for the
 // client's linger. A success that arrives after Apply gave up waiting is
 // recorded by a.Late.
-func (p *Producer) produce(ctx context.Context, key effects.Key, rec *kgo.Record, a *effects.Attempt) (effects.Result, error) {
+func (p *Producer) produce(ctx context.Context, key effects.Key, rec *kgo.Record, a *journal.Attempt) (effects.Result, error) {
 	const op = "kafka.Producer.Apply"
 	w := &waiter{done: make(chan struct{})}
 	go func() {

@@ -10,7 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/memjournal"
+	"effectively.dev/effects/journal/memjournal"
 	"effectively.dev/kafka"
 	"effectively.dev/kafka/kafkatest"
 )

@@ -18,7 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/memjournal"
+	"effectively.dev/effects/journal/memjournal"
 	"effectively.dev/kafka"
 	"effectively.dev/kafka/kafkatest"
 )

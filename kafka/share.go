@@ -85,7 +85,7 @@ const shareTick = 200 * time.Millisecond
 // franz-go sends the acknowledgements in the background, batched per
 // partition (at once with the next fetch, else within a second), and Close
 // and every poll flush them first. Delivery.Attempt is the record's
-// delivery count, so [effects.WithMaxAttempts] counts across members and
+// delivery count, so [consume.WithMaxAttempts] counts across members and
 // processes.
 //
 // Acknowledgements travel in batches per partition: if the broker refuses
@@ -112,7 +112,7 @@ const shareTick = 200 * time.Millisecond
 //
 // The broker archives a record after share.delivery.count.limit
 // deliveries (5 by default) without delivering it again. A consumer
-// configured with [effects.WithMaxAttempts] higher than that would never
+// configured with [consume.WithMaxAttempts] higher than that would never
 // see its dead-letter hook run: the broker would drop the record first.
 // So Release refuses ([ErrDeliveryLimit]) to release a record on its last
 // allowed delivery; the consumer keeps it, retries it in place (renewed

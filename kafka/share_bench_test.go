@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/consume"
 	"effectively.dev/kafka"
 	"effectively.dev/kafka/kafkatest"
 )
@@ -27,7 +28,7 @@ const (
 )
 
 // BenchmarkShareSource compares, on the same workload (400 records on 2
-// partitions, an effects.Consumer with 16 handlers, every effect taking a
+// partitions, an consume.Consumer with 16 handlers, every effect taking a
 // fixed 2 ms), the partition-ordered kafka.Source (the baseline: at most
 // one handler per partition) with kafka.ShareSource (no ordering: every
 // handler busy), each also with one stuck record (the first record of
@@ -143,7 +144,7 @@ func benchShareRun(b *testing.B, c *kafkatest.Cluster, share, stuck bool) time.D
 		first     time.Time
 		done      = make(chan time.Time, 1)
 	)
-	cons, err := effects.NewConsumer(src, func(ctx context.Context, d effects.Delivery) error {
+	cons, err := consume.New(src, func(ctx context.Context, d effects.Delivery) error {
 		firstOnce.Do(func() { first = time.Now() })
 		latency := benchShareLatency
 		if stuck && d.ID == stuckID {
@@ -158,7 +159,7 @@ func benchShareRun(b *testing.B, c *kafkatest.Cluster, share, stuck bool) time.D
 			done <- time.Now()
 		}
 		return nil
-	}, effects.WithConcurrency(benchShareHandlers))
+	}, consume.WithConcurrency(benchShareHandlers))
 	if err != nil {
 		b.Fatal(err)
 	}

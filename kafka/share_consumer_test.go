@@ -1,6 +1,6 @@
 package kafka_test
 
-// An effects.Consumer on a ShareSource, against kfake and a real
+// An consume.Consumer on a ShareSource, against kfake and a real
 // PostgreSQL: retries released to the broker, the delivery limit, dead
 // letters, and a lock that expires under a running handler.
 
@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/consume"
 	"effectively.dev/kafka"
 	"effectively.dev/postgres"
 	"effectively.dev/postgres/pgtest"
@@ -66,9 +67,9 @@ func applyLedger(ctx context.Context, fx *postgres.Effect[string], d effects.Del
 }
 
 // runConsumer runs a consumer of src until the test ends.
-func runConsumer(t *testing.T, src effects.Source, h effects.Handler, opts ...effects.ConsumerOption) *effects.Consumer {
+func runConsumer(t *testing.T, src effects.Source, h consume.Handler, opts ...consume.Option) *consume.Consumer {
 	t.Helper()
-	cons, err := effects.NewConsumer(src, h, opts...)
+	cons, err := consume.New(src, h, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,8 +118,8 @@ func TestShareConsumerReleaseThenDeadLetter(t *testing.T) {
 		attempts = append(attempts, d.Attempt)
 		mu.Unlock()
 		return errors.New("downstream says no")
-	}, effects.WithMaxAttempts(limit+2), effects.WithBackoff(time.Millisecond, 5*time.Millisecond),
-		effects.WithDeadLetter(func(_ context.Context, d effects.Delivery, _ error) error {
+	}, consume.WithMaxAttempts(limit+2), consume.WithBackoff(time.Millisecond, 5*time.Millisecond),
+		consume.WithDeadLetter(func(_ context.Context, d effects.Delivery, _ error) error {
 			dead <- d
 			return nil
 		}))
@@ -190,7 +191,7 @@ func TestShareConsumerLockExpiryAbsorbed(t *testing.T) {
 		}
 		return err
 	}
-	obs := effects.WithObserver(effects.ObserverFunc(func(_ context.Context, ev effects.Event) {
+	obs := consume.WithObserver(effects.ObserverFunc(func(_ context.Context, ev effects.Event) {
 		if ev.Kind == effects.EventFailed && errors.Is(ev.Err, kafka.ErrLockExpired) {
 			ackErrs.Add(1)
 		}

@@ -13,11 +13,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/consume"
 	"effectively.dev/kafka"
 	"effectively.dev/kafka/kafkatest"
 )
 
-// A share group consumed by an effects.Consumer: more handlers than
+// A share group consumed by an consume.Consumer: more handlers than
 // partitions, each record accepted after its handler returned nil. A
 // failed attempt goes back to the broker (Release) and comes back with
 // its delivery count, the consumer's attempt number, raised.
@@ -56,7 +57,7 @@ func ExampleNewShareSource() {
 		seen []string
 		done = make(chan struct{})
 	)
-	consumer, err := effects.NewConsumer(source, func(ctx context.Context, d effects.Delivery) error {
+	consumer, err := consume.New(source, func(ctx context.Context, d effects.Delivery) error {
 		mu.Lock()
 		defer mu.Unlock()
 		seen = append(seen, fmt.Sprintf("%s attempt %d", d.ID, d.Attempt))
@@ -68,7 +69,7 @@ func ExampleNewShareSource() {
 			close(done)
 		}
 		return nil
-	}, effects.WithConcurrency(16), effects.WithBackoff(time.Millisecond, 10*time.Millisecond))
+	}, consume.WithConcurrency(16), consume.WithBackoff(time.Millisecond, 10*time.Millisecond))
 	if err != nil {
 		log.Fatal(err)
 	}

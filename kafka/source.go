@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/retry"
 	"effectively.dev/internal/ratelog"
 )
 
@@ -46,7 +47,7 @@ const (
 	// beyond the noise: BENCHMARKS.md, cmd/e2ebench's consumer-sql-wait100.)
 	DefaultFetchMaxWait = 500 * time.Millisecond
 	// DefaultCloseTimeout bounds [Source.Close]: the final commit and
-	// leaving the group. It matches effects.DefaultShutdownGrace, so a
+	// leaving the group. It matches consume.DefaultShutdownGrace, so a
 	// process that got SIGTERM stops within about twice that.
 	DefaultCloseTimeout = 10 * time.Second
 )
@@ -98,7 +99,7 @@ const commitTimeout = 10 * time.Second
 // forgets the rest (the new owner redelivers it); when partitions are lost
 // (the member was kicked out) it commits nothing. From the revocation on,
 // [Source.Owns] reports the partition's deliveries as no longer owned, so
-// an [effects.Consumer] drops those it still holds instead of running
+// an [consume.Consumer] drops those it still holds instead of running
 // their handlers for nothing.
 //
 // Failed group commits are retried with a backoff and reported to
@@ -112,7 +113,7 @@ const commitTimeout = 10 * time.Second
 // empty Delivery.ID, because the position of a resent event differs from
 // the original's, and keying its effects on the position would apply them
 // twice. [effects.NewKey] refuses the empty id with [effects.ErrInvalidKey],
-// which a [effects.Consumer] treats as permanent: the delivery goes to the
+// which a [consume.Consumer] treats as permanent: the delivery goes to the
 // dead-letter hook at its first attempt. The header's bytes are taken as
 // they are (NewKey escapes bytes that are not UTF-8, so ids that differ
 // only in them stay apart); of several id headers, the first counts.
@@ -224,8 +225,8 @@ func WithMaxPoll(n int) SourceOption {
 // [DefaultMaxPendingPerPartition], 256): Next hands out no more of the
 // partition, and its fetching pauses, until acks bring it down to half.
 // The bound is what a partition stuck behind a failing record can take of
-// a consumer's window ([effects.WithMaxPending]), and it caps a batch's
-// run of one partition ([effects.WithBatch]): keep it at least twice the
+// a consumer's window ([consume.WithMaxPending]), and it caps a batch's
+// run of one partition ([consume.WithBatch]): keep it at least twice the
 // batch size. The cost is memory: up to n records per assigned partition.
 // n must be at least 1.
 func WithMaxPendingPerPartition(n int) SourceOption {
@@ -580,7 +581,7 @@ func (s *Source) Ack(_ context.Context, d effects.Delivery) error {
 // Owns reports whether d's partition is still assigned to this member in
 // the assignment d was handed out in: false once the group revoked it or
 // it was lost (the member missed its session, a frozen process), also if
-// the group assigned it back since. An [effects.Consumer] asks before
+// the group assigned it back since. An [consume.Consumer] asks before
 // every attempt and drops the deliveries this member no longer owns (see
 // [effects.OwnershipChecker]): their acks would fail with [ErrRevoked],
 // and the partition's new owner handles them. Owns does not block; it
@@ -627,7 +628,7 @@ func (s *Source) committer() {
 		}
 		wait := s.cfg.commitInterval
 		if failures > 0 {
-			wait = max(wait, effects.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}.Delay(failures))
+			wait = max(wait, retry.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}.Delay(failures))
 		}
 		if d := wait - time.Since(last); d > 0 {
 			t := time.NewTimer(d)

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/consume"
 	"effectively.dev/kafka"
 	"effectively.dev/kafka/kafkatest"
 )
@@ -58,9 +59,9 @@ func TestSourceEmptyIDHeaderIsPoison(t *testing.T) {
 		done()
 		return nil
 	}
-	cons, err := effects.NewConsumer(s, h,
-		effects.WithBackoff(time.Millisecond, time.Millisecond),
-		effects.WithDeadLetter(func(_ context.Context, d effects.Delivery, err error) error {
+	cons, err := consume.New(s, h,
+		consume.WithBackoff(time.Millisecond, time.Millisecond),
+		consume.WithDeadLetter(func(_ context.Context, d effects.Delivery, err error) error {
 			mu.Lock()
 			defer mu.Unlock()
 			dead[string(d.Body)] = err

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/consume"
 	"effectively.dev/kafka/kafkatest"
 )
 
@@ -42,7 +43,7 @@ func TestSourceOwnsDropsRevokedDeliveries(t *testing.T) {
 		mu.Unlock()
 		return nil
 	}
-	cons, err := effects.NewConsumer(a, h, effects.WithConcurrency(1))
+	cons, err := consume.New(a, h, consume.WithConcurrency(1))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/consume"
 	"effectively.dev/observe"
 )
 
@@ -39,7 +40,7 @@ func (s *sliceSource) Ack(_ context.Context, d effects.Delivery) error {
 	return nil
 }
 
-// TestConsumerEvents wires one Observer into a real effects.Consumer and the
+// TestConsumerEvents wires one Observer into a real consume.Consumer and the
 // effect its handler applies: a good delivery is applied and acked, a
 // poison one is retried and dead-lettered, and both show in the metrics and
 // the logs with the delivery's id and attempt.
@@ -63,11 +64,11 @@ func TestConsumerEvents(t *testing.T) {
 		_, err := ledger.Apply(ctx, effects.Key("billing:"+d.ID+":ledger"), "x")
 		return err
 	}
-	c, err := effects.NewConsumer(src, handler,
-		effects.WithObserver(obs),
-		effects.WithMaxAttempts(3),
-		effects.WithBackoff(time.Millisecond, 2*time.Millisecond),
-		effects.WithDeadLetter(func(_ context.Context, d effects.Delivery, _ error) error {
+	c, err := consume.New(src, handler,
+		consume.WithObserver(obs),
+		consume.WithMaxAttempts(3),
+		consume.WithBackoff(time.Millisecond, 2*time.Millisecond),
+		consume.WithDeadLetter(func(_ context.Context, d effects.Delivery, _ error) error {
 			deadLettered <- d.ID
 			return nil
 		}),

@@ -13,8 +13,8 @@
 //	if err != nil { ... }
 //	charge := effects.Observe("stripe.charge", stripeEffect, obs) // each Apply
 //	plan = plan.WithObserver(obs)                                 // each step of a plan
-//	consumer, err := effects.NewConsumer(src, handler,
-//		effects.WithObserver(obs)) // failed attempts: retried, dead_lettered, failed
+//	consumer, err := consume.New(src, handler,
+//		consume.WithObserver(obs)) // failed attempts: retried, dead_lettered, failed
 //
 // An effect wrapped with effects.Observe and run as a step of an observed
 // plan reports each apply twice, once with the effect attribute and once

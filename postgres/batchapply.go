@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/retry"
 )
 
 // BatchWriteFunc does the writes of items[i] of an [ApplyBatch] call in tx,
@@ -40,7 +41,7 @@ const batchSetRefSQL = `UPDATE effectively_keys AS k SET ref = v.ref
 // item whose key is new, in index order and in the same transaction, stores
 // the non-empty refs and commits (one round trip for both). Items whose key
 // was committed before are Replayed with their stored ref, and write is not
-// called for them. It is the natural body of an effects.BatchHandler; see
+// called for them. It is the natural body of an consume.BatchHandler; see
 // [BatchErrors].
 //
 // With [WithPrecheck], the keys a filter may have seen are first looked up
@@ -211,7 +212,7 @@ func (b *applyBatch) run(ctx context.Context) ([]BatchResult, error) {
 		case !c.retry || attempt > b.cfg.maxRetries:
 			return nil, c.err
 		}
-		if err := effects.Sleep(ctx, retryBackoff.Delay(attempt)); err != nil {
+		if err := retry.Sleep(ctx, retryBackoff.Delay(attempt)); err != nil {
 			return nil, canceled(ctx, b.op, "", c.err)
 		}
 		attempt++
@@ -334,7 +335,7 @@ func raceLost(err error) bool {
 }
 
 // BatchErrors turns what [ApplyBatch] returned into the one-error-per-item
-// slice an effects.BatchHandler returns: err for every item when err is not
+// slice an consume.BatchHandler returns: err for every item when err is not
 // nil (nothing, or an unknown part, was committed: every item must be
 // retried), else each result's Err.
 func BatchErrors(n int, results []BatchResult, err error) []error {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/retry"
 )
 
 // errWriteEndedTx is the error of a WriteFunc's Commit or Rollback: Apply
@@ -340,7 +341,7 @@ func closedTx() pgx.Tx {
 
 // closeConn closes conn, even when ctx is done.
 func closeConn(ctx context.Context, conn *pgx.Conn) {
-	cctx, cancel := effects.Detached(ctx, rollbackTimeout)
+	cctx, cancel := retry.Detached(ctx, rollbackTimeout)
 	defer cancel()
 	_ = conn.Close(cctx)
 }

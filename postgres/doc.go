@@ -21,18 +21,16 @@
 //     commit succeeded.
 //   - [ApplyBatch] claims many keys with one statement and runs the writes
 //     of the new ones in the same transaction, for batch consumers
-//     (effects.WithBatch); [ClaimBatch] is its building block inside a
+//     (consume.WithBatch); [ClaimBatch] is its building block inside a
 //     transaction you own.
 //   - For replay storms, where most deliveries were handled before:
 //     [ApplyBatch] with [WithPrecheck] looks up, with one query, the keys a
 //     filter (package negcache) may have seen, replays those committed
 //     without a transaction and claims only the rest; [SeenBatch] and
 //     [Seen] are that pre-check on its own.
-//   - [Journal] implements effects.Journal, the sent-record for effects
+//   - [Journal] implements journal.Journal, the sent-record for effects
 //     outside the database (email, an API call): at-least-once with a
-//     declared window, not effectively once. Inside a plan run, a
-//     pipelined step can take a later step's lease in its own transaction
-//     ([Journal.LeaseStatement]), sparing that step its Begin.
+//     declared window, not effectively once.
 //
 // What it costs: Apply on a new key takes two round trips, one fewer than
 // a plain BEGIN/INSERT/COMMIT (BEGIN travels with the write's first

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/retry"
 )
 
 // WriteFunc does an effect's writes in tx, the transaction that also holds
@@ -239,7 +240,7 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (_ effec
 		if !c.retry || attempt > e.cfg.maxRetries {
 			return res, c.err
 		}
-		if err := effects.Sleep(ctx, retryBackoff.Delay(attempt)); err != nil {
+		if err := retry.Sleep(ctx, retryBackoff.Delay(attempt)); err != nil {
 			return effects.Result{}, canceled(ctx, opApply, key, c.err)
 		}
 		attempt++
@@ -524,7 +525,7 @@ func failedTx(conn *pgx.Conn) bool {
 // rollbackConn ends the transaction open on conn, if any, even when ctx is
 // done (see rollback).
 func rollbackConn(ctx context.Context, conn *pgx.Conn) {
-	rctx, cancel := effects.Detached(ctx, rollbackTimeout)
+	rctx, cancel := retry.Detached(ctx, rollbackTimeout)
 	defer cancel()
 	_, _ = conn.Exec(rctx, "ROLLBACK")
 }
@@ -533,7 +534,7 @@ func rollbackConn(ctx context.Context, conn *pgx.Conn) {
 // goes back to the pool. If it fails, pgx closes the connection and the
 // pool discards it.
 func rollback(ctx context.Context, tx pgx.Tx) {
-	rctx, cancel := effects.Detached(ctx, rollbackTimeout)
+	rctx, cancel := retry.Detached(ctx, rollbackTimeout)
 	defer cancel()
 	_ = tx.Rollback(rctx)
 }

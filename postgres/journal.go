@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
 )
 
 // beginSQL takes the key in one statement: a new key is inserted pending
@@ -83,7 +84,7 @@ func statementsInFlight(pool *pgxpool.Pool) int {
 // statement and the follow-up read (a lease expiring, a record pruned).
 const beginTries = 3
 
-// Journal is an [effects.Journal] in the effectively_journal table: the
+// Journal is an [journal.Journal] in the effectively_journal table: the
 // sent-record for effects outside the database (an email, a message to a
 // broker without transactions, a call to an API past its key horizon). Each
 // call is one autocommit statement (two when Begin finds the key taken or
@@ -109,7 +110,7 @@ type Journal struct {
 	lost      lostLeases // leases whose statements lost their replies
 }
 
-var _ effects.BatchJournal = (*Journal)(nil)
+var _ journal.DoneJournal = (*Journal)(nil)
 
 // NewJournal returns a Journal for keys in scope. The table must exist: see
 // [Migrate]. It returns an [*effects.ConfigError] if pool is nil or scope
@@ -129,29 +130,28 @@ func NewJournal(pool *pgxpool.Pool, scope string) (*Journal, error) {
 }
 
 // Begin claims key for one attempt lasting at most lease (at least 1 µs),
-// measured by the database's clock. See [effects.Journal]: it returns a
+// measured by the database's clock. See [journal.Journal]: it returns a
 // done Record, [effects.ErrInFlight], [effects.ErrKeyReused], or a Record
 // whose lease the caller now holds, with Attempt 1 for a new key and one
 // more for each takeover of an expired or released lease. A failure whose
 // reply was lost is [effects.ErrAmbiguous]: the lease may have been taken,
 // and the caller must not do the effect. The Journal remembers such a
-// lease (and one that a [Journal.LeaseStatement] whose transaction's
-// outcome is unknown may have taken), at most until it expires: its next
+// lease, at most until it expires: its next
 // Begin of key takes it back at once, as the same attempt, where a Begin
 // through another Journal, in another process, sees ErrInFlight until the
 // lease expires.
-func (j *Journal) Begin(ctx context.Context, key effects.Key, fingerprint []byte, lease time.Duration) (effects.Record, error) {
+func (j *Journal) Begin(ctx context.Context, key effects.Key, fingerprint []byte, lease time.Duration) (journal.Record, error) {
 	if err := key.Validate(); err != nil {
-		return effects.Record{}, err
+		return journal.Record{}, err
 	}
 	if lease <= 0 {
-		return effects.Record{}, fmt.Errorf("%s key %q: lease %v is not positive", opBegin, key, lease)
+		return journal.Record{}, fmt.Errorf("%s key %q: lease %v is not positive", opBegin, key, lease)
 	}
 	req := beginReq{key: key, fp: nonNil(fingerprint), micros: max(lease.Microseconds(), 1),
 		token: newLeaseToken(), lost: j.lost.tokens(key)}
 	sent := time.Now()
 	var (
-		rec effects.Record
+		rec journal.Record
 		err error
 	)
 	switch res, end := j.begins.do(ctx, req); {
@@ -188,8 +188,6 @@ func ended(ctx context.Context, op string, key effects.Key, end callEnd) error {
 const (
 	opBegin    = "postgres.Journal.Begin"
 	opComplete = "postgres.Journal.Complete"
-	// opCompleteAll names a CompleteAll whose transaction failed.
-	opCompleteAll = "postgres.Journal.CompleteAll"
 )
 
 type beginReq struct {
@@ -201,7 +199,7 @@ type beginReq struct {
 }
 
 type beginRes struct {
-	rec   effects.Record
+	rec   journal.Record
 	err   error
 	again bool // the record changed between the statements: begin again alone
 }
@@ -272,7 +270,7 @@ func (j *Journal) beginMany(ctx context.Context, reqs []beginReq) []beginRes {
 	var missing []string
 	for i, r := range reqs {
 		if a, ok := taken[string(r.key)]; ok {
-			out[i].rec = effects.Record{Attempt: a}
+			out[i].rec = journal.Record{Attempt: a}
 		} else {
 			missing = append(missing, string(r.key))
 		}
@@ -309,50 +307,50 @@ func (j *Journal) beginMany(ctx context.Context, reqs []beginReq) []beginRes {
 type journalRow struct {
 	key  string
 	fp   []byte
-	rec  effects.Record
+	rec  journal.Record
 	live bool
 }
 
 // verdict explains why a Begin for r took nothing: the key is done, in
 // flight, begun with another fingerprint, or its lease expired since
 // (again: begin once more).
-func (row journalRow) verdict(r beginReq) (rec effects.Record, err error, again bool) {
+func (row journalRow) verdict(r beginReq) (rec journal.Record, err error, again bool) {
 	switch {
 	case !bytes.Equal(row.fp, r.fp):
-		return effects.Record{}, reused(opBegin, r.key), false
+		return journal.Record{}, reused(opBegin, r.key), false
 	case row.rec.Done:
 		return row.rec, nil, false
 	case row.live:
-		return effects.Record{}, &effects.Error{Kind: effects.ErrInFlight, Op: opBegin, Key: r.key,
+		return journal.Record{}, &effects.Error{Kind: effects.ErrInFlight, Op: opBegin, Key: r.key,
 			Err: fmt.Errorf("attempt %d holds the lease", row.rec.Attempt)}, false
 	}
-	return effects.Record{}, nil, true
+	return journal.Record{}, nil, true
 }
 
 // beginAlone is Begin in statements of its own.
-func (j *Journal) beginAlone(ctx context.Context, r beginReq) (effects.Record, error) {
+func (j *Journal) beginAlone(ctx context.Context, r beginReq) (journal.Record, error) {
 	for range beginTries {
 		var attempt int
 		err := j.pool.QueryRow(ctx, beginSQL, j.scope, string(r.key), r.fp, r.micros, r.token, nonNil(r.lost)).Scan(&attempt)
 		if err == nil {
-			return effects.Record{Attempt: attempt}, nil
+			return journal.Record{Attempt: attempt}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
-			return effects.Record{}, classify(ctx, opBegin, r.key, err, true, false).err
+			return journal.Record{}, classify(ctx, opBegin, r.key, err, true, false).err
 		}
 		row, err := j.readRow(ctx, r.key)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			continue // deleted in between: try again
 		case err != nil:
-			return effects.Record{}, classify(ctx, opBegin, r.key, err, false, false).err
+			return journal.Record{}, classify(ctx, opBegin, r.key, err, false, false).err
 		}
 		if rec, err, again := row.verdict(r); !again {
 			return rec, err
 		}
 		// The lease expired between the two statements: try again.
 	}
-	return effects.Record{}, &effects.Error{Kind: effects.ErrInFlight, Op: opBegin, Key: r.key,
+	return journal.Record{}, &effects.Error{Kind: effects.ErrInFlight, Op: opBegin, Key: r.key,
 		Err: errors.New("the record kept changing under concurrent attempts")}
 }
 
@@ -474,24 +472,24 @@ RETURNING true`
 // Lookup reads key without writing: a done Record with its first ref, a
 // zero Record when key is unknown or pending (begun, not done), or
 // [effects.ErrKeyReused] when key was recorded with another fingerprint.
-// One SELECT, no WAL. See [effects.DoneJournal].
-func (j *Journal) Lookup(ctx context.Context, key effects.Key, fingerprint []byte) (effects.Record, error) {
+// One SELECT, no WAL. See [journal.DoneJournal].
+func (j *Journal) Lookup(ctx context.Context, key effects.Key, fingerprint []byte) (journal.Record, error) {
 	const op = "postgres.Journal.Lookup"
 	if err := key.Validate(); err != nil {
-		return effects.Record{}, err
+		return journal.Record{}, err
 	}
 	row, err := j.readRow(ctx, key)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return effects.Record{}, nil
+		return journal.Record{}, nil
 	case err != nil:
-		return effects.Record{}, classify(ctx, op, key, err, false, false).err
+		return journal.Record{}, classify(ctx, op, key, err, false, false).err
 	case !bytes.Equal(row.fp, nonNil(fingerprint)):
-		return effects.Record{}, reused(op, key)
+		return journal.Record{}, reused(op, key)
 	case row.rec.Done:
 		return row.rec, nil
 	}
-	return effects.Record{}, nil
+	return journal.Record{}, nil
 }
 
 // MarkDone records key done with ref in one statement, whether or not it
@@ -500,7 +498,7 @@ func (j *Journal) Lookup(ctx context.Context, key effects.Key, fingerprint []byt
 // and MarkDone returns nil; a key recorded with another fingerprint is
 // [effects.ErrKeyReused] and stays as it was. A lost reply is
 // [effects.ErrAmbiguous]; MarkDone is idempotent, so retry it. See
-// [effects.DoneJournal].
+// [journal.DoneJournal].
 func (j *Journal) MarkDone(ctx context.Context, key effects.Key, fingerprint []byte, ref string) error {
 	const op = "postgres.Journal.MarkDone"
 	if err := key.Validate(); err != nil {
@@ -529,84 +527,6 @@ func (j *Journal) MarkDone(ctx context.Context, key effects.Key, fingerprint []b
 		}
 	}
 	return effects.Transient(op, key, errors.New("the record kept changing under concurrent calls"))
-}
-
-// CompleteAll writes every completion as Complete or MarkDone would alone,
-// in one round trip (plus a prepare the first time on a connection) and
-// one transaction (one pipeline, which PostgreSQL runs as one implicit
-// transaction): the records of several effects commit together.
-// Statements run in key order, the order in which beginBatchSQL locks its
-// rows, so two batches never deadlock.
-// A completion that wrote nothing (a key done already, never begun,
-// recorded with another fingerprint) gets its verdict from its own call
-// afterwards. If the transaction fails, every valid completion gets the
-// error and none was written (or, if the reply was lost, maybe all:
-// [effects.ErrAmbiguous]). An invalid key is refused before any I/O and
-// does not stop the others. See [effects.BatchJournal].
-func (j *Journal) CompleteAll(ctx context.Context, cs []effects.Completion) []error {
-	errs := make([]error, len(cs))
-	var order []int
-	for i, c := range cs {
-		if errs[i] = c.Key.Validate(); errs[i] == nil {
-			order = append(order, i)
-		}
-	}
-	if len(order) < 2 {
-		for _, i := range order {
-			errs[i] = j.completeOne(ctx, cs[i])
-		}
-		return errs
-	}
-	slices.SortStableFunc(order, func(a, b int) int { return strings.Compare(string(cs[a].Key), string(cs[b].Key)) })
-	b := &pgx.Batch{}
-	for _, i := range order {
-		c := cs[i]
-		if c.MarkDone {
-			b.Queue(markDoneSQL, j.scope, string(c.Key), nonNil(c.Fingerprint), c.Ref)
-		} else {
-			b.Queue(completeSQL, j.scope, string(c.Key), c.Ref)
-		}
-	}
-	wrote := make([]bool, len(cs))
-	br := j.pool.SendBatch(ctx, b)
-	var err error
-	for _, i := range order {
-		if cs[i].MarkDone {
-			var w bool
-			switch e := br.QueryRow().Scan(&w); {
-			case e == nil:
-				wrote[i] = true
-			case !errors.Is(e, pgx.ErrNoRows):
-				err = e
-			}
-		} else {
-			tag, e := br.Exec()
-			wrote[i], err = tag.RowsAffected() == 1, e
-		}
-		if err != nil {
-			break
-		}
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	for _, i := range order {
-		switch {
-		case err != nil:
-			errs[i] = classify(ctx, opCompleteAll, cs[i].Key, err, true, false).err
-		case !wrote[i]:
-			errs[i] = j.completeOne(ctx, cs[i])
-		}
-	}
-	return errs
-}
-
-// completeOne is c written alone, with Complete or MarkDone.
-func (j *Journal) completeOne(ctx context.Context, c effects.Completion) error {
-	if c.MarkDone {
-		return j.MarkDone(ctx, c.Key, c.Fingerprint, c.Ref)
-	}
-	return j.Complete(ctx, c.Key, c.Ref)
 }
 
 // readRow reads key's record with journalLookupSQL; pgx.ErrNoRows when

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
 	"effectively.dev/postgres"
 )
 
@@ -45,7 +46,7 @@ func coalesceKey(s string) effects.Key { return effects.MustKey("evt", s) }
 // fingerprint; and a key queued twice is begun once.
 func TestJournalCoalescedBegin(t *testing.T) {
 	j, ctx, fp := newCoalesceJournal(t)
-	must := func(_ effects.Record, err error) {
+	must := func(_ journal.Record, err error) {
 		t.Helper()
 		if err != nil {
 			t.Fatal(err)
@@ -68,18 +69,18 @@ func TestJournalCoalescedBegin(t *testing.T) {
 	type call struct {
 		key  string
 		fp   []byte
-		want func(effects.Record, error) error
+		want func(journal.Record, error) error
 	}
-	attempt := func(n int) func(effects.Record, error) error {
-		return func(rec effects.Record, err error) error {
-			if err != nil || rec != (effects.Record{Attempt: n}) {
+	attempt := func(n int) func(journal.Record, error) error {
+		return func(rec journal.Record, err error) error {
+			if err != nil || rec != (journal.Record{Attempt: n}) {
 				return fmt.Errorf("got %+v, %v; want the lease with attempt %d", rec, err, n)
 			}
 			return nil
 		}
 	}
-	is := func(kind error) func(effects.Record, error) error {
-		return func(rec effects.Record, err error) error {
+	is := func(kind error) func(journal.Record, error) error {
+		return func(rec journal.Record, err error) error {
 			if !errors.Is(err, kind) {
 				return fmt.Errorf("got %+v, %v; want %v", rec, err, kind)
 			}
@@ -90,8 +91,8 @@ func TestJournalCoalescedBegin(t *testing.T) {
 		{"new-a", fp, attempt(1)},
 		{"new-b", fp, attempt(1)},
 		{"new-c", fp, attempt(1)},
-		{"done", fp, func(rec effects.Record, err error) error {
-			if err != nil || rec != (effects.Record{Done: true, Ref: "ref-done", Attempt: 1}) {
+		{"done", fp, func(rec journal.Record, err error) error {
+			if err != nil || rec != (journal.Record{Done: true, Ref: "ref-done", Attempt: 1}) {
 				return fmt.Errorf("got %+v, %v; want the done record", rec, err)
 			}
 			return nil
@@ -214,7 +215,7 @@ func TestJournalCoalescesUnderLoad(t *testing.T) {
 			<-start
 			k := effects.MustKey(fmt.Sprintf("evt_%d", i), "mail")
 			rec, err := j.Begin(ctx, k, fp, time.Minute)
-			if err != nil || rec != (effects.Record{Attempt: 1}) {
+			if err != nil || rec != (journal.Record{Attempt: 1}) {
 				t.Errorf("Begin %s = %+v, %v", k, rec, err)
 				return
 			}

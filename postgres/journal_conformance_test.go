@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/conformance"
-	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
 	"effectively.dev/postgres"
 	"effectively.dev/postgres/pgtest"
 )
@@ -17,7 +17,7 @@ import (
 // with its own pool whose connections go through the suite's faults.
 type journalHarness struct{ url string }
 
-func (h *journalHarness) Open(ctx context.Context, f *conformance.Faults) (effects.Journal, func(), error) {
+func (h *journalHarness) Open(ctx context.Context, f *conformance.Faults) (journal.Journal, func(), error) {
 	cfg, err := pgxpool.ParseConfig(h.url)
 	if err != nil {
 		return nil, nil, err
@@ -35,7 +35,7 @@ func (h *journalHarness) Open(ctx context.Context, f *conformance.Faults) (effec
 	return j, pool.Close, nil
 }
 
-// TestJournalConformance holds postgres.Journal to the effects.Journal
+// TestJournalConformance holds postgres.Journal to the journal.Journal
 // contract, a server restart included when the cluster is the test's own.
 func TestJournalConformance(t *testing.T) {
 	rep := conformance.RunJournal(t, "postgres.Journal", func(t testing.TB) conformance.JournalHarness {

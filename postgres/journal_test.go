@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
 	"effectively.dev/postgres"
 )
 
@@ -22,14 +23,14 @@ func TestJournal(t *testing.T) {
 		ctx := testCtx(t)
 		key := effects.MustKey("evt_j1", "email")
 		rec, err := j.Begin(ctx, key, fp, time.Minute)
-		if err != nil || rec != (effects.Record{Attempt: 1}) {
+		if err != nil || rec != (journal.Record{Attempt: 1}) {
 			t.Fatalf("Begin = %+v, %v; want attempt 1, not done", rec, err)
 		}
 		if err := j.Complete(ctx, key, "250 2.0.0 queued as A1"); err != nil {
 			t.Fatal(err)
 		}
 		rec, err = j.Begin(ctx, key, fp, time.Minute)
-		if err != nil || rec != (effects.Record{Done: true, Ref: "250 2.0.0 queued as A1", Attempt: 1}) {
+		if err != nil || rec != (journal.Record{Done: true, Ref: "250 2.0.0 queued as A1", Attempt: 1}) {
 			t.Fatalf("Begin after Complete = %+v, %v; want done with the ref", rec, err)
 		}
 		if err := j.Complete(ctx, key, "another ref"); err != nil {
@@ -60,7 +61,7 @@ func TestJournal(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 		rec, err := j.Begin(ctx, key, fp, time.Minute)
-		if err != nil || rec != (effects.Record{Attempt: 2}) {
+		if err != nil || rec != (journal.Record{Attempt: 2}) {
 			t.Fatalf("Begin after expiry = %+v, %v; want attempt 2", rec, err)
 		}
 		if _, err := j.Begin(ctx, key, fp, time.Minute); !errors.Is(err, effects.ErrInFlight) {
@@ -168,42 +169,6 @@ func TestJournal(t *testing.T) {
 		}
 		if n := count(t, pool, `SELECT count(*) FROM effectively_journal WHERE key IN ('', 'k')`); n != 0 {
 			t.Errorf("%d records written", n)
-		}
-	})
-
-	t.Run("CompleteAll commits its completions in one transaction", func(t *testing.T) {
-		ctx := testCtx(t)
-		pending, fresh := effects.MustKey("evt_all1", "email"), effects.MustKey("evt_all2", "charge")
-		if _, err := j.Begin(ctx, pending, fp, time.Minute); err != nil {
-			t.Fatal(err)
-		}
-		// A NUL byte is no text for PostgreSQL: the MarkDone's statement
-		// fails, and the Complete before it in key order rolls back with it.
-		errs := j.CompleteAll(ctx, []effects.Completion{
-			{Key: pending, Ref: "250 queued"},
-			{Key: fresh, Ref: "pi_\x00", MarkDone: true, Fingerprint: fp},
-		})
-		if len(errs) != 2 || errs[0] == nil || errs[1] == nil {
-			t.Fatalf("CompleteAll with a failing statement = %v, want an error for both", errs)
-		}
-		if _, err := j.Begin(ctx, pending, fp, time.Minute); !errors.Is(err, effects.ErrInFlight) {
-			t.Fatalf("Begin after the failed CompleteAll = %v, want ErrInFlight: the Complete must have rolled back", err)
-		}
-		if rec, err := j.Lookup(ctx, fresh, fp); err != nil || rec.Done {
-			t.Fatalf("Lookup after the failed CompleteAll = %+v, %v, want nothing recorded", rec, err)
-		}
-
-		errs = j.CompleteAll(ctx, []effects.Completion{
-			{Key: pending, Ref: "250 queued"},
-			{Key: fresh, Ref: "pi_1", MarkDone: true, Fingerprint: fp},
-		})
-		if errs[0] != nil || errs[1] != nil {
-			t.Fatalf("CompleteAll = %v, want both written", errs)
-		}
-		for key, ref := range map[effects.Key]string{pending: "250 queued", fresh: "pi_1"} {
-			if rec, err := j.Lookup(ctx, key, fp); err != nil || !rec.Done || rec.Ref != ref {
-				t.Errorf("Lookup(%s) = %+v, %v, want done with %q", key, rec, err, ref)
-			}
 		}
 	})
 }

@@ -10,7 +10,7 @@ import (
 	"effectively.dev/effects"
 )
 
-// A lease a Journal takes (Begin, LeaseStatement) carries a holder token,
+// A lease a Journal takes (Begin) carries a holder token,
 // random per call, in the record's ref column until the key is done. When
 // the reply to the statement that took it is lost (effects.ErrAmbiguous),
 // nobody holds the lease: the caller did not do the effect, and no other

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
 	"effectively.dev/postgres"
 )
 
@@ -93,7 +94,7 @@ func TestJournalTakesBackALeaseWhoseReplyWasLost(t *testing.T) {
 		t.Fatalf("Begin with another payload = %v; want ErrKeyReused", err)
 	}
 	rec, err := j1.Begin(ctx, key, fp, time.Minute)
-	if err != nil || rec != (effects.Record{Attempt: 1}) {
+	if err != nil || rec != (journal.Record{Attempt: 1}) {
 		t.Fatalf("Begin again through the Journal that lost the reply = %+v, %v; want the lease back at once, as attempt 1 (which did nothing)", rec, err)
 	}
 	for name, j := range map[string]*postgres.Journal{"the same Journal": j1, "another Journal": j2} {
@@ -105,7 +106,7 @@ func TestJournalTakesBackALeaseWhoseReplyWasLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec, err = j2.Begin(ctx, key, fp, time.Minute)
-	if err != nil || rec != (effects.Record{Done: true, Ref: "250 queued as L1", Attempt: 1}) {
+	if err != nil || rec != (journal.Record{Done: true, Ref: "250 queued as L1", Attempt: 1}) {
 		t.Fatalf("Begin after Complete = %+v, %v; want done with the ref", rec, err)
 	}
 	// A lease held by a Begin that got its reply is never taken.
@@ -132,7 +133,7 @@ func TestCoalescedBeginTakesBackALostLease(t *testing.T) {
 
 	keys := []effects.Key{lost, effects.MustKey("evt_coalesced_a", "email"), effects.MustKey("evt_coalesced_b", "email")}
 	queued, release := postgres.HoldJournal(j)
-	recs := make([]effects.Record, len(keys))
+	recs := make([]journal.Record, len(keys))
 	errs := make([]error, len(keys))
 	var wg sync.WaitGroup
 	for i, k := range keys {
@@ -142,82 +143,11 @@ func TestCoalescedBeginTakesBackALostLease(t *testing.T) {
 	release()
 	wg.Wait()
 	for i, k := range keys {
-		if errs[i] != nil || recs[i] != (effects.Record{Attempt: 1}) {
+		if errs[i] != nil || recs[i] != (journal.Record{Attempt: 1}) {
 			t.Errorf("coalesced Begin of %q = %+v, %v; want the lease, attempt 1", k, recs[i], errs[i])
 		}
 	}
 	if _, err := j.Begin(ctx, lost, fp, time.Minute); !errors.Is(err, effects.ErrInFlight) {
 		t.Fatalf("Begin after the lease was taken back = %v; want ErrInFlight", err)
-	}
-}
-
-// TestLeaseStatementWhoseCommitReplyWasLost: the ledger step's transaction
-// takes the mail step's lease ahead and commits, but its COMMIT reply is
-// lost, so the run ends with ErrAmbiguous before the mail step and nobody
-// holds the lease. The redelivery's run replays the ledger and its mail
-// step takes the lease back at once: before, its Begin failed with
-// ErrInFlight until the lease expired (a minute by default), holding up
-// the delivery's partition. A lease taken in a transaction whose reply
-// came is not taken back.
-func TestLeaseStatementWhoseCommitReplyWasLost(t *testing.T) {
-	url := newDB(t)
-	var f faults
-	pool := newPool(t, url, func(c *pgxpool.Config) {
-		f.configure(c)
-		c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec // faultConn finds the COMMIT by its text
-	})
-	clean := newPool(t, url, nil)
-	journal, err := postgres.NewJournal(pool, "billing")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ledger, plan, mail := leaseAheadPlan(t, pool, journal)
-	mailKey := func(event string) effects.Key { return effects.MustKey("billing", event, "mail") }
-	ctx := testCtx(t)
-	p := payment{EventID: "evt_lease_lost", Amount: 3} // no "COMMIT" in it: faultConn looks for that
-
-	before := f.fired.Load()
-	f.onCommit.Store(true)
-	_, err = plan.Run(ctx, p.EventID, p)
-	f.onCommit.Store(false)
-	if f.fired.Load() != before+1 {
-		t.Fatal("the COMMIT reply was not dropped")
-	}
-	if !errors.Is(err, effects.ErrAmbiguous) || mail.calls.Load() != 0 {
-		t.Fatalf("Run with a lost COMMIT reply = %v after %d mail calls; want ErrAmbiguous before the mail step", err, mail.calls.Load())
-	}
-	if attempt, live, done := journalRecord(t, clean, mailKey(p.EventID)); attempt != 1 || !live || done {
-		t.Fatalf("mail record after the lost reply: attempt %d, live %v, done %v; want the lease taken (the transaction committed)", attempt, live, done)
-	}
-	other, err := postgres.NewJournal(clean, "billing")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := other.Begin(ctx, mailKey(p.EventID), []byte(mailText), time.Minute); !errors.Is(err, effects.ErrInFlight) {
-		t.Fatalf("Begin through another Journal = %v; want ErrInFlight", err)
-	}
-
-	start := time.Now()
-	res, err := plan.Run(ctx, p.EventID, p)
-	if err != nil || !res["ledger"].Replayed() || res["mail"].Status != effects.Applied || mail.calls.Load() != 1 {
-		t.Fatalf("redelivery = %+v, %v after %d mail calls; want the ledger replayed and the mail sent once, on the lease taken back", res, err, mail.calls.Load())
-	}
-	if attempt, live, done := journalRecord(t, clean, mailKey(p.EventID)); attempt != 1 || live || !done {
-		t.Fatalf("mail record: attempt %d, live %v, done %v; want attempt 1, done", attempt, live, done)
-	}
-	t.Logf("redelivery took %v (the lease was a minute)", time.Since(start))
-	if rows(t, clean, p.EventID) != 1 {
-		t.Fatalf("ledger rows = %d, want 1", rows(t, clean, p.EventID))
-	}
-
-	// Outside a plan run, a committed transaction's lease is held by
-	// nobody too, but its Apply reported Applied: the Journal cannot tell
-	// that from a lease a run holds, and leaves it to expire.
-	q := payment{EventID: "evt_lease_ok", Amount: 4}
-	if _, err := ledger.Apply(ctx, effects.MustKey("billing", q.EventID, "ledger"), q); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := journal.Begin(ctx, mailKey(q.EventID), []byte(mailText), time.Minute); !errors.Is(err, effects.ErrInFlight) {
-		t.Fatalf("Begin of a lease whose transaction's reply came = %v; want ErrInFlight", err)
 	}
 }

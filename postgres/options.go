@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/retry"
 )
 
 // DefaultMaxRetries is how often Apply and ApplyBatch retry a transaction
@@ -18,7 +19,7 @@ const DefaultMaxRetries = 5
 
 // retryBackoff spaces those retries: a random pause between half and all
 // of a ceiling that doubles from 2 ms up to 100 ms.
-var retryBackoff = effects.Backoff{Min: 2 * time.Millisecond, Max: 100 * time.Millisecond}
+var retryBackoff = retry.Backoff{Min: 2 * time.Millisecond, Max: 100 * time.Millisecond}
 
 // rollbackTimeout bounds a rollback, which runs even when the caller's
 // context is done so that a healthy connection goes back to the pool.

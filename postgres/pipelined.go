@@ -1,7 +1,6 @@
 package postgres
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -205,53 +204,4 @@ func (e *Effect[In]) attemptPipelined(ctx context.Context, key effects.Key, fp [
 		return e.replay(ctx, conn.Conn(), key, fp, &found)
 	}
 	return e.endFailed(ctx, conn.Conn(), func() { rollbackConn(ctx, conn.Conn()) }, key, fp, err, true, false)
-}
-
-// leaseSQL takes a new key's lease as the first attempt's Begin would, and
-// leaves a key that has a record alone.
-const leaseSQL = `INSERT INTO effectively_journal (scope, key, fingerprint, lease_until, ref)
-VALUES ($1, $2, $3, now() + $4 * interval '1 microsecond', $5)
-ON CONFLICT (scope, key) DO NOTHING`
-
-// LeaseStatement returns a statement that takes key's lease for lease, as
-// the first attempt's Begin would, inside another transaction: the
-// transaction of a pipelined step ([NewPipelined]) of an [effects.Plan]
-// run, taking the lease of a later step's key, with the fingerprint that
-// step will pass to Begin (computed ahead, from what the later step's
-// input will be). Once that transaction has committed with the lease
-// taken, the statement hands it to the run ([effects.HoldLease]), and the
-// later step uses it instead of calling Begin: one round trip and one
-// commit fewer per run. A key that already has a record is left alone,
-// and the later step calls Begin as usual. ctx must be the one the
-// [StatementsFunc] got: outside a plan run nothing uses the lease, and the
-// key stays in flight ([effects.ErrInFlight]) until it expires. When the
-// transaction's outcome is unknown (Apply reports [effects.ErrAmbiguous]),
-// the run ends before the later step, and a lease it took is held by
-// nobody: the Journal remembers it as lost, and its next Begin of key,
-// the later step's in the redelivery's run, takes it back at once (see
-// [Journal.Begin]). It returns
-// an error, before any I/O, for an invalid key or a lease that is not
-// positive.
-func (j *Journal) LeaseStatement(ctx context.Context, key effects.Key, fingerprint []byte, lease time.Duration) (Statement, error) {
-	const op = "postgres.Journal.LeaseStatement"
-	if err := key.Validate(); err != nil {
-		return Statement{}, err
-	}
-	if lease <= 0 {
-		return Statement{}, fmt.Errorf("%s key %q: lease %v is not positive", op, key, lease)
-	}
-	fp := nonNil(bytes.Clone(fingerprint))
-	token := newLeaseToken()
-	return Statement{
-		SQL:  leaseSQL,
-		Args: []any{j.scope, string(key), fp, max(lease.Microseconds(), 1), token},
-		lost: func(sent time.Time) { j.lost.remember(key, token, sent, lease) },
-		OnCommit: func(tag pgconn.CommandTag, began time.Time) {
-			if tag.RowsAffected() == 1 {
-				// The lease runs from the transaction's now(), which is
-				// no earlier than began.
-				effects.HoldLease(ctx, j, key, fp, 1, began, lease)
-			}
-		},
-	}, nil
 }

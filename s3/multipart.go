@@ -88,7 +88,7 @@ func (p *put) multipart(ctx context.Context, in *awss3.PutObjectInput) (effects.
 // abort aborts the upload, even if ctx is done, and joins a failure to
 // err. A missing upload (already completed or aborted) is not a failure.
 func (p *put) abort(ctx context.Context, uploadID *string, err error) error {
-	actx, cancel := effects.Detached(ctx, abortTimeout)
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
 	defer cancel()
 	_, aerr := p.w.client.AbortMultipartUpload(actx, &awss3.AbortMultipartUploadInput{
 		Bucket:   aws.String(p.w.bucket),

@@ -11,7 +11,7 @@ import (
 
 	"effectively.dev/conformance"
 	"effectively.dev/effects"
-	"effectively.dev/internal/memjournal"
+	"effectively.dev/effects/journal/memjournal"
 	"effectively.dev/stripe/stripetest"
 )
 

@@ -84,7 +84,7 @@
 // Stripe keeps keys for at least 24 hours, so the contract's Horizon is
 // 24 h: a redelivery after that creates a second object. If messages can
 // come back later (a long broker retention, a replay tool), give the
-// effect an [effects.Journal] with [WithJournal]. Apply then consults the
+// effect an [journal.Journal] with [WithJournal]. Apply then consults the
 // journal first: a completed record replays the stored id without calling
 // Stripe, however old it is; otherwise Apply calls Stripe and records the
 // id. The contract's Horizon becomes 0, until the journal prunes.
@@ -99,7 +99,7 @@
 // the message came back more than 24 h later). Keep redelivery of failed
 // messages well inside 24 h if that matters to you.
 //
-// With a journal that implements [effects.DoneJournal] (postgres.Journal
+// With a journal that implements [journal.DoneJournal] (postgres.Journal
 // does), the effect takes no lease: a lease would only make a concurrent
 // attempt wait, and Stripe's key already does that (409 while the first
 // request executes, its stored result after). Apply reads the journal
@@ -107,20 +107,16 @@
 // [effects.ErrKeyReused]), calls Stripe, and records the id with one
 // write (MarkDone): one journal write per object instead of two (the
 // lease's and the record's). A failed call leaves nothing behind to
-// release. Inside an [effects.Plan] over a journal that implements
-// [effects.BatchJournal] (postgres.Journal does), that write does not even
-// get a commit of its own: it is held back and commits with the run's
-// next Complete on the same journal (an email's record, say), or when the
-// run ends, before Run returns.
+// release.
 //
-// The journal runs [effects.Journaled]'s protocol and policy, the same as
+// The journal runs [journal.Journaled]'s protocol and policy, the same as
 // package email's and the Kafka producer's: a journal failure before the
 // call is [effects.ErrTransient]; the record of a created object is
 // completed on a context detached from the caller's and retried; if it
 // still does not commit, Apply reports the object as Applied (Stripe has
 // it) and logs it ([WithLogger]), and the next attempt records it from
 // Stripe's replay. With a journal that is not a DoneJournal, Apply takes
-// a lease ([WithLease], default [effects.DefaultLease]), and it does not
+// a lease ([WithLease], default [journal.DefaultLease]), and it does not
 // gate the call. Within Stripe's horizon
 // Stripe's key is the enforcer, so an attempt that finds the key leased by
 // another attempt ([effects.ErrInFlight] from Begin) calls Stripe anyway:
@@ -134,10 +130,10 @@
 //
 // The journal's fingerprint is every field of the params stripe-go sends
 // (as JSON), and the params type. Changed on purpose in this version,
-// with the move to [effects.Journaled]: a journal record that did not
+// with the move to [journal.Journaled]: a journal record that did not
 // commit after Stripe created the object was [effects.ErrAmbiguous] and is
 // now Applied; Complete was tried once and is now retried until
-// [effects.DefaultRecordTimeout]; a journal failure of Begin caused by a
+// [journal.DefaultRecordTimeout]; a journal failure of Begin caused by a
 // cancelled context was the context's error alone and is now
 // [effects.ErrTransient] (the context's error is still reachable); the
 // fingerprint of PaymentIntents and Refunds was the JSON of the typed

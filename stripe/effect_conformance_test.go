@@ -10,7 +10,8 @@ import (
 
 	"effectively.dev/conformance"
 	"effectively.dev/effects"
-	"effectively.dev/internal/memjournal"
+	"effectively.dev/effects/journal"
+	"effectively.dev/effects/journal/memjournal"
 	"effectively.dev/stripe/stripetest"
 )
 
@@ -21,7 +22,7 @@ import (
 type customerHarness struct {
 	srv     *stripetest.Server
 	clock   *agedClock      // the server's and the journal's: Age moves it
-	journal effects.Journal // nil: Stripe's key alone
+	journal journal.Journal // nil: Stripe's key alone
 }
 
 var (

@@ -18,7 +18,7 @@ import (
 	"github.com/stripe/stripe-go/v76/client"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/memjournal"
+	"effectively.dev/effects/journal/memjournal"
 	"effectively.dev/stripe/stripetest"
 )
 

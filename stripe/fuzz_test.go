@@ -13,6 +13,7 @@ import (
 	"github.com/stripe/stripe-go/v76/client"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
 )
 
 // fpJournal is a journal that only records the fingerprint Begin gets and
@@ -21,9 +22,9 @@ type fpJournal struct{ fp []byte }
 
 var errStop = errors.New("fuzz: stop before the call")
 
-func (j *fpJournal) Begin(_ context.Context, _ effects.Key, fp []byte, _ time.Duration) (effects.Record, error) {
+func (j *fpJournal) Begin(_ context.Context, _ effects.Key, fp []byte, _ time.Duration) (journal.Record, error) {
 	j.fp = fp
-	return effects.Record{}, errStop
+	return journal.Record{}, errStop
 }
 func (j *fpJournal) Complete(context.Context, effects.Key, string) error { return nil }
 func (j *fpJournal) Release(context.Context, effects.Key, int) error     { return nil }

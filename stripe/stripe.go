@@ -14,6 +14,7 @@ import (
 	stripego "github.com/stripe/stripe-go/v76"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
 )
 
 // Horizon is how long Stripe keeps an Idempotency-Key: at least 24 hours.
@@ -38,7 +39,7 @@ var ErrReplayedServerError = errors.New("stripe replayed a stored server error f
 type Option func(*config)
 
 type config struct {
-	journal   effects.Journal
+	journal   journal.Journal
 	lease     time.Duration
 	logger    *slog.Logger
 	loggerSet bool
@@ -49,12 +50,12 @@ type config struct {
 // effective past Stripe's 24 h horizon (the contract's Horizon becomes 0:
 // until j prunes). See the package doc for how the journal and Stripe's
 // key overlap, and why the journal's lease does not gate the call. The
-// journal runs [effects.Journaled]'s protocol and policy.
-func WithJournal(j effects.Journal) Option { return func(c *config) { c.journal = j } }
+// journal runs [journal.Journaled]'s protocol and policy.
+func WithJournal(j journal.Journal) Option { return func(c *config) { c.journal = j } }
 
 // WithLease sets how long one attempt holds its key in a journal that
-// takes leases (default [effects.DefaultLease]; a journal that implements
-// [effects.DoneJournal] takes none, see the package doc); it bounds the
+// takes leases (default [journal.DefaultLease]; a journal that implements
+// [journal.DoneJournal] takes none, see the package doc); it bounds the
 // call too, which ends at nine tenths of it. Without [WithJournal] it
 // does nothing. d must be positive.
 func WithLease(d time.Duration) Option { return func(c *config) { c.lease = d } }
@@ -70,13 +71,13 @@ func WithLogger(l *slog.Logger) Option {
 // protocol (with or without a journal) and the contract.
 type effect struct {
 	op       string // "stripe.PaymentIntents.Apply"
-	j        *effects.Journaled
+	j        *journal.Journaled
 	contract effects.Contract
 }
 
 // newEffect validates opts once for the constructor ctor.
 func newEffect(ctor, op string, opts []Option) (effect, error) {
-	cfg := config{lease: effects.DefaultLease}
+	cfg := config{lease: journal.DefaultLease}
 	for _, o := range opts {
 		if o != nil {
 			o(&cfg)
@@ -88,15 +89,15 @@ func newEffect(ctor, op string, opts []Option) (effect, error) {
 	case cfg.loggerSet && cfg.logger == nil:
 		return effect{}, &effects.ConfigError{Op: ctor, Option: "WithLogger", Reason: "nil logger"}
 	}
-	jopts := []effects.JournaledOption{
-		effects.WithJournalLease(cfg.lease),
-		effects.WithOwnerIdempotency(),
-		effects.WithNotApplied(notApplied),
+	jopts := []journal.Option{
+		journal.WithLease(cfg.lease),
+		journal.WithOwnerIdempotency(),
+		journal.WithNotApplied(notApplied),
 	}
 	if cfg.logger != nil {
-		jopts = append(jopts, effects.WithJournalLogger(cfg.logger))
+		jopts = append(jopts, journal.WithLogger(cfg.logger))
 	}
-	j, err := effects.NewJournaled(op, cfg.journal, jopts...)
+	j, err := journal.NewJournaled(op, cfg.journal, jopts...)
 	if err != nil {
 		return effect{}, err
 	}
@@ -131,7 +132,7 @@ func (e *effect) apply(ctx context.Context, key effects.Key, fingerprint func() 
 			return effects.Result{}, fmt.Errorf("%s key %q: %w", e.op, key, err)
 		}
 	}
-	return e.j.Apply(ctx, key, fp, func(ctx context.Context, _ *effects.Attempt) (effects.Result, error) {
+	return e.j.Apply(ctx, key, fp, func(ctx context.Context, _ *journal.Attempt) (effects.Result, error) {
 		return e.call(ctx, key, do)
 	})
 }
@@ -157,7 +158,7 @@ func (e *effect) call(ctx context.Context, key effects.Key, do send) (effects.Re
 // notApplied is this adapter's part of the journal's classification: a
 // Stripe refusal (a decline, an invalid request) proves that Stripe did
 // not apply the effect. ErrTransient, ErrKeyReused, ErrInFlight and
-// configuration errors are covered by effects.Journaled's default;
+// configuration errors are covered by journal.Journaled's default;
 // ambiguous outcomes and replayed server errors are not refusals.
 func notApplied(err error) bool {
 	var re *RequestError

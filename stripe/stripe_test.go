@@ -15,7 +15,7 @@ import (
 
 	"effectively.dev/conformance"
 	"effectively.dev/effects"
-	"effectively.dev/internal/memjournal"
+	"effectively.dev/effects/journal/memjournal"
 	"effectively.dev/stripe/stripetest"
 )
 

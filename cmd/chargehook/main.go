@@ -9,7 +9,7 @@
 // kfake, an in-process S3 (gofakes3), an in-process SMTP server and
 // stripetest; a payment processor, a load
 // balancer and two webhook pods over real HTTP; a worker that is an
-// effects.Consumer over kafka.Source. Faults: the processor resends events
+// consume.Consumer over kafka.Source. Faults: the processor resends events
 // whose 200 it lost, the balancer retries on the sibling of a frozen pod,
 // the worker crashes between commit and ack, and the PostgreSQL primary is
 // killed mid-run and its standby promoted.

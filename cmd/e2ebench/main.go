@@ -9,14 +9,14 @@
 // on), and the variants take turns round by round, in a rotating order, so
 // that the machine's drift hits them alike. The variants:
 //
-//   - defaults: kafka.NewSource → effects.NewConsumer(src, handler) with no
+//   - defaults: kafka.NewSource → consume.New(src, handler) with no
 //     options → postgres.New(pool, scope, write).Apply, the write being the
 //     README's ledger INSERT … RETURNING id (the id is the Result's ref).
 //   - pipelined: defaults with postgres.NewPipelined instead of New: the
 //     ledger INSERT as a statement, sent with the key's row and COMMIT (the
 //     event's id is the ref), one round trip per event.
 //   - batch: the same Source (ordered by partition) and
-//     effects.WithBatch(size, linger, h), h calling postgres.ApplyBatch and
+//     consume.WithBatch(size, linger, h), h calling postgres.ApplyBatch and
 //     postgres.BatchErrors.
 //   - consumer-sql: the same Source and Consumer around the hand-written
 //     handler's transaction (below) instead of postgres.Apply: what the

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/consume"
 	"effectively.dev/kafka"
 	"effectively.dev/postgres"
 )
@@ -49,10 +50,10 @@ var variants = map[string]func(ctx context.Context, r *runEnv) error{
 }
 
 var describe = map[string]string{
-	libDefaults:  "kafka.NewSource → effects.NewConsumer (no options) → postgres.New(...).Apply, ledger INSERT … RETURNING id as the ref",
+	libDefaults:  "kafka.NewSource → consume.New (no options) → postgres.New(...).Apply, ledger INSERT … RETURNING id as the ref",
 	pipelined:    "defaults with postgres.NewPipelined: the ledger INSERT as a statement, sent with the key's row and COMMIT (the event's id as the ref)",
-	libBatch:     "kafka.NewSource → effects.NewConsumer(WithBatch) → postgres.ApplyBatch + BatchErrors",
-	consumerSQL:  "kafka.NewSource → effects.NewConsumer (no options) → the hand-written handler's transaction: the library's consumer alone",
+	libBatch:     "kafka.NewSource → consume.New(WithBatch) → postgres.ApplyBatch + BatchErrors",
+	consumerSQL:  "kafka.NewSource → consume.New (no options) → the hand-written handler's transaction: the library's consumer alone",
 	fetchWait100: "consumer-sql with kgo.FetchMaxWait(100ms) instead of the Source's default 500 ms",
 	handWritten:  "franz-go + pgx: per poll, partitions in parallel; per record BEGIN; claim ON CONFLICT DO NOTHING; INSERT; COMMIT; offsets committed after each poll",
 	floor:        "the same loop with one autocommitted ledger INSERT and no dedup",
@@ -115,15 +116,15 @@ func runEffect(ctx context.Context, r *runEnv, ledger effects.Effect[event]) err
 }
 
 // runDefaultConsumer runs handle behind kafka.NewSource and
-// effects.NewConsumer, both with their defaults (the client's with extra
+// consume.New, both with their defaults (the client's with extra
 // options after them), and counts its successes.
-func runDefaultConsumer(ctx context.Context, r *runEnv, handle effects.Handler, extra ...kgo.Opt) error {
+func runDefaultConsumer(ctx context.Context, r *runEnv, handle consume.Handler, extra ...kgo.Opt) error {
 	src, err := kafka.NewSource(append(r.groupOpts(), extra...))
 	if err != nil {
 		return err
 	}
 	defer src.Close()
-	c, err := effects.NewConsumer(src, func(ctx context.Context, d effects.Delivery) error {
+	c, err := consume.New(src, func(ctx context.Context, d effects.Delivery) error {
 		if err := handle(ctx, d); err != nil {
 			return err
 		}
@@ -152,7 +153,7 @@ func runBatch(ctx context.Context, r *runEnv) error {
 	}
 	defer src.Close()
 	write := fmt.Sprintf(insertLedger, r.ledger)
-	c, err := effects.NewConsumer(src, nil, effects.WithBatch(r.cfg.batch, r.cfg.linger,
+	c, err := consume.New(src, nil, consume.WithBatch(r.cfg.batch, r.cfg.linger,
 		func(ctx context.Context, ds []effects.Delivery) []error {
 			evs := make([]event, len(ds))
 			items := make([]postgres.BatchItem, len(ds))
@@ -195,7 +196,7 @@ func repeat(err error, n int) []error {
 }
 
 // runConsumer runs c until ctx is done, then closes src (which commits).
-func runConsumer(ctx context.Context, c *effects.Consumer, src *kafka.Source) error {
+func runConsumer(ctx context.Context, c *consume.Consumer, src *kafka.Source) error {
 	err := c.Run(ctx)
 	if cerr := src.Close(); err == nil {
 		err = cerr

@@ -57,8 +57,8 @@
 //
 // Journals (conformance.RunJournal), in journals.go: [TwoLeases],
 // [UnfencedRelease], [NoExpiry], [LastRefWins], [LookupIgnoresFingerprint],
-// [MarkDoneNeedsBegin], [CompleteAllIgnoresFingerprint],
-// [CompleteAllReportsSuccess], [CompleteCreates], [FingerprintOnTakeover],
+// [MarkDoneNeedsBegin],
+// [CompleteCreates], [FingerprintOnTakeover],
 // [ShortLease]. Sources (conformance.RunSource), in sources.go:
 // [AckOnNext], [AttemptAlwaysOne], [ReleaseAcks].
 package counterexamples

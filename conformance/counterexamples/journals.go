@@ -3,15 +3,15 @@ package counterexamples
 import (
 	"context"
 	"errors"
-	"slices"
 	"sync"
 	"time"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/memjournal"
+	"effectively.dev/effects/journal"
+	"effectively.dev/effects/journal/memjournal"
 )
 
-// Journals that break the [effects.Journal] contract, each in one way, to
+// Journals that break the [journal.Journal] contract, each in one way, to
 // prove conformance.RunJournal. Each wraps an honest in-memory journal and
 // changes one thing.
 
@@ -22,10 +22,10 @@ import (
 type TwoLeases struct{ *memjournal.Journal }
 
 // Begin grants the lease even while another attempt holds it.
-func (j TwoLeases) Begin(ctx context.Context, key effects.Key, fp []byte, lease time.Duration) (effects.Record, error) {
+func (j TwoLeases) Begin(ctx context.Context, key effects.Key, fp []byte, lease time.Duration) (journal.Record, error) {
 	rec, err := j.Journal.Begin(ctx, key, fp, lease)
 	if errors.Is(err, effects.ErrInFlight) {
-		return effects.Record{Attempt: j.Get(key).Attempt}, nil
+		return journal.Record{Attempt: j.Get(key).Attempt}, nil
 	}
 	return rec, err
 }
@@ -45,7 +45,7 @@ func (j UnfencedRelease) Release(ctx context.Context, key effects.Key, _ int) er
 type NoExpiry struct{ *memjournal.Journal }
 
 // Begin asks for a lease of a hundred years.
-func (j NoExpiry) Begin(ctx context.Context, key effects.Key, fp []byte, _ time.Duration) (effects.Record, error) {
+func (j NoExpiry) Begin(ctx context.Context, key effects.Key, fp []byte, _ time.Duration) (journal.Record, error) {
 	return j.Journal.Begin(ctx, key, fp, 100*365*24*time.Hour)
 }
 
@@ -75,7 +75,7 @@ func (j *LastRefWins) Complete(ctx context.Context, key effects.Key, ref string)
 }
 
 // Begin returns the last reference of a done key.
-func (j *LastRefWins) Begin(ctx context.Context, key effects.Key, fp []byte, lease time.Duration) (effects.Record, error) {
+func (j *LastRefWins) Begin(ctx context.Context, key effects.Key, fp []byte, lease time.Duration) (journal.Record, error) {
 	rec, err := j.Journal.Begin(ctx, key, fp, lease)
 	if err == nil && rec.Done {
 		j.mu.Lock()
@@ -92,7 +92,7 @@ func (j *LastRefWins) Begin(ctx context.Context, key effects.Key, fp []byte, lea
 type LookupIgnoresFingerprint struct{ *memjournal.Journal }
 
 // Lookup looks key up with the stored fingerprint, whatever fp is.
-func (j LookupIgnoresFingerprint) Lookup(ctx context.Context, key effects.Key, fp []byte) (effects.Record, error) {
+func (j LookupIgnoresFingerprint) Lookup(ctx context.Context, key effects.Key, fp []byte) (journal.Record, error) {
 	if stored := j.Get(key).Fingerprint; stored != nil {
 		fp = stored
 	}
@@ -111,34 +111,6 @@ func (j MarkDoneNeedsBegin) MarkDone(ctx context.Context, key effects.Key, fp []
 		return nil
 	}
 	return j.Journal.MarkDone(ctx, key, fp, ref)
-}
-
-// CompleteAllIgnoresFingerprint writes a batch's MarkDones without
-// comparing fingerprints: a key recorded for another payload is reported
-// marked done, so the step that reused the key believes its own effect
-// recorded. Caught by complete-all.
-type CompleteAllIgnoresFingerprint struct{ *memjournal.Journal }
-
-// CompleteAll marks each key done with the fingerprint stored for it.
-func (j CompleteAllIgnoresFingerprint) CompleteAll(ctx context.Context, cs []effects.Completion) []error {
-	cs = slices.Clone(cs)
-	for i, c := range cs {
-		if stored := j.Get(c.Key).Fingerprint; c.MarkDone && stored != nil {
-			cs[i].Fingerprint = stored
-		}
-	}
-	return j.Journal.CompleteAll(ctx, cs)
-}
-
-// CompleteAllReportsSuccess answers every completion of a batch with nil,
-// whatever happened to it: a Complete the journal refused looks recorded.
-// Caught by complete-all.
-type CompleteAllReportsSuccess struct{ *memjournal.Journal }
-
-// CompleteAll writes what it can and reports success for all.
-func (j CompleteAllReportsSuccess) CompleteAll(ctx context.Context, cs []effects.Completion) []error {
-	j.Journal.CompleteAll(ctx, cs)
-	return make([]error, len(cs))
 }
 
 // CompleteCreates records a key it was asked to Complete without a Begin:
@@ -161,7 +133,7 @@ func (j CompleteCreates) Complete(ctx context.Context, key effects.Key, ref stri
 type FingerprintOnTakeover struct{ *memjournal.Journal }
 
 // Begin takes over a free, pending key whatever fp is.
-func (j FingerprintOnTakeover) Begin(ctx context.Context, key effects.Key, fp []byte, lease time.Duration) (effects.Record, error) {
+func (j FingerprintOnTakeover) Begin(ctx context.Context, key effects.Key, fp []byte, lease time.Duration) (journal.Record, error) {
 	if r := j.Get(key); r.Fingerprint != nil && !r.Done && !r.LeaseUntil.After(time.Now()) {
 		fp = r.Fingerprint
 	}
@@ -175,6 +147,6 @@ func (j FingerprintOnTakeover) Begin(ctx context.Context, key effects.Key, fp []
 type ShortLease struct{ *memjournal.Journal }
 
 // Begin caps lease at 200 ms.
-func (j ShortLease) Begin(ctx context.Context, key effects.Key, fp []byte, lease time.Duration) (effects.Record, error) {
+func (j ShortLease) Begin(ctx context.Context, key effects.Key, fp []byte, lease time.Duration) (journal.Record, error) {
 	return j.Journal.Begin(ctx, key, fp, min(lease, 200*time.Millisecond))
 }

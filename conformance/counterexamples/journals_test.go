@@ -7,14 +7,14 @@ import (
 
 	"effectively.dev/conformance"
 	"effectively.dev/conformance/counterexamples"
-	"effectively.dev/effects"
-	"effectively.dev/internal/memjournal"
+	"effectively.dev/effects/journal"
+	"effectively.dev/effects/journal/memjournal"
 )
 
 // journalHarness opens one shared journal for every instance.
-type journalHarness struct{ j effects.Journal }
+type journalHarness struct{ j journal.Journal }
 
-func (h journalHarness) Open(context.Context, *conformance.Faults) (effects.Journal, func(), error) {
+func (h journalHarness) Open(context.Context, *conformance.Faults) (journal.Journal, func(), error) {
 	return h.j, nil, nil
 }
 
@@ -23,37 +23,31 @@ func (h journalHarness) Open(context.Context, *conformance.Faults) (effects.Jour
 func TestRunJournalCatchesCounterexamples(t *testing.T) {
 	cases := []struct {
 		name   string
-		open   func() effects.Journal
+		open   func() journal.Journal
 		caught []string
 	}{
-		{"two attempts hold one lease", func() effects.Journal { return counterexamples.TwoLeases{Journal: memjournal.New(nil)} },
+		{"two attempts hold one lease", func() journal.Journal { return counterexamples.TwoLeases{Journal: memjournal.New(nil)} },
 			[]string{conformance.JournalLease, conformance.JournalConcurrent, conformance.JournalCrashedHolder}},
-		{"release without fencing", func() effects.Journal { return counterexamples.UnfencedRelease{Journal: memjournal.New(nil)} },
+		{"release without fencing", func() journal.Journal { return counterexamples.UnfencedRelease{Journal: memjournal.New(nil)} },
 			[]string{conformance.JournalFencing}},
-		{"leases never expire", func() effects.Journal { return counterexamples.NoExpiry{Journal: memjournal.New(nil)} },
+		{"leases never expire", func() journal.Journal { return counterexamples.NoExpiry{Journal: memjournal.New(nil)} },
 			[]string{conformance.JournalLeaseExpiry, conformance.JournalCrashedHolder}},
-		{"the last reference wins", func() effects.Journal { return counterexamples.NewLastRefWins() },
+		{"the last reference wins", func() journal.Journal { return counterexamples.NewLastRefWins() },
 			[]string{conformance.JournalFirstRef}},
-		{"Lookup ignores the fingerprint", func() effects.Journal {
+		{"Lookup ignores the fingerprint", func() journal.Journal {
 			return counterexamples.LookupIgnoresFingerprint{Journal: memjournal.New(nil)}
 		}, []string{conformance.JournalLookupMarkDone}},
-		{"MarkDone records nothing without Begin", func() effects.Journal {
+		{"MarkDone records nothing without Begin", func() journal.Journal {
 			return counterexamples.MarkDoneNeedsBegin{Journal: memjournal.New(nil)}
 		}, []string{conformance.JournalLookupMarkDone}},
-		{"a takeover adopts another fingerprint", func() effects.Journal {
+		{"a takeover adopts another fingerprint", func() journal.Journal {
 			return counterexamples.FingerprintOnTakeover{Journal: memjournal.New(nil)}
 		}, []string{conformance.JournalLeaseExpiry, conformance.JournalKeyReuse}},
-		{"leases cut to 200 ms", func() effects.Journal { return counterexamples.ShortLease{Journal: memjournal.New(nil)} },
+		{"leases cut to 200 ms", func() journal.Journal { return counterexamples.ShortLease{Journal: memjournal.New(nil)} },
 			[]string{conformance.JournalLeaseExpiry}},
-		{"Complete records a key never begun", func() effects.Journal {
+		{"Complete records a key never begun", func() journal.Journal {
 			return counterexamples.CompleteCreates{Journal: memjournal.New(nil)}
 		}, []string{conformance.JournalFirstRef}},
-		{"CompleteAll ignores the fingerprint", func() effects.Journal {
-			return counterexamples.CompleteAllIgnoresFingerprint{Journal: memjournal.New(nil)}
-		}, []string{conformance.JournalCompleteAll}},
-		{"CompleteAll reports success for all", func() effects.Journal {
-			return counterexamples.CompleteAllReportsSuccess{Journal: memjournal.New(nil)}
-		}, []string{conformance.JournalCompleteAll}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 
 	"effectively.dev/conformance"
 	"effectively.dev/effects"
+	"effectively.dev/effects/retry"
 
 	"example.com/natsjs"
 )
@@ -54,7 +55,7 @@ type agingHarness struct{ *harness }
 
 // Age waits d (or until ctx ends): conformance.Ager.
 func (h agingHarness) Age(ctx context.Context, d time.Duration) error {
-	return effects.Sleep(ctx, d)
+	return retry.Sleep(ctx, d)
 }
 
 // harness gives each scenario a stream of its own on a shared server, and

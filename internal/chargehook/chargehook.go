@@ -9,7 +9,7 @@
 //	[processor] -> [load balancer] -> [pod A | pod B] -> [Kafka] -> [worker] -> [effects]
 //	            (1)                (2)                (3)        (4)         (5)
 //
-// The worker is an effects.Consumer over a kafka.Source; the effects are a
+// The worker is an consume.Consumer over a kafka.Source; the effects are a
 // Stripe PaymentIntent, a Postgres ledger row, an S3 receipt, a Kafka
 // "charged" event and an email receipt. The schedule makes the duplicates
 // the essay names:
@@ -98,6 +98,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/retry"
 	"effectively.dev/email/smtptest"
 	"effectively.dev/internal/machine"
 	"effectively.dev/kafka/kafkatest"
@@ -468,7 +469,7 @@ func drainOutbox(ctx context.Context, pool *pgxpool.Pool) error {
 		if err == nil && unsent == 0 {
 			return nil
 		}
-		if serr := effects.Sleep(ctx, 50*time.Millisecond); serr != nil {
+		if serr := retry.Sleep(ctx, 50*time.Millisecond); serr != nil {
 			return fmt.Errorf("waiting for the outbox relay to publish every charged event (%d left, %v): %w", unsent, err, serr)
 		}
 	}

@@ -227,9 +227,7 @@ func newEffectivelyOnce(d deps, mailLog *slog.Logger) (*effectivelyOnce, error) 
 	// known before they run (the row's id is made here, at random, and is
 	// the ref; the ledger has no other unique index, so that a second row
 	// for an event would show): postgres.NewPipelined sends them with the
-	// key's row and COMMIT in one round trip. The same transaction takes
-	// the receipt mail's lease (its message is known as soon as the row's
-	// id is): the mail step then needs no Begin of its own.
+	// key's row and COMMIT in one round trip.
 	h.ledger, err = postgres.NewPipelined(d.pool, d.scope, func(ctx context.Context, _ effects.Key, in ledgerRow) (string, []postgres.Statement, error) {
 		id := strconv.FormatInt(mathrand.Int64N(math.MaxInt64), 10)
 		msgID, err := effects.NewKey(d.scope, in.EventID, stepEvent)
@@ -241,16 +239,10 @@ func newEffectivelyOnce(d deps, mailLog *slog.Logger) (*effectivelyOnce, error) 
 		if err != nil {
 			return "", nil, err
 		}
-		mailKey, err := effects.NewKey(d.scope, in.EventID, stepMail)
-		if err != nil {
-			return "", nil, err
-		}
-		ev := Event{ID: in.EventID, Account: in.Account, Email: in.Email, Cents: in.Cents}
-		mailLease, err := journal.LeaseStatement(ctx, mailKey, receiptMail(ev, in.PaymentIntent, id).Fingerprint(), lease)
 		return id, []postgres.Statement{{
 			SQL:  `INSERT INTO ` + d.ledger + ` (id, event_id, account, cents, payment_intent) VALUES ($1, $2, $3, $4, $5)`,
 			Args: []any{id, in.EventID, in.Account, in.Cents, in.PaymentIntent},
-		}, event, mailLease}, err
+		}, event}, nil
 	})
 	if err != nil {
 		return nil, err

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/consume"
 	"effectively.dev/email/smtptest"
 	"effectively.dev/kafka/kafkatest"
 	"effectively.dev/s3/s3test"
@@ -53,7 +54,7 @@ type Side struct {
 	Absorbed     map[string]int // per hop: calls that found every effect done
 	Failures     map[string]int // failed attempts by cause (crashes excluded)
 	DeadLettered int
-	Consumer     effects.ConsumerStats
+	Consumer     consume.Stats
 	// Failover is how long the pipeline had no writable primary (kill to
 	// promotion), FailoverAt how many events were done at the kill.
 	Failover   time.Duration

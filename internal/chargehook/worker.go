@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/consume"
 	"effectively.dev/internal/payment"
 	"effectively.dev/kafka"
 )
@@ -32,7 +33,7 @@ var hops = []string{hopFirst, hopSender, hopSib, hopRedelivery, hopFailover, hop
 // it: the effects are committed, and the ack never happens.
 var errCrash = errors.New("chargehook: worker crashed after the effects committed, before the ack")
 
-// worker is the consumer side of one handler's run: an effects.Consumer
+// worker is the consumer side of one handler's run: an consume.Consumer
 // over a kafka.Source, whose handler classifies each delivery, runs the
 // handler, and injects the scheduled crash.
 type worker struct {
@@ -64,7 +65,7 @@ func newWorker(h handler, faults map[string]Faults, fw *failoverWindow, onDone f
 	}
 }
 
-// handle is the effects.Handler.
+// handle is the consume.Handler.
 func (w *worker) handle(ctx context.Context, d effects.Delivery) error {
 	rid := d.Headers[recID]
 	w.mu.Lock()
@@ -159,9 +160,9 @@ func (w *worker) finished() int {
 	return len(w.events)
 }
 
-// consume runs an effects.Consumer over the topic until stop says so.
+// consume runs an consume.Consumer over the topic until stop says so.
 // stop is polled; it gets the number of records handled.
-func (w *worker) consume(ctx context.Context, brokers []kgo.Opt, group, topic string, workers int, obs effects.Observer, stop func(handled int64) bool) (effects.ConsumerStats, error) {
+func (w *worker) consume(ctx context.Context, brokers []kgo.Opt, group, topic string, workers int, obs effects.Observer, stop func(handled int64) bool) (consume.Stats, error) {
 	opts := append(append([]kgo.Opt(nil), brokers...),
 		kgo.ConsumerGroup(group),
 		kgo.ConsumeTopics(topic),
@@ -169,7 +170,7 @@ func (w *worker) consume(ctx context.Context, brokers []kgo.Opt, group, topic st
 	)
 	src, err := kafka.NewSource(opts)
 	if err != nil {
-		return effects.ConsumerStats{}, err
+		return consume.Stats{}, err
 	}
 	defer src.Close()
 	if obs == nil {
@@ -177,18 +178,18 @@ func (w *worker) consume(ctx context.Context, brokers []kgo.Opt, group, topic st
 		// failures too): no log lines from the consumer's default.
 		obs = effects.ObserverFunc(func(context.Context, effects.Event) {})
 	}
-	c, err := effects.NewConsumer(src, w.handle,
-		effects.WithConcurrency(workers),
+	c, err := consume.New(src, w.handle,
+		consume.WithConcurrency(workers),
 		// A failover takes a second or two; a lease a few more. Retry
 		// quickly, long enough to outlast both.
-		effects.WithBackoff(10*time.Millisecond, 400*time.Millisecond),
-		effects.WithMaxAttempts(80),
-		effects.WithDeadLetter(w.deadLetter),
-		effects.WithObserver(obs),
-		effects.WithShutdownGrace(5*time.Second),
+		consume.WithBackoff(10*time.Millisecond, 400*time.Millisecond),
+		consume.WithMaxAttempts(80),
+		consume.WithDeadLetter(w.deadLetter),
+		consume.WithObserver(obs),
+		consume.WithShutdownGrace(5*time.Second),
 	)
 	if err != nil {
-		return effects.ConsumerStats{}, err
+		return consume.Stats{}, err
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -29,6 +29,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
+	"effectively.dev/effects/retry"
 	"effectively.dev/kafka/internal/produce"
 	"effectively.dev/postgres"
 )
@@ -364,7 +366,7 @@ FOR UPDATE SKIP LOCKED`, r.batch)
 	}
 	// The records are in Kafka: record that even if ctx is done, or they
 	// are published again.
-	mctx, cancel := effects.Detached(ctx, effects.DefaultRecordTimeout)
+	mctx, cancel := retry.Detached(ctx, journal.DefaultRecordTimeout)
 	defer cancel()
 	var (
 		sentIDs  []int64
@@ -446,7 +448,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if err == nil && n == r.batch {
 			continue
 		}
-		if effects.Sleep(ctx, r.interval) != nil {
+		if retry.Sleep(ctx, r.interval) != nil {
 			return nil
 		}
 	}
@@ -487,7 +489,7 @@ const rollbackTimeout = 5 * time.Second
 // rollback rolls tx back on a context detached from ctx's cancellation
 // (a no-op after Commit).
 func rollback(ctx context.Context, tx pgx.Tx) {
-	rctx, cancel := effects.Detached(ctx, rollbackTimeout)
+	rctx, cancel := retry.Detached(ctx, rollbackTimeout)
 	defer cancel()
 	_ = tx.Rollback(rctx)
 }

@@ -1,6 +1,6 @@
 // Command chargehook-worker runs only the worker of the chargehook demo, as
 // a process of its own, against a Kafka cluster and a PostgreSQL database
-// that outlive it: an effects.Consumer over a kafka.Source that runs, for
+// that outlive it: an consume.Consumer over a kafka.Source that runs, for
 // every payment event in the input topic, an effects.Plan of two steps:
 //
 //   - "ledger": a row in the chargehook_worker_ledger table, written by
@@ -56,7 +56,7 @@
 //     event's key: the next attempt gets effects.ErrInFlight, and the
 //     consumer retries it, holding back its partition, until the lease
 //     expires (kafka.WithLease; the adapter's own default is
-//     effects.DefaultLease, a minute).
+//     journal.DefaultLease, a minute).
 //   - -session-timeout, -rebalance-timeout and -heartbeat-interval set the
 //     group's timing (franz-go's defaults otherwise); the rebalance torture
 //     runs three workers with a 3 s session, so a frozen worker is dropped
@@ -94,6 +94,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/consume"
 	"effectively.dev/internal/payment"
 	"effectively.dev/kafka"
 	"effectively.dev/postgres"
@@ -207,18 +208,18 @@ func work(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 	}
 	h.src = &tracingSource{Source: src, tr: tr}
 
-	c, err := effects.NewConsumer(h.src, h.handle,
-		effects.WithConcurrency(cfg.concurrency),
+	c, err := consume.New(h.src, h.handle,
+		consume.WithConcurrency(cfg.concurrency),
 		// Poison goes to the dead-letter hook at once; anything else is
 		// retried -max-attempts times, then kept (the hook refuses it)
 		// and retried every max backoff: after a crash a key can stay
 		// leased (ErrInFlight) until its lease expires, and an outage must
 		// hold back its partition, not be dead-lettered.
-		effects.WithMaxAttempts(cfg.maxAttempts),
-		effects.WithBackoff(10*time.Millisecond, 500*time.Millisecond),
-		effects.WithDeadLetter(h.deadLetter),
-		effects.WithShutdownGrace(cfg.grace),
-		effects.WithObserver(effects.ObserverFunc(func(_ context.Context, ev effects.Event) {
+		consume.WithMaxAttempts(cfg.maxAttempts),
+		consume.WithBackoff(10*time.Millisecond, 500*time.Millisecond),
+		consume.WithDeadLetter(h.deadLetter),
+		consume.WithShutdownGrace(cfg.grace),
+		consume.WithObserver(effects.ObserverFunc(func(_ context.Context, ev effects.Event) {
 			if ev.Kind != effects.EventDeadLettered {
 				tr.line("retry", ev.DeliveryID, cause(ev.Err))
 			}
@@ -403,7 +404,7 @@ func (h *handler) newPlan() (*effects.Plan[event], error) {
 	})), nil
 }
 
-// handle is the effects.Handler.
+// handle is the consume.Handler.
 func (h *handler) handle(ctx context.Context, d effects.Delivery) (err error) {
 	if h.tr.on {
 		n := 1

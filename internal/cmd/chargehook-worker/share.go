@@ -33,6 +33,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/consume"
 	"effectively.dev/kafka"
 )
 
@@ -93,18 +94,18 @@ func workShare(ctx context.Context, cfg shareConfig, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
-	c, err := effects.NewConsumer(&tracingShareSource{ShareSource: src, tr: tr}, h.handle,
-		effects.WithConcurrency(cfg.concurrency),
+	c, err := consume.New(&tracingShareSource{ShareSource: src, tr: tr}, h.handle,
+		consume.WithConcurrency(cfg.concurrency),
 		// Never give up on a failure that may heal: a key can stay leased
 		// (ErrInFlight) after a crash until its lease expires. Retries go
 		// back to the broker (Release) until the delivery limit, then stay
 		// in place. Poison and key reuse go to the dead-letter table at
 		// once, as in the group mode.
-		effects.WithMaxAttempts(0),
-		effects.WithDeadLetter(h.deadLetter),
-		effects.WithBackoff(10*time.Millisecond, 500*time.Millisecond),
-		effects.WithShutdownGrace(cfg.grace),
-		effects.WithObserver(effects.ObserverFunc(func(_ context.Context, ev effects.Event) {
+		consume.WithMaxAttempts(0),
+		consume.WithDeadLetter(h.deadLetter),
+		consume.WithBackoff(10*time.Millisecond, 500*time.Millisecond),
+		consume.WithShutdownGrace(cfg.grace),
+		consume.WithObserver(effects.ObserverFunc(func(_ context.Context, ev effects.Event) {
 			c := cause(ev.Err)
 			if errors.Is(ev.Err, kafka.ErrLockExpired) {
 				c = "lock_expired" // a handler outlived its lock: another worker had the record

@@ -1,6 +1,15 @@
-// Package memjournal is an in-memory effects.Journal for tests and
-// examples. It forgets everything when the process exits, so it protects
-// nothing across restarts: programs use postgres.NewJournal.
+// Package memjournal is an in-memory [journal.DoneJournal] for tests,
+// examples and adapter authors, as gocloud's memblob is for blob: the same
+// semantics as postgres.Journal (leases, takeover after expiry, fencing,
+// key-reuse detection), with a clock the test can move.
+//
+// It forgets everything when the process exits, so it protects nothing
+// across restarts: programs use postgres.NewJournal. The conformance
+// suite's RunJournal passes on it, except for the scenarios that need a
+// durable backend.
+//
+//	j := memjournal.New(nil) // time.Now
+//	pj, err := journal.NewJournaled("email.Send", j)
 package memjournal
 
 import (
@@ -11,12 +20,14 @@ import (
 	"time"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
 )
 
-// Journal implements effects.BatchJournal with the same semantics as
+// Journal implements [journal.DoneJournal] with the same semantics as
 // postgres.Journal: leases, takeover after expiry with Attempt + 1,
-// ErrKeyReused on another fingerprint, Release fenced by the attempt,
-// Lookup and MarkDone for the path without a lease, CompleteAll.
+// ErrKeyReused on another fingerprint, ErrInFlight with the rest of the
+// lease as its RetryAfter, Release fenced by the attempt, Lookup and
+// MarkDone for the path without a lease. It is safe for concurrent use.
 type Journal struct {
 	now func() time.Time
 
@@ -25,13 +36,18 @@ type Journal struct {
 	releases int
 }
 
-// Record is the journal's state for one key.
+// Record is the journal's state for one key, as [Journal.Get] returns it.
 type Record struct {
+	// Fingerprint is the payload's fingerprint from the first Begin or
+	// MarkDone.
 	Fingerprint []byte
-	Done        bool
-	Ref         string
-	Attempt     int
-	LeaseUntil  time.Time
+	// Done reports whether the key was completed; Ref is its reference.
+	Done bool
+	Ref  string
+	// Attempt counts the attempts begun.
+	Attempt int
+	// LeaseUntil is when the current lease ends (zero when none).
+	LeaseUntil time.Time
 }
 
 // New returns an empty journal reading time from now (time.Now if nil).
@@ -50,25 +66,26 @@ func usable(ctx context.Context, key effects.Key) error {
 	return ctx.Err()
 }
 
-// Begin implements effects.Journal.
-func (j *Journal) Begin(ctx context.Context, key effects.Key, fp []byte, lease time.Duration) (effects.Record, error) {
+// Begin implements [journal.Journal].
+func (j *Journal) Begin(ctx context.Context, key effects.Key, fp []byte, lease time.Duration) (journal.Record, error) {
 	if err := usable(ctx, key); err != nil {
-		return effects.Record{}, err
+		return journal.Record{}, err
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	r := j.recordLocked(key, fp)
 	switch {
 	case !bytes.Equal(r.Fingerprint, fp):
-		return effects.Record{}, &effects.Error{Kind: effects.ErrKeyReused, Op: "memjournal.Begin", Key: key}
+		return journal.Record{}, &effects.Error{Kind: effects.ErrKeyReused, Op: "memjournal.Begin", Key: key}
 	case r.Done:
-		return effects.Record{Done: true, Ref: r.Ref, Attempt: r.Attempt}, nil
+		return journal.Record{Done: true, Ref: r.Ref, Attempt: r.Attempt}, nil
 	case j.now().Before(r.LeaseUntil):
-		return effects.Record{}, &effects.Error{Kind: effects.ErrInFlight, Op: "memjournal.Begin", Key: key}
+		return journal.Record{}, &effects.Error{Kind: effects.ErrInFlight, Op: "memjournal.Begin", Key: key,
+			RetryAfter: r.LeaseUntil.Sub(j.now())}
 	}
 	r.Attempt++
 	r.LeaseUntil = j.now().Add(lease)
-	return effects.Record{Attempt: r.Attempt}, nil
+	return journal.Record{Attempt: r.Attempt}, nil
 }
 
 // recordLocked returns key's record, creating it with fp if there is none.
@@ -82,7 +99,7 @@ func (j *Journal) recordLocked(key effects.Key, fp []byte) *Record {
 	return r
 }
 
-// Complete implements effects.Journal. Like postgres.Journal, it refuses
+// Complete implements [journal.Journal]. Like postgres.Journal, it refuses
 // a key that was never begun.
 func (j *Journal) Complete(_ context.Context, key effects.Key, ref string) error {
 	if err := key.Validate(); err != nil {
@@ -100,25 +117,25 @@ func (j *Journal) Complete(_ context.Context, key effects.Key, ref string) error
 	return nil
 }
 
-// Lookup implements effects.DoneJournal.
-func (j *Journal) Lookup(ctx context.Context, key effects.Key, fp []byte) (effects.Record, error) {
+// Lookup implements [journal.DoneJournal].
+func (j *Journal) Lookup(ctx context.Context, key effects.Key, fp []byte) (journal.Record, error) {
 	if err := usable(ctx, key); err != nil {
-		return effects.Record{}, err
+		return journal.Record{}, err
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	switch r := j.recs[key]; {
 	case r == nil:
-		return effects.Record{}, nil
+		return journal.Record{}, nil
 	case !bytes.Equal(r.Fingerprint, fp):
-		return effects.Record{}, &effects.Error{Kind: effects.ErrKeyReused, Op: "memjournal.Lookup", Key: key}
+		return journal.Record{}, &effects.Error{Kind: effects.ErrKeyReused, Op: "memjournal.Lookup", Key: key}
 	case r.Done:
-		return effects.Record{Done: true, Ref: r.Ref, Attempt: r.Attempt}, nil
+		return journal.Record{Done: true, Ref: r.Ref, Attempt: r.Attempt}, nil
 	}
-	return effects.Record{}, nil
+	return journal.Record{}, nil
 }
 
-// MarkDone implements effects.DoneJournal.
+// MarkDone implements [journal.DoneJournal].
 func (j *Journal) MarkDone(ctx context.Context, key effects.Key, fp []byte, ref string) error {
 	if err := usable(ctx, key); err != nil {
 		return err
@@ -135,22 +152,7 @@ func (j *Journal) MarkDone(ctx context.Context, key effects.Key, fp []byte, ref 
 	return nil
 }
 
-// CompleteAll implements effects.BatchJournal: each completion as
-// Complete or MarkDone alone would write it (there is no transaction to
-// fail in memory).
-func (j *Journal) CompleteAll(ctx context.Context, cs []effects.Completion) []error {
-	errs := make([]error, len(cs))
-	for i, c := range cs {
-		if c.MarkDone {
-			errs[i] = j.MarkDone(ctx, c.Key, c.Fingerprint, c.Ref)
-		} else {
-			errs[i] = j.Complete(ctx, c.Key, c.Ref)
-		}
-	}
-	return errs
-}
-
-// Release implements effects.Journal.
+// Release implements [journal.Journal].
 func (j *Journal) Release(_ context.Context, key effects.Key, attempt int) error {
 	if err := key.Validate(); err != nil {
 		return err

@@ -1,4 +1,4 @@
-package effects_test
+package consume_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/consume"
 )
 
 // releasingSource is a memSource that is also an effects.Releaser: a
@@ -66,9 +67,9 @@ func TestConsumerCountsTheSourcesAttempts(t *testing.T) {
 	c := newConsumer(t, src, func(ctx context.Context, d effects.Delivery) error {
 		attempts.Add(1)
 		return errors.New("downstream 503")
-	}, effects.WithMaxAttempts(3), effects.WithBackoff(time.Millisecond, time.Millisecond),
-		effects.WithObserver(obs),
-		effects.WithDeadLetter(func(ctx context.Context, d effects.Delivery, err error) error {
+	}, consume.WithMaxAttempts(3), consume.WithBackoff(time.Millisecond, time.Millisecond),
+		consume.WithObserver(obs),
+		consume.WithDeadLetter(func(ctx context.Context, d effects.Delivery, err error) error {
 			dead.Add(1)
 			return nil
 		}))
@@ -118,7 +119,7 @@ func TestConsumerReleasesRetriesToAReleaser(t *testing.T) {
 					return errors.New("not yet")
 				}
 				return nil
-			}, effects.WithBackoff(time.Millisecond, time.Millisecond), effects.WithObserver(&events{}))
+			}, consume.WithBackoff(time.Millisecond, time.Millisecond), consume.WithObserver(&events{}))
 			stop := start(t, c)
 			waitFor(t, 10*time.Second, "the ack", func() bool { return src.ackCount("a") == 1 })
 			if err := stop(); err != nil {
@@ -188,10 +189,10 @@ func TestConsumerDropsDeliveriesTheSourceNoLongerOwns(t *testing.T) {
 				}
 				return nil
 			}
-			var opts []effects.ConsumerOption
-			var h effects.Handler
+			var opts []consume.Option
+			var h consume.Handler
 			if batch {
-				opts = append(opts, effects.WithBatch(1, 0, func(ctx context.Context, ds []effects.Delivery) []error {
+				opts = append(opts, consume.WithBatch(1, 0, func(ctx context.Context, ds []effects.Delivery) []error {
 					errs := make([]error, len(ds))
 					for i, d := range ds {
 						errs[i] = handle(d)
@@ -237,7 +238,7 @@ func TestConsumerBatchSkipsDeliveriesNotOwned(t *testing.T) {
 	c := newConsumer(t, src, nil,
 		// The batch waits until the consumer holds all five (then nothing
 		// more can arrive), so one batch holds owned and unowned ones.
-		effects.WithBatch(10, time.Hour, func(ctx context.Context, ds []effects.Delivery) []error {
+		consume.WithBatch(10, time.Hour, func(ctx context.Context, ds []effects.Delivery) []error {
 			mu.Lock()
 			defer mu.Unlock()
 			var ids []string
@@ -251,9 +252,9 @@ func TestConsumerBatchSkipsDeliveriesNotOwned(t *testing.T) {
 			batches = append(batches, ids)
 			return errs
 		}),
-		effects.WithConcurrency(1), effects.WithMaxPending(len(ds)),
-		effects.WithObserver(&events{}),
-		effects.WithDeadLetter(func(ctx context.Context, d effects.Delivery, err error) error {
+		consume.WithConcurrency(1), consume.WithMaxPending(len(ds)),
+		consume.WithObserver(&events{}),
+		consume.WithDeadLetter(func(ctx context.Context, d effects.Delivery, err error) error {
 			mu.Lock()
 			defer mu.Unlock()
 			dead = append(dead, d.ID)

@@ -1,4 +1,4 @@
-package effects
+package consume
 
 import (
 	"context"
@@ -10,11 +10,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"effectively.dev/effects"
+	"effectively.dev/effects/retry"
 	"effectively.dev/internal/ratelog"
 )
 
 // Handler handles one delivery: it does the delivery's side effects, each
-// idempotent under a key derived from Delivery.ID (a [Plan], an [Effect]),
+// idempotent under a key derived from effects.Delivery.ID (a [Plan], an [Effect]),
 // and returns nil once they are done, that is committed by their owners.
 // The [Consumer] acks the delivery only after that; an error means "not
 // done, do not ack".
@@ -24,7 +26,7 @@ import (
 // running when shutdown begins can finish its work. A handler may be called
 // again for the same delivery (a retry, a redelivery after a crash) and must
 // therefore be idempotent; that is what package effects is for.
-type Handler func(ctx context.Context, d Delivery) error
+type Handler func(ctx context.Context, d effects.Delivery) error
 
 // BatchHandler handles several deliveries at once (see [WithBatch]), for
 // example by claiming all their keys and writing all their effects in one
@@ -45,31 +47,17 @@ type Handler func(ctx context.Context, d Delivery) error
 // and it is acked; if the order of effects matters even then, fail the
 // rest of the run too: those deliveries are tried again after the failed
 // one, and these attempts do not count against their budget.
-type BatchHandler func(ctx context.Context, ds []Delivery) []error
+type BatchHandler func(ctx context.Context, ds []effects.Delivery) []error
 
 // Consumer errors.
 var (
-	// ErrPoison marks a handler error that no retry can fix, such as a body
-	// that does not parse: the consumer hands the delivery to the
-	// dead-letter hook after the first attempt instead of retrying it. Wrap
-	// it: fmt.Errorf("decoding the event: %w: %w", effects.ErrPoison, err).
-	// [ErrKeyReused] and [ErrInvalidKey] are treated the same way.
-	ErrPoison = errors.New("poison delivery: retrying cannot succeed")
-
 	// ErrBatchResults is the error every delivery of a batch gets when a
 	// [BatchHandler] returned a slice whose length differs from the batch's.
 	ErrBatchResults = errors.New("batch handler returned the wrong number of results")
 
-	// ErrConsumerRunning is returned by [Consumer.Run] while another Run
+	// ErrRunning is returned by [Consumer.Run] while another Run
 	// of the same Consumer is in progress.
-	ErrConsumerRunning = errors.New("consumer is already running")
-
-	// ErrNotReleased is what a [Releaser] wraps when it declines, by
-	// design, to release a delivery (kafka.ErrDeliveryLimit: the broker
-	// would archive it unseen). The consumer then retries the delivery in
-	// place without reporting a failure; any other Release error is
-	// reported as [EventFailed] before the retry in place.
-	ErrNotReleased = errors.New("delivery not released: retried in place")
+	ErrRunning = errors.New("consumer is already running")
 )
 
 // Defaults of a [Consumer], used when the matching option is not given.
@@ -89,15 +77,15 @@ const (
 	DefaultMaxPending = 1024
 )
 
-// ConsumerOption configures a [Consumer]; see [NewConsumer].
-type ConsumerOption func(*consumerConfig)
+// Option configures a [Consumer]; see [New].
+type Option func(*config)
 
-type consumerConfig struct {
+type config struct {
 	concurrency            int
 	maxAttempts            int
 	minBackoff, maxBackoff time.Duration
-	deadLetter             func(ctx context.Context, d Delivery, err error) error
-	observer               Observer
+	deadLetter             func(ctx context.Context, d effects.Delivery, err error) error
+	observer               effects.Observer
 	grace                  time.Duration
 	maxPending             int
 	maxPendingSet          bool
@@ -113,16 +101,16 @@ type consumerConfig struct {
 // the same time. Deliveries with the same Ordering never run concurrently
 // whatever n is, so a Kafka topic with p partitions keeps at most p handlers
 // busy. n must be at least 1.
-func WithConcurrency(n int) ConsumerOption {
-	return func(c *consumerConfig) { c.concurrency = n }
+func WithConcurrency(n int) Option {
+	return func(c *config) { c.concurrency = n }
 }
 
 // WithMaxAttempts sets how many times the handler is tried for one
 // delivery before the delivery goes to the dead-letter hook (default
 // [DefaultMaxAttempts], 10). 0 retries forever (errors marked permanent
 // still go to the hook at once). n must not be negative.
-func WithMaxAttempts(n int) ConsumerOption {
-	return func(c *consumerConfig) { c.maxAttempts = n }
+func WithMaxAttempts(n int) Option {
+	return func(c *config) { c.maxAttempts = n }
 }
 
 // WithBackoff sets the pause between attempts: it starts at min and doubles
@@ -132,13 +120,13 @@ func WithMaxAttempts(n int) ConsumerOption {
 // (30 s); with the default 10 attempts a delivery is dead-lettered after
 // about 25 to 50 seconds of failures. A delivery that can neither succeed
 // nor be dead-lettered is retried every max. 0 < min <= max.
-func WithBackoff(min, max time.Duration) ConsumerOption {
-	return func(c *consumerConfig) { c.minBackoff, c.maxBackoff = min, max }
+func WithBackoff(min, max time.Duration) Option {
+	return func(c *config) { c.minBackoff, c.maxBackoff = min, max }
 }
 
 // WithDeadLetter sets the hook that takes a delivery the consumer gives up
 // on: after [WithMaxAttempts] failed attempts, or at once when the error is
-// permanent ([ErrKeyReused], [ErrInvalidKey], [ErrPoison]). err is the last
+// permanent ([effects.ErrKeyReused], [effects.ErrInvalidKey], [effects.ErrPoison]). err is the last
 // attempt's error. The hook typically writes the delivery to a dead-letter
 // topic or table; it must be idempotent, because a crash between the hook
 // and the ack calls it again after the redelivery.
@@ -146,19 +134,19 @@ func WithBackoff(min, max time.Duration) ConsumerOption {
 // If the hook returns nil, the consumer acks the delivery: it is handled,
 // by the hook. If it returns an error, the delivery is not acked and the
 // consumer keeps it, retrying the handler (and, on failure, the hook) every
-// max backoff, reporting each round as [EventFailed].
+// max backoff, reporting each round as [effects.EventFailed].
 //
 // Without a hook, nothing is ever dropped: a delivery the consumer gives
 // up on stays unacked and is retried every max backoff, as above, and the
 // deliveries behind it with the same Ordering wait. See [Consumer] for why.
-func WithDeadLetter(f func(ctx context.Context, d Delivery, err error) error) ConsumerOption {
-	return func(c *consumerConfig) { c.deadLetter = f }
+func WithDeadLetter(f func(ctx context.Context, d effects.Delivery, err error) error) Option {
+	return func(c *config) { c.deadLetter = f }
 }
 
-// WithObserver reports every failed attempt to o: [EventRetried] when
-// another attempt follows, [EventDeadLettered] when the dead-letter hook
-// took the delivery, [EventFailed] otherwise (the delivery stays unacked),
-// and EventFailed when an Ack fails. Events carry DeliveryID, Attempt (the
+// WithObserver reports every failed attempt to o: [effects.EventRetried] when
+// another attempt follows, [effects.EventDeadLettered] when the dead-letter hook
+// took the delivery, [effects.EventFailed] otherwise (the delivery stays unacked),
+// and effects.EventFailed when an Ack fails. Events carry DeliveryID, Attempt (the
 // failed attempt's number, from 1), Duration (the handler's run time) and
 // Err. Successful attempts are counted in [Consumer.Stats], not observed.
 //
@@ -167,16 +155,16 @@ func WithDeadLetter(f func(ctx context.Context, d Delivery, err error) error) Co
 // second, with a count of the lines held back): retries at level Info,
 // failures and dead letters at Warn, each with delivery_id, attempt and
 // error. To silence them, pass an observer that does nothing.
-func WithObserver(o Observer) ConsumerOption {
-	return func(c *consumerConfig) { c.observer = o }
+func WithObserver(o effects.Observer) Option {
+	return func(c *config) { c.observer = o }
 }
 
 // WithShutdownGrace sets how long handlers that are running when Run's
 // context is cancelled may take to finish (default
 // [DefaultShutdownGrace], 10 s). Their context is cancelled when the grace
 // expires. 0 cancels it at once. d must not be negative.
-func WithShutdownGrace(d time.Duration) ConsumerOption {
-	return func(c *consumerConfig) { c.grace = d }
+func WithShutdownGrace(d time.Duration) Option {
+	return func(c *config) { c.grace = d }
 }
 
 // WithMaxPending bounds how many deliveries the consumer holds: taken
@@ -189,13 +177,13 @@ func WithShutdownGrace(d time.Duration) ConsumerOption {
 // as the source bounds what one Ordering may hold (kafka.Source does, per
 // partition: kafka.WithMaxPendingPerPartition). The cost is memory: n
 // deliveries' bodies. n must be at least 1.
-func WithMaxPending(n int) ConsumerOption {
-	return func(c *consumerConfig) { c.maxPending, c.maxPendingSet = n, true }
+func WithMaxPending(n int) Option {
+	return func(c *config) { c.maxPending, c.maxPendingSet = n, true }
 }
 
 // WithBatch makes the consumer hand deliveries to h in batches of up to
 // size, instead of one by one to a [Handler] (pass a nil Handler to
-// [NewConsumer]).
+// [New]).
 //
 // Order: a batch takes the deliveries whose turn it is, each with the run
 // of deliveries of its Ordering waiting behind it (consecutive, in order,
@@ -215,41 +203,41 @@ func WithMaxPending(n int) ConsumerOption {
 // Each delivery keeps its own attempt count and backoff; a failed delivery
 // joins a later batch when its backoff expires, and is acked or
 // dead-lettered on its own. size must be at least 1, linger not negative.
-func WithBatch(size int, linger time.Duration, h BatchHandler) ConsumerOption {
-	return func(c *consumerConfig) {
+func WithBatch(size int, linger time.Duration, h BatchHandler) Option {
+	return func(c *config) {
 		c.batchSet, c.batchSize, c.batchLinger, c.batch = true, size, linger, h
 	}
 }
 
-// ConsumerStats counts what a [Consumer] did, over all its runs.
-type ConsumerStats struct {
+// Stats counts what a [Consumer] did, over all its runs.
+type Stats struct {
 	// Delivered counts deliveries taken from the source.
 	Delivered int64
 	// Acked counts successful Acks: after the handler returned nil, or
 	// after the dead-letter hook took the delivery.
 	Acked int64
 	// Retried counts failed attempts that were followed by another attempt
-	// within the attempt budget ([EventRetried]).
+	// within the attempt budget ([effects.EventRetried]).
 	Retried int64
 	// DeadLettered counts deliveries the dead-letter hook took
-	// ([EventDeadLettered]).
+	// ([effects.EventDeadLettered]).
 	DeadLettered int64
-	// Failed counts [EventFailed]: failed attempts after which the delivery
+	// Failed counts [effects.EventFailed]: failed attempts after which the delivery
 	// stayed unacked (no dead-letter hook, or the hook failed, or shutdown
 	// had begun), and failed Acks. It is the number to alert on.
 	Failed int64
-	// Released counts deliveries handed back to a [Releaser] source for
+	// Released counts deliveries handed back to a [effects.Releaser] source for
 	// redelivery instead of retried in place: retries within the attempt
 	// budget (also counted in Retried), and deliveries given up on and
 	// kept, whose hook failed or is missing (also counted in Failed).
 	Released int64
 	// Dropped counts deliveries the consumer let go unhandled because the
-	// source no longer owned them ([OwnershipChecker]): a revoked
+	// source no longer owned them ([effects.OwnershipChecker]): a revoked
 	// partition, an expired acquisition lock. Their new owner handles them.
 	Dropped int64
 }
 
-// Consumer takes deliveries from a [Source], hands each to a [Handler], and
+// Consumer takes deliveries from a [effects.Source], hands each to a [Handler], and
 // acks it only after the handler returned nil: side effect first, then ack.
 // A delivery whose handler failed is never acked; the consumer retries it in
 // place (it keeps the delivery, and its turn in its Ordering, instead of
@@ -257,10 +245,10 @@ type ConsumerStats struct {
 // [WithMaxAttempts] attempts (or at once, for a permanent error) hands it to
 // the dead-letter hook, acking it only if the hook returns nil.
 //
-// Which errors are permanent: those wrapping [ErrKeyReused],
-// [ErrInvalidKey] or [ErrPoison]; retrying the same key cannot succeed.
+// Which errors are permanent: those wrapping [effects.ErrKeyReused],
+// [effects.ErrInvalidKey] or [effects.ErrPoison]; retrying the same key cannot succeed.
 // Every other error is retried up to the budget, including errors
-// [Retryable] would call permanent because no adapter classified them: a
+// [effects.Retryable] would call permanent because no adapter classified them: a
 // handler's error is often the application's own (a 503 from a downstream
 // service) and may heal, and the budget bounds the cost when it does not.
 //
@@ -272,13 +260,13 @@ type ConsumerStats struct {
 //
 // What it never does: ack a delivery whose handler failed or was
 // interrupted, ack a delivery twice, or drop one the source still owns (a
-// source that is an [OwnershipChecker] may say a delivery is no longer its
+// source that is an [effects.OwnershipChecker] may say a delivery is no longer its
 // own, a revoked partition: the consumer then drops it before its next
-// attempt, counted in [ConsumerStats].Dropped, and the new owner handles
+// attempt, counted in [Stats].Dropped, and the new owner handles
 // it). When a delivery can
 // neither succeed nor be dead-lettered (no hook, or the hook fails), it
 // stays unacked and is retried every max backoff, each round reported as
-// [EventFailed] and counted in [ConsumerStats].Failed, rather than stopping
+// [effects.EventFailed] and counted in [Stats].Failed, rather than stopping
 // the consumer: after N failures the cause is as often an outage (the
 // database is down) as a poison message, and stopping would turn every
 // outage longer than the retry budget into a crash loop that also halts
@@ -288,17 +276,17 @@ type ConsumerStats struct {
 // visible by default: without [WithObserver], they are logged to
 // slog.Default(), rate-limited.
 //
-// An Ack that fails is reported as EventFailed and not retried: the source
+// An Ack that fails is reported as effects.EventFailed and not retried: the source
 // delivers the message again and the idempotent handler replays it. With
 // package kafka this happens to deliveries of a partition revoked while they
 // were queued or running (kafka.ErrRevoked): the partition's new owner
 // handles them too.
 //
-// Attempts are counted from [Delivery].Attempt when the source knows it (a
+// Attempts are counted from [effects.Delivery].Attempt when the source knows it (a
 // share group's delivery count), so the budget holds across processes. With
-// a [Releaser] source, a delivery without an Ordering that is to be retried
+// a [effects.Releaser] source, a delivery without an Ordering that is to be retried
 // is released back to the broker after its backoff instead of retried in
-// place (counted in [ConsumerStats].Released); if the release fails it is
+// place (counted in [Stats].Released); if the release fails it is
 // retried in place.
 //
 // The consumer does not recover panics: a panicking handler crashes the
@@ -306,9 +294,9 @@ type ConsumerStats struct {
 //
 // A Consumer is safe for concurrent use; Run runs one at a time.
 type Consumer struct {
-	src Source
+	src effects.Source
 	h   Handler
-	cfg consumerConfig
+	cfg config
 
 	running                                       atomic.Bool
 	delivered, acked, retried, deadLettered, fail atomic.Int64
@@ -316,16 +304,16 @@ type Consumer struct {
 	log                                           ratelog.Limiter // without an observer
 }
 
-// NewConsumer returns a consumer of src that hands every delivery to h
+// New returns a consumer of src that hands every delivery to h
 // (or, with [WithBatch], batches to the batch handler; then h must be nil).
-// It returns a *[ConfigError] for a nil source, a missing or doubled
+// It returns a *[effects.ConfigError] for a nil source, a missing or doubled
 // handler, or an invalid option. Nil options are ignored.
 //
 // Defaults: 8 concurrent handlers, 10 attempts, backoff from 100 ms to 30 s,
 // no dead-letter hook, failures logged to slog.Default() (no observer),
 // 10 s shutdown grace, 1024 pending deliveries.
-func NewConsumer(src Source, h Handler, opts ...ConsumerOption) (*Consumer, error) {
-	cfg := consumerConfig{
+func New(src effects.Source, h Handler, opts ...Option) (*Consumer, error) {
+	cfg := config{
 		concurrency: DefaultConcurrency,
 		maxAttempts: DefaultMaxAttempts,
 		minBackoff:  DefaultMinBackoff,
@@ -338,7 +326,7 @@ func NewConsumer(src Source, h Handler, opts ...ConsumerOption) (*Consumer, erro
 		}
 	}
 	bad := func(option, format string, args ...any) (*Consumer, error) {
-		return nil, &ConfigError{Op: "effects.NewConsumer", Option: option, Reason: fmt.Sprintf(format, args...)}
+		return nil, &effects.ConfigError{Op: "consume.New", Option: option, Reason: fmt.Sprintf(format, args...)}
 	}
 	switch {
 	case src == nil:
@@ -376,8 +364,8 @@ func NewConsumer(src Source, h Handler, opts ...ConsumerOption) (*Consumer, erro
 }
 
 // Stats returns the consumer's counters.
-func (c *Consumer) Stats() ConsumerStats {
-	return ConsumerStats{
+func (c *Consumer) Stats() Stats {
+	return Stats{
 		Delivered:    c.delivered.Load(),
 		Acked:        c.acked.Load(),
 		Retried:      c.retried.Load(),
@@ -401,13 +389,13 @@ func (c *Consumer) Stats() ConsumerStats {
 // Run returns nil after a shutdown caused by ctx. When Next fails while ctx
 // is not done, Run shuts down the same way and returns that error, wrapped
 // (errors.Is and errors.As see it): the consumer does not retry a failing
-// source. It returns [ErrConsumerRunning] if another Run is in progress.
+// source. It returns [ErrRunning] if another Run is in progress.
 //
 // The consumer does not close the source; do it after Run returned (a Kafka
 // source commits its acked offsets when closed).
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
-		return ErrConsumerRunning
+		return ErrRunning
 	}
 	defer c.running.Store(false)
 
@@ -459,7 +447,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 // task is one delivery being handled.
 type task struct {
-	d       Delivery
+	d       effects.Delivery
 	attempt int   // attempts counted
 	lane    *lane // its Ordering's lane; nil without an Ordering
 	done    bool  // finished: to be dropped from its lane
@@ -541,7 +529,7 @@ func (r *run) fetch() error {
 			if r.ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("effects.Consumer: source failed, consumer stopped: %w", err)
+			return fmt.Errorf("consume.Consumer: source failed, consumer stopped: %w", err)
 		}
 		r.c.delivered.Add(1)
 		if r.ctx.Err() != nil {
@@ -620,7 +608,7 @@ func (r *run) retryAfter(t *task, delay time.Duration) {
 }
 
 // resume takes t up again after its backoff: drops it if the source no
-// longer owns it, releases it to a [Releaser] source (deliveries without an
+// longer owns it, releases it to a [effects.Releaser] source (deliveries without an
 // Ordering only: a released delivery would lose its turn), or makes it
 // ready to retry in place.
 func (r *run) resume(t *task) {
@@ -628,14 +616,14 @@ func (r *run) resume(t *task) {
 		r.settle([]*task{t}, []error{errNotOwned}, 0)
 		return
 	}
-	if rel, ok := r.c.src.(Releaser); ok && t.lane == nil {
+	if rel, ok := r.c.src.(effects.Releaser); ok && t.lane == nil {
 		err := rel.Release(r.hctx, t.d)
 		if err == nil {
 			r.c.released.Add(1)
 			<-r.slots
 			return
 		}
-		if !errors.Is(err, ErrNotReleased) {
+		if !errors.Is(err, effects.ErrNotReleased) {
 			r.failed(t, 0, fmt.Errorf("release for redelivery failed; retrying in place: %w", err))
 		}
 	}
@@ -648,7 +636,7 @@ var errNotOwned = errors.New("effects: delivery no longer owned by this source")
 // owns reports whether the source still owns t's delivery (true for a
 // source that does not say).
 func (r *run) owns(t *task) bool {
-	oc, ok := r.c.src.(OwnershipChecker)
+	oc, ok := r.c.src.(effects.OwnershipChecker)
 	return !ok || oc.Owns(t.d)
 }
 
@@ -695,7 +683,7 @@ func (r *run) batchWorker() {
 			return // not started: left unacked
 		}
 		errs := make([]error, len(batch))
-		ds := make([]Delivery, 0, len(batch))
+		ds := make([]effects.Delivery, 0, len(batch))
 		var owned []int // batch indexes of ds
 		for i, t := range batch {
 			if !r.owns(t) {
@@ -962,20 +950,20 @@ func (r *run) settleOne(t *task, err error, took time.Duration) (outcome, time.D
 		return outDone, 0
 	}
 	exhausted := c.cfg.maxAttempts > 0 && t.attempt >= c.cfg.maxAttempts
-	if !Permanent(err) && !exhausted {
+	if !effects.Permanent(err) && !exhausted {
 		c.retried.Add(1)
-		r.observe(EventRetried, t, took, err)
+		r.observe(effects.EventRetried, t, took, err)
 		return outRetry, c.cfg.backoff(t.attempt)
 	}
 	why := fmt.Sprintf("gave up after %d attempts", t.attempt)
-	if Permanent(err) {
+	if effects.Permanent(err) {
 		why = "permanent error"
 	}
 	if hook := c.cfg.deadLetter; hook != nil {
 		herr := hook(r.hctx, t.d, err)
 		if herr == nil {
 			c.deadLettered.Add(1)
-			r.observe(EventDeadLettered, t, took, err)
+			r.observe(effects.EventDeadLettered, t, took, err)
 			r.ack(t)
 			return outDone, 0
 		}
@@ -1001,13 +989,13 @@ func (r *run) ack(t *task) {
 
 func (r *run) failed(t *task, took time.Duration, err error) {
 	r.c.fail.Add(1)
-	r.observe(EventFailed, t, took, err)
+	r.observe(effects.EventFailed, t, took, err)
 }
 
 // observe reports an event to the observer, or, without one, logs it to
 // slog.Default() (rate-limited).
-func (r *run) observe(kind EventKind, t *task, took time.Duration, err error) {
-	ev := Event{Kind: kind, DeliveryID: t.d.ID, Attempt: t.attempt, Duration: took, Err: err}
+func (r *run) observe(kind effects.EventKind, t *task, took time.Duration, err error) {
+	ev := effects.Event{Kind: kind, DeliveryID: t.d.ID, Attempt: t.attempt, Duration: took, Err: err}
 	if o := r.c.cfg.observer; o != nil {
 		o.Observe(r.hctx, ev)
 		return
@@ -1015,30 +1003,21 @@ func (r *run) observe(kind EventKind, t *task, took time.Duration, err error) {
 	r.c.logDefault(r.hctx, ev)
 }
 
-// Permanent reports whether err is one a [Consumer] gives up on at once,
-// without another attempt, because retrying the same key cannot succeed:
-// it wraps [ErrKeyReused], [ErrInvalidKey] or [ErrPoison]. A dead-letter
-// hook that takes only such deliveries (and refuses failures that may
-// heal, such as an outage) branches on it.
-func Permanent(err error) bool {
-	return errors.Is(err, ErrKeyReused) || errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrPoison)
-}
-
 // backoff returns the pause after failed attempt number attempt (from 1);
 // attempt 0 means the longest pause. See [Backoff].
-func (c *consumerConfig) backoff(attempt int) time.Duration {
-	return Backoff{Min: c.minBackoff, Max: c.maxBackoff}.Delay(attempt)
+func (c *config) backoff(attempt int) time.Duration {
+	return retry.Backoff{Min: c.minBackoff, Max: c.maxBackoff}.Delay(attempt)
 }
 
 // logDefault logs a failure event to slog.Default(), rate-limited: what
 // a Consumer without an observer does, so that failures are visible.
-func (c *Consumer) logDefault(ctx context.Context, ev Event) {
-	level, msg := slog.LevelWarn, "effects.Consumer: delivery failed; kept unacked"
+func (c *Consumer) logDefault(ctx context.Context, ev effects.Event) {
+	level, msg := slog.LevelWarn, "consume.Consumer: delivery failed; kept unacked"
 	switch ev.Kind {
-	case EventRetried:
-		level, msg = slog.LevelInfo, "effects.Consumer: attempt failed; retrying"
-	case EventDeadLettered:
-		msg = "effects.Consumer: delivery dead-lettered"
+	case effects.EventRetried:
+		level, msg = slog.LevelInfo, "consume.Consumer: attempt failed; retrying"
+	case effects.EventDeadLettered:
+		msg = "consume.Consumer: delivery dead-lettered"
 	}
 	c.log.Log(ctx, level, msg,
 		slog.String("delivery_id", ev.DeliveryID),

@@ -7,8 +7,8 @@ import (
 	"go.uber.org/goleak"
 
 	"effectively.dev/conformance"
-	"effectively.dev/effects"
-	"effectively.dev/internal/memjournal"
+	"effectively.dev/effects/journal"
+	"effectively.dev/effects/journal/memjournal"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -17,11 +17,11 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // the "database" every process shares.
 type memHarness struct{ j *memjournal.Journal }
 
-func (h memHarness) Open(context.Context, *conformance.Faults) (effects.Journal, func(), error) {
+func (h memHarness) Open(context.Context, *conformance.Faults) (journal.Journal, func(), error) {
 	return h.j, nil, nil
 }
 
-// TestConformance holds the in-memory journal to the effects.Journal
+// TestConformance holds the in-memory journal to the journal.Journal
 // contract: the tests of every adapter that use it rest on it.
 func TestConformance(t *testing.T) {
 	rep := conformance.RunJournal(t, "memjournal", func(testing.TB) conformance.JournalHarness {

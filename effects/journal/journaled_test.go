@@ -1,4 +1,4 @@
-package effects_test
+package journal_test
 
 import (
 	"bytes"
@@ -13,7 +13,8 @@ import (
 	"time"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/memjournal"
+	"effectively.dev/effects/journal"
+	"effectively.dev/effects/journal/memjournal"
 )
 
 // faultyJournal wraps a memjournal and fails the calls a test schedules.
@@ -27,12 +28,12 @@ type faultyJournal struct {
 	begins, completes, releaseNos []int
 }
 
-func (j *faultyJournal) Begin(ctx context.Context, key effects.Key, fp []byte, lease time.Duration) (effects.Record, error) {
+func (j *faultyJournal) Begin(ctx context.Context, key effects.Key, fp []byte, lease time.Duration) (journal.Record, error) {
 	j.mu.Lock()
 	j.begins = append(j.begins, 1)
 	j.mu.Unlock()
 	if j.beginErr != nil {
-		return effects.Record{}, j.beginErr
+		return journal.Record{}, j.beginErr
 	}
 	return j.Journal.Begin(ctx, key, fp, lease)
 }
@@ -72,7 +73,7 @@ type owner struct {
 	fail    error // returned instead of doing the effect
 }
 
-func (o *owner) call(_ context.Context, a *effects.Attempt) (effects.Result, error) {
+func (o *owner) call(_ context.Context, a *journal.Attempt) (effects.Result, error) {
 	o.calls.Add(1)
 	if o.fail != nil {
 		return effects.Result{}, o.fail
@@ -81,9 +82,9 @@ func (o *owner) call(_ context.Context, a *effects.Attempt) (effects.Result, err
 	return effects.Result{Status: effects.Applied, Ref: fmt.Sprint("ref-", n)}, nil
 }
 
-func newJournaled(t *testing.T, j effects.Journal, opts ...effects.JournaledOption) *effects.Journaled {
+func newJournaled(t *testing.T, j journal.Journal, opts ...journal.Option) *journal.Journaled {
 	t.Helper()
-	p, err := effects.NewJournaled("test.Apply", j, opts...)
+	p, err := journal.NewJournaled("test.Apply", j, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,14 +164,14 @@ func TestJournaledInFlight(t *testing.T) {
 	// An owner that dedups on the key is called anyway, and its success
 	// is recorded although this attempt holds no lease.
 	var leased []bool
-	call := func(ctx context.Context, a *effects.Attempt) (effects.Result, error) {
+	call := func(ctx context.Context, a *journal.Attempt) (effects.Result, error) {
 		leased = append(leased, a.Leased())
 		return effects.Result{Status: effects.Replayed, Ref: "owner-ref"}, nil
 	}
 	// leaseOnly hides memjournal's DoneJournal methods, so that Apply
 	// takes the lease path.
-	type leaseOnly struct{ effects.Journal }
-	res, err := newJournaled(t, leaseOnly{j}, effects.WithOwnerIdempotency()).Apply(context.Background(), key, fp, call)
+	type leaseOnly struct{ journal.Journal }
+	res, err := newJournaled(t, leaseOnly{j}, journal.WithOwnerIdempotency()).Apply(context.Background(), key, fp, call)
 	if err != nil || res.Status != effects.Replayed || res.Ref != "owner-ref" {
 		t.Fatalf("owner-keyed Apply = %+v, %v", res, err)
 	}
@@ -204,8 +205,8 @@ func TestJournaledCompleteIsRetriedThenReportsTheTruth(t *testing.T) {
 		}
 		j := &faultyJournal{Journal: memjournal.New(nil), completeErr: errs}
 		var logs bytes.Buffer
-		p := newJournaled(t, j, effects.WithRecordTimeout(200*time.Millisecond),
-			effects.WithJournalLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+		p := newJournaled(t, j, journal.WithRecordTimeout(200*time.Millisecond),
+			journal.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 		o := &owner{}
 		res, err := p.Apply(context.Background(), "k", fp, o.call)
 		if err != nil || res.Status != effects.Applied || res.Ref != "ref-1" {
@@ -228,7 +229,7 @@ func TestJournaledCompleteIsRetriedThenReportsTheTruth(t *testing.T) {
 	t.Run("a permanent error is not retried", func(t *testing.T) {
 		j := &faultyJournal{Journal: memjournal.New(nil), completeErr: []error{errors.New("not begun in this scope")}}
 		var logs bytes.Buffer
-		p := newJournaled(t, j, effects.WithJournalLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+		p := newJournaled(t, j, journal.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 		if _, err := p.Apply(context.Background(), "k", fp, (&owner{}).call); err != nil {
 			t.Fatal(err)
 		}
@@ -241,7 +242,7 @@ func TestJournaledCompleteIsRetriedThenReportsTheTruth(t *testing.T) {
 func TestJournaledCompleteRunsAfterTheCallerGaveUp(t *testing.T) {
 	j := memjournal.New(nil)
 	ctx, cancel := context.WithCancel(context.Background())
-	call := func(context.Context, *effects.Attempt) (effects.Result, error) {
+	call := func(context.Context, *journal.Attempt) (effects.Result, error) {
 		cancel() // the caller gives up while the owner confirms
 		return effects.Result{Status: effects.Applied, Ref: "r"}, nil
 	}
@@ -271,7 +272,7 @@ func TestJournaledReleasesOnlyAfterDefiniteFailures(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			j := &faultyJournal{Journal: memjournal.New(nil)}
-			p := newJournaled(t, j, effects.WithNotApplied(func(err error) bool { return errors.Is(err, declined) }))
+			p := newJournaled(t, j, journal.WithNotApplied(func(err error) bool { return errors.Is(err, declined) }))
 			o := &owner{fail: tc.err}
 			_, err := p.Apply(context.Background(), "k", fp, o.call)
 			if err != tc.err {
@@ -300,7 +301,7 @@ func TestJournaledReleasesOnlyAfterDefiniteFailures(t *testing.T) {
 func TestJournaledFailedReleaseIsLogged(t *testing.T) {
 	j := &faultyJournal{Journal: memjournal.New(nil), releaseErr: errors.New("journal down")}
 	var logs bytes.Buffer
-	p := newJournaled(t, j, effects.WithJournalLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	p := newJournaled(t, j, journal.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	o := &owner{fail: effects.Transient("owner", "k", errors.New("refused"))}
 	if _, err := p.Apply(context.Background(), "k", fp, o.call); !errors.Is(err, effects.ErrTransient) {
 		t.Fatalf("Apply = %v", err)
@@ -329,7 +330,7 @@ type cancelAfterBegin struct {
 	cancel context.CancelFunc
 }
 
-func (j *cancelAfterBegin) Begin(ctx context.Context, key effects.Key, fp []byte, lease time.Duration) (effects.Record, error) {
+func (j *cancelAfterBegin) Begin(ctx context.Context, key effects.Key, fp []byte, lease time.Duration) (journal.Record, error) {
 	defer j.cancel()
 	return j.faultyJournal.Begin(ctx, key, fp, lease)
 }
@@ -338,12 +339,12 @@ func TestJournaledCallEndsBeforeItsLease(t *testing.T) {
 	const lease = 10 * time.Second
 	var deadline time.Time
 	var ok bool
-	call := func(ctx context.Context, a *effects.Attempt) (effects.Result, error) {
+	call := func(ctx context.Context, a *journal.Attempt) (effects.Result, error) {
 		deadline, ok = ctx.Deadline()
 		return effects.Result{Status: effects.Applied}, nil
 	}
 	start := time.Now()
-	if _, err := newJournaled(t, memjournal.New(nil), effects.WithJournalLease(lease)).Apply(context.Background(), "k", fp, call); err != nil {
+	if _, err := newJournaled(t, memjournal.New(nil), journal.WithLease(lease)).Apply(context.Background(), "k", fp, call); err != nil {
 		t.Fatal(err)
 	}
 	if !ok || deadline.Sub(start) > lease || deadline.Sub(start) < lease/2 {
@@ -354,8 +355,8 @@ func TestJournaledCallEndsBeforeItsLease(t *testing.T) {
 func TestJournaledLateSuccessIsRecorded(t *testing.T) {
 	j := memjournal.New(nil)
 	p := newJournaled(t, j)
-	var late *effects.Attempt
-	call := func(ctx context.Context, a *effects.Attempt) (effects.Result, error) {
+	var late *journal.Attempt
+	call := func(ctx context.Context, a *journal.Attempt) (effects.Result, error) {
 		late = a
 		return effects.Result{}, effects.Ambiguous("owner", "k", errors.New("gave up waiting"))
 	}
@@ -376,7 +377,7 @@ func TestJournaledWithoutJournal(t *testing.T) {
 	p := newJournaled(t, nil)
 	o := &owner{}
 	var number int
-	call := func(ctx context.Context, a *effects.Attempt) (effects.Result, error) {
+	call := func(ctx context.Context, a *journal.Attempt) (effects.Result, error) {
 		number = a.Number()
 		return o.call(ctx, a)
 	}
@@ -415,24 +416,24 @@ func TestNewJournaledRefusesBadConfiguration(t *testing.T) {
 	j := memjournal.New(nil)
 	for _, tc := range []struct {
 		name, op, option string
-		opts             []effects.JournaledOption
+		opts             []journal.Option
 	}{
 		{"empty op", "", "op", nil},
-		{"zero lease", "x", "WithJournalLease", []effects.JournaledOption{effects.WithJournalLease(0)}},
-		{"negative lease", "x", "WithJournalLease", []effects.JournaledOption{effects.WithJournalLease(-time.Second)}},
-		{"zero record timeout", "x", "WithRecordTimeout", []effects.JournaledOption{effects.WithRecordTimeout(0)}},
+		{"zero lease", "x", "WithLease", []journal.Option{journal.WithLease(0)}},
+		{"negative lease", "x", "WithLease", []journal.Option{journal.WithLease(-time.Second)}},
+		{"zero record timeout", "x", "WithRecordTimeout", []journal.Option{journal.WithRecordTimeout(0)}},
 	} {
-		_, err := effects.NewJournaled(tc.op, j, tc.opts...)
+		_, err := journal.NewJournaled(tc.op, j, tc.opts...)
 		var ce *effects.ConfigError
 		if !errors.As(err, &ce) || ce.Option != tc.option {
 			t.Errorf("%s: %v, want a *ConfigError naming %s", tc.name, err, tc.option)
 		}
 	}
-	p, err := effects.NewJournaled("x", j, nil, effects.WithJournalLease(time.Second), nil)
+	p, err := journal.NewJournaled("x", j, nil, journal.WithLease(time.Second), nil)
 	if err != nil || p.Lease() != time.Second {
 		t.Errorf("nil options: %v, lease %v; want them ignored", err, p.Lease())
 	}
-	if p, _ := effects.NewJournaled("x", j); p.Lease() != effects.DefaultLease || p.Journal() != effects.Journal(j) {
+	if p, _ := journal.NewJournaled("x", j); p.Lease() != journal.DefaultLease || p.Journal() != journal.Journal(j) {
 		t.Errorf("default lease %v, want DefaultLease", p.Lease())
 	}
 }
@@ -440,13 +441,13 @@ func TestNewJournaledRefusesBadConfiguration(t *testing.T) {
 // An adapter built on Journaled: an in-memory "mailer" whose call is all
 // it writes.
 func ExampleJournaled() {
-	journal := memjournal.New(nil) // in production: postgres.NewJournal
-	send, err := effects.NewJournaled("mailer.Send", journal)
+	j := memjournal.New(nil) // in production: postgres.NewJournal
+	send, err := journal.NewJournaled("mailer.Send", j)
 	if err != nil {
 		panic(err)
 	}
 	sent := 0
-	call := func(ctx context.Context, a *effects.Attempt) (effects.Result, error) {
+	call := func(ctx context.Context, a *journal.Attempt) (effects.Result, error) {
 		sent++ // the effect: talk to the owner, classify its errors
 		return effects.Result{Status: effects.Applied, Ref: fmt.Sprint("queued-", sent)}, nil
 	}
@@ -472,10 +473,10 @@ type doneJournal struct {
 	lookups, marks int
 }
 
-func (j *doneJournal) Lookup(ctx context.Context, key effects.Key, fp []byte) (effects.Record, error) {
+func (j *doneJournal) Lookup(ctx context.Context, key effects.Key, fp []byte) (journal.Record, error) {
 	j.lookups++
 	if j.lookupErr != nil {
-		return effects.Record{}, j.lookupErr
+		return journal.Record{}, j.lookupErr
 	}
 	return j.Journal.Lookup(ctx, key, fp)
 }
@@ -500,11 +501,11 @@ func TestJournaledOwnerKeyedTakesNoLease(t *testing.T) {
 	j := newDone()
 	var leased []bool
 	o := &owner{}
-	call := func(ctx context.Context, a *effects.Attempt) (effects.Result, error) {
+	call := func(ctx context.Context, a *journal.Attempt) (effects.Result, error) {
 		leased = append(leased, a.Leased() || a.Number() != 0)
 		return o.call(ctx, a)
 	}
-	p := newJournaled(t, j, effects.WithOwnerIdempotency())
+	p := newJournaled(t, j, journal.WithOwnerIdempotency())
 	res, err := p.Apply(ctx, key, fp, call)
 	if err != nil || res != (effects.Result{Status: effects.Applied, Ref: "ref-1"}) {
 		t.Fatalf("Apply = %+v, %v", res, err)
@@ -527,7 +528,7 @@ func TestJournaledOwnerKeyedTakesNoLease(t *testing.T) {
 	t.Run("a failed call records and releases nothing", func(t *testing.T) {
 		j := newDone()
 		o := &owner{fail: effects.Ambiguous("owner", key, errors.New("reply lost"))}
-		if _, err := newJournaled(t, j, effects.WithOwnerIdempotency()).Apply(ctx, key, fp, o.call); !errors.Is(err, effects.ErrAmbiguous) {
+		if _, err := newJournaled(t, j, journal.WithOwnerIdempotency()).Apply(ctx, key, fp, o.call); !errors.Is(err, effects.ErrAmbiguous) {
 			t.Fatalf("Apply = %v, want the call's error", err)
 		}
 		if _, _, releases := j.counts(); releases != 0 || j.marks != 0 || j.Get(key).Fingerprint != nil {
@@ -538,7 +539,7 @@ func TestJournaledOwnerKeyedTakesNoLease(t *testing.T) {
 		j := newDone()
 		j.lookupErr = errors.New("connection refused")
 		o := &owner{}
-		_, err := newJournaled(t, j, effects.WithOwnerIdempotency()).Apply(ctx, key, fp, o.call)
+		_, err := newJournaled(t, j, journal.WithOwnerIdempotency()).Apply(ctx, key, fp, o.call)
 		if !errors.Is(err, effects.ErrTransient) || o.calls.Load() != 0 {
 			t.Errorf("Apply = %v after %d calls, want ErrTransient without a call", err, o.calls.Load())
 		}
@@ -547,7 +548,7 @@ func TestJournaledOwnerKeyedTakesNoLease(t *testing.T) {
 		j := newDone()
 		lost := effects.Ambiguous("journal.MarkDone", key, errors.New("reply lost"))
 		j.markErrs = []error{lost, lost}
-		res, err := newJournaled(t, j, effects.WithOwnerIdempotency()).Apply(ctx, key, fp, (&owner{}).call)
+		res, err := newJournaled(t, j, journal.WithOwnerIdempotency()).Apply(ctx, key, fp, (&owner{}).call)
 		if err != nil || res.Status != effects.Applied || j.marks != 3 || !j.Get(key).Done {
 			t.Errorf("Apply = %+v, %v after %d MarkDone calls, record %+v; want applied and recorded on the third", res, err, j.marks, j.Get(key))
 		}

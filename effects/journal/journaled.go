@@ -1,4 +1,4 @@
-package effects
+package journal
 
 import (
 	"context"
@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"effectively.dev/effects"
+	"effectively.dev/effects/retry"
 )
 
 // Defaults of a [Journaled], used when the matching option is not given.
 const (
 	// DefaultLease is how long one attempt of a journaled effect holds its
-	// key ([WithJournalLease]). Every adapter in this module uses it
+	// key ([WithLease]). Every adapter in this module uses it
 	// unless its own lease option says otherwise.
 	DefaultLease = time.Minute
 	// DefaultRecordTimeout bounds the journal writes that follow the
@@ -28,7 +31,7 @@ const (
 // the promotion, and the pipeline resumed about 100 ms after the naive
 // handler's. Each try is one statement, or one failed connection attempt
 // while the journal is down.
-var completeBackoff = Backoff{Min: 10 * time.Millisecond, Max: 100 * time.Millisecond}
+var completeBackoff = retry.Backoff{Min: 10 * time.Millisecond, Max: 100 * time.Millisecond}
 
 // Journaled is the journaled-effect protocol, written once for every
 // adapter whose owner cannot hold the key for as long as messages can come
@@ -45,18 +48,18 @@ var completeBackoff = Backoff{Min: 10 * time.Millisecond, Max: 100 * time.Millis
 //
 // # Policy
 //
-//   - A journal error from Begin other than [ErrInFlight] and
-//     [ErrKeyReused] (a lost reply, a refused connection, a cancelled
-//     context, an error the journal did not classify) is [ErrTransient]:
+//   - A journal error from Begin other than [effects.ErrInFlight] and
+//     [effects.ErrKeyReused] (a lost reply, a refused connection, a cancelled
+//     context, an error the journal did not classify) is [effects.ErrTransient]:
 //     the effect was not attempted, so the same key may be retried, and
-//     [Retryable] says so. The journal's own error stays reachable with
+//     [effects.Retryable] says so. The journal's own error stays reachable with
 //     errors.As, but not its kind: an ambiguous Begin is not an ambiguous
 //     effect.
-//   - A done record is replayed ([Replayed], the stored Ref) without
+//   - A done record is replayed ([effects.Replayed], the stored Ref) without
 //     calling the owner. A key begun with another fingerprint is
-//     [ErrKeyReused]. A key whose lease another attempt holds is
-//     [ErrInFlight], unless the owner dedups on the key itself
-//     ([WithOwnerIdempotency], Stripe's Idempotency-Key): then the call
+//     [effects.ErrKeyReused]. A key whose lease another attempt holds is
+//     [effects.ErrInFlight], unless the owner dedups on the key itself
+//     ([WithOwnerIdempotency], Stripe's Idempotency-effects.Key): then the call
 //     goes ahead without the lease, the owner answers in-flight or
 //     replays, and a success is recorded.
 //   - When the owner dedups on the key and the journal is a
@@ -65,30 +68,27 @@ var completeBackoff = Backoff{Min: 10 * time.Millisecond, Max: 100 * time.Millis
 //     success is recorded with MarkDone. One journal write per effect
 //     instead of two, and the same duplicate window: a success whose
 //     record did not commit is redone only by a redelivery past the
-//     owner's own horizon, as after a lease that expired. Inside a
-//     [Plan.Run] over a [BatchJournal], that record is written with the
-//     run's next Complete on the same journal, or when the run ends: it
-//     has committed when Run returns, not when Apply does.
+//     owner's own horizon, as after a lease that expired.
 //   - The call runs under a deadline at nine tenths of the lease, so an
 //     attempt that takes the key over after the lease expired never
 //     overlaps this one. A caller's context that ended between Begin and
-//     the call releases the lease and is [ErrTransient].
+//     the call releases the lease and is [effects.ErrTransient].
 //   - After a success, Complete runs on a context detached from the
 //     caller's, bounded by [DefaultRecordTimeout], and is retried with
-//     backoff while its error is [Retryable]. If the record still does not
+//     backoff while its error is [effects.Retryable]. If the record still does not
 //     commit, Apply returns the owner's success anyway and logs the
-//     failure: the owner confirmed the effect, so the truth is Applied.
-//     An error would make the caller retry into ErrInFlight and, once the
+//     failure: the owner confirmed the effect, so the truth is effects.Applied.
+//     An error would make the caller retry into effects.ErrInFlight and, once the
 //     lease expired, do the effect again; success lets it ack, and only a
 //     redelivery after the lease can duplicate (the window the adapters
 //     declare: after the owner's confirmation, before the record commits).
 //   - After a failure the adapter classifies as certainly not applied
-//     ([WithNotApplied]; by default [ErrTransient], [ErrKeyReused],
-//     [ErrInFlight], [ErrInvalidKey] and [ErrInvalidConfig]), the lease is
+//     ([WithNotApplied]; by default [effects.ErrTransient], [effects.ErrKeyReused],
+//     [effects.ErrInFlight], [effects.ErrInvalidKey] and [effects.ErrInvalidConfig]), the lease is
 //     released once, on a detached context, so the retry need not wait for
 //     it; a failed Release is logged and the lease expires on its own.
 //     Any other failure leaves the record pending: the lease decides
-//     (ErrInFlight within it, a new attempt after it).
+//     (effects.ErrInFlight within it, a new attempt after it).
 //   - One lease for every adapter, [DefaultLease], unless the adapter's
 //     option says otherwise.
 //
@@ -105,15 +105,12 @@ type Journaled struct {
 	ownerKeyed  bool
 	logger      *slog.Logger
 	callTimeout time.Duration
-	// batch is journal as a BatchJournal whose records a plan run may hold
-	// (see batchJournal), or nil.
-	batch BatchJournal
 }
 
-// JournaledOption configures a [Journaled]; see [NewJournaled].
-type JournaledOption func(*journaledConfig)
+// Option configures a [Journaled]; see [NewJournaled].
+type Option func(*config)
 
-type journaledConfig struct {
+type config struct {
 	lease      time.Duration
 	record     time.Duration
 	notApplied func(error) bool
@@ -121,12 +118,12 @@ type journaledConfig struct {
 	logger     *slog.Logger
 }
 
-// WithJournalLease sets how long one attempt holds its key (default
-// [DefaultLease]). Within the lease, other attempts get [ErrInFlight];
+// WithLease sets how long one attempt holds its key (default
+// [DefaultLease]). Within the lease, other attempts get [effects.ErrInFlight];
 // after it, an attempt whose outcome stayed unknown is done again. Keep it
 // well above the time the effect takes. d must be positive.
-func WithJournalLease(d time.Duration) JournaledOption {
-	return func(c *journaledConfig) { c.lease = d }
+func WithLease(d time.Duration) Option {
+	return func(c *config) { c.lease = d }
 }
 
 // WithRecordTimeout bounds the journal writes after the effect, Complete
@@ -134,57 +131,57 @@ func WithJournalLease(d time.Duration) JournaledOption {
 // even when the caller's context has ended: the owner already has the
 // effect (or certainly has not), and recording that is what keeps the next
 // attempt honest. d must be positive.
-func WithRecordTimeout(d time.Duration) JournaledOption {
-	return func(c *journaledConfig) { c.record = d }
+func WithRecordTimeout(d time.Duration) Option {
+	return func(c *config) { c.record = d }
 }
 
 // WithNotApplied sets the adapter's classification of a failed call:
 // notApplied(err) reports whether the owner certainly did not apply the
 // effect (it refused the request, or the request never reached it), so the
 // lease is released. It is consulted in addition to the default, which
-// holds for every adapter: [ErrTransient], [ErrKeyReused], [ErrInFlight],
-// [ErrInvalidKey] and [ErrInvalidConfig]. Return false when unsure: a
+// holds for every adapter: [effects.ErrTransient], [effects.ErrKeyReused], [effects.ErrInFlight],
+// [effects.ErrInvalidKey] and [effects.ErrInvalidConfig]. Return false when unsure: a
 // release after an applied effect lets the next attempt do it again.
-func WithNotApplied(notApplied func(err error) bool) JournaledOption {
-	return func(c *journaledConfig) { c.notApplied = notApplied }
+func WithNotApplied(notApplied func(err error) bool) Option {
+	return func(c *config) { c.notApplied = notApplied }
 }
 
 // WithOwnerIdempotency declares that the owner dedups on the key itself
-// within its own horizon (Stripe's Idempotency-Key): an attempt that finds
+// within its own horizon (Stripe's Idempotency-effects.Key): an attempt that finds
 // the lease held by another calls the owner anyway instead of returning
-// [ErrInFlight], since the owner answers in-flight or replays, and records
+// [effects.ErrInFlight], since the owner answers in-flight or replays, and records
 // what it replays. A lost reply then costs one retry, not a lease expiry.
-func WithOwnerIdempotency() JournaledOption {
-	return func(c *journaledConfig) { c.ownerKeyed = true }
+func WithOwnerIdempotency() Option {
+	return func(c *config) { c.ownerKeyed = true }
 }
 
-// WithJournalLogger sets where Apply reports what it cannot return: a
+// WithLogger sets where Apply reports what it cannot return: a
 // success the journal did not record, a lease it could not release, a key
 // done again after an earlier attempt recorded nothing. The default is
 // slog.Default() at the time of the event.
-func WithJournalLogger(l *slog.Logger) JournaledOption {
-	return func(c *journaledConfig) { c.logger = l }
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) { c.logger = l }
 }
 
 // NewJournaled returns the protocol for the effect named op (e.g.
 // "email.Send", used in errors and logs) over j, which may be nil for an
-// adapter whose journal is optional. It returns a *[ConfigError] for an
+// adapter whose journal is optional. It returns a *[effects.ConfigError] for an
 // empty op or an option with an invalid value.
-func NewJournaled(op string, j Journal, opts ...JournaledOption) (*Journaled, error) {
-	cfg := journaledConfig{lease: DefaultLease, record: DefaultRecordTimeout}
+func NewJournaled(op string, j Journal, opts ...Option) (*Journaled, error) {
+	cfg := config{lease: DefaultLease, record: DefaultRecordTimeout}
 	for _, o := range opts {
 		if o != nil {
 			o(&cfg)
 		}
 	}
 	bad := func(option, format string, args ...any) error {
-		return &ConfigError{Op: "effects.NewJournaled", Option: option, Reason: fmt.Sprintf(format, args...)}
+		return &effects.ConfigError{Op: "journal.NewJournaled", Option: option, Reason: fmt.Sprintf(format, args...)}
 	}
 	switch {
 	case op == "":
 		return nil, bad("op", "empty; name the effect, e.g. \"email.Send\"")
 	case cfg.lease <= 0:
-		return nil, bad("WithJournalLease", "lease %v is not positive", cfg.lease)
+		return nil, bad("WithLease", "lease %v is not positive", cfg.lease)
 	case cfg.record <= 0:
 		return nil, bad("WithRecordTimeout", "timeout %v is not positive", cfg.record)
 	}
@@ -197,7 +194,6 @@ func NewJournaled(op string, j Journal, opts ...JournaledOption) (*Journaled, er
 		ownerKeyed:  cfg.ownerKeyed,
 		logger:      cfg.logger,
 		callTimeout: cfg.lease - cfg.lease/10,
-		batch:       batchJournal(j),
 	}, nil
 }
 
@@ -209,19 +205,19 @@ func (j *Journaled) Lease() time.Duration { return j.lease }
 
 // JournaledCall does the effect once, for one attempt of [Journaled.Apply].
 // ctx is the caller's, bounded by the attempt's deadline when it holds a
-// lease. On success it returns the owner's reference in a [Result] with
-// Status [Applied], or [Replayed] when the owner itself reports a replay
-// (Stripe's Idempotent-Replayed). On failure it returns an error already
-// classified with this package's kinds ([ErrAmbiguous] when the owner may
-// have the effect, [ErrTransient] when it certainly has not, ...), which
+// lease. On success it returns the owner's reference in a [effects.Result] with
+// Status [effects.Applied], or [effects.Replayed] when the owner itself reports a replay
+// (Stripe's Idempotent-effects.Replayed). On failure it returns an error already
+// classified with this package's kinds ([effects.ErrAmbiguous] when the owner may
+// have the effect, [effects.ErrTransient] when it certainly has not, ...), which
 // Apply returns as it is.
-type JournaledCall func(ctx context.Context, a *Attempt) (Result, error)
+type JournaledCall func(ctx context.Context, a *Attempt) (effects.Result, error)
 
 // Attempt is one attempt of [Journaled.Apply], as its call sees it.
 type Attempt struct {
 	j      *Journaled
 	ctx    context.Context
-	key    Key
+	key    effects.Key
 	number int
 	leased bool
 	// unleased is the journal that records a success with MarkDone, on
@@ -240,7 +236,7 @@ func (a *Attempt) Number() int { return a.number }
 func (a *Attempt) Leased() bool { return a.leased }
 
 // Late records a success that the owner confirmed after the call had
-// returned (it stopped waiting and returned [ErrAmbiguous]; a Kafka record
+// returned (it stopped waiting and returned [effects.ErrAmbiguous]; a Kafka record
 // still in flight was acked later): the record is completed with ref, with
 // the same detached context, retries and logging as an ordinary success,
 // so the retry replays it instead of doing the effect again. It blocks for
@@ -255,53 +251,38 @@ func (a *Attempt) Late(ref string) {
 // (see [Journal].Begin; unused without a journal) and call does the
 // effect. It validates key before any I/O. See [Journaled] for what each
 // outcome returns.
-func (j *Journaled) Apply(ctx context.Context, key Key, fingerprint []byte, call JournaledCall) (Result, error) {
+func (j *Journaled) Apply(ctx context.Context, key effects.Key, fingerprint []byte, call JournaledCall) (effects.Result, error) {
 	if err := key.Validate(); err != nil {
-		return Result{}, err
+		return effects.Result{}, err
 	}
 	a := &Attempt{j: j, ctx: ctx, key: key}
 	if j.journal == nil {
 		if err := ctx.Err(); err != nil {
-			return Result{}, Transient(j.op, key, fmt.Errorf("not attempted: %w", err))
+			return effects.Result{}, effects.Transient(j.op, key, fmt.Errorf("not attempted: %w", err))
 		}
 		return call(ctx, a)
 	}
 	if dj, ok := j.journal.(DoneJournal); ok && j.ownerKeyed {
 		return j.applyUnleased(ctx, dj, a, fingerprint, call)
 	}
-	callTimeout := j.callTimeout
-	if l, ok := takeHeldLease(ctx, j.journal, key, fingerprint); ok {
-		// An earlier step of this run took the lease (see HoldLease):
-		// no Begin, and the call ends before the lease does, by the
-		// margin it keeps on a lease of its own. With no time left, the
-		// lease is given up unused, and Begin takes the key anew.
-		if left := l.callTime(j.callTimeout); left > 0 {
-			a.number, a.leased, callTimeout = l.attempt, true, left
-		} else {
-			j.release(&Attempt{j: j, ctx: ctx, key: key, number: l.attempt})
-		}
-	}
-	var (
-		rec Record
-		err error
-	)
-	if !a.leased {
-		rec, err = j.journal.Begin(ctx, key, fingerprint, j.lease)
-	}
+	rec, err := j.journal.Begin(ctx, key, fingerprint, j.lease)
 	switch {
-	case a.leased:
 	case err == nil && rec.Done:
-		return Result{Status: Replayed, Ref: rec.Ref}, nil
+		return effects.Result{Status: effects.Replayed, Ref: rec.Ref}, nil
 	case err == nil:
 		a.number, a.leased = rec.Attempt, true
-	case errors.Is(err, ErrKeyReused):
-		return Result{}, &Error{Kind: ErrKeyReused, Op: j.op, Key: key, Err: err}
-	case errors.Is(err, ErrInFlight) && j.ownerKeyed:
+	case errors.Is(err, effects.ErrKeyReused):
+		return effects.Result{}, &effects.Error{Kind: effects.ErrKeyReused, Op: j.op, Key: key, Err: err}
+	case errors.Is(err, effects.ErrInFlight) && j.ownerKeyed:
 		// The owner's key guards the call: go ahead without the lease.
-	case errors.Is(err, ErrInFlight):
-		return Result{}, &Error{Kind: ErrInFlight, Op: j.op, Key: key, Err: err}
+	case errors.Is(err, effects.ErrInFlight):
+		e := &effects.Error{Kind: effects.ErrInFlight, Op: j.op, Key: key, Err: err}
+		if _, ok := effects.RetryAfter(err); !ok {
+			e.RetryAfter = j.lease // the other attempt's lease ends within one lease
+		}
+		return effects.Result{}, e
 	default:
-		return Result{}, Transient(j.op, key, &journalError{err: err})
+		return effects.Result{}, effects.Transient(j.op, key, &journalError{err: err})
 	}
 	if a.number > 1 {
 		j.log().DebugContext(ctx, j.op+": doing a key again whose earlier attempt recorded no success "+
@@ -313,77 +294,56 @@ func (j *Journaled) Apply(ctx context.Context, key Key, fingerprint []byte, call
 		if a.leased {
 			j.release(a)
 		}
-		return Result{}, Transient(j.op, key, fmt.Errorf("not attempted: %w", err))
+		return effects.Result{}, effects.Transient(j.op, key, fmt.Errorf("not attempted: %w", err))
 	}
-	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	cctx, cancel := context.WithTimeout(ctx, j.callTimeout)
 	defer cancel()
 	res, err := call(cctx, a)
 	if err != nil {
 		if a.leased && j.certainlyNotApplied(err) {
 			j.release(a)
 		}
-		return Result{}, err
+		return effects.Result{}, err
 	}
-	j.recordSuccess(a, res.Ref)
+	j.complete(a, res.Ref)
 	return res, nil
 }
 
 // applyUnleased runs the protocol without a lease, for an owner that
 // dedups on the key and a journal that can look a key up and mark it done
 // (see [DoneJournal]): Lookup, the call, MarkDone.
-func (j *Journaled) applyUnleased(ctx context.Context, dj DoneJournal, a *Attempt, fingerprint []byte, call JournaledCall) (Result, error) {
+func (j *Journaled) applyUnleased(ctx context.Context, dj DoneJournal, a *Attempt, fingerprint []byte, call JournaledCall) (effects.Result, error) {
 	key := a.key
 	a.unleased, a.fingerprint = dj, fingerprint
 	rec, err := dj.Lookup(ctx, key, fingerprint)
 	switch {
 	case err == nil && rec.Done:
-		return Result{Status: Replayed, Ref: rec.Ref}, nil
-	case errors.Is(err, ErrKeyReused):
-		return Result{}, &Error{Kind: ErrKeyReused, Op: j.op, Key: key, Err: err}
+		return effects.Result{Status: effects.Replayed, Ref: rec.Ref}, nil
+	case errors.Is(err, effects.ErrKeyReused):
+		return effects.Result{}, &effects.Error{Kind: effects.ErrKeyReused, Op: j.op, Key: key, Err: err}
 	case err != nil:
-		return Result{}, Transient(j.op, key, &journalError{err: err})
+		return effects.Result{}, effects.Transient(j.op, key, &journalError{err: err})
 	}
 	if err := ctx.Err(); err != nil {
-		return Result{}, Transient(j.op, key, fmt.Errorf("not attempted: %w", err))
+		return effects.Result{}, effects.Transient(j.op, key, fmt.Errorf("not attempted: %w", err))
 	}
 	cctx, cancel := context.WithTimeout(ctx, j.callTimeout)
 	defer cancel()
 	res, err := call(cctx, a)
 	if err != nil {
-		return Result{}, err
+		return effects.Result{}, err
 	}
-	j.recordSuccess(a, res.Ref)
+	j.complete(a, res.Ref)
 	return res, nil
-}
-
-// recordSuccess records a's success with ref. Inside a [Plan.Run] over a
-// [BatchJournal], records commit together: a lease-free MarkDone is held
-// back for the run, and a Complete takes the run's held records on the
-// same journal along, in one CompleteAll. Otherwise, and outside a plan,
-// it is complete. Late successes never come here: a plan run may have
-// ended.
-func (j *Journaled) recordSuccess(a *Attempt, ref string) {
-	held := heldRecordsFrom(a.ctx)
-	if held == nil || j.batch == nil {
-		j.complete(a, ref)
-		return
-	}
-	if a.unleased != nil {
-		if !held.hold(a, ref) {
-			j.complete(a, ref)
-		}
-		return
-	}
-	writeRecords(append(held.take(j.batch), heldRecord{a: a, ref: ref}))
 }
 
 // certainlyNotApplied is the policy's classification of a failed call.
 func (j *Journaled) certainlyNotApplied(err error) bool {
 	switch {
-	case errors.Is(err, ErrAmbiguous):
+	case errors.Is(err, effects.ErrAmbiguous):
 		return false
-	case errors.Is(err, ErrTransient), errors.Is(err, ErrKeyReused), errors.Is(err, ErrInFlight),
-		errors.Is(err, ErrInvalidKey), errors.Is(err, ErrInvalidConfig):
+	case errors.Is(err, effects.ErrTransient), errors.Is(err, effects.ErrKeyReused), errors.Is(err, effects.ErrInFlight),
+		errors.Is(err, effects.ErrInvalidKey), errors.Is(err, effects.ErrInvalidConfig):
 		return true
 	}
 	return j.notApplied != nil && j.notApplied(err)
@@ -394,7 +354,7 @@ func (j *Journaled) certainlyNotApplied(err error) bool {
 // retryable, and logs a record that did not commit.
 func (j *Journaled) complete(a *Attempt, ref string) {
 	ctx, key := a.ctx, a.key
-	dctx, cancel := Detached(ctx, j.record)
+	dctx, cancel := retry.Detached(ctx, j.record)
 	defer cancel()
 	var err error
 	for attempt := 1; ; attempt++ {
@@ -403,10 +363,10 @@ func (j *Journaled) complete(a *Attempt, ref string) {
 		} else {
 			err = j.journal.Complete(dctx, key, ref)
 		}
-		if err == nil || !Retryable(err) {
+		if err == nil || !effects.Retryable(err) {
 			break
 		}
-		if Sleep(dctx, completeBackoff.Delay(attempt)) != nil {
+		if retry.Sleep(dctx, completeBackoff.Delay(attempt)) != nil {
 			break
 		}
 	}
@@ -429,7 +389,7 @@ func (j *Journaled) unrecorded(a *Attempt, ref string, err error) {
 // release gives up a's lease on a detached context. If it fails, the lease
 // expires on its own and the next attempt only waits longer.
 func (j *Journaled) release(a *Attempt) {
-	dctx, cancel := Detached(a.ctx, j.record)
+	dctx, cancel := retry.Detached(a.ctx, j.record)
 	defer cancel()
 	if err := j.journal.Release(dctx, a.key, a.number); err != nil {
 		j.log().WarnContext(a.ctx, j.op+": could not release the lease after a failure that applied nothing; "+
@@ -445,7 +405,7 @@ func (j *Journaled) log() *slog.Logger {
 	return slog.Default()
 }
 
-// journalError carries a failed Begin under an ErrTransient: it keeps the
+// journalError carries a failed Begin under an effects.ErrTransient: it keeps the
 // journal's cause reachable with errors.As and errors.Is (a
 // *pgconn.PgError, context.Canceled) but not the journal's own kind, which
 // described the journal call, not the effect.
@@ -454,7 +414,7 @@ type journalError struct{ err error }
 func (e *journalError) Error() string { return "journal: " + e.err.Error() }
 
 func (e *journalError) Unwrap() error {
-	var je *Error
+	var je *effects.Error
 	if errors.As(e.err, &je) {
 		return je.Err
 	}

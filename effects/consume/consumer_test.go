@@ -1,4 +1,4 @@
-package effects_test
+package consume_test
 
 import (
 	"bytes"
@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/consume"
 	"effectively.dev/postgres/pgtest"
 )
 
@@ -132,7 +133,7 @@ func (e *events) of(kind effects.EventKind) []effects.Event {
 // start runs c until the returned stop function is called; stop cancels
 // Run's context and returns Run's error. A Run that outlives the test is
 // stopped at cleanup.
-func start(t *testing.T, c *effects.Consumer) (stop func() error) {
+func start(t *testing.T, c *consume.Consumer) (stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -166,58 +167,58 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
-func newConsumer(t *testing.T, src effects.Source, h effects.Handler, opts ...effects.ConsumerOption) *effects.Consumer {
+func newConsumer(t *testing.T, src effects.Source, h consume.Handler, opts ...consume.Option) *consume.Consumer {
 	t.Helper()
-	c, err := effects.NewConsumer(src, h, opts...)
+	c, err := consume.New(src, h, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return c
 }
 
-func TestNewConsumerValidates(t *testing.T) {
+func TestNewValidates(t *testing.T) {
 	src := newMemSource()
 	h := func(context.Context, effects.Delivery) error { return nil }
 	bh := func(_ context.Context, ds []effects.Delivery) []error { return make([]error, len(ds)) }
 	cases := []struct {
 		name   string
 		src    effects.Source
-		h      effects.Handler
-		opts   []effects.ConsumerOption
+		h      consume.Handler
+		opts   []consume.Option
 		option string // "" = valid
 	}{
 		{"defaults", src, h, nil, ""},
-		{"nil option ignored", src, h, []effects.ConsumerOption{nil}, ""},
-		{"retry forever", src, h, []effects.ConsumerOption{effects.WithMaxAttempts(0)}, ""},
-		{"zero grace", src, h, []effects.ConsumerOption{effects.WithShutdownGrace(0)}, ""},
-		{"equal backoffs", src, h, []effects.ConsumerOption{effects.WithBackoff(time.Second, time.Second)}, ""},
-		{"batch", src, nil, []effects.ConsumerOption{effects.WithBatch(10, 0, bh)}, ""},
+		{"nil option ignored", src, h, []consume.Option{nil}, ""},
+		{"retry forever", src, h, []consume.Option{consume.WithMaxAttempts(0)}, ""},
+		{"zero grace", src, h, []consume.Option{consume.WithShutdownGrace(0)}, ""},
+		{"equal backoffs", src, h, []consume.Option{consume.WithBackoff(time.Second, time.Second)}, ""},
+		{"batch", src, nil, []consume.Option{consume.WithBatch(10, 0, bh)}, ""},
 		{"nil source", nil, h, nil, "source"},
 		{"nil handler", src, nil, nil, "handler"},
-		{"handler and batch", src, h, []effects.ConsumerOption{effects.WithBatch(10, 0, bh)}, "handler"},
-		{"nil batch handler", src, nil, []effects.ConsumerOption{effects.WithBatch(10, 0, nil)}, "WithBatch"},
-		{"batch size 0", src, nil, []effects.ConsumerOption{effects.WithBatch(0, 0, bh)}, "WithBatch"},
-		{"negative linger", src, nil, []effects.ConsumerOption{effects.WithBatch(1, -1, bh)}, "WithBatch"},
-		{"no workers", src, h, []effects.ConsumerOption{effects.WithConcurrency(0)}, "WithConcurrency"},
-		{"negative attempts", src, h, []effects.ConsumerOption{effects.WithMaxAttempts(-1)}, "WithMaxAttempts"},
-		{"zero min backoff", src, h, []effects.ConsumerOption{effects.WithBackoff(0, time.Second)}, "WithBackoff"},
-		{"max below min", src, h, []effects.ConsumerOption{effects.WithBackoff(time.Second, time.Millisecond)}, "WithBackoff"},
-		{"negative grace", src, h, []effects.ConsumerOption{effects.WithShutdownGrace(-time.Second)}, "WithShutdownGrace"},
-		{"no pending", src, h, []effects.ConsumerOption{effects.WithMaxPending(0)}, "WithMaxPending"},
-		{"one pending", src, h, []effects.ConsumerOption{effects.WithMaxPending(1)}, ""},
+		{"handler and batch", src, h, []consume.Option{consume.WithBatch(10, 0, bh)}, "handler"},
+		{"nil batch handler", src, nil, []consume.Option{consume.WithBatch(10, 0, nil)}, "WithBatch"},
+		{"batch size 0", src, nil, []consume.Option{consume.WithBatch(0, 0, bh)}, "WithBatch"},
+		{"negative linger", src, nil, []consume.Option{consume.WithBatch(1, -1, bh)}, "WithBatch"},
+		{"no workers", src, h, []consume.Option{consume.WithConcurrency(0)}, "WithConcurrency"},
+		{"negative attempts", src, h, []consume.Option{consume.WithMaxAttempts(-1)}, "WithMaxAttempts"},
+		{"zero min backoff", src, h, []consume.Option{consume.WithBackoff(0, time.Second)}, "WithBackoff"},
+		{"max below min", src, h, []consume.Option{consume.WithBackoff(time.Second, time.Millisecond)}, "WithBackoff"},
+		{"negative grace", src, h, []consume.Option{consume.WithShutdownGrace(-time.Second)}, "WithShutdownGrace"},
+		{"no pending", src, h, []consume.Option{consume.WithMaxPending(0)}, "WithMaxPending"},
+		{"one pending", src, h, []consume.Option{consume.WithMaxPending(1)}, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := effects.NewConsumer(tc.src, tc.h, tc.opts...)
+			c, err := consume.New(tc.src, tc.h, tc.opts...)
 			if tc.option == "" {
 				if err != nil || c == nil {
-					t.Fatalf("NewConsumer = %v, %v; want a consumer", c, err)
+					t.Fatalf("New = %v, %v; want a consumer", c, err)
 				}
 				return
 			}
 			var ce *effects.ConfigError
 			if !errors.As(err, &ce) || !errors.Is(err, effects.ErrInvalidConfig) || c != nil {
-				t.Fatalf("NewConsumer = %v, %v; want a *ConfigError wrapping ErrInvalidConfig", c, err)
+				t.Fatalf("New = %v, %v; want a *ConfigError wrapping ErrInvalidConfig", c, err)
 			}
 			if ce.Option != tc.option {
 				t.Errorf("ConfigError.Option = %q, want %q (%v)", ce.Option, tc.option, err)
@@ -244,7 +245,7 @@ func TestConsumerRetriesWithBackoffThenSucceeds(t *testing.T) {
 		return nil
 	}
 	const minB = 40 * time.Millisecond
-	c := newConsumer(t, src, h, effects.WithBackoff(minB, time.Second), effects.WithObserver(obs))
+	c := newConsumer(t, src, h, consume.WithBackoff(minB, time.Second), consume.WithObserver(obs))
 	stop := start(t, c)
 	waitFor(t, 10*time.Second, "the ack", func() bool { return src.ackCount("evt-1") == 1 })
 	if err := stop(); err != nil {
@@ -262,7 +263,7 @@ func TestConsumerRetriesWithBackoffThenSucceeds(t *testing.T) {
 			t.Errorf("pause after attempt %d: %v, want at least %v", n+1, gap, lowest)
 		}
 	}
-	want := effects.ConsumerStats{Delivered: 1, Acked: 1, Retried: 2}
+	want := consume.Stats{Delivered: 1, Acked: 1, Retried: 2}
 	if got := c.Stats(); got != want {
 		t.Errorf("Stats = %+v, want %+v", got, want)
 	}
@@ -297,8 +298,8 @@ func TestConsumerDeadLettersAfterMaxAttempts(t *testing.T) {
 		hookErr = err
 		return nil
 	}
-	c := newConsumer(t, src, h, effects.WithMaxAttempts(3), effects.WithBackoff(time.Millisecond, 5*time.Millisecond),
-		effects.WithDeadLetter(hook), effects.WithObserver(obs))
+	c := newConsumer(t, src, h, consume.WithMaxAttempts(3), consume.WithBackoff(time.Millisecond, 5*time.Millisecond),
+		consume.WithDeadLetter(hook), consume.WithObserver(obs))
 	stop := start(t, c)
 	waitFor(t, 10*time.Second, "both acks", func() bool { return src.totalAcks() == 2 })
 	if err := stop(); err != nil {
@@ -314,7 +315,7 @@ func TestConsumerDeadLettersAfterMaxAttempts(t *testing.T) {
 	if want := []string{"evt-bad", "evt-next"}; !slices.Equal(src.acked, want) {
 		t.Errorf("ack order %v, want %v", src.acked, want)
 	}
-	want := effects.ConsumerStats{Delivered: 2, Acked: 2, Retried: 2, DeadLettered: 1}
+	want := consume.Stats{Delivered: 2, Acked: 2, Retried: 2, DeadLettered: 1}
 	if got := c.Stats(); got != want {
 		t.Errorf("Stats = %+v, want %+v", got, want)
 	}
@@ -352,8 +353,8 @@ func TestConsumerPermanentErrorsDeadLetterAtOnce(t *testing.T) {
 				hooked.Add(1)
 				return nil
 			}
-			c := newConsumer(t, src, h, effects.WithMaxAttempts(4), effects.WithBackoff(time.Millisecond, 2*time.Millisecond),
-				effects.WithDeadLetter(hook))
+			c := newConsumer(t, src, h, consume.WithMaxAttempts(4), consume.WithBackoff(time.Millisecond, 2*time.Millisecond),
+				consume.WithDeadLetter(hook))
 			stop := start(t, c)
 			waitFor(t, 10*time.Second, "the ack", func() bool { return src.totalAcks() == 1 })
 			if err := stop(); err != nil {
@@ -388,8 +389,8 @@ func TestConsumerWithoutHookNeverDrops(t *testing.T) {
 		}
 		return nil
 	}
-	c := newConsumer(t, src, h, effects.WithMaxAttempts(2), effects.WithBackoff(time.Millisecond, 10*time.Millisecond),
-		effects.WithObserver(obs))
+	c := newConsumer(t, src, h, consume.WithMaxAttempts(2), consume.WithBackoff(time.Millisecond, 10*time.Millisecond),
+		consume.WithObserver(obs))
 	stop := start(t, c)
 	waitFor(t, 10*time.Second, "six attempts", func() bool { return attempts.Load() >= 6 })
 	waitFor(t, 10*time.Second, "the other Orderings", func() bool { return src.totalAcks() == 2 })
@@ -425,8 +426,8 @@ func TestConsumerHookFailureKeepsDelivery(t *testing.T) {
 		return nil
 	}
 	obs := &events{}
-	c := newConsumer(t, src, h, effects.WithMaxAttempts(1), effects.WithBackoff(time.Millisecond, 5*time.Millisecond),
-		effects.WithDeadLetter(hook), effects.WithObserver(obs))
+	c := newConsumer(t, src, h, consume.WithMaxAttempts(1), consume.WithBackoff(time.Millisecond, 5*time.Millisecond),
+		consume.WithDeadLetter(hook), consume.WithObserver(obs))
 	stop := start(t, c)
 	waitFor(t, 10*time.Second, "the ack", func() bool { return src.totalAcks() == 1 })
 	if err := stop(); err != nil {
@@ -435,7 +436,7 @@ func TestConsumerHookFailureKeepsDelivery(t *testing.T) {
 	if attempts.Load() != 2 || hookCalls.Load() != 2 {
 		t.Errorf("%d attempts, %d hook calls; want 2 and 2", attempts.Load(), hookCalls.Load())
 	}
-	want := effects.ConsumerStats{Delivered: 1, Acked: 1, DeadLettered: 1, Failed: 1}
+	want := consume.Stats{Delivered: 1, Acked: 1, DeadLettered: 1, Failed: 1}
 	if got := c.Stats(); got != want {
 		t.Errorf("Stats = %+v, want %+v", got, want)
 	}
@@ -461,7 +462,7 @@ func TestConsumerAckFailureIsReported(t *testing.T) {
 	}
 	var handled atomic.Int64
 	obs := &events{}
-	c := newConsumer(t, src, func(context.Context, effects.Delivery) error { handled.Add(1); return nil }, effects.WithObserver(obs))
+	c := newConsumer(t, src, func(context.Context, effects.Delivery) error { handled.Add(1); return nil }, consume.WithObserver(obs))
 	stop := start(t, c)
 	waitFor(t, 10*time.Second, "evt-2's ack", func() bool { return src.totalAcks() == 1 && handled.Load() == 2 })
 	waitFor(t, 10*time.Second, "the failed ack", func() bool { return c.Stats().Failed == 1 })
@@ -504,7 +505,7 @@ func TestConsumerShutdownGrace(t *testing.T) {
 		return nil
 	}
 	obs := &events{}
-	c := newConsumer(t, src, h, effects.WithConcurrency(4), effects.WithShutdownGrace(grace), effects.WithObserver(obs))
+	c := newConsumer(t, src, h, consume.WithConcurrency(4), consume.WithShutdownGrace(grace), consume.WithObserver(obs))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -567,7 +568,7 @@ func TestConsumerRunOnce(t *testing.T) {
 	c := newConsumer(t, src, func(context.Context, effects.Delivery) error { return nil })
 	stop := start(t, c)
 	waitFor(t, 5*time.Second, "the first Run to ack", func() bool { return src.totalAcks() == 1 })
-	if err := c.Run(context.Background()); !errors.Is(err, effects.ErrConsumerRunning) {
+	if err := c.Run(context.Background()); !errors.Is(err, consume.ErrRunning) {
 		t.Fatalf("second Run = %v, want ErrConsumerRunning", err)
 	}
 	if err := stop(); err != nil {
@@ -612,7 +613,7 @@ func TestConsumerOrderingAndConcurrency(t *testing.T) {
 		mu.Unlock()
 		return nil
 	}
-	c := newConsumer(t, src, h, effects.WithConcurrency(workers))
+	c := newConsumer(t, src, h, consume.WithConcurrency(workers))
 	stop := start(t, c)
 	waitFor(t, 20*time.Second, "every ack", func() bool { return src.totalAcks() == len(ds) })
 	if err := stop(); err != nil {
@@ -645,7 +646,7 @@ func TestConsumerMaxPending(t *testing.T) {
 		}
 		return nil
 	}
-	c := newConsumer(t, src, h, effects.WithMaxPending(3))
+	c := newConsumer(t, src, h, consume.WithMaxPending(3))
 	stop := start(t, c)
 	waitFor(t, 5*time.Second, "three deliveries taken", func() bool { return c.Stats().Delivered == 3 })
 	time.Sleep(20 * time.Millisecond)
@@ -663,7 +664,7 @@ func TestConsumerMaxPending(t *testing.T) {
 }
 
 // runUntilAcked runs c until src has n acks, then stops it.
-func runUntilAcked(t *testing.T, c *effects.Consumer, src *memSource, n int) {
+func runUntilAcked(t *testing.T, c *consume.Consumer, src *memSource, n int) {
 	t.Helper()
 	stop := start(t, c)
 	waitFor(t, 20*time.Second, "every ack", func() bool { return src.totalAcks() == n })
@@ -776,8 +777,8 @@ func TestConsumerBatch(t *testing.T) {
 		dead = append(dead, d.ID)
 		return nil
 	}
-	c := newConsumer(t, src, nil, effects.WithBatch(8, 20*time.Millisecond, bh), effects.WithConcurrency(2),
-		effects.WithBackoff(time.Millisecond, 5*time.Millisecond), effects.WithDeadLetter(hook))
+	c := newConsumer(t, src, nil, consume.WithBatch(8, 20*time.Millisecond, bh), consume.WithConcurrency(2),
+		consume.WithBackoff(time.Millisecond, 5*time.Millisecond), consume.WithDeadLetter(hook))
 	runUntilAcked(t, c, src, len(ds))
 	log.mu.Lock()
 	for _, o := range []string{"a", "b", "c"} {
@@ -841,10 +842,10 @@ func TestConsumerBatchFailRestOfRun(t *testing.T) {
 	// until the consumer has taken them all and holds every slot. (The
 	// retries' batches linger out the 2 s: the source is idle, more could
 	// arrive.)
-	c := newConsumer(t, src, nil, effects.WithBatch(100, 2*time.Second, bh), effects.WithConcurrency(1),
-		effects.WithMaxPending(len(ds)),
-		effects.WithBackoff(time.Millisecond, 5*time.Millisecond), effects.WithMaxAttempts(2),
-		effects.WithObserver(obs), effects.WithDeadLetter(func(_ context.Context, d effects.Delivery, _ error) error {
+	c := newConsumer(t, src, nil, consume.WithBatch(100, 2*time.Second, bh), consume.WithConcurrency(1),
+		consume.WithMaxPending(len(ds)),
+		consume.WithBackoff(time.Millisecond, 5*time.Millisecond), consume.WithMaxAttempts(2),
+		consume.WithObserver(obs), consume.WithDeadLetter(func(_ context.Context, d effects.Delivery, _ error) error {
 			t.Errorf("%s dead-lettered: a failure behind an earlier one was counted as an attempt", d.ID)
 			return nil
 		}))
@@ -877,7 +878,7 @@ func TestConsumerBatchNoLingerWhenNothingCanArrive(t *testing.T) {
 	bh := func(_ context.Context, batch []effects.Delivery) []error {
 		return log.record(t, batch, func(effects.Delivery, int, []error) error { return nil })
 	}
-	c := newConsumer(t, src, nil, effects.WithBatch(100, time.Hour, bh), effects.WithMaxPending(3))
+	c := newConsumer(t, src, nil, consume.WithBatch(100, time.Hour, bh), consume.WithMaxPending(3))
 	stop := start(t, c)
 	waitFor(t, 20*time.Second, "every ack (a batch that lingers for its hour never acks)", func() bool { return src.totalAcks() == 3 })
 	if err := stop(); err != nil {
@@ -894,14 +895,14 @@ func TestConsumerBatchWrongLength(t *testing.T) {
 	src := newMemSource(delivery("evt", ""))
 	obs := &events{}
 	bh := func(context.Context, []effects.Delivery) []error { return nil }
-	c := newConsumer(t, src, nil, effects.WithBatch(4, 0, bh), effects.WithObserver(obs),
-		effects.WithBackoff(time.Hour, time.Hour))
+	c := newConsumer(t, src, nil, consume.WithBatch(4, 0, bh), consume.WithObserver(obs),
+		consume.WithBackoff(time.Hour, time.Hour))
 	stop := start(t, c)
 	waitFor(t, 5*time.Second, "the failure", func() bool { return len(obs.of(effects.EventRetried)) == 1 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	if ev := obs.of(effects.EventRetried)[0]; !errors.Is(ev.Err, effects.ErrBatchResults) {
+	if ev := obs.of(effects.EventRetried)[0]; !errors.Is(ev.Err, consume.ErrBatchResults) {
 		t.Errorf("error %v, want ErrBatchResults", ev.Err)
 	}
 	if src.totalAcks() != 0 {
@@ -925,8 +926,8 @@ func TestConsumerLeavesNoGoroutines(t *testing.T) {
 			}
 			return nil
 		}
-		h := effects.Handler(handle)
-		opts := []effects.ConsumerOption{effects.WithBackoff(time.Millisecond, time.Hour), effects.WithShutdownGrace(10 * time.Millisecond)}
+		h := consume.Handler(handle)
+		opts := []consume.Option{consume.WithBackoff(time.Millisecond, time.Hour), consume.WithShutdownGrace(10 * time.Millisecond)}
 		if round%2 == 1 {
 			bh := func(ctx context.Context, ds []effects.Delivery) []error {
 				errs := make([]error, len(ds))
@@ -935,7 +936,7 @@ func TestConsumerLeavesNoGoroutines(t *testing.T) {
 				}
 				return errs
 			}
-			opts = append(opts, effects.WithBatch(3, 5*time.Millisecond, bh))
+			opts = append(opts, consume.WithBatch(3, 5*time.Millisecond, bh))
 			h = nil
 		}
 		c := newConsumer(t, src, h, opts...)
@@ -982,13 +983,13 @@ func TestConsumerLogsFailuresByDefault(t *testing.T) {
 		}
 		return errors.New("database is down")
 	}
-	run := func(opts ...effects.ConsumerOption) string {
+	run := func(opts ...consume.Option) string {
 		buf.mu.Lock()
 		buf.b.Reset()
 		buf.mu.Unlock()
 		src := newMemSource(delivery("down", "a"), delivery("poison", "b"))
-		c := newConsumer(t, src, failing, append([]effects.ConsumerOption{
-			effects.WithMaxAttempts(2), effects.WithBackoff(time.Millisecond, 2*time.Millisecond)}, opts...)...)
+		c := newConsumer(t, src, failing, append([]consume.Option{
+			consume.WithMaxAttempts(2), consume.WithBackoff(time.Millisecond, 2*time.Millisecond)}, opts...)...)
 		stop := start(t, c)
 		waitFor(t, 10*time.Second, "both deliveries given up on", func() bool {
 			st := c.Stats()
@@ -1002,19 +1003,19 @@ func TestConsumerLogsFailuresByDefault(t *testing.T) {
 
 	out := run()
 	for _, want := range []string{
-		`level=INFO msg="effects.Consumer: attempt failed; retrying" delivery_id=down attempt=1 error="database is down"`,
-		`level=WARN msg="effects.Consumer: delivery failed; kept unacked" delivery_id=down attempt=2`,
-		`level=WARN msg="effects.Consumer: delivery failed; kept unacked" delivery_id=poison attempt=1`,
+		`level=INFO msg="consume.Consumer: attempt failed; retrying" delivery_id=down attempt=1 error="database is down"`,
+		`level=WARN msg="consume.Consumer: delivery failed; kept unacked" delivery_id=down attempt=2`,
+		`level=WARN msg="consume.Consumer: delivery failed; kept unacked" delivery_id=poison attempt=1`,
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("log lacks %q:\n%s", want, out)
 		}
 	}
-	out = run(effects.WithDeadLetter(func(context.Context, effects.Delivery, error) error { return nil }))
-	if want := `msg="effects.Consumer: delivery dead-lettered" delivery_id=poison attempt=1`; !strings.Contains(out, want) {
+	out = run(consume.WithDeadLetter(func(context.Context, effects.Delivery, error) error { return nil }))
+	if want := `msg="consume.Consumer: delivery dead-lettered" delivery_id=poison attempt=1`; !strings.Contains(out, want) {
 		t.Errorf("log lacks %q:\n%s", want, out)
 	}
-	if out := run(effects.WithObserver(&events{})); out != "" {
+	if out := run(consume.WithObserver(&events{})); out != "" {
 		t.Errorf("with an observer, the consumer logged:\n%s", out)
 	}
 }

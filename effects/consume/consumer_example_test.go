@@ -1,13 +1,15 @@
-package effects_test
+package consume_test
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/consume"
 )
 
 // listSource is a Source over a fixed list of deliveries, standing in for
@@ -39,7 +41,32 @@ func (s *listSource) Ack(_ context.Context, d effects.Delivery) error {
 	return nil
 }
 
-func ExampleNewConsumer() {
+// memoryEffect is a toy Effect: a map guarded by a mutex is its "backend",
+// and the map's key is the dedup record.
+type memoryEffect struct {
+	mu   sync.Mutex
+	done map[effects.Key]string
+}
+
+func (m *memoryEffect) Contract() effects.Contract {
+	return effects.Contract{Guarantee: effects.EffectivelyOnce, Enforcer: "memory: map key under a mutex"}
+}
+
+func (m *memoryEffect) Apply(ctx context.Context, key effects.Key, note string) (effects.Result, error) {
+	if err := key.Validate(); err != nil {
+		return effects.Result{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ref, ok := m.done[key]; ok {
+		return effects.Result{Status: effects.Replayed, Ref: ref}, nil
+	}
+	ref := fmt.Sprintf("note-%d", len(m.done)+1)
+	m.done[key] = ref
+	return effects.Result{Status: effects.Applied, Ref: ref}, nil
+}
+
+func ExampleNew() {
 	src := newListSource(
 		effects.Delivery{ID: "evt_1", Ordering: "acct_1", Body: []byte(`{"amount": 1200}`)},
 		effects.Delivery{ID: "evt_2", Ordering: "acct_1", Body: []byte(`{"amount": -300}`)},
@@ -66,12 +93,12 @@ func ExampleNewConsumer() {
 		fmt.Println(d.ID, res.Status, res.Ref)
 		return nil
 	}
-	c, err := effects.NewConsumer(src, handle,
+	c, err := consume.New(src, handle,
 		// One delivery at a time, none taken ahead, so that the output
 		// follows the source's order; the defaults run 8 handlers, and
 		// deliveries of different Orderings in any order.
-		effects.WithConcurrency(1), effects.WithMaxPending(1),
-		effects.WithDeadLetter(func(ctx context.Context, d effects.Delivery, err error) error {
+		consume.WithConcurrency(1), consume.WithMaxPending(1),
+		consume.WithDeadLetter(func(ctx context.Context, d effects.Delivery, err error) error {
 			fmt.Println(d.ID, "dead-lettered, poison:", errors.Is(err, effects.ErrPoison))
 			return nil // taken: the consumer acks it
 		}),
@@ -118,12 +145,12 @@ func ExampleWithBatch() {
 		// in the order of ds (postgres.ApplyBatch does), then:
 		return make([]error, len(ds)) // all done: all acked
 	}
-	c, err := effects.NewConsumer(src, nil,
+	c, err := consume.New(src, nil,
 		// A batch waits up to the linger for more deliveries, but not once
 		// the consumer holds its maximum: nothing more can arrive. (With
 		// the defaults, many more are taken ahead.)
-		effects.WithBatch(100, time.Hour, handle),
-		effects.WithConcurrency(1), effects.WithMaxPending(4),
+		consume.WithBatch(100, time.Hour, handle),
+		consume.WithConcurrency(1), consume.WithMaxPending(4),
 	)
 	if err != nil {
 		panic(err)
