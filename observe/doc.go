@@ -1,6 +1,6 @@
 // Package observe turns the events of effectively's effects, plans and
-// consumers into what operators read: log records through log/slog and
-// OpenTelemetry metrics. It is the ready-made [effects.Observer]; the core
+// consumers into what operators read: log records through log/slog,
+// OpenTelemetry metrics and OpenTelemetry traces. It is the ready-made [effects.Observer]; the core
 // package itself stays free of both dependencies.
 //
 // Build one [Observer] per process (or per pipeline, with
@@ -55,6 +55,20 @@
 //     different payloads share a key (never retried, never treated as a
 //     duplicate), or a consumer gave up on a message.
 //
+// # Traces
+//
+// The Observer is also an [effects.Tracer]: with WithTracerProvider (or
+// the global TracerProvider), each consumer attempt at a delivery, each
+// plan run, each step and each Apply of an effect wrapped with
+// effects.Observe is a span, nested in that order: effectively.delivery
+// (kind consumer), effectively.plan, effectively.step, effectively.effect.
+// Spans carry effect, step, component, key, delivery_id and attempt when
+// the unit has them, and outcome when it ends; a failure sets status
+// Error, records the error and its class (error.class: retryable,
+// permanent, configuration, unclassified). A delivery's span continues the
+// trace its headers carry (see [Observer.Start]), so a trace crosses the
+// broker. Without a TracerProvider installed, spans cost a no-op call.
+//
 // # Cost
 //
 // An Observer with nothing enabled does nothing per event but ask its
@@ -69,7 +83,7 @@
 // handler costs, and only for records at an enabled level.
 //
 // When not to use it: if you need another shape (one counter per outcome,
-// other attribute names, spans instead of logs), write your own
-// [effects.Observer]. It is one method, and this package shows the
+// other attribute names), write your own [effects.Observer] (and
+// [effects.Tracer] for spans). It is one method, and this package shows the
 // pattern: check Enabled first, build attributes once.
 package observe

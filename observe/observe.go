@@ -11,6 +11,8 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"effectively.dev/effects"
 )
@@ -86,6 +88,9 @@ type Observer struct {
 	duration metric.Float64Histogram
 	attrs    []attribute.KeyValue
 
+	tracer     trace.Tracer // nil: no spans
+	propagator propagation.TextMapPropagator
+
 	// sets caches the measurement options per (effect, step, outcome):
 	// copy on write, so the hot path reads it without a lock.
 	sets atomic.Pointer[map[setKey]*measureOpts]
@@ -112,6 +117,7 @@ type Option func(*config)
 type config struct {
 	logger *slog.Logger
 	mp     metric.MeterProvider
+	tp     trace.TracerProvider
 	attrs  []attribute.KeyValue
 	levels []levelOverride // in order; New applies them over DefaultLevel
 }
@@ -135,6 +141,17 @@ func WithLogger(l *slog.Logger) Option {
 // metrics off, pass go.opentelemetry.io/otel/metric/noop.NewMeterProvider().
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return func(c *config) { c.mp = mp }
+}
+
+// WithTracerProvider starts spans with tp (see [Observer.Start]). Without
+// it, or with a nil tp, the Observer uses the global
+// otel.GetTracerProvider() at the time of [New], which forwards to one
+// installed later with otel.SetTracerProvider and drops spans until then.
+// The propagator that reads a delivery's trace context is the global
+// otel.GetTextMapPropagator(). To turn tracing off, pass
+// go.opentelemetry.io/otel/trace/noop.NewTracerProvider().
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(c *config) { c.tp = tp }
 }
 
 // WithAttributes adds attrs to every metric point, for instance the name of
@@ -211,12 +228,17 @@ func New(opts ...Option) (*Observer, error) {
 	if err := errors.Join(err1, err2); err != nil {
 		return nil, fmt.Errorf("observe: creating instruments: %w", err)
 	}
+	if c.tp == nil {
+		c.tp = otel.GetTracerProvider()
+	}
 	return &Observer{
-		logger:   c.logger,
-		levels:   levels,
-		events:   events,
-		duration: duration,
-		attrs:    append([]attribute.KeyValue(nil), c.attrs...),
+		logger:     c.logger,
+		levels:     levels,
+		events:     events,
+		duration:   duration,
+		attrs:      append([]attribute.KeyValue(nil), c.attrs...),
+		tracer:     c.tp.Tracer(ScopeName),
+		propagator: otel.GetTextMapPropagator(),
 	}, nil
 }
 
