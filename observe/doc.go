@@ -1,7 +1,8 @@
 // Package observe turns the events of effectively's effects, plans and
 // consumers into what operators read: log records through log/slog,
-// OpenTelemetry metrics and OpenTelemetry traces. It is the ready-made [effects.Observer]; the core
-// package itself stays free of both dependencies.
+// OpenTelemetry metrics and OpenTelemetry traces. It is the ready-made
+// [effects.Observer] and [effects.Tracer]; the core package itself stays
+// free of these dependencies.
 //
 // Build one [Observer] per process (or per pipeline, with
 // [WithAttributes]) and hand it to every place that reports events:
