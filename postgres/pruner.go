@@ -162,12 +162,14 @@ func (p *Pruner) Run(ctx context.Context) error {
 		began := time.Now()
 		tag, err := p.db.Exec(ctx, pruneOlderThanSQL, p.scope, p.horizon.Seconds(), p.cfg.batch)
 		took := time.Since(began)
+		if err == nil {
+			p.observe(ctx, effects.Event{Kind: effects.EventPruned, Count: tag.RowsAffected(), Duration: took})
+		}
+		if ctx.Err() != nil {
+			return p.stopped(ctx)
+		}
 		var pause time.Duration
 		switch {
-		case ctx.Err() != nil:
-			p.cfg.logger.LogAttrs(context.WithoutCancel(ctx), slog.LevelInfo, "effectively: pruner stopped",
-				slog.String("scope", p.scope))
-			return nil
 		case err != nil:
 			err = fmt.Errorf("%s scope %q: %w", opPruner, p.scope, err)
 			p.observe(ctx, effects.Event{Kind: effects.EventFailed, Duration: took, Err: err})
@@ -179,22 +181,23 @@ func (p *Pruner) Run(ctx context.Context) error {
 			p.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "effectively: prune failed, retrying",
 				slog.String("scope", p.scope), slog.Int("failures", failures),
 				slog.Duration("pause", pause), slog.Any("error", err))
+		case tag.RowsAffected() < int64(p.cfg.batch):
+			failures = 0
+			pause = p.cfg.interval // caught up
 		default:
 			failures = 0
-			n := tag.RowsAffected()
-			p.observe(ctx, effects.Event{Kind: effects.EventPruned, Count: n, Duration: took})
-			if n < int64(p.cfg.batch) {
-				pause = p.cfg.interval // caught up
-			} else {
-				pause = time.Duration(float64(n)/p.cfg.rate*float64(time.Second)) - took
-			}
+			pause = time.Duration(float64(tag.RowsAffected())/p.cfg.rate*float64(time.Second)) - took
 		}
-		if pause > 0 {
-			if effects.Sleep(ctx, pause) != nil {
-				continue // reports the stop above
-			}
+		if effects.Sleep(ctx, pause) != nil {
+			return p.stopped(ctx)
 		}
 	}
+}
+
+// stopped logs the end of Run, whose ctx is done.
+func (p *Pruner) stopped(ctx context.Context) error {
+	p.cfg.logger.LogAttrs(context.WithoutCancel(ctx), slog.LevelInfo, "effectively: pruner stopped", slog.String("scope", p.scope))
+	return nil
 }
 
 func (p *Pruner) observe(ctx context.Context, ev effects.Event) {
