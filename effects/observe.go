@@ -25,6 +25,9 @@ const (
 	// EventDeadLettered: a consumer gave up on a delivery and handed it to
 	// the dead-letter hook.
 	EventDeadLettered
+	// EventPruned: a pruner deleted Count expired records in one
+	// statement.
+	EventPruned
 )
 
 // String names the kind, as used in metric attributes and log messages.
@@ -44,6 +47,8 @@ func (k EventKind) String() string {
 		return "retried"
 	case EventDeadLettered:
 		return "dead_lettered"
+	case EventPruned:
+		return "pruned"
 	}
 	return "unknown"
 }
@@ -72,6 +77,8 @@ type Event struct {
 	// [SpanDelivery]: a [Tracer] continues the trace they carry (a W3C
 	// traceparent written by the producer).
 	Headers map[string]string
+	// Count is how many records the event concerns, for [EventPruned].
+	Count int64
 }
 
 // Observer receives events from observed effects, plans, consumers,

@@ -32,7 +32,7 @@
 // Both carry the attributes effect and step (each only when the event has
 // it: [effects.Observe] sets effect, [effects.Plan] sets step) and outcome,
 // one of applied, replayed, key_reused, in_flight, retried, dead_lettered,
-// failed ([effects.EventKind.String]), plus those given with
+// failed, pruned ([effects.EventKind.String]), plus those given with
 // [WithAttributes]. Keys, delivery ids and errors are never metric
 // attributes: they are unbounded, and belong in the logs. A useful alert is
 // any rate of outcome="key_reused" (a bug in how keys are built) or
@@ -42,12 +42,13 @@
 // # Logs
 //
 // One record per event, message "effectively: <outcome>", attributes
-// outcome, effect, step, key, delivery_id, attempt, duration and error (each
-// only when the event has it). Levels ([DefaultLevel]), changeable with
+// outcome, effect, step, key, delivery_id, attempt, duration, count (for
+// pruned) and error (each only when the event has it). Levels ([DefaultLevel]), changeable with
 // [WithLevel]:
 //
-//   - Debug: applied, replayed. The normal path, one per effect per
-//     delivery: too many to keep at Info.
+//   - Debug: applied, replayed, pruned. The normal path, one per effect
+//     per delivery (or per statement of a pruner): too many to keep at
+//     Info.
 //   - Info: in_flight, retried. Expected under concurrency and transient
 //     faults; worth seeing, not worth waking anyone.
 //   - Warn: failed. An attempt failed; the message stays unacked and will be

@@ -37,6 +37,7 @@ const (
 	AttrDeliveryID = "delivery_id" // the message's id (logs only)
 	AttrAttempt    = "attempt"     // a consumer's attempt, from 1 (logs only)
 	AttrDuration   = "duration"    // how long it took (logs only; metrics: DurationMetric)
+	AttrCount      = "count"       // records an EventPruned deleted (logs only)
 	AttrError      = "error"       // the failure (logs only)
 )
 
@@ -52,7 +53,7 @@ var durationBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.
 const maxCached = 1024
 
 // lastKind is the highest EventKind this package knows a level for.
-const lastKind = effects.EventDeadLettered
+const lastKind = effects.EventPruned
 
 // defaultLevels maps each kind to its log level; see the package doc.
 var defaultLevels = [lastKind + 1]slog.Level{
@@ -63,6 +64,7 @@ var defaultLevels = [lastKind + 1]slog.Level{
 	effects.EventFailed:       slog.LevelWarn,
 	effects.EventKeyReused:    slog.LevelError,
 	effects.EventDeadLettered: slog.LevelError,
+	effects.EventPruned:       slog.LevelDebug,
 }
 
 // messages holds each kind's log message, "effectively: " and the outcome,
@@ -302,6 +304,9 @@ func (o *Observer) log(ctx context.Context, level slog.Level, ev effects.Event) 
 	}
 	if ev.Duration > 0 {
 		attrs = append(attrs, slog.Duration(AttrDuration, ev.Duration))
+	}
+	if ev.Kind == effects.EventPruned {
+		attrs = append(attrs, slog.Int64(AttrCount, ev.Count))
 	}
 	if ev.Err != nil {
 		attrs = append(attrs, slog.Any(AttrError, ev.Err))
