@@ -32,7 +32,9 @@ func newEffect(t testing.TB, srv *httpkeytest.Server, opts ...httpkey.Option) *h
 	return e
 }
 
-func pay(key effects.Key) Payment { return Payment{Amount: 2000, Currency: "EUR", Reference: string(key)} }
+func pay(key effects.Key) Payment {
+	return Payment{Amount: 2000, Currency: "EUR", Reference: string(key)}
+}
 
 // object reads the kit's object id back.
 func object(t testing.TB, srv *httpkeytest.Server, id string) map[string]json.RawMessage {
