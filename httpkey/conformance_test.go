@@ -117,6 +117,8 @@ var presets = []preset{
 		[]httpkey.Option{httpkey.Adyen()}},
 	{"httpkey.PayPal", []httpkeytest.Option{httpkeytest.PayPal()},
 		[]httpkey.Option{httpkey.PayPal(), httpkey.WithHorizon(httpkeytest.DefaultHorizon)}},
+	{"httpkey.Worldline", []httpkeytest.Option{httpkeytest.Worldline()},
+		[]httpkey.Option{httpkey.Worldline()}},
 	{"httpkey.IETF+Idempotent-Replayed",
 		[]httpkeytest.Option{httpkeytest.IETF(), httpkeytest.WithReplayHeader("Idempotent-Replayed", "true")},
 		[]httpkey.Option{httpkey.IETF(), httpkey.WithHorizon(httpkeytest.DefaultHorizon), httpkey.WithReplayHeader("Idempotent-Replayed", "true")}},

@@ -66,23 +66,36 @@ func TestHonestHorizonOnTheSameServerPasses(t *testing.T) {
 // A configuration that claims a replay signal the server does not send:
 // every repeat comes back Applied, so the effect reports a replay as a
 // new effect, which a caller counting Results (or a plan) would take for
-// a second charge. The redelivery scenario catches it.
+// a second charge. The redelivery scenario catches it, for a header with
+// a value (Idempotent-Replayed: true) and for Worldline's header whose
+// presence is the signal.
 func TestCounterexampleReplaySignalTheServerDoesNotSendFails(t *testing.T) {
 	t.Parallel()
-	rep := conformance.Evaluate(t, "counterexample: httpkey trusting a replay header the server never sends",
-		func(t testing.TB) conformance.Harness[Payment] {
-			return newHarness(t, []httpkeytest.Option{httpkeytest.IETF()}, effectFor(httpkeytest.DefaultHorizon), false)
-		},
-		conformance.Only(conformance.ScenarioRedelivery, conformance.ScenarioConcurrent))
-	t.Logf("caught by: %v\n%s", rep.Failed(), rep.Markdown())
-	for _, name := range []string{conformance.ScenarioRedelivery, conformance.ScenarioConcurrent} {
-		if !slices.Contains(rep.Failed(), name) {
-			t.Errorf("failed scenarios %v, want %s among them", rep.Failed(), name)
-		}
-	}
-	// The server itself dedups: the failure is the report, not a double
-	// charge.
-	if row, _ := rep.Row(conformance.ScenarioRedelivery); row.MaxEffects != 1 {
-		t.Errorf("redelivery saw at most %d objects per key, want 1: the server dedups, the effect misreports", row.MaxEffects)
+	for _, tc := range []struct {
+		name   string
+		server []httpkeytest.Option
+		effect []httpkey.Option
+	}{
+		{"Idempotent-Replayed", []httpkeytest.Option{httpkeytest.IETF()}, effectFor(httpkeytest.DefaultHorizon)},
+		{"Worldline", []httpkeytest.Option{httpkeytest.Worldline(), httpkeytest.WithoutReplayHeader()}, []httpkey.Option{httpkey.Worldline()}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := conformance.Evaluate(t, "counterexample: httpkey trusting a replay signal ("+tc.name+") the server never sends",
+				func(t testing.TB) conformance.Harness[Payment] {
+					return newHarness(t, tc.server, tc.effect, false)
+				},
+				conformance.Only(conformance.ScenarioRedelivery, conformance.ScenarioConcurrent))
+			t.Logf("caught by: %v\n%s", rep.Failed(), rep.Markdown())
+			for _, name := range []string{conformance.ScenarioRedelivery, conformance.ScenarioConcurrent} {
+				if !slices.Contains(rep.Failed(), name) {
+					t.Errorf("failed scenarios %v, want %s among them", rep.Failed(), name)
+				}
+			}
+			// The server itself dedups: the failure is the report, not a
+			// double charge.
+			if row, _ := rep.Row(conformance.ScenarioRedelivery); row.MaxEffects != 1 {
+				t.Errorf("redelivery saw at most %d objects per key, want 1: the server dedups, the effect misreports", row.MaxEffects)
+			}
+		})
 	}
 }

@@ -41,8 +41,9 @@
 // is derived from the configuration and says exactly that:
 //
 //   - With a replay signal ([WithReplayHeader]: the server marks a stored
-//     response it replays, as Stripe's "Idempotent-Replayed: true") and a
-//     horizon H ([WithHorizon]): effectively-once for H. A repeat within H
+//     response it replays, as Stripe's "Idempotent-Replayed: true", or
+//     [WithReplayHeaderPresent], as [Worldline]) and a horizon H
+//     ([WithHorizon]): effectively-once for H. A repeat within H
 //     creates nothing and reports [effects.Replayed]; one after H is
 //     executed again.
 //   - With a journal ([WithJournal]), whatever the server signals:
@@ -74,8 +75,9 @@
 //     retryable, with the server's Retry-After in
 //     [effects.Error].RetryAfter.
 //   - 422, the key used with another payload: [effects.ErrKeyReused],
-//     permanent. ([Adyen] and [PayPal] use 422 for refused requests and
-//     map it to [Refused].)
+//     permanent. ([Adyen], [PayPal] and [Worldline] map 422 to [Refused]:
+//     the first two use it for refused requests, and none documents a
+//     status for a reused key.)
 //   - 401 and 403: a *[effects.ConfigError] naming the endpoint: stop the
 //     worker and fix the credentials. A 3xx too (Apply never follows a
 //     redirect), and a TLS handshake refused or a host that does not exist
@@ -127,9 +129,10 @@
 //
 // # Presets
 //
-// [IETF] is the draft's scheme (and the default); [Adyen] and [PayPal] are
-// those vendors' documented conventions, each citing its documentation
-// and claiming nothing more. Options given after a preset change it. For
+// [IETF] is the draft's scheme (and the default); [Adyen], [PayPal] and
+// [Worldline] (Worldline Direct) are those vendors' documented
+// conventions, each citing its documentation and claiming nothing more.
+// Options given after a preset change it. For
 // another vendor, start from [IETF] and set what its documentation says:
 // the header ([WithKeyHeader]) or body member ([WithKeyField]), the key
 // length limit, the horizon, the replay signal, the statuses.

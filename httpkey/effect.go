@@ -31,7 +31,8 @@ type Effect[In any] struct {
 	display  string // the name as configured, for the contract
 	max      int
 	replay   string // the replay header's canonical name, "" for none
-	replayV  string
+	replayV  string // the value that marks a replay
+	replayA  bool   // any non-empty value marks a replay
 	statuses map[int]Outcome
 	ref      func(*http.Response, []byte) (string, error)
 	j        *journal.Journaled
@@ -89,7 +90,7 @@ func New[In any](client *http.Client, build func(ctx context.Context, in In) (*h
 		return nil, bad("WithMaxKeyLen", "%d: at least %d, to keep shortened keys apart", cfg.maxKeyLen, MinKeyLen)
 	case cfg.replayName != "" && !validToken(cfg.replayName):
 		return nil, bad("WithReplayHeader", "%q is not a valid header name", cfg.replayName)
-	case cfg.replayName != "" && strings.TrimSpace(cfg.replayValue) == "":
+	case cfg.replayName != "" && !cfg.replayAny && strings.TrimSpace(cfg.replayValue) == "":
 		return nil, bad("WithReplayHeader", "empty value for header %s", cfg.replayName)
 	case cfg.horizon <= 0:
 		return nil, bad("WithHorizon", "the server's key horizon is not set (%v): give how long the API keeps an idempotency key, "+
@@ -128,6 +129,7 @@ func New[In any](client *http.Client, build func(ctx context.Context, in In) (*h
 		display:  cfg.name,
 		max:      cfg.maxKeyLen,
 		replayV:  strings.TrimSpace(cfg.replayValue),
+		replayA:  cfg.replayAny,
 		statuses: statuses,
 		ref:      cfg.ref,
 	}
@@ -176,9 +178,12 @@ func contractOf(cfg config, where string, serverReuse bool) effects.Contract {
 		Horizon:         cfg.horizon,
 		DetectsKeyReuse: serverReuse,
 	}
-	if cfg.replayName != "" {
+	switch {
+	case cfg.replayName != "" && cfg.replayAny:
+		c.Enforcer += ", replays marked by a " + cfg.replayName + " header"
+	case cfg.replayName != "":
 		c.Enforcer += fmt.Sprintf(", replays marked %s: %s", cfg.replayName, strings.TrimSpace(cfg.replayValue))
-	} else {
+	default:
 		c.Enforcer += ", no replay signal"
 	}
 	switch {
@@ -387,7 +392,7 @@ func (e *Effect[In]) call(ctx context.Context, key effects.Key, req *http.Reques
 		return effects.Result{}, transportError(key, req, err)
 	}
 	defer resp.Body.Close()
-	replayed := e.replay != "" && strings.EqualFold(strings.TrimSpace(resp.Header.Get(e.replay)), e.replayV)
+	replayed := e.replayed(resp.Header)
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody)) // the status decides; a cut body changes nothing
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))   // so the connection can be reused
@@ -411,6 +416,18 @@ func (e *Effect[In]) call(ctx context.Context, key effects.Key, req *http.Reques
 		}
 	}
 	return res, nil
+}
+
+// replayed reports whether h carries the server's replay signal.
+func (e *Effect[In]) replayed(h http.Header) bool {
+	if e.replay == "" {
+		return false
+	}
+	v := strings.TrimSpace(h.Get(e.replay))
+	if e.replayA {
+		return v != ""
+	}
+	return strings.EqualFold(v, e.replayV)
 }
 
 // outcome returns the outcome of a non-2xx status.

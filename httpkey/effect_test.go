@@ -66,6 +66,7 @@ func TestKeyPlacement(t *testing.T) {
 		{"IETF structured header", []httpkeytest.Option{httpkeytest.IETF()}, []httpkey.Option{httpkey.IETF(), httpkey.WithHorizon(time.Hour)}},
 		{"Adyen raw header, 64 bytes", []httpkeytest.Option{httpkeytest.Adyen()}, []httpkey.Option{httpkey.Adyen()}},
 		{"PayPal-Request-Id", []httpkeytest.Option{httpkeytest.PayPal()}, []httpkey.Option{httpkey.PayPal(), httpkey.WithHorizon(time.Hour)}},
+		{"Worldline raw header, 40 bytes", []httpkeytest.Option{httpkeytest.Worldline()}, []httpkey.Option{httpkey.Worldline()}},
 		{"JSON body member", []httpkeytest.Option{httpkeytest.WithKeyField("idempotency_key")},
 			[]httpkey.Option{httpkey.WithKeyField("idempotency_key"), httpkey.WithHorizon(time.Hour)}},
 	} {
@@ -213,6 +214,7 @@ func TestStatusClasses(t *testing.T) {
 		{http.StatusUnprocessableEntity, nil, effects.ErrKeyReused, 0},
 		{http.StatusUnprocessableEntity, []httpkey.Option{httpkey.Adyen()}, effects.ErrRefused, 0},
 		{http.StatusUnprocessableEntity, []httpkey.Option{httpkey.PayPal()}, effects.ErrRefused, 0},
+		{http.StatusUnprocessableEntity, []httpkey.Option{httpkey.Worldline()}, effects.ErrRefused, 0},
 		{http.StatusTooEarly, []httpkey.Option{httpkey.WithStatus(httpkey.InFlight, http.StatusTooEarly)}, effects.ErrInFlight, 0},
 		{http.StatusNotFound, []httpkey.Option{httpkey.WithStatus(httpkey.Misconfigured, http.StatusNotFound)}, effects.ErrInvalidConfig, 0},
 		{http.StatusBadGateway, []httpkey.Option{httpkey.WithStatus(httpkey.Transient, http.StatusBadGateway)}, effects.ErrTransient, 0},
@@ -354,6 +356,39 @@ func TestReplayedStatus(t *testing.T) {
 				t.Errorf("%d requests reached the server, want %d", n, tc.requests)
 			}
 		})
+	}
+}
+
+// Worldline's replay signal is a header's presence, whatever its value
+// (the first request's time): a repeat is Replayed, also with another
+// payload, which Worldline answers with the first response; the same
+// effect against a server that sends no such header reports Applied, so
+// the signal is what is read.
+func TestWorldlineReplaySignal(t *testing.T) {
+	srv := httpkeytest.Start(t, httpkeytest.Worldline())
+	e := newEffect(t, srv, httpkey.Worldline(), httpkey.WithRef(httpkey.JSONField("id")))
+	first, err := e.Apply(ctx, "wl-1", pay("wl-1"))
+	if err != nil || first.Status != effects.Applied {
+		t.Fatalf("first: %+v, %v", first, err)
+	}
+	other := pay("wl-1")
+	other.Amount = 999
+	for _, in := range []Payment{pay("wl-1"), other} {
+		again, err := e.Apply(ctx, "wl-1", in)
+		if err != nil || again.Status != effects.Replayed || again.Ref != first.Ref {
+			t.Errorf("repeat with amount %d: %+v, %v; want Replayed with ref %q", in.Amount, again, err, first.Ref)
+		}
+	}
+	if n := srv.Count("wl-1"); n != 1 {
+		t.Errorf("%d objects, want 1", n)
+	}
+
+	quiet := httpkeytest.Start(t, httpkeytest.Worldline(), httpkeytest.WithoutReplayHeader())
+	e = newEffect(t, quiet, httpkey.Worldline(), httpkey.WithRef(httpkey.JSONField("id")))
+	for i := range 2 {
+		if res, err := e.Apply(ctx, "wl-2", pay("wl-2")); err != nil || res.Status != effects.Applied {
+			t.Errorf("call %d without the header: %+v, %v; want Applied", i, res, err)
+		}
 	}
 }
 
@@ -603,6 +638,8 @@ func TestContract(t *testing.T) {
 		{"IETF with replay header", []httpkey.Option{httpkey.WithHorizon(24 * time.Hour), httpkey.WithReplayHeader("idempotent-replayed", "true")},
 			effects.EffectivelyOnce, 24 * time.Hour, true, "replays marked idempotent-replayed: true"},
 		{"Adyen", []httpkey.Option{httpkey.Adyen()}, effects.AtLeastOnce, httpkey.AdyenHorizon, false, "no replay signal"},
+		{"Worldline", []httpkey.Option{httpkey.Worldline()}, effects.EffectivelyOnce, httpkey.WorldlineHorizon, false,
+			"X-GCS-Idempotence-Key header, kept by the server for 24h0m0s, replays marked by a X-GCS-Idempotence-Request-Timestamp header"},
 		{"PayPal with journal", []httpkey.Option{httpkey.PayPal(), httpkey.WithHorizon(72 * time.Hour), httpkey.WithJournal(j)},
 			effects.EffectivelyOnce, 0, true, "PayPal-Request-Id header, kept by the server for 72h0m0s, no replay signal, then the journal"},
 		{"body member", []httpkey.Option{httpkey.WithKeyField("idempotency_key"), httpkey.WithHorizon(time.Hour),

@@ -93,7 +93,7 @@ const (
 // Option configures an effect built by [New]. Options record a value; New
 // validates them once and returns a *[effects.ConfigError] naming the
 // first bad one. A nil Option is ignored. Presets ([IETF], [Adyen],
-// [PayPal]) are Options that set several values; put a preset first and
+// [PayPal], [Worldline]) are Options that set several values; put a preset first and
 // the options that change it after it.
 type Option func(*config)
 
@@ -103,6 +103,7 @@ type config struct {
 	maxKeyLen   int
 	replayName  string
 	replayValue string
+	replayAny   bool // any non-empty value of replayName marks a replay
 	horizon     time.Duration
 	statuses    map[int]Outcome
 	assigned    []assignment // WithStatus, in order, validated by New
@@ -141,7 +142,7 @@ func IETF() Option {
 	return func(c *config) {
 		c.place, c.name = inStructuredHeader, DefaultKeyHeader
 		c.maxKeyLen = DefaultMaxKeyLen
-		c.replayName, c.replayValue = "", ""
+		c.replayName, c.replayValue, c.replayAny = "", "", false
 		c.statuses = ietfStatuses()
 		c.assigned = nil
 	}
@@ -173,7 +174,7 @@ func Adyen() Option {
 	return func(c *config) {
 		c.place, c.name = inHeader, "Idempotency-Key"
 		c.maxKeyLen = 64
-		c.replayName, c.replayValue = "", ""
+		c.replayName, c.replayValue, c.replayAny = "", "", false
 		c.horizon = AdyenHorizon
 		c.statuses = ietfStatuses()
 		c.statuses[http.StatusUnprocessableEntity] = Refused
@@ -203,7 +204,46 @@ func PayPal() Option {
 	return func(c *config) {
 		c.place, c.name = inHeader, "PayPal-Request-Id"
 		c.maxKeyLen = DefaultMaxKeyLen
-		c.replayName, c.replayValue = "", ""
+		c.replayName, c.replayValue, c.replayAny = "", "", false
+		c.statuses = ietfStatuses()
+		c.statuses[http.StatusUnprocessableEntity] = Refused
+		c.assigned = nil
+	}
+}
+
+// WorldlineHorizon is how long Worldline Direct keeps an idempotency key:
+// at least 24 hours, by Worldline's documentation.
+const WorldlineHorizon = 24 * time.Hour
+
+// WorldlineReplayHeader is the header Worldline Direct adds to every
+// response to a request that repeats a key (its value is the time of the
+// first request).
+const WorldlineReplayHeader = "X-GCS-Idempotence-Request-Timestamp"
+
+// Worldline is Worldline Direct's convention, from "Idempotent requests"
+// (https://docs.direct.worldline-solutions.com/en/integration/api-developer-guide/idempotent-requests):
+// the key in the X-GCS-Idempotence-Key header as it is, at most 40
+// characters of ASCII (longer keys are shortened, non-ASCII bytes escaped,
+// see [WithMaxKeyLen]); keys kept for at least 24 hours
+// ([WorldlineHorizon]); a repeat of a finished request gets the same
+// response, and one while the first request is in progress gets 409
+// ([InFlight]). Every response to a repeat carries
+// X-GCS-Idempotence-Request-Timestamp ([WorldlineReplayHeader]), the
+// replay signal ([WithReplayHeaderPresent]), so the contract is
+// effectively-once for 24 hours without a journal.
+//
+// The documentation says that a repeat gets the first response "even with
+// different payloads": Worldline does not detect a reused key, so the
+// preset maps 422 to [Refused] and the contract does not claim
+// DetectsKeyReuse (a journal adds it). It also says that information in a
+// replayed response, such as a payment's status, may be updated: the ref
+// (the payment's id) is the same, the rest of the body may not be.
+func Worldline() Option {
+	return func(c *config) {
+		c.place, c.name = inHeader, "X-GCS-Idempotence-Key"
+		c.maxKeyLen = 40
+		c.replayName, c.replayValue, c.replayAny = WorldlineReplayHeader, "", true
+		c.horizon = WorldlineHorizon
 		c.statuses = ietfStatuses()
 		c.statuses[http.StatusUnprocessableEntity] = Refused
 		c.assigned = nil
@@ -253,14 +293,23 @@ func WithMaxKeyLen(n int) Option {
 // conformance suite checks it. A replayed 5xx is
 // [ErrReplayedServerError].
 func WithReplayHeader(name, value string) Option {
-	return func(c *config) { c.replayName, c.replayValue = name, value }
+	return func(c *config) { c.replayName, c.replayValue, c.replayAny = name, value, false }
+}
+
+// WithReplayHeaderPresent declares a replay signal that is a header's
+// presence: a response with a non-empty header name is a stored response
+// replayed for the key, whatever the value (Worldline's
+// X-GCS-Idempotence-Request-Timestamp, which holds the first request's
+// time). Otherwise as [WithReplayHeader].
+func WithReplayHeaderPresent(name string) Option {
+	return func(c *config) { c.replayName, c.replayValue, c.replayAny = name, "", true }
 }
 
 // WithHorizon declares how long the server keeps a key after its first
 // request, from the API's documentation; it is the contract's Horizon
 // without a journal. Past it a repeated request is executed again. d must
 // be positive; [New] requires it unless the preset documents it
-// ([Adyen]).
+// ([Adyen], [Worldline]).
 func WithHorizon(d time.Duration) Option {
 	return func(c *config) { c.horizon = d }
 }

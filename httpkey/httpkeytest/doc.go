@@ -12,13 +12,14 @@
 //	// POST srv.URL+"/objects" with Idempotency-Key: "k" → 201 {"id":"obj_1",...}
 //	// the same again → the same 201 and body; srv.Count("k") == 1
 //
-// It can play each of httpkey's presets ([IETF], [Adyen], [PayPal]): where
-// the key goes, how long it is kept, whether replays are marked and reuse
-// refused. It can also misbehave, so that a test can show what the
-// conformance suite makes of a contract that claims more than the server
-// does: a server without a replay signal ([WithReplayHeader] left out)
-// under an effect that declares one, a server that forgets keys early
-// ([WithHorizon] shorter than the effect declares).
+// It can play each of httpkey's presets ([IETF], [Adyen], [PayPal],
+// [Worldline]): where the key goes, how long it is kept, whether replays
+// are marked and reuse refused. It can also misbehave, so that a test can
+// show what the conformance suite makes of a contract that claims more
+// than the server does: a server without a replay signal
+// ([WithReplayHeader] left out, or [WithoutReplayHeader]) under an effect
+// that declares one, a server that forgets keys early ([WithHorizon]
+// shorter than the effect declares).
 //
 // The server listens on 127.0.0.1 only. It keeps everything in memory and
 // keeps it across [Server.Restart].

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -29,7 +30,7 @@ const (
 )
 
 // Option configures a [Server]; see [NewServer]. A nil Option is ignored.
-// Presets ([IETF], [Adyen], [PayPal]) set several values; options after a
+// Presets ([IETF], [Adyen], [PayPal], [Worldline]) set several values; options after a
 // preset change it.
 type Option func(*config)
 
@@ -47,6 +48,7 @@ type config struct {
 	maxKeyLen   int
 	replayName  string
 	replayValue string
+	replayStamp bool // the replay header holds the first request's time in ms
 	horizon     time.Duration
 	inFlight    int // status while a key's first request is in progress
 	reused      int // status for another payload; 0: replay the stored response
@@ -65,7 +67,7 @@ func IETF() Option {
 	return func(c *config) {
 		c.place, c.name = inStructuredHeader, "Idempotency-Key"
 		c.maxKeyLen = DefaultMaxKeyLen
-		c.replayName, c.replayValue = "", ""
+		c.replayName, c.replayValue, c.replayStamp = "", "", false
 		c.horizon = DefaultHorizon
 		c.inFlight, c.reused = http.StatusConflict, http.StatusUnprocessableEntity
 	}
@@ -102,6 +104,24 @@ func PayPal() Option {
 	}
 }
 
+// Worldline makes the server behave as httpkey.Worldline expects, after
+// Worldline Direct's "Idempotent requests": the key in the
+// X-GCS-Idempotence-Key header as it is, at most 40 characters; kept for
+// [DefaultHorizon] (Worldline: at least 24 hours); 409 while the key's
+// first request is in progress; a repeat gets the stored response even
+// with another payload; every response to a repeat carries
+// X-GCS-Idempotence-Request-Timestamp, the first request's time in
+// milliseconds since the Unix epoch.
+func Worldline() Option {
+	return func(c *config) {
+		IETF()(c)
+		c.place, c.name = inHeader, "X-GCS-Idempotence-Key"
+		c.maxKeyLen = 40
+		c.replayName, c.replayStamp = "X-GCS-Idempotence-Request-Timestamp", true
+		c.reused = 0
+	}
+}
+
 // WithKeyHeader makes the server read the key from header name, as it is.
 func WithKeyHeader(name string) Option {
 	return func(c *config) { c.place, c.name = inHeader, name }
@@ -130,7 +150,14 @@ func WithMaxKeyLen(n int) Option { return func(c *config) { c.maxKeyLen = n } }
 // while the adapter claims a replay signal shows the suite a dishonest
 // contract.
 func WithReplayHeader(name, value string) Option {
-	return func(c *config) { c.replayName, c.replayValue = name, value }
+	return func(c *config) { c.replayName, c.replayValue, c.replayStamp = name, value, false }
+}
+
+// WithoutReplayHeader makes the server mark no replay, whatever the
+// preset says: the misbehaviour "no replay marker" for a preset that has
+// one ([Worldline]).
+func WithoutReplayHeader() Option {
+	return func(c *config) { c.replayName, c.replayValue, c.replayStamp = "", "", false }
 }
 
 // WithHorizon sets how long the server keeps a key after its first request
@@ -429,7 +456,7 @@ func (s *Server) post(w http.ResponseWriter, r *http.Request) {
 	}
 	now := s.cfg.now()
 	if e := s.keys[key]; e != nil && now.Sub(e.first) < s.cfg.horizon {
-		done, status, stored, same := e.done, e.status, e.body, e.payload == payload
+		done, status, stored, same, first := e.done, e.status, e.body, e.payload == payload, e.first
 		s.mu.Unlock()
 		switch {
 		case !done:
@@ -438,7 +465,10 @@ func (s *Server) post(w http.ResponseWriter, r *http.Request) {
 		case !same && s.cfg.reused != 0:
 			writeProblem(w, s.cfg.reused, "Idempotency-Key is already used", "the key was used with another payload")
 		default:
-			if s.cfg.replayName != "" {
+			switch {
+			case s.cfg.replayStamp:
+				w.Header().Set(s.cfg.replayName, strconv.FormatInt(first.UnixMilli(), 10))
+			case s.cfg.replayName != "":
 				w.Header().Set(s.cfg.replayName, s.cfg.replayValue)
 			}
 			writeJSON(w, status, stored)
