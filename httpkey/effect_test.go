@@ -254,26 +254,21 @@ func optsName(opts []httpkey.Option) string {
 // is in flight (retryable, with Retry-After), the key with another
 // payload is key reuse (permanent).
 func TestInFlightAndKeyReused(t *testing.T) {
-	srv := httpkeytest.Start(t, httpkeytest.WithLatency(300*time.Millisecond))
+	srv := httpkeytest.Start(t)
 	e := newEffect(t, srv, httpkey.WithHorizon(time.Hour))
+	held, release := srv.Hold()
+	defer release()
 	first := make(chan error, 1)
 	go func() {
 		_, err := e.Apply(ctx, "busy", pay("busy"))
 		first <- err
 	}()
-	deadline := time.Now().Add(5 * time.Second)
-	var err error
-	for time.Now().Before(deadline) {
-		if srv.Requests() == 0 {
-			time.Sleep(5 * time.Millisecond)
-			continue
-		}
-		_, err = e.Apply(ctx, "busy", pay("busy"))
-		break
-	}
+	<-held // the first request is executing
+	_, err := e.Apply(ctx, "busy", pay("busy"))
 	if wait, _ := effects.RetryAfter(err); !errors.Is(err, effects.ErrInFlight) || !effects.Retryable(err) || wait != time.Second {
 		t.Errorf("a second request while the first executes: %v (RetryAfter %v), want ErrInFlight after 1s", err, wait)
 	}
+	release()
 	if err := <-first; err != nil {
 		t.Fatal(err)
 	}

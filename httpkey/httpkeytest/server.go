@@ -229,6 +229,8 @@ type Server struct {
 	requests  int
 	limitNext int
 	failNext  []failure
+	gate      chan struct{}   // closed by Hold's release; nil: requests execute at once
+	held      chan<- struct{} // told of each request the gate holds
 }
 
 // entry is the idempotency layer's record of one key.
@@ -384,6 +386,30 @@ func (s *Server) FailNextAfterCreate(n int, status int) {
 	}
 }
 
+// Hold makes every request that begins executing from now on wait, its
+// key held in flight (a repeat gets the in-flight status), until release
+// is called; held receives a value as each request begins to wait, so a
+// test can act while a first request is known to be in progress without
+// timing it. Call release (once or more) before [Server.Close], which
+// waits for requests in progress; at most 1024 requests can wait at once.
+func (s *Server) Hold() (held <-chan struct{}, release func()) {
+	ch, gate := make(chan struct{}, 1024), make(chan struct{})
+	s.mu.Lock()
+	s.gate, s.held = gate, ch
+	s.mu.Unlock()
+	var once sync.Once
+	return ch, func() {
+		once.Do(func() {
+			s.mu.Lock()
+			if s.gate == gate {
+				s.gate, s.held = nil, nil
+			}
+			s.mu.Unlock()
+			close(gate)
+		})
+	}
+}
+
 // Count returns how many objects requests with the idempotency key key
 // created, the key as the server received it (httpkey's Effect.WireKey).
 func (s *Server) Count(key string) int {
@@ -481,6 +507,13 @@ func (s *Server) post(w http.ResponseWriter, r *http.Request) {
 
 	if s.cfg.latency > 0 {
 		time.Sleep(s.cfg.latency)
+	}
+	s.mu.Lock()
+	gate, held := s.gate, s.held
+	s.mu.Unlock()
+	if gate != nil {
+		held <- struct{}{}
+		<-gate
 	}
 
 	s.mu.Lock()
