@@ -1,5 +1,5 @@
 // Package httpkey makes a call to any HTTP API that takes an idempotency
-// key effectively once: a payment provider (Adyen, PayPal, Checkout.com,
+// key effectively once: a payment provider (Adyen, PayPal, Worldline,
 // ...), an internal service, anything that follows the IETF draft "The
 // Idempotency-Key HTTP Header Field"
 // (draft-ietf-httpapi-idempotency-key-header-07) or a vendor's variant of

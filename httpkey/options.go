@@ -252,7 +252,7 @@ func Worldline() Option {
 
 // WithKeyHeader sends the key in header name, as it is (no quotes): what
 // most vendors document (Adyen's Idempotency-Key, PayPal's
-// PayPal-Request-Id, Checkout.com's Cko-Idempotency-Key). See
+// PayPal-Request-Id, Worldline's X-GCS-Idempotence-Key). See
 // [WithMaxKeyLen] for how the key is written.
 func WithKeyHeader(name string) Option {
 	return func(c *config) { c.place, c.name = inHeader, name }
