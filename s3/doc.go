@@ -65,25 +65,42 @@
 //
 // Apply validates the key (and the object key derived from it, and the
 // metadata) before any I/O and returns [effects.ErrInvalidKey] for a bad
-// key. It classifies S3's answers so that [effects.Retryable] tells a
-// consumer what to do:
+// key. Every error it returns is in one class of [effects.ClassOf], which
+// tells a consumer what to do:
 //
-//   - 412 PreconditionFailed: the object exists; Replayed or ErrKeyReused.
-//   - 409 ConditionalRequestConflict (a concurrent conditional write), 409
-//     OperationAborted, 503 SlowDown and 429, a refused connection:
-//     [effects.ErrTransient], retry the same key.
-//   - no reply (connection lost after the request was sent, a cancelled
-//     context) and other 5xx: [effects.ErrAmbiguous], retry the same key;
-//     because the write is conditional, the retry either writes the object
-//     or replays it, so a retry is always safe. (Failures before
-//     CompleteMultipartUpload are ErrTransient: nothing is visible before
-//     it.)
-//   - an endpoint no retry can reach: an unknown host, a TLS handshake
-//     refused (an untrusted certificate, TLS to a plain-text port): a
-//     configuration error, *[effects.ConfigError] ([effects.Misconfigured]),
-//     not retryable; nothing reached S3.
-//   - anything else (403, 404 NoSuchBucket, 400): a permanent error that
-//     wraps the SDK's error, reachable with errors.As (smithy.APIError).
+//   - 412 PreconditionFailed: the object exists; Replayed or
+//     [effects.ErrKeyReused] (permanent).
+//   - Retryable, retry the same key: 409 ConditionalRequestConflict (a
+//     concurrent conditional write), 409 OperationAborted, 503 SlowDown
+//     and 429, a refused connection are [effects.ErrTransient]. No reply
+//     (connection lost after the request was sent, a cancelled context)
+//     and other 5xx are [effects.ErrAmbiguous]; because the write is
+//     conditional, the retry either writes the object or replays it, so a
+//     retry is always safe. (Failures before CompleteMultipartUpload are
+//     ErrTransient: nothing is visible before it.)
+//   - Configuration, stop the worker: a bucket that does not exist
+//     (NoSuchBucket), credentials S3 refuses or that lack a permission
+//     (403: AccessDenied, InvalidAccessKeyId, SignatureDoesNotMatch, an
+//     expired session token), a bucket in another region (301
+//     PermanentRedirect), and an endpoint no retry can reach (an unknown
+//     host, a refused TLS handshake: [effects.Misconfigured]) are an
+//     *[effects.ConfigError] naming the setting ("bucket ...",
+//     "credentials", "region", the endpoint). Nothing was written.
+//   - Permanent, dead-letter at once: any other 4xx (400 InvalidArgument,
+//     409 InvalidBucketState, 413 EntityTooLarge) and metadata S3 would
+//     refuse (refused before sending) are [effects.ErrRefused]: this
+//     request cannot succeed, whatever the retry.
+//
+// The SDK's error (smithy.APIError, with the status and code) stays
+// reachable with errors.As.
+//
+// # Start-up check
+//
+// [Writer.Check] implements [effects.Checker] with a HeadBucket: a worker
+// that runs [effects.Plan.Check] at start-up stops on a missing bucket or
+// refused credentials before the first delivery, instead of failing every
+// event after its earlier steps ran. It needs s3:ListBucket (see
+// [Writer.Check]).
 //
 // # Costs
 //

@@ -149,6 +149,7 @@ func TestErrorsAreClassified(t *testing.T) {
 		ambiguous
 		permanent
 		keyReused
+		config
 	)
 	for _, tc := range []struct {
 		name      string
@@ -160,14 +161,18 @@ func TestErrorsAreClassified(t *testing.T) {
 		{"409 ConditionalRequestConflict on PUT", false, map[string]answer{"put": {status: 409, code: "ConditionalRequestConflict"}}, transient, []string{"put"}},
 		{"409 OperationAborted", false, map[string]answer{"put": {status: 409, code: "OperationAborted"}}, transient, []string{"put"}},
 		{"409 with another code", false, map[string]answer{"put": {status: 409, code: "InvalidBucketState"}}, permanent, []string{"put"}},
+		{"400 InvalidArgument", false, map[string]answer{"put": {status: 400, code: "InvalidArgument"}}, permanent, []string{"put"}},
 		{"503 SlowDown", false, map[string]answer{"put": {status: 503, code: "SlowDown"}}, transient, []string{"put"}},
 		{"500 InternalError may have written", false, map[string]answer{"put": {status: 500, code: "InternalError"}}, ambiguous, []string{"put"}},
-		{"403 AccessDenied", false, map[string]answer{"put": {status: 403, code: "AccessDenied"}}, permanent, []string{"put"}},
-		{"404 NoSuchBucket", false, map[string]answer{"put": {status: 404, code: "NoSuchBucket"}}, permanent, []string{"put"}},
+		{"403 AccessDenied", false, map[string]answer{"put": {status: 403, code: "AccessDenied"}}, config, []string{"put"}},
+		{"403 InvalidAccessKeyId", false, map[string]answer{"put": {status: 403, code: "InvalidAccessKeyId"}}, config, []string{"put"}},
+		{"403 SignatureDoesNotMatch", false, map[string]answer{"put": {status: 403, code: "SignatureDoesNotMatch"}}, config, []string{"put"}},
+		{"404 NoSuchBucket", false, map[string]answer{"put": {status: 404, code: "NoSuchBucket"}}, config, []string{"put"}},
+		{"301 PermanentRedirect", false, map[string]answer{"put": {status: 301, code: "PermanentRedirect"}}, config, []string{"put"}},
 		{"connection lost after the PUT was sent", false, map[string]answer{"put": {hangUp: true}}, ambiguous, []string{"put"}},
 		{"412 then the object is gone", false, map[string]answer{"put": {status: 412, code: "PreconditionFailed"}, "head": {status: 404}}, transient, []string{"put", "head"}},
 		{"412 then HEAD fails with 500", false, map[string]answer{"put": {status: 412, code: "PreconditionFailed"}, "head": {status: 500}}, transient, []string{"put", "head"}},
-		{"412 then HEAD is forbidden", false, map[string]answer{"put": {status: 412, code: "PreconditionFailed"}, "head": {status: 403}}, permanent, []string{"put", "head"}},
+		{"412 then HEAD is forbidden", false, map[string]answer{"put": {status: 412, code: "PreconditionFailed"}, "head": {status: 403}}, config, []string{"put", "head"}},
 		{"412 then a foreign object", false, map[string]answer{"put": {status: 412, code: "PreconditionFailed"}}, keyReused, []string{"put", "head"}},
 		{"multipart: 409 on complete, upload aborted", true, map[string]answer{"head": {status: 404}, "complete": {status: 409, code: "ConditionalRequestConflict"}}, transient, []string{"head", "create", "part", "complete", "abort"}},
 		{"multipart: 500 on a part, nothing visible, upload aborted", true, map[string]answer{"head": {status: 404}, "part": {status: 500, code: "InternalError"}}, transient, []string{"head", "create", "part", "abort"}},
@@ -183,6 +188,9 @@ func TestErrorsAreClassified(t *testing.T) {
 			}
 			w := scripted(t, f, opts...)
 			_, err := w.Apply(context.Background(), "key", s3.Object{Body: []byte("body")})
+			if err != nil && effects.ClassOf(err) == effects.Unclassified {
+				t.Errorf("%v is unclassified", err)
+			}
 			switch tc.want {
 			case transient:
 				if !errors.Is(err, effects.ErrTransient) || !effects.Retryable(err) {
@@ -194,8 +202,14 @@ func TestErrorsAreClassified(t *testing.T) {
 				}
 			case permanent:
 				var api smithy.APIError
-				if err == nil || effects.Retryable(err) || !errors.As(err, &api) {
-					t.Errorf("got %v, want a permanent error wrapping the SDK's API error", err)
+				if !effects.Permanent(err) || !errors.Is(err, effects.ErrRefused) || !errors.As(err, &api) {
+					t.Errorf("got %v, want a permanent ErrRefused wrapping the SDK's API error", err)
+				}
+			case config:
+				var api smithy.APIError
+				var ce *effects.ConfigError
+				if !effects.IsConfig(err) || !errors.As(err, &ce) || !errors.As(err, &api) || errors.Is(err, effects.ErrRefused) {
+					t.Errorf("got %v, want only a configuration error wrapping the SDK's API error", err)
 				}
 			case keyReused:
 				if !errors.Is(err, effects.ErrKeyReused) {

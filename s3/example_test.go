@@ -132,3 +132,21 @@ func ExampleWithPutHook() {
 	// applied <nil>
 	// true IfNoneMatch true
 }
+
+// Check the bucket at start-up, before the first delivery: a bucket that
+// does not exist (or credentials S3 refuses) is a configuration error
+// that names the setting, so the worker stops instead of failing every
+// event.
+func ExampleWriter_Check() {
+	srv := exampleServer()
+	client := exampleClient(srv) // your *s3.Client
+
+	w, err := s3.New(client, "no-such-bucket")
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = w.Check(context.Background())
+	var ce *effects.ConfigError
+	fmt.Println(effects.IsConfig(err), errors.As(err, &ce) && ce.Option == "bucket no-such-bucket")
+	// Output: true true
+}

@@ -45,8 +45,11 @@ type PutHook func(key effects.Key, in *awss3.PutObjectInput) error
 // What the hook sets is not part of the payload's fingerprint: a
 // redelivery whose hook would set other values (another storage class)
 // replays the stored object rather than reporting key reuse. An error
-// from the hook fails Apply before any request, wrapped; it is retryable
-// only if the hook's own error is. [New] refuses a nil hook.
+// from the hook fails Apply before any request, wrapped: it keeps its
+// class if it has one ([effects.ClassOf]: a *[effects.ConfigError] stops
+// the worker, an [effects.ErrTransient] is retried), and is
+// [effects.ErrRefused] (permanent) otherwise: the hook refused to prepare
+// this object, and would refuse it again. [New] refuses a nil hook.
 func WithPutHook(hook PutHook) Option {
 	return func(c *config) { c.hook, c.hookSet = hook, true }
 }
@@ -117,6 +120,12 @@ func (p *put) hooked() (*awss3.PutObjectInput, error) {
 	}
 	body := in.Body
 	if err := p.w.hook(p.key, in); err != nil {
+		if effects.ClassOf(err) == effects.Unclassified {
+			// The hook refused to prepare this object (no KMS key for its
+			// tenant): nothing was sent, and the same object would be
+			// refused again.
+			return nil, effects.Refused(opApply, p.key, fmt.Errorf("put hook: %w", err))
+		}
 		return nil, fmt.Errorf("%s key %q: put hook: %w", opApply, p.key, err)
 	}
 	if field, why := changedField(in, p.input(), body, len(p.obj.Body)); field != "" {

@@ -203,14 +203,21 @@ func TestPutHookCannotChangeWhatMakesTheWriteOnce(t *testing.T) {
 }
 
 // The hook's own error fails Apply before any request, wrapped so callers
-// can reach it.
+// can reach it: refused for good unless it has a class of its own.
 func TestPutHookErrorStopsTheWrite(t *testing.T) {
 	e, rt := counted(t)
 	noKey := errors.New("no KMS key for tenant acme")
 	w := e.writer(s3.WithPutHook(func(effects.Key, *awss3.PutObjectInput) error { return noKey }))
 	_, err := w.Apply(context.Background(), effects.MustKey("acme", "evt_1", "receipt"), s3.Object{Body: []byte("r")})
-	if !errors.Is(err, noKey) || effects.Retryable(err) {
-		t.Fatalf("Apply = %v, want the hook's error, not retryable", err)
+	if !errors.Is(err, noKey) || !effects.Permanent(err) || !errors.Is(err, effects.ErrRefused) {
+		t.Fatalf("Apply = %v, want the hook's error, refused for good", err)
+	}
+	retry := e.writer(s3.WithPutHook(func(k effects.Key, _ *awss3.PutObjectInput) error {
+		return effects.Transient("kms", k, noKey)
+	}))
+	_, err = retry.Apply(context.Background(), effects.MustKey("acme", "evt_1", "receipt"), s3.Object{Body: []byte("r")})
+	if !errors.Is(err, noKey) || !effects.Retryable(err) {
+		t.Fatalf("Apply with a hook error that is transient = %v, want it retryable", err)
 	}
 	if n := rt.count(); n != 0 {
 		t.Errorf("%d requests made, want none", n)

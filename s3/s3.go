@@ -201,7 +201,8 @@ func (w *Writer) Apply(ctx context.Context, key effects.Key, obj Object) (effect
 	}
 	meta, fp, err := prepare(key, obj)
 	if err != nil {
-		return effects.Result{}, fmt.Errorf("%s key %q: %w", opApply, key, err)
+		// S3 would refuse such a header: refused before sending.
+		return effects.Result{}, effects.Refused(opApply, key, err)
 	}
 	p := &put{w: w, key: key, name: name, obj: obj, meta: meta, fp: fp}
 	in, err := p.hooked()
@@ -264,6 +265,8 @@ func (p *put) failed(ctx context.Context, call string, err error, mayHaveWritten
 	switch classify(err) {
 	case precondition:
 		return p.replay(ctx)
+	case misconfigured:
+		return effects.Result{}, configError(opApply, p.w.bucket, callErr(call, p.name, err))
 	case retry:
 		return effects.Result{}, effects.Transient(opApply, p.key, callErr(call, p.name, err))
 	case unknown:
@@ -272,7 +275,7 @@ func (p *put) failed(ctx context.Context, call string, err error, mayHaveWritten
 		}
 		return effects.Result{}, effects.Transient(opApply, p.key, callErr(call, p.name, err))
 	}
-	return effects.Result{}, permanent(p.key, call, p.name, err)
+	return effects.Result{}, effects.Refused(opApply, p.key, callErr(call, p.name, err))
 }
 
 // misconfigured returns a configuration error when err is a failure to
@@ -291,19 +294,22 @@ func (p *put) replay(ctx context.Context) (effects.Result, error) {
 		Key:    aws.String(p.name),
 	})
 	if err != nil {
-		if cerr := p.misconfigured("HeadObject (reading back the existing object after 412)", err); cerr != nil {
+		const call = "HeadObject (reading back the existing object after 412)"
+		if cerr := p.misconfigured(call, err); cerr != nil {
 			return effects.Result{}, cerr
 		}
 		switch classify(err) {
 		case notFound:
 			return effects.Result{}, effects.Transient(opApply, p.key, fmt.Errorf(
 				"object %s refused the write as existing (412) but was gone when read back: deleted concurrently; retry to write it again: %w", p.name, err))
-		case permanentErr:
-			return effects.Result{}, permanent(p.key, "HeadObject (reading back the existing object after 412)", p.name, err)
+		case misconfigured:
+			return effects.Result{}, configError(opApply, p.w.bucket, callErr(call, p.name, err))
+		case refused:
+			return effects.Result{}, effects.Refused(opApply, p.key, callErr(call, p.name, err))
 		}
 		// The object exists (412) and nothing was written now; only the
 		// check is missing, and a retry redoes it.
-		return effects.Result{}, effects.Transient(opApply, p.key, callErr("HeadObject (reading back the existing object after 412)", p.name, err))
+		return effects.Result{}, effects.Transient(opApply, p.key, callErr(call, p.name, err))
 	}
 	return p.check(out)
 }

@@ -39,45 +39,70 @@
 //
 // # Errors
 //
-// Apply's errors say what a caller may do next ([effects.Retryable]):
+// Every error Apply returns is in one class of [effects.ClassOf], which
+// tells a consumer what to do:
 //
-//   - 400 idempotency_error (the key was used with other parameters, or on
-//     another endpoint): [effects.ErrKeyReused], permanent.
-//   - 409 idempotency_key_in_use (another request with the key is
-//     executing): [effects.ErrInFlight]; retry later with the same key and
-//     get the other request's result.
-//   - No response (connection cut, reply lost, context cancelled or timed
-//     out after the request left): [effects.ErrAmbiguous]; the request may
-//     have been applied, and retrying the same key either applies it or
-//     replays it. Never retry with a new key. A connection that was never
-//     made is [effects.ErrTransient].
-//   - A failure no retry fixes, a refused TLS handshake (a certificate not
-//     trusted or for another host, TLS to a plain-text port), a host name
-//     that does not exist, a backend URL that is not http(s): a
-//     configuration error, errors.Is [effects.ErrInvalidConfig], with an
-//     *[effects.ConfigError] naming the endpoint (see
-//     [effects.Misconfigured]). Not retryable: fix the configuration. A
-//     refused connection stays [effects.ErrTransient], since a restarting
-//     server looks the same.
-//   - 429 and other 409s: [effects.ErrTransient]. Stripe's rate limiter
-//     answers before its idempotency layer, so nothing was stored.
+//   - Retryable, retry the same key: 409 idempotency_key_in_use (another
+//     request with the key is executing) is [effects.ErrInFlight], and
+//     the retry gets the other request's result. No response (connection
+//     cut, reply lost, context cancelled or timed out after the request
+//     left) is [effects.ErrAmbiguous]: the request may have been applied,
+//     and retrying the same key either applies it or replays it; never
+//     retry with a new key. A connection that was never made, a 429, and
+//     other 409s are [effects.ErrTransient]: Stripe's rate limiter answers
+//     before its idempotency layer, so nothing was stored; a 429 with a
+//     Retry-After header carries it ([effects.RetryAfter]).
 //   - 5xx: Stripe documents a 500's outcome as indeterminate and stores it
 //     under the key like any response, so a retry with the same key replays
 //     the same 500 for as long as Stripe keeps the key. The first 5xx is
 //     [effects.ErrAmbiguous]: one retry tells a stored 500 from one that
 //     never reached the idempotency layer (which then executes). A 5xx that
-//     comes back replayed is [ErrReplayedServerError], which is not
-//     retryable: retrying cannot resolve it for at least 24 h, and a retry
-//     after Stripe forgets the key executes again and may duplicate. Send
-//     such a message to a dead letter and reconcile (webhooks, the
-//     Dashboard, a metadata search) instead.
-//   - Any other Stripe error (a card decline, an invalid request, an
-//     unknown customer): a permanent [*RequestError] wrapping stripe-go's
-//     *stripe.Error, which errors.As reaches (and through it
-//     *stripe.CardError and the other typed errors). Stripe stores such an
-//     answer when the endpoint had begun executing (a decline), but not
-//     when validation failed (a missing currency): then the corrected
-//     request executes under the same key.
+//     comes back replayed matches [ErrReplayedServerError] and
+//     [effects.ErrPoison], which is permanent: retrying cannot resolve it
+//     for at least 24 h, and a retry after Stripe forgets the key executes
+//     again and may duplicate. Dead-letter such a message and reconcile
+//     (webhooks, the Dashboard, a metadata search) instead.
+//   - Permanent, dead-letter at once: 400 idempotency_error (the key was
+//     used with other parameters, or on another endpoint) is
+//     [effects.ErrKeyReused]. A card decline (402 card_error), an invalid
+//     request (400 invalid_request_error: a missing parameter, an unknown
+//     customer) and any other refusal are a [*RequestError], which
+//     matches [effects.ErrRefused] and wraps stripe-go's *stripe.Error
+//     (errors.As reaches it, and through it *stripe.CardError and the
+//     other typed errors). Stripe stores such an answer when the endpoint
+//     had begun executing (a decline: the retry replays it), but not when
+//     validation failed (a missing currency): then the corrected request
+//     executes under the same key.
+//   - Configuration, stop the worker and fix it: 401 (the secret key is
+//     invalid, expired or was rolled), 403 (a restricted key without the
+//     permission, an account the key cannot act for) and the codes that
+//     refuse the key for the account (api_key_expired, livemode_mismatch,
+//     ...) are an *[effects.ConfigError] naming the "API key". A failure
+//     no retry fixes on the way to Stripe, a refused TLS handshake (a
+//     certificate not trusted or for another host, TLS to a plain-text
+//     port), a host name that does not exist, a backend URL that is not
+//     http(s), is an *[effects.ConfigError] naming the endpoint (see
+//     [effects.Misconfigured]). A refused connection stays
+//     [effects.ErrTransient], since a restarting server looks the same.
+//     Nothing is applied before such an error.
+//
+// The errors' texts summarize Stripe's answer (HTTP status, type, code,
+// decline code, parameter, request id) and never carry stripe-go's own
+// Error(), the error's whole JSON: Stripe's message may quote what the
+// customer typed. The *stripe.Error, with its message, stays reachable
+// with errors.As.
+//
+// # Start-up check
+//
+// Every effect implements [effects.Checker]: Check makes one authenticated
+// GET /v1/balance, which creates nothing, and returns an
+// *[effects.ConfigError] naming the "API key" if Stripe refuses the key,
+// so a worker that runs [effects.Plan.Check] at start-up stops before the
+// first delivery instead of failing every one. A key that may not read
+// the balance (a restricted key) passes: Check proves that the key
+// authenticates, and a request it may not make fails on its first Apply as
+// a configuration error. [NewPaymentIntents] and [NewRefunds] check with
+// their client; give [New] the client with [WithCheckClient].
 //
 // # Horizon and the journal
 //

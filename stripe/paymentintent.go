@@ -94,7 +94,7 @@ func NewPaymentIntents(api *client.API, opts ...Option) (*PaymentIntents, error)
 	if api == nil || api.PaymentIntents == nil {
 		return nil, &effects.ConfigError{Op: ctor, Option: "api", Reason: "nil or uninitialised *client.API; build it with client.New"}
 	}
-	e, err := newGeneric(ctor, "stripe.PaymentIntents.Apply", api.PaymentIntents.New, opts)
+	e, err := newGeneric(ctor, "stripe.PaymentIntents.Apply", api.PaymentIntents.New, withCheck(opts, api))
 	if err != nil {
 		return nil, err
 	}

@@ -66,7 +66,7 @@ func NewRefunds(api *client.API, opts ...Option) (*Refunds, error) {
 	if api == nil || api.Refunds == nil {
 		return nil, &effects.ConfigError{Op: ctor, Option: "api", Reason: "nil or uninitialised *client.API; build it with client.New"}
 	}
-	e, err := newGeneric(ctor, "stripe.Refunds.Apply", api.Refunds.New, opts)
+	e, err := newGeneric(ctor, "stripe.Refunds.Apply", api.Refunds.New, withCheck(opts, api))
 	if err != nil {
 		return nil, err
 	}

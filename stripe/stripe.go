@@ -5,13 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
-	"net/url"
 	"strings"
 	"time"
 
 	stripego "github.com/stripe/stripe-go/v76"
+	"github.com/stripe/stripe-go/v76/client"
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/journal"
@@ -28,10 +26,11 @@ const ReplayedHeader = "Idempotent-Replayed"
 // stored for the key earlier and now replays: the outcome of the first
 // request is unknown, and retrying the same key cannot resolve it while
 // Stripe keeps the key (at least 24 h); a retry after that executes again
-// and may duplicate. It is permanent ([effects.Retryable] is false):
-// dead-letter the message and reconcile the outcome with Stripe (webhooks,
-// the Dashboard, a metadata search). The *stripe.Error is reachable with
-// errors.As.
+// and may duplicate. The error Apply returns matches it and
+// [effects.ErrPoison] (a delivery no retry can handle), so it is
+// [effects.ClassPermanent]: dead-letter the message and reconcile the
+// outcome with Stripe (webhooks, the Dashboard, a metadata search). The
+// *stripe.Error is reachable with errors.As.
 var ErrReplayedServerError = errors.New("stripe replayed a stored server error for this idempotency key; the outcome is unknown and retrying the key cannot resolve it: reconcile")
 
 // Option configures an effect built by [New], [NewPaymentIntents] or
@@ -43,6 +42,8 @@ type config struct {
 	lease     time.Duration
 	logger    *slog.Logger
 	loggerSet bool
+	api       *client.API
+	apiSet    bool
 }
 
 // WithJournal makes the effect keep the id of every object it created in
@@ -67,12 +68,21 @@ func WithLogger(l *slog.Logger) Option {
 	return func(c *config) { c.logger, c.loggerSet = l, true }
 }
 
+// WithCheckClient gives an effect built by [New] the stripe-go client its
+// Check probes the API key with (see [Effect.Check]): pass the client
+// whose method New was given. [NewPaymentIntents] and [NewRefunds] use
+// their own client and need no such option. api must not be nil.
+func WithCheckClient(api *client.API) Option {
+	return func(c *config) { c.api, c.apiSet = api, true }
+}
+
 // effect is what every Stripe effect shares: its name, the journaled
 // protocol (with or without a journal) and the contract.
 type effect struct {
 	op       string // "stripe.PaymentIntents.Apply"
 	j        *journal.Journaled
 	contract effects.Contract
+	api      *client.API // what Check probes with; nil: nothing to probe
 }
 
 // newEffect validates opts once for the constructor ctor.
@@ -88,6 +98,8 @@ func newEffect(ctor, op string, opts []Option) (effect, error) {
 		return effect{}, &effects.ConfigError{Op: ctor, Option: "WithLease", Reason: fmt.Sprintf("lease %v is not positive", cfg.lease)}
 	case cfg.loggerSet && cfg.logger == nil:
 		return effect{}, &effects.ConfigError{Op: ctor, Option: "WithLogger", Reason: "nil logger"}
+	case cfg.apiSet && (cfg.api == nil || cfg.api.Balance == nil):
+		return effect{}, &effects.ConfigError{Op: ctor, Option: "WithCheckClient", Reason: "nil or uninitialised *client.API; build it with client.New"}
 	}
 	jopts := []journal.Option{
 		journal.WithLease(cfg.lease),
@@ -101,7 +113,7 @@ func newEffect(ctor, op string, opts []Option) (effect, error) {
 	if err != nil {
 		return effect{}, err
 	}
-	e := effect{op: op, j: j, contract: effects.Contract{
+	e := effect{op: op, j: j, api: cfg.api, contract: effects.Contract{
 		Guarantee:       effects.EffectivelyOnce,
 		Enforcer:        "stripe: Idempotency-Key, kept by Stripe for at least 24h",
 		Horizon:         Horizon,
@@ -129,7 +141,10 @@ func (e *effect) apply(ctx context.Context, key effects.Key, fingerprint func() 
 	if e.j.Journal() != nil {
 		var err error
 		if fp, err = fingerprint(); err != nil {
-			return effects.Result{}, fmt.Errorf("%s key %q: %w", e.op, key, err)
+			// The params cannot be told apart from others (a string that
+			// is not UTF-8): refused before any request.
+			return effects.Result{}, effects.Refused(e.op, key,
+				fmt.Errorf("refused before sending, since no journal could tell it from other params: %w", err))
 		}
 	}
 	return e.j.Apply(ctx, key, fp, func(ctx context.Context, _ *journal.Attempt) (effects.Result, error) {
@@ -180,87 +195,3 @@ func (e *effect) validate(key effects.Key) error {
 	}
 	return nil
 }
-
-// classify maps a stripe-go error to the effects error taxonomy.
-func (e *effect) classify(key effects.Key, err error) error {
-	var se *stripego.Error
-	if !errors.As(err, &se) {
-		// No Stripe-shaped answer: a transport error, a cancelled context
-		// or an undecodable body (a proxy's 502 page). A TLS handshake that
-		// was refused or a host that does not exist is a configuration
-		// error; otherwise only a connection that was never made proves
-		// that nothing was sent.
-		endpoint := "Stripe API endpoint"
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			u, perr := url.Parse(ue.URL)
-			if perr == nil {
-				endpoint = u.Scheme + "://" + u.Host
-			}
-			if ue.Op == "parse" || perr != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-				// The request was never built: the backend URL is wrong.
-				return fmt.Errorf("%w: %w", &effects.ConfigError{Op: e.op, Option: "backend URL " + ue.URL,
-					Reason: "not an http:// or https:// URL (no retry fixes this)"}, err)
-			}
-		}
-		if cerr := effects.Misconfigured(e.op, endpoint, err); cerr != nil {
-			return cerr
-		}
-		var op *net.OpError
-		if errors.As(err, &op) && op.Op == "dial" {
-			return effects.Transient(e.op, key, err)
-		}
-		return effects.Ambiguous(e.op, key, err)
-	}
-	replayed := se.LastResponse != nil && se.LastResponse.Header.Get(ReplayedHeader) == "true"
-	retryHint := ""
-	if se.LastResponse != nil {
-		retryHint = se.LastResponse.Header.Get("Stripe-Should-Retry")
-	}
-	switch {
-	case se.Type == stripego.ErrorTypeIdempotency:
-		return &effects.Error{Kind: effects.ErrKeyReused, Op: e.op, Key: key, Err: err}
-	case se.HTTPStatusCode == http.StatusConflict && se.Code == stripego.ErrorCodeIdempotencyKeyInUse:
-		return &effects.Error{Kind: effects.ErrInFlight, Op: e.op, Key: key, Err: err}
-	case se.HTTPStatusCode >= 500 && replayed:
-		return fmt.Errorf("%s key %q: %w: %w", e.op, key, ErrReplayedServerError, err)
-	case se.HTTPStatusCode >= 500:
-		return effects.Ambiguous(e.op, key, err)
-	case se.HTTPStatusCode == http.StatusTooManyRequests, se.HTTPStatusCode == http.StatusConflict, retryHint == "true" && !replayed:
-		return effects.Transient(e.op, key, err)
-	}
-	return &RequestError{Op: e.op, Key: key, Err: se}
-}
-
-// RequestError is a Stripe error that retrying cannot fix: a card decline,
-// an invalid request, an unknown object. It is permanent
-// ([effects.Retryable] is false). Err is stripe-go's *stripe.Error, also
-// reachable with errors.As; its Type, Code and DeclineCode say what
-// happened.
-type RequestError struct {
-	// Op names the operation, e.g. "stripe.PaymentIntents.Apply".
-	Op string
-	// Key is the idempotency key of the request.
-	Key effects.Key
-	// Err is stripe-go's error.
-	Err *stripego.Error
-}
-
-// Error says what Stripe refused and why.
-func (e *RequestError) Error() string {
-	msg := fmt.Sprintf("%s key %q: stripe refused the request (HTTP %d, %s", e.Op, e.Key, e.Err.HTTPStatusCode, e.Err.Type)
-	if e.Err.Code != "" {
-		msg += "/" + string(e.Err.Code)
-	}
-	if e.Err.DeclineCode != "" {
-		msg += "/" + string(e.Err.DeclineCode)
-	}
-	msg += "): " + e.Err.Msg
-	if e.Err.LastResponse != nil && e.Err.LastResponse.Header.Get(ReplayedHeader) == "true" {
-		msg += " (replayed: Stripe stored this answer for the key; a corrected request needs another key)"
-	}
-	return msg
-}
-
-// Unwrap returns stripe-go's error.
-func (e *RequestError) Unwrap() error { return e.Err }

@@ -1,9 +1,11 @@
 // Package stripetest is a local Stripe API endpoint for tests: an
 // in-process HTTP server on 127.0.0.1 that serves the create (POST) and
 // retrieve (GET .../{id}) endpoints stripe-go calls for PaymentIntents,
-// Refunds, Customers, Transfers and Checkout Sessions, and follows Stripe's
-// documented idempotency rules for API v1, which stripe-mock does not
-// implement, the same way for every endpoint:
+// Refunds, Customers, Transfers and Checkout Sessions, and the balance
+// (GET /v1/balance, the authenticated read that changes nothing which
+// stripe's Check makes). It follows Stripe's documented idempotency rules
+// for API v1, which stripe-mock does not implement, the same way for every
+// endpoint:
 //
 //   - The first response for an Idempotency-Key is stored once the
 //     endpoint began executing, whatever it was (a success, a card decline,
@@ -17,22 +19,31 @@
 //     amount, an unknown currency format, a refund of an unknown
 //     PaymentIntent, a customer email that is not one, a transfer without
 //     a connected account as destination, a Checkout Session without a
-//     mode, a success_url or line items), nor for 401s and rate-limited
-//     429s, which Stripe
-//     answers before its idempotency layer: a corrected retry with the same
-//     key executes.
-//   - Keys are scoped to the API key (the Authorization header) and the
+//     mode, a success_url or line items), nor for 401s, 403s and
+//     rate-limited 429s, which Stripe answers before its idempotency
+//     layer: a corrected retry with the same key executes.
+//   - Keys are scoped to the account of the API key and the
 //     Stripe-Account header, expire after a horizon (24 h unless
 //     [WithHorizon]; time comes from [WithClock]), and are refused with 400
 //     when longer than 255 characters.
+//
+// API keys: any non-empty bearer token is accepted, each its own
+// account, until the test revokes it ([Server.RevokeKey]: 401 "Invalid
+// API Key provided"), rolls it ([Server.RollKey]: the old key gets 401,
+// the new one acts for the same account) or restricts it
+// ([Server.RestrictKey]: 403 on every POST). A card is declined as in
+// Stripe's test mode: a PaymentIntent confirmed with the test payment
+// method "pm_card_chargeDeclined" (or "pm_card_visa_chargeDeclined",
+// "pm_card_chargeDeclinedInsufficientFunds") gets 402
+// card_error/card_declined, stored under its key and replayed.
 //
 // The server counts what it created per idempotency key ([Server.Created],
 // [Server.Total], [Server.CreatedWithMetadata]): that is the backend's own
 // count, which the conformance suite compares with what an adapter
 // claims. Failures can be injected ([Server.FailNext],
-// [Server.FailNextAfterCreate]), requests can be slowed to create
-// in-flight overlap ([WithLatency]), and the server can be restarted with
-// its state ([Server.Restart]).
+// [Server.FailNextAfterCreate], [Server.RateLimitNext]), requests can be
+// slowed to create in-flight overlap ([WithLatency]), and the server can
+// be restarted with its state ([Server.Restart]).
 //
 // When not to use it: it models idempotency, not payments. Amounts are not
 // checked against currencies' minimums, customers, prices, connected

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -74,15 +75,19 @@ type Server struct {
 	hs   *httptest.Server
 	addr string
 
-	mu        sync.Mutex
-	keys      map[scopedKey]*entry
-	objects   []*object
-	byID      map[string]*object
-	created   map[string]int // objects created per idempotency key
-	requests  int
-	limitNext int       // requests to answer with 429 before the idempotency layer
-	failNext  []failure // executing requests to fail
-	rng       *rand.Rand
+	mu       sync.Mutex
+	keys     map[scopedKey]*entry
+	objects  []*object
+	byID     map[string]*object
+	created  map[string]int // objects created per idempotency key
+	requests int
+	limits   []time.Duration // requests to answer with 429 before the idempotency layer, with their Retry-After (0: none)
+	failNext []failure       // executing requests to fail
+	rng      *rand.Rand
+
+	revoked    map[string]bool   // API keys answered with 401
+	restricted map[string]bool   // API keys whose POSTs are answered with 403
+	alias      map[string]string // rolled API key -> the key whose account it acts for
 }
 
 // scopedKey is an idempotency key within its account.
@@ -142,6 +147,10 @@ func NewServer(opts ...Option) (*Server, error) {
 		byID:    map[string]*object{},
 		created: map[string]int{},
 		rng:     rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+
+		revoked:    map[string]bool{},
+		restricted: map[string]bool{},
+		alias:      map[string]string{},
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -241,12 +250,67 @@ func (s *Server) FailNext(n int, status int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if status == http.StatusTooManyRequests {
-		s.limitNext += n
+		for range n {
+			s.limits = append(s.limits, 0)
+		}
 		return
 	}
 	for i := 0; i < n; i++ {
 		s.failNext = append(s.failNext, failure{status: status})
 	}
+}
+
+// RateLimitNext makes the next n POSTs of any kind, replays included, get
+// 429 from the rate limiter with the header "Retry-After" saying
+// retryAfter (in whole seconds, at least 1), before the idempotency layer:
+// nothing is stored. It is [Server.FailNext] with status 429 and a hint,
+// so a test can check that a client reads the hint.
+func (s *Server) RateLimitNext(n int, retryAfter time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for range n {
+		s.limits = append(s.limits, max(retryAfter.Round(time.Second), time.Second))
+	}
+}
+
+// RevokeKey makes the server refuse every request made with the secret
+// key apiKey with 401, as Stripe refuses a key that was deleted, expired
+// or rolled: nothing is stored under an idempotency key for such a
+// request. [APIKey] can be revoked too.
+func (s *Server) RevokeKey(apiKey string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.revoked[apiKey] = true
+}
+
+// RollKey revokes the secret key old ([Server.RevokeKey]) and makes
+// newKey act for old's account from now on, with its idempotency keys and
+// objects, as Stripe's "roll key" does: a client still using old gets
+// 401, and one given newKey finds everything old created.
+func (s *Server) RollKey(old, newKey string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.revoked[old] = true
+	delete(s.revoked, newKey)
+	s.alias[newKey] = s.resolveLocked(old)
+}
+
+// RestrictKey makes apiKey a restricted key that may read but not write:
+// every POST made with it is refused with 403 before the idempotency
+// layer (nothing stored), while GETs still work.
+func (s *Server) RestrictKey(apiKey string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.restricted[apiKey] = true
+}
+
+// resolveLocked returns the key whose account apiKey acts for; s.mu is
+// held.
+func (s *Server) resolveLocked(apiKey string) string {
+	if a, ok := s.alias[apiKey]; ok {
+		return a
+	}
+	return apiKey
 }
 
 // FailNextAfterCreate is like [Server.FailNext] but fails after the object
@@ -330,6 +394,9 @@ func (s *Server) handler() http.Handler {
 			s.get(w, r, res.kind)
 		})
 	}
+	mux.HandleFunc("GET /v1/balance", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, []byte(balanceJSON))
+	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{status: http.StatusNotFound, Type: "invalid_request_error",
 			Message: fmt.Sprintf("Unrecognized request URL (%s: %s).", r.Method, r.URL.Path)})
@@ -341,19 +408,51 @@ func (s *Server) handler() http.Handler {
 		s.mu.Unlock()
 		w.Header().Set("Request-Id", id)
 		w.Header().Set("Stripe-Version", stripego.APIVersion)
-		if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); !ok || tok == "" {
+		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || tok == "" {
 			writeError(w, &apiError{status: http.StatusUnauthorized, Type: "invalid_request_error",
 				Message: "You did not provide an API key. Provide it in the Authorization header, using Bearer auth."})
+			return
+		}
+		s.mu.Lock()
+		revoked, restricted := s.revoked[tok], s.restricted[tok]
+		s.mu.Unlock()
+		switch {
+		case revoked:
+			writeError(w, &apiError{status: http.StatusUnauthorized, Type: "invalid_request_error",
+				Message: "Invalid API Key provided: " + maskKey(tok)})
+			return
+		case restricted && r.Method == http.MethodPost:
+			writeError(w, &apiError{status: http.StatusForbidden, Type: "invalid_request_error",
+				Message: fmt.Sprintf("The provided key '%s' does not have the required permissions for this endpoint. "+
+					"Having the 'rak_write' permission would allow this request to continue.", maskKey(tok))})
 			return
 		}
 		mux.ServeHTTP(w, r)
 	})
 }
 
-// account is the scope of idempotency keys and objects: the API key plus
-// the connected account the request acts for.
-func account(r *http.Request) string {
-	return r.Header.Get("Authorization") + "\x00" + r.Header.Get("Stripe-Account")
+// balanceJSON is the balance every account has: nothing.
+const balanceJSON = `{"object":"balance","available":[{"amount":0,"currency":"usd"}],"livemode":false,"pending":[{"amount":0,"currency":"usd"}]}`
+
+// maskKey shows an API key as Stripe's errors do: its prefix and its last
+// four characters.
+func maskKey(k string) string {
+	if len(k) <= 12 {
+		return strings.Repeat("*", len(k))
+	}
+	return k[:8] + strings.Repeat("*", len(k)-12) + k[len(k)-4:]
+}
+
+// account is the scope of idempotency keys and objects: the API key (or
+// the key it was rolled from) plus the connected account the request acts
+// for.
+func (s *Server) account(r *http.Request) string {
+	tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+	s.mu.Lock()
+	tok = s.resolveLocked(tok)
+	s.mu.Unlock()
+	return tok + "\x00" + r.Header.Get("Stripe-Account")
 }
 
 type (
@@ -384,14 +483,18 @@ func (s *Server) post(w http.ResponseWriter, r *http.Request, validate validator
 			Message: fmt.Sprintf("Invalid Idempotency-Key: it is %d characters long, the maximum is %d.", len(key), MaxKeyLen)})
 		return
 	}
-	acct := account(r)
+	acct := s.account(r)
 	sk := scopedKey{acct, key}
 	params := form.Encode() // sorted by name: the same parameters compare equal
 
 	s.mu.Lock()
-	if s.limitNext > 0 {
-		s.limitNext--
+	if len(s.limits) > 0 {
+		wait := s.limits[0]
+		s.limits = s.limits[1:]
 		s.mu.Unlock()
+		if wait > 0 {
+			w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)))
+		}
 		writeError(w, &apiError{status: http.StatusTooManyRequests, Type: "invalid_request_error", Code: "rate_limit",
 			Message: "Too many requests hit the API too quickly."})
 		return
@@ -474,9 +577,10 @@ func (s *Server) answerKnown(w http.ResponseWriter, r *http.Request, e *entry, k
 // get serves GET <path>/{id} for objects of kind.
 func (s *Server) get(w http.ResponseWriter, r *http.Request, kind string) {
 	id := r.PathValue("id")
+	acct := s.account(r)
 	s.mu.Lock()
 	var b []byte
-	if o := s.byID[id]; o != nil && o.account == account(r) && o.kind == kind {
+	if o := s.byID[id]; o != nil && o.account == acct && o.kind == kind {
 		b, _ = json.Marshal(o.body)
 	}
 	s.mu.Unlock()

@@ -533,3 +533,85 @@ func TestUnknownRouteIsStripeShaped(t *testing.T) {
 		t.Errorf("unknown route: %d %s", resp.StatusCode, b)
 	}
 }
+
+// GET /v1/balance answers an authenticated client and creates nothing.
+func TestBalanceIsAnAuthenticatedRead(t *testing.T) {
+	srv := stripetest.Start(t)
+	b, err := newClient(t, srv).Balance.Get(nil)
+	if err != nil || b.Object != "balance" || len(b.Available) == 0 {
+		t.Fatalf("balance: %+v, %v", b, err)
+	}
+	if srv.Total() != 0 {
+		t.Errorf("%d objects after a read", srv.Total())
+	}
+}
+
+// A revoked key gets 401 on every request, before the idempotency layer:
+// nothing is stored, so the same idempotency key with a good key executes.
+func TestRevokedKeyIsRefused(t *testing.T) {
+	srv := stripetest.Start(t)
+	srv.RevokeKey("sk_test_revoked")
+	revoked := clientWithKey(t, srv, "sk_test_revoked")
+	_, err := revoked.PaymentIntents.New(piParams("k", 100))
+	se := stripeErr(t, err, http.StatusUnauthorized, stripego.ErrorTypeInvalidRequest)
+	if !strings.Contains(se.Msg, "Invalid API Key provided") || strings.Contains(se.Msg, "sk_test_revoked") {
+		t.Errorf("message %q: want Stripe's, with the key masked", se.Msg)
+	}
+	_, err = revoked.Balance.Get(nil)
+	stripeErr(t, err, http.StatusUnauthorized, stripego.ErrorTypeInvalidRequest)
+	wantCreated(t, srv, "k", 0)
+	if _, err := newClient(t, srv).PaymentIntents.New(piParams("k", 100)); err != nil {
+		t.Fatalf("another key, same idempotency key: %v", err)
+	}
+	wantCreated(t, srv, "k", 1)
+}
+
+// A rolled key is revoked, and its successor acts for the same account:
+// an idempotency key used with the old key replays with the new one.
+func TestRolledKeyKeepsTheAccount(t *testing.T) {
+	srv := stripetest.Start(t)
+	first, err := newClient(t, srv).PaymentIntents.New(piParams("k", 100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.RollKey(stripetest.APIKey, "sk_test_new_key")
+	_, err = newClient(t, srv).PaymentIntents.New(piParams("k", 100))
+	stripeErr(t, err, http.StatusUnauthorized, stripego.ErrorTypeInvalidRequest)
+	again, err := clientWithKey(t, srv, "sk_test_new_key").PaymentIntents.New(piParams("k", 100))
+	if err != nil || again.ID != first.ID || !replayed(again.LastResponse) {
+		t.Fatalf("new key: %v, %v; want the replay of %s", again, err, first.ID)
+	}
+	if _, err := clientWithKey(t, srv, "sk_test_new_key").PaymentIntents.Get(first.ID, nil); err != nil {
+		t.Errorf("the new key cannot read the old key's object: %v", err)
+	}
+}
+
+// A restricted key may read but every POST gets 403, and nothing is
+// stored.
+func TestRestrictedKeyMayNotWrite(t *testing.T) {
+	srv := stripetest.Start(t)
+	srv.RestrictKey(stripetest.APIKey)
+	api := newClient(t, srv)
+	_, err := api.PaymentIntents.New(piParams("k", 100))
+	stripeErr(t, err, http.StatusForbidden, stripego.ErrorTypeInvalidRequest)
+	wantCreated(t, srv, "k", 0)
+	if _, err := api.Balance.Get(nil); err != nil {
+		t.Errorf("balance with a restricted key: %v", err)
+	}
+}
+
+// RateLimitNext answers 429 with Retry-After, stores nothing, and the
+// retry executes.
+func TestRateLimitSaysWhenToRetry(t *testing.T) {
+	srv := stripetest.Start(t)
+	srv.RateLimitNext(1, 2*time.Second)
+	_, err := newClient(t, srv).PaymentIntents.New(piParams("k", 100))
+	se := stripeErr(t, err, http.StatusTooManyRequests, stripego.ErrorTypeInvalidRequest)
+	if got := se.LastResponse.Header.Get("Retry-After"); got != "2" {
+		t.Errorf("Retry-After %q, want 2", got)
+	}
+	if _, err := newClient(t, srv).PaymentIntents.New(piParams("k", 100)); err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	wantCreated(t, srv, "k", 1)
+}
