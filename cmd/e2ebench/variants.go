@@ -130,7 +130,7 @@ func runDefaultConsumer(ctx context.Context, r *runEnv, handle consume.Handler, 
 		}
 		r.progress.handled(1)
 		return nil
-	})
+	}, consume.WithoutDeadLetter()) // as the hand-written handler: nothing is moved aside
 	if err != nil {
 		return err
 	}
@@ -180,7 +180,7 @@ func runBatch(ctx context.Context, r *runEnv) error {
 			}
 			r.progress.handled(ok)
 			return errs
-		}))
+		}), consume.WithoutDeadLetter())
 	if err != nil {
 		return err
 	}
