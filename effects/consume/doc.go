@@ -51,9 +51,15 @@
 //     the process and the other Orderings go on.
 //
 // Dead-lettering hands the delivery to the hook of [WithDeadLetter] and
-// acks it once the hook returned nil. A consumer must be told what to do
-// without one ([WithoutDeadLetter]): it then parks the delivery, unacked,
-// and its Ordering waits behind it; [Stats].Parked shows it.
+// acks it once the hook returned nil. [New] refuses a consumer that has
+// neither a hook nor [WithoutDeadLetter]: a consumer may never drop a
+// delivery, so without a hook the only place for poison is its own
+// Ordering, stalled behind it, and that must be chosen, not found in
+// production. With WithoutDeadLetter the consumer parks the delivery,
+// unacked, retried every max backoff, its Ordering waiting behind it
+// while the others go on; it says so once (a Warn line, or
+// [effects.EventFailed]) and [Stats].Parked counts it, the number to
+// alert on.
 //
 // Each attempt runs under a time limit ([WithAttemptTimeout], one minute
 // by default), so a call stuck on a dead connection does not hold its
