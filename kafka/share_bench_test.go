@@ -159,7 +159,7 @@ func benchShareRun(b *testing.B, c *kafkatest.Cluster, share, stuck bool) time.D
 			done <- time.Now()
 		}
 		return nil
-	}, consume.WithConcurrency(benchShareHandlers))
+	}, consume.WithConcurrency(benchShareHandlers), consume.WithoutDeadLetter())
 	if err != nil {
 		b.Fatal(err)
 	}

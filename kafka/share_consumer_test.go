@@ -198,14 +198,14 @@ func TestShareConsumerLockExpiryAbsorbed(t *testing.T) {
 	}))
 	frozen := newShareSource(t, c, group, topic, kafka.WithShareMembers(1),
 		kafka.WithRenewBefore(time.Millisecond), kafka.WithLockMargin(0))
-	runConsumer(t, frozen, h, obs)
+	runConsumer(t, frozen, h, obs, consume.WithoutDeadLetter())
 	select {
 	case <-started:
 	case <-time.After(30 * time.Second):
 		t.Fatal("member A did not start the handler")
 	}
 	healthy := newShareSource(t, c, group, topic, kafka.WithShareMembers(1))
-	runConsumer(t, healthy, h, obs)
+	runConsumer(t, healthy, h, obs, consume.WithoutDeadLetter())
 	var d effects.Delivery
 	select {
 	case d = <-again:
@@ -243,14 +243,14 @@ func TestShareConsumerLongEffectRenewed(t *testing.T) {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-	})
+	}, consume.WithoutDeadLetter())
 	select {
 	case <-started:
 	case <-time.After(30 * time.Second):
 		t.Fatal("the handler did not start")
 	}
 	other := newShareSource(t, c, group, topic, kafka.WithShareMembers(1))
-	consB := runConsumer(t, other, func(context.Context, effects.Delivery) error { return nil })
+	consB := runConsumer(t, other, func(context.Context, effects.Delivery) error { return nil }, consume.WithoutDeadLetter())
 	eventually(t, "the long handler's ack", func() bool { return consA.Stats().Acked == 1 })
 	time.Sleep(time.Second) // a redelivery would have had time to arrive
 	if n := consB.Stats().Delivered; n != 0 {

@@ -69,7 +69,8 @@ func ExampleNewShareSource() {
 			close(done)
 		}
 		return nil
-	}, consume.WithConcurrency(16), consume.WithBackoff(time.Millisecond, 10*time.Millisecond))
+	}, consume.WithConcurrency(16), consume.WithBackoff(time.Millisecond, 10*time.Millisecond),
+		consume.WithoutDeadLetter()) // a failing job stays in the share group
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -43,7 +43,7 @@ func TestSourceOwnsDropsRevokedDeliveries(t *testing.T) {
 		mu.Unlock()
 		return nil
 	}
-	cons, err := consume.New(a, h, consume.WithConcurrency(1))
+	cons, err := consume.New(a, h, consume.WithConcurrency(1), consume.WithoutDeadLetter())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@
 //	charge := effects.Observe("stripe.charge", stripeEffect, obs) // each Apply
 //	plan = plan.WithObserver(obs)                                 // each step of a plan
 //	consumer, err := consume.New(src, handler,
+//		consume.WithDeadLetter(toDeadLetterTopic),
 //		consume.WithObserver(obs)) // failed attempts: retried, dead_lettered, failed
 //
 // An effect wrapped with effects.Observe and run as a step of an observed

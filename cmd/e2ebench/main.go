@@ -10,7 +10,9 @@
 // that the machine's drift hits them alike. The variants:
 //
 //   - defaults: kafka.NewSource → consume.New(src, handler) with no
-//     options → postgres.New(pool, scope, write).Apply, the write being the
+//     options but the required dead-letter decision (WithoutDeadLetter, as
+//     the hand-written handler moves nothing aside) →
+//     postgres.New(pool, scope, write).Apply, the write being the
 //     README's ledger INSERT … RETURNING id (the id is the Result's ref).
 //   - pipelined: defaults with postgres.NewPipelined instead of New: the
 //     ledger INSERT as a statement, sent with the key's row and COMMIT (the

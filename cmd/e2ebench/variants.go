@@ -50,10 +50,10 @@ var variants = map[string]func(ctx context.Context, r *runEnv) error{
 }
 
 var describe = map[string]string{
-	libDefaults:  "kafka.NewSource → consume.New (no options) → postgres.New(...).Apply, ledger INSERT … RETURNING id as the ref",
+	libDefaults:  "kafka.NewSource → consume.New (WithoutDeadLetter only) → postgres.New(...).Apply, ledger INSERT … RETURNING id as the ref",
 	pipelined:    "defaults with postgres.NewPipelined: the ledger INSERT as a statement, sent with the key's row and COMMIT (the event's id as the ref)",
 	libBatch:     "kafka.NewSource → consume.New(WithBatch) → postgres.ApplyBatch + BatchErrors",
-	consumerSQL:  "kafka.NewSource → consume.New (no options) → the hand-written handler's transaction: the library's consumer alone",
+	consumerSQL:  "kafka.NewSource → consume.New (WithoutDeadLetter only) → the hand-written handler's transaction: the library's consumer alone",
 	fetchWait100: "consumer-sql with kgo.FetchMaxWait(100ms) instead of the Source's default 500 ms",
 	handWritten:  "franz-go + pgx: per poll, partitions in parallel; per record BEGIN; claim ON CONFLICT DO NOTHING; INSERT; COMMIT; offsets committed after each poll",
 	floor:        "the same loop with one autocommitted ledger INSERT and no dedup",
@@ -130,7 +130,7 @@ func runDefaultConsumer(ctx context.Context, r *runEnv, handle consume.Handler, 
 		}
 		r.progress.handled(1)
 		return nil
-	})
+	}, consume.WithoutDeadLetter()) // as the hand-written handler: nothing is moved aside
 	if err != nil {
 		return err
 	}
@@ -180,7 +180,7 @@ func runBatch(ctx context.Context, r *runEnv) error {
 			}
 			r.progress.handled(ok)
 			return errs
-		}))
+		}), consume.WithoutDeadLetter())
 	if err != nil {
 		return err
 	}

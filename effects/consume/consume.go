@@ -11,28 +11,33 @@ import (
 	"time"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/consume/internal/sched"
 	"effectively.dev/effects/retry"
 	"effectively.dev/internal/ratelog"
 )
 
 // Handler handles one delivery: it does the delivery's side effects, each
-// idempotent under a key derived from effects.Delivery.ID (a [Plan], an [Effect]),
-// and returns nil once they are done, that is committed by their owners.
-// The [Consumer] acks the delivery only after that; an error means "not
-// done, do not ack".
+// idempotent under a key derived from the delivery's event id (an
+// [effects.Plan], an [effects.Effect]), and returns nil once they are
+// done, that is committed by their owners. The [Consumer] acks the
+// delivery only after that; an error means "not done, do not ack", and its
+// class ([effects.ClassOf]) decides what happens next (see the package
+// documentation).
 //
-// ctx is cancelled only when the consumer's shutdown grace period expires
-// (see [WithShutdownGrace]), not when shutdown starts, so a handler that is
-// running when shutdown begins can finish its work. A handler may be called
-// again for the same delivery (a retry, a redelivery after a crash) and must
-// therefore be idempotent; that is what package effects is for.
+// ctx carries the attempt's time limit ([WithAttemptTimeout]) and is
+// cancelled when the consumer's shutdown grace period expires (see
+// [WithShutdownGrace]), not when shutdown starts, so a handler that is
+// running when shutdown begins can finish its work. A handler may be
+// called again for the same delivery (a retry, a redelivery after a crash)
+// and must therefore be idempotent; that is what package effects is for. A
+// panic in it is recovered as a *[effects.PanicError].
 type Handler func(ctx context.Context, d effects.Delivery) error
 
 // BatchHandler handles several deliveries at once (see [WithBatch]), for
 // example by claiming all their keys and writing all their effects in one
 // database transaction. It returns one error per delivery, in the order of
 // ds: nil means that delivery's effects are done and it may be acked; a
-// non-nil error is classified and retried exactly as a [Handler]'s error
+// non-nil error is classified and handled exactly as a [Handler]'s error
 // would be. A slice of the wrong length fails every delivery of the batch
 // with [ErrBatchResults].
 //
@@ -47,6 +52,11 @@ type Handler func(ctx context.Context, d effects.Delivery) error
 // and it is acked; if the order of effects matters even then, fail the
 // rest of the run too: those deliveries are tried again after the failed
 // one, and these attempts do not count against their budget.
+//
+// A panic in a batch handler is recovered; the consumer then hands each
+// delivery of the batch to it alone, in order, so that only the
+// deliveries that panic on their own get the *[effects.PanicError] and the
+// others go on.
 type BatchHandler func(ctx context.Context, ds []effects.Delivery) []error
 
 // Consumer errors.
@@ -58,13 +68,19 @@ var (
 	// ErrRunning is returned by [Consumer.Run] while another Run
 	// of the same Consumer is in progress.
 	ErrRunning = errors.New("consumer is already running")
+
+	// ErrAttemptTimeout wraps the error of an attempt that ran past its
+	// time limit ([WithAttemptTimeout]). It adds no class: the attempt's
+	// own error (usually context.DeadlineExceeded, retryable) decides.
+	ErrAttemptTimeout = errors.New("attempt ran past its time limit")
 )
 
 // Defaults of a [Consumer], used when the matching option is not given.
 const (
 	// DefaultConcurrency is how many handlers run at once.
 	DefaultConcurrency = 8
-	// DefaultMaxAttempts is how many attempts precede the dead-letter hook.
+	// DefaultMaxAttempts is how many attempts precede the dead-letter hook
+	// for an error that is not permanent.
 	DefaultMaxAttempts = 10
 	// DefaultMinBackoff is the first pause between attempts.
 	DefaultMinBackoff = 100 * time.Millisecond
@@ -75,6 +91,14 @@ const (
 	DefaultShutdownGrace = 10 * time.Second
 	// DefaultMaxPending bounds the deliveries taken and not yet finished.
 	DefaultMaxPending = 1024
+	// DefaultAttemptTimeout is each attempt's time limit: one
+	// journal.DefaultLease, the longest a journaled step's lease lets one
+	// attempt at a key run (see [WithAttemptTimeout]).
+	DefaultAttemptTimeout = time.Minute
+	// DefaultInFlightWait is how long a delivery may wait in all for other
+	// attempts that hold its keys before [effects.ErrInFlight] counts as a
+	// failed attempt: five default leases (see [WithInFlightWait]).
+	DefaultInFlightWait = 5 * time.Minute
 )
 
 // Option configures a [Consumer]; see [New].
@@ -85,10 +109,14 @@ type config struct {
 	maxAttempts            int
 	minBackoff, maxBackoff time.Duration
 	deadLetter             func(ctx context.Context, d effects.Delivery, err error) error
+	deadLetterSet          bool
+	noDeadLetter           bool
 	observer               effects.Observer
 	grace                  time.Duration
 	maxPending             int
 	maxPendingSet          bool
+	attemptTimeout         time.Duration
+	inFlightWait           time.Duration
 
 	batchSet    bool
 	batchSize   int
@@ -106,9 +134,11 @@ func WithConcurrency(n int) Option {
 }
 
 // WithMaxAttempts sets how many times the handler is tried for one
-// delivery before the delivery goes to the dead-letter hook (default
-// [DefaultMaxAttempts], 10). 0 retries forever (errors marked permanent
-// still go to the hook at once). n must not be negative.
+// delivery whose error is retryable or unclassified before the delivery
+// goes to the dead-letter hook (default [DefaultMaxAttempts], 10).
+// Permanent errors go to the hook at the first attempt whatever n is;
+// waits for another attempt's lease ([WithInFlightWait]) do not count. 0
+// retries forever. n must not be negative.
 func WithMaxAttempts(n int) Option {
 	return func(c *config) { c.maxAttempts = n }
 }
@@ -117,44 +147,75 @@ func WithMaxAttempts(n int) Option {
 // per attempt up to max, and each pause is drawn at random between half and
 // all of that ceiling, so deliveries that failed together do not retry in
 // lockstep. Defaults: [DefaultMinBackoff] (100 ms) and [DefaultMaxBackoff]
-// (30 s); with the default 10 attempts a delivery is dead-lettered after
-// about 25 to 50 seconds of failures. A delivery that can neither succeed
-// nor be dead-lettered is retried every max. 0 < min <= max.
+// (30 s); with the default 10 attempts a delivery whose errors are
+// retryable is dead-lettered after about 25 to 50 seconds of failures. A
+// parked delivery (see [WithoutDeadLetter]) is retried every max.
+// 0 < min <= max.
 func WithBackoff(min, max time.Duration) Option {
 	return func(c *config) { c.minBackoff, c.maxBackoff = min, max }
 }
 
 // WithDeadLetter sets the hook that takes a delivery the consumer gives up
-// on: after [WithMaxAttempts] failed attempts, or at once when the error is
-// permanent ([effects.ErrKeyReused], [effects.ErrInvalidKey], [effects.ErrPoison]). err is the last
-// attempt's error. The hook typically writes the delivery to a dead-letter
-// topic or table; it must be idempotent, because a crash between the hook
-// and the ack calls it again after the redelivery.
+// on: at once when its error is permanent ([effects.Permanent]: a refusal,
+// a key reused, an invalid key, poison, a panic), or after
+// [WithMaxAttempts] attempts that failed otherwise. err is the last
+// attempt's error (errors.As reaches a *[effects.PanicError] and its
+// stack). The hook typically writes the delivery to a dead-letter topic or
+// table; it must be idempotent, because a crash between the hook and the
+// ack calls it again after the redelivery. It runs under the attempt time
+// limit; a panic in it is recovered as the hook's failure.
 //
 // If the hook returns nil, the consumer acks the delivery: it is handled,
-// by the hook. If it returns an error, the delivery is not acked and the
-// consumer keeps it, retrying the handler (and, on failure, the hook) every
-// max backoff, reporting each round as [effects.EventFailed].
+// by the hook. If it returns a configuration error ([effects.IsConfig]: a
+// dead-letter topic that does not exist), Run stops as for a handler's
+// configuration error. Any other error parks the delivery, as
+// [WithoutDeadLetter] does, and each retry calls the hook again.
 //
-// Without a hook, nothing is ever dropped: a delivery the consumer gives
-// up on stays unacked and is retried every max backoff, as above, and the
-// deliveries behind it with the same Ordering wait. See [Consumer] for why.
+// [New] requires WithDeadLetter or [WithoutDeadLetter]: where poison goes
+// is a decision.
 func WithDeadLetter(f func(ctx context.Context, d effects.Delivery, err error) error) Option {
-	return func(c *config) { c.deadLetter = f }
+	return func(c *config) { c.deadLetter, c.deadLetterSet = f, true }
 }
 
-// WithObserver reports every failed attempt to o: [effects.EventRetried] when
-// another attempt follows, [effects.EventDeadLettered] when the dead-letter hook
-// took the delivery, [effects.EventFailed] otherwise (the delivery stays unacked),
-// and effects.EventFailed when an Ack fails. Events carry DeliveryID, Attempt (the
-// failed attempt's number, from 1), Duration (the handler's run time) and
-// Err. Successful attempts are counted in [Consumer.Stats], not observed.
+// WithoutDeadLetter declares that there is no dead-letter hook: a delivery
+// the consumer gives up on is parked, never dropped. A parked delivery
+// stays unacked and holds its Ordering (a Kafka partition stops behind
+// it, and its source commits nothing past it) while other Orderings go on;
+// the consumer retries it every max backoff ([WithBackoff]), so a delivery
+// given up on during an outage resumes by itself when the outage ends, and
+// a poison one until an operator fixes the code or moves it aside.
+//
+// Parking is reported once per delivery: [effects.EventFailed] at each
+// round to an observer, and without one a single Warn line when the
+// delivery is parked (the later rounds log at Debug); [Stats].Parked says
+// how many deliveries are parked now, the number to alert on.
+//
+// Choose it when a stalled partition is better than a message moved aside:
+// when events must apply in order or not at all, or in tests. Otherwise
+// give a hook ([WithDeadLetter]; kafka.DeadLetterTopic writes one).
+func WithoutDeadLetter() Option {
+	return func(c *config) { c.noDeadLetter = true }
+}
+
+// WithObserver reports what happens to deliveries to o:
+// [effects.EventRetried] for a failed attempt that another attempt
+// follows, [effects.EventInFlight] for a wait for another attempt's lease
+// (not a failed attempt), [effects.EventDeadLettered] when the dead-letter
+// hook took the delivery, [effects.EventFailed] otherwise (the delivery
+// stays unacked: parked, interrupted by shutdown, stopped by a
+// configuration error) and when an Ack fails. Events carry DeliveryID,
+// Attempt (the attempt's number, from 1), Duration (the handler's run
+// time) and Err. Successful attempts are counted in [Consumer.Stats], not
+// observed.
 //
 // Without an observer (or with a nil o), the consumer logs the same events
 // to slog.Default(), rate-limited (a burst of 10 lines, then about one a
-// second, with a count of the lines held back): retries at level Info,
-// failures and dead letters at Warn, each with delivery_id, attempt and
-// error. To silence them, pass an observer that does nothing.
+// second, with a count of the lines held back), one line per event with
+// delivery_id, attempt, class ([effects.ClassOf]) and error: retries and
+// waits at Info, dead letters, parking and failed acks at Warn, a
+// configuration error at Error, and the later rounds of a parked delivery
+// at Debug. A panic's line also carries its stack. To silence them, pass
+// an observer that does nothing.
 func WithObserver(o effects.Observer) Option {
 	return func(c *config) { c.observer = o }
 }
@@ -179,6 +240,48 @@ func WithShutdownGrace(d time.Duration) Option {
 // deliveries' bodies. n must be at least 1.
 func WithMaxPending(n int) Option {
 	return func(c *config) { c.maxPending, c.maxPendingSet = n, true }
+}
+
+// WithAttemptTimeout sets each attempt's time limit (default
+// [DefaultAttemptTimeout], one minute): the handler's context (a batch
+// handler's, for the whole batch) gets this deadline, and so does the
+// dead-letter hook's. A handler that honours its context returns when the
+// deadline passes; the consumer wraps its error with [ErrAttemptTimeout]
+// and counts it in [Stats].TimedOut, and the error's class decides as for
+// any failed attempt (a cut call is usually retryable). 0 sets no limit.
+// d must not be negative.
+//
+// A limit frees an Ordering held by a call stuck on a dead connection
+// (the kernel would take many minutes to give up). What it leaves behind
+// is an unknown outcome, which the retry resolves with the same key. With
+// journal-backed steps (effects/journal): a journaled step bounds its own
+// call at nine tenths of its lease (journal.DefaultLease, one minute), and
+// keeps the lease after an outcome it cannot rule out; the retry then
+// meets [effects.ErrInFlight] until the lease expires, waits it out
+// without spending attempts ([WithInFlightWait]), and takes the key over:
+// it replays what the owner recorded, or does the effect. So a limit below
+// the lease cuts hung calls sooner at the cost of waiting for the lease;
+// set it above the longest time a healthy attempt takes (the sum of a
+// plan's steps), and [WithInFlightWait] above the longest lease.
+func WithAttemptTimeout(d time.Duration) Option {
+	return func(c *config) { c.attemptTimeout = d }
+}
+
+// WithInFlightWait sets how long, in all, a delivery may wait for other
+// attempts that hold its keys (default [DefaultInFlightWait], five
+// minutes), counted from the first attempt that answered
+// [effects.ErrInFlight]. Within it, an ErrInFlight is not a failed attempt:
+// it spends no attempt of [WithMaxAttempts] and is never dead-lettered; the
+// consumer waits, with the backoff's growing pauses, but never past the
+// rest of the other attempt's lease when the error reports it
+// ([effects.RetryAfter]), so a key freed by an expired lease is taken over
+// at once. After it, ErrInFlight counts as a failed attempt like any
+// retryable error: an adapter that answers in flight for ever ends in the
+// dead-letter hook (or parked), never loops for ever. Set it above the
+// longest lease of the plan's steps. 0 counts every ErrInFlight as a
+// failed attempt. d must not be negative.
+func WithInFlightWait(d time.Duration) Option {
+	return func(c *config) { c.inFlightWait = d }
 }
 
 // WithBatch makes the consumer hand deliveries to h in batches of up to
@@ -209,7 +312,8 @@ func WithBatch(size int, linger time.Duration, h BatchHandler) Option {
 	}
 }
 
-// Stats counts what a [Consumer] did, over all its runs.
+// Stats counts what a [Consumer] did, over all its runs, and how many
+// deliveries are parked now.
 type Stats struct {
 	// Delivered counts deliveries taken from the source.
 	Delivered int64
@@ -219,38 +323,44 @@ type Stats struct {
 	// Retried counts failed attempts that were followed by another attempt
 	// within the attempt budget ([effects.EventRetried]).
 	Retried int64
+	// InFlight counts waits for another attempt's lease
+	// ([effects.EventInFlight]): attempts that answered
+	// [effects.ErrInFlight] within [WithInFlightWait], not counted as
+	// attempts.
+	InFlight int64
+	// TimedOut counts handler calls (a batch counts once) cut by their time
+	// limit ([WithAttemptTimeout]).
+	TimedOut int64
 	// DeadLettered counts deliveries the dead-letter hook took
 	// ([effects.EventDeadLettered]).
 	DeadLettered int64
-	// Failed counts [effects.EventFailed]: failed attempts after which the delivery
-	// stayed unacked (no dead-letter hook, or the hook failed, or shutdown
-	// had begun), and failed Acks. It is the number to alert on.
+	// Failed counts [effects.EventFailed]: failed attempts after which the
+	// delivery stayed unacked (parked, interrupted by shutdown, stopped by
+	// a configuration error), and failed Acks.
 	Failed int64
-	// Released counts deliveries handed back to a [effects.Releaser] source for
-	// redelivery instead of retried in place: retries within the attempt
-	// budget (also counted in Retried), and deliveries given up on and
-	// kept, whose hook failed or is missing (also counted in Failed).
+	// Released counts deliveries handed back to a [effects.Releaser]
+	// source for redelivery instead of retried in place: retries within the
+	// attempt budget (also counted in Retried), and parked deliveries
+	// (also counted in Failed).
 	Released int64
 	// Dropped counts deliveries the consumer let go unhandled because the
 	// source no longer owned them ([effects.OwnershipChecker]): a revoked
 	// partition, an expired acquisition lock. Their new owner handles them.
 	Dropped int64
+	// Parked is how many deliveries are parked now: given up on, held
+	// unacked and retried every max backoff, because there is no
+	// dead-letter hook ([WithoutDeadLetter]) or the hook failed. Not a
+	// count: it goes down when they succeed, are dead-lettered, dropped or
+	// released, and to 0 when Run returns. The number to alert on.
+	Parked int64
 }
 
-// Consumer takes deliveries from a [effects.Source], hands each to a [Handler], and
-// acks it only after the handler returned nil: side effect first, then ack.
-// A delivery whose handler failed is never acked; the consumer retries it in
-// place (it keeps the delivery, and its turn in its Ordering, instead of
-// re-publishing it), after an exponential jittered backoff, and after
-// [WithMaxAttempts] attempts (or at once, for a permanent error) hands it to
-// the dead-letter hook, acking it only if the hook returns nil.
-//
-// Which errors are permanent: those wrapping [effects.ErrKeyReused],
-// [effects.ErrInvalidKey] or [effects.ErrPoison]; retrying the same key cannot succeed.
-// Every other error is retried up to the budget, including errors
-// [effects.Retryable] would call permanent because no adapter classified them: a
-// handler's error is often the application's own (a 503 from a downstream
-// service) and may heal, and the budget bounds the cost when it does not.
+// Consumer takes deliveries from an [effects.Source], hands each to a
+// [Handler] (or batches to a [BatchHandler]), and acks it only after the
+// handler returned nil: side effect first, then ack. A failed delivery is
+// never acked by the handler's path; what happens to it depends on its
+// error's class, as the package documentation describes: retried in place
+// with backoff, waited for, dead-lettered, parked, or stopping Run.
 //
 // Concurrency is bounded ([WithConcurrency]); deliveries with the same
 // non-empty Ordering are handled one at a time in the order Next returned
@@ -260,37 +370,24 @@ type Stats struct {
 //
 // What it never does: ack a delivery whose handler failed or was
 // interrupted, ack a delivery twice, or drop one the source still owns (a
-// source that is an [effects.OwnershipChecker] may say a delivery is no longer its
-// own, a revoked partition: the consumer then drops it before its next
-// attempt, counted in [Stats].Dropped, and the new owner handles
-// it). When a delivery can
-// neither succeed nor be dead-lettered (no hook, or the hook fails), it
-// stays unacked and is retried every max backoff, each round reported as
-// [effects.EventFailed] and counted in [Stats].Failed, rather than stopping
-// the consumer: after N failures the cause is as often an outage (the
-// database is down) as a poison message, and stopping would turn every
-// outage longer than the retry budget into a crash loop that also halts
-// the healthy Orderings; retrying slowly resumes by itself when the outage
-// ends, and a Kafka-like source would not commit past the delivery anyway.
-// Configure [WithDeadLetter] to move poison messages aside. Failures are
-// visible by default: without [WithObserver], they are logged to
-// slog.Default(), rate-limited.
+// source that is an [effects.OwnershipChecker] may say a delivery is no
+// longer its own, a revoked partition: the consumer then drops it before
+// its next attempt, counted in [Stats].Dropped, and the new owner handles
+// it).
 //
-// An Ack that fails is reported as effects.EventFailed and not retried: the source
-// delivers the message again and the idempotent handler replays it. With
-// package kafka this happens to deliveries of a partition revoked while they
-// were queued or running (kafka.ErrRevoked): the partition's new owner
-// handles them too.
+// An Ack that fails is reported as [effects.EventFailed] and not retried:
+// the source delivers the message again and the idempotent handler replays
+// it. With package kafka this happens to deliveries of a partition revoked
+// while they were queued or running (kafka.ErrRevoked): the partition's
+// new owner handles them too.
 //
-// Attempts are counted from [effects.Delivery].Attempt when the source knows it (a
-// share group's delivery count), so the budget holds across processes. With
-// a [effects.Releaser] source, a delivery without an Ordering that is to be retried
-// is released back to the broker after its backoff instead of retried in
-// place (counted in [Stats].Released); if the release fails it is
-// retried in place.
-//
-// The consumer does not recover panics: a panicking handler crashes the
-// process, and its delivery, unacked, is delivered again after the restart.
+// Attempts are counted from [effects.Delivery].Attempt when the source
+// knows it (a share group's delivery count), so the budget holds across
+// processes. With an [effects.Releaser] source, a delivery without an
+// Ordering that is to be retried after a failure is released back to the
+// broker after its backoff instead of retried in place (counted in
+// [Stats].Released); if the release fails it is retried in place. A wait
+// for another attempt's lease is not a failure and is not released.
 //
 // A Consumer is safe for concurrent use; Run runs one at a time.
 type Consumer struct {
@@ -300,25 +397,35 @@ type Consumer struct {
 
 	running                                       atomic.Bool
 	delivered, acked, retried, deadLettered, fail atomic.Int64
-	released, dropped                             atomic.Int64
+	inFlight, timedOut, released, dropped, parked atomic.Int64
 	log                                           ratelog.Limiter // without an observer
 }
 
 // New returns a consumer of src that hands every delivery to h
 // (or, with [WithBatch], batches to the batch handler; then h must be nil).
-// It returns a *[effects.ConfigError] for a nil source, a missing or doubled
-// handler, or an invalid option. Nil options are ignored.
 //
-// Defaults: 8 concurrent handlers, 10 attempts, backoff from 100 ms to 30 s,
-// no dead-letter hook, failures logged to slog.Default() (no observer),
-// 10 s shutdown grace, 1024 pending deliveries.
+// It requires a decision about dead letters: [WithDeadLetter] or
+// [WithoutDeadLetter]. A consumer cannot drop a delivery it gives up on,
+// so without a hook it holds it, and its Ordering stalls behind it; that
+// should be chosen in code, not met in production.
+//
+// It returns a *[effects.ConfigError] for a nil source, a missing or
+// doubled handler, no dead-letter decision (or both), or an invalid
+// option. Nil options are ignored.
+//
+// Defaults: 8 concurrent handlers, 10 attempts, backoff from 100 ms to
+// 30 s, a one-minute limit per attempt, five minutes of waiting for other
+// attempts' leases, failures logged to slog.Default() (no observer), 10 s
+// shutdown grace, 1024 pending deliveries.
 func New(src effects.Source, h Handler, opts ...Option) (*Consumer, error) {
 	cfg := config{
-		concurrency: DefaultConcurrency,
-		maxAttempts: DefaultMaxAttempts,
-		minBackoff:  DefaultMinBackoff,
-		maxBackoff:  DefaultMaxBackoff,
-		grace:       DefaultShutdownGrace,
+		concurrency:    DefaultConcurrency,
+		maxAttempts:    DefaultMaxAttempts,
+		minBackoff:     DefaultMinBackoff,
+		maxBackoff:     DefaultMaxBackoff,
+		grace:          DefaultShutdownGrace,
+		attemptTimeout: DefaultAttemptTimeout,
+		inFlightWait:   DefaultInFlightWait,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -347,12 +454,23 @@ func New(src effects.Source, h Handler, opts ...Option) (*Consumer, error) {
 		return bad("WithBackoff", "max %v is below min %v", cfg.maxBackoff, cfg.minBackoff)
 	case cfg.grace < 0:
 		return bad("WithShutdownGrace", "negative grace %v", cfg.grace)
+	case cfg.attemptTimeout < 0:
+		return bad("WithAttemptTimeout", "negative limit %v (0 sets none)", cfg.attemptTimeout)
+	case cfg.inFlightWait < 0:
+		return bad("WithInFlightWait", "negative wait %v", cfg.inFlightWait)
 	case cfg.maxPendingSet && cfg.maxPending < 1:
 		return bad("WithMaxPending", "%d deliveries; need at least 1", cfg.maxPending)
 	case cfg.batchSet && cfg.batchSize < 1:
 		return bad("WithBatch", "batch size %d; need at least 1", cfg.batchSize)
 	case cfg.batchSet && cfg.batchLinger < 0:
 		return bad("WithBatch", "negative linger %v", cfg.batchLinger)
+	case cfg.deadLetterSet && cfg.deadLetter == nil:
+		return bad("WithDeadLetter", "nil hook (to go without one, say WithoutDeadLetter())")
+	case cfg.deadLetterSet && cfg.noDeadLetter:
+		return bad("WithoutDeadLetter", "given with WithDeadLetter; choose one")
+	case !cfg.deadLetterSet && !cfg.noDeadLetter:
+		return bad("WithDeadLetter", "no dead-letter decision: pass WithDeadLetter(hook) to move the deliveries "+
+			"the consumer gives up on aside, or WithoutDeadLetter() to park them unacked, stalling their Ordering")
 	}
 	if !cfg.maxPendingSet {
 		cfg.maxPending = DefaultMaxPending
@@ -369,27 +487,37 @@ func (c *Consumer) Stats() Stats {
 		Delivered:    c.delivered.Load(),
 		Acked:        c.acked.Load(),
 		Retried:      c.retried.Load(),
+		InFlight:     c.inFlight.Load(),
+		TimedOut:     c.timedOut.Load(),
 		DeadLettered: c.deadLettered.Load(),
 		Failed:       c.fail.Load(),
 		Released:     c.released.Load(),
 		Dropped:      c.dropped.Load(),
+		Parked:       c.parked.Load(),
 	}
 }
 
-// Run consumes until ctx is done or the source fails, and then shuts down
+// Run consumes until ctx is done, the source fails, or a handler (or the
+// dead-letter hook) returns a configuration error, and then shuts down
 // gracefully: it stops calling Next, starts no new attempt and no retry,
-// and waits for the handlers (and dead-letter hooks) that are running; their
-// context is cancelled when the shutdown grace expires. It acks those that
-// succeed, never one that failed or was interrupted; deliveries it took but
-// did not finish stay unacked, and the source delivers them again (to this
-// consumer's next Run, or after a restart). Run returns only after every
-// goroutine it started has ended, so a handler that ignores its context
-// delays it.
+// and waits for the handlers (and dead-letter hooks) that are running;
+// their context is cancelled when the shutdown grace expires. It acks
+// those that succeed, never one that failed or was interrupted; deliveries
+// it took but did not finish stay unacked, and the source delivers them
+// again (to this consumer's next Run, or after a restart). Run returns
+// only after every goroutine it started has ended, so a handler that
+// ignores its context delays it.
 //
-// Run returns nil after a shutdown caused by ctx. When Next fails while ctx
-// is not done, Run shuts down the same way and returns that error, wrapped
-// (errors.Is and errors.As see it): the consumer does not retry a failing
-// source. It returns [ErrRunning] if another Run is in progress.
+// Run returns nil after a shutdown caused by ctx alone. When Next fails
+// while ctx is not done, it returns that error, wrapped (errors.Is and
+// errors.As see it): the consumer does not retry a failing source. After
+// a configuration error it returns an error that wraps it, so
+// errors.Is(err, [effects.ErrInvalidConfig]) holds and errors.As reaches
+// the *[effects.ConfigError] that names the setting; the delivery that met
+// it is neither acked nor dead-lettered, and nothing after it in its
+// Ordering runs: fix the configuration and restart, and the redelivery
+// replays the steps that were done. It returns [ErrRunning] if another Run
+// is in progress.
 //
 // The consumer does not close the source; do it after Run returned (a Kafka
 // source commits its acked offsets when closed).
@@ -406,17 +534,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 	hctx, expire := context.WithCancel(context.WithoutCancel(ctx))
 	defer expire()
 
-	limit := c.cfg.maxPending
-	r := &run{
-		c:          c,
-		ctx:        runCtx,
-		hctx:       hctx,
-		ready:      make(chan *task, limit),
-		slots:      make(chan struct{}, limit),
-		lanes:      map[string]*lane{},
-		timers:     map[*task]*time.Timer{},
-		collecting: map[*collector]struct{}{},
-	}
+	r := &run{c: c, ctx: runCtx, stop: stop, hctx: hctx}
+	r.s = sched.New(runCtx, sched.Config{
+		MaxPending: c.cfg.maxPending,
+		BatchSize:  c.cfg.batchSize,
+		Linger:     c.cfg.batchLinger,
+		Resume:     r.resume,
+	})
 	for range c.cfg.concurrency {
 		r.workers.Add(1)
 		if c.cfg.batchSet {
@@ -426,106 +550,53 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 	}
 
-	fatal := r.fetch()
+	if err := r.fetch(); err != nil {
+		r.halt(err)
+	}
 
 	// Shut down: stop taking work, give the running handlers the grace.
 	stop()
 	grace := time.AfterFunc(c.cfg.grace, expire)
 	defer grace.Stop()
 	r.workers.Wait()
-	r.mu.Lock()
-	for t, tm := range r.timers {
-		if tm.Stop() {
-			r.timersLive.Done()
-		}
-		delete(r.timers, t)
-	}
-	r.mu.Unlock()
-	r.timersLive.Wait()
-	return fatal
-}
-
-// task is one delivery being handled.
-type task struct {
-	d       effects.Delivery
-	attempt int   // attempts counted
-	lane    *lane // its Ordering's lane; nil without an Ordering
-	done    bool  // finished: to be dropped from its lane
-}
-
-// lane holds the unfinished deliveries of one Ordering, in order. Only a
-// run at its front is ever dispatched: q[:out] are ready, collected into a
-// batch, running, or (q[0] alone) waiting for a retry; the others wait.
-type lane struct {
-	key string
-	q   []*task
-	out int
-	col *collector // the batch collecting q[:out], while it collects
-}
-
-// collector is a batch being collected.
-type collector struct {
-	size  int
-	tasks []*task       // guarded by run.mu
-	lanes []*lane       // whose run is in tasks
-	wake  chan struct{} // a delivery joined, or none can join any more (capacity 1)
-}
-
-func (col *collector) signal() {
-	select {
-	case col.wake <- struct{}{}:
-	default:
-	}
+	r.s.Stop()
+	c.parked.Store(0) // what was parked stays unacked: delivered again
+	return r.fatal
 }
 
 // run is the state of one Consumer.Run.
-//
-// Every delivery taken from the source holds a slot until it is finished
-// (acked, or given up for good), and is in exactly one place: the ready
-// channel, a batch being collected, a worker, a retry timer, or waiting in
-// its Ordering's lane behind the run that is out. Hence ready, whose
-// capacity is the number of slots, never blocks a sender.
 type run struct {
 	c    *Consumer
 	ctx  context.Context // done: shutting down
+	stop context.CancelFunc
 	hctx context.Context // for handlers, hooks and acks; done when the grace expires
+	s    *sched.Scheduler
 
-	ready chan *task    // heads of lanes, and deliveries without Ordering, whose turn it is
-	slots chan struct{} // one per delivery taken and not finished
+	workers sync.WaitGroup
 
-	// fetchBlocked: the fetch loop waits for a slot, so no delivery can
-	// arrive until one finishes.
-	fetchBlocked atomic.Bool
+	haltOnce sync.Once
+	fatal    error // what stopped Run, set once, before stop
+}
 
-	mu         sync.Mutex
-	lanes      map[string]*lane
-	timers     map[*task]*time.Timer   // armed retries
-	collecting map[*collector]struct{} // batches that linger
-
-	workers    sync.WaitGroup
-	timersLive sync.WaitGroup // retry timers that may still run their function
+// halt stops the run for err (the first such error wins): Run shuts down
+// and returns it.
+func (r *run) halt(err error) {
+	r.haltOnce.Do(func() {
+		r.fatal = err
+		r.stop()
+	})
 }
 
 // fetch takes deliveries from the source until the run's context is done
 // (it returns nil) or Next fails (it returns the error).
 func (r *run) fetch() error {
 	for {
-		select {
-		case r.slots <- struct{}{}:
-		case <-r.ctx.Done():
+		if !r.s.Reserve() {
 			return nil
-		default:
-			r.blockFetch(true)
-			select {
-			case r.slots <- struct{}{}:
-			case <-r.ctx.Done():
-				return nil
-			}
-			r.blockFetch(false)
 		}
 		d, err := r.c.src.Next(r.ctx)
 		if err != nil {
-			<-r.slots
+			r.s.Unreserve()
 			if r.ctx.Err() != nil {
 				return nil
 			}
@@ -535,99 +606,12 @@ func (r *run) fetch() error {
 		if r.ctx.Err() != nil {
 			return nil // shutting down: left unacked, delivered again
 		}
-		t := &task{d: d}
+		t := &sched.Task{Delivery: d}
 		if d.Attempt > 1 {
-			t.attempt = d.Attempt - 1 // the source's earlier attempts count
+			t.Attempt = d.Attempt - 1 // the source's earlier attempts count
 		}
-		r.dispatch(t)
+		r.s.Add(t)
 	}
-}
-
-// blockFetch records whether the fetch loop waits for a slot; when it
-// starts waiting, lingering batches stop: nothing can join them.
-func (r *run) blockFetch(blocked bool) {
-	r.fetchBlocked.Store(blocked)
-	if !blocked {
-		return
-	}
-	r.mu.Lock()
-	for col := range r.collecting {
-		col.signal()
-	}
-	r.mu.Unlock()
-}
-
-// dispatch makes a new delivery ready, queues it in its Ordering's lane,
-// or adds it to the batch that is collecting the run just before it.
-func (r *run) dispatch(t *task) {
-	if t.d.Ordering == "" {
-		r.ready <- t
-		return
-	}
-	r.mu.Lock()
-	l := r.lanes[t.d.Ordering]
-	if l == nil {
-		l = &lane{key: t.d.Ordering}
-		r.lanes[l.key] = l
-	}
-	t.lane = l
-	l.q = append(l.q, t)
-	send := false
-	switch {
-	case l.out == 0:
-		l.out = 1
-		send = true
-	case l.col != nil && l.out == len(l.q)-1 && len(l.col.tasks) < l.col.size:
-		l.col.tasks = append(l.col.tasks, t)
-		l.out++
-		l.col.signal()
-	}
-	r.mu.Unlock()
-	if send {
-		r.ready <- t
-	}
-}
-
-// retryAfter makes t ready again after delay, unless shutdown begins first.
-func (r *run) retryAfter(t *task, delay time.Duration) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.ctx.Err() != nil {
-		return // left unacked, delivered again
-	}
-	r.timersLive.Add(1)
-	r.timers[t] = time.AfterFunc(delay, func() {
-		defer r.timersLive.Done()
-		r.mu.Lock()
-		delete(r.timers, t)
-		r.mu.Unlock()
-		if r.ctx.Err() == nil {
-			r.resume(t)
-		}
-	})
-}
-
-// resume takes t up again after its backoff: drops it if the source no
-// longer owns it, releases it to a [effects.Releaser] source (deliveries without an
-// Ordering only: a released delivery would lose its turn), or makes it
-// ready to retry in place.
-func (r *run) resume(t *task) {
-	if !r.owns(t) {
-		r.settle([]*task{t}, []error{errNotOwned}, 0)
-		return
-	}
-	if rel, ok := r.c.src.(effects.Releaser); ok && t.lane == nil {
-		err := rel.Release(r.hctx, t.d)
-		if err == nil {
-			r.c.released.Add(1)
-			<-r.slots
-			return
-		}
-		if !errors.Is(err, effects.ErrNotReleased) {
-			r.failed(t, 0, fmt.Errorf("release for redelivery failed; retrying in place: %w", err))
-		}
-	}
-	r.ready <- t
 }
 
 // errNotOwned settles a delivery the source no longer owns: dropped.
@@ -635,36 +619,57 @@ var errNotOwned = errors.New("effects: delivery no longer owned by this source")
 
 // owns reports whether the source still owns t's delivery (true for a
 // source that does not say).
-func (r *run) owns(t *task) bool {
+func (r *run) owns(t *sched.Task) bool {
 	oc, ok := r.c.src.(effects.OwnershipChecker)
-	return !ok || oc.Owns(t.d)
+	return !ok || oc.Owns(t.Delivery)
+}
+
+// attempt is one attempt's results, for [sched.Scheduler.Settle].
+type attempt struct {
+	r     *run
+	tasks []*sched.Task
+	errs  []error
+	took  time.Duration
+}
+
+func (a *attempt) decide(i int, behind bool) (sched.Outcome, time.Duration) {
+	return a.r.decide(a.tasks[i], a.errs[i], a.took, behind)
 }
 
 // worker hands ready deliveries to the Handler one at a time.
 func (r *run) worker() {
 	defer r.workers.Done()
-	var next *task // the settled delivery's successor in its lane, kept
+	a := &attempt{r: r, tasks: make([]*sched.Task, 1), errs: make([]error, 1)}
+	decide := a.decide
+	var next *sched.Task // the settled delivery's successor in its lane, kept
 	for {
 		t := next
 		if t == nil {
-			select {
-			case <-r.ctx.Done():
+			if t = r.s.Take(); t == nil {
 				return
-			case t = <-r.ready:
 			}
 		}
 		if r.ctx.Err() != nil {
 			return // not started: left unacked
 		}
-		if !r.owns(t) {
-			next = r.settleKeep([]*task{t}, []error{errNotOwned}, 0)
-			continue
+		a.tasks[0], a.errs[0], a.took = t, errNotOwned, 0
+		if r.owns(t) {
+			t.Attempt++
+			start := time.Now()
+			a.errs[0] = r.handle(t.Delivery)
+			a.took = time.Since(start)
 		}
-		t.attempt++
-		start := time.Now()
-		err := r.c.h(r.hctx, t.d)
-		next = r.settleKeep([]*task{t}, []error{err}, time.Since(start))
+		next = r.s.Settle(a.tasks, decide)
 	}
+}
+
+// handle runs the Handler for one attempt at d.
+func (r *run) handle(d effects.Delivery) (err error) {
+	ctx, cancel := r.attemptContext()
+	defer cancel()
+	defer func() { err = r.cut(ctx, err) }()
+	defer effects.Recover("consume.Handler", &err)
+	return r.c.h(ctx, d)
 }
 
 // batchWorker collects batches for the BatchHandler: ready deliveries, each
@@ -672,355 +677,323 @@ func (r *run) worker() {
 func (r *run) batchWorker() {
 	defer r.workers.Done()
 	for {
-		var first *task
-		select {
-		case <-r.ctx.Done():
+		first := r.s.Take()
+		if first == nil {
 			return
-		case first = <-r.ready:
 		}
-		batch := r.collect(first)
+		batch := r.s.Collect(first)
 		if r.ctx.Err() != nil {
 			return // not started: left unacked
 		}
-		errs := make([]error, len(batch))
+		a := &attempt{r: r, tasks: batch, errs: make([]error, len(batch))}
 		ds := make([]effects.Delivery, 0, len(batch))
 		var owned []int // batch indexes of ds
 		for i, t := range batch {
 			if !r.owns(t) {
-				errs[i] = errNotOwned
+				a.errs[i] = errNotOwned
 				continue
 			}
-			t.attempt++
-			ds = append(ds, t.d)
+			t.Attempt++
+			ds = append(ds, t.Delivery)
 			owned = append(owned, i)
 		}
-		var took time.Duration
 		if len(ds) > 0 {
 			start := time.Now()
-			res := r.c.cfg.batch(r.hctx, ds)
-			took = time.Since(start)
-			if len(res) != len(ds) {
-				err := fmt.Errorf("%w: %d results for %d deliveries", ErrBatchResults, len(res), len(ds))
-				res = make([]error, len(ds))
-				for i := range res {
-					res[i] = err
-				}
-			}
+			res := r.handleBatch(ds)
+			a.took = time.Since(start)
 			for j, i := range owned {
-				errs[i] = res[j]
+				a.errs[i] = res[j]
 			}
 		}
-		r.settle(batch, errs, took)
+		if keep := r.s.Settle(batch, a.decide); keep != nil {
+			r.s.Ready(keep)
+		}
 	}
 }
 
-// collect builds a batch from first: first's lane run, what else is ready,
-// and, while the batch lingers, what joins it. It lingers only while a
-// delivery can still arrive (the fetch loop is not waiting for a slot).
-func (r *run) collect(first *task) []*task {
-	size, linger := r.c.cfg.batchSize, r.c.cfg.batchLinger
-	col := &collector{size: size, wake: make(chan struct{}, 1)}
-	r.mu.Lock()
-	r.takeLocked(col, first)
-	r.mu.Unlock()
-	full := func() bool {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		return len(col.tasks) >= size
+// handleBatch runs the BatchHandler for one attempt at ds and returns one
+// error per delivery. After a panic it runs each delivery alone, so that
+// only those that panic by themselves fail with it.
+func (r *run) handleBatch(ds []effects.Delivery) []error {
+	res, panicked := r.callBatch(ds)
+	if panicked == nil || len(ds) == 1 {
+		return res
 	}
-	takeReady := func() {
-		for !full() {
-			select {
-			case t := <-r.ready:
-				r.mu.Lock()
-				r.takeLocked(col, t)
-				r.mu.Unlock()
-				continue
-			default:
-			}
-			return
-		}
+	res = make([]error, len(ds))
+	for i := range ds {
+		one, _ := r.callBatch(ds[i : i+1])
+		res[i] = one[0]
 	}
-	takeReady()
-	if linger > 0 && !full() && !r.fetchBlocked.Load() {
-		r.mu.Lock()
-		r.collecting[col] = struct{}{}
-		r.mu.Unlock()
-		tm := time.NewTimer(linger)
-	wait:
-		for !full() && !r.fetchBlocked.Load() {
-			select {
-			case t := <-r.ready:
-				r.mu.Lock()
-				r.takeLocked(col, t)
-				r.mu.Unlock()
-			case <-col.wake:
-			case <-tm.C:
-				break wait
-			case <-r.ctx.Done():
-				break wait
-			}
-		}
-		tm.Stop()
-		// What became ready while the wait ended (the fetch loop's last
-		// delivery, sent just before it blocked) joins too.
-		takeReady()
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	delete(r.collecting, col)
-	for _, l := range col.lanes {
-		l.col = nil
-	}
-	return col.tasks
+	return res
 }
 
-// takeLocked adds t to col, with as much of the run behind t in its lane
-// as fits. t is a lane's head (or has no Ordering).
-func (r *run) takeLocked(col *collector, t *task) {
-	col.tasks = append(col.tasks, t)
-	l := t.lane
-	if l == nil {
+// callBatch calls the BatchHandler once. It returns one error per
+// delivery; panicked is the recovered panic, if any (then every delivery
+// has it).
+func (r *run) callBatch(ds []effects.Delivery) (res []error, panicked error) {
+	ctx, cancel := r.attemptContext()
+	defer cancel()
+	func() {
+		defer effects.Recover("consume.BatchHandler", &panicked)
+		res = r.c.cfg.batch(ctx, ds)
+	}()
+	var all error
+	switch {
+	case panicked != nil:
+		all = panicked
+	case len(res) != len(ds):
+		all = fmt.Errorf("%w: %d results for %d deliveries", ErrBatchResults, len(res), len(ds))
+	}
+	if all != nil {
+		res = make([]error, len(ds))
+		for i := range res {
+			res[i] = all
+		}
+	}
+	if slices.ContainsFunc(res, func(err error) bool { return err != nil }) && r.timedOut(ctx) {
+		for i, err := range res {
+			if err != nil {
+				res[i] = r.wrapTimeout(err)
+			}
+		}
+	}
+	return res, panicked
+}
+
+// attemptContext returns the context of one attempt: the handlers'
+// context with the attempt's time limit, if any.
+func (r *run) attemptContext() (context.Context, context.CancelFunc) {
+	if d := r.c.cfg.attemptTimeout; d > 0 {
+		return context.WithTimeout(r.hctx, d)
+	}
+	return r.hctx, func() {}
+}
+
+// cut wraps err, an attempt's error, with ErrAttemptTimeout when the
+// attempt under ctx ran past its time limit.
+func (r *run) cut(ctx context.Context, err error) error {
+	if err == nil || !r.timedOut(ctx) {
+		return err
+	}
+	return r.wrapTimeout(err)
+}
+
+// timedOut reports whether the attempt under ctx ran past its time limit
+// (ctx's own deadline, not the end of the grace), and counts it.
+func (r *run) timedOut(ctx context.Context) bool {
+	if ctx == r.hctx || !errors.Is(ctx.Err(), context.DeadlineExceeded) || r.hctx.Err() != nil {
+		return false
+	}
+	r.c.timedOut.Add(1)
+	return true
+}
+
+func (r *run) wrapTimeout(err error) error {
+	return fmt.Errorf("%w (%v, WithAttemptTimeout): %w", ErrAttemptTimeout, r.c.cfg.attemptTimeout, err)
+}
+
+// resume takes t up again after its pause: drops it if the source no
+// longer owns it, releases it to an [effects.Releaser] source (after a
+// failure, for a delivery without an Ordering: a released delivery would
+// lose its turn), or makes it ready to be attempted in place.
+func (r *run) resume(t *sched.Task) {
+	if !r.owns(t) {
+		keep := r.s.Settle([]*sched.Task{t}, func(int, bool) (sched.Outcome, time.Duration) {
+			r.c.dropped.Add(1)
+			r.unpark(t)
+			return sched.Finished, 0
+		})
+		if keep != nil {
+			r.s.Ready(keep)
+		}
 		return
 	}
-	l.col = col
-	col.lanes = append(col.lanes, l)
-	for l.out < len(l.q) && len(col.tasks) < col.size {
-		col.tasks = append(col.tasks, l.q[l.out])
-		l.out++
+	if rel, ok := r.c.src.(effects.Releaser); ok && !t.Ordered() && !t.Waiting {
+		err := rel.Release(r.hctx, t.Delivery)
+		if err == nil {
+			r.c.released.Add(1)
+			r.unpark(t)
+			r.s.Forget(t)
+			return
+		}
+		if !errors.Is(err, effects.ErrNotReleased) {
+			r.failed(t, 0, fmt.Errorf("release for redelivery failed; retrying in place: %w", err))
+		}
 	}
+	r.s.Ready(t)
 }
 
-// outcome is what settling one attempt decided.
-type outcome int
-
-const (
-	outDone  outcome = iota // acked or given up for good: release
-	outRetry                // the lane's head, to try again after a pause
-	outWait                 // behind a failure of its Ordering: attempted again in a later run
-)
-
-// settle decides what happens to the deliveries of one attempt (one, or a
-// batch) after it returned errs: acks, retries and dead letters in each
-// Ordering's order, then the lanes' next runs.
-//
-// In a lane's run, deliveries before the first failure are acked; the first
-// failure is retried (or given up on, and then the next ones are treated
-// the same way); after a failure that is retried, the run's other
-// deliveries that succeeded are acked (their effects are done) and those
-// that failed wait, without their attempt counted, to be attempted again
-// behind it.
-func (r *run) settle(tasks []*task, errs []error, took time.Duration) {
-	if t := r.settleKeep(tasks, errs, took); t != nil {
-		r.ready <- t
-	}
-}
-
-// settleKeep is settle for a worker that goes on with the next delivery
-// of the lane it just settled when no other delivery waits for a worker:
-// it returns that delivery instead of putting it in line, so the lane
-// goes on without a handoff to another goroutine (the loop a hand-written
-// consumer runs per partition). It returns nil when it put everything in
-// line.
-func (r *run) settleKeep(tasks []*task, errs []error, took time.Duration) *task {
-	outs := make([]outcome, len(tasks))
-	delays := make([]time.Duration, len(tasks))
-	var blocked map[*lane]bool // lanes whose run has a delivery to retry
-	for i, t := range tasks {
-		err := errs[i]
-		if t.lane != nil && blocked[t.lane] {
-			switch {
-			case err == errNotOwned:
-				r.c.dropped.Add(1)
-				outs[i] = outDone
-			case err == nil:
-				r.ack(t)
-				outs[i] = outDone
-			case r.ctx.Err() != nil:
-				outs[i] = outDone // shutting down: left unacked
-			default:
-				t.attempt-- // not in its turn: this attempt does not count
-				outs[i] = outWait
-			}
-			continue
-		}
-		outs[i], delays[i] = r.settleOne(t, err, took)
-		if outs[i] == outRetry && t.lane != nil {
-			if blocked == nil {
-				blocked = map[*lane]bool{}
-			}
-			blocked[t.lane] = true
-		}
-	}
-
-	// The lanes: drop the finished deliveries, then put each lane's next
-	// run in line (or leave the head to its retry timer).
-	var next []*task
-	r.mu.Lock()
-	for i, t := range tasks {
-		t.done = outs[i] == outDone
-	}
-	for i, t := range tasks {
-		l := t.lane
-		if l == nil || slices.ContainsFunc(tasks[:i], func(u *task) bool { return u.lane == l }) {
-			continue // no lane, or visited
-		}
-		settled := 0
-		for _, u := range tasks[i:] {
-			if u.lane == l && u.done {
-				settled++
-			}
-		}
-		l.q = dropDone(l.q, settled)
-		switch {
-		case blocked[l]:
-			l.out = 1 // q[0], waiting for its retry
-		case len(l.q) == 0:
-			l.out = 0
-			delete(r.lanes, l.key)
-		case r.ctx.Err() != nil:
-			l.out = 0 // shutting down: dispatch nothing
-		default:
-			l.out = 1
-			next = append(next, l.q[0])
-		}
-	}
-	r.mu.Unlock()
-
-	for i, t := range tasks {
-		switch outs[i] {
-		case outDone:
-			<-r.slots
-		case outRetry:
-			r.retryAfter(t, delays[i])
-		}
-	}
-	var keep *task
-	if len(next) == 1 && len(r.ready) == 0 {
-		keep, next = next[0], nil
-	}
-	for _, t := range next {
-		r.ready <- t
-	}
-	return keep
-}
-
-// dropDone removes the n finished tasks from a lane's queue. They are
-// usually its head (the run just settled): that costs a reslice, not a
-// copy of everything queued behind them, and the scan stops once all n are
-// gone.
-func dropDone(q []*task, n int) []*task {
-	k := 0
-	for k < len(q) && k < n && q[k].done {
-		k++
-	}
-	clear(q[:k])
-	q, n = q[k:], n-k
-	if n == 0 {
-		return q
-	}
-	w := 0
-	for i, u := range q {
-		if n > 0 && u.done {
-			n--
-			continue
-		}
-		q[w] = q[i]
-		w++
-	}
-	clear(q[w:])
-	return q[:w]
-}
-
-// settleOne settles t's attempt that returned err: ack, retry after a
-// pause, or give up (dead letter, or keep it and retry every max
-// backoff).
-func (r *run) settleOne(t *task, err error, took time.Duration) (outcome, time.Duration) {
+// decide settles t's attempt that returned err: it acks, drops, retries
+// after a pause, waits for another attempt's lease, dead-letters, parks,
+// or stops the run. behind: an earlier delivery of t's Ordering in the
+// same batch is to be retried.
+func (r *run) decide(t *sched.Task, err error, took time.Duration, behind bool) (sched.Outcome, time.Duration) {
 	c := r.c
-	if err == nil {
+	wasParked := t.Parked
+	t.Parked, t.Waiting = false, false
+	out, delay := sched.Finished, time.Duration(0)
+	switch {
+	case err == nil:
 		r.ack(t)
-		return outDone, 0
-	}
-	if err == errNotOwned {
+	case err == errNotOwned:
 		c.dropped.Add(1)
-		return outDone, 0
+	case effects.IsConfig(err):
+		r.failedLevel(t, took, err, slog.LevelError, "consume.Consumer: configuration error; stopping")
+		r.halt(fmt.Errorf("consume.Consumer: stopped by a configuration error; delivery %q left unacked: %w", t.Delivery.ID, err))
+	case r.ctx.Err() != nil:
+		if !behind {
+			r.failed(t, took, fmt.Errorf("attempt %d failed during shutdown; left unacked for redelivery: %w", t.Attempt, err))
+		}
+	case behind:
+		t.Attempt-- // not in its turn: this attempt does not count
+		out = sched.Wait
+	default:
+		out, delay = r.failure(t, err, took, wasParked)
 	}
-	if r.ctx.Err() != nil {
-		r.failed(t, took, fmt.Errorf("attempt %d failed during shutdown; left unacked for redelivery: %w", t.attempt, err))
-		return outDone, 0
+	switch {
+	case wasParked && !t.Parked:
+		c.parked.Add(-1)
+	case !wasParked && t.Parked:
+		c.parked.Add(1)
 	}
-	exhausted := c.cfg.maxAttempts > 0 && t.attempt >= c.cfg.maxAttempts
-	if !effects.Permanent(err) && !exhausted {
+	return out, delay
+}
+
+// failure decides about t's attempt that failed with err, in its turn
+// and before shutdown: a wait for another attempt's lease, a retry within
+// the budget, or giving up.
+func (r *run) failure(t *sched.Task, err error, took time.Duration, wasParked bool) (sched.Outcome, time.Duration) {
+	c := r.c
+	class := effects.ClassOf(err)
+	if class == effects.ClassRetryable && errors.Is(err, effects.ErrInFlight) {
+		if delay, ok := r.inFlightWait(t, err); ok {
+			c.inFlight.Add(1)
+			r.report(effects.EventInFlight, t, took, err, slog.LevelInfo, "consume.Consumer: another attempt holds the key; waiting")
+			t.Attempt-- // a wait, not a failed attempt
+			t.Waiting = true
+			return sched.Retry, delay
+		}
+	}
+	exhausted := c.cfg.maxAttempts > 0 && t.Attempt >= c.cfg.maxAttempts
+	if class != effects.ClassPermanent && !exhausted {
 		c.retried.Add(1)
-		r.observe(effects.EventRetried, t, took, err)
-		return outRetry, c.cfg.backoff(t.attempt)
+		r.report(effects.EventRetried, t, took, err, slog.LevelInfo, "consume.Consumer: attempt failed; retrying")
+		return sched.Retry, c.cfg.backoff(t.Attempt)
 	}
-	why := fmt.Sprintf("gave up after %d attempts", t.attempt)
-	if effects.Permanent(err) {
+	why := fmt.Sprintf("gave up after %d attempts", t.Attempt)
+	if class == effects.ClassPermanent {
 		why = "permanent error"
 	}
-	if hook := c.cfg.deadLetter; hook != nil {
-		herr := hook(r.hctx, t.d, err)
-		if herr == nil {
-			c.deadLettered.Add(1)
-			r.observe(effects.EventDeadLettered, t, took, err)
-			r.ack(t)
-			return outDone, 0
-		}
-		err = fmt.Errorf("%s, and the dead-letter hook failed (%w); kept unacked, retrying every %v: %w",
-			why, herr, c.cfg.maxBackoff, err)
+	if c.cfg.deadLetter == nil {
+		err = fmt.Errorf("%s, no dead-letter hook (WithoutDeadLetter); parked, retrying every %v: %w", why, c.cfg.maxBackoff, err)
 	} else {
-		err = fmt.Errorf("%s and no dead-letter hook; kept unacked, retrying every %v: %w",
-			why, c.cfg.maxBackoff, err)
+		herr := r.deadLetter(t, err)
+		switch {
+		case herr == nil:
+			c.deadLettered.Add(1)
+			r.report(effects.EventDeadLettered, t, took, err, slog.LevelWarn, "consume.Consumer: delivery dead-lettered")
+			r.ack(t)
+			return sched.Finished, 0
+		case effects.IsConfig(herr):
+			herr = fmt.Errorf("dead-letter hook: %w", herr)
+			r.failedLevel(t, took, herr, slog.LevelError, "consume.Consumer: configuration error; stopping")
+			r.halt(fmt.Errorf("consume.Consumer: stopped by a configuration error; delivery %q left unacked: %w", t.Delivery.ID, herr))
+			return sched.Finished, 0
+		}
+		err = fmt.Errorf("%s, and the dead-letter hook failed (%w); parked, retrying every %v: %w", why, herr, c.cfg.maxBackoff, err)
 	}
-	r.failed(t, took, err)
-	return outRetry, c.cfg.backoff(0)
+	t.Parked = true
+	level, msg := slog.LevelWarn, "consume.Consumer: delivery parked; its Ordering waits"
+	if wasParked {
+		level, msg = slog.LevelDebug, "consume.Consumer: parked delivery failed again"
+	}
+	r.failedLevel(t, took, err, level, msg)
+	return sched.Retry, c.cfg.backoff(0)
+}
+
+// inFlightWait returns the pause before the next attempt at t, whose
+// attempt answered ErrInFlight (err), and whether t may still wait for
+// another attempt's lease without the attempt counting.
+func (r *run) inFlightWait(t *sched.Task, err error) (time.Duration, bool) {
+	limit := r.c.cfg.inFlightWait
+	if limit <= 0 {
+		return 0, false
+	}
+	now := time.Now()
+	if t.InFlightSince.IsZero() {
+		t.InFlightSince = now
+	}
+	if now.Sub(t.InFlightSince) >= limit {
+		return 0, false
+	}
+	t.InFlightWaits++
+	delay := r.c.cfg.backoff(t.InFlightWaits)
+	if rest, ok := effects.RetryAfter(err); ok && rest < delay {
+		delay = rest
+	}
+	return delay, true
+}
+
+// deadLetter hands t to the dead-letter hook, under the attempt's time
+// limit, recovering a panic as the hook's failure.
+func (r *run) deadLetter(t *sched.Task, cause error) (err error) {
+	ctx, cancel := r.attemptContext()
+	defer cancel()
+	defer effects.Recover("consume dead-letter hook", &err)
+	return r.c.cfg.deadLetter(ctx, t.Delivery, cause)
+}
+
+// unpark counts t, which leaves the run without a decision, out of the
+// parked deliveries.
+func (r *run) unpark(t *sched.Task) {
+	if t.Parked {
+		t.Parked = false
+		r.c.parked.Add(-1)
+	}
 }
 
 // ack acks t's delivery. A failed Ack is reported, not retried: the
 // delivery will be delivered again and its idempotent handler replays.
-func (r *run) ack(t *task) {
-	if err := r.c.src.Ack(r.hctx, t.d); err != nil {
+func (r *run) ack(t *sched.Task) {
+	if err := r.c.src.Ack(r.hctx, t.Delivery); err != nil {
 		r.failed(t, 0, fmt.Errorf("ack after success failed; the source will deliver again and the handler must replay: %w", err))
 		return
 	}
 	r.c.acked.Add(1)
 }
 
-func (r *run) failed(t *task, took time.Duration, err error) {
-	r.c.fail.Add(1)
-	r.observe(effects.EventFailed, t, took, err)
+func (r *run) failed(t *sched.Task, took time.Duration, err error) {
+	r.failedLevel(t, took, err, slog.LevelWarn, "consume.Consumer: delivery failed; kept unacked")
 }
 
-// observe reports an event to the observer, or, without one, logs it to
-// slog.Default() (rate-limited).
-func (r *run) observe(kind effects.EventKind, t *task, took time.Duration, err error) {
-	ev := effects.Event{Kind: kind, DeliveryID: t.d.ID, Attempt: t.attempt, Duration: took, Err: err}
+func (r *run) failedLevel(t *sched.Task, took time.Duration, err error, level slog.Level, msg string) {
+	r.c.fail.Add(1)
+	r.report(effects.EventFailed, t, took, err, level, msg)
+}
+
+// report reports an event to the observer, or, without one, logs it to
+// slog.Default() (rate-limited) at level with msg.
+func (r *run) report(kind effects.EventKind, t *sched.Task, took time.Duration, err error, level slog.Level, msg string) {
+	ev := effects.Event{Kind: kind, DeliveryID: t.Delivery.ID, Attempt: t.Attempt, Duration: took, Err: err}
 	if o := r.c.cfg.observer; o != nil {
 		o.Observe(r.hctx, ev)
 		return
 	}
-	r.c.logDefault(r.hctx, ev)
+	attrs := []slog.Attr{
+		slog.String("delivery_id", ev.DeliveryID),
+		slog.Int("attempt", ev.Attempt),
+		slog.String("class", effects.ClassOf(err).String()),
+		slog.Any("error", err),
+	}
+	var pe *effects.PanicError
+	if level >= slog.LevelWarn && errors.As(err, &pe) {
+		attrs = append(attrs, slog.String("stack", string(pe.Stack)))
+	}
+	r.c.log.Log(r.hctx, level, msg, attrs...)
 }
 
 // backoff returns the pause after failed attempt number attempt (from 1);
-// attempt 0 means the longest pause. See [Backoff].
+// attempt 0 means the longest pause. See [WithBackoff].
 func (c *config) backoff(attempt int) time.Duration {
 	return retry.Backoff{Min: c.minBackoff, Max: c.maxBackoff}.Delay(attempt)
-}
-
-// logDefault logs a failure event to slog.Default(), rate-limited: what
-// a Consumer without an observer does, so that failures are visible.
-func (c *Consumer) logDefault(ctx context.Context, ev effects.Event) {
-	level, msg := slog.LevelWarn, "consume.Consumer: delivery failed; kept unacked"
-	switch ev.Kind {
-	case effects.EventRetried:
-		level, msg = slog.LevelInfo, "consume.Consumer: attempt failed; retrying"
-	case effects.EventDeadLettered:
-		msg = "consume.Consumer: delivery dead-lettered"
-	}
-	c.log.Log(ctx, level, msg,
-		slog.String("delivery_id", ev.DeliveryID),
-		slog.Int("attempt", ev.Attempt),
-		slog.Any("error", ev.Err))
 }

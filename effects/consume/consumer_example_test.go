@@ -66,31 +66,59 @@ func (m *memoryEffect) Apply(ctx context.Context, key effects.Key, note string) 
 	return effects.Result{Status: effects.Applied, Ref: ref}, nil
 }
 
+// charges is a toy card processor: it declines amounts over 1000, for
+// good, as a card network would (effects.ErrRefused).
+type charges struct{ memoryEffect }
+
+func (c *charges) Apply(ctx context.Context, key effects.Key, amount int) (effects.Result, error) {
+	if amount > 1000 {
+		return effects.Result{}, effects.Refused("charges.Apply", key, errors.New("card_declined"))
+	}
+	return c.memoryEffect.Apply(ctx, key, fmt.Sprint(amount))
+}
+
+type payment struct {
+	ID     string `json:"id"`
+	Amount int    `json:"amount"`
+}
+
 func ExampleNew() {
 	src := newListSource(
-		effects.Delivery{ID: "evt_1", Ordering: "acct_1", Body: []byte(`{"amount": 1200}`)},
-		effects.Delivery{ID: "evt_2", Ordering: "acct_1", Body: []byte(`{"amount": -300}`)},
-		effects.Delivery{ID: "evt_1", Ordering: "acct_1", Body: []byte(`{"amount": 1200}`)}, // redelivered
-		effects.Delivery{ID: "evt_3", Ordering: "acct_2", Body: []byte(`not json`)},
+		effects.Delivery{ID: "kafka/0/0", Ordering: "acct_1", Body: []byte(`{"id": "evt_1", "amount": 120}`)},
+		effects.Delivery{ID: "kafka/0/1", Ordering: "acct_1", Body: []byte(`{"id": "evt_2", "amount": 5000}`)},
+		effects.Delivery{ID: "kafka/0/2", Ordering: "acct_1", Body: []byte(`{"id": "evt_1", "amount": 120}`)}, // resent upstream
+		effects.Delivery{ID: "kafka/1/0", Ordering: "acct_2", Body: []byte(`not json`)},
 	)
-	var ledger effects.Effect[string] = &memoryEffect{done: map[effects.Key]string{}}
+	ledger := &memoryEffect{done: map[effects.Key]string{}}
+	card := &charges{memoryEffect{done: map[effects.Key]string{}}}
+	plan, err := effects.NewPlan("billing",
+		effects.NewStep("ledger", effects.Effect[string](ledger), func(p payment, _ effects.Results) (string, error) {
+			return fmt.Sprint(p.Amount), nil
+		}),
+		effects.NewStep("charge", effects.Effect[int](card), func(p payment, _ effects.Results) (int, error) {
+			return p.Amount, nil
+		}),
+	)
+	if err != nil {
+		panic(err)
+	}
 
-	// The handler does the side effect under a key derived from the
-	// delivery's id; the consumer acks only after it returned nil.
+	// The handler runs the plan keyed by the event's own id, so that the
+	// same event produced twice replays; the consumer acks only after it
+	// returned nil.
 	handle := func(ctx context.Context, d effects.Delivery) error {
-		var ev struct{ Amount int }
-		if err := json.Unmarshal(d.Body, &ev); err != nil {
+		var p payment
+		if err := json.Unmarshal(d.Body, &p); err != nil {
 			return fmt.Errorf("decoding %s: %w: %w", d.ID, effects.ErrPoison, err)
 		}
-		key, err := effects.NewKey("billing", d.ID, "ledger")
-		if err != nil {
+		if err := effects.CheckID(p.ID); err != nil {
 			return err
 		}
-		res, err := ledger.Apply(ctx, key, fmt.Sprint(ev.Amount))
+		res, err := plan.Run(ctx, p.ID, p)
 		if err != nil {
-			return err // not acked: retried with backoff, then dead-lettered
+			return err // retried, waited for, dead-lettered or stopping Run, by its class
 		}
-		fmt.Println(d.ID, res.Status, res.Ref)
+		fmt.Println(p.ID, "ledger", res["ledger"].Status, "charge", res["charge"].Status)
 		return nil
 	}
 	c, err := consume.New(src, handle,
@@ -99,9 +127,10 @@ func ExampleNew() {
 		// deliveries of different Orderings in any order.
 		consume.WithConcurrency(1), consume.WithMaxPending(1),
 		consume.WithDeadLetter(func(ctx context.Context, d effects.Delivery, err error) error {
-			fmt.Println(d.ID, "dead-lettered, poison:", errors.Is(err, effects.ErrPoison))
+			fmt.Printf("%s dead-lettered: %s\n", d.ID, effects.ClassOf(err))
 			return nil // taken: the consumer acks it
 		}),
+		consume.WithObserver(effects.ObserverFunc(func(context.Context, effects.Event) {})), // no log lines here
 	)
 	if err != nil {
 		panic(err)
@@ -117,13 +146,74 @@ func ExampleNew() {
 	if err := c.Run(ctx); err != nil { // returns nil after a graceful shutdown
 		panic(err)
 	}
-	fmt.Printf("%+v\n", c.Stats())
+	st := c.Stats()
+	fmt.Printf("acked %d, dead-lettered %d, retried %d\n", st.Acked, st.DeadLettered, st.Retried)
 	// Output:
-	// evt_1 applied note-1
-	// evt_2 applied note-2
-	// evt_1 replayed note-1
-	// evt_3 dead-lettered, poison: true
-	// {Delivered:4 Acked:4 Retried:0 DeadLettered:1 Failed:0 Released:0 Dropped:0}
+	// evt_1 ledger applied charge applied
+	// kafka/0/1 dead-lettered: permanent
+	// evt_1 ledger replayed charge replayed
+	// kafka/1/0 dead-lettered: permanent
+	// acked 4, dead-lettered 2, retried 0
+}
+
+// A configuration error stops Run: nothing is acked or dead-lettered for
+// it, and the error names the setting to fix.
+func ExampleConsumer_Run_configurationError() {
+	src := newListSource(effects.Delivery{ID: "evt_1", Ordering: "acct_1"})
+	handle := func(ctx context.Context, d effects.Delivery) error {
+		// What an adapter returns when the vendor rejects its API key.
+		return &effects.ConfigError{Op: "stripe.PaymentIntents", Option: "API key", Reason: "401: the key was rejected"}
+	}
+	c, err := consume.New(src, handle, consume.WithoutDeadLetter(),
+		consume.WithObserver(effects.ObserverFunc(func(context.Context, effects.Event) {})))
+	if err != nil {
+		panic(err)
+	}
+	err = c.Run(context.Background())
+	var ce *effects.ConfigError
+	fmt.Println(errors.Is(err, effects.ErrInvalidConfig), errors.As(err, &ce) && ce.Option == "API key")
+	fmt.Println(err)
+	fmt.Printf("acked %d\n", c.Stats().Acked)
+	// Output:
+	// true true
+	// consume.Consumer: stopped by a configuration error; delivery "evt_1" left unacked: stripe.PaymentIntents: API key: 401: the key was rejected
+	// acked 0
+}
+
+// Without a dead-letter hook, a delivery given up on is parked: held
+// unacked, its Ordering waiting behind it, while the others go on.
+func ExampleWithoutDeadLetter() {
+	src := newListSource(
+		effects.Delivery{ID: "a-1", Ordering: "a", Body: []byte("not json")},
+		effects.Delivery{ID: "a-2", Ordering: "a", Body: []byte("{}")},
+		effects.Delivery{ID: "b-1", Ordering: "b", Body: []byte("{}")},
+	)
+	handle := func(ctx context.Context, d effects.Delivery) error {
+		if !json.Valid(d.Body) {
+			return fmt.Errorf("%w: not JSON", effects.ErrPoison)
+		}
+		return nil
+	}
+	c, err := consume.New(src, handle, consume.WithoutDeadLetter(),
+		consume.WithObserver(effects.ObserverFunc(func(context.Context, effects.Event) {})))
+	if err != nil {
+		panic(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- c.Run(ctx) }()
+	fmt.Println("acked", <-src.acked)
+	for c.Stats().Parked == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	fmt.Println("parked", c.Stats().Parked)
+	cancel()
+	if err := <-done; err != nil {
+		panic(err)
+	}
+	// Output:
+	// acked b-1
+	// parked 1
 }
 
 // Batches take a run of one Ordering (a Kafka partition's records) in
@@ -151,7 +241,7 @@ func ExampleWithBatch() {
 		// the defaults, many more are taken ahead.)
 		consume.WithBatch(100, time.Hour, handle),
 		consume.WithConcurrency(1), consume.WithMaxPending(4),
-	)
+		consume.WithoutDeadLetter())
 	if err != nil {
 		panic(err)
 	}
@@ -168,5 +258,5 @@ func ExampleWithBatch() {
 	fmt.Printf("%+v\n", c.Stats())
 	// Output:
 	// batch: a-1 a-2 a-3 b-1
-	// {Delivered:4 Acked:4 Retried:0 DeadLettered:0 Failed:0 Released:0 Dropped:0}
+	// {Delivered:4 Acked:4 Retried:0 InFlight:0 TimedOut:0 DeadLettered:0 Failed:0 Released:0 Dropped:0 Parked:0}
 }

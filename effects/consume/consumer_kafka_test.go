@@ -159,7 +159,7 @@ func TestConsumerKafkaAcksOnlyAfterSuccess(t *testing.T) {
 		return nil
 	}
 	src := newKafkaSource(t, kc, group, topic)
-	cons := newConsumer(t, src, h, consume.WithMaxAttempts(2), consume.WithBackoff(time.Millisecond, 20*time.Millisecond))
+	cons := newConsumer(t, src, h, consume.WithMaxAttempts(2), consume.WithBackoff(time.Millisecond, 20*time.Millisecond), consume.WithoutDeadLetter())
 	stop := start(t, cons)
 	waitFor(t, 30*time.Second, "three failures of offset 4", func() bool { return failures.Load() >= 3 })
 	if err := stop(); err != nil {
@@ -188,7 +188,7 @@ func TestConsumerKafkaAcksOnlyAfterSuccess(t *testing.T) {
 		defer mu.Unlock()
 		handled = append(handled, offsetOf(t, d))
 		return nil
-	})
+	}, consume.WithoutDeadLetter())
 	stop = start(t, cons2)
 	waitFor(t, 30*time.Second, "offset 10 committed", func() bool { return offs.of(0) == 10 })
 	if err := stop(); err != nil {
@@ -233,7 +233,7 @@ func TestConsumerKafkaPerPartitionOrder(t *testing.T) {
 		return nil
 	}
 	src := newKafkaSource(t, kc, group, topic)
-	cons := newConsumer(t, src, h, consume.WithConcurrency(8))
+	cons := newConsumer(t, src, h, consume.WithConcurrency(8), consume.WithoutDeadLetter())
 	stop := start(t, cons)
 	waitFor(t, 60*time.Second, "every record acked", func() bool { return cons.Stats().Acked == parts*per })
 	if err := stop(); err != nil {
@@ -359,7 +359,7 @@ func TestConsumerKafkaGracefulShutdownAndRestart(t *testing.T) {
 	}
 	src1 := countAcks(newKafkaSource(t, kc, group, topic))
 	cons1 := newConsumer(t, src1, h1, consume.WithConcurrency(4), consume.WithShutdownGrace(500*time.Millisecond),
-		consume.WithObserver(effects.ObserverFunc(func(_ context.Context, ev effects.Event) { t.Logf("%v %s: %v", ev.Kind, ev.DeliveryID, ev.Err) })))
+		consume.WithObserver(effects.ObserverFunc(func(_ context.Context, ev effects.Event) { t.Logf("%v %s: %v", ev.Kind, ev.DeliveryID, ev.Err) })), consume.WithoutDeadLetter())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -399,7 +399,7 @@ func TestConsumerKafkaGracefulShutdownAndRestart(t *testing.T) {
 
 	// Run 2: the restarted process handles what run 1 left.
 	src2 := countAcks(newKafkaSource(t, kc, group, topic))
-	cons2 := newConsumer(t, src2, apply, consume.WithConcurrency(4))
+	cons2 := newConsumer(t, src2, apply, consume.WithConcurrency(4), consume.WithoutDeadLetter())
 	stop := start(t, cons2)
 	waitFor(t, 60*time.Second, "every offset committed", func() bool { return offs.of(0) == per && offs.of(1) == per })
 	if err := stop(); err != nil {
@@ -465,7 +465,7 @@ func TestConsumerBatchApplyBatch(t *testing.T) {
 		})
 		return postgres.BatchErrors(len(batch), results, err)
 	}
-	c := newConsumer(t, src, nil, consume.WithBatch(50, 10*time.Millisecond, bh), consume.WithConcurrency(2))
+	c := newConsumer(t, src, nil, consume.WithBatch(50, 10*time.Millisecond, bh), consume.WithConcurrency(2), consume.WithoutDeadLetter())
 	stop := start(t, c)
 	waitFor(t, 60*time.Second, "every ack", func() bool { return src.totalAcks() == len(ds) })
 	if err := stop(); err != nil {

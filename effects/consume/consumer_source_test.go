@@ -119,7 +119,7 @@ func TestConsumerReleasesRetriesToAReleaser(t *testing.T) {
 					return errors.New("not yet")
 				}
 				return nil
-			}, consume.WithBackoff(time.Millisecond, time.Millisecond), consume.WithObserver(&events{}))
+			}, consume.WithBackoff(time.Millisecond, time.Millisecond), consume.WithObserver(&events{}), consume.WithoutDeadLetter())
 			stop := start(t, c)
 			waitFor(t, 10*time.Second, "the ack", func() bool { return src.ackCount("a") == 1 })
 			if err := stop(); err != nil {
@@ -189,7 +189,7 @@ func TestConsumerDropsDeliveriesTheSourceNoLongerOwns(t *testing.T) {
 				}
 				return nil
 			}
-			var opts []consume.Option
+			opts := []consume.Option{consume.WithoutDeadLetter()}
 			var h consume.Handler
 			if batch {
 				opts = append(opts, consume.WithBatch(1, 0, func(ctx context.Context, ds []effects.Delivery) []error {

@@ -180,36 +180,50 @@ func TestNewValidates(t *testing.T) {
 	src := newMemSource()
 	h := func(context.Context, effects.Delivery) error { return nil }
 	bh := func(_ context.Context, ds []effects.Delivery) []error { return make([]error, len(ds)) }
+	hook := func(context.Context, effects.Delivery, error) error { return nil }
 	cases := []struct {
 		name   string
 		src    effects.Source
 		h      consume.Handler
-		opts   []consume.Option
+		opts   []consume.Option // WithoutDeadLetter is added unless bare
+		bare   bool
 		option string // "" = valid
 	}{
-		{"defaults", src, h, nil, ""},
-		{"nil option ignored", src, h, []consume.Option{nil}, ""},
-		{"retry forever", src, h, []consume.Option{consume.WithMaxAttempts(0)}, ""},
-		{"zero grace", src, h, []consume.Option{consume.WithShutdownGrace(0)}, ""},
-		{"equal backoffs", src, h, []consume.Option{consume.WithBackoff(time.Second, time.Second)}, ""},
-		{"batch", src, nil, []consume.Option{consume.WithBatch(10, 0, bh)}, ""},
-		{"nil source", nil, h, nil, "source"},
-		{"nil handler", src, nil, nil, "handler"},
-		{"handler and batch", src, h, []consume.Option{consume.WithBatch(10, 0, bh)}, "handler"},
-		{"nil batch handler", src, nil, []consume.Option{consume.WithBatch(10, 0, nil)}, "WithBatch"},
-		{"batch size 0", src, nil, []consume.Option{consume.WithBatch(0, 0, bh)}, "WithBatch"},
-		{"negative linger", src, nil, []consume.Option{consume.WithBatch(1, -1, bh)}, "WithBatch"},
-		{"no workers", src, h, []consume.Option{consume.WithConcurrency(0)}, "WithConcurrency"},
-		{"negative attempts", src, h, []consume.Option{consume.WithMaxAttempts(-1)}, "WithMaxAttempts"},
-		{"zero min backoff", src, h, []consume.Option{consume.WithBackoff(0, time.Second)}, "WithBackoff"},
-		{"max below min", src, h, []consume.Option{consume.WithBackoff(time.Second, time.Millisecond)}, "WithBackoff"},
-		{"negative grace", src, h, []consume.Option{consume.WithShutdownGrace(-time.Second)}, "WithShutdownGrace"},
-		{"no pending", src, h, []consume.Option{consume.WithMaxPending(0)}, "WithMaxPending"},
-		{"one pending", src, h, []consume.Option{consume.WithMaxPending(1)}, ""},
+		{"defaults", src, h, nil, false, ""},
+		{"nil option ignored", src, h, []consume.Option{nil}, false, ""},
+		{"retry forever", src, h, []consume.Option{consume.WithMaxAttempts(0)}, false, ""},
+		{"zero grace", src, h, []consume.Option{consume.WithShutdownGrace(0)}, false, ""},
+		{"equal backoffs", src, h, []consume.Option{consume.WithBackoff(time.Second, time.Second)}, false, ""},
+		{"batch", src, nil, []consume.Option{consume.WithBatch(10, 0, bh)}, false, ""},
+		{"a dead-letter hook", src, h, []consume.Option{consume.WithDeadLetter(hook)}, true, ""},
+		{"no attempt time limit", src, h, []consume.Option{consume.WithAttemptTimeout(0)}, false, ""},
+		{"no waiting for leases", src, h, []consume.Option{consume.WithInFlightWait(0)}, false, ""},
+		{"nil source", nil, h, nil, false, "source"},
+		{"nil handler", src, nil, nil, false, "handler"},
+		{"handler and batch", src, h, []consume.Option{consume.WithBatch(10, 0, bh)}, false, "handler"},
+		{"nil batch handler", src, nil, []consume.Option{consume.WithBatch(10, 0, nil)}, false, "WithBatch"},
+		{"batch size 0", src, nil, []consume.Option{consume.WithBatch(0, 0, bh)}, false, "WithBatch"},
+		{"negative linger", src, nil, []consume.Option{consume.WithBatch(1, -1, bh)}, false, "WithBatch"},
+		{"no workers", src, h, []consume.Option{consume.WithConcurrency(0)}, false, "WithConcurrency"},
+		{"negative attempts", src, h, []consume.Option{consume.WithMaxAttempts(-1)}, false, "WithMaxAttempts"},
+		{"zero min backoff", src, h, []consume.Option{consume.WithBackoff(0, time.Second)}, false, "WithBackoff"},
+		{"max below min", src, h, []consume.Option{consume.WithBackoff(time.Second, time.Millisecond)}, false, "WithBackoff"},
+		{"negative grace", src, h, []consume.Option{consume.WithShutdownGrace(-time.Second)}, false, "WithShutdownGrace"},
+		{"no pending", src, h, []consume.Option{consume.WithMaxPending(0)}, false, "WithMaxPending"},
+		{"one pending", src, h, []consume.Option{consume.WithMaxPending(1)}, false, ""},
+		{"negative attempt time limit", src, h, []consume.Option{consume.WithAttemptTimeout(-time.Second)}, false, "WithAttemptTimeout"},
+		{"negative lease wait", src, h, []consume.Option{consume.WithInFlightWait(-time.Second)}, false, "WithInFlightWait"},
+		{"no dead-letter decision", src, h, nil, true, "WithDeadLetter"},
+		{"nil dead-letter hook", src, h, []consume.Option{consume.WithDeadLetter(nil)}, true, "WithDeadLetter"},
+		{"hook and no hook", src, h, []consume.Option{consume.WithDeadLetter(hook), consume.WithoutDeadLetter()}, true, "WithoutDeadLetter"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := consume.New(tc.src, tc.h, tc.opts...)
+			opts := tc.opts
+			if !tc.bare {
+				opts = append([]consume.Option{consume.WithoutDeadLetter()}, opts...)
+			}
+			c, err := consume.New(tc.src, tc.h, opts...)
 			if tc.option == "" {
 				if err != nil || c == nil {
 					t.Fatalf("New = %v, %v; want a consumer", c, err)
@@ -245,7 +259,7 @@ func TestConsumerRetriesWithBackoffThenSucceeds(t *testing.T) {
 		return nil
 	}
 	const minB = 40 * time.Millisecond
-	c := newConsumer(t, src, h, consume.WithBackoff(minB, time.Second), consume.WithObserver(obs))
+	c := newConsumer(t, src, h, consume.WithBackoff(minB, time.Second), consume.WithObserver(obs), consume.WithoutDeadLetter())
 	stop := start(t, c)
 	waitFor(t, 10*time.Second, "the ack", func() bool { return src.ackCount("evt-1") == 1 })
 	if err := stop(); err != nil {
@@ -325,56 +339,10 @@ func TestConsumerDeadLettersAfterMaxAttempts(t *testing.T) {
 	src.checkNoDoubleAcks(t)
 }
 
-// TestConsumerPermanentErrorsDeadLetterAtOnce: errors no retry can fix go
-// to the hook after the first attempt; others are retried.
-func TestConsumerPermanentErrorsDeadLetterAtOnce(t *testing.T) {
-	cases := []struct {
-		name      string
-		err       error
-		permanent bool
-	}{
-		{"key reused", &effects.Error{Kind: effects.ErrKeyReused, Op: "postgres.Apply", Key: "k"}, true},
-		{"invalid key", fmt.Errorf("building the key: %w", effects.Key("").Validate()), true},
-		{"poison", fmt.Errorf("decoding: %w: %w", effects.ErrPoison, errors.New("unexpected EOF")), true},
-		{"key reused in a plan step", &effects.StepError{Step: "charge", Err: &effects.Error{Kind: effects.ErrKeyReused}}, true},
-		{"ambiguous", effects.Ambiguous("postgres.Apply", "k", errors.New("lost reply")), false},
-		{"unclassified", errors.New("something odd"), false},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			src := newMemSource(delivery("evt", ""))
-			var attempts atomic.Int64
-			h := func(context.Context, effects.Delivery) error { attempts.Add(1); return tc.err }
-			var hooked atomic.Int64
-			hook := func(_ context.Context, _ effects.Delivery, err error) error {
-				if !errors.Is(err, tc.err) {
-					t.Errorf("hook got %v, want the handler's error", err)
-				}
-				hooked.Add(1)
-				return nil
-			}
-			c := newConsumer(t, src, h, consume.WithMaxAttempts(4), consume.WithBackoff(time.Millisecond, 2*time.Millisecond),
-				consume.WithDeadLetter(hook))
-			stop := start(t, c)
-			waitFor(t, 10*time.Second, "the ack", func() bool { return src.totalAcks() == 1 })
-			if err := stop(); err != nil {
-				t.Fatal(err)
-			}
-			want := int64(4)
-			if tc.permanent {
-				want = 1
-			}
-			if attempts.Load() != want || hooked.Load() != 1 {
-				t.Errorf("%d attempts, %d hook calls; want %d and 1", attempts.Load(), hooked.Load(), want)
-			}
-		})
-	}
-}
-
-// TestConsumerWithoutHookNeverDrops: with no dead-letter hook, a delivery
-// past its attempts stays unacked and keeps being retried at the maximum
-// backoff, reported as EventFailed; the deliveries behind it in its
-// Ordering wait, other Orderings go on.
+// TestConsumerWithoutHookNeverDrops: with WithoutDeadLetter, a delivery
+// past its attempts is parked: it stays unacked and keeps being retried at
+// the maximum backoff, reported as EventFailed; the deliveries behind it in
+// its Ordering wait, other Orderings go on.
 func TestConsumerWithoutHookNeverDrops(t *testing.T) {
 	src := newMemSource(delivery("a-1", "a"), delivery("a-2", "a"), delivery("b-1", "b"), delivery("u-1", ""))
 	obs := &events{}
@@ -390,7 +358,7 @@ func TestConsumerWithoutHookNeverDrops(t *testing.T) {
 		return nil
 	}
 	c := newConsumer(t, src, h, consume.WithMaxAttempts(2), consume.WithBackoff(time.Millisecond, 10*time.Millisecond),
-		consume.WithObserver(obs))
+		consume.WithObserver(obs), consume.WithoutDeadLetter())
 	stop := start(t, c)
 	waitFor(t, 10*time.Second, "six attempts", func() bool { return attempts.Load() >= 6 })
 	waitFor(t, 10*time.Second, "the other Orderings", func() bool { return src.totalAcks() == 2 })
@@ -407,8 +375,8 @@ func TestConsumerWithoutHookNeverDrops(t *testing.T) {
 	if len(failed) < 4 || failed[0].Attempt != 2 || failed[1].Attempt != 3 {
 		t.Fatalf("EventFailed = %+v, want one per attempt from the second on", failed)
 	}
-	if st := c.Stats(); st.Retried != 1 || st.Failed != int64(len(failed)) || st.DeadLettered != 0 || st.Acked != 2 {
-		t.Errorf("Stats = %+v, want Retried 1, Failed %d, Acked 2", st, len(failed))
+	if st := c.Stats(); st.Retried != 1 || st.Failed != int64(len(failed)) || st.DeadLettered != 0 || st.Acked != 2 || st.Parked != 0 {
+		t.Errorf("Stats = %+v, want Retried 1, Failed %d, Acked 2, Parked 0 after Run", st, len(failed))
 	}
 }
 
@@ -462,7 +430,7 @@ func TestConsumerAckFailureIsReported(t *testing.T) {
 	}
 	var handled atomic.Int64
 	obs := &events{}
-	c := newConsumer(t, src, func(context.Context, effects.Delivery) error { handled.Add(1); return nil }, consume.WithObserver(obs))
+	c := newConsumer(t, src, func(context.Context, effects.Delivery) error { handled.Add(1); return nil }, consume.WithObserver(obs), consume.WithoutDeadLetter())
 	stop := start(t, c)
 	waitFor(t, 10*time.Second, "evt-2's ack", func() bool { return src.totalAcks() == 1 && handled.Load() == 2 })
 	waitFor(t, 10*time.Second, "the failed ack", func() bool { return c.Stats().Failed == 1 })
@@ -505,7 +473,7 @@ func TestConsumerShutdownGrace(t *testing.T) {
 		return nil
 	}
 	obs := &events{}
-	c := newConsumer(t, src, h, consume.WithConcurrency(4), consume.WithShutdownGrace(grace), consume.WithObserver(obs))
+	c := newConsumer(t, src, h, consume.WithConcurrency(4), consume.WithShutdownGrace(grace), consume.WithObserver(obs), consume.WithoutDeadLetter())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -552,7 +520,7 @@ func TestConsumerSourceFailure(t *testing.T) {
 		handled.Add(1)
 		return nil
 	}
-	c := newConsumer(t, src, h)
+	c := newConsumer(t, src, h, consume.WithoutDeadLetter())
 	err := c.Run(context.Background())
 	if !errors.Is(err, broken) {
 		t.Fatalf("Run = %v, want the source's error", err)
@@ -565,7 +533,7 @@ func TestConsumerSourceFailure(t *testing.T) {
 // TestConsumerRunOnce: a second Run while one is running is refused.
 func TestConsumerRunOnce(t *testing.T) {
 	src := newMemSource(delivery("evt", ""))
-	c := newConsumer(t, src, func(context.Context, effects.Delivery) error { return nil })
+	c := newConsumer(t, src, func(context.Context, effects.Delivery) error { return nil }, consume.WithoutDeadLetter())
 	stop := start(t, c)
 	waitFor(t, 5*time.Second, "the first Run to ack", func() bool { return src.totalAcks() == 1 })
 	if err := c.Run(context.Background()); !errors.Is(err, consume.ErrRunning) {
@@ -613,7 +581,7 @@ func TestConsumerOrderingAndConcurrency(t *testing.T) {
 		mu.Unlock()
 		return nil
 	}
-	c := newConsumer(t, src, h, consume.WithConcurrency(workers))
+	c := newConsumer(t, src, h, consume.WithConcurrency(workers), consume.WithoutDeadLetter())
 	stop := start(t, c)
 	waitFor(t, 20*time.Second, "every ack", func() bool { return src.totalAcks() == len(ds) })
 	if err := stop(); err != nil {
@@ -646,7 +614,7 @@ func TestConsumerMaxPending(t *testing.T) {
 		}
 		return nil
 	}
-	c := newConsumer(t, src, h, consume.WithMaxPending(3))
+	c := newConsumer(t, src, h, consume.WithMaxPending(3), consume.WithoutDeadLetter())
 	stop := start(t, c)
 	waitFor(t, 5*time.Second, "three deliveries taken", func() bool { return c.Stats().Delivered == 3 })
 	time.Sleep(20 * time.Millisecond)
@@ -878,7 +846,7 @@ func TestConsumerBatchNoLingerWhenNothingCanArrive(t *testing.T) {
 	bh := func(_ context.Context, batch []effects.Delivery) []error {
 		return log.record(t, batch, func(effects.Delivery, int, []error) error { return nil })
 	}
-	c := newConsumer(t, src, nil, consume.WithBatch(100, time.Hour, bh), consume.WithMaxPending(3))
+	c := newConsumer(t, src, nil, consume.WithBatch(100, time.Hour, bh), consume.WithMaxPending(3), consume.WithoutDeadLetter())
 	stop := start(t, c)
 	waitFor(t, 20*time.Second, "every ack (a batch that lingers for its hour never acks)", func() bool { return src.totalAcks() == 3 })
 	if err := stop(); err != nil {
@@ -896,7 +864,7 @@ func TestConsumerBatchWrongLength(t *testing.T) {
 	obs := &events{}
 	bh := func(context.Context, []effects.Delivery) []error { return nil }
 	c := newConsumer(t, src, nil, consume.WithBatch(4, 0, bh), consume.WithObserver(obs),
-		consume.WithBackoff(time.Hour, time.Hour))
+		consume.WithBackoff(time.Hour, time.Hour), consume.WithoutDeadLetter())
 	stop := start(t, c)
 	waitFor(t, 5*time.Second, "the failure", func() bool { return len(obs.of(effects.EventRetried)) == 1 })
 	if err := stop(); err != nil {
@@ -927,7 +895,8 @@ func TestConsumerLeavesNoGoroutines(t *testing.T) {
 			return nil
 		}
 		h := consume.Handler(handle)
-		opts := []consume.Option{consume.WithBackoff(time.Millisecond, time.Hour), consume.WithShutdownGrace(10 * time.Millisecond)}
+		opts := []consume.Option{consume.WithBackoff(time.Millisecond, time.Hour), consume.WithShutdownGrace(10 * time.Millisecond),
+			consume.WithoutDeadLetter()}
 		if round%2 == 1 {
 			bh := func(ctx context.Context, ds []effects.Delivery) []error {
 				errs := make([]error, len(ds))
@@ -968,9 +937,9 @@ func (b *syncBuffer) String() string {
 }
 
 // TestConsumerLogsFailuresByDefault: without an observer, failed attempts,
-// deliveries kept unacked and dead letters are logged to slog.Default()
-// with the delivery id, the attempt and the error; with an observer,
-// nothing is logged.
+// parked deliveries and dead letters are logged to slog.Default() with the
+// delivery id, the attempt, the error's class and the error; with an
+// observer, nothing is logged.
 func TestConsumerLogsFailuresByDefault(t *testing.T) {
 	var buf syncBuffer
 	old := slog.Default()
@@ -1001,11 +970,11 @@ func TestConsumerLogsFailuresByDefault(t *testing.T) {
 		return buf.String()
 	}
 
-	out := run()
+	out := run(consume.WithoutDeadLetter())
 	for _, want := range []string{
-		`level=INFO msg="consume.Consumer: attempt failed; retrying" delivery_id=down attempt=1 error="database is down"`,
-		`level=WARN msg="consume.Consumer: delivery failed; kept unacked" delivery_id=down attempt=2`,
-		`level=WARN msg="consume.Consumer: delivery failed; kept unacked" delivery_id=poison attempt=1`,
+		`level=INFO msg="consume.Consumer: attempt failed; retrying" delivery_id=down attempt=1 class=unclassified error="database is down"`,
+		`level=WARN msg="consume.Consumer: delivery parked; its Ordering waits" delivery_id=down attempt=2 class=unclassified`,
+		`level=WARN msg="consume.Consumer: delivery parked; its Ordering waits" delivery_id=poison attempt=1 class=permanent`,
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("log lacks %q:\n%s", want, out)
@@ -1015,7 +984,7 @@ func TestConsumerLogsFailuresByDefault(t *testing.T) {
 	if want := `msg="consume.Consumer: delivery dead-lettered" delivery_id=poison attempt=1`; !strings.Contains(out, want) {
 		t.Errorf("log lacks %q:\n%s", want, out)
 	}
-	if out := run(consume.WithObserver(&events{})); out != "" {
+	if out := run(consume.WithoutDeadLetter(), consume.WithObserver(&events{})); out != "" {
 		t.Errorf("with an observer, the consumer logged:\n%s", out)
 	}
 }

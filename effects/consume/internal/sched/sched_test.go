@@ -1,4 +1,4 @@
-package consume
+package sched
 
 import (
 	"slices"
@@ -18,17 +18,17 @@ func TestDropDone(t *testing.T) {
 		{"settled behind a waiting one", []bool{true, false, true, false}, []int{1, 3}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			q := make([]*task, len(tc.done))
+			q := make([]*Task, len(tc.done))
 			n := 0
 			for i, d := range tc.done {
-				q[i] = &task{attempt: i, done: d}
+				q[i] = &Task{Attempt: i, done: d}
 				if d {
 					n++
 				}
 			}
 			var got []int
 			for _, u := range dropDone(q, n) {
-				got = append(got, u.attempt)
+				got = append(got, u.Attempt)
 			}
 			if !slices.Equal(got, tc.want) {
 				t.Fatalf("left %v, want %v", got, tc.want)
