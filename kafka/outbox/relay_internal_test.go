@@ -45,7 +45,7 @@ func TestRelayCrashAfterAck(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	crashing, err := NewRelay(pool, c.Client(t), WithBatchSize(batch))
+	crashing, err := NewRelay(pool, c.Client(t), WithBatchSize(batch), WithProduceTimeout(500*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
