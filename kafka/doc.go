@@ -41,13 +41,6 @@
 //     downstream dedup.
 //   - [Replay]: re-feed an offset or time range of a topic through a
 //     handler at a rate limit, so a replay does not starve live traffic.
-//   - [DeadLetterTopic]: a dead-letter hook for
-//     effectively.dev/effects/consume.WithDeadLetter that stores a
-//     delivery, with its error, class, source position, delivery id and
-//     time in headers, in a topic before the consumer acks it; [Redrive]
-//     moves chosen dead letters back to their source topic with their
-//     delivery id, so completed steps replay (the effectively command's
-//     redrive subcommand runs it).
 //
 // Changed on purpose in this version: the Producer's journal protocol is
 // journal.Journaled's, so a record the broker acked but the journal could
