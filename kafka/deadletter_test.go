@@ -231,6 +231,17 @@ func TestDeadLetterTopicRefusesBadArguments(t *testing.T) {
 	if _, err := kafka.DeadLetterTopic(c.Client(t, kgo.DisableIdempotentWrite(), kgo.RequiredAcks(kgo.LeaderAck())), "dlq"); !errors.Is(err, kafka.ErrNotIdempotent) {
 		t.Errorf("non-idempotent client: %v", err)
 	}
+	// A dead-letter topic that does not exist is a configuration error
+	// (a consumer stops on it), not a failure to retry for ever.
+	hook, err := kafka.DeadLetterTopic(c.Client(t), "no-such-dlq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := hook(ctx, effects.Delivery{ID: "x", Body: []byte("x")}, effects.ErrPoison); !effects.IsConfig(err) {
+		t.Errorf("hook to a missing topic: %v, want a configuration error", err)
+	}
 }
 
 // TestRedriveAfterFix is the redrive's round trip: two of five events
