@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -117,7 +118,7 @@ type Relay struct {
 	onErr       func(error)
 	log         ratelog.Limiter
 
-	batches, sent, failed, parked atomic.Int64
+	batches, sent, failed, parked, repeated atomic.Int64
 
 	// afterProduce, if set, runs after the produce and before the rows
 	// are marked sent; tests use it to crash in the duplicate window.
@@ -243,11 +244,17 @@ type RelayStats struct {
 	Failed int64
 	// Parked counts rows this relay parked.
 	Parked int64
+	// Repeated counts rows the broker acked to this relay that were
+	// already marked sent (or deleted) when it marked them: another relay
+	// published them too, after this one's claim expired (a produce that
+	// outlasted its claim). Each is a duplicate in the declared window.
+	Repeated int64
 }
 
 // Stats returns the relay's counters.
 func (r *Relay) Stats() RelayStats {
-	return RelayStats{Batches: r.batches.Load(), Sent: r.sent.Load(), Failed: r.failed.Load(), Parked: r.parked.Load()}
+	return RelayStats{Batches: r.batches.Load(), Sent: r.sent.Load(), Failed: r.failed.Load(), Parked: r.parked.Load(),
+		Repeated: r.repeated.Load()}
 }
 
 // ParkedError reports a row the relay parked: it will not be published
@@ -384,7 +391,6 @@ func (r *Relay) relayBatch(ctx context.Context) batchResult {
 		return res
 	}
 	res.sent, res.parked = len(sent), parked
-	r.sent.Add(int64(len(sent)))
 	r.parked.Add(int64(len(parked)))
 	r.failed.Add(int64(len(failed.ids) - len(parked)))
 	if len(errs) > 0 {
@@ -546,18 +552,25 @@ func (f *failures) add(r *Relay, rw row, err error, counted, refused bool) {
 // a pause before their next claim, or parked. It returns the rows it
 // parked.
 func (r *Relay) mark(ctx context.Context, token int64, sent []int64, refs []string, f *failures) ([]*ParkedError, error) {
-	var parked []*ParkedError
+	var (
+		parked   []*ParkedError
+		repeated int64
+	)
 	err := inTx(ctx, r.db, func(tx pgx.Tx) error {
 		if len(sent) > 0 {
-			var err error
+			var (
+				tag pgconn.CommandTag
+				err error
+			)
 			if r.deleteSent {
-				_, err = tx.Exec(ctx, sqlDeleteSent, sent)
+				tag, err = tx.Exec(ctx, sqlDeleteSent, sent)
 			} else {
-				_, err = tx.Exec(ctx, sqlMarkSent, sent, refs)
+				tag, err = tx.Exec(ctx, sqlMarkSent, sent, refs)
 			}
 			if err != nil {
 				return fmt.Errorf("marking %d rows sent (they will be published again): %w", len(sent), err)
 			}
+			repeated = int64(len(sent)) - tag.RowsAffected()
 		}
 		if len(f.ids) == 0 {
 			return nil
@@ -584,6 +597,8 @@ func (r *Relay) mark(ctx context.Context, token int64, sent []int64, refs []stri
 	if err != nil {
 		return nil, err
 	}
+	r.repeated.Add(repeated)
+	r.sent.Add(int64(len(sent)) - repeated)
 	slices.SortFunc(parked, func(a, b *ParkedError) int { return int(min(max(a.ID-b.ID, -1), 1)) })
 	return parked, nil
 }
