@@ -134,7 +134,7 @@ var errRedriveDone = errors.New("redrive limit reached")
 //
 // It reads the topic from its start to its end when Redrive starts (see
 // [Replay]), waits for each record's ack before the next, and moves each
-// delivery id once per run. It is at least once, like the dead letters:
+// delivery id once per run (dead letters with an empty id each time). It is at least once, like the dead letters:
 // a Redrive that fails or is run twice moves records again, and the
 // consumers' effects dedup them. The dead letters stay in dlq.
 //
@@ -185,7 +185,7 @@ func Redrive(ctx context.Context, client *kgo.Client, dlq string, opts ...Redriv
 			stats.Skipped++
 			return nil
 		}
-		if seen[id] {
+		if id != "" && seen[id] { // an empty id (refused by effects.NewKey) names no delivery
 			stats.Repeated++
 			return nil
 		}
