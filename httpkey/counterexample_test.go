@@ -1,0 +1,101 @@
+package httpkey_test
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"effectively.dev/conformance"
+	"effectively.dev/httpkey"
+	"effectively.dev/httpkey/httpkeytest"
+)
+
+// replayed is the replay signal of the configurations below.
+var replayed = []httpkeytest.Option{httpkeytest.IETF(), httpkeytest.WithReplayHeader("Idempotent-Replayed", "true")}
+
+// effectFor returns the options of an effect that trusts the kit's replay
+// signal and declares horizon.
+func effectFor(horizon time.Duration) []httpkey.Option {
+	return []httpkey.Option{httpkey.IETF(), httpkey.WithHorizon(horizon), httpkey.WithReplayHeader("Idempotent-Replayed", "true")}
+}
+
+// A configuration that declares a longer horizon than the server keeps:
+// the documentation said 24 hours, the server forgets keys after one. The
+// horizon scenario ages the kit's clock to just inside the declared 24
+// hours and redelivers: the server has forgotten the key and creates a
+// second object. The immediate and the late redelivery (a second later)
+// still replay: only the horizon tells the lie from the truth.
+func TestCounterexampleLongerHorizonThanTheServerKeepsFails(t *testing.T) {
+	t.Parallel()
+	server := append(slices.Clone(replayed), httpkeytest.WithHorizon(time.Hour))
+	rep := conformance.Evaluate(t, "counterexample: httpkey declaring 24h against a server keeping 1h",
+		func(t testing.TB) conformance.Harness[Payment] {
+			return newHarness(t, server, effectFor(24*time.Hour), false)
+		},
+		conformance.Only(conformance.ScenarioRedelivery, conformance.ScenarioLateRedelivery, conformance.ScenarioHorizon),
+		conformance.WithLateRedelivery(time.Second))
+	t.Logf("caught by: %v\n%s", rep.Failed(), rep.Markdown())
+	if !slices.Equal(rep.Failed(), []string{conformance.ScenarioHorizon}) {
+		t.Errorf("failed scenarios %v, want just %s", rep.Failed(), conformance.ScenarioHorizon)
+	}
+	if row, _ := rep.Row(conformance.ScenarioHorizon); row.MaxEffects < 2 {
+		t.Errorf("horizon saw at most %d objects per key, want the second one counted", row.MaxEffects)
+	}
+	if f, _ := rep.Field("Horizon"); f.Status != conformance.Failed {
+		t.Errorf("Horizon field: %s, want FAILED", f)
+	}
+}
+
+// The same server declared honestly (one hour) passes the horizon
+// scenario: the counterexample fails for its declaration, not for the
+// server. (Its report, two scenarios of one configuration, stays out of
+// the matrix.)
+func TestHonestHorizonOnTheSameServerPasses(t *testing.T) {
+	t.Setenv(conformance.ReportEnv, "")
+	server := append(slices.Clone(replayed), httpkeytest.WithHorizon(time.Hour))
+	rep := conformance.Run(t, "httpkey declaring 1h against a server keeping 1h",
+		func(t testing.TB) conformance.Harness[Payment] {
+			return newHarness(t, server, effectFor(time.Hour), false)
+		},
+		conformance.Only(conformance.ScenarioRedelivery, conformance.ScenarioHorizon))
+	if f, _ := rep.Field("Horizon"); f.Status != conformance.Verified {
+		t.Errorf("Horizon field: %s, want verified", f)
+	}
+}
+
+// A configuration that claims a replay signal the server does not send:
+// every repeat comes back Applied, so the effect reports a replay as a
+// new effect, which a caller counting Results (or a plan) would take for
+// a second charge. The redelivery scenario catches it, for a header with
+// a value (Idempotent-Replayed: true) and for Worldline's header whose
+// presence is the signal.
+func TestCounterexampleReplaySignalTheServerDoesNotSendFails(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		server []httpkeytest.Option
+		effect []httpkey.Option
+	}{
+		{"Idempotent-Replayed", []httpkeytest.Option{httpkeytest.IETF()}, effectFor(httpkeytest.DefaultHorizon)},
+		{"Worldline", []httpkeytest.Option{httpkeytest.Worldline(), httpkeytest.WithoutReplayHeader()}, []httpkey.Option{httpkey.Worldline()}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := conformance.Evaluate(t, "counterexample: httpkey trusting a replay signal ("+tc.name+") the server never sends",
+				func(t testing.TB) conformance.Harness[Payment] {
+					return newHarness(t, tc.server, tc.effect, false)
+				},
+				conformance.Only(conformance.ScenarioRedelivery, conformance.ScenarioConcurrent))
+			t.Logf("caught by: %v\n%s", rep.Failed(), rep.Markdown())
+			for _, name := range []string{conformance.ScenarioRedelivery, conformance.ScenarioConcurrent} {
+				if !slices.Contains(rep.Failed(), name) {
+					t.Errorf("failed scenarios %v, want %s among them", rep.Failed(), name)
+				}
+			}
+			// The server itself dedups: the failure is the report, not a
+			// double charge.
+			if row, _ := rep.Row(conformance.ScenarioRedelivery); row.MaxEffects != 1 {
+				t.Errorf("redelivery saw at most %d objects per key, want 1: the server dedups, the effect misreports", row.MaxEffects)
+			}
+		})
+	}
+}

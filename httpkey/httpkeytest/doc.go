@@ -1,0 +1,26 @@
+// Package httpkeytest is a local HTTP API with the idempotency semantics
+// of the IETF draft "The Idempotency-Key HTTP Header Field"
+// (draft-ietf-httpapi-idempotency-key-header-07), for testing code that
+// calls such APIs (package httpkey's effects, or your own client) without
+// a vendor's sandbox: the first response per key is stored for a horizon,
+// read against a clock the test can move; a request while the key's first
+// one executes gets 409; the key with another payload gets 422; a request
+// without a key gets 400. It counts the objects created per key, which is
+// what a conformance harness counts.
+//
+//	srv := httpkeytest.Start(t, httpkeytest.WithClock(clock.Now))
+//	// POST srv.URL+"/objects" with Idempotency-Key: "k" → 201 {"id":"obj_1",...}
+//	// the same again → the same 201 and body; srv.Count("k") == 1
+//
+// It can play each of httpkey's presets ([IETF], [Adyen], [PayPal],
+// [Worldline]): where the key goes, how long it is kept, whether replays
+// are marked and reuse refused. It can also misbehave, so that a test can
+// show what the conformance suite makes of a contract that claims more
+// than the server does: a server without a replay signal
+// ([WithReplayHeader] left out, or [WithoutReplayHeader]) under an effect
+// that declares one, a server that forgets keys early ([WithHorizon]
+// shorter than the effect declares).
+//
+// The server listens on 127.0.0.1 only. It keeps everything in memory and
+// keeps it across [Server.Restart].
+package httpkeytest

@@ -1,0 +1,651 @@
+package httpkeytest
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"effectively.dev/effects"
+)
+
+// Defaults of a [Server], used when no option or preset says otherwise.
+const (
+	// DefaultHorizon is how long the server keeps a key after its first
+	// request ([WithHorizon]). The draft leaves it to each server; 24
+	// hours is a common choice.
+	DefaultHorizon = 24 * time.Hour
+	// DefaultMaxKeyLen is the longest key the server accepts
+	// ([WithMaxKeyLen]); a longer one gets 400.
+	DefaultMaxKeyLen = 255
+)
+
+// Option configures a [Server]; see [NewServer]. A nil Option is ignored.
+// Presets ([IETF], [Adyen], [PayPal], [Worldline]) set several values; options after a
+// preset change it.
+type Option func(*config)
+
+type placement int
+
+const (
+	inHeader           placement = iota + 1 // the value as it is
+	inStructuredHeader                      // an RFC 8941 String
+	inField                                 // a top-level member of a JSON object body
+)
+
+type config struct {
+	place       placement
+	name        string
+	maxKeyLen   int
+	replayName  string
+	replayValue string
+	replayStamp bool // the replay header holds the first request's time in ms
+	horizon     time.Duration
+	inFlight    int // status while a key's first request is in progress
+	reused      int // status for another payload; 0: replay the stored response
+	latency     time.Duration
+	now         func() time.Time
+	token       string
+}
+
+// IETF makes the server follow the IETF draft
+// (draft-ietf-httpapi-idempotency-key-header-07), as httpkey.IETF expects:
+// the key in the Idempotency-Key header as a Structured Field String
+// (`"..."`); 409 while the key's first request is in progress; 422 for
+// the key with another payload; no replay signal; keys kept for
+// [DefaultHorizon]. It is what [NewServer] does without a preset.
+func IETF() Option {
+	return func(c *config) {
+		c.place, c.name = inStructuredHeader, "Idempotency-Key"
+		c.maxKeyLen = DefaultMaxKeyLen
+		c.replayName, c.replayValue, c.replayStamp = "", "", false
+		c.horizon = DefaultHorizon
+		c.inFlight, c.reused = http.StatusConflict, http.StatusUnprocessableEntity
+	}
+}
+
+// Adyen makes the server behave as httpkey.Adyen expects: the key in the
+// Idempotency-Key header as it is, at most 64 characters, kept for 31 days;
+// no replay signal. Where Adyen's documentation says nothing, the server
+// takes the case that is hardest on an adapter that claims nothing: a key
+// repeated with another payload gets the stored response (key reuse goes
+// unnoticed), and a request while the key's first one is in progress
+// gets 409.
+func Adyen() Option {
+	return func(c *config) {
+		IETF()(c)
+		c.place = inHeader
+		c.maxKeyLen = 64
+		c.horizon = 31 * 24 * time.Hour
+		c.reused = 0
+	}
+}
+
+// PayPal makes the server behave as httpkey.PayPal expects: the key in the
+// PayPal-Request-Id header as it is; a repeated key gets the stored
+// response whatever the payload (PayPal "returns the latest status of the
+// previous request"); no replay signal; 409 while the first request is in
+// progress; keys kept for [DefaultHorizon] (PayPal's horizon differs per
+// API; set the one you test with [WithHorizon]).
+func PayPal() Option {
+	return func(c *config) {
+		IETF()(c)
+		c.place, c.name = inHeader, "PayPal-Request-Id"
+		c.reused = 0
+	}
+}
+
+// Worldline makes the server behave as httpkey.Worldline expects, after
+// Worldline Direct's "Idempotent requests": the key in the
+// X-GCS-Idempotence-Key header as it is, at most 40 characters; kept for
+// [DefaultHorizon] (Worldline: at least 24 hours); 409 while the key's
+// first request is in progress; a repeat gets the stored response even
+// with another payload; every response to a repeat carries
+// X-GCS-Idempotence-Request-Timestamp, the first request's time in
+// milliseconds since the Unix epoch.
+func Worldline() Option {
+	return func(c *config) {
+		IETF()(c)
+		c.place, c.name = inHeader, "X-GCS-Idempotence-Key"
+		c.maxKeyLen = 40
+		c.replayName, c.replayStamp = "X-GCS-Idempotence-Request-Timestamp", true
+		c.reused = 0
+	}
+}
+
+// WithKeyHeader makes the server read the key from header name, as it is.
+func WithKeyHeader(name string) Option {
+	return func(c *config) { c.place, c.name = inHeader, name }
+}
+
+// WithKeyStructuredHeader makes the server read the key from header name
+// as an RFC 8941 Structured Field String; a value that is not one gets
+// 400.
+func WithKeyStructuredHeader(name string) Option {
+	return func(c *config) { c.place, c.name = inStructuredHeader, name }
+}
+
+// WithKeyField makes the server read the key from the string member name
+// of the request's JSON object body.
+func WithKeyField(name string) Option {
+	return func(c *config) { c.place, c.name = inField, name }
+}
+
+// WithMaxKeyLen sets the longest key the server accepts, in bytes (default
+// [DefaultMaxKeyLen]); a longer one gets 400. n must be positive.
+func WithMaxKeyLen(n int) Option { return func(c *config) { c.maxKeyLen = n } }
+
+// WithReplayHeader makes the server mark every stored response it replays
+// with header name: value (Stripe's "Idempotent-Replayed: true"). Without
+// it (the draft's case) replays are not marked: a server configured so
+// while the adapter claims a replay signal shows the suite a dishonest
+// contract.
+func WithReplayHeader(name, value string) Option {
+	return func(c *config) { c.replayName, c.replayValue, c.replayStamp = name, value, false }
+}
+
+// WithoutReplayHeader makes the server mark no replay, whatever the
+// preset says: the misbehaviour "no replay marker" for a preset that has
+// one ([Worldline]).
+func WithoutReplayHeader() Option {
+	return func(c *config) { c.replayName, c.replayValue, c.replayStamp = "", "", false }
+}
+
+// WithHorizon sets how long the server keeps a key after its first request
+// (default [DefaultHorizon]); a request with an older key executes again.
+// A horizon shorter than the adapter declares is the misbehaviour "forgets
+// keys early". d must be positive.
+func WithHorizon(d time.Duration) Option { return func(c *config) { c.horizon = d } }
+
+// WithInFlightStatus sets the status of a request whose key's first
+// request is still in progress (default 409).
+func WithInFlightStatus(code int) Option { return func(c *config) { c.inFlight = code } }
+
+// WithReuseStatus sets the status of a request that repeats a key with
+// another payload (default 422); 0 makes the server answer it with the
+// stored response, as servers that do not detect reuse do.
+func WithReuseStatus(code int) Option { return func(c *config) { c.reused = code } }
+
+// WithLatency makes every new request take d to execute while its key is
+// held, so concurrent requests with the key overlap and get the in-flight
+// status (default 0). d must not be negative.
+func WithLatency(d time.Duration) Option { return func(c *config) { c.latency = d } }
+
+// WithClock makes the server read the time from now, so a test can move
+// past the horizon without waiting (default time.Now); now must not be nil.
+func WithClock(now func() time.Time) Option { return func(c *config) { c.now = now } }
+
+// WithToken makes the server require "Authorization: Bearer token" and
+// answer 401 without it (default: no credentials needed).
+func WithToken(token string) Option { return func(c *config) { c.token = token } }
+
+// Server is a local HTTP API with the IETF draft's idempotency semantics:
+// POST (or PATCH) to any path creates an object and answers 201 with
+// {"id": "obj_...", "key": ..., "request": <the request's JSON body>}, and
+// GET /objects/{id} reads it back. It listens on 127.0.0.1 only. Its
+// idempotency layer:
+//
+//   - a request without a key gets 400, one with a malformed or too long
+//     key 400, nothing stored;
+//   - the first request with a key executes; its response, success or
+//     failure ([Server.FailNext]), is stored for the horizon, as the
+//     server's clock tells;
+//   - a request while the key's first request executes gets 409
+//     ([WithInFlightStatus]), nothing stored;
+//   - a request with the key and another payload (method, path, query and
+//     body) gets 422 ([WithReuseStatus]);
+//   - a request with the key and the same payload gets the stored
+//     response, marked as a replay when [WithReplayHeader] says so;
+//   - past the horizon the key is forgotten and a request executes again.
+//
+// It counts the objects created per key ([Server.Count]): the count a
+// conformance harness's Count needs. Create it with [NewServer] or
+// [Start]; its methods are safe for concurrent use.
+type Server struct {
+	// URL is the server's base URL, e.g. "http://127.0.0.1:40123". It stays
+	// the same across [Server.Restart].
+	URL string
+
+	cfg config
+
+	life sync.Mutex // serializes Restart and Close
+	hs   *httptest.Server
+	addr string
+
+	mu        sync.Mutex
+	keys      map[string]*entry
+	objects   []object
+	byID      map[string]int
+	created   map[string]int // objects per key
+	requests  int
+	limitNext int
+	failNext  []failure
+	gate      chan struct{}   // closed by Hold's release; nil: requests execute at once
+	held      chan<- struct{} // told of each request the gate holds
+}
+
+// entry is the idempotency layer's record of one key.
+type entry struct {
+	payload [32]byte
+	first   time.Time
+	done    bool
+	status  int
+	body    []byte
+}
+
+type failure struct {
+	status      int
+	afterCreate bool
+}
+
+type object struct {
+	ID      string          `json:"id"`
+	Key     string          `json:"key"`
+	Request json.RawMessage `json:"request"`
+}
+
+// NewServer starts a server on a free 127.0.0.1 port. Close it when done.
+// It returns a *[effects.ConfigError] for an option with an invalid value,
+// before listening.
+func NewServer(opts ...Option) (*Server, error) {
+	cfg := config{now: time.Now}
+	IETF()(&cfg)
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	bad := func(option, format string, args ...any) error {
+		return &effects.ConfigError{Op: "httpkeytest.NewServer", Option: option, Reason: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case cfg.name == "":
+		return nil, bad("WithKeyHeader", "empty name")
+	case cfg.maxKeyLen <= 0:
+		return nil, bad("WithMaxKeyLen", "%d is not positive", cfg.maxKeyLen)
+	case cfg.horizon <= 0:
+		return nil, bad("WithHorizon", "horizon %v is not positive", cfg.horizon)
+	case cfg.inFlight < 400 || cfg.inFlight > 599:
+		return nil, bad("WithInFlightStatus", "%d is not a 4xx or 5xx status", cfg.inFlight)
+	case cfg.reused != 0 && (cfg.reused < 400 || cfg.reused > 599):
+		return nil, bad("WithReuseStatus", "%d is neither 0 nor a 4xx or 5xx status", cfg.reused)
+	case cfg.latency < 0:
+		return nil, bad("WithLatency", "latency %v is negative", cfg.latency)
+	case cfg.now == nil:
+		return nil, bad("WithClock", "nil clock")
+	}
+	s := &Server{
+		cfg:     cfg,
+		keys:    map[string]*entry{},
+		byID:    map[string]int{},
+		created: map[string]int{},
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("httpkeytest: listen: %w", err)
+	}
+	s.addr = ln.Addr().String()
+	s.URL = "http://" + s.addr
+	s.serve(ln)
+	return s, nil
+}
+
+// Start is [NewServer] for tests: it fails tb if the server cannot start,
+// and closes it when tb ends.
+func Start(tb testing.TB, opts ...Option) *Server {
+	tb.Helper()
+	s, err := NewServer(opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(s.Close)
+	return s
+}
+
+func (s *Server) serve(ln net.Listener) {
+	hs := httptest.NewUnstartedServer(http.HandlerFunc(s.handle))
+	hs.Listener.Close()
+	hs.Listener = ln
+	hs.Start()
+	s.hs = hs
+}
+
+// Close stops the server after the requests in progress have finished.
+func (s *Server) Close() {
+	s.life.Lock()
+	defer s.life.Unlock()
+	if s.hs != nil {
+		s.hs.Close()
+		s.hs = nil
+	}
+}
+
+// Restart stops the server, dropping every connection once the requests
+// in progress have finished, and starts it again on the same address with
+// the same keys, stored responses and objects, as a deploy of the real API
+// would: clients see their pooled connections closed.
+func (s *Server) Restart() error {
+	s.life.Lock()
+	defer s.life.Unlock()
+	if s.hs == nil {
+		return fmt.Errorf("httpkeytest: restart of a closed server")
+	}
+	s.hs.Close()
+	s.hs = nil
+	var (
+		ln  net.Listener
+		err error
+	)
+	for range 50 {
+		if ln, err = net.Listen("tcp", s.addr); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		return fmt.Errorf("httpkeytest: restart: %w", err)
+	}
+	s.serve(ln)
+	return nil
+}
+
+// FailNext makes the next n requests that execute fail with status before
+// creating anything. The failure is the key's first response: stored and
+// replayed to every later request with the key, as the draft has it.
+// Status 429 is the exception: the next n requests of any kind, replays
+// included, get 429 before the idempotency layer, and nothing is stored.
+func (s *Server) FailNext(n int, status int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if status == http.StatusTooManyRequests {
+		s.limitNext += n
+		return
+	}
+	for range n {
+		s.failNext = append(s.failNext, failure{status: status})
+	}
+}
+
+// FailNextAfterCreate is like [Server.FailNext], but the object is created
+// before the failure is answered (and stored): the indeterminate 5xx that
+// an adapter must treat as possibly applied.
+func (s *Server) FailNextAfterCreate(n int, status int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for range n {
+		s.failNext = append(s.failNext, failure{status: status, afterCreate: true})
+	}
+}
+
+// Hold makes every request that begins executing from now on wait, its
+// key held in flight (a repeat gets the in-flight status), until release
+// is called; held receives a value as each request begins to wait, so a
+// test can act while a first request is known to be in progress without
+// timing it. Call release (once or more) before [Server.Close], which
+// waits for requests in progress; at most 1024 requests can wait at once.
+func (s *Server) Hold() (held <-chan struct{}, release func()) {
+	ch, gate := make(chan struct{}, 1024), make(chan struct{})
+	s.mu.Lock()
+	s.gate, s.held = gate, ch
+	s.mu.Unlock()
+	var once sync.Once
+	return ch, func() {
+		once.Do(func() {
+			s.mu.Lock()
+			if s.gate == gate {
+				s.gate, s.held = nil, nil
+			}
+			s.mu.Unlock()
+			close(gate)
+		})
+	}
+}
+
+// Count returns how many objects requests with the idempotency key key
+// created, the key as the server received it (httpkey's Effect.WireKey).
+func (s *Server) Count(key string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.created[key]
+}
+
+// Total returns how many objects were created in all.
+func (s *Server) Total() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.objects)
+}
+
+// Requests returns how many HTTP requests reached the server, so a test
+// can prove that a call made none.
+func (s *Server) Requests() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.requests
+}
+
+// problem is an RFC 9457 problem detail, the draft's error format.
+type problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+}
+
+func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	s.requests++
+	s.mu.Unlock()
+	if s.cfg.token != "" && r.Header.Get("Authorization") != "Bearer "+s.cfg.token {
+		writeProblem(w, http.StatusUnauthorized, "Unauthorized", "missing or wrong bearer token")
+		return
+	}
+	switch {
+	case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/objects/"):
+		s.get(w, strings.TrimPrefix(r.URL.Path, "/objects/"))
+	case r.Method == http.MethodPost || r.Method == http.MethodPatch:
+		s.post(w, r)
+	default:
+		writeProblem(w, http.StatusMethodNotAllowed, "Method not allowed", r.Method+" "+r.URL.Path)
+	}
+}
+
+// post runs a request through the idempotency layer.
+func (s *Server) post(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return // the request was cut: nothing began executing
+	}
+	key, title, detail := s.key(r, body)
+	if title != "" {
+		writeProblem(w, http.StatusBadRequest, title, detail)
+		return
+	}
+	payload := sha256.Sum256([]byte(r.Method + "\x00" + r.URL.RequestURI() + "\x00" + string(body)))
+
+	s.mu.Lock()
+	if s.limitNext > 0 {
+		s.limitNext--
+		s.mu.Unlock()
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, http.StatusTooManyRequests, "Too many requests", "rate limited before the idempotency layer")
+		return
+	}
+	now := s.cfg.now()
+	if e := s.keys[key]; e != nil && now.Sub(e.first) < s.cfg.horizon {
+		done, status, stored, same, first := e.done, e.status, e.body, e.payload == payload, e.first
+		s.mu.Unlock()
+		switch {
+		case !done:
+			w.Header().Set("Retry-After", "1")
+			writeProblem(w, s.cfg.inFlight, "A request with this key is being processed", "retry later with the same key")
+		case !same && s.cfg.reused != 0:
+			writeProblem(w, s.cfg.reused, "Idempotency-Key is already used", "the key was used with another payload")
+		default:
+			switch {
+			case s.cfg.replayStamp:
+				w.Header().Set(s.cfg.replayName, strconv.FormatInt(first.UnixMilli(), 10))
+			case s.cfg.replayName != "":
+				w.Header().Set(s.cfg.replayName, s.cfg.replayValue)
+			}
+			writeJSON(w, status, stored)
+		}
+		return
+	}
+	e := &entry{payload: payload, first: now}
+	s.keys[key] = e // held while executing: concurrent requests get the in-flight status
+	s.mu.Unlock()
+
+	if s.cfg.latency > 0 {
+		time.Sleep(s.cfg.latency)
+	}
+	s.mu.Lock()
+	gate, held := s.gate, s.held
+	s.mu.Unlock()
+	if gate != nil {
+		held <- struct{}{}
+		<-gate
+	}
+
+	s.mu.Lock()
+	var fail *failure
+	if len(s.failNext) > 0 {
+		fail = &s.failNext[0]
+		s.failNext = s.failNext[1:]
+	}
+	var out []byte
+	status := http.StatusCreated
+	if fail == nil || fail.afterCreate {
+		o := object{ID: fmt.Sprintf("obj_%d", len(s.objects)+1), Key: key, Request: requestJSON(body)}
+		s.byID[o.ID] = len(s.objects)
+		s.objects = append(s.objects, o)
+		s.created[key]++
+		out, _ = json.Marshal(o) // RawMessage of valid JSON always marshals
+	}
+	if fail != nil {
+		status = fail.status
+		out, _ = json.Marshal(problem{Type: "about:blank", Title: http.StatusText(fail.status), Status: fail.status, Detail: "injected failure"})
+	}
+	e.done, e.status, e.body = true, status, out
+	s.mu.Unlock()
+	writeJSON(w, status, out)
+}
+
+// key reads the request's key as configured. When it is missing or
+// unusable, title and detail say so, for a 400.
+func (s *Server) key(r *http.Request, body []byte) (key, title, detail string) {
+	const missing, invalid = "Idempotency-Key is missing", "Idempotency-Key is invalid"
+	switch s.cfg.place {
+	case inField:
+		var obj map[string]json.RawMessage
+		if json.Unmarshal(body, &obj) != nil {
+			return "", missing, "the body is not a JSON object with a " + s.cfg.name + " member"
+		}
+		raw, ok := obj[s.cfg.name]
+		if !ok {
+			return "", missing, "the body has no " + s.cfg.name + " member"
+		}
+		if json.Unmarshal(raw, &key) != nil || key == "" {
+			return "", invalid, "the " + s.cfg.name + " member is not a non-empty string"
+		}
+	default:
+		vals := r.Header.Values(s.cfg.name)
+		switch {
+		case len(vals) == 0:
+			return "", missing, "no " + s.cfg.name + " header"
+		case len(vals) > 1:
+			return "", invalid, "more than one " + s.cfg.name + " header"
+		}
+		key = vals[0]
+		if s.cfg.place == inStructuredHeader {
+			var ok bool
+			if key, ok = parseString(key); !ok {
+				return "", invalid, s.cfg.name + " is not a Structured Field String (RFC 8941): " + vals[0]
+			}
+		}
+		if key == "" {
+			return "", missing, "empty " + s.cfg.name
+		}
+	}
+	if len(key) > s.cfg.maxKeyLen {
+		return "", invalid, fmt.Sprintf("the key is %d bytes long, the maximum is %d", len(key), s.cfg.maxKeyLen)
+	}
+	return key, "", ""
+}
+
+// parseString parses an RFC 8941 sf-string: DQUOTE *( unescaped / "\"
+// ( DQUOTE / "\" ) ) DQUOTE, unescaped being printable ASCII other than
+// DQUOTE and "\".
+func parseString(v string) (string, bool) {
+	v = strings.TrimSpace(v)
+	if len(v) < 2 || v[0] != '"' || v[len(v)-1] != '"' {
+		return "", false
+	}
+	var b strings.Builder
+	for i := 1; i < len(v)-1; i++ {
+		c := v[i]
+		switch {
+		case c == '\\':
+			i++
+			if i == len(v)-1 || (v[i] != '"' && v[i] != '\\') {
+				return "", false
+			}
+			b.WriteByte(v[i])
+		case c == '"' || c < 0x20 || c > 0x7E:
+			return "", false
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String(), true
+}
+
+// requestJSON returns body as JSON to embed in the object: itself when it
+// is JSON, else a JSON string of it.
+func requestJSON(body []byte) json.RawMessage {
+	if len(bytes.TrimSpace(body)) > 0 && json.Valid(body) {
+		var buf bytes.Buffer
+		if json.Compact(&buf, body) == nil {
+			return buf.Bytes()
+		}
+	}
+	b, _ := json.Marshal(string(body))
+	return b
+}
+
+func (s *Server) get(w http.ResponseWriter, id string) {
+	s.mu.Lock()
+	i, ok := s.byID[id]
+	var b []byte
+	if ok {
+		b, _ = json.Marshal(s.objects[i])
+	}
+	s.mu.Unlock()
+	if !ok {
+		writeProblem(w, http.StatusNotFound, "No such object", id)
+		return
+	}
+	writeJSON(w, http.StatusOK, b)
+}
+
+func writeProblem(w http.ResponseWriter, status int, title, detail string) {
+	b, _ := json.Marshal(problem{Type: "about:blank", Title: title, Status: status, Detail: detail})
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+func writeJSON(w http.ResponseWriter, status int, body []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
