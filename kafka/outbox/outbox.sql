@@ -3,9 +3,12 @@
 -- an advisory lock, so concurrent migrations are safe.
 
 -- One row per record to publish, inserted by Enqueue in the application's
--- business transaction. A relay selects unsent rows with FOR UPDATE SKIP
--- LOCKED, produces them, and sets sent_at and ref ("partition/offset") in
--- the same transaction after the broker's ack.
+-- business transaction. A relay claims unsent rows in a short transaction
+-- (claimed_until, claim_token), produces them outside any transaction, and
+-- sets sent_at and ref ("partition/offset") in a second short transaction
+-- after the broker's ack. A row the broker refuses for good, or that
+-- failed the relay's attempt limit, is parked (parked_at, error_class,
+-- last_error): kept, and never claimed again until RetryParked.
 CREATE TABLE IF NOT EXISTS effectively_outbox (
     id            bigserial   PRIMARY KEY,
     message_id    text        NOT NULL,
@@ -19,14 +22,33 @@ CREATE TABLE IF NOT EXISTS effectively_outbox (
     sent_at       timestamptz,
     ref           text,
     attempts      integer     NOT NULL DEFAULT 0,
-    last_error    text
+    last_error    text,
+    claimed_until timestamptz,
+    claim_token   bigint,
+    parked_at     timestamptz,
+    error_class   text
 );
+
+-- The upgrade path: tables created before the relay claimed and parked rows
+-- lack these columns. Adding a column without a default is a catalog change
+-- only: it does not rewrite the table.
+ALTER TABLE effectively_outbox ADD COLUMN IF NOT EXISTS claimed_until timestamptz;
+ALTER TABLE effectively_outbox ADD COLUMN IF NOT EXISTS claim_token   bigint;
+ALTER TABLE effectively_outbox ADD COLUMN IF NOT EXISTS parked_at     timestamptz;
+ALTER TABLE effectively_outbox ADD COLUMN IF NOT EXISTS error_class   text;
 
 -- A message id is enqueued once: Enqueue of the same id again is a no-op
 -- (or ErrKeyReused with another payload), until the row is pruned.
 CREATE UNIQUE INDEX IF NOT EXISTS effectively_outbox_message_id
     ON effectively_outbox (message_id);
 
--- Serves the relay's batch selection.
-CREATE INDEX IF NOT EXISTS effectively_outbox_unsent
-    ON effectively_outbox (id) WHERE sent_at IS NULL;
+-- Serves the relay's claim: rows neither sent nor parked, in id order.
+CREATE INDEX IF NOT EXISTS effectively_outbox_pending
+    ON effectively_outbox (id) WHERE sent_at IS NULL AND parked_at IS NULL;
+
+-- Serves ListParked, RetryParked and DropParked.
+CREATE INDEX IF NOT EXISTS effectively_outbox_parked
+    ON effectively_outbox (id) WHERE parked_at IS NOT NULL;
+
+-- Replaced by effectively_outbox_pending, which leaves parked rows out.
+DROP INDEX IF EXISTS effectively_outbox_unsent;
