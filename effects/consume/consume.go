@@ -935,12 +935,18 @@ func (r *run) inFlightWait(t *sched.Task, err error) (time.Duration, bool) {
 }
 
 // deadLetter hands t to the dead-letter hook, under the attempt's time
-// limit, recovering a panic as the hook's failure.
+// limit, recovering a panic as the hook's failure. The delivery the hook
+// gets carries the attempts made, counted as WithMaxAttempts counts them
+// (the source's earlier ones included), so that the hook can record them.
 func (r *run) deadLetter(t *sched.Task, cause error) (err error) {
 	ctx, cancel := r.attemptContext()
 	defer cancel()
 	defer effects.Recover("consume dead-letter hook", &err)
-	return r.c.cfg.deadLetter(ctx, t.Delivery, cause)
+	d := t.Delivery
+	if t.Attempt > d.Attempt {
+		d.Attempt = t.Attempt
+	}
+	return r.c.cfg.deadLetter(ctx, d, cause)
 }
 
 // unpark counts t, which leaves the run without a decision, out of the

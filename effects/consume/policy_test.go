@@ -20,9 +20,10 @@ import (
 
 // hookLog is a dead-letter hook that keeps what it was given.
 type hookLog struct {
-	mu   sync.Mutex
-	ids  []string
-	errs []error
+	mu       sync.Mutex
+	ids      []string
+	errs     []error
+	attempts []int
 }
 
 func (h *hookLog) hook(_ context.Context, d effects.Delivery, err error) error {
@@ -30,6 +31,7 @@ func (h *hookLog) hook(_ context.Context, d effects.Delivery, err error) error {
 	defer h.mu.Unlock()
 	h.ids = append(h.ids, d.ID)
 	h.errs = append(h.errs, err)
+	h.attempts = append(h.attempts, d.Attempt)
 	return nil
 }
 
@@ -110,6 +112,12 @@ func TestConsumerDeadLettersEachPermanentErrorAtFirstAttempt(t *testing.T) {
 			}
 			if errs[0] != tc.err {
 				t.Errorf("hook got %v; want the handler's error itself", errs[0])
+			}
+			hooks.mu.Lock()
+			gotAttempt := hooks.attempts[0]
+			hooks.mu.Unlock()
+			if int64(gotAttempt) != tc.attempts {
+				t.Errorf("hook's delivery says attempt %d; want %d, the attempts made", gotAttempt, tc.attempts)
 			}
 			st := c.Stats()
 			if st.DeadLettered != 1 || st.Retried != tc.attempts-1 || st.Parked != 0 {
