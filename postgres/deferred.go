@@ -17,10 +17,6 @@ import (
 // ends the transaction itself, with the key's row.
 var errWriteEndedTx = errors.New("postgres: a write function must not commit or roll back the transaction: Apply ends it, with the key's row")
 
-// errKeyCommitted fails the statements of a write whose key the probe
-// found committed before: Apply replays it, and rolls back what ran.
-var errKeyCommitted = errors.New("postgres: the key was committed before: Apply replays it and rolls this transaction back")
-
 // errBatchBegins refuses a write's batch that begins a transaction, as
 // pgx does inside one.
 var errBatchBegins = errors.New("postgres: Batch.BeginTx cannot be used within a transaction")
@@ -34,13 +30,10 @@ func (writeTx) Commit(context.Context) error   { return errWriteEndedTx }
 func (writeTx) Rollback(context.Context) error { return errWriteEndedTx }
 
 // deferredTx is the pgx.Tx that Apply hands a write when it does not look
-// the key up first. BEGIN, and the probe of the key while duplicates are
-// occasional (probeSQL), are not sent in a round trip of their own: they
-// go in one pipeline with the write's first statement (Exec with arguments,
+// the key up first. BEGIN is not sent in a round trip of its own: it goes
+// in one pipeline with the write's first statement (Exec with arguments,
 // Query, QueryRow or SendBatch), or, if the write runs none, with the
-// key's row and COMMIT. When the probe finds the key committed before,
-// that statement and every later one fail with errKeyCommitted, and
-// Apply replays the key.
+// key's row and COMMIT.
 // Any other method, and a statement that a batch cannot carry, begins the
 // transaction first, in a round trip of its own, then does what a pgx.Tx
 // does. Commit and Rollback refuse (errWriteEndedTx): Apply ends the
@@ -49,13 +42,7 @@ type deferredTx struct {
 	ctx  context.Context // Apply's, for the methods that take none
 	conn *pgx.Conn
 	opts pgx.TxOptions
-	// lookup sends the probe of the key with BEGIN (while duplicates are
-	// occasional, and not at SERIALIZABLE: see Apply's attemptOnce).
-	lookup bool
-	scope  string
-	key    effects.Key
-	probe  probe  // what the probe found, once read
-	tx     pgx.Tx // the transaction, once BEGIN ran; nil before
+	tx   pgx.Tx // the transaction, once BEGIN ran; nil before
 	// failed is the error of a first batch that failed before its BEGIN
 	// ran (pgx could not prepare or encode the first statement, or the
 	// connection broke): the attempt fails with it whatever the write
@@ -71,21 +58,14 @@ var _ pgx.Tx = (*deferredTx)(nil)
 // begun reports whether BEGIN ran.
 func (t *deferredTx) begun() bool { return t.tx != nil }
 
-// queueBegin queues BEGIN, and the probe if the attempt looks the key up,
-// as the first statements of b, a batch that has none yet.
-func (t *deferredTx) queueBegin(b *pgx.Batch) {
-	b.BeginTx(t.opts)
-	if t.lookup {
-		queueProbe(b, t.scope, t.key, &t.probe)
-	}
-}
+// queueBegin queues BEGIN as the first statement of b, a batch that has
+// none yet.
+func (t *deferredTx) queueBegin(b *pgx.Batch) { b.BeginTx(t.opts) }
 
-// send sends b, whose first statements queueBegin queued, followed by n
-// statements of the write, and reads the results of BEGIN and the probe,
-// if any: on success the next result of the returned BatchResults is the
-// write's first statement's. On failure, or when the probe found the key,
-// the batch is closed already.
-func (t *deferredTx) send(ctx context.Context, b *pgx.Batch, n int) (pgx.BatchResults, error) {
+// send sends b, whose first statement queueBegin queued, and reads BEGIN's
+// result: on success the next result of the returned BatchResults is the
+// write's first statement's. On failure the batch is closed already.
+func (t *deferredTx) send(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, error) {
 	br := t.conn.SendBatch(ctx, b)
 	tx := br.Tx()
 	if _, err := br.Exec(); err != nil { // BEGIN
@@ -94,26 +74,6 @@ func (t *deferredTx) send(ctx context.Context, b *pgx.Batch, n int) (pgx.BatchRe
 		return nil, t.fail(err)
 	}
 	t.tx = tx
-	if !t.lookup {
-		return br, nil
-	}
-	if err := t.probe.scan(br.QueryRow()); err != nil {
-		_ = br.Close()
-		return nil, err
-	}
-	if t.probe.found {
-		// The write's statements ran, and will be rolled back: read
-		// their results, keeping the statements prepared if one failed
-		// on a constraint (a duplicate's write often does).
-		for range n {
-			if _, err := br.Exec(); err != nil {
-				keepStatements(b, err) //nolint:errcheck // the error is the duplicate's, not reported
-				break
-			}
-		}
-		_ = br.Close()
-		return nil, errKeyCommitted
-	}
 	return br, nil
 }
 
@@ -144,17 +104,14 @@ func (t *deferredTx) fail(err error) error {
 	return err
 }
 
-// begin sends BEGIN and the probe alone, if BEGIN has not run yet.
+// begin sends BEGIN alone, if it has not run yet.
 func (t *deferredTx) begin(ctx context.Context) error {
-	if t.probe.found {
-		return errKeyCommitted
-	}
 	if t.begun() {
 		return nil
 	}
 	var b pgx.Batch
 	t.queueBegin(&b)
-	br, err := t.send(ctx, &b, 0)
+	br, err := t.send(ctx, &b)
 	if err != nil {
 		return err
 	}
@@ -189,11 +146,8 @@ func pipelinable(exec bool, args []any) bool {
 	return !exec // no arguments, or only rewriters
 }
 
-// Exec runs sql, with BEGIN (and the probe) if BEGIN has not run yet.
+// Exec runs sql, with BEGIN if BEGIN has not run yet.
 func (t *deferredTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if t.probe.found {
-		return pgconn.CommandTag{}, errKeyCommitted
-	}
 	if t.begun() || t.failed != nil || !pipelinable(true, args) {
 		if err := t.begin(ctx); err != nil {
 			return pgconn.CommandTag{}, err
@@ -203,7 +157,7 @@ func (t *deferredTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.
 	var b pgx.Batch
 	t.queueBegin(&b)
 	b.Queue(sql, args...)
-	br, err := t.send(ctx, &b, 1)
+	br, err := t.send(ctx, &b)
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
@@ -215,13 +169,10 @@ func (t *deferredTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.
 	return tag, err
 }
 
-// Query runs sql, with BEGIN (and the probe) if BEGIN has not run yet. As
-// with any pgx.Rows, the rows must be closed (or read to the end) before
-// the transaction is used again. On failure the rows carry the error too.
+// Query runs sql, with BEGIN if BEGIN has not run yet. As with any
+// pgx.Rows, the rows must be closed (or read to the end) before the
+// transaction is used again. On failure the rows carry the error too.
 func (t *deferredTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if t.probe.found {
-		return errRows{err: errKeyCommitted, conn: t.conn}, errKeyCommitted
-	}
 	if t.begun() || t.failed != nil || !pipelinable(false, args) {
 		if err := t.begin(ctx); err != nil {
 			return errRows{err: err, conn: t.conn}, err
@@ -231,7 +182,7 @@ func (t *deferredTx) Query(ctx context.Context, sql string, args ...any) (pgx.Ro
 	var b pgx.Batch
 	t.queueBegin(&b)
 	b.Queue(sql, args...)
-	br, err := t.send(ctx, &b, 1)
+	br, err := t.send(ctx, &b)
 	if err != nil {
 		return errRows{err: err, conn: t.conn}, err
 	}
@@ -249,15 +200,12 @@ func (t *deferredTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.
 	return &firstRow{rows: rows, err: err}
 }
 
-// SendBatch sends b, after BEGIN (and the probe), in the same round trip, if
-// BEGIN has not run yet. A batch that begins a transaction is refused, as
+// SendBatch sends b, after BEGIN, in the same round trip, if BEGIN has not
+// run yet. A batch that begins a transaction is refused, as
 // pgx refuses it in one.
 func (t *deferredTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if pgx.FailedBatchResults(b, nil).Tx() != nil {
 		return failedBatch{err: errBatchBegins, conn: t.conn}
-	}
-	if t.probe.found {
-		return failedBatch{err: errKeyCommitted, conn: t.conn}
 	}
 	if t.begun() || t.failed != nil {
 		if err := t.begin(ctx); err != nil {
@@ -268,7 +216,7 @@ func (t *deferredTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResul
 	var all pgx.Batch
 	t.queueBegin(&all)
 	all.QueuedQueries = append(all.QueuedQueries, b.QueuedQueries...)
-	br, err := t.send(ctx, &all, len(b.QueuedQueries))
+	br, err := t.send(ctx, &all)
 	if err != nil {
 		return failedBatch{err: err, conn: t.conn}
 	}
@@ -392,8 +340,8 @@ func (r *batchRows) Close() {
 	}
 	r.closed = true
 	r.Rows.Close()
-	// Keeps the batch's other statements (the probe's) prepared after a
-	// constraint failure; the failed statement itself pgx's Rows forget
+	// Keeps the batch's other statements prepared after a constraint
+	// failure; the failed statement itself pgx's Rows forget
 	// on any error.
 	keepStatements(r.b, r.Rows.Err()) //nolint:errcheck // Err reports it
 	r.closeErr = r.br.Close()
@@ -473,8 +421,7 @@ func (u userBatch) Exec() (pgconn.CommandTag, error) {
 }
 
 // failedBatch is the BatchResults of a write's batch that could not be
-// sent, whose BEGIN or probe failed, or whose probe found the key
-// (errKeyCommitted).
+// sent, or whose BEGIN failed.
 type failedBatch struct {
 	err  error
 	conn *pgx.Conn

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -27,17 +26,11 @@ import (
 // and the attempt fails even if the write ignores the error; so does the
 // statement BEGIN travels with, whatever made it fail.
 //
-// Unless Apply looked the key up first, BEGIN has not been sent when the
-// function is called: it travels with the function's first Exec (with
-// arguments), Query, QueryRow or SendBatch, in the same round trip. While
-// duplicates are occasional (see [Effect.Apply]) a probe of the key
-// travels with them: when it finds the key committed before, that
-// statement's result is dropped and it and every later statement fail:
-// the function should return the error, and Apply rolls back and replays.
-// (At SERIALIZABLE the probe never runs: reading the key would make
-// concurrent Applies of other keys fail with serialization errors.) While
-// duplicates are rare nothing stops a duplicate's function early: one of
-// its statements (on the earlier Apply's rows, say) or the key's INSERT
+// Unless Apply looks the key up first ([WithLookupFirst]), BEGIN has not
+// been sent when the function is called: it travels with the function's
+// first Exec (with arguments), Query, QueryRow or SendBatch, in the same
+// round trip. Nothing stops a duplicate's function early: one of its
+// statements (on the earlier Apply's rows, say) or the key's INSERT
 // fails, and Apply looks the key up. The commit settings (see
 // [ErrAsyncCommit]) are checked by the key's INSERT, after the function
 // returned: a function that turns synchronous_commit off is refused too,
@@ -45,12 +38,12 @@ import (
 // Begin for a savepoint, Conn, LargeObjects), an Exec without arguments
 // (which pgx sends with the simple protocol, several statements allowed)
 // and a statement with a pgx option argument (a QueryExecMode, result
-// formats) send BEGIN (and the probe) first, in a round trip of their own.
-// A function that runs no statement costs one round trip: BEGIN, the key's
-// row and COMMIT. A statement new to the connection costs one more round
-// trip, to prepare it, as in any pgx transaction, and so do BEGIN and the
-// probe again after a first statement that failed other than on a
-// constraint: pgx forgets the statements of such a batch.
+// formats) send BEGIN first, in a round trip of its own. A function that
+// runs no statement costs one round trip: BEGIN, the key's row and
+// COMMIT. A statement new to the connection costs one more round trip, to
+// prepare it, as in any pgx transaction, and so does BEGIN again after a
+// first statement that failed other than on a constraint: pgx forgets the
+// statements of such a batch.
 type WriteFunc[In any] func(ctx context.Context, tx pgx.Tx, in In) (ref string, err error)
 
 // Effect is an [effects.Effect] whose side effect is a set of writes to the
@@ -67,7 +60,6 @@ type Effect[In any] struct {
 	fingerprint func(In) ([]byte, error)
 	txOptions   pgx.TxOptions
 	cfg         config
-	duplicates  duplicateRate // of recent Applies, deciding whether to look keys up first
 }
 
 var _ effects.Effect[struct{}] = (*Effect[struct{}])(nil)
@@ -148,32 +140,23 @@ func (e *Effect[In]) Contract() effects.Contract {
 // say) is handled the same way: after a failed write Apply looks the key
 // up.
 //
-// How early Apply finds a duplicate follows how many of this Effect's
-// recent Applies were duplicates (a moving average, 1/64 per Apply):
-//   - rare (below one in sixteen, and at first): only at the key's
-//     INSERT. A new key pays for no check at all.
-//   - occasional (from one in sixteen): a probe of the key travels with
-//     BEGIN and the write's first statement (all of them for
-//     [NewPipelined]); when it finds the key, the write's next statement
-//     fails, the transaction rolls back and Apply replays.
-//   - frequent (from one in four, a replay storm), or always with
-//     [WithLookupFirst]: Apply looks the key up first, in BEGIN's round
-//     trip of its own, and a duplicate runs no statement of the write at
-//     all.
+// Apply has two shapes, chosen when the Effect is built:
+//   - by default, nothing looks the key up before the write: the key's
+//     INSERT finds a duplicate. A new key pays for no check at all.
+//   - with [WithLookupFirst], Apply looks the key up first, in BEGIN's
+//     round trip of its own, and a duplicate runs no statement of the
+//     write at all.
 //
-// Cost of a new key: two round trips, one fewer than a plain insert
-// transaction, and one statement more, the key's INSERT (which also
-// checks the commit settings): BEGIN travels with the write's first
-// statement (see [WriteFunc]), the key's INSERT with COMMIT. While
-// duplicates are occasional the probe comes on top, a statement that
-// reads the key's index; while they are frequent a new key costs three
-// round trips. Cost of a duplicate: four round trips while they are rare
-// (the write, run and rolled back; the key's INSERT and COMMIT, which
-// fail; a ROLLBACK; the lookup); two while they are occasional (the first
-// one, then ROLLBACK; the write's first statement run and rolled back);
-// two and no WAL looked up first (BEGIN with the lookup, then ROLLBACK).
-// Under synchronous replication a replay also passes the replay barrier
-// (see RELIABILITY.md): a few bytes of WAL and a COMMIT that waits for the
+// Cost of a new key: two round trips by default, one fewer than a plain
+// insert transaction, and one statement more, the key's INSERT (which
+// also checks the commit settings): BEGIN travels with the write's first
+// statement (see [WriteFunc]), the key's INSERT with COMMIT. Looked up
+// first, a new key costs three round trips. Cost of a duplicate: four
+// round trips by default (the write, run and rolled back; the key's
+// INSERT and COMMIT, which fail; a ROLLBACK; the lookup); two and no WAL
+// looked up first (BEGIN with the lookup, then ROLLBACK). Under
+// synchronous replication a replay also passes the replay barrier (see
+// RELIABILITY.md): a few bytes of WAL and a COMMIT that waits for the
 // standby, in the round trip of the ROLLBACK, or of its own after the
 // lookup. A concurrent duplicate found by the key's INSERT costs the new
 // key's round trips, a ROLLBACK and the lookup.
@@ -211,10 +194,7 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (_ effec
 			return effects.Result{}, err
 		}
 	}
-	check := e.duplicates.check()
-	if e.cfg.lookupFirst {
-		check = lookFirst
-	}
+	lookFirst := e.cfg.lookupFirst
 	if queued != nil {
 		// An attempt whose outcome is unknown ends Apply with its
 		// ErrAmbiguous (only transient failures are retried here): the
@@ -227,14 +207,11 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (_ effec
 		}()
 	}
 	for attempt := 1; ; {
-		res, c := e.attemptOnce(ctx, key, fp, in, queued, check)
-		if c.err == nil {
-			e.duplicates.observe(res.Status == effects.Replayed)
-		}
+		res, c := e.attemptOnce(ctx, key, fp, in, queued, lookFirst)
 		if c.lookUp {
 			// The key turned out to be committed already: look it up now,
 			// at once, which replays it (or reports its reuse).
-			check = lookFirst
+			lookFirst = true
 			continue
 		}
 		if !c.retry || attempt > e.cfg.maxRetries {
@@ -249,20 +226,17 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (_ effec
 
 const opApply = "postgres.Apply"
 
-// attemptOnce runs one attempt in the shape the Effect and check call for:
-// one that looks its key up first is attempt's; a pipelined Effect's that
-// does not is one round trip (attemptPipelined); New's is two
-// (attemptDeferred). Those two probe the key with the write when check is
-// probeWithWrite (and the isolation level allows it: see probesKey).
-func (e *Effect[In]) attemptOnce(ctx context.Context, key effects.Key, fp []byte, in In, queued *queuedWrites, check keyCheck) (effects.Result, classified) {
-	probeKey := check == probeWithWrite && probesKey(e.txOptions.IsoLevel)
+// attemptOnce runs one attempt in the Effect's shape: one that looks its
+// key up first is attempt's; a pipelined Effect's that does not is one
+// round trip (attemptPipelined); New's is two (attemptDeferred).
+func (e *Effect[In]) attemptOnce(ctx context.Context, key effects.Key, fp []byte, in In, queued *queuedWrites, lookFirst bool) (effects.Result, classified) {
 	switch {
-	case check == lookFirst:
+	case lookFirst:
 		return e.attempt(ctx, key, fp, in, queued)
 	case queued != nil:
-		return e.attemptPipelined(ctx, key, fp, queued, probeKey)
+		return e.attemptPipelined(ctx, key, fp, queued)
 	}
-	return e.attemptDeferred(ctx, key, fp, in, probeKey)
+	return e.attemptDeferred(ctx, key, fp, in)
 }
 
 // insertKeySQL records the key with its ref. It is a plain INSERT, no ON
@@ -352,22 +326,20 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 }
 
 // attemptDeferred runs one attempt of New's Effect without looking its
-// key up first, in two round trips: BEGIN (and the probe when probeKey)
-// go with the write's first statement (see deferredTx), and the key's row
-// (with the commit guard unless async commits are allowed) with COMMIT; a
-// write that runs no statement has all of it in one. A key the probe
-// found committed before (it looks only when probeKey) is replayed at
-// once: the write's next statement fails, and the attempt rolls back. A
-// duplicate the probe did not look for or did not see fails the key's
-// INSERT, and is looked up after the rollback (endFailed).
-func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []byte, in In, probeKey bool) (effects.Result, classified) {
+// key up first, in two round trips: BEGIN goes with the write's first
+// statement (see deferredTx), and the key's row (with the commit guard
+// unless async commits are allowed) with COMMIT; a write that runs no
+// statement has all of it in one. A duplicate fails the key's INSERT (or
+// a statement of the write), and is looked up after the rollback
+// (failedBeforeCommit, endFailed).
+func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []byte, in In) (effects.Result, classified) {
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
 		return effects.Result{}, classify(ctx, opApply, key, err, false, false)
 	}
 	defer conn.Release() // destroys the connection unless it is idle, outside a transaction
 
-	tx := &deferredTx{ctx: ctx, conn: conn.Conn(), opts: e.txOptions, lookup: probeKey, scope: e.scope, key: key}
+	tx := &deferredTx{ctx: ctx, conn: conn.Conn(), opts: e.txOptions}
 	ending := false
 	defer func() {
 		if !ending {
@@ -382,9 +354,6 @@ func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []
 	switch {
 	case tx.begun() && !inTransaction(conn.Conn()):
 		return effects.Result{}, classified{err: errNoTransaction(key)}
-	case tx.probe.found:
-		ending = true
-		return e.replay(ctx, conn.Conn(), key, fp, &tx.probe)
 	case err != nil:
 		return e.failedBeforeCommit(ctx, conn.Conn(), end, key, fp, err)
 	}
@@ -397,26 +366,18 @@ func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []
 	}
 	queueKeyInsert(&last, e.scope, key, fp, ref, !e.cfg.allowAsyncCommit)
 	last.Queue("COMMIT").Exec(commitTag)
-	err = conn.SendBatch(ctx, &last).Close()
-	switch {
-	case err == nil:
+	if err = conn.SendBatch(ctx, &last).Close(); err == nil {
 		if c := waitCut(ctx, key); c.err != nil {
 			return effects.Result{}, c
 		}
 		return effects.Result{Status: effects.Applied, Ref: ref}, classified{}
-	case tx.probe.found && serverError(err):
-		// The server failed the transaction after the probe found the
-		// key committed (the key's row failed): nothing of this attempt
-		// committed, and this is a replay. After any other failure
-		// (a lost connection) the COMMIT may have happened: endFailed.
-		return e.replay(ctx, conn.Conn(), key, fp, &tx.probe)
 	}
 	return e.endFailed(ctx, conn.Conn(), end, key, fp, err, alone, false)
 }
 
 // endFailed classifies err from the batch that ends an attempt with the
 // key's INSERT and COMMIT (and, for a pipelined Effect, queued, its writes
-// and, in its one-round-trip form, BEGIN and the probe before them).
+// and, in its one-round-trip form, BEGIN before them).
 // end rolls the transaction back, for a server that failed it and skipped
 // COMMIT. A key committed before the attempt or concurrently with it is
 // replayed at once (see replayIfCommitted). lookedFirst says whether the
@@ -537,76 +498,4 @@ func rollback(ctx context.Context, tx pgx.Tx) {
 	rctx, cancel := retry.Detached(ctx, rollbackTimeout)
 	defer cancel()
 	_ = tx.Rollback(rctx)
-}
-
-// keyCheck is how an attempt finds out that its key was committed before.
-type keyCheck int
-
-const (
-	// atKeyInsert: by the key's INSERT only, which fails; Apply then
-	// rolls back and looks the key up. A new key pays nothing for the
-	// check; a duplicate pays its whole write, rolled back, and the
-	// lookup's round trips.
-	atKeyInsert keyCheck = iota
-	// probeWithWrite: by a probe sent with the write's first statement
-	// (New) or with all of them (NewPipelined). A new key pays a
-	// statement; a duplicate is replayed from the probe's row, with no
-	// round trip more.
-	probeWithWrite
-	// lookFirst: by a lookup in a round trip of its own, before the
-	// write. A new key pays a round trip; a duplicate runs no write.
-	lookFirst
-)
-
-// duplicateRate is a moving average of how many of an Effect's recent
-// Applies were duplicates (replays), shared by its goroutines. It decides
-// how Apply checks for a key committed before (keyCheck): not at all
-// before the key's INSERT while duplicates are rare, with a probe sent
-// with the write from one in sixteen, and with a lookup of its own from
-// one in four.
-type duplicateRate struct{ scaled atomic.Int64 } // the rate times rateScale
-
-const (
-	rateScale = 1 << 16
-	// rateWeight is the weight of the newest Apply: 1/64, so that from no
-	// duplicates at all 5 in a row turn the probe on and 19 lookups, and
-	// after a long storm 89 new keys in a row turn lookups off again.
-	rateWeight = 64
-	// probeRate is where Apply starts probing the key with the write:
-	// one duplicate in sixteen. The probe costs every new key a
-	// statement, about 20 µs of CPU (BENCHMARKS.md); without it a
-	// duplicate costs its write, rolled back, and two or three round
-	// trips more, which below this rate cost less than the probes.
-	probeRate = rateScale / 16
-	// lookupFirstRate is where Apply starts looking first: one duplicate in
-	// four (not looking saves every new key a round trip; looking saves
-	// every duplicate its rolled-back statements, whose cost depends on
-	// the write).
-	lookupFirstRate = rateScale / 4
-)
-
-// observe records one Apply's outcome.
-func (d *duplicateRate) observe(duplicate bool) {
-	target := int64(0)
-	if duplicate {
-		target = rateScale
-	}
-	for {
-		old := d.scaled.Load()
-		next := old + (target-old)/rateWeight
-		if next == old || d.scaled.CompareAndSwap(old, next) {
-			return
-		}
-	}
-}
-
-// check returns how the next attempt checks its key, for the rate now.
-func (d *duplicateRate) check() keyCheck {
-	switch r := d.scaled.Load(); {
-	case r >= lookupFirstRate:
-		return lookFirst
-	case r >= probeRate:
-		return probeWithWrite
-	}
-	return atKeyInsert
 }

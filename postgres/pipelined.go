@@ -47,14 +47,11 @@ type StatementsFunc[In any] func(ctx context.Context, key effects.Key, in In) (r
 // where [New] costs two, and one more per statement beyond the first that
 // the write function runs. A duplicate fails the pipeline (the key's row,
 // or a statement that runs into the earlier one's rows) and rolls back,
-// its statements with it, and replays: in three round trips while
-// duplicates are rare (the pipeline, ROLLBACK, a lookup of the key), in
-// two while they are occasional, when a probe of the key travels after
-// BEGIN and its row, read before the failure, replays it (see
-// [Effect.Apply]); under synchronous replication, one more for the replay
-// barrier. While duplicates are frequent (or with [WithLookupFirst]) it
-// looks the key up first, as New does: two round trips for a new key, two
-// and no WAL for a duplicate. A pipeline that failed on a statement of
+// its statements with it, and replays, in three round trips (the
+// pipeline, ROLLBACK, a lookup of the key); under synchronous replication,
+// one more for the replay barrier. With [WithLookupFirst] it looks the key
+// up first, as New does: two round trips for a new key, two and no WAL
+// for a duplicate. A pipeline that failed on a statement of
 // the write makes pgx forget the connection's prepared statements of it:
 // the next Apply there prepares them again, one round trip more (a
 // duplicate's, or a refused setting's, does not). The ref must be known
@@ -161,47 +158,30 @@ func beginStatement(opts pgx.TxOptions) string {
 }
 
 // attemptPipelined runs one attempt of a pipelined Effect without looking
-// its key up first, in one round trip: BEGIN, the probe when probeKey,
-// the writes, the key's row (with the commit guard unless async commits
-// are allowed) and COMMIT. A key committed before fails the key's
-// INSERT (or a write that runs into the earlier one's rows fails first),
-// and the probe's row, read before the failure, replays it; a duplicate
-// the probe did not look for or did not see fails it too, and is looked
-// up after the rollback (endFailed).
-func (e *Effect[In]) attemptPipelined(ctx context.Context, key effects.Key, fp []byte, q *queuedWrites, probeKey bool) (effects.Result, classified) {
+// its key up first, in one round trip: BEGIN, the writes, the key's row
+// (with the commit guard unless async commits are allowed) and COMMIT. A
+// key committed before fails the key's INSERT (or a write that runs into
+// the earlier one's rows fails first), and is looked up after the
+// rollback (endFailed).
+func (e *Effect[In]) attemptPipelined(ctx context.Context, key effects.Key, fp []byte, q *queuedWrites) (effects.Result, classified) {
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
 		return effects.Result{}, classify(ctx, opApply, key, err, false, false)
 	}
 	defer conn.Release() // destroys the connection unless it is idle, outside a transaction
 
-	var (
-		b     pgx.Batch
-		found probe
-	)
+	var b pgx.Batch
 	began := time.Now()
 	b.Queue(beginStatement(e.txOptions))
-	if probeKey {
-		queueProbe(&b, e.scope, key, &found)
-	}
 	committed := q.queueOn(&b, began)
 	queueKeyInsert(&b, e.scope, key, fp, q.ref, !e.cfg.allowAsyncCommit)
 	b.Queue("COMMIT").Exec(commitTag)
-	err = conn.SendBatch(ctx, &b).Close()
-	switch {
-	case err == nil:
+	if err = conn.SendBatch(ctx, &b).Close(); err == nil {
 		if c := waitCut(ctx, key); c.err != nil {
 			return effects.Result{}, c
 		}
 		committed()
 		return effects.Result{Status: effects.Applied, Ref: q.ref}, classified{}
-	case found.found && serverError(err):
-		// The key was committed before this transaction began its writes,
-		// and the server failed the transaction (the key's row, or a write
-		// that ran into the earlier one's rows): nothing of it committed,
-		// and this is a replay. After any other failure (a lost
-		// connection) the COMMIT may have happened: endFailed.
-		return e.replay(ctx, conn.Conn(), key, fp, &found)
 	}
 	return e.endFailed(ctx, conn.Conn(), func() { rollbackConn(ctx, conn.Conn()) }, key, fp, err, true, false)
 }

@@ -47,19 +47,12 @@ func (p *probe) scan(row pgx.Row) error {
 }
 
 // queueProbe queues the probe of key on b, read into p when b's results
-// are closed. An attempt probes only while duplicates are occasional (see
-// keyCheck), and never at SERIALIZABLE (probesKey).
+// are closed: the lookup of an attempt that looks its key up first.
 func queueProbe(b *pgx.Batch, scope string, key effects.Key, p *probe) {
 	b.Queue(probeSQL, scope, string(key)).Fn = func(br pgx.BatchResults) error {
 		return p.scan(br.QueryRow())
 	}
 }
-
-// probesKey reports whether an attempt at isolation level iso may probe
-// the key in the round trip of its writes: not at SERIALIZABLE, where
-// reading the key would make concurrent Applies of other keys conflict (a
-// read of the index range their key's INSERT writes) and fail with 40001.
-func probesKey(iso pgx.TxIsoLevel) bool { return iso != pgx.Serializable }
 
 // queueKeyInsert queues the key's INSERT on b, with the commit guard when
 // guard (guardedInsertKeySQL); when it finds the key taken, or the guard
