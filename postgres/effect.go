@@ -23,27 +23,16 @@ import (
 // row, and tx's Commit and Rollback return an error (an attempt whose
 // write ran COMMIT or ROLLBACK as SQL fails, and commits nothing with the
 // key). A statement that fails on the server fails the whole transaction,
-// and the attempt fails even if the write ignores the error; so does the
-// statement BEGIN travels with, whatever made it fail.
+// and the attempt fails even if the write ignores the error.
 //
-// Unless Apply looks the key up first ([WithLookupFirst]), BEGIN has not
-// been sent when the function is called: it travels with the function's
-// first Exec (with arguments), Query, QueryRow or SendBatch, in the same
-// round trip. Nothing stops a duplicate's function early: one of its
-// statements (on the earlier Apply's rows, say) or the key's INSERT
-// fails, and Apply looks the key up. The commit settings (see
+// tx is pgx's own transaction, begun before the function is called (with
+// the lookup of the key, in one round trip, with [WithLookupFirst]).
+// Unless the key was looked up first, nothing stops a duplicate's function
+// early: one of its statements (on the earlier Apply's rows, say) or the
+// key's INSERT fails, and Apply looks the key up. The commit settings (see
 // [ErrAsyncCommit]) are checked by the key's INSERT, after the function
 // returned: a function that turns synchronous_commit off is refused too,
-// and nothing is written. Any other method of tx (CopyFrom, Prepare,
-// Begin for a savepoint, Conn, LargeObjects), an Exec without arguments
-// (which pgx sends with the simple protocol, several statements allowed)
-// and a statement with a pgx option argument (a QueryExecMode, result
-// formats) send BEGIN first, in a round trip of its own. A function that
-// runs no statement costs one round trip: BEGIN, the key's row and
-// COMMIT. A statement new to the connection costs one more round trip, to
-// prepare it, as in any pgx transaction, and so does BEGIN again after a
-// first statement that failed other than on a constraint: pgx forgets the
-// statements of such a batch.
+// and nothing is written.
 type WriteFunc[In any] func(ctx context.Context, tx pgx.Tx, in In) (ref string, err error)
 
 // Effect is an [effects.Effect] whose side effect is a set of writes to the
@@ -140,23 +129,32 @@ func (e *Effect[In]) Contract() effects.Contract {
 // say) is handled the same way: after a failed write Apply looks the key
 // up.
 //
-// Apply has two shapes, chosen when the Effect is built:
-//   - by default, nothing looks the key up before the write: the key's
-//     INSERT finds a duplicate. A new key pays for no check at all.
-//   - with [WithLookupFirst], Apply looks the key up first, in BEGIN's
-//     round trip of its own, and a duplicate runs no statement of the
-//     write at all.
+// Apply has one shape per configuration, chosen when the Effect is built
+// and never changed by what earlier calls saw:
+//   - [New], by default: BEGIN in a round trip of its own; the write; the
+//     key's INSERT with COMMIT. Nothing looks the key up before the write:
+//     the key's INSERT finds a duplicate, and a new key pays for no check.
+//   - [New] with [WithLookupFirst]: the lookup of the key travels with
+//     BEGIN, and a duplicate runs no statement of the write at all.
+//   - [NewPipelined], by default: BEGIN, the writes, the key's INSERT and
+//     COMMIT in one round trip.
+//   - [NewPipelined] with [WithLookupFirst]: BEGIN with the lookup; the
+//     writes, the key's INSERT and COMMIT.
 //
-// Cost of a new key: two round trips by default, one fewer than a plain
-// insert transaction, and one statement more, the key's INSERT (which
-// also checks the commit settings): BEGIN travels with the write's first
-// statement (see [WriteFunc]), the key's INSERT with COMMIT. Looked up
-// first, a new key costs three round trips. Cost of a duplicate: four
-// round trips by default (the write, run and rolled back; the key's
-// INSERT and COMMIT, which fail; a ROLLBACK; the lookup); two and no WAL
-// looked up first (BEGIN with the lookup, then ROLLBACK). Under
-// synchronous replication a replay also passes the replay barrier (see
-// RELIABILITY.md): a few bytes of WAL and a COMMIT that waits for the
+// Cost of a new key, for a write of one statement: three round trips for
+// [New] in either shape (a plain insert transaction's, and one statement
+// more, the key's INSERT, which also checks the commit settings; the
+// lookup first is one more statement in BEGIN's round trip). Cost of a
+// duplicate: by default the write, run and rolled back (for New with one
+// statement: BEGIN, the write, the key's INSERT with COMMIT, which fail,
+// ROLLBACK and the lookup, five round trips; for NewPipelined, three);
+// looked up first, two and no WAL (BEGIN with the lookup, then ROLLBACK).
+// A duplicate found by the key's INSERT makes pgx forget the prepared
+// statements of the failed batch, as after any failed batch: the
+// connection deallocates them in one round trip more, and its next Apply
+// prepares them again, in one more.
+// Under synchronous replication a replay also passes the replay barrier
+// (see RELIABILITY.md): a few bytes of WAL and a COMMIT that waits for the
 // standby, in the round trip of the ROLLBACK, or of its own after the
 // lookup. A concurrent duplicate found by the key's INSERT costs the new
 // key's round trips, a ROLLBACK and the lookup.
@@ -224,46 +222,31 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (_ effec
 	}
 }
 
-const opApply = "postgres.Apply"
-
-// attemptOnce runs one attempt in the Effect's shape: one that looks its
-// key up first is attempt's; a pipelined Effect's that does not is one
-// round trip (attemptPipelined); New's is two (attemptDeferred).
+// attemptOnce runs one attempt in the Effect's shape (see Apply): a
+// pipelined Effect's that does not look its key up first is one round
+// trip (attemptPipelined); every other is attempt's.
 func (e *Effect[In]) attemptOnce(ctx context.Context, key effects.Key, fp []byte, in In, queued *queuedWrites, lookFirst bool) (effects.Result, classified) {
-	switch {
-	case lookFirst:
-		return e.attempt(ctx, key, fp, in, queued)
-	case queued != nil:
+	if queued != nil && !lookFirst {
 		return e.attemptPipelined(ctx, key, fp, queued)
 	}
-	return e.attemptDeferred(ctx, key, fp, in)
+	return e.attempt(ctx, key, fp, in, queued, lookFirst)
 }
 
-// insertKeySQL records the key with its ref. It is a plain INSERT, no ON
-// CONFLICT: if a transaction that the lookup did not see (a concurrent
-// Apply, Claim or ClaimBatch, or a commit after a REPEATABLE READ
-// snapshot) committed the key meanwhile, it fails with 23505 and the whole
-// attempt, write included, rolls back and is retried, and the retry
-// replays.
-const insertKeySQL = `INSERT INTO effectively_keys (scope, key, fingerprint, ref) VALUES ($1, $2, $3, $4)`
-
-// guardedInsertKeySQL is insertKeySQL that also fails, and with it the
-// transaction, when the commit settings make the COMMIT that follows it
-// unsafe to acknowledge (commitGuardExpr, empty when they are safe): the
-// check costs no statement of its own, and it sees the settings as
-// COMMIT will, after everything the write ran (a SET LOCAL
-// synchronous_commit = off in the write included).
-const guardedInsertKeySQL = `INSERT INTO effectively_keys (scope, key, fingerprint, ref) VALUES ($1, $2, $3, $4 || ` + commitGuardExpr + `)`
-
-// attempt runs one transaction that looks the key up first, in BEGIN's
-// round trip.
+// attempt runs one transaction: BEGIN, with the lookup of the key when
+// lookFirst, in a round trip of its own (pgx's Batch.BeginTx); the write
+// (or, for a pipelined Effect, which always looks first here, its queued
+// statements, with the key's row); the key's row (with the commit guard
+// unless async commits are allowed) and COMMIT, in one round trip. A
+// duplicate that was not looked up first fails the key's INSERT (or a
+// statement of the write), and is looked up after the rollback
+// (failedBeforeCommit, endFailed).
 //
 // It runs on a connection of its own rather than a pgxpool.Tx so that it
 // can end the transaction with the key's INSERT and COMMIT pipelined in
 // one round trip; the pgx.Tx that BEGIN's batch gave the write is then
 // abandoned, and Release checks that the connection is idle before pooling
 // it again.
-func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in In, queued *queuedWrites) (effects.Result, classified) {
+func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in In, queued *queuedWrites, lookFirst bool) (effects.Result, classified) {
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
 		return effects.Result{}, classify(ctx, opApply, key, err, false, false)
@@ -277,7 +260,9 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 	)
 	began := time.Now()
 	batch.BeginTx(e.txOptions)
-	queueProbe(&batch, e.scope, key, &p)
+	if lookFirst {
+		queueProbe(&batch, e.scope, key, &p)
+	}
 	br := conn.SendBatch(ctx, &batch)
 	tx := br.Tx()
 	ending := false
@@ -316,63 +301,13 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 	queueKeyInsert(&last, e.scope, key, fp, ref, !e.cfg.allowAsyncCommit)
 	last.Queue("COMMIT").Exec(commitTag)
 	if err := conn.SendBatch(ctx, &last).Close(); err != nil {
-		return e.endFailed(ctx, conn.Conn(), end, key, fp, err, queued != nil, true)
+		return e.endFailed(ctx, conn.Conn(), end, key, fp, err, queued != nil, lookFirst)
 	}
 	if c := waitCut(ctx, key); c.err != nil {
 		return effects.Result{}, c
 	}
 	committed()
 	return effects.Result{Status: effects.Applied, Ref: ref}, classified{}
-}
-
-// attemptDeferred runs one attempt of New's Effect without looking its
-// key up first, in two round trips: BEGIN goes with the write's first
-// statement (see deferredTx), and the key's row (with the commit guard
-// unless async commits are allowed) with COMMIT; a write that runs no
-// statement has all of it in one. A duplicate fails the key's INSERT (or
-// a statement of the write), and is looked up after the rollback
-// (failedBeforeCommit, endFailed).
-func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []byte, in In) (effects.Result, classified) {
-	conn, err := e.pool.Acquire(ctx)
-	if err != nil {
-		return effects.Result{}, classify(ctx, opApply, key, err, false, false)
-	}
-	defer conn.Release() // destroys the connection unless it is idle, outside a transaction
-
-	tx := &deferredTx{ctx: ctx, conn: conn.Conn(), opts: e.txOptions}
-	ending := false
-	defer func() {
-		if !ending {
-			tx.rollback(ctx)
-		}
-	}()
-	end := func() { tx.rollback(ctx) }
-	ref, err := e.write(ctx, tx, in)
-	if err == nil {
-		err = tx.failed // a statement failed before BEGIN ran: as a failed statement in the transaction, it fails the attempt
-	}
-	switch {
-	case tx.begun() && !inTransaction(conn.Conn()):
-		return effects.Result{}, classified{err: errNoTransaction(key)}
-	case err != nil:
-		return e.failedBeforeCommit(ctx, conn.Conn(), end, key, fp, err)
-	}
-	ending = true // from here on, never roll back blindly: the COMMIT may have happened
-	var last pgx.Batch
-	alone := !tx.begun() // the write ran no statement: BEGIN goes with COMMIT
-	if alone {
-		tx.queueBegin(&last)
-		end = func() { rollbackConn(ctx, conn.Conn()) }
-	}
-	queueKeyInsert(&last, e.scope, key, fp, ref, !e.cfg.allowAsyncCommit)
-	last.Queue("COMMIT").Exec(commitTag)
-	if err = conn.SendBatch(ctx, &last).Close(); err == nil {
-		if c := waitCut(ctx, key); c.err != nil {
-			return effects.Result{}, c
-		}
-		return effects.Result{Status: effects.Applied, Ref: ref}, classified{}
-	}
-	return e.endFailed(ctx, conn.Conn(), end, key, fp, err, alone, false)
 }
 
 // endFailed classifies err from the batch that ends an attempt with the
@@ -499,3 +434,5 @@ func rollback(ctx context.Context, tx pgx.Tx) {
 	defer cancel()
 	_ = tx.Rollback(rctx)
 }
+
+const opApply = "postgres.Apply"

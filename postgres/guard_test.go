@@ -136,35 +136,3 @@ func guardEffect(t *testing.T, pool *pgxpool.Pool, kind string, opts ...postgres
 	}
 	return fx
 }
-
-// TestApplyCommitGuardKeepsStatements: after a refusal by the guard, the next
-// new key on the same connection costs what a new key costs (2 round
-// trips for New, 1 for NewPipelined): pgx kept the prepared statements.
-func TestApplyCommitGuardKeepsStatements(t *testing.T) {
-	url := newDB(t)
-	for _, kind := range []string{"New", "Pipelined"} {
-		pool, sends := countingPool(t, url, 1)
-		fx := guardEffect(t, pool, kind)
-		ctx := testCtx(t)
-		apply := func(ev string, amount int64) (int64, error) {
-			before := sends.Load()
-			_, err := fx.Apply(ctx, effects.MustKey(ev, "ledger"), payment{EventID: ev, Amount: amount})
-			return sends.Load() - before, err
-		}
-		for i := 0; i < 3; i++ {
-			if _, err := apply(fmt.Sprintf("keep_%s_%d", kind, i), 1); err != nil {
-				t.Fatal(err)
-			}
-		}
-		warm, _ := apply("keep_"+kind+"_warm", 1)
-		refusedTrips, err := apply("keep_"+kind+"_refused", -1)
-		if !errors.Is(err, postgres.ErrAsyncCommit) {
-			t.Fatalf("%s: %v", kind, err)
-		}
-		next, err := apply("keep_"+kind+"_next", 1)
-		t.Logf("%s: warm new key %d round trips, refused %d, next new key %d (%v)", kind, warm, refusedTrips, next, err)
-		if next != warm {
-			t.Errorf("%s: next new key took %d round trips, want %d", kind, next, warm)
-		}
-	}
-}

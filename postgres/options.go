@@ -152,13 +152,15 @@ func AllowAsyncCommit() Option {
 }
 
 // WithLookupFirst makes [Effect.Apply] look every key up before it runs
-// the write, in BEGIN's round trip. By default a new key costs one round
-// trip less, and a duplicate runs the statements of its write in a
-// transaction that rolls back (their WAL written, sequence values used up,
-// locks held until then) before it replays. Use it when duplicates are
-// frequent (a replay, a redrive of dead letters), when the write is
-// expensive, or when a duplicate's rolled-back write must not happen at
-// all. [New] and [NewPipelined] heed it.
+// the write, in BEGIN's round trip. By default a duplicate runs the
+// statements of its write in a transaction that rolls back (their WAL
+// written, sequence values used up, locks held until then) before it
+// replays; looked up first, a new key pays one statement more (for
+// [NewPipelined], one round trip more). Use it when duplicates are
+// frequent (a worker that replays a topic with kafka.Replay, a redrive of
+// dead letters), when the write is expensive, or when a duplicate's
+// rolled-back write must not happen at all. [New] and [NewPipelined] heed
+// it.
 func WithLookupFirst() Option {
 	return func(c *config) { c.set(optLookupFirst); c.lookupFirst = true }
 }

@@ -8,13 +8,6 @@ import (
 	"effectively.dev/effects"
 )
 
-// DefaultPruneBatch is the batch size [Prune] and [Journal.Prune] use when
-// given 0.
-const DefaultPruneBatch = 1000
-
-const pruneSQL = `DELETE FROM effectively_keys WHERE ctid IN (
-	SELECT ctid FROM effectively_keys WHERE scope = $1 AND created_at < $2 LIMIT $3)`
-
 // Prune deletes the keys of scope created before olderThan, batchSize rows
 // per statement (each its own transaction when db is a pool or a
 // connection), until a statement deletes fewer than batchSize (0 means
@@ -34,10 +27,6 @@ func Prune(ctx context.Context, db DB, scope string, olderThan time.Time, batchS
 	}
 	return pruneBatches(ctx, db, op, pruneSQL, scope, olderThan, batchSize)
 }
-
-const pruneJournalSQL = `DELETE FROM effectively_journal WHERE ctid IN (
-	SELECT ctid FROM effectively_journal WHERE scope = $1 AND created_at < $2
-	AND (lease_until IS NULL OR lease_until < now()) LIMIT $3)`
 
 // Prune deletes the journal's records created before olderThan, done or
 // not, except those an attempt holds a live lease on, batchSize rows per
@@ -72,3 +61,7 @@ func pruneBatches(ctx context.Context, db DB, op, sql, scope string, olderThan t
 		}
 	}
 }
+
+// DefaultPruneBatch is the batch size [Prune] and [Journal.Prune] use when
+// given 0.
+const DefaultPruneBatch = 1000

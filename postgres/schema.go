@@ -46,7 +46,7 @@ func Migrate(ctx context.Context, db DB) error {
 		return fmt.Errorf("postgres.Migrate: begin: %w", err)
 	}
 	defer rollback(ctx, tx) // after Commit it is a no-op
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrateLockID); err != nil {
+	if _, err := tx.Exec(ctx, migrateLockSQL, migrateLockID); err != nil {
 		return fmt.Errorf("postgres.Migrate: lock: %w", err)
 	}
 	// No arguments: pgx sends it with the simple protocol, which runs

@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -19,14 +20,27 @@ import (
 type applyShape struct {
 	name string
 	make func(t *testing.T, pool *pgxpool.Pool, calls *atomic.Int64) *postgres.Effect[payment]
-	// newTrips and dupTrips are the round trips of a new key and of a
-	// duplicate; dupCalls is whether a duplicate calls the write function
-	// (a StatementsFunc is called before the first round trip, whatever
+	// trips are the round trips of an Apply, by what it is and what the
+	// one before it on the connection was: a duplicate that fails a batch
+	// (the key's INSERT finds it) makes pgx forget that batch's prepared
+	// statements, which the next Apply deallocates and prepares again.
+	trips map[transition]int64
+	// dupCalls is whether a duplicate calls the write function (a
+	// StatementsFunc is called before the first round trip, whatever
 	// the shape: its statements are not sent when the lookup finds the
 	// key).
-	newTrips, dupTrips int64
-	dupCalls           bool
+	dupCalls bool
 }
+
+// transition is an Apply (a new key, or a duplicate) after another.
+type transition struct{ prevDup, dup bool }
+
+var (
+	newAfterNew = transition{false, false}
+	dupAfterNew = transition{false, true}
+	dupAfterDup = transition{true, true}
+	newAfterDup = transition{true, false}
+)
 
 // applyShapes are every shape of Apply: New and NewPipelined, each as it
 // is built by default and WithLookupFirst.
@@ -54,25 +68,25 @@ func applyShapes() []applyShape {
 		// The write, with BEGIN; the key's row with COMMIT. A duplicate:
 		// the write; the key's row and COMMIT, which fail; ROLLBACK; the
 		// lookup.
-		{"New", newFx(), 2, 4, true},
+		{"New", newFx(), map[transition]int64{newAfterNew: 3, dupAfterNew: 6, dupAfterDup: 7, newAfterDup: 4}, true},
 		// BEGIN with the lookup; the write; the key's row with COMMIT. A
 		// duplicate: BEGIN with the lookup; ROLLBACK.
-		{"New WithLookupFirst", newFx(lookupFirst), 3, 2, false},
+		{"New WithLookupFirst", newFx(lookupFirst), map[transition]int64{newAfterNew: 3, dupAfterNew: 2, dupAfterDup: 2, newAfterDup: 3}, false},
 		// BEGIN, the writes, the key's row and COMMIT. A duplicate: that;
 		// ROLLBACK; the lookup.
-		{"NewPipelined", pipelined(), 1, 3, true},
+		{"NewPipelined", pipelined(), map[transition]int64{newAfterNew: 1, dupAfterNew: 4, dupAfterDup: 5, newAfterDup: 2}, true},
 		// BEGIN with the lookup; the writes, the key's row and COMMIT. A
 		// duplicate: BEGIN with the lookup; ROLLBACK.
-		{"NewPipelined WithLookupFirst", pipelined(lookupFirst), 2, 2, true},
+		{"NewPipelined WithLookupFirst", pipelined(lookupFirst), map[transition]int64{newAfterNew: 2, dupAfterNew: 2, dupAfterDup: 2, newAfterDup: 2}, true},
 	}
 }
 
 // TestApplyShapes: every shape of Apply costs what its documentation
 // says, for a new key and for a duplicate, and keeps costing it whatever
-// the calls before it were: a run of duplicates does not change how the
-// next new key or duplicate is handled (no behaviour depends on history).
-// Every duplicate replays the first Apply's ref, and the ledger keeps one
-// row.
+// the calls before it were: a storm of duplicates does not change how the
+// next new key or duplicate is handled (no behaviour depends on history
+// beyond pgx's statement cache on the connection). Every duplicate
+// replays the first Apply's ref, and the ledger keeps one row.
 func TestApplyShapes(t *testing.T) {
 	url := newDB(t)
 	for i, shape := range applyShapes() {
@@ -95,22 +109,31 @@ func TestApplyShapes(t *testing.T) {
 			apply(prefix + "warm")
 			apply(prefix + "warm")
 			apply(prefix + "warm_2")
-			for round := range 2 {
-				event := fmt.Sprintf("%sround%d", prefix, round)
-				first, trips, _ := apply(event)
-				if first.Status != effects.Applied || trips != shape.newTrips {
-					t.Fatalf("round %d: new key = %+v in %d round trips, want applied in %d", round, first, trips, shape.newTrips)
+			// Every transition, then a storm of duplicates, then every
+			// transition again: the storm changes nothing.
+			script := "NNDDNDN" + strings.Repeat("D", 20) + "NNDDNDN"
+			prevDup, fresh := false, 0
+			var last effects.Result
+			for i, step := range script {
+				dup := step == 'D'
+				event := fmt.Sprintf("%snew%d", prefix, fresh)
+				if !dup {
+					fresh++
+					event = fmt.Sprintf("%snew%d", prefix, fresh)
 				}
-				for d := range 20 {
-					res, trips, writes := apply(event)
-					if res != (effects.Result{Status: effects.Replayed, Ref: first.Ref}) || trips != shape.dupTrips || (writes > 0) != shape.dupCalls {
-						t.Fatalf("round %d: duplicate %d = %+v in %d round trips with %d write calls; want replayed %q in %d, calls %t",
-							round, d, res, trips, writes, first.Ref, shape.dupTrips, shape.dupCalls)
-					}
+				res, trips, writes := apply(event)
+				want := effects.Result{Status: effects.Applied, Ref: res.Ref}
+				if dup {
+					want = effects.Result{Status: effects.Replayed, Ref: last.Ref}
+				}
+				if wantTrips := shape.trips[transition{prevDup, dup}]; res != want || trips != wantTrips || (dup && (writes > 0) != shape.dupCalls) {
+					t.Fatalf("step %d (%c after %t): %+v in %d round trips with %d write calls; want %+v in %d, duplicate calls %t",
+						i, step, prevDup, res, trips, writes, want, wantTrips, shape.dupCalls)
 				}
 				if n := rows(t, pool, event); n != 1 {
-					t.Fatalf("round %d: ledger rows = %d, want 1", round, n)
+					t.Fatalf("step %d: ledger rows of %s = %d, want 1", i, event, n)
 				}
+				last, prevDup = res, dup
 			}
 		})
 	}
