@@ -74,7 +74,8 @@ func NewJournal(pool *pgxpool.Pool, scope string) (*Journal, error) {
 
 // Begin claims key for one attempt lasting at most lease (at least 1 µs),
 // measured by the database's clock. See [journal.Journal]: it returns a
-// done Record, [effects.ErrInFlight], [effects.ErrKeyReused], or a Record
+// done Record, [effects.ErrInFlight] (whose [effects.RetryAfter] is what
+// is left of the holder's lease), [effects.ErrKeyReused], or a Record
 // whose lease the caller now holds, with Attempt 1 for a new key and one
 // more for each takeover of an expired or released lease. A failure whose
 // reply was lost is [effects.ErrAmbiguous]: the lease may have been taken,
@@ -225,7 +226,7 @@ func (j *Journal) beginMany(ctx context.Context, reqs []beginReq) []beginRes {
 	rows, err = j.pool.Query(ctx, journalLookupManySQL, j.scope, missing)
 	if err == nil {
 		var row journalRow
-		_, err = pgx.ForEachRow(rows, []any{&row.key, &row.fp, &row.rec.Done, &row.rec.Ref, &row.rec.Attempt, &row.live},
+		_, err = pgx.ForEachRow(rows, []any{&row.key, &row.fp, &row.rec.Done, &row.rec.Ref, &row.rec.Attempt, &row.leftMicros},
 			func() error { found[row.key] = row; return nil })
 	}
 	for i, r := range reqs {
@@ -248,10 +249,11 @@ func (j *Journal) beginMany(ctx context.Context, reqs []beginReq) []beginRes {
 
 // journalRow is a record as journalLookupManySQL reads it.
 type journalRow struct {
-	key  string
-	fp   []byte
-	rec  journal.Record
-	live bool
+	key string
+	fp  []byte
+	rec journal.Record
+	// leftMicros is what is left of its lease: positive while it is live.
+	leftMicros int64
 }
 
 // verdict explains why a Begin for r took nothing: the key is done, in
@@ -263,9 +265,10 @@ func (row journalRow) verdict(r beginReq) (rec journal.Record, err error, again 
 		return journal.Record{}, reused(opBegin, r.key), false
 	case row.rec.Done:
 		return row.rec, nil, false
-	case row.live:
+	case row.leftMicros > 0:
 		return journal.Record{}, &effects.Error{Kind: effects.ErrInFlight, Op: opBegin, Key: r.key,
-			Err: fmt.Errorf("attempt %d holds the lease", row.rec.Attempt)}, false
+			RetryAfter: time.Duration(row.leftMicros) * time.Microsecond,
+			Err:        fmt.Errorf("attempt %d holds the lease", row.rec.Attempt)}, false
 	}
 	return journal.Record{}, nil, true
 }
@@ -466,7 +469,7 @@ func (j *Journal) MarkDone(ctx context.Context, key effects.Key, fingerprint []b
 // there is none.
 func (j *Journal) readRow(ctx context.Context, key effects.Key) (journalRow, error) {
 	row := journalRow{key: string(key)}
-	err := j.pool.QueryRow(ctx, journalLookupSQL, j.scope, string(key)).Scan(&row.fp, &row.rec.Done, &row.rec.Ref, &row.rec.Attempt, &row.live)
+	err := j.pool.QueryRow(ctx, journalLookupSQL, j.scope, string(key)).Scan(&row.fp, &row.rec.Done, &row.rec.Ref, &row.rec.Attempt, &row.leftMicros)
 	return row, err
 }
 

@@ -11,7 +11,8 @@ import (
 // Prune deletes the keys of scope created before olderThan, batchSize rows
 // per statement (each its own transaction when db is a pool or a
 // connection), until a statement deletes fewer than batchSize (0 means
-// [DefaultPruneBatch]; a negative size is an [*effects.ConfigError]). Small
+// [DefaultPruneBatch]; a negative size, or a nil db, is an
+// [*effects.ConfigError]). Small
 // batches keep locks and WAL bursts short next to live traffic. It returns how many
 // keys it deleted, also when it stops early on an error or a done ctx.
 //
@@ -22,6 +23,9 @@ import (
 // later), e.g. time.Now().Add(-(retention + maxReplay + margin)).
 func Prune(ctx context.Context, db DB, scope string, olderThan time.Time, batchSize int) (int64, error) {
 	const op = "postgres.Prune"
+	if nilDB(db) {
+		return 0, &effects.ConfigError{Op: op, Option: "db", Reason: "nil"}
+	}
 	if err := validateScope(op, scope); err != nil {
 		return 0, err
 	}

@@ -127,8 +127,12 @@ ON CONFLICT (scope, key) DO UPDATE
 		AND (j.lease_until IS NULL OR j.lease_until <= now())
 RETURNING j.key, j.attempt`
 
+// leaseLeftExpr is what is left of a record's lease, in microseconds of
+// the database's clock: positive while the lease is live.
+const leaseLeftExpr = `coalesce(ceil(extract(epoch FROM lease_until - now()) * 1000000), 0)::bigint`
+
 // journalLookupManySQL is journalLookupSQL for many keys.
-const journalLookupManySQL = `SELECT key, fingerprint, done, ref, attempt, coalesce(lease_until > now(), false)
+const journalLookupManySQL = `SELECT key, fingerprint, done, ref, attempt, ` + leaseLeftExpr + `
 FROM effectively_journal WHERE scope = $1 AND key = ANY($2::text[])`
 
 // completeBatchSQL is completeSQL for many distinct keys.
@@ -139,7 +143,7 @@ RETURNING j.key`
 
 // journalLookupSQL reads one key's record (see readRow): why beginSQL or
 // markDoneSQL took nothing, and Lookup.
-const journalLookupSQL = `SELECT fingerprint, done, ref, attempt, coalesce(lease_until > now(), false)
+const journalLookupSQL = `SELECT fingerprint, done, ref, attempt, ` + leaseLeftExpr + `
 FROM effectively_journal WHERE scope = $1 AND key = $2`
 
 const completeSQL = `UPDATE effectively_journal SET done = true, ref = $3, lease_until = NULL, updated_at = now()
@@ -201,3 +205,8 @@ const journalDoneSQL = `SELECT done FROM effectively_journal WHERE scope = $1 AN
 
 // journalDoneManySQL is journalDoneSQL for many keys.
 const journalDoneManySQL = `SELECT key, done FROM effectively_journal WHERE scope = $1 AND key = ANY($2::text[])`
+
+// checkSQL reads whether table $1 exists (on the search path) and the
+// session's commit settings, for Check.
+const checkSQL = `SELECT to_regclass($1) IS NOT NULL, current_setting('synchronous_commit'),
+	current_setting('synchronous_standby_names') <> ''`
