@@ -50,7 +50,7 @@ func queueKeyInsert(b *pgx.Batch, scope string, key effects.Key, fp []byte, ref 
 	b.Queue(sql, scope, string(key), fp, ref)
 }
 
-// replayFound ends an attempt whose probe found the key committed before:
+// replayFound ends an attempt whose lookup found the key committed before:
 // it rolls back what the attempt ran (if conn is in a transaction) and,
 // under synchronous replication, passes the replay barrier (see
 // replayBarrierSQL) in a transaction of its own, in the same round trip:
