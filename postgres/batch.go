@@ -11,20 +11,6 @@ import (
 	"effectively.dev/effects"
 )
 
-// batchClaimSQL claims many keys in one statement and reports which were
-// new. Rows are inserted in array order; ClaimBatch sorts the keys so that
-// concurrent batches lock overlapping keys in the same order and do not
-// deadlock each other.
-const batchClaimSQL = `WITH ins AS (
-	INSERT INTO effectively_keys (scope, key, fingerprint)
-	SELECT $1, k, f FROM unnest($2::text[], $3::bytea[]) AS t (k, f)
-	ON CONFLICT (scope, key) DO NOTHING
-	RETURNING key)
-SELECT coalesce((SELECT array_agg(key) FROM ins), '{}'), current_setting('synchronous_commit'),
-	current_setting('synchronous_standby_names') <> ''`
-
-const batchLookupSQL = `SELECT key, fingerprint, ref FROM effectively_keys WHERE scope = $1 AND key = ANY ($2::text[])`
-
 // BatchItem is one message's key and fingerprint for [ClaimBatch].
 type BatchItem struct {
 	Key         effects.Key

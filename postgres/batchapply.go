@@ -22,18 +22,9 @@ import (
 // retries.
 type BatchWriteFunc func(ctx context.Context, tx pgx.Tx, i int) (ref string, err error)
 
-// maxFailedWrites is how many failing writes one ApplyBatch call isolates
-// (each costs a rolled-back transaction) before it gives up on the items
-// not yet committed.
-const maxFailedWrites = 3
-
 // errBatchAbandoned is the cause of the items ApplyBatch did not apply
 // because too many writes failed.
 var errBatchAbandoned = fmt.Errorf("not applied: the batch was abandoned after %d failing writes of other items", maxFailedWrites)
-
-const batchSetRefSQL = `UPDATE effectively_keys AS k SET ref = v.ref
-	FROM unnest($2::text[], $3::text[]) AS v (key, ref)
-	WHERE k.scope = $1 AND k.key = v.key`
 
 // ApplyBatch makes the writes of many messages effectively once with one
 // transaction for the whole batch: it claims every item's key with
@@ -361,19 +352,6 @@ type Querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// seenSQL reads a committed key with the session's commit settings.
-const seenSQL = `SELECT fingerprint, ref, current_setting('synchronous_commit'),
-	current_setting('synchronous_standby_names') <> ''
-FROM effectively_keys WHERE scope = $1 AND key = $2`
-
-// seenBatchSQL reads many committed keys with the session's commit
-// settings (evaluated once).
-const seenBatchSQL = `SELECT k.key, k.fingerprint, k.ref, s.sync_commit, s.sync_rep
-FROM effectively_keys AS k,
-	(SELECT current_setting('synchronous_commit') AS sync_commit,
-		current_setting('synchronous_standby_names') <> '' AS sync_rep) AS s
-WHERE k.scope = $1 AND k.key = ANY ($2::text[])`
-
 // Seen is a read-only pre-check: it reports whether key was committed under
 // scope, with one SELECT on the primary key of effectively_keys, no
 // transaction and no WAL. When it was, with the same fingerprint, Seen
@@ -501,8 +479,6 @@ func seenBatch(ctx context.Context, db Querier, op, scope string, items []BatchI
 	return found, settings, nil
 }
 
-const keysSQL = `SELECT key FROM effectively_keys WHERE scope = $1 AND created_at >= $2`
-
 // Keys calls fn with every key of scope committed at or after since, for
 // instance to warm a negcache.Filter at startup so that a replay storm of
 // messages handled before the restart finds them. It reads with one
@@ -523,3 +499,8 @@ func Keys(ctx context.Context, db Querier, scope string, since time.Time, fn fun
 	}
 	return nil
 }
+
+// maxFailedWrites is how many failing writes one ApplyBatch call isolates
+// (each costs a rolled-back transaction) before it gives up on the items
+// not yet committed.
+const maxFailedWrites = 3

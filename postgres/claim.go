@@ -11,28 +11,6 @@ import (
 	"effectively.dev/effects"
 )
 
-// claimSQL inserts the key and, in the same statement and round trip, reads
-// synchronous_commit, so refusing asynchronous commit costs nothing extra.
-// The row is new exactly when the INSERT returned it; a conflicting row,
-// committed or still being inserted by a concurrent transaction (the INSERT
-// waits for it), makes it return nothing and write nothing.
-const claimSQL = `WITH ins AS (
-	INSERT INTO effectively_keys (scope, key, fingerprint) VALUES ($1, $2, $3)
-	ON CONFLICT (scope, key) DO NOTHING
-	RETURNING 1)
-SELECT EXISTS (SELECT 1 FROM ins), current_setting('synchronous_commit'),
-	current_setting('synchronous_standby_names') <> ''`
-
-// lookupSQL reads the key back, for its fingerprint and ref. claimKey sends
-// it in the same round trip as claimSQL (a pipeline), yet as a separate
-// statement: a row committed by a concurrent duplicate while the claim
-// waited is not in the claim statement's snapshot, but at READ COMMITTED
-// this statement's new snapshot sees it. (At REPEATABLE READ and
-// SERIALIZABLE the claim fails with 40001 in that case instead.)
-const lookupSQL = `SELECT fingerprint, ref FROM effectively_keys WHERE scope = $1 AND key = $2`
-
-const setRefSQL = `UPDATE effectively_keys SET ref = $3 WHERE scope = $1 AND key = $2`
-
 // errVanished is the cause when a key conflicted but could not be read back:
 // it was pruned in between. Retrying claims it afresh.
 var errVanished = errors.New("key conflicted but was gone when read back (pruned concurrently?)")
@@ -66,25 +44,6 @@ type claimOutcome struct {
 // needsBarrier reports whether a replay must wait for the standby before it
 // is reported: see replayBarrierSQL.
 func (o claimOutcome) needsBarrier() bool { return !o.inserted && o.replayNeedsBarrier() }
-
-// replayBarrierSQL makes the replaying transaction a writing one: a
-// transactional logical message (a few bytes of WAL, no table touched, no
-// special privilege) gives it a transaction id and WAL, so its COMMIT waits,
-// under synchronous replication, for the standby to confirm it. (Assigning
-// a transaction id alone, as txid_current() does, is not enough: PostgreSQL
-// skips the wait for a transaction that wrote no WAL.) The
-// earlier commit that made the key visible precedes it in the WAL, so once
-// this COMMIT returns, that earlier commit is on the standby too.
-//
-// Without it a replay could acknowledge an effect that exists only on the
-// primary: when the earlier attempt's COMMIT was cancelled while it waited
-// for the standby (a caller's timeout, pg_terminate_backend), PostgreSQL
-// keeps the commit locally, makes it visible, and only warns; a failover
-// then loses it, although the replay was acked. The barrier costs about a
-// hundred bytes of WAL and one standby round trip per replay, and only when
-// synchronous_standby_names is set; without a synchronous standby a replay
-// still writes nothing.
-const replayBarrierSQL = `SELECT pg_logical_emit_message(true, 'effectively.replay', '')`
 
 // claimKey runs the claim and the lookup in tx, in one round trip, and
 // compares fingerprints when the key was taken. Errors are raw; the caller

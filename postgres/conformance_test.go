@@ -18,10 +18,9 @@ import (
 // TestConformance holds the adapter to its declared contract in every
 // scenario of the suite, and requires every field of the contract to be
 // verified (the harness can age the dedup rows, so the horizon is too):
-// New and NewPipelined, each as it starts (the key's INSERT finds
-// duplicates) and with WithLookupFirst (the shape it takes while
-// duplicates are frequent), so that every round trip of both shapes is
-// faulted.
+// every shape of Apply (New and NewPipelined, each by default, where the
+// key's INSERT finds duplicates, and with WithLookupFirst), so that every
+// round trip of every shape is faulted.
 func TestConformance(t *testing.T) {
 	for _, tc := range []struct {
 		name string

@@ -32,17 +32,14 @@
 //     outside the database (email, an API call): at-least-once with a
 //     declared window, not effectively once.
 //
-// What it costs: Apply on a new key takes two round trips, one fewer than
-// a plain BEGIN/INSERT/COMMIT (BEGIN travels with the write's first
-// statement, the key's INSERT, which also checks the commit settings,
-// with COMMIT; the key's primary key finds a duplicate). How early it
-// looks for duplicates follows how many it has seen lately: while they are
-// occasional (one Apply in sixteen) a probe of the key travels with the
-// write and replays a duplicate without a round trip more, and while they
-// are frequent (one in four, a replay storm) it looks keys up first, so
-// that a duplicate takes two round trips, runs no write and writes no WAL
-// ([WithLookupFirst] makes that the rule); BENCHMARKS.md has the
-// measurements.
+// What it costs: Apply on a new key takes the round trips of a plain
+// BEGIN/INSERT/COMMIT (BEGIN; the write; the key's INSERT, which also
+// checks the commit settings, with COMMIT; the key's primary key finds a
+// duplicate), and [NewPipelined] takes one. Each Effect has one shape,
+// fixed when it is built (see [Effect.Apply]): with [WithLookupFirst] it
+// looks every key up first, in BEGIN's round trip, so that a duplicate
+// takes two round trips, runs no write and writes no WAL: the shape for
+// replays. BENCHMARKS.md has the measurements.
 //
 // Options follow the module's convention: each function validates the
 // options it is given once, before any I/O, and returns an

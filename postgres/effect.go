@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,33 +23,16 @@ import (
 // row, and tx's Commit and Rollback return an error (an attempt whose
 // write ran COMMIT or ROLLBACK as SQL fails, and commits nothing with the
 // key). A statement that fails on the server fails the whole transaction,
-// and the attempt fails even if the write ignores the error; so does the
-// statement BEGIN travels with, whatever made it fail.
+// and the attempt fails even if the write ignores the error.
 //
-// Unless Apply looked the key up first, BEGIN has not been sent when the
-// function is called: it travels with the function's first Exec (with
-// arguments), Query, QueryRow or SendBatch, in the same round trip. While
-// duplicates are occasional (see [Effect.Apply]) a probe of the key
-// travels with them: when it finds the key committed before, that
-// statement's result is dropped and it and every later statement fail:
-// the function should return the error, and Apply rolls back and replays.
-// (At SERIALIZABLE the probe never runs: reading the key would make
-// concurrent Applies of other keys fail with serialization errors.) While
-// duplicates are rare nothing stops a duplicate's function early: one of
-// its statements (on the earlier Apply's rows, say) or the key's INSERT
-// fails, and Apply looks the key up. The commit settings (see
+// tx is pgx's own transaction, begun before the function is called (with
+// the lookup of the key, in one round trip, with [WithLookupFirst]).
+// Unless the key was looked up first, nothing stops a duplicate's function
+// early: one of its statements (on the earlier Apply's rows, say) or the
+// key's INSERT fails, and Apply looks the key up. The commit settings (see
 // [ErrAsyncCommit]) are checked by the key's INSERT, after the function
 // returned: a function that turns synchronous_commit off is refused too,
-// and nothing is written. Any other method of tx (CopyFrom, Prepare,
-// Begin for a savepoint, Conn, LargeObjects), an Exec without arguments
-// (which pgx sends with the simple protocol, several statements allowed)
-// and a statement with a pgx option argument (a QueryExecMode, result
-// formats) send BEGIN (and the probe) first, in a round trip of their own.
-// A function that runs no statement costs one round trip: BEGIN, the key's
-// row and COMMIT. A statement new to the connection costs one more round
-// trip, to prepare it, as in any pgx transaction, and so do BEGIN and the
-// probe again after a first statement that failed other than on a
-// constraint: pgx forgets the statements of such a batch.
+// and nothing is written.
 type WriteFunc[In any] func(ctx context.Context, tx pgx.Tx, in In) (ref string, err error)
 
 // Effect is an [effects.Effect] whose side effect is a set of writes to the
@@ -67,7 +49,6 @@ type Effect[In any] struct {
 	fingerprint func(In) ([]byte, error)
 	txOptions   pgx.TxOptions
 	cfg         config
-	duplicates  duplicateRate // of recent Applies, deciding whether to look keys up first
 }
 
 var _ effects.Effect[struct{}] = (*Effect[struct{}])(nil)
@@ -148,30 +129,30 @@ func (e *Effect[In]) Contract() effects.Contract {
 // say) is handled the same way: after a failed write Apply looks the key
 // up.
 //
-// How early Apply finds a duplicate follows how many of this Effect's
-// recent Applies were duplicates (a moving average, 1/64 per Apply):
-//   - rare (below one in sixteen, and at first): only at the key's
-//     INSERT. A new key pays for no check at all.
-//   - occasional (from one in sixteen): a probe of the key travels with
-//     BEGIN and the write's first statement (all of them for
-//     [NewPipelined]); when it finds the key, the write's next statement
-//     fails, the transaction rolls back and Apply replays.
-//   - frequent (from one in four, a replay storm), or always with
-//     [WithLookupFirst]: Apply looks the key up first, in BEGIN's round
-//     trip of its own, and a duplicate runs no statement of the write at
-//     all.
+// Apply has one shape per configuration, chosen when the Effect is built
+// and never changed by what earlier calls saw:
+//   - [New], by default: BEGIN in a round trip of its own; the write; the
+//     key's INSERT with COMMIT. Nothing looks the key up before the write:
+//     the key's INSERT finds a duplicate, and a new key pays for no check.
+//   - [New] with [WithLookupFirst]: the lookup of the key travels with
+//     BEGIN, and a duplicate runs no statement of the write at all.
+//   - [NewPipelined], by default: BEGIN, the writes, the key's INSERT and
+//     COMMIT in one round trip.
+//   - [NewPipelined] with [WithLookupFirst]: BEGIN with the lookup; the
+//     writes, the key's INSERT and COMMIT.
 //
-// Cost of a new key: two round trips, one fewer than a plain insert
-// transaction, and one statement more, the key's INSERT (which also
-// checks the commit settings): BEGIN travels with the write's first
-// statement (see [WriteFunc]), the key's INSERT with COMMIT. While
-// duplicates are occasional the probe comes on top, a statement that
-// reads the key's index; while they are frequent a new key costs three
-// round trips. Cost of a duplicate: four round trips while they are rare
-// (the write, run and rolled back; the key's INSERT and COMMIT, which
-// fail; a ROLLBACK; the lookup); two while they are occasional (the first
-// one, then ROLLBACK; the write's first statement run and rolled back);
-// two and no WAL looked up first (BEGIN with the lookup, then ROLLBACK).
+// Cost of a new key, for a write of one statement: three round trips for
+// [New] in either shape (a plain insert transaction's, and one statement
+// more, the key's INSERT, which also checks the commit settings; the
+// lookup first is one more statement in BEGIN's round trip). Cost of a
+// duplicate: by default the write, run and rolled back (for New with one
+// statement: BEGIN, the write, the key's INSERT with COMMIT, which fail,
+// ROLLBACK and the lookup, five round trips; for NewPipelined, three);
+// looked up first, two and no WAL (BEGIN with the lookup, then ROLLBACK).
+// A duplicate found by the key's INSERT makes pgx forget the prepared
+// statements of the failed batch, as after any failed batch: the
+// connection deallocates them in one round trip more, and its next Apply
+// prepares them again, in one more.
 // Under synchronous replication a replay also passes the replay barrier
 // (see RELIABILITY.md): a few bytes of WAL and a COMMIT that waits for the
 // standby, in the round trip of the ROLLBACK, or of its own after the
@@ -211,10 +192,7 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (_ effec
 			return effects.Result{}, err
 		}
 	}
-	check := e.duplicates.check()
-	if e.cfg.lookupFirst {
-		check = lookFirst
-	}
+	lookFirst := e.cfg.lookupFirst
 	if queued != nil {
 		// An attempt whose outcome is unknown ends Apply with its
 		// ErrAmbiguous (only transient failures are retried here): the
@@ -227,14 +205,11 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (_ effec
 		}()
 	}
 	for attempt := 1; ; {
-		res, c := e.attemptOnce(ctx, key, fp, in, queued, check)
-		if c.err == nil {
-			e.duplicates.observe(res.Status == effects.Replayed)
-		}
+		res, c := e.attemptOnce(ctx, key, fp, in, queued, lookFirst)
 		if c.lookUp {
 			// The key turned out to be committed already: look it up now,
 			// at once, which replays it (or reports its reuse).
-			check = lookFirst
+			lookFirst = true
 			continue
 		}
 		if !c.retry || attempt > e.cfg.maxRetries {
@@ -247,49 +222,31 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (_ effec
 	}
 }
 
-const opApply = "postgres.Apply"
-
-// attemptOnce runs one attempt in the shape the Effect and check call for:
-// one that looks its key up first is attempt's; a pipelined Effect's that
-// does not is one round trip (attemptPipelined); New's is two
-// (attemptDeferred). Those two probe the key with the write when check is
-// probeWithWrite (and the isolation level allows it: see probesKey).
-func (e *Effect[In]) attemptOnce(ctx context.Context, key effects.Key, fp []byte, in In, queued *queuedWrites, check keyCheck) (effects.Result, classified) {
-	probeKey := check == probeWithWrite && probesKey(e.txOptions.IsoLevel)
-	switch {
-	case check == lookFirst:
-		return e.attempt(ctx, key, fp, in, queued)
-	case queued != nil:
-		return e.attemptPipelined(ctx, key, fp, queued, probeKey)
+// attemptOnce runs one attempt in the Effect's shape (see Apply): a
+// pipelined Effect's that does not look its key up first is one round
+// trip (attemptPipelined); every other is attempt's.
+func (e *Effect[In]) attemptOnce(ctx context.Context, key effects.Key, fp []byte, in In, queued *queuedWrites, lookFirst bool) (effects.Result, classified) {
+	if queued != nil && !lookFirst {
+		return e.attemptPipelined(ctx, key, fp, queued)
 	}
-	return e.attemptDeferred(ctx, key, fp, in, probeKey)
+	return e.attempt(ctx, key, fp, in, queued, lookFirst)
 }
 
-// insertKeySQL records the key with its ref. It is a plain INSERT, no ON
-// CONFLICT: if a transaction that the lookup did not see (a concurrent
-// Apply, Claim or ClaimBatch, or a commit after a REPEATABLE READ
-// snapshot) committed the key meanwhile, it fails with 23505 and the whole
-// attempt, write included, rolls back and is retried, and the retry
-// replays.
-const insertKeySQL = `INSERT INTO effectively_keys (scope, key, fingerprint, ref) VALUES ($1, $2, $3, $4)`
-
-// guardedInsertKeySQL is insertKeySQL that also fails, and with it the
-// transaction, when the commit settings make the COMMIT that follows it
-// unsafe to acknowledge (commitGuardExpr, empty when they are safe): the
-// check costs no statement of its own, and it sees the settings as
-// COMMIT will, after everything the write ran (a SET LOCAL
-// synchronous_commit = off in the write included).
-const guardedInsertKeySQL = `INSERT INTO effectively_keys (scope, key, fingerprint, ref) VALUES ($1, $2, $3, $4 || ` + commitGuardExpr + `)`
-
-// attempt runs one transaction that looks the key up first, in BEGIN's
-// round trip.
+// attempt runs one transaction: BEGIN, with the lookup of the key when
+// lookFirst, in a round trip of its own (pgx's Batch.BeginTx); the write
+// (or, for a pipelined Effect, which always looks first here, its queued
+// statements, with the key's row); the key's row (with the commit guard
+// unless async commits are allowed) and COMMIT, in one round trip. A
+// duplicate that was not looked up first fails the key's INSERT (or a
+// statement of the write), and is looked up after the rollback
+// (failedBeforeCommit, endFailed).
 //
 // It runs on a connection of its own rather than a pgxpool.Tx so that it
 // can end the transaction with the key's INSERT and COMMIT pipelined in
 // one round trip; the pgx.Tx that BEGIN's batch gave the write is then
 // abandoned, and Release checks that the connection is idle before pooling
 // it again.
-func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in In, queued *queuedWrites) (effects.Result, classified) {
+func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in In, queued *queuedWrites, lookFirst bool) (effects.Result, classified) {
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
 		return effects.Result{}, classify(ctx, opApply, key, err, false, false)
@@ -303,7 +260,9 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 	)
 	began := time.Now()
 	batch.BeginTx(e.txOptions)
-	queueProbe(&batch, e.scope, key, &p)
+	if lookFirst {
+		queueProbe(&batch, e.scope, key, &p)
+	}
 	br := conn.SendBatch(ctx, &batch)
 	tx := br.Tx()
 	ending := false
@@ -342,7 +301,7 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 	queueKeyInsert(&last, e.scope, key, fp, ref, !e.cfg.allowAsyncCommit)
 	last.Queue("COMMIT").Exec(commitTag)
 	if err := conn.SendBatch(ctx, &last).Close(); err != nil {
-		return e.endFailed(ctx, conn.Conn(), end, key, fp, err, queued != nil, true)
+		return e.endFailed(ctx, conn.Conn(), end, key, fp, err, queued != nil, lookFirst)
 	}
 	if c := waitCut(ctx, key); c.err != nil {
 		return effects.Result{}, c
@@ -351,72 +310,9 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 	return effects.Result{Status: effects.Applied, Ref: ref}, classified{}
 }
 
-// attemptDeferred runs one attempt of New's Effect without looking its
-// key up first, in two round trips: BEGIN (and the probe when probeKey)
-// go with the write's first statement (see deferredTx), and the key's row
-// (with the commit guard unless async commits are allowed) with COMMIT; a
-// write that runs no statement has all of it in one. A key the probe
-// found committed before (it looks only when probeKey) is replayed at
-// once: the write's next statement fails, and the attempt rolls back. A
-// duplicate the probe did not look for or did not see fails the key's
-// INSERT, and is looked up after the rollback (endFailed).
-func (e *Effect[In]) attemptDeferred(ctx context.Context, key effects.Key, fp []byte, in In, probeKey bool) (effects.Result, classified) {
-	conn, err := e.pool.Acquire(ctx)
-	if err != nil {
-		return effects.Result{}, classify(ctx, opApply, key, err, false, false)
-	}
-	defer conn.Release() // destroys the connection unless it is idle, outside a transaction
-
-	tx := &deferredTx{ctx: ctx, conn: conn.Conn(), opts: e.txOptions, lookup: probeKey, scope: e.scope, key: key}
-	ending := false
-	defer func() {
-		if !ending {
-			tx.rollback(ctx)
-		}
-	}()
-	end := func() { tx.rollback(ctx) }
-	ref, err := e.write(ctx, tx, in)
-	if err == nil {
-		err = tx.failed // a statement failed before BEGIN ran: as a failed statement in the transaction, it fails the attempt
-	}
-	switch {
-	case tx.begun() && !inTransaction(conn.Conn()):
-		return effects.Result{}, classified{err: errNoTransaction(key)}
-	case tx.probe.found:
-		ending = true
-		return e.replay(ctx, conn.Conn(), key, fp, &tx.probe)
-	case err != nil:
-		return e.failedBeforeCommit(ctx, conn.Conn(), end, key, fp, err)
-	}
-	ending = true // from here on, never roll back blindly: the COMMIT may have happened
-	var last pgx.Batch
-	alone := !tx.begun() // the write ran no statement: BEGIN goes with COMMIT
-	if alone {
-		tx.queueBegin(&last)
-		end = func() { rollbackConn(ctx, conn.Conn()) }
-	}
-	queueKeyInsert(&last, e.scope, key, fp, ref, !e.cfg.allowAsyncCommit)
-	last.Queue("COMMIT").Exec(commitTag)
-	err = conn.SendBatch(ctx, &last).Close()
-	switch {
-	case err == nil:
-		if c := waitCut(ctx, key); c.err != nil {
-			return effects.Result{}, c
-		}
-		return effects.Result{Status: effects.Applied, Ref: ref}, classified{}
-	case tx.probe.found && serverError(err):
-		// The server failed the transaction after the probe found the
-		// key committed (the key's row failed): nothing of this attempt
-		// committed, and this is a replay. After any other failure
-		// (a lost connection) the COMMIT may have happened: endFailed.
-		return e.replay(ctx, conn.Conn(), key, fp, &tx.probe)
-	}
-	return e.endFailed(ctx, conn.Conn(), end, key, fp, err, alone, false)
-}
-
 // endFailed classifies err from the batch that ends an attempt with the
 // key's INSERT and COMMIT (and, for a pipelined Effect, queued, its writes
-// and, in its one-round-trip form, BEGIN and the probe before them).
+// and, in its one-round-trip form, BEGIN before them).
 // end rolls the transaction back, for a server that failed it and skipped
 // COMMIT. A key committed before the attempt or concurrently with it is
 // replayed at once (see replayIfCommitted). lookedFirst says whether the
@@ -539,74 +435,4 @@ func rollback(ctx context.Context, tx pgx.Tx) {
 	_ = tx.Rollback(rctx)
 }
 
-// keyCheck is how an attempt finds out that its key was committed before.
-type keyCheck int
-
-const (
-	// atKeyInsert: by the key's INSERT only, which fails; Apply then
-	// rolls back and looks the key up. A new key pays nothing for the
-	// check; a duplicate pays its whole write, rolled back, and the
-	// lookup's round trips.
-	atKeyInsert keyCheck = iota
-	// probeWithWrite: by a probe sent with the write's first statement
-	// (New) or with all of them (NewPipelined). A new key pays a
-	// statement; a duplicate is replayed from the probe's row, with no
-	// round trip more.
-	probeWithWrite
-	// lookFirst: by a lookup in a round trip of its own, before the
-	// write. A new key pays a round trip; a duplicate runs no write.
-	lookFirst
-)
-
-// duplicateRate is a moving average of how many of an Effect's recent
-// Applies were duplicates (replays), shared by its goroutines. It decides
-// how Apply checks for a key committed before (keyCheck): not at all
-// before the key's INSERT while duplicates are rare, with a probe sent
-// with the write from one in sixteen, and with a lookup of its own from
-// one in four.
-type duplicateRate struct{ scaled atomic.Int64 } // the rate times rateScale
-
-const (
-	rateScale = 1 << 16
-	// rateWeight is the weight of the newest Apply: 1/64, so that from no
-	// duplicates at all 5 in a row turn the probe on and 19 lookups, and
-	// after a long storm 89 new keys in a row turn lookups off again.
-	rateWeight = 64
-	// probeRate is where Apply starts probing the key with the write:
-	// one duplicate in sixteen. The probe costs every new key a
-	// statement, about 20 µs of CPU (BENCHMARKS.md); without it a
-	// duplicate costs its write, rolled back, and two or three round
-	// trips more, which below this rate cost less than the probes.
-	probeRate = rateScale / 16
-	// lookupFirstRate is where Apply starts looking first: one duplicate in
-	// four (not looking saves every new key a round trip; looking saves
-	// every duplicate its rolled-back statements, whose cost depends on
-	// the write).
-	lookupFirstRate = rateScale / 4
-)
-
-// observe records one Apply's outcome.
-func (d *duplicateRate) observe(duplicate bool) {
-	target := int64(0)
-	if duplicate {
-		target = rateScale
-	}
-	for {
-		old := d.scaled.Load()
-		next := old + (target-old)/rateWeight
-		if next == old || d.scaled.CompareAndSwap(old, next) {
-			return
-		}
-	}
-}
-
-// check returns how the next attempt checks its key, for the rate now.
-func (d *duplicateRate) check() keyCheck {
-	switch r := d.scaled.Load(); {
-	case r >= lookupFirstRate:
-		return lookFirst
-	case r >= probeRate:
-		return probeWithWrite
-	}
-	return atKeyInsert
-}
+const opApply = "postgres.Apply"

@@ -108,11 +108,16 @@ type classified struct {
 //     yes); a broken connection (a FATAL such as 57P01 from
 //     pg_terminate_backend, an 08xxx, an I/O error, or broken reported by the
 //     caller after checking the connection) is [effects.Transient].
+//   - 42P01 undefined_table: a configuration error (missingTable).
 //   - Anything else is returned wrapped with %w and is not retryable:
 //     typically the caller's own error from its write.
 func classify(ctx context.Context, op string, key effects.Key, err error, committing, broken bool) classified {
 	var pgErr *pgconn.PgError
 	isPg := errors.As(err, &pgErr)
+	if isPg && isError(pgErr) && pgErr.Code == sqlstateUndefinedTable {
+		// Nothing ran: the statement was refused before it started.
+		return classified{err: missingTable(where(op, key), pgErr, err)}
+	}
 	if isPg && isError(pgErr) && (pgErr.Code == sqlstateSerializationFailure || pgErr.Code == sqlstateDeadlockDetected) {
 		return classified{err: effects.Transient(op, key, err), retry: true}
 	}
@@ -139,9 +144,6 @@ func classify(ctx context.Context, op string, key effects.Key, err error, commit
 	}
 	if broken || connectionLost(err) {
 		return classified{err: effects.Transient(op, key, err)}
-	}
-	if isPg && pgErr.Code == sqlstateUndefinedTable {
-		return classified{err: fmt.Errorf("%s: %w (did you run postgres.Migrate?)", where(op, key), err)}
 	}
 	return classified{err: fmt.Errorf("%s: %w", where(op, key), err)}
 }
@@ -190,4 +192,22 @@ func connectionLost(err error) bool {
 	return pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
 		errors.As(err, &connectErr) || errors.As(err, &netErr) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
+}
+
+// missingTable is the error of a statement that named a table the database
+// does not have (42P01): a configuration error, an [*effects.ConfigError]
+// naming the table, that wraps the server's error too. The adapter's own
+// tables come from [Migrate]; a write's tables are the application's.
+func missingTable(op string, pgErr *pgconn.PgError, err error) error {
+	table := pgErr.TableName
+	if table == "" { // PostgreSQL names it only in the message: relation "x" does not exist
+		if _, rest, ok := strings.Cut(pgErr.Message, `"`); ok {
+			table, _, _ = strings.Cut(rest, `"`)
+		}
+	}
+	reason := "does not exist in the database"
+	if strings.HasPrefix(table, "effectively_") || strings.Contains(table, ".effectively_") {
+		reason += ": run postgres.Migrate"
+	}
+	return fmt.Errorf("%w: %w", &effects.ConfigError{Op: op, Option: "table " + table, Reason: reason}, err)
 }

@@ -47,10 +47,3 @@ func (c *coalescer[Req, Res]) releaseHeld() {
 		go c.flush(b)
 	}
 }
-
-// SetDuplicateRate sets the rate of duplicates e's Applies have seen
-// recently, to num in den, which decides how its next Apply checks for a
-// key committed before.
-func SetDuplicateRate[In any](e *Effect[In], num, den int64) {
-	e.duplicates.scaled.Store(rateScale * num / den)
-}

@@ -544,30 +544,31 @@ func check(t *testing.T, ctx context.Context, conn *pgx.Conn, r *failoverResult,
 // then lost in the failover. The replay barrier makes the retry wait for the
 // standby too, so nothing is acked while the standby lags; after the
 // failover, the redelivery applies on the new primary: one effect, none lost.
-// It runs for New and for NewPipelined, each with duplicates rare (the
+// It runs for New and for NewPipelined, each in its default shape (the
 // key's INSERT finds the earlier commit, and the lookup after the rollback
-// replays it) and occasional (the probe sent with the writes finds it):
+// replays it) and WithLookupFirst (the lookup before the write finds it):
 // every path replays through the barrier.
 func TestFailoverCancelledSyncWait(t *testing.T) {
-	pipelined := func(pool *pgxpool.Pool) (*postgres.Effect[payment], error) {
-		return postgres.NewPipelined(pool, failoverScope, func(_ context.Context, k effects.Key, p payment) (string, []postgres.Statement, error) {
-			return "ledger:" + p.EventID, []postgres.Statement{{SQL: `INSERT INTO ledger (event_id, amount) VALUES ($1, $2)`, Args: []any{p.EventID, p.Amount}}}, nil
-		})
-	}
-	plain := func(pool *pgxpool.Pool) (*postgres.Effect[payment], error) {
-		return postgres.New(pool, failoverScope, writeLedger)
-	}
-	for _, probe := range []bool{false, true} {
+	for _, lookupFirst := range []bool{false, true} {
+		var opts []postgres.Option
 		name := ""
-		if probe {
-			name = ", probe"
+		if lookupFirst {
+			opts, name = []postgres.Option{postgres.WithLookupFirst()}, " (WithLookupFirst)"
 		}
-		t.Run("New"+name, func(t *testing.T) { failoverCancelledSyncWait(t, plain, probe) })
-		t.Run("NewPipelined"+name, func(t *testing.T) { failoverCancelledSyncWait(t, pipelined, probe) })
+		pipelined := func(pool *pgxpool.Pool) (*postgres.Effect[payment], error) {
+			return postgres.NewPipelined(pool, failoverScope, func(_ context.Context, k effects.Key, p payment) (string, []postgres.Statement, error) {
+				return "ledger:" + p.EventID, []postgres.Statement{{SQL: `INSERT INTO ledger (event_id, amount) VALUES ($1, $2)`, Args: []any{p.EventID, p.Amount}}}, nil
+			}, opts...)
+		}
+		plain := func(pool *pgxpool.Pool) (*postgres.Effect[payment], error) {
+			return postgres.New(pool, failoverScope, writeLedger, opts...)
+		}
+		t.Run("New"+name, func(t *testing.T) { failoverCancelledSyncWait(t, plain) })
+		t.Run("NewPipelined"+name, func(t *testing.T) { failoverCancelledSyncWait(t, pipelined) })
 	}
 }
 
-func failoverCancelledSyncWait(t *testing.T, newEffect func(*pgxpool.Pool) (*postgres.Effect[payment], error), probe bool) {
+func failoverCancelledSyncWait(t *testing.T, newEffect func(*pgxpool.Pool) (*postgres.Effect[payment], error)) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	fp := startFailoverPair(t, ctx, true)
@@ -584,9 +585,6 @@ func failoverCancelledSyncWait(t *testing.T, newEffect func(*pgxpool.Pool) (*pos
 	attempts := 0
 	for deadline := time.Now().Add(3 * time.Second); acked == nil && time.Now().Before(deadline); attempts++ {
 		actx, cancel := context.WithTimeout(ctx, 500*time.Millisecond) // a caller's per-attempt timeout
-		if probe {
-			postgres.SetDuplicateRate(eff, 1, 8)
-		}
 		res, err := eff.Apply(actx, key, ev)
 		cancel()
 		t.Logf("Apply while the standby lags: %v, %v", res.Status, err)

@@ -17,9 +17,10 @@ import (
 // commit guard in the key's INSERT refuses a write's
 // SET LOCAL synchronous_commit = off, and a session's SET synchronous_commit
 // = off, on a warmed connection (the prepared INSERT run often enough for a
-// generic plan, or forced to one), in every QueryExecMode, for every key
-// check, New and NewPipelined, READ COMMITTED and SERIALIZABLE, with an
-// empty ref too; the connection keeps working after the refusal.
+// generic plan, or forced to one), in every QueryExecMode, in every shape
+// (New and NewPipelined, each with and without WithLookupFirst), READ
+// COMMITTED and SERIALIZABLE, with an empty ref too; the connection keeps
+// working after the refusal.
 func TestApplyCommitGuardEverywhere(t *testing.T) {
 	url := newDB(t)
 	modes := map[string]pgx.QueryExecMode{
@@ -29,22 +30,22 @@ func TestApplyCommitGuardEverywhere(t *testing.T) {
 		"exec":            pgx.QueryExecModeExec,
 		"simple":          pgx.QueryExecModeSimpleProtocol,
 	}
-	checks := map[string][2]int64{"rare": {0, 1}, "probe": {1, 8}, "lookfirst": {1, 2}}
+	shapes := map[string][]postgres.Option{"default": nil, "lookupfirst": {postgres.WithLookupFirst()}}
 	n := 0
 	for mname, mode := range modes {
 		for _, plan := range []string{"auto", "force_generic_plan"} {
-			for cname, rate := range checks {
+			for sname, shape := range shapes {
 				for _, iso := range []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.Serializable} {
 					for _, kind := range []string{"New", "NewEmptyRef", "NewNoStatement", "Pipelined", "PipelinedEmptyRef"} {
 						n++
-						name := fmt.Sprintf("%s/%s/%s/%s/%s", mname, plan, cname, iso, kind)
+						name := fmt.Sprintf("%s/%s/%s/%s/%s", mname, plan, sname, iso, kind)
 						t.Run(name, func(t *testing.T) {
 							pool := newPool(t, url, func(c *pgxpool.Config) {
 								c.MaxConns = 1
 								c.ConnConfig.DefaultQueryExecMode = mode
 								c.ConnConfig.RuntimeParams["plan_cache_mode"] = plan
 							})
-							fx := guardEffect(t, pool, kind, postgres.WithIsolation(iso))
+							fx := guardEffect(t, pool, kind, append([]postgres.Option{postgres.WithIsolation(iso)}, shape...)...)
 							ctx := testCtx(t)
 							prefix := fmt.Sprintf("guard%d_", n)
 							for i := 0; i < 8; i++ { // past the 5 custom plans
@@ -60,7 +61,6 @@ func TestApplyCommitGuardEverywhere(t *testing.T) {
 							}
 							refuse := func(what string, amount int64) {
 								ev := prefix + what
-								postgres.SetDuplicateRate(fx, rate[0], rate[1])
 								res, err := fx.Apply(ctx, effects.MustKey(ev, "ledger"), payment{EventID: ev, Amount: amount})
 								if !errors.Is(err, postgres.ErrAsyncCommit) || effects.Retryable(err) {
 									t.Errorf("%s: Apply = %+v, %v; want ErrAsyncCommit", what, res, err)
@@ -76,7 +76,6 @@ func TestApplyCommitGuardEverywhere(t *testing.T) {
 							refuse("session", 1)
 							mustExec(t, pool, `SET synchronous_commit = on`)
 							ev := prefix + "after"
-							postgres.SetDuplicateRate(fx, rate[0], rate[1])
 							if res, err := fx.Apply(ctx, effects.MustKey(ev, "ledger"), payment{EventID: ev, Amount: 1}); err != nil || res.Status != effects.Applied {
 								t.Fatalf("Apply after the refusals = %+v, %v", res, err)
 							}
@@ -136,36 +135,4 @@ func guardEffect(t *testing.T, pool *pgxpool.Pool, kind string, opts ...postgres
 		t.Fatal(err)
 	}
 	return fx
-}
-
-// TestApplyCommitGuardKeepsStatements: after a refusal by the guard, the next
-// new key on the same connection costs what a new key costs (2 round
-// trips for New, 1 for NewPipelined): pgx kept the prepared statements.
-func TestApplyCommitGuardKeepsStatements(t *testing.T) {
-	url := newDB(t)
-	for _, kind := range []string{"New", "Pipelined"} {
-		pool, sends := countingPool(t, url, 1)
-		fx := guardEffect(t, pool, kind)
-		ctx := testCtx(t)
-		apply := func(ev string, amount int64) (int64, error) {
-			before := sends.Load()
-			_, err := fx.Apply(ctx, effects.MustKey(ev, "ledger"), payment{EventID: ev, Amount: amount})
-			return sends.Load() - before, err
-		}
-		for i := 0; i < 3; i++ {
-			if _, err := apply(fmt.Sprintf("keep_%s_%d", kind, i), 1); err != nil {
-				t.Fatal(err)
-			}
-		}
-		warm, _ := apply("keep_"+kind+"_warm", 1)
-		refusedTrips, err := apply("keep_"+kind+"_refused", -1)
-		if !errors.Is(err, postgres.ErrAsyncCommit) {
-			t.Fatalf("%s: %v", kind, err)
-		}
-		next, err := apply("keep_"+kind+"_next", 1)
-		t.Logf("%s: warm new key %d round trips, refused %d, next new key %d (%v)", kind, warm, refusedTrips, next, err)
-		if next != warm {
-			t.Errorf("%s: next new key took %d round trips, want %d", kind, next, warm)
-		}
-	}
 }

@@ -17,59 +17,6 @@ import (
 	"effectively.dev/effects/journal"
 )
 
-// beginSQL takes the key in one statement: a new key is inserted pending
-// with a lease; an existing one is taken over (attempt + 1, new lease) only
-// if it is not done, has the same fingerprint and no live lease. RETURNING
-// gives a row exactly when the caller now holds the lease. Leases use the
-// database's clock, so the callers' clocks do not matter. A pending
-// record's ref is its lease's holder token (see lostLeases): a Begin that
-// names it ($6, the tokens of this Journal's lost leases of the key) takes
-// the lease back although it is live, as the same attempt (the one whose
-// Begin lost its reply, and did nothing).
-const beginSQL = `INSERT INTO effectively_journal AS j (scope, key, fingerprint, lease_until, ref)
-VALUES ($1, $2, $3, now() + $4 * interval '1 microsecond', $5)
-ON CONFLICT (scope, key) DO UPDATE
-	SET attempt = CASE WHEN j.lease_until > now() THEN j.attempt ELSE j.attempt + 1 END,
-		lease_until = excluded.lease_until, ref = excluded.ref, updated_at = now()
-	WHERE NOT j.done AND j.fingerprint = excluded.fingerprint
-		AND (j.lease_until IS NULL OR j.lease_until <= now() OR j.ref = ANY($6::text[]))
-RETURNING j.attempt`
-
-// beginBatchSQL is beginSQL for many keys at once (distinct keys: ON
-// CONFLICT DO UPDATE cannot touch one row twice), in key order, so that
-// two statements lock their rows in one order and cannot deadlock.
-// RETURNING names the keys the caller now holds.
-const beginBatchSQL = `INSERT INTO effectively_journal AS j (scope, key, fingerprint, lease_until, ref)
-SELECT $1, u.key, u.fp, now() + u.micros * interval '1 microsecond', u.token
-FROM unnest($2::text[], $3::bytea[], $4::bigint[], $5::text[]) AS u(key, fp, micros, token)
-ORDER BY u.key COLLATE "C"
-ON CONFLICT (scope, key) DO UPDATE
-	SET attempt = j.attempt + 1, lease_until = excluded.lease_until, ref = excluded.ref, updated_at = now()
-	WHERE NOT j.done AND j.fingerprint = excluded.fingerprint
-		AND (j.lease_until IS NULL OR j.lease_until <= now())
-RETURNING j.key, j.attempt`
-
-// journalLookupManySQL is journalLookupSQL for many keys.
-const journalLookupManySQL = `SELECT key, fingerprint, done, ref, attempt, coalesce(lease_until > now(), false)
-FROM effectively_journal WHERE scope = $1 AND key = ANY($2::text[])`
-
-// completeBatchSQL is completeSQL for many distinct keys.
-const completeBatchSQL = `UPDATE effectively_journal AS j SET done = true, ref = u.ref, lease_until = NULL, updated_at = now()
-FROM unnest($2::text[], $3::text[]) AS u(key, ref)
-WHERE j.scope = $1 AND j.key = u.key AND NOT j.done
-RETURNING j.key`
-
-// journalLookupSQL reads one key's record (see readRow): why beginSQL or
-// markDoneSQL took nothing, and Lookup.
-const journalLookupSQL = `SELECT fingerprint, done, ref, attempt, coalesce(lease_until > now(), false)
-FROM effectively_journal WHERE scope = $1 AND key = $2`
-
-const completeSQL = `UPDATE effectively_journal SET done = true, ref = $3, lease_until = NULL, updated_at = now()
-WHERE scope = $1 AND key = $2 AND NOT done`
-
-const releaseSQL = `UPDATE effectively_journal SET lease_until = NULL, updated_at = now()
-WHERE scope = $1 AND key = $2 AND NOT done AND attempt = $3`
-
 // statementsInFlight is how many statements of one kind (Begin,
 // Complete) a Journal on pool runs at once before calls start to share
 // them: half the pool's connections, so that journal calls alone never
@@ -79,10 +26,6 @@ WHERE scope = $1 AND key = $2 AND NOT done AND attempt = $3`
 func statementsInFlight(pool *pgxpool.Pool) int {
 	return max(1, int(pool.Config().MaxConns)/2)
 }
-
-// beginTries bounds Begin's retries when the record changes between its
-// statement and the follow-up read (a lease expiring, a record pruned).
-const beginTries = 3
 
 // Journal is an [journal.Journal] in the effectively_journal table: the
 // sent-record for effects outside the database (an email, a message to a
@@ -131,7 +74,8 @@ func NewJournal(pool *pgxpool.Pool, scope string) (*Journal, error) {
 
 // Begin claims key for one attempt lasting at most lease (at least 1 µs),
 // measured by the database's clock. See [journal.Journal]: it returns a
-// done Record, [effects.ErrInFlight], [effects.ErrKeyReused], or a Record
+// done Record, [effects.ErrInFlight] (whose [effects.RetryAfter] is what
+// is left of the holder's lease), [effects.ErrKeyReused], or a Record
 // whose lease the caller now holds, with Attempt 1 for a new key and one
 // more for each takeover of an expired or released lease. A failure whose
 // reply was lost is [effects.ErrAmbiguous]: the lease may have been taken,
@@ -282,7 +226,7 @@ func (j *Journal) beginMany(ctx context.Context, reqs []beginReq) []beginRes {
 	rows, err = j.pool.Query(ctx, journalLookupManySQL, j.scope, missing)
 	if err == nil {
 		var row journalRow
-		_, err = pgx.ForEachRow(rows, []any{&row.key, &row.fp, &row.rec.Done, &row.rec.Ref, &row.rec.Attempt, &row.live},
+		_, err = pgx.ForEachRow(rows, []any{&row.key, &row.fp, &row.rec.Done, &row.rec.Ref, &row.rec.Attempt, &row.leftMicros},
 			func() error { found[row.key] = row; return nil })
 	}
 	for i, r := range reqs {
@@ -305,10 +249,11 @@ func (j *Journal) beginMany(ctx context.Context, reqs []beginReq) []beginRes {
 
 // journalRow is a record as journalLookupManySQL reads it.
 type journalRow struct {
-	key  string
-	fp   []byte
-	rec  journal.Record
-	live bool
+	key string
+	fp  []byte
+	rec journal.Record
+	// leftMicros is what is left of its lease: positive while it is live.
+	leftMicros int64
 }
 
 // verdict explains why a Begin for r took nothing: the key is done, in
@@ -320,9 +265,10 @@ func (row journalRow) verdict(r beginReq) (rec journal.Record, err error, again 
 		return journal.Record{}, reused(opBegin, r.key), false
 	case row.rec.Done:
 		return row.rec, nil, false
-	case row.live:
+	case row.leftMicros > 0:
 		return journal.Record{}, &effects.Error{Kind: effects.ErrInFlight, Op: opBegin, Key: r.key,
-			Err: fmt.Errorf("attempt %d holds the lease", row.rec.Attempt)}, false
+			RetryAfter: time.Duration(row.leftMicros) * time.Microsecond,
+			Err:        fmt.Errorf("attempt %d holds the lease", row.rec.Attempt)}, false
 	}
 	return journal.Record{}, nil, true
 }
@@ -410,7 +356,7 @@ func (j *Journal) completeBatch(ctx context.Context, reqs []completeReq) []error
 		return out
 	}
 	done := make(map[string]bool, len(missing))
-	rows, err = j.pool.Query(ctx, `SELECT key, done FROM effectively_journal WHERE scope = $1 AND key = ANY($2::text[])`, j.scope, missing)
+	rows, err = j.pool.Query(ctx, journalDoneManySQL, j.scope, missing)
 	if err == nil {
 		var (
 			k string
@@ -452,22 +398,12 @@ func (j *Journal) completeAlone(ctx context.Context, r completeReq) error {
 		return nil
 	}
 	var done bool
-	err = j.pool.QueryRow(ctx, `SELECT done FROM effectively_journal WHERE scope = $1 AND key = $2`, j.scope, string(r.key)).Scan(&done)
+	err = j.pool.QueryRow(ctx, journalDoneSQL, j.scope, string(r.key)).Scan(&done)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return j.completeVerdict(ctx, r.key, false, false, nil)
 	}
 	return j.completeVerdict(ctx, r.key, done, true, err)
 }
-
-// markDoneSQL records a key done, inserting it if it was never begun; a
-// pending record with the same fingerprint is completed and its lease
-// dropped. RETURNING gives a row exactly when it wrote: no row means the
-// key was done already (its first ref stays) or has another fingerprint.
-const markDoneSQL = `INSERT INTO effectively_journal AS j (scope, key, fingerprint, done, ref)
-VALUES ($1, $2, $3, true, $4)
-ON CONFLICT (scope, key) DO UPDATE SET done = true, ref = excluded.ref, lease_until = NULL, updated_at = now()
-	WHERE NOT j.done AND j.fingerprint = excluded.fingerprint
-RETURNING true`
 
 // Lookup reads key without writing: a done Record with its first ref, a
 // zero Record when key is unknown or pending (begun, not done), or
@@ -533,7 +469,7 @@ func (j *Journal) MarkDone(ctx context.Context, key effects.Key, fingerprint []b
 // there is none.
 func (j *Journal) readRow(ctx context.Context, key effects.Key) (journalRow, error) {
 	row := journalRow{key: string(key)}
-	err := j.pool.QueryRow(ctx, journalLookupSQL, j.scope, string(key)).Scan(&row.fp, &row.rec.Done, &row.rec.Ref, &row.rec.Attempt, &row.live)
+	err := j.pool.QueryRow(ctx, journalLookupSQL, j.scope, string(key)).Scan(&row.fp, &row.rec.Done, &row.rec.Ref, &row.rec.Attempt, &row.leftMicros)
 	return row, err
 }
 
@@ -553,3 +489,7 @@ func (j *Journal) Release(ctx context.Context, key effects.Key, attempt int) err
 	}
 	return nil
 }
+
+// beginTries bounds Begin's retries when the record changes between its
+// statement and the follow-up read (a lease expiring, a record pruned).
+const beginTries = 3

@@ -152,16 +152,15 @@ func AllowAsyncCommit() Option {
 }
 
 // WithLookupFirst makes [Effect.Apply] look every key up before it runs
-// the write, in a round trip of its own, as it does on its own while
-// duplicates are frequent (one Apply in four or more). By default, while
-// they are fewer, a new key costs one round trip less, and a duplicate
-// runs statements of its write in a transaction that rolls back (their WAL
+// the write, in BEGIN's round trip. By default a duplicate runs the
+// statements of its write in a transaction that rolls back (their WAL
 // written, sequence values used up, locks held until then) before it
-// replays: all of them while duplicates are rare (below one in sixteen),
-// the first (for [NewPipelined], all) while they are occasional and Apply
-// sends a probe of the key with them.
-// Use it when the write is expensive, or when a duplicate's rolled-back
-// write must not happen at all. [New] and [NewPipelined] heed it.
+// replays; looked up first, a new key pays one statement more (for
+// [NewPipelined], one round trip more). Use it when duplicates are
+// frequent (a worker that replays a topic with kafka.Replay, a redrive of
+// dead letters), when the write is expensive, or when a duplicate's
+// rolled-back write must not happen at all. [New] and [NewPipelined] heed
+// it.
 func WithLookupFirst() Option {
 	return func(c *config) { c.set(optLookupFirst); c.lookupFirst = true }
 }

@@ -44,20 +44,17 @@ type StatementsFunc[In any] func(ctx context.Context, key effects.Key, in In) (r
 // read nothing back: Apply sends BEGIN, the statements, the key's row
 // (which also checks the commit settings) and COMMIT in one pipeline, so
 // that a new key costs one round trip whatever the number of statements,
-// where [New] costs two, and one more per statement beyond the first that
-// the write function runs. A duplicate fails the pipeline (the key's row,
+// where [New] costs three, and one more per statement beyond the first
+// that the write function runs. A duplicate fails the pipeline (the key's row,
 // or a statement that runs into the earlier one's rows) and rolls back,
-// its statements with it, and replays: in three round trips while
-// duplicates are rare (the pipeline, ROLLBACK, a lookup of the key), in
-// two while they are occasional, when a probe of the key travels after
-// BEGIN and its row, read before the failure, replays it (see
-// [Effect.Apply]); under synchronous replication, one more for the replay
-// barrier. While duplicates are frequent (or with [WithLookupFirst]) it
-// looks the key up first, as New does: two round trips for a new key, two
-// and no WAL for a duplicate. A pipeline that failed on a statement of
-// the write makes pgx forget the connection's prepared statements of it:
-// the next Apply there prepares them again, one round trip more (a
-// duplicate's, or a refused setting's, does not). The ref must be known
+// its statements with it, and replays, in three round trips (the
+// pipeline, ROLLBACK, a lookup of the key); under synchronous replication,
+// one more for the replay barrier. With [WithLookupFirst] it looks the key
+// up first, as New does: two round trips for a new key, two and no WAL
+// for a duplicate. A pipeline that failed (a duplicate's, a refused
+// setting's) makes pgx forget the connection's prepared statements of it:
+// the next Apply there prepares them again, one round trip more. The ref
+// must be known
 // before the writes run (statements returns it). A statement that fails
 // on the server fails the whole transaction and nothing is committed: put
 // checks in SQL (a constraint, a statement that raises), since nothing
@@ -109,8 +106,7 @@ func (q *queuedWrites) lost(sent time.Time) {
 
 // queueOn queues the writes on b and returns the function that calls
 // their OnCommits, with their command tags, once the transaction, begun
-// after began, committed. A write that fails on a constraint leaves pgx's
-// prepared statements alone (see keepStatements).
+// after began, committed.
 func (q *queuedWrites) queueOn(b *pgx.Batch, began time.Time) (committed func()) {
 	tags := make([]pgconn.CommandTag, len(q.writes))
 	for i, st := range q.writes {
@@ -118,7 +114,7 @@ func (q *queuedWrites) queueOn(b *pgx.Batch, began time.Time) (committed func())
 		qq.Fn = func(br pgx.BatchResults) error {
 			tag, err := br.Exec()
 			tags[i] = tag
-			return keepStatements(b, err)
+			return err
 		}
 	}
 	return func() {
@@ -129,22 +125,6 @@ func (q *queuedWrites) queueOn(b *pgx.Batch, began time.Time) (committed func())
 		}
 	}
 }
-
-// commitGuardExpr is the empty string when the commit settings make a
-// commit safe to acknowledge, and fails the statement, and with it the
-// transaction, when they do not (see ErrAsyncCommit;
-// commitSettings.unsafeCommit says the same): it casts a text that names
-// the refusal to an integer, which PostgreSQL rejects (22P02,
-// invalid_text_representation). It costs
-// nothing more than reading the settings: no GUC is set. The key's INSERT
-// carries it (guardedInsertKeySQL), so the settings are checked in the
-// statement just before COMMIT, after everything the write ran.
-const commitGuardExpr = `CASE WHEN current_setting('synchronous_commit') = 'off'
-		OR (current_setting('synchronous_commit') = 'local' AND current_setting('synchronous_standby_names') <> '')
-	THEN ('` + commitGuardMarker + `synchronous_commit = ' || current_setting('synchronous_commit'))::int::text
-	ELSE '' END`
-
-const commitGuardMarker = "refused by effectively.dev: "
 
 // guardRefused reports whether err is commitGuardExpr's refusal.
 func guardRefused(err error) bool {
@@ -161,47 +141,30 @@ func beginStatement(opts pgx.TxOptions) string {
 }
 
 // attemptPipelined runs one attempt of a pipelined Effect without looking
-// its key up first, in one round trip: BEGIN, the probe when probeKey,
-// the writes, the key's row (with the commit guard unless async commits
-// are allowed) and COMMIT. A key committed before fails the key's
-// INSERT (or a write that runs into the earlier one's rows fails first),
-// and the probe's row, read before the failure, replays it; a duplicate
-// the probe did not look for or did not see fails it too, and is looked
-// up after the rollback (endFailed).
-func (e *Effect[In]) attemptPipelined(ctx context.Context, key effects.Key, fp []byte, q *queuedWrites, probeKey bool) (effects.Result, classified) {
+// its key up first, in one round trip: BEGIN, the writes, the key's row
+// (with the commit guard unless async commits are allowed) and COMMIT. A
+// key committed before fails the key's INSERT (or a write that runs into
+// the earlier one's rows fails first), and is looked up after the
+// rollback (endFailed).
+func (e *Effect[In]) attemptPipelined(ctx context.Context, key effects.Key, fp []byte, q *queuedWrites) (effects.Result, classified) {
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
 		return effects.Result{}, classify(ctx, opApply, key, err, false, false)
 	}
 	defer conn.Release() // destroys the connection unless it is idle, outside a transaction
 
-	var (
-		b     pgx.Batch
-		found probe
-	)
+	var b pgx.Batch
 	began := time.Now()
 	b.Queue(beginStatement(e.txOptions))
-	if probeKey {
-		queueProbe(&b, e.scope, key, &found)
-	}
 	committed := q.queueOn(&b, began)
 	queueKeyInsert(&b, e.scope, key, fp, q.ref, !e.cfg.allowAsyncCommit)
 	b.Queue("COMMIT").Exec(commitTag)
-	err = conn.SendBatch(ctx, &b).Close()
-	switch {
-	case err == nil:
+	if err = conn.SendBatch(ctx, &b).Close(); err == nil {
 		if c := waitCut(ctx, key); c.err != nil {
 			return effects.Result{}, c
 		}
 		committed()
 		return effects.Result{Status: effects.Applied, Ref: q.ref}, classified{}
-	case found.found && serverError(err):
-		// The key was committed before this transaction began its writes,
-		// and the server failed the transaction (the key's row, or a write
-		// that ran into the earlier one's rows): nothing of it committed,
-		// and this is a replay. After any other failure (a lost
-		// connection) the COMMIT may have happened: endFailed.
-		return e.replay(ctx, conn.Conn(), key, fp, &found)
 	}
 	return e.endFailed(ctx, conn.Conn(), func() { rollbackConn(ctx, conn.Conn()) }, key, fp, err, true, false)
 }

@@ -3,28 +3,12 @@ package postgres
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"effectively.dev/effects"
 )
-
-// probeSQL looks the key up with the settings that decide whether a replay
-// may be acknowledged, in one statement that always returns one row (found
-// false for a new key). Sent right after BEGIN, in the round trip that
-// carries the writes, it lets an attempt that did not look the key up
-// first replay a key committed before without another round trip; sent
-// alone (with BEGIN) it is the lookup of an attempt that looks first, and
-// after a failed attempt the lookup that replays a duplicate. It takes no
-// lock: a concurrent Apply of the same key that it did not see is settled
-// by the key's INSERT (see insertKeySQL).
-const probeSQL = `SELECT k.key IS NOT NULL, k.fingerprint, k.ref, s.sync_commit, s.sync_rep
-FROM (SELECT current_setting('synchronous_commit') AS sync_commit,
-		current_setting('synchronous_standby_names') <> '' AS sync_rep) AS s
-	LEFT JOIN effectively_keys AS k ON k.scope = $1 AND k.key = $2`
 
 // probe is what probeSQL found.
 type probe struct {
@@ -47,59 +31,26 @@ func (p *probe) scan(row pgx.Row) error {
 }
 
 // queueProbe queues the probe of key on b, read into p when b's results
-// are closed. An attempt probes only while duplicates are occasional (see
-// keyCheck), and never at SERIALIZABLE (probesKey).
+// are closed: the lookup of an attempt that looks its key up first.
 func queueProbe(b *pgx.Batch, scope string, key effects.Key, p *probe) {
 	b.Queue(probeSQL, scope, string(key)).Fn = func(br pgx.BatchResults) error {
 		return p.scan(br.QueryRow())
 	}
 }
 
-// probesKey reports whether an attempt at isolation level iso may probe
-// the key in the round trip of its writes: not at SERIALIZABLE, where
-// reading the key would make concurrent Applies of other keys conflict (a
-// read of the index range their key's INSERT writes) and fail with 40001.
-func probesKey(iso pgx.TxIsoLevel) bool { return iso != pgx.Serializable }
-
 // queueKeyInsert queues the key's INSERT on b, with the commit guard when
-// guard (guardedInsertKeySQL); when it finds the key taken, or the guard
-// refuses, pgx is told nothing of the failure's statements (see
-// keepStatements).
+// guard (guardedInsertKeySQL). When it finds the key taken, pgx forgets
+// the batch's prepared statements, as after any failed batch: the
+// connection's next use of them prepares them again.
 func queueKeyInsert(b *pgx.Batch, scope string, key effects.Key, fp []byte, ref string, guard bool) {
 	sql := insertKeySQL
 	if guard {
 		sql = guardedInsertKeySQL
 	}
-	qq := b.Queue(sql, scope, string(key), fp, ref)
-	qq.Fn = func(br pgx.BatchResults) error {
-		_, err := br.Exec()
-		return keepStatements(b, err)
-	}
+	b.Queue(sql, scope, string(key), fp, ref)
 }
 
-// keepStatements returns err, after emptying b's queue when err is a
-// failure that says nothing about b's statements: the key taken, another
-// constraint violated (SQLSTATE class 23), the commit guard's refusal.
-// pgx forgets (deallocates, and prepares again on the next use) every
-// statement of a batch that failed, in case a cached statement went stale;
-// it finds the statements in the batch's queue when its results are
-// closed, so an empty queue keeps them prepared, and a duplicate costs no
-// round trip to prepare them again. b's results must be read to the point
-// of the failure already (Close reads no further after one).
-func keepStatements(b *pgx.Batch, err error) error {
-	if err != nil && keptAfter(err) {
-		b.QueuedQueries = nil
-	}
-	return err
-}
-
-// keptAfter reports whether err leaves the failed batch's statements valid.
-func keptAfter(err error) bool {
-	var pgErr *pgconn.PgError
-	return guardRefused(err) || (errors.As(err, &pgErr) && isError(pgErr) && len(pgErr.Code) == 5 && pgErr.Code[:2] == "23")
-}
-
-// replayFound ends an attempt whose probe found the key committed before:
+// replayFound ends an attempt whose lookup found the key committed before:
 // it rolls back what the attempt ran (if conn is in a transaction) and,
 // under synchronous replication, passes the replay barrier (see
 // replayBarrierSQL) in a transaction of its own, in the same round trip:

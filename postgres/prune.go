@@ -8,17 +8,11 @@ import (
 	"effectively.dev/effects"
 )
 
-// DefaultPruneBatch is the batch size [Prune] and [Journal.Prune] use when
-// given 0.
-const DefaultPruneBatch = 1000
-
-const pruneSQL = `DELETE FROM effectively_keys WHERE ctid IN (
-	SELECT ctid FROM effectively_keys WHERE scope = $1 AND created_at < $2 LIMIT $3)`
-
 // Prune deletes the keys of scope created before olderThan, batchSize rows
 // per statement (each its own transaction when db is a pool or a
 // connection), until a statement deletes fewer than batchSize (0 means
-// [DefaultPruneBatch]; a negative size is an [*effects.ConfigError]). Small
+// [DefaultPruneBatch]; a negative size, or a nil db, is an
+// [*effects.ConfigError]). Small
 // batches keep locks and WAL bursts short next to live traffic. It returns how many
 // keys it deleted, also when it stops early on an error or a done ctx.
 //
@@ -29,15 +23,14 @@ const pruneSQL = `DELETE FROM effectively_keys WHERE ctid IN (
 // later), e.g. time.Now().Add(-(retention + maxReplay + margin)).
 func Prune(ctx context.Context, db DB, scope string, olderThan time.Time, batchSize int) (int64, error) {
 	const op = "postgres.Prune"
+	if nilDB(db) {
+		return 0, &effects.ConfigError{Op: op, Option: "db", Reason: "nil"}
+	}
 	if err := validateScope(op, scope); err != nil {
 		return 0, err
 	}
 	return pruneBatches(ctx, db, op, pruneSQL, scope, olderThan, batchSize)
 }
-
-const pruneJournalSQL = `DELETE FROM effectively_journal WHERE ctid IN (
-	SELECT ctid FROM effectively_journal WHERE scope = $1 AND created_at < $2
-	AND (lease_until IS NULL OR lease_until < now()) LIMIT $3)`
 
 // Prune deletes the journal's records created before olderThan, done or
 // not, except those an attempt holds a live lease on, batchSize rows per
@@ -72,3 +65,7 @@ func pruneBatches(ctx context.Context, db DB, op, sql, scope string, olderThan t
 		}
 	}
 }
+
+// DefaultPruneBatch is the batch size [Prune] and [Journal.Prune] use when
+// given 0.
+const DefaultPruneBatch = 1000

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/effects"
 )
@@ -40,13 +41,17 @@ type DB interface {
 // transaction-scoped advisory lock, so one caller creates the objects while
 // the others wait and then find them. It needs the privilege to create
 // tables in the connection's current schema (the first one on search_path).
+// A nil db is an [*effects.ConfigError].
 func Migrate(ctx context.Context, db DB) error {
+	if nilDB(db) {
+		return &effects.ConfigError{Op: "postgres.Migrate", Option: "db", Reason: "nil"}
+	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("postgres.Migrate: begin: %w", err)
 	}
 	defer rollback(ctx, tx) // after Commit it is a no-op
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrateLockID); err != nil {
+	if _, err := tx.Exec(ctx, migrateLockSQL, migrateLockID); err != nil {
 		return fmt.Errorf("postgres.Migrate: lock: %w", err)
 	}
 	// No arguments: pgx sends it with the simple protocol, which runs
@@ -76,4 +81,22 @@ func validateScope(op, scope string) error {
 		return nil
 	}
 	return &effects.ConfigError{Op: op, Option: "scope", Reason: fmt.Sprintf("%q: %s", scope, why)}
+}
+
+// nilDB reports whether db is nil, or a nil pool, connection or
+// transaction of pgx's.
+func nilDB(db DB) bool {
+	switch d := db.(type) {
+	case nil:
+		return true
+	case *pgxpool.Pool:
+		return d == nil
+	case *pgxpool.Conn:
+		return d == nil
+	case *pgxpool.Tx:
+		return d == nil
+	case *pgx.Conn:
+		return d == nil
+	}
+	return false
 }

@@ -11,7 +11,7 @@ import (
 )
 
 // TestApplyWriteCommitsAsSQLOnADuplicate: a write that commits through
-// tx.Conn() on a duplicate found by the probe fails the attempt, as it
+// tx.Conn() on a duplicate fails the attempt, as it
 // does on a new key; it is not reported as a replay.
 func TestApplyWriteCommitsAsSQLOnADuplicate(t *testing.T) {
 	url := newDB(t)
