@@ -20,8 +20,10 @@
 //   - A definite failure before the server accepted the data (a refused
 //     connection, a 4xx or 5xx to MAIL, RCPT, DATA or the end of data)
 //     releases the lease so the next attempt need not wait, and returns
-//     [effects.ErrTransient] (4xx, network) or an error matching
-//     [ErrRejected] (5xx, permanent).
+//     [effects.ErrTransient] (4xx, network) or [effects.ErrRefused]
+//     wrapping an error that matches [ErrRejected] (5xx, permanent: a
+//     consumer dead-letters it at once), unless the 5xx says the login
+//     is wrong or missing, which is a configuration error.
 //   - A failure after the message was handed over and before the 250 was
 //     read (the connection cut after DATA, a timeout, a cancelled context)
 //     is an unknown outcome: the server may have the message. Apply returns
@@ -86,8 +88,15 @@
 // (the certificate, STARTTLS required but not offered, a host name that
 // does not exist) is a configuration error, errors.Is
 // [effects.ErrInvalidConfig] with an *[effects.ConfigError] naming the
-// server, and is not retryable; a refused connection or a timeout stays
-// [effects.ErrTransient], since a restarting server looks the same.
+// server, and is not retryable; so is a refused login (535, and the other
+// authentication replies), whose ConfigError names the SMTP AUTH options.
+// A refused connection or a timeout stays [effects.ErrTransient], since a
+// restarting server looks the same. [Sender.Check] opens a session (EHLO,
+// STARTTLS, AUTH) without sending, for a worker to run at start-up.
+//
+// Error texts carry no mail addresses: go-mail and servers quote the
+// recipients, so [SMTPError.Error] replaces them by "<address>" before a
+// consumer logs them; the go-mail error underneath keeps them.
 //
 // The server must be reached with STARTTLS or in plain text: the Sender
 // dials for go-mail (to watch the context and inject faults in tests), so

@@ -312,15 +312,22 @@ func (s *Sender) Contract() effects.Contract { return s.contract }
 // [effects.Applied] with the server's reply to the end of DATA as Ref
 // ("2.0.0 OK: queued as ..."), or [effects.Replayed] with the Ref recorded
 // the first time. It refuses an invalid key ([effects.ErrInvalidKey]) or
-// message ([ErrInvalidMessage]) before any I/O. Errors: the journal's
+// message ([ErrInvalidMessage], inside [effects.ErrPoison]) before any
+// I/O. Every error is in one class of [effects.ClassOf]: the journal's
 // [effects.ErrInFlight] and [effects.ErrKeyReused]; [effects.ErrTransient]
 // when the journal failed before the send, or (wrapping an [SMTPError])
-// when the message was definitely not delivered; [ErrRejected] when the
-// server refused it; a configuration error (errors.Is
-// [effects.ErrInvalidConfig]) when no retry can reach the server: a
-// refused TLS handshake, STARTTLS required but not offered, a host that
-// does not exist; [effects.ErrAmbiguous] when the server may have it,
-// which must be retried with the same key. If the server accepted the
+// when the message was definitely not delivered (a 4xx, a refused or
+// broken connection); [effects.ErrRefused] wrapping an SMTPError that
+// matches [ErrRejected] when the server refused it with a 5xx; a
+// configuration error (errors.Is [effects.ErrInvalidConfig], a
+// *[effects.ConfigError] naming the setting) when no retry can succeed
+// before the configuration changes: a refused login or one the server
+// requires (530, 534, 535, 538, or a mechanism the server does not offer;
+// the Option names the SMTP AUTH options), a refused TLS handshake,
+// STARTTLS required but not offered, a host that does not exist (the
+// Option is the server's address); [effects.ErrAmbiguous] when the server
+// may have it, which must be retried with the same key. Error texts
+// carry no mail addresses (see [SMTPError.Error]). If the server accepted the
 // message but the journal cannot record it, Apply still returns Applied
 // (the message went out, and an error would only make the caller retry
 // into the duplicate window) and logs the failure.
@@ -330,7 +337,7 @@ func (s *Sender) Apply(ctx context.Context, key effects.Key, m Message) (effects
 	}
 	msg, err := s.build(key, m)
 	if err != nil {
-		return effects.Result{}, fmt.Errorf("%s key %q: %w", op, key, err)
+		return effects.Result{}, &effects.Error{Kind: effects.ErrPoison, Op: op, Key: key, Err: redacted{err}}
 	}
 	return s.j.Apply(ctx, key, m.Fingerprint(), func(ctx context.Context, _ *journal.Attempt) (effects.Result, error) {
 		// ctx ends at nine tenths of the lease: the SMTP session must end
@@ -347,12 +354,41 @@ func (s *Sender) Apply(ctx context.Context, key effects.Key, m Message) (effects
 			}
 			return effects.Result{Status: effects.Applied, Ref: ref}, nil
 		case notSent:
-			return effects.Result{}, s.notSentError(ctx, key, smtpErr)
+			return effects.Result{}, s.notSentError(ctx, op, key, smtpErr)
 		default:
 			return effects.Result{}, ambiguousError(ctx, key, sendErr, s.j.Lease().String())
 		}
 	})
 }
+
+// Check opens an SMTP session the way Apply does (connect, greeting, EHLO,
+// STARTTLS as the TLS policy says, AUTH when configured) and closes it
+// with QUIT, sending no message (see [effects.Checker]). It returns nil
+// when the session opened; the configuration error Apply would return for
+// a refused login, a refused TLS handshake, STARTTLS required but not
+// offered or a host that does not exist; [effects.ErrTransient] when the
+// server could not be reached now (a refused connection, a timeout, a
+// 4xx greeting).
+func (s *Sender) Check(ctx context.Context) error {
+	const op = "email.Sender.Check"
+	a := &attempt{ctx: ctx}
+	defer a.finish()
+	client, err := s.client.DialToSMTPClientWithContext(context.WithValue(ctx, attemptKey{}, a))
+	if err != nil {
+		e := connectError(err)
+		if err := s.notSentError(ctx, op, "", e); !effects.Permanent(err) {
+			return err
+		}
+		// A 5xx to the greeting or EHLO: this server refuses the Sender
+		// for good, which no retry fixes.
+		return fmt.Errorf("%w: %w", &effects.ConfigError{Op: op, Option: s.addr,
+			Reason: fmt.Sprintf("the server refused the session (%d); check the address and the HELO name", e.Code)}, e)
+	}
+	_ = client.Quit()
+	return nil
+}
+
+var _ effects.Checker = (*Sender)(nil)
 
 // notApplied is this adapter's part of the journal's classification: an
 // [SMTPError] describes a failure that definitely did not deliver the

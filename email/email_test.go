@@ -291,8 +291,8 @@ func TestRejectionBeforeDataReleasesTheLease(t *testing.T) {
 				t.Fatalf("got %v, want an *email.SMTPError with code %d", err, tc.code)
 			}
 			if tc.permanent {
-				if !errors.Is(err, email.ErrRejected) || effects.Retryable(err) {
-					t.Errorf("%v: want ErrRejected, not retryable", err)
+				if !errors.Is(err, email.ErrRejected) || !errors.Is(err, effects.ErrRefused) || !effects.Permanent(err) {
+					t.Errorf("%v: want ErrRejected and ErrRefused, permanent", err)
 				}
 			} else if !errors.Is(err, effects.ErrTransient) || !effects.Retryable(err) {
 				t.Errorf("%v: want ErrTransient, retryable", err)
@@ -571,19 +571,32 @@ func (j *failingComplete) Complete(context.Context, effects.Key, string) error {
 	return errors.New("journal refuses the record")
 }
 
-// Authentication is part of connecting: a refused login is permanent, and
-// a server that demands a login nobody gave refuses MAIL permanently.
-func TestAuthFailuresAreRejected(t *testing.T) {
+// Authentication is part of the configuration: a refused login (535), and
+// a server that demands a login nobody gave (5.7.0 to MAIL; go-smtp
+// answers 502, most servers 530), are
+// configuration errors naming the SMTP AUTH options, from Apply and from
+// Check, never dead-lettered as a refusal of the message.
+func TestAuthFailuresAreConfiguration(t *testing.T) {
 	e := newEnv(t)
 	srv := smtptest.Start(t, smtptest.WithAuth("shop", "secret"))
-	for name, opts := range map[string][]mail.Option{
-		"wrong password": {mail.WithSMTPAuth(mail.SMTPAuthPlainNoEnc), mail.WithUsername("shop"), mail.WithPassword("wrong")},
-		"no login":       nil,
+	for name, tc := range map[string]struct {
+		opts      []mail.Option
+		code      int
+		checkFail bool // Check sees it: the login is part of the session
+	}{
+		"wrong password": {[]mail.Option{mail.WithSMTPAuth(mail.SMTPAuthPlainNoEnc), mail.WithUsername("shop"), mail.WithPassword("wrong")}, 535, true},
+		"no login":       {nil, 502, false},
 	} {
-		s := e.senderAt(t, srv.Addr(), email.WithMailOptions(opts...))
+		s := e.senderAt(t, srv.Addr(), email.WithMailOptions(tc.opts...))
 		_, err := s.Apply(testCtx(t), effects.MustKey("shop", "auth", name), receipt("x"))
-		if !errors.Is(err, email.ErrRejected) || effects.Retryable(err) {
-			t.Errorf("%s: got %v, want ErrRejected", name, err)
+		var ce *effects.ConfigError
+		var se *email.SMTPError
+		if effects.ClassOf(err) != effects.ClassConfig || !errors.As(err, &ce) || !strings.Contains(ce.Option, "SMTP AUTH") ||
+			!errors.As(err, &se) || se.Code != tc.code {
+			t.Errorf("%s: got %v, want a configuration error naming the SMTP AUTH options, with the %d", name, err, tc.code)
+		}
+		if err := s.Check(testCtx(t)); tc.checkFail != (err != nil) || (err != nil && !effects.IsConfig(err)) {
+			t.Errorf("%s: Check = %v, want a configuration error: %v", name, err, tc.checkFail)
 		}
 	}
 	ok := e.senderAt(t, srv.Addr(), email.WithMailOptions(mail.WithSMTPAuth(mail.SMTPAuthPlainNoEnc),
@@ -593,5 +606,54 @@ func TestAuthFailuresAreRejected(t *testing.T) {
 	}
 	if srv.Total() != 1 {
 		t.Errorf("server has %d messages, want 1", srv.Total())
+	}
+}
+
+// Check opens a session and sends nothing; a server that is not there is
+// retryable, not a configuration error.
+func TestCheck(t *testing.T) {
+	e := newEnv(t)
+	srv := smtptest.Start(t, smtptest.WithAuth("shop", "secret"))
+	ok := e.senderAt(t, srv.Addr(), email.WithMailOptions(mail.WithSMTPAuth(mail.SMTPAuthPlainNoEnc),
+		mail.WithUsername("shop"), mail.WithPassword("secret")))
+	if err := ok.Check(testCtx(t)); err != nil {
+		t.Fatalf("Check = %v, want nil", err)
+	}
+	if srv.Total() != 0 || srv.Sessions() != 1 {
+		t.Errorf("Check left %d messages and %d sessions, want 0 and 1", srv.Total(), srv.Sessions())
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	if err := e.senderAt(t, addr).Check(testCtx(t)); !effects.Retryable(err) {
+		t.Errorf("Check of a refused connection = %v, want retryable", err)
+	}
+}
+
+// The errors Apply returns, which a consumer logs by default, carry no
+// recipient address: go-mail and the server quote them.
+func TestErrorsRedactAddresses(t *testing.T) {
+	e := newEnv(t)
+	s := e.sender(t)
+	e.srv.FailNext(smtptest.Rcpt, 550, "5.1.1 <alice@example.net>: Recipient address rejected")
+	_, err := s.Apply(testCtx(t), effects.MustKey("shop", "redact"), receipt("x"))
+	if !effects.Permanent(err) {
+		t.Fatalf("got %v, want a permanent error", err)
+	}
+	if strings.Contains(err.Error(), "alice@") || !strings.Contains(err.Error(), "<address>") {
+		t.Errorf("error text %q carries the recipient", err)
+	}
+	var se *mail.SendError
+	if !errors.As(err, &se) || !strings.Contains(se.Error(), "alice@example.net") {
+		t.Errorf("go-mail's error underneath lost the address: %v", se)
+	}
+	bad := receipt("x")
+	bad.To = []string{"bob@@example.net"}
+	_, err = s.Apply(testCtx(t), effects.MustKey("shop", "redact", "invalid"), bad)
+	if !errors.Is(err, email.ErrInvalidMessage) || !effects.Permanent(err) || strings.Contains(err.Error(), "example.net") {
+		t.Errorf("invalid recipient: %v; want ErrInvalidMessage, permanent, without the address", err)
 	}
 }

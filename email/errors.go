@@ -16,15 +16,20 @@ import (
 var (
 	// ErrRejected matches (with errors.Is) an [SMTPError] whose reply code
 	// is 5xx: the server refused the message permanently before accepting
-	// it (an unknown recipient, a policy rejection, failed authentication).
-	// Nothing was sent and the lease was released; retrying the same key
-	// and message will be refused again, so [effects.Retryable] reports
-	// false.
+	// it (an unknown recipient, a policy rejection). Nothing was sent and
+	// the lease was released; retrying the same key and message will be
+	// refused again. Apply returns it inside an [effects.ErrRefused] error,
+	// so [effects.Permanent] reports true and a consumer dead-letters the
+	// delivery at once. A 5xx that says the Sender's configuration is wrong
+	// (530, 534, 535, 538: authentication) is a configuration error
+	// instead, see [Sender.Apply].
 	ErrRejected = errors.New("email: rejected by the SMTP server")
 
 	// ErrInvalidMessage means the [Message] cannot be sent as given (no
 	// sender, no recipient, an address that does not parse, no domain for
-	// the Message-ID). It is returned before any I/O. Permanent.
+	// the Message-ID). It is returned before any I/O, inside an
+	// [effects.ErrPoison] error: permanent, the same message is refused
+	// again.
 	ErrInvalidMessage = errors.New("email: invalid message")
 )
 
@@ -32,9 +37,11 @@ var (
 // deliver the message: the server answered with an error code, or the
 // connection failed before the message's data was handed over. Apply
 // returns it inside an [effects.ErrTransient] error for temporary failures
-// (a 4xx reply, a refused or broken connection), or alone for permanent
-// ones (a 5xx reply, see [ErrRejected]). Use errors.As to reach it, and
-// errors.As again for go-mail's *mail.SendError underneath.
+// (a 4xx reply, a refused or broken connection), inside an
+// [effects.ErrRefused] one for permanent ones (a 5xx reply, see
+// [ErrRejected]), or inside a configuration error (a refused login, a
+// refused TLS handshake). Use errors.As to reach it, and errors.As again
+// for go-mail's *mail.SendError underneath.
 type SMTPError struct {
 	// Stage is where the exchange failed: "connect" (dial, greeting, EHLO,
 	// STARTTLS, AUTH), "MAIL", "RCPT", "DATA" (the command or the transfer
@@ -52,7 +59,9 @@ type SMTPError struct {
 	invalid bool // go-mail refused the message itself: ErrInvalidMessage
 }
 
-// Error describes the failure.
+// Error describes the failure, with the mail addresses in go-mail's and
+// the server's words replaced by "<address>", so that logging the error
+// does not log recipients. Err keeps them.
 func (e *SMTPError) Error() string {
 	msg := "email: SMTP " + e.Stage + " failed"
 	if e.Code != 0 {
@@ -62,10 +71,23 @@ func (e *SMTPError) Error() string {
 		}
 	}
 	if e.Err != nil {
-		msg += ": " + e.Err.Error()
+		msg += ": " + redact(e.Err.Error())
 	}
 	return msg
 }
+
+// addressRE matches what looks like a mail address in an error's text.
+var addressRE = regexp.MustCompile(`[^\s<>()\[\]"',;:]+@[^\s<>()\[\]"',;:]+`)
+
+// redact replaces the mail addresses in s by "<address>".
+func redact(s string) string { return addressRE.ReplaceAllString(s, "<address>") }
+
+// redacted is an error whose text has its mail addresses redacted; the
+// error underneath keeps them.
+type redacted struct{ err error }
+
+func (r redacted) Error() string { return redact(r.err.Error()) }
+func (r redacted) Unwrap() error { return r.err }
 
 // Unwrap returns go-mail's error.
 func (e *SMTPError) Unwrap() error { return e.Err }
@@ -103,13 +125,7 @@ func classify(msg *mail.Msg, err error) (outcome, *SMTPError) {
 		// DialAndSendWithContext wraps every failure of the dial phase
 		// (connect, greeting, EHLO, STARTTLS, AUTH) in a plain error and
 		// every later one in a *mail.SendError. No MAIL FROM was sent.
-		e := &SMTPError{Stage: "connect", Err: err}
-		var te *textproto.Error
-		if errors.As(err, &te) {
-			e.Code = te.Code
-			e.EnhancedCode = enhanced(te.Msg)
-		}
-		return notSent, e
+		return notSent, connectError(err)
 	}
 	e := &SMTPError{Code: se.ErrorCode(), EnhancedCode: se.EnhancedStatusCode(), Err: err}
 	switch se.Reason {
@@ -140,16 +156,27 @@ func classify(msg *mail.Msg, err error) (outcome, *SMTPError) {
 	return notSent, e
 }
 
+// connectError describes a failure of the dial phase (connect,
+// greeting, EHLO, STARTTLS, AUTH).
+func connectError(err error) *SMTPError {
+	e := &SMTPError{Stage: "connect", Err: err}
+	var te *textproto.Error
+	if errors.As(err, &te) {
+		e.Code = te.Code
+		e.EnhancedCode = enhanced(te.Msg)
+	}
+	return e
+}
+
 var enhancedRE = regexp.MustCompile(`\b[245]\.\d{1,3}\.\d{1,3}\b`)
 
 func enhanced(s string) string { return enhancedRE.FindString(s) }
 
-// notSentError is the error Apply returns after a definite failure: a
-// configuration error when no retry can fix it (a refused TLS handshake,
-// STARTTLS required but not offered, a host that does not exist),
-// ErrInvalidMessage when go-mail refused the message, the SMTPError alone
-// for a 5xx, ErrTransient otherwise.
-func (s *Sender) notSentError(ctx context.Context, key effects.Key, e *SMTPError) error {
+// notSentError is the error op returns after a definite failure, in one
+// class of [effects.ClassOf]: a configuration error when no retry can fix
+// it (see configError), ErrInvalidMessage (poison) when go-mail refused
+// the message, ErrRefused for any other 5xx, ErrTransient otherwise.
+func (s *Sender) notSentError(ctx context.Context, op string, key effects.Key, e *SMTPError) error {
 	if ctx.Err() != nil && e.Code == 0 {
 		// The session was cut because the context ended (cancelled, or the
 		// lease ran out) before anything was handed over: keep the
@@ -157,23 +184,56 @@ func (s *Sender) notSentError(ctx context.Context, key effects.Key, e *SMTPError
 		// speaks for itself.
 		e.Err = fmt.Errorf("%w (%w)", ctx.Err(), e.Err)
 	}
-	if e.Stage == "connect" && e.Code == 0 && ctx.Err() == nil {
-		if e.Err != nil && strings.Contains(e.Err.Error(), "does not support STARTTLS") {
-			return fmt.Errorf("%w: %w", &effects.ConfigError{Op: op, Option: s.addr,
-				Reason: "the server does not offer STARTTLS, which go-mail requires by default (mail.WithTLSPolicy(mail.TLSMandatory)); " +
-					"use a server or port with STARTTLS, or choose mail.TLSOpportunistic or mail.NoTLS if plain text is acceptable (no retry fixes this)"}, e)
-		}
-		if cerr := effects.Misconfigured(op, s.addr, e); cerr != nil {
-			return cerr
-		}
+	if cerr := s.configError(ctx, op, e); cerr != nil {
+		return cerr
 	}
 	if e.invalid {
-		return fmt.Errorf("%s key %q: %w: %w", op, key, ErrInvalidMessage, e)
+		return &effects.Error{Kind: effects.ErrPoison, Op: op, Key: key, Err: fmt.Errorf("%w: %w", ErrInvalidMessage, e)}
 	}
 	if e.Permanent() {
-		return e
+		return effects.Refused(op, key, e)
 	}
 	return effects.Transient(op, key, e)
+}
+
+// authCodes are the replies that say the Sender's authentication is wrong
+// or missing: 530 authentication required, 534 mechanism too weak, 535
+// credentials invalid, 538 encryption required for the mechanism.
+// authEnhanced are their enhanced codes (RFC 4954), which some servers
+// send with another reply code; a 5.7.0 to MAIL is also "authentication
+// required" (go-smtp answers 502 5.7.0).
+var (
+	authCodes    = map[int]bool{530: true, 534: true, 535: true, 538: true}
+	authEnhanced = map[string]bool{"5.7.8": true, "5.7.9": true, "5.7.11": true}
+)
+
+// configError returns a configuration error for a failure no retry fixes,
+// and nil otherwise: a refused login or a login the server requires
+// (Option names the SMTP AUTH options), STARTTLS required but not offered,
+// a refused TLS handshake or a host that does not exist (Option is the
+// server's address). It unwraps to a *[effects.ConfigError] and to e.
+func (s *Sender) configError(ctx context.Context, op string, e *SMTPError) error {
+	bad := func(option, reason string) error {
+		return fmt.Errorf("%w (no retry fixes this): %w", &effects.ConfigError{Op: op, Option: option, Reason: reason}, e)
+	}
+	const auth = "WithMailOptions (SMTP AUTH: mail.WithSMTPAuth, mail.WithUsername, mail.WithPassword)"
+	if authCodes[e.Code] || authEnhanced[e.EnhancedCode] || (e.Stage == "MAIL" && e.EnhancedCode == "5.7.0") {
+		return bad(auth, fmt.Sprintf("the server at %s refused the login or requires one (%d); check the credentials and the mechanism", s.addr, e.Code))
+	}
+	if e.Stage != "connect" || e.Code != 0 || ctx.Err() != nil || e.Err == nil {
+		return nil
+	}
+	text := e.Err.Error()
+	switch {
+	case strings.Contains(text, "does not support STARTTLS"):
+		return bad(s.addr, "the server does not offer STARTTLS, which go-mail requires by default (mail.WithTLSPolicy(mail.TLSMandatory)); "+
+			"use a server or port with STARTTLS, or choose mail.TLSOpportunistic or mail.NoTLS if plain text is acceptable")
+	case strings.Contains(strings.ToUpper(text), "SMTP AUTH"):
+		// go-mail's words for a mechanism the server does not offer, or a
+		// login refused without a reply code (PLAIN over plain text).
+		return bad(auth, fmt.Sprintf("the login to %s cannot be made as configured; check the mechanism against the server's and the TLS policy", s.addr))
+	}
+	return effects.Misconfigured(op, s.addr, e)
 }
 
 // ambiguousError is the error Apply returns when the server may have the
@@ -182,6 +242,7 @@ func ambiguousError(ctx context.Context, key effects.Key, err error, lease strin
 	if err == nil {
 		err = errors.New("go-mail reported neither delivery nor an error")
 	}
+	err = redacted{err}
 	if ctx.Err() != nil {
 		err = fmt.Errorf("%w (%w)", ctx.Err(), err)
 	}

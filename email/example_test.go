@@ -63,9 +63,12 @@ func ExampleNew() {
 	case effects.Retryable(err):
 		// ErrInFlight, ErrTransient, ErrAmbiguous: do not ack; redelivery
 		// retries with the same key.
+	case effects.IsConfig(err):
+		// A refused login, a refused TLS handshake: stop the worker and
+		// fix the configuration; nothing was sent.
 	default:
-		// ErrInvalidKey, ErrKeyReused, ErrInvalidMessage, ErrRejected:
-		// retrying cannot help; dead-letter the delivery.
+		// Permanent: ErrInvalidKey, ErrKeyReused, ErrInvalidMessage,
+		// ErrRejected (a 5xx). Retrying cannot help; dead-letter it.
 	}
 }
 

@@ -42,6 +42,22 @@
 //   - [Replay]: re-feed an offset or time range of a topic through a
 //     handler at a rate limit, so a replay does not starve live traffic.
 //
+// # Errors and start-up checks
+//
+// Every error of a [Producer] is in one class of [effects.ClassOf]: a
+// record that may have been written is [effects.ErrAmbiguous], a
+// retryable broker error [effects.ErrTransient], a topic the cluster does
+// not have or a refused authorization a configuration error (a
+// *[effects.ConfigError] naming the topic or the credentials, which stops
+// a consumer instead of dead-lettering every event), and the broker's
+// other refusals (MESSAGE_TOO_LARGE, INVALID_RECORD) [effects.ErrRefused].
+// [Producer] and [Source] are [effects.Checker]s: Check asks the brokers
+// whether the topics exist and the group may be used, so a worker can
+// refuse to start (effects.Plan.Check runs a Producer step's). A Source
+// refuses options without topics or a group, and its Next returns the
+// configuration error its own start-up check finds, so a misspelled topic
+// stops the consumer instead of leaving it idle.
+//
 // Changed on purpose in this version: the Producer's journal protocol is
 // journal.Journaled's, so a record the broker acked but the journal could
 // not record is Applied (logged) instead of [effects.ErrAmbiguous]; an

@@ -212,16 +212,21 @@ func (p *Producer) Topic() string { return p.topic }
 // Apply produces m under key, or, with a journal, replays the record
 // produced earlier for key (Status Replayed, the first Ref).
 //
-// It validates key before any I/O. Errors are *effects.Error values:
+// It validates key before any I/O. Every error is in one class of
+// [effects.ClassOf] and wraps the kerr or kgo error underneath:
 // [effects.ErrAmbiguous] when the record may have been written (the
 // context ended while the record was in flight, the broker answered with a
 // timeout, the client closed); [effects.ErrTransient] for a retryable
 // broker error that wrote nothing, or a journal failure before the
-// produce; the journal's [effects.ErrInFlight] and [effects.ErrKeyReused].
-// Other broker errors (an unknown topic, a record too large, an
-// authorization failure) are permanent and wrap the kerr error. A record
-// the broker acked but the journal could not record is still Applied: the
-// failure is logged ([WithProducerLogger]).
+// produce; the journal's [effects.ErrInFlight] and [effects.ErrKeyReused];
+// a configuration error (errors.Is [effects.ErrInvalidConfig], a
+// *[effects.ConfigError] naming the topic or the credentials) for a topic
+// the cluster does not have, once franz-go gave up waiting for it
+// (kgo.UnknownTopicRetries), and for a refused authorization or
+// authentication; [effects.ErrRefused] for the broker's other refusals
+// (MESSAGE_TOO_LARGE, INVALID_RECORD, a policy violation), which the same
+// record gets again. A record the broker acked but the journal could not
+// record is still Applied: the failure is logged ([WithProducerLogger]).
 //
 // When ctx ends while the record is in flight, Apply returns at once with
 // ErrAmbiguous; franz-go keeps the record until the broker answers, and if
@@ -267,7 +272,7 @@ func (p *Producer) produce(ctx context.Context, key effects.Key, rec *kgo.Record
 		return effects.Result{}, effects.Ambiguous(op, key, fmt.Errorf("context done while the record was in flight: %w", ctx.Err()))
 	}
 	if err != nil {
-		return effects.Result{}, classify(op, key, err)
+		return effects.Result{}, classify(op, p.topic, key, err)
 	}
 	return effects.Result{Status: effects.Applied, Ref: produce.Ref(r)}, nil
 }

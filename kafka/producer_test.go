@@ -149,12 +149,15 @@ func TestProducerErrors(t *testing.T) {
 	fake := c.RequireFake(t)
 	topic := c.Topic(t, "errors", 1)
 	tests := []struct {
-		name string
-		err  *kerr.Error
-		want error // nil: permanent
+		name  string
+		err   *kerr.Error
+		class effects.Class
 	}{
-		{"retryable broker error wrote nothing", kerr.NotEnoughReplicas, effects.ErrTransient},
-		{"permanent", kerr.TopicAuthorizationFailed, nil},
+		{"retryable broker error wrote nothing", kerr.NotEnoughReplicas, effects.ClassRetryable},
+		{"topic authorization is configuration", kerr.TopicAuthorizationFailed, effects.ClassConfig},
+		{"cluster authorization is configuration", kerr.ClusterAuthorizationFailed, effects.ClassConfig},
+		{"record too large is refused", kerr.MessageTooLarge, effects.ClassPermanent},
+		{"invalid record is refused", kerr.InvalidRecord, effects.ClassPermanent},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -188,13 +191,49 @@ func TestProducerErrors(t *testing.T) {
 			if !errors.Is(err, tt.err) {
 				t.Errorf("error %v does not wrap %v", err, tt.err)
 			}
-			switch {
-			case tt.want == nil && effects.Retryable(err):
-				t.Errorf("%v: retryable, want permanent", err)
-			case tt.want != nil && !errors.Is(err, tt.want):
-				t.Errorf("%v: want %v", err, tt.want)
+			if got := effects.ClassOf(err); got != tt.class {
+				t.Errorf("%v: class %v, want %v", err, got, tt.class)
+			}
+			var ce *effects.ConfigError
+			if tt.class == effects.ClassConfig && (!errors.As(err, &ce) || ce.Option == "") {
+				t.Errorf("%v: no *effects.ConfigError naming the setting", err)
 			}
 		})
+	}
+}
+
+// TestProducerUnknownTopic: producing to a topic the cluster does not
+// have is a configuration error naming the topic, and Check says so
+// before any Apply; an existing topic passes Check.
+func TestProducerUnknownTopic(t *testing.T) {
+	c := kafkatest.New(t)
+	cl := c.Client(t, kgo.UnknownTopicRetries(1))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	good, err := kafka.NewProducer(cl, c.Topic(t, "exists", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := good.Check(ctx); err != nil {
+		t.Errorf("Check of an existing topic: %v", err)
+	}
+
+	p, err := kafka.NewProducer(cl, "no-such-topic-typo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, err := range map[string]error{
+		"Check": p.Check(ctx),
+		"Apply": func() error {
+			_, err := p.Apply(ctx, effects.MustKey("unknown", "topic"), kafka.Message{Value: []byte("v")})
+			return err
+		}(),
+	} {
+		var ce *effects.ConfigError
+		if !effects.IsConfig(err) || !errors.As(err, &ce) || !strings.Contains(ce.Option, "no-such-topic-typo") {
+			t.Errorf("%s = %v; want a configuration error naming the topic", name, err)
+		}
 	}
 }
 

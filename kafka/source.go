@@ -119,8 +119,10 @@ const commitTimeout = 10 * time.Second
 // only in them stay apart); of several id headers, the first counts.
 type Source struct {
 	cl         *kgo.Client
-	group      string  // kgo.ConsumerGroup
-	instanceID *string // kgo.InstanceID, for static members
+	group      string   // kgo.ConsumerGroup
+	topics     []string // kgo.ConsumeTopics: names, or patterns with regex
+	regex      bool     // kgo.ConsumeRegex
+	instanceID *string  // kgo.InstanceID, for static members
 	cfg        sourceConfig
 	log        ratelog.Limiter
 
@@ -144,6 +146,7 @@ type Source struct {
 	avail  chan struct{} // a record became ready (capacity 1)
 	epoch  uint64        // bumped on every revocation, for stale acks
 	closed bool
+	fatal  error // the start-up check's configuration error: Next returns it
 
 	topicIDs map[string][16]byte // for OffsetCommit v10+
 }
@@ -262,8 +265,10 @@ func WithSourceErrors(f func(error)) SourceOption {
 
 // NewSource creates a group consumer from clientOpts, which must name the
 // seed brokers, kgo.ConsumerGroup and the topics (kgo.ConsumeTopics). Nil
-// options are ignored; an invalid option or a missing consumer group is a
-// *[effects.ConfigError].
+// options are ignored; an invalid option, no consumer group or no topics
+// (NewSource(nil) among them) is a *[effects.ConfigError] naming what is
+// missing. NewSource sends no request: [Source.Check] asks the cluster
+// whether the topics exist, and Next does once when it starts fetching.
 //
 // The Source owns the client and sets what its guarantee needs, after
 // clientOpts: kgo.DisableAutoCommit, kgo.BlockRebalanceOnPoll (a rebalance
@@ -330,14 +335,24 @@ func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
 	if err != nil {
 		s.cancelRun()
 		s.cancelClient()
+		// franz-go refuses the options the Source adds when clientOpts
+		// name no group: say that, in our words.
+		if group, ok := groupOf(clientOpts); ok && group == "" {
+			return bad("clientOpts", "no consumer group (kgo.ConsumerGroup): a Source commits a group's offsets")
+		}
 		return bad("clientOpts", "%v", err)
 	}
 	s.group, _ = cl.OptValue(kgo.ConsumerGroup).(string)
-	if s.group == "" {
+	s.topics, _ = cl.OptValue(kgo.ConsumeTopics).([]string)
+	s.regex, _ = cl.OptValue(kgo.ConsumeRegex).(bool)
+	if s.group == "" || len(s.topics) == 0 {
 		cl.Close()
 		s.cancelRun()
 		s.cancelClient()
-		return bad("clientOpts", "no consumer group (kgo.ConsumerGroup)")
+		if s.group == "" {
+			return bad("clientOpts", "no consumer group (kgo.ConsumerGroup): a Source commits a group's offsets")
+		}
+		return bad("clientOpts", "no topics (kgo.ConsumeTopics): the Source would wait for records for ever")
 	}
 	if id, _ := cl.OptValue(kgo.InstanceID).(string); id != "" {
 		s.instanceID = &id
@@ -358,9 +373,10 @@ func (s *Source) start() {
 		if s.closed {
 			return
 		}
-		s.loops.Add(2)
+		s.loops.Add(3)
 		go s.poll()
 		go s.committer()
+		go s.checkAtStart()
 	})
 }
 
@@ -374,6 +390,12 @@ func (s *Source) Next(ctx context.Context) (effects.Delivery, error) {
 		if s.closed {
 			s.mu.Unlock()
 			return effects.Delivery{}, ErrSourceClosed
+		}
+		if s.fatal != nil {
+			err := s.fatal
+			s.mu.Unlock()
+			s.signal() // the other callers of Next get it too
+			return effects.Delivery{}, err
 		}
 		if p := s.pickLocked(); p != nil {
 			rec := p.buf[0]
@@ -949,3 +971,82 @@ func recordID(rec *kgo.Record, idHeader string) (id string, headers map[string]s
 	}
 	return id, headers
 }
+
+// groupOf reads the consumer group clientOpts name, with a client that
+// consumes nothing and is closed at once (no request is sent). It reports
+// false when franz-go refuses clientOpts themselves.
+func groupOf(clientOpts []kgo.Opt) (string, bool) {
+	probe, err := kgo.NewClient(append(slices.Clip(clientOpts), kgo.ConsumeTopics(), kgo.ConsumePartitions(nil))...)
+	if err != nil {
+		return "", false
+	}
+	defer probe.Close()
+	group, _ := probe.OptValue(kgo.ConsumerGroup).(string)
+	return group, true
+}
+
+// startRecheck is how long the start-up check waits before asking again
+// about a topic the cluster did not know: a topic created just before the
+// Source started may take that long to reach every broker's metadata.
+const startRecheck = time.Second
+
+// checkAtStart runs [Source.Check] once fetching started. A configuration
+// error (a topic the cluster does not have, a refused authorization) that
+// a second check confirms makes Next return it, so that a consumer stops
+// instead of waiting for records that cannot come; any other failure is
+// reported ([WithSourceErrors]) while franz-go keeps trying.
+func (s *Source) checkAtStart() {
+	defer s.loops.Done()
+	check := func() error {
+		ctx, cancel := context.WithTimeout(s.runCtx, commitTimeout)
+		defer cancel()
+		return s.Check(ctx)
+	}
+	err := check()
+	if effects.IsConfig(err) {
+		select {
+		case <-s.stop:
+			return
+		case <-time.After(startRecheck):
+		}
+		err = check()
+	}
+	switch {
+	case err == nil || s.runCtx.Err() != nil:
+	case effects.IsConfig(err):
+		s.report(err)
+		s.mu.Lock()
+		s.fatal = err
+		s.mu.Unlock()
+		s.signal()
+	default:
+		s.report(err)
+	}
+}
+
+// Check asks the cluster about the Source's configuration (see
+// [effects.Checker]): that the brokers answer, that every topic named
+// with kgo.ConsumeTopics exists and may be read, and that the client may
+// use the consumer group. It returns nil when they do; a configuration
+// error (errors.Is [effects.ErrInvalidConfig], naming the topic or the
+// group) for a topic the cluster does not have or a refused
+// authorization; [effects.ErrTransient] when the brokers do not answer
+// before ctx ends. Topics given as patterns (kgo.ConsumeRegex) are not
+// checked. Check sends a Metadata and a DescribeGroups request; it does
+// not join the group.
+//
+// Next runs it once when fetching starts: a configuration error found
+// then (and confirmed a second later) is what Next returns from then on,
+// and reported to [WithSourceErrors]'s hook, so a misspelled topic stops
+// a consumer instead of leaving it idle.
+func (s *Source) Check(ctx context.Context) error {
+	const op = "kafka.Source.Check"
+	if !s.regex {
+		if err := checkTopics(ctx, op, s.cl, s.topics); err != nil {
+			return err
+		}
+	}
+	return checkGroup(ctx, op, s.cl, s.group)
+}
+
+var _ effects.Checker = (*Source)(nil)

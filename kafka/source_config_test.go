@@ -3,6 +3,7 @@ package kafka_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,6 +26,8 @@ func TestNewSourceValidates(t *testing.T) {
 		option string
 	}{
 		{"no group", c.Opts(kgo.ConsumeTopics("t")), nil, "clientOpts"},
+		{"no topics", c.Opts(kgo.ConsumerGroup("g")), nil, "clientOpts"},
+		{"nil client options", nil, nil, "clientOpts"},
 		{"empty id header", group, []kafka.SourceOption{kafka.WithIDHeader("")}, "WithIDHeader"},
 		{"max poll 0", group, []kafka.SourceOption{kafka.WithMaxPoll(0)}, "WithMaxPoll"},
 		{"per partition 0", group, []kafka.SourceOption{kafka.WithMaxPendingPerPartition(0)}, "WithMaxPendingPerPartition"},
@@ -35,6 +38,9 @@ func TestNewSourceValidates(t *testing.T) {
 			var ce *effects.ConfigError
 			if !errors.As(err, &ce) || ce.Option != tc.option || !errors.Is(err, effects.ErrInvalidConfig) {
 				t.Fatalf("NewSource = %v, %v; want a ConfigError for %s", s, err, tc.option)
+			}
+			if tc.option == "clientOpts" && !strings.Contains(ce.Reason, "kgo.Consume") {
+				t.Errorf("NewSource = %v; want it to name the missing kgo option", err)
 			}
 		})
 	}
@@ -81,5 +87,48 @@ func TestTransformValidates(t *testing.T) {
 				t.Fatalf("Transform = %v, want a ConfigError for %s", err, tc.option)
 			}
 		})
+	}
+}
+
+// TestSourceUnknownTopic: a misspelled topic is a configuration error
+// naming it, from Check before the first delivery and from Next once
+// fetching started, so a consumer stops instead of idling; the topics
+// that exist pass Check.
+func TestSourceUnknownTopic(t *testing.T) {
+	c := kafkatest.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	topic := c.Topic(t, "exists", 1)
+
+	good, err := kafka.NewSource(c.Opts(kgo.ConsumerGroup("g-good"), kgo.ConsumeTopics(topic)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer good.Close()
+	if err := good.Check(ctx); err != nil {
+		t.Errorf("Check with existing topics: %v", err)
+	}
+
+	var reported []error
+	s, err := kafka.NewSource(c.Opts(kgo.ConsumerGroup("g-typo"), kgo.ConsumeTopics(topic, "paymnets")),
+		kafka.WithSourceErrors(func(err error) { reported = append(reported, err) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	wantTopic := func(what string, err error) {
+		t.Helper()
+		var ce *effects.ConfigError
+		if !effects.IsConfig(err) || !errors.As(err, &ce) || !strings.Contains(ce.Option, "paymnets") {
+			t.Errorf("%s = %v; want a configuration error naming topic paymnets", what, err)
+		}
+	}
+	wantTopic("Check", s.Check(ctx))
+	_, err = s.Next(ctx)
+	wantTopic("Next", err)
+	_, err = s.Next(ctx)
+	wantTopic("Next again", err)
+	if len(reported) == 0 {
+		t.Error("the unknown topic was not reported to WithSourceErrors")
 	}
 }

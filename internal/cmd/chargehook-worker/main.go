@@ -157,6 +157,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	cfg.fromEnv()
 	missing := cfg.missingFlags()
 	if len(missing) > 0 || fs.NArg() > 0 || cfg.concurrency < 1 || cfg.maxAttempts < 1 {
 		fmt.Fprintf(stderr, "chargehook-worker: need %s (and no arguments, a positive -concurrency and -max-attempts)\n", strings.Join(missing, ", "))
@@ -250,8 +251,11 @@ func work(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 // the shutdown grace, -migrate and -trace. group says which kind of group
 // -group names; concurrency documents -concurrency.
 func addCommonFlags(fs *flag.FlagSet, cfg *config, group, concurrency string) {
-	fs.StringVar(&cfg.brokers, "brokers", os.Getenv("KAFKA_BROKERS"), "Kafka seed brokers, host:port[,host:port...] (default $KAFKA_BROKERS)")
-	fs.StringVar(&cfg.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL connection URL (default $DATABASE_URL)")
+	// The environment is read after the flags (fromEnv), not as their
+	// defaults: a default is printed in the usage text, and DATABASE_URL
+	// holds a password.
+	fs.StringVar(&cfg.brokers, "brokers", "", "Kafka seed brokers, host:port[,host:port...] (default $KAFKA_BROKERS)")
+	fs.StringVar(&cfg.databaseURL, "database-url", "", "PostgreSQL connection URL (default $DATABASE_URL)")
 	fs.StringVar(&cfg.topic, "topic", "", "input topic of payment events")
 	fs.StringVar(&cfg.output, "output", "", "output topic for the \"charged\" records")
 	fs.StringVar(&cfg.group, "group", "", group)
@@ -261,6 +265,17 @@ func addCommonFlags(fs *flag.FlagSet, cfg *config, group, concurrency string) {
 	fs.DurationVar(&cfg.grace, "grace", 5*time.Second, "shutdown grace for running handlers after SIGTERM")
 	fs.BoolVar(&cfg.migrate, "migrate", false, "create the tables (postgres.Migrate and the ledger) before consuming")
 	fs.BoolVar(&cfg.trace, "trace", false, "write one line per step to stdout (for internal/torture)")
+}
+
+// fromEnv fills the flags that default to the environment and were not
+// given: -brokers from KAFKA_BROKERS, -database-url from DATABASE_URL.
+func (cfg *config) fromEnv() {
+	if cfg.brokers == "" {
+		cfg.brokers = os.Getenv("KAFKA_BROKERS")
+	}
+	if cfg.databaseURL == "" {
+		cfg.databaseURL = os.Getenv("DATABASE_URL")
+	}
 }
 
 // missingFlags names the required flags that are empty.

@@ -61,6 +61,7 @@ func runShare(args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	cfg.fromEnv()
 	missing := cfg.missingFlags()
 	if len(missing) > 0 || fs.NArg() > 0 || cfg.concurrency < 1 {
 		fmt.Fprintf(stderr, "chargehook-worker share: need %s (and no arguments, a positive -concurrency)\n", strings.Join(missing, ", "))
