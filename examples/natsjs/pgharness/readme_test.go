@@ -1,10 +1,8 @@
 // Package pgharness_test is the Postgres adapter's conformance harness
-// exactly as effectively's README prints it under "Writing an adapter"
-// (from the line "// TestConformance holds the adapter..." to the end of
-// the file), compiled and run from outside the effectively module: proof
-// that the public kits (postgres/pgtest) and the suite are all a team
-// needs. Only the package clause, the imports and TestMain are added. Keep
-// it identical to the README.
+// exactly as effectively's docs/writing-an-adapter.md prints it (from the
+// package clause to the end of the file), compiled and run from outside
+// the effectively module: proof that the public kits (postgres/pgtest) and
+// the suite are all a team needs. Keep it identical to the guide.
 package pgharness_test
 
 import (

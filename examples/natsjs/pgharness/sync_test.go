@@ -6,14 +6,14 @@ import (
 	"testing"
 )
 
-// readmeStart is the first line of the harness in the README's code block.
-const readmeStart = "// TestConformance holds the adapter to its declared contract"
+// readmeStart is the first line of the harness in the guide's code block.
+const readmeStart = "package pgharness_test"
 
-// TestSameAsTheREADME fails when the README's harness and this copy drift
+// TestSameAsTheGuide fails when the guide's harness and this copy drift
 // apart: the copy proves the printed code compiles and passes outside the
 // module only while they are the same.
-func TestSameAsTheREADME(t *testing.T) {
-	readme, err := os.ReadFile("../../../README.md")
+func TestSameAsTheGuide(t *testing.T) {
+	readme, err := os.ReadFile("../../../docs/writing-an-adapter.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -24,7 +24,7 @@ func TestSameAsTheREADME(t *testing.T) {
 	block := string(readme)
 	i := strings.Index(block, "```go\n"+readmeStart)
 	if i < 0 {
-		t.Fatalf("README.md has no Go block starting with %q: update this test and readme_test.go together with the README", readmeStart)
+		t.Fatalf("docs/writing-an-adapter.md has no Go block starting with %q: update this test and readme_test.go together with the guide", readmeStart)
 	}
 	block = block[i+len("```go\n"):]
 	block = block[:strings.Index(block, "```\n")]
@@ -33,6 +33,6 @@ func TestSameAsTheREADME(t *testing.T) {
 		t.Fatalf("readme_test.go lacks the line %q", readmeStart)
 	}
 	if got := string(copied[j:]); got != block {
-		t.Errorf("readme_test.go differs from the README's harness: copy the README's code block (from %q to its end) over the end of readme_test.go", readmeStart)
+		t.Errorf("readme_test.go differs from the guide's harness: copy the guide's code block (from %q to its end) over the end of readme_test.go", readmeStart)
 	}
 }
