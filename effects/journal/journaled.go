@@ -27,10 +27,8 @@ const (
 // handler retrying its record holds its delivery (and the partition's
 // later ones) until the record commits, so after an outage (a database
 // failover) it should commit within a tenth of a second of the journal
-// coming back; with 500 ms, five of the demo's eight handlers slept past
-// the promotion, and the pipeline resumed about 100 ms after the naive
-// handler's. Each try is one statement, or one failed connection attempt
-// while the journal is down.
+// coming back. Each try is one statement, or one failed connection
+// attempt while the journal is down.
 var completeBackoff = retry.Backoff{Min: 10 * time.Millisecond, Max: 100 * time.Millisecond}
 
 // Journaled is the journaled-effect protocol, written once for every
