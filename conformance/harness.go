@@ -51,10 +51,42 @@ type Harness[In any] interface {
 type Maker[In any] func(t testing.TB) Harness[In]
 
 // Restarter is implemented by a harness (effect, journal) that can restart
-// its backend: stop and start the same server with its data. The
-// backend-restart scenarios run only when it is implemented.
+// its backend with its data, as an operator does: a server is stopped
+// cleanly and started again on the same address; an in-process backend
+// (an embedded database, a store in process memory standing for a server)
+// closes every handle it has open and opens them again over the same
+// files or the same state, so that nothing an instance cached in a handle
+// survives. The backend-restart scenarios run only when it is
+// implemented.
 type Restarter interface {
 	Restart(ctx context.Context) error
+}
+
+// Crasher is implemented by a harness (effect, journal) that can crash
+// its backend and start it again over the same data: an immediate stop
+// with no shutdown work (PostgreSQL's immediate shutdown, SIGQUIT; SIGKILL
+// for a server process; for an in-process backend, dropping every handle
+// without closing it and losing whatever it had not made durable), then
+// a start. What a crash loses is what the backend never promised to
+// keep: an UNLOGGED table, commits under synchronous_commit=off, a write
+// still in a buffer. The crash-restart scenarios run only when it is
+// implemented: they apply keys, crash, count their effects before any
+// redelivery (an Apply that returned no error must still show its
+// effect), and redeliver (each must replay).
+type Crasher interface {
+	Crash(ctx context.Context) error
+}
+
+// Attacher is implemented by a harness whose backend another process can
+// reach: Attachment returns what that process needs (a URL, addresses,
+// a directory), as text. With [WithSuccessorProcess] the
+// successor-process scenario then retries keys in a child process of the
+// test binary, on a harness the option's function builds from the
+// attachment: a successor that shares no memory with the instances before
+// it, whatever the adapter keeps in package variables. A backend held in
+// the test process's memory (an in-memory journal) cannot be attached.
+type Attacher interface {
+	Attachment() string
 }
 
 // Ager is implemented by a Harness that can make its backend's records
@@ -85,5 +117,7 @@ type BatchCounter interface {
 
 var (
 	capRestarter = capability{"conformance.Restarter", func(h any) bool { _, ok := h.(Restarter); return ok }}
+	capCrasher   = capability{"conformance.Crasher", func(h any) bool { _, ok := h.(Crasher); return ok }}
 	capAger      = capability{"conformance.Ager", func(h any) bool { _, ok := h.(Ager); return ok }}
+	capAttacher  = capability{"conformance.Attacher", func(h any) bool { _, ok := h.(Attacher); return ok }}
 )

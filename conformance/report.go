@@ -162,6 +162,9 @@ type Report struct {
 	// failures do not fail a test: counterexamples, listed apart in the
 	// matrix.
 	Evaluated bool
+	// Unverified is the reason the harness gave with [AllowUnverified]
+	// for fields it cannot verify; the matrix shows it beside them.
+	Unverified string `json:",omitempty"`
 }
 
 // Row returns the row of the named scenario.
