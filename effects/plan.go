@@ -146,8 +146,9 @@ func NewPlan[E any](scope string, steps ...Step[E]) (*Plan[E], error) {
 }
 
 // WithObserver returns a copy of the plan that reports every step's
-// outcome to o, with Event.Step set to the step's name. A nil o observes
-// nothing.
+// outcome to o, with Event.Step set to the step's name; when o is a
+// [Tracer], each run is a [SpanPlan] span and each step a [SpanStep] span
+// inside it. A nil o observes nothing.
 func (p *Plan[E]) WithObserver(o Observer) *Plan[E] {
 	q := *p
 	q.obs = o
@@ -191,7 +192,15 @@ func (e *StepError) Unwrap() error { return e.Err }
 // A panic in a step, concurrent ones included, is recovered and returned
 // as the step's *[PanicError] (permanent): the process and the other
 // deliveries go on.
-func (p *Plan[E]) Run(ctx context.Context, id string, ev E) (Results, error) {
+func (p *Plan[E]) Run(ctx context.Context, id string, ev E) (_ Results, err error) {
+	if p.obs != nil {
+		var end func(Event)
+		ctx, end = StartSpan(ctx, p.obs, SpanPlan, Event{Component: "plan " + p.scope, DeliveryID: id})
+		start := time.Now()
+		defer func() {
+			end(Event{Kind: planKind(err), Component: "plan " + p.scope, DeliveryID: id, Duration: time.Since(start), Err: err})
+		}()
+	}
 	keys := make([]Key, len(p.steps))
 	for i, s := range p.steps {
 		key, err := NewKey(p.scope, id, s.name)
@@ -221,11 +230,16 @@ func (p *Plan[E]) runGroup(ctx context.Context, id string, ev E, keys []Key, ste
 	results := make([]Result, len(steps))
 	errs := make([]error, len(steps))
 	one := func(i int) {
-		start := time.Now()
-		results[i], errs[i] = steps[i].run(ctx, keys[i], ev, done)
-		if p.obs != nil {
-			p.obs.Observe(ctx, Event{Kind: resultKind(results[i], errs[i]), Step: steps[i].name, Key: keys[i], DeliveryID: id, Duration: time.Since(start), Err: errs[i]})
+		if p.obs == nil {
+			results[i], errs[i] = steps[i].run(ctx, keys[i], ev, done)
+			return
 		}
+		sctx, end := StartSpan(ctx, p.obs, SpanStep, Event{Step: steps[i].name, Key: keys[i], DeliveryID: id})
+		start := time.Now()
+		results[i], errs[i] = steps[i].run(sctx, keys[i], ev, done)
+		out := Event{Kind: resultKind(results[i], errs[i]), Step: steps[i].name, Key: keys[i], DeliveryID: id, Duration: time.Since(start), Err: errs[i]}
+		p.obs.Observe(sctx, out)
+		end(out)
 	}
 	if len(steps) == 1 {
 		one(0)
@@ -307,4 +321,12 @@ func (p *Plan[E]) Contract() PlanContract {
 		pc.Why = fmt.Sprintf("every step is effectively-once for as long as keys are kept; step %q (%s) is the weakest", pc.Weakest, c.Enforcer)
 	}
 	return pc
+}
+
+// planKind is the outcome kind of a whole run, for its span's end.
+func planKind(err error) EventKind {
+	if err == nil {
+		return EventApplied
+	}
+	return resultKind(Result{}, err)
 }

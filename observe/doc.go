@@ -1,7 +1,8 @@
 // Package observe turns the events of effectively's effects, plans and
-// consumers into what operators read: log records through log/slog and
-// OpenTelemetry metrics. It is the ready-made [effects.Observer]; the core
-// package itself stays free of both dependencies.
+// consumers into what operators read: log records through log/slog,
+// OpenTelemetry metrics and OpenTelemetry traces. It is the ready-made
+// [effects.Observer] and [effects.Tracer]; the core package itself stays
+// free of these dependencies.
 //
 // Build one [Observer] per process (or per pipeline, with
 // [WithAttributes]) and hand it to every place that reports events:
@@ -31,7 +32,7 @@
 // Both carry the attributes effect and step (each only when the event has
 // it: [effects.Observe] sets effect, [effects.Plan] sets step) and outcome,
 // one of applied, replayed, key_reused, in_flight, retried, dead_lettered,
-// failed ([effects.EventKind.String]), plus those given with
+// failed, pruned ([effects.EventKind.String]), plus those given with
 // [WithAttributes]. Keys, delivery ids and errors are never metric
 // attributes: they are unbounded, and belong in the logs. A useful alert is
 // any rate of outcome="key_reused" (a bug in how keys are built) or
@@ -41,12 +42,13 @@
 // # Logs
 //
 // One record per event, message "effectively: <outcome>", attributes
-// outcome, effect, step, key, delivery_id, attempt, duration and error (each
-// only when the event has it). Levels ([DefaultLevel]), changeable with
+// outcome, effect, step, key, delivery_id, attempt, duration, count (for
+// pruned) and error (each only when the event has it). Levels ([DefaultLevel]), changeable with
 // [WithLevel]:
 //
-//   - Debug: applied, replayed. The normal path, one per effect per
-//     delivery: too many to keep at Info.
+//   - Debug: applied, replayed, pruned. The normal path, one per effect
+//     per delivery (or per statement of a pruner): too many to keep at
+//     Info.
 //   - Info: in_flight, retried. Expected under concurrency and transient
 //     faults; worth seeing, not worth waking anyone.
 //   - Warn: failed. An attempt failed; the message stays unacked and will be
@@ -54,6 +56,20 @@
 //   - Error: key_reused, dead_lettered. Something needs a person: two
 //     different payloads share a key (never retried, never treated as a
 //     duplicate), or a consumer gave up on a message.
+//
+// # Traces
+//
+// The Observer is also an [effects.Tracer]: with WithTracerProvider (or
+// the global TracerProvider), each consumer attempt at a delivery, each
+// plan run, each step and each Apply of an effect wrapped with
+// effects.Observe is a span, nested in that order: effectively.delivery
+// (kind consumer), effectively.plan, effectively.step, effectively.effect.
+// Spans carry effect, step, component, key, delivery_id and attempt when
+// the unit has them, and outcome when it ends; a failure sets status
+// Error, records the error and its class (error.class: retryable,
+// permanent, configuration, unclassified). A delivery's span continues the
+// trace its headers carry (see [Observer.Start]), so a trace crosses the
+// broker. Without a TracerProvider installed, spans cost a no-op call.
 //
 // # Cost
 //
@@ -69,7 +85,7 @@
 // handler costs, and only for records at an enabled level.
 //
 // When not to use it: if you need another shape (one counter per outcome,
-// other attribute names, spans instead of logs), write your own
-// [effects.Observer]. It is one method, and this package shows the
+// other attribute names), write your own [effects.Observer] (and
+// [effects.Tracer] for spans). It is one method, and this package shows the
 // pattern: check Enabled first, build attributes once.
 package observe

@@ -11,6 +11,8 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"effectively.dev/effects"
 )
@@ -35,6 +37,7 @@ const (
 	AttrDeliveryID = "delivery_id" // the message's id (logs only)
 	AttrAttempt    = "attempt"     // a consumer's attempt, from 1 (logs only)
 	AttrDuration   = "duration"    // how long it took (logs only; metrics: DurationMetric)
+	AttrCount      = "count"       // records an EventPruned deleted (logs only)
 	AttrError      = "error"       // the failure (logs only)
 )
 
@@ -50,7 +53,7 @@ var durationBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.
 const maxCached = 1024
 
 // lastKind is the highest EventKind this package knows a level for.
-const lastKind = effects.EventDeadLettered
+const lastKind = effects.EventPruned
 
 // defaultLevels maps each kind to its log level; see the package doc.
 var defaultLevels = [lastKind + 1]slog.Level{
@@ -61,6 +64,7 @@ var defaultLevels = [lastKind + 1]slog.Level{
 	effects.EventFailed:       slog.LevelWarn,
 	effects.EventKeyReused:    slog.LevelError,
 	effects.EventDeadLettered: slog.LevelError,
+	effects.EventPruned:       slog.LevelDebug,
 }
 
 // messages holds each kind's log message, "effectively: " and the outcome,
@@ -85,6 +89,9 @@ type Observer struct {
 	events   metric.Int64Counter
 	duration metric.Float64Histogram
 	attrs    []attribute.KeyValue
+
+	tracer     trace.Tracer // nil: no spans
+	propagator propagation.TextMapPropagator
 
 	// sets caches the measurement options per (effect, step, outcome):
 	// copy on write, so the hot path reads it without a lock.
@@ -112,6 +119,7 @@ type Option func(*config)
 type config struct {
 	logger *slog.Logger
 	mp     metric.MeterProvider
+	tp     trace.TracerProvider
 	attrs  []attribute.KeyValue
 	levels []levelOverride // in order; New applies them over DefaultLevel
 }
@@ -135,6 +143,17 @@ func WithLogger(l *slog.Logger) Option {
 // metrics off, pass go.opentelemetry.io/otel/metric/noop.NewMeterProvider().
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return func(c *config) { c.mp = mp }
+}
+
+// WithTracerProvider starts spans with tp (see [Observer.Start]). Without
+// it, or with a nil tp, the Observer uses the global
+// otel.GetTracerProvider() at the time of [New], which forwards to one
+// installed later with otel.SetTracerProvider and drops spans until then.
+// The propagator that reads a delivery's trace context is the global
+// otel.GetTextMapPropagator(). To turn tracing off, pass
+// go.opentelemetry.io/otel/trace/noop.NewTracerProvider().
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(c *config) { c.tp = tp }
 }
 
 // WithAttributes adds attrs to every metric point, for instance the name of
@@ -211,12 +230,17 @@ func New(opts ...Option) (*Observer, error) {
 	if err := errors.Join(err1, err2); err != nil {
 		return nil, fmt.Errorf("observe: creating instruments: %w", err)
 	}
+	if c.tp == nil {
+		c.tp = otel.GetTracerProvider()
+	}
 	return &Observer{
-		logger:   c.logger,
-		levels:   levels,
-		events:   events,
-		duration: duration,
-		attrs:    append([]attribute.KeyValue(nil), c.attrs...),
+		logger:     c.logger,
+		levels:     levels,
+		events:     events,
+		duration:   duration,
+		attrs:      append([]attribute.KeyValue(nil), c.attrs...),
+		tracer:     c.tp.Tracer(ScopeName),
+		propagator: otel.GetTextMapPropagator(),
 	}, nil
 }
 
@@ -280,6 +304,9 @@ func (o *Observer) log(ctx context.Context, level slog.Level, ev effects.Event) 
 	}
 	if ev.Duration > 0 {
 		attrs = append(attrs, slog.Duration(AttrDuration, ev.Duration))
+	}
+	if ev.Kind == effects.EventPruned {
+		attrs = append(attrs, slog.Int64(AttrCount, ev.Count))
 	}
 	if ev.Err != nil {
 		attrs = append(attrs, slog.Any(AttrError, ev.Err))

@@ -337,6 +337,19 @@ func TestLogs(t *testing.T) {
 		}
 	})
 
+	t.Run("a pruned event logs its count", func(t *testing.T) {
+		rec := &recorder{level: slog.LevelDebug}
+		obs, err := observe.New(observe.WithLogger(slog.New(rec)), observe.WithMeterProvider(noop.NewMeterProvider()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		obs.Observe(context.Background(), effects.Event{Kind: effects.EventPruned, Effect: "postgres.Pruner", Step: "billing", Count: 1000, Duration: time.Millisecond})
+		got := rec.records()
+		if len(got) != 1 || got[0].level != slog.LevelDebug || got[0].msg != "effectively: pruned" || got[0].attrs[observe.AttrCount] != "1000" {
+			t.Errorf("records %+v, want one Debug \"effectively: pruned\" with count=1000", got)
+		}
+	})
+
 	t.Run("default levels", func(t *testing.T) {
 		for kind, want := range map[effects.EventKind]slog.Level{
 			effects.EventApplied:      slog.LevelDebug,
@@ -346,6 +359,7 @@ func TestLogs(t *testing.T) {
 			effects.EventFailed:       slog.LevelWarn,
 			effects.EventKeyReused:    slog.LevelError,
 			effects.EventDeadLettered: slog.LevelError,
+			effects.EventPruned:       slog.LevelDebug,
 			0:                         slog.LevelWarn, // unknown kinds are not hidden
 			99:                        slog.LevelWarn,
 		} {
@@ -391,7 +405,7 @@ func TestLogs(t *testing.T) {
 	})
 
 	t.Run("WithLevel refuses an unknown kind", func(t *testing.T) {
-		for _, k := range []effects.EventKind{0, effects.EventDeadLettered + 1} {
+		for _, k := range []effects.EventKind{0, effects.EventPruned + 1} {
 			_, err := observe.New(observe.WithLevel(k, slog.LevelInfo))
 			var ce *effects.ConfigError
 			if !errors.As(err, &ce) || ce.Op != "observe.New" || ce.Option != "WithLevel" {

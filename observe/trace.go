@@ -1,0 +1,102 @@
+package observe
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"effectively.dev/effects"
+)
+
+// Span names, one per [effects.Span]: low-cardinality, as OpenTelemetry
+// asks; what varies (the step, the effect, the key) is in attributes.
+const (
+	SpanDelivery = "effectively.delivery"
+	SpanPlan     = "effectively.plan"
+	SpanStep     = "effectively.step"
+	SpanEffect   = "effectively.effect"
+)
+
+// Span attribute keys, beside the log and metric ones (effect, step,
+// outcome, key, delivery_id, attempt).
+const (
+	// AttrClass is effects.ClassOf of a span's error: retryable,
+	// permanent, configuration or unclassified.
+	AttrClass = "error.class"
+	// AttrComponent names a span's component, e.g. "plan billing".
+	AttrComponent = "component"
+)
+
+var spanNames = map[effects.Span]string{
+	effects.SpanDelivery: SpanDelivery,
+	effects.SpanPlan:     SpanPlan,
+	effects.SpanStep:     SpanStep,
+	effects.SpanEffect:   SpanEffect,
+}
+
+// Start implements [effects.Tracer]: it starts an OpenTelemetry span for
+// the unit, a child of the span in ctx. A delivery's span continues the
+// trace its headers carry, read with the global propagator
+// (otel.GetTextMapPropagator() when New ran: set it as OpenTelemetry asks,
+// e.g. otel.SetTextMapPropagator(propagation.TraceContext{}); kafka's
+// Producer and outbox relay write with the same global), so one trace runs
+// from the producer through the broker to every effect. The span
+// ends with the outcome: its status is Error for a failure, with the
+// error recorded and its class (effects.ClassOf) as error.class.
+func (o *Observer) Start(ctx context.Context, span effects.Span, ev effects.Event) (context.Context, func(effects.Event)) {
+	if o == nil || o.tracer == nil {
+		return ctx, func(effects.Event) {}
+	}
+	if span == effects.SpanDelivery && len(ev.Headers) > 0 {
+		ctx = o.propagator.Extract(ctx, propagation.MapCarrier(ev.Headers))
+	}
+	name, ok := spanNames[span]
+	if !ok {
+		name = "effectively.unknown"
+	}
+	kind := trace.SpanKindInternal
+	if span == effects.SpanDelivery {
+		kind = trace.SpanKindConsumer
+	}
+	ctx, s := o.tracer.Start(ctx, name, trace.WithSpanKind(kind), trace.WithAttributes(spanAttrs(ev)...))
+	return ctx, func(out effects.Event) {
+		if out.Kind != 0 {
+			s.SetAttributes(attribute.String(AttrOutcome, out.Kind.String()))
+		}
+		if out.Err != nil {
+			s.RecordError(out.Err)
+			s.SetAttributes(attribute.String(AttrClass, effects.ClassOf(out.Err).String()))
+			s.SetStatus(codes.Error, out.Kind.String())
+		}
+		s.End()
+	}
+}
+
+var _ effects.Tracer = (*Observer)(nil)
+
+// spanAttrs are the attributes a span starts with.
+func spanAttrs(ev effects.Event) []attribute.KeyValue {
+	attrs := make([]attribute.KeyValue, 0, 6)
+	if ev.Effect != "" {
+		attrs = append(attrs, attribute.String(AttrEffect, ev.Effect))
+	}
+	if ev.Step != "" {
+		attrs = append(attrs, attribute.String(AttrStep, ev.Step))
+	}
+	if ev.Component != "" {
+		attrs = append(attrs, attribute.String(AttrComponent, ev.Component))
+	}
+	if ev.Key != "" {
+		attrs = append(attrs, attribute.String(AttrKey, string(ev.Key)))
+	}
+	if ev.DeliveryID != "" {
+		attrs = append(attrs, attribute.String(AttrDeliveryID, ev.DeliveryID))
+	}
+	if ev.Attempt > 0 {
+		attrs = append(attrs, attribute.Int(AttrAttempt, ev.Attempt))
+	}
+	return attrs
+}
