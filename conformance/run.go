@@ -3,6 +3,7 @@ package conformance
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -77,14 +78,43 @@ func Evaluate[In any](t *testing.T, adapter string, mk Maker[In], opts ...Option
 func runEffect[In any](t *testing.T, op, adapter string, mk Maker[In], strict bool, opts []Option) Report {
 	t.Helper()
 	return runSuite(t, op, suiteEffect, adapter, effectTable[In](), func(tb testing.TB) Harness[In] { return mk(tb) }, opts, strict, func(rep *Report) {
+		t.Helper()
 		for _, row := range rep.Rows {
 			if row.contract != nil {
 				rep.Contract = *row.contract
 				rep.Fields = fields(rep.Contract, rep.Rows)
-				return
+				break
 			}
 		}
+		if msg := unverified(rep); msg != "" && strict {
+			t.Errorf("%s", msg)
+		}
 	})
+}
+
+// unverified marks the fields of rep that a scenario could not verify
+// (for want of a capability, or because it skipped itself; not because it
+// was not selected) with the reason given to [AllowUnverified], or, when
+// none was, returns the failure that says so.
+func unverified(rep *Report) string {
+	var lines []string
+	for i := range rep.Fields {
+		f := &rep.Fields[i]
+		if len(f.blocked) == 0 {
+			continue
+		}
+		if rep.Unverified != "" {
+			f.Allowed = rep.Unverified
+			continue
+		}
+		lines = append(lines, fmt.Sprintf("  %s (%s): %s", f.Field, f.Declared, f.Why))
+	}
+	if len(lines) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("conformance: %s: the declared contract cannot be verified, so it is a claim, not a guarantee:\n%s\n"+
+		"give the harness what those scenarios need (see the package doc, \"Writing a harness\"), "+
+		"or say why it cannot with conformance.AllowUnverified(\"reason\")", rep.Adapter, strings.Join(lines, "\n"))
 }
 
 // effect adapts a scenario function of the effect suite to the table:

@@ -232,7 +232,8 @@ func (s *scene[In]) sweep(kind FaultKind) {
 	inst.Close()
 	s.expect(clean, cleanRepeat, true, "clean Apply")
 	if trips == 0 {
-		s.skip("the adapter made no round trip through the harness's Faults after Make returned: wire Make's connections through f.DialContext or f.Transport")
+		s.skip("the adapter made no round trip through the harness's Faults after Make returned: wire Make's connections through f.DialContext or f.Transport, " +
+			"a database/sql driver through conformance.SQLConnector, or each call of an in-process backend through f.RoundTrip")
 	}
 	if trips > s.cfg.maxSweep {
 		s.notef("a clean Apply takes %d round trips; swept the first %d", trips, s.cfg.maxSweep)
@@ -262,7 +263,7 @@ func (s *scene[In]) sweep(kind FaultKind) {
 	}
 	dupTrips := s.dupSweep(kind, clean)
 	if left > 0 {
-		s.skip("%d of %d faulted applies not selected (go test -run): the sweep is incomplete", left, 2*trips+dupTrips)
+		s.skip(notSelectedRun+": %d of %d faulted applies left out, the sweep is incomplete", left, 2*trips+dupTrips)
 	}
 }
 
