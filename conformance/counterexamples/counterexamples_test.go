@@ -145,6 +145,15 @@ func TestSuiteCatchesCounterexamples(t *testing.T) {
 			only:   true,
 		},
 		{
+			name: "empty-first-ref (each replay makes up a ref)",
+			build: simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
+				return counterexamples.EmptyFirstRef{DB: p}
+			}),
+			caught: []string{conformance.ScenarioRedelivery},
+			only:   true,
+			says:   "want the first apply's \"\"",
+		},
+		{
 			name: "trimmed-key",
 			build: simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
 				return counterexamples.TrimmedKey{DB: p}

@@ -427,3 +427,31 @@ func (e *FreshKeyOnRetry) Apply(ctx context.Context, key effects.Key, in Payment
 	}
 	return res, err
 }
+
+// EmptyFirstRef dedups correctly, but its first Apply returns no
+// reference and each replay a new one: a caller that stores the first
+// result and compares it with a replay's sees two different effects.
+type EmptyFirstRef struct{ DB *pgxpool.Pool }
+
+// Contract claims EffectivelyOnce, with replays of the first ref.
+func (e EmptyFirstRef) Contract() effects.Contract {
+	return claim("counterexample: first Apply has an empty ref, each replay a new one")
+}
+
+// Apply dedups, drops the first ref and makes one up for each replay.
+func (e EmptyFirstRef) Apply(ctx context.Context, key effects.Key, in Payment) (effects.Result, error) {
+	if err := key.Validate(); err != nil {
+		return effects.Result{}, err
+	}
+	res, err := dedupInsert(ctx, e.DB, key, in, true)
+	switch {
+	case err != nil:
+	case res.Status == effects.Applied:
+		res.Ref = ""
+	default:
+		var b [6]byte
+		_, _ = rand.Read(b[:])
+		res.Ref = "replay-" + hex.EncodeToString(b[:])
+	}
+	return res, err
+}
