@@ -32,8 +32,9 @@
 //   - lost-reply, cut-request, cancel-mid-apply: count the round trips of a
 //     clean Apply (those Make makes excluded), then fault each in turn. An
 //     Apply that returned no error must already show its effect in the
-//     backend; one that returned ErrTransient must show none (its promise:
-//     nothing was applied). Every round trip is faulted twice, on two keys:
+//     backend; one that returned ErrTransient must show none, counted
+//     again after a quiet period ([WithQuietPeriod]) so that work handed
+//     to a background writer is seen (its promise: nothing was applied). Every round trip is faulted twice, on two keys:
 //     once the key is retried on the faulted instance itself (a process
 //     that survived and retries, as a consumer does), once the faulted
 //     instance is closed and the key retried on a new instance, a
@@ -54,6 +55,10 @@
 //     storm only by the new keys, and every key is counted ([BatchCounter]
 //     counts them in one look).
 //   - backend-restart (needs [Restarter]).
+//   - slow-reply (with [WithSlowReply]): every reply of an Apply in turn
+//     is held past the adapter's own deadline, the connection up, after
+//     the backend processed the request ([SlowReply]); giving up must be
+//     reported as an unknown outcome, never ErrTransient.
 //
 // Each asserts against the contract the adapter declares: EffectivelyOnce
 // means exactly one effect per key in every scenario; AtLeastOnce means at

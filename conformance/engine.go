@@ -16,7 +16,6 @@ const (
 	suiteEffect  = "effect"
 	suiteJournal = "journal"
 	suiteSource  = "source"
-	suitePlan    = "plan"
 )
 
 // scenario is one row of a suite's scenario table: its name, the harness

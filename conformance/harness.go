@@ -62,33 +62,6 @@ type Restarter interface {
 	Restart(ctx context.Context) error
 }
 
-// Crasher is implemented by a harness (effect, journal) that can crash
-// its backend and start it again over the same data: an immediate stop
-// with no shutdown work (PostgreSQL's immediate shutdown, SIGQUIT; SIGKILL
-// for a server process; for an in-process backend, dropping every handle
-// without closing it and losing whatever it had not made durable), then
-// a start. What a crash loses is what the backend never promised to
-// keep: an UNLOGGED table, commits under synchronous_commit=off, a write
-// still in a buffer. The crash-restart scenarios run only when it is
-// implemented: they apply keys, crash, count their effects before any
-// redelivery (an Apply that returned no error must still show its
-// effect), and redeliver (each must replay).
-type Crasher interface {
-	Crash(ctx context.Context) error
-}
-
-// Attacher is implemented by a harness whose backend another process can
-// reach: Attachment returns what that process needs (a URL, addresses,
-// a directory), as text. With [WithSuccessorProcess] the
-// successor-process scenario then retries keys in a child process of the
-// test binary, on a harness the option's function builds from the
-// attachment: a successor that shares no memory with the instances before
-// it, whatever the adapter keeps in package variables. A backend held in
-// the test process's memory (an in-memory journal) cannot be attached.
-type Attacher interface {
-	Attachment() string
-}
-
 // Ager is implemented by a Harness that can make its backend's records
 // older, as if d more time had passed since every one of them was written:
 // by moving the backend's clock forward (stripetest.WithClock, a clock the
@@ -117,7 +90,5 @@ type BatchCounter interface {
 
 var (
 	capRestarter = capability{"conformance.Restarter", func(h any) bool { _, ok := h.(Restarter); return ok }}
-	capCrasher   = capability{"conformance.Crasher", func(h any) bool { _, ok := h.(Crasher); return ok }}
 	capAger      = capability{"conformance.Ager", func(h any) bool { _, ok := h.(Ager); return ok }}
-	capAttacher  = capability{"conformance.Attacher", func(h any) bool { _, ok := h.(Attacher); return ok }}
 )

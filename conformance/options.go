@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"testing"
 	"time"
 
 	"effectively.dev/effects"
@@ -50,10 +49,6 @@ const (
 	// returned ErrTransient and before its retry, to count the key's
 	// effects again ([WithQuietPeriod]).
 	DefaultQuietPeriod = 500 * time.Millisecond
-	// DefaultCapacityKeys is how many new keys the key-capacity scenario
-	// applies between a key's first Apply and its redelivery
-	// ([WithCapacityKeys]).
-	DefaultCapacityKeys = 5000
 )
 
 // Option changes how a suite runs. Options record a value; [Run],
@@ -78,11 +73,10 @@ type config struct {
 	redeliveryWait time.Duration
 	sourceMessages int
 	slowReply      time.Duration
+	slowReplySet   bool // WithSlowReply was given: the slow-reply scenario runs
 	quietPeriod    time.Duration
-	capacityKeys   int
 	only           []string
 	unverified     string // AllowUnverified's reason
-	attach         any    // WithSuccessorProcess's function
 
 	set []string // names of the options given, to refuse those a suite does not take
 }
@@ -109,7 +103,6 @@ func defaults() config {
 		sourceMessages: DefaultSourceMessages,
 		slowReply:      DefaultSlowReply,
 		quietPeriod:    DefaultQuietPeriod,
-		capacityKeys:   DefaultCapacityKeys,
 	}
 }
 
@@ -192,13 +185,15 @@ func WithSourceMessages(n int) Option {
 	return func(c *config) { c.sourceMessages = n; c.mark("WithSourceMessages") }
 }
 
-// WithSlowReply sets how long the slow-reply scenario holds each reply
-// (default [DefaultSlowReply]; see [SlowReply]). It must be longer than
-// the adapter's own per-call deadline, if it has one, for the scenario to
-// hold a reply past it: an adapter that gives up waits no longer than its
-// deadline, one that waits gets the reply this late.
+// WithSlowReply runs the slow-reply scenario, which holds each reply of
+// an Apply in turn for d (see [SlowReply]); without it the scenario is
+// reported as not selected. Make d longer than the adapter's own
+// per-call deadline, if it has one, for the scenario to hold a reply past
+// it: an adapter that gives up waits no longer than its deadline, one
+// that waits gets the reply d late, so the scenario takes about d for
+// each faulted Apply.
 func WithSlowReply(d time.Duration) Option {
-	return func(c *config) { c.slowReply = d; c.mark("WithSlowReply") }
+	return func(c *config) { c.slowReply, c.slowReplySet = d, true; c.mark("WithSlowReply") }
 }
 
 // WithQuietPeriod sets how long the fault sweeps wait after an Apply
@@ -211,15 +206,7 @@ func WithQuietPeriod(d time.Duration) Option {
 	return func(c *config) { c.quietPeriod = d; c.mark("WithQuietPeriod") }
 }
 
-// WithCapacityKeys sets how many new keys the key-capacity scenario
-// applies between the first Apply of its keys and their redelivery
-// (default [DefaultCapacityKeys], at least 2,000; fewer than the default
-// is noted in the report as a reduced scenario).
-func WithCapacityKeys(n int) Option {
-	return func(c *config) { c.capacityKeys = n; c.mark("WithCapacityKeys") }
-}
-
-// AllowUnverified lets [Run] (and [RunPlan]) pass when a field of the
+// AllowUnverified lets [Run] pass when a field of the
 // declared contract cannot be verified because a scenario it rests on did
 // not run for want of a capability, for the reason given, which the
 // report and the matrix show beside each such field. Without it such a
@@ -229,26 +216,6 @@ func WithCapacityKeys(n int) Option {
 // moved and its horizon is a year"); it cannot be empty.
 func AllowUnverified(reason string) Option {
 	return func(c *config) { c.unverified = reason; c.mark("AllowUnverified") }
-}
-
-// WithSuccessorProcess makes the successor-process scenario able to run:
-// it retries keys in a child process of the test binary, where nothing
-// the first instances kept in memory exists (a package-level cache, a
-// global map, a connection pool's state). attach runs in that child: it
-// returns a harness over the backend that the parent's harness described
-// with [Attacher] (its Attachment), without starting a backend of its
-// own; the suite calls only Make and Input on it (Event for [RunPlan]).
-// H is the harness type of the suite it is given to: [Harness] for [Run],
-// [PlanHarness] for [RunPlan]; any other type is refused as a
-// configuration error.
-//
-// The child re-runs the test binary with -test.run set to the test that
-// called Run, so that test must reach the same Run call with the same
-// options in the child; code before the call runs there too (keep
-// backends out of it: start them in the Maker). In the child, Run only
-// serves the parent's request and skips the test.
-func WithSuccessorProcess[H any](attach func(t testing.TB, attachment string) H) Option {
-	return func(c *config) { c.attach = attach; c.mark("WithSuccessorProcess") }
 }
 
 // Only runs just the named scenarios; the others are reported as not run.
@@ -263,11 +230,9 @@ func Only(names ...string) Option {
 var suiteOptions = map[string][]string{
 	suiteEffect: {"WithConcurrency", "WithStorm", "WithMaxSweep", "WithRetryFor", "WithTimeout",
 		"WithApplyTimeout", "WithLateRedelivery", "WithLongAge", "WithSlowReply", "WithQuietPeriod",
-		"WithCapacityKeys", "AllowUnverified", "WithSuccessorProcess", "Only"},
+		"AllowUnverified", "Only"},
 	suiteJournal: {"WithConcurrency", "WithTimeout", "WithApplyTimeout", "WithLease", "Only"},
 	suiteSource:  {"WithTimeout", "WithApplyTimeout", "WithRedeliveryWait", "WithSourceMessages", "Only"},
-	suitePlan: {"WithMaxSweep", "WithRetryFor", "WithTimeout", "WithApplyTimeout", "WithSlowReply",
-		"AllowUnverified", "WithSuccessorProcess", "Only"},
 }
 
 // newConfig applies opts to the defaults and validates the result for the
@@ -318,12 +283,8 @@ func newConfig(op, suite string, scenarios []string, opts []Option) (config, err
 		return bad("WithSlowReply", "%v: must be positive", c.slowReply)
 	case c.quietPeriod < 0:
 		return bad("WithQuietPeriod", "%v: must not be negative", c.quietPeriod)
-	case c.capacityKeys < 2000:
-		return bad("WithCapacityKeys", "%d: at least 2000, twice the replay storm's default, or it proves nothing the storm does not", c.capacityKeys)
 	case slices.Contains(c.set, "AllowUnverified") && strings.TrimSpace(c.unverified) == "":
 		return bad("AllowUnverified", "empty reason: say why the harness cannot run what the unverified fields rest on")
-	case slices.Contains(c.set, "WithSuccessorProcess") && c.attach == nil:
-		return bad("WithSuccessorProcess", "nil attach function")
 	}
 	if slices.Contains(c.set, "Only") && len(c.only) == 0 {
 		return bad("Only", "no scenario named: leave Only out to run every scenario")

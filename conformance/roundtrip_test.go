@@ -213,3 +213,90 @@ func TestRoundTripFaults(t *testing.T) {
 		t.Errorf("after Sever: %v, ran %d times; want ErrSevered, nothing run", err, ran)
 	}
 }
+
+// laterLedger hands a failed write to a background writer that retries it
+// 250 ms later, and reports ErrTransient: "not applied". Nothing is
+// applied when Apply returns, so a count taken at once passes it.
+type laterLedger struct {
+	*Ledger
+	wg *sync.WaitGroup
+}
+
+func (l laterLedger) Apply(ctx context.Context, key effects.Key, in Entry) (effects.Result, error) {
+	res, err := l.Ledger.Apply(ctx, key, in)
+	if err != nil && effects.Retryable(err) {
+		l.wg.Go(func() {
+			time.Sleep(250 * time.Millisecond) // the background writer's batching delay
+			l.Ledger.Apply(context.Background(), key, in)
+		})
+		return effects.Result{}, effects.Transient("laterLedger", key, err)
+	}
+	return res, err
+}
+
+// TestQuietPeriodCatchesLateWriter: an ErrTransient whose effect lands
+// after Apply returned is caught by the count after the quiet period,
+// where the request was cut (a count taken at once shows nothing: with
+// WithQuietPeriod(0) the lie passes).
+func TestQuietPeriodCatchesLateWriter(t *testing.T) {
+	offMatrix(t)
+	mk := func(t testing.TB) conformance.Harness[Entry] {
+		var wg sync.WaitGroup
+		h := ledgerVariant{&ledgerHarness{srv: startLedger(t, 0)}, func(l *Ledger) effects.Effect[Entry] { return laterLedger{l, &wg} }, 0}
+		t.Cleanup(wg.Wait)
+		return h
+	}
+	rep := conformance.Evaluate(t, "ledger: failed writes retried in the background", mk, conformance.Only(conformance.ScenarioCut))
+	row, _ := rep.Row(conformance.ScenarioCut)
+	if row.Verdict != conformance.Fail || !strings.Contains(strings.Join(row.Failures, "\n"), "promises that nothing was applied") {
+		t.Errorf("cut-request: %s %v, want FAIL for an effect that landed after ErrTransient", row.Verdict, row.Failures)
+	}
+}
+
+// deadlineLedger gives each Apply a deadline of its own, 200 ms; if
+// timeoutTransient, it reports running out of it as ErrTransient ("the
+// call timed out, nothing happened") although the request was sent.
+type deadlineLedger struct {
+	*Ledger
+	timeoutTransient bool
+}
+
+func (l deadlineLedger) Apply(ctx context.Context, key effects.Key, in Entry) (effects.Result, error) {
+	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	res, err := l.Ledger.Apply(cctx, key, in)
+	if err != nil && l.timeoutTransient && cctx.Err() != nil && ctx.Err() == nil {
+		return res, effects.Transient("deadlineLedger", key, err)
+	}
+	return res, err
+}
+
+// TestSlowReplyCatchesTimeoutAsTransient: a reply held past the adapter's
+// own deadline, the connection up and the entry written, must come back
+// as an unknown outcome; the honest ledger with the same deadline passes.
+func TestSlowReplyCatchesTimeoutAsTransient(t *testing.T) {
+	offMatrix(t)
+	mk := func(transient bool) conformance.Maker[Entry] {
+		return func(t testing.TB) conformance.Harness[Entry] {
+			return ledgerVariant{&ledgerHarness{srv: startLedger(t, 0)}, func(l *Ledger) effects.Effect[Entry] {
+				return deadlineLedger{l, transient}
+			}, 0}
+		}
+	}
+	opts := []conformance.Option{conformance.Only(conformance.ScenarioSlowReply), conformance.WithSlowReply(time.Second)}
+	rep := conformance.Evaluate(t, "ledger: its own timeout as ErrTransient", mk(true), opts...)
+	row, _ := rep.Row(conformance.ScenarioSlowReply)
+	if row.Verdict != conformance.Fail || !strings.Contains(strings.Join(row.Failures, "\n"), "promises that nothing was applied") {
+		t.Errorf("slow-reply: %s %v, want FAIL", row.Verdict, row.Failures)
+	}
+	rep = conformance.Run(t, "ledger with a deadline of its own", mk(false), opts...)
+	if row, _ := rep.Row(conformance.ScenarioSlowReply); row.Verdict != conformance.Pass {
+		t.Errorf("slow-reply on the honest ledger: %s %v (%s), want pass", row.Verdict, row.Failures, row.Skipped)
+	}
+	// Without WithSlowReply the scenario is not selected, which fails no
+	// Run.
+	rep = conformance.Run(t, "ledger", mk(false), conformance.Only(conformance.ScenarioSlowReply, conformance.ScenarioRedelivery))
+	if row, _ := rep.Row(conformance.ScenarioSlowReply); row.Verdict != conformance.NotRun || !strings.Contains(row.Skipped, "WithSlowReply") {
+		t.Errorf("slow-reply without WithSlowReply: %s (%s), want not run, naming the option", row.Verdict, row.Skipped)
+	}
+}

@@ -27,6 +27,7 @@ const (
 	ScenarioDistinctKeys   = "distinct-keys"
 	ScenarioStorm          = "replay-storm"
 	ScenarioRestart        = "backend-restart"
+	ScenarioSlowReply      = "slow-reply"
 )
 
 // effectTable is the effect suite: every scenario, in the order it runs,
@@ -47,6 +48,7 @@ func effectTable[In any]() []scenario[Harness[In]] {
 		{ScenarioDistinctKeys, nil, effect((*s).distinctKeys)},
 		{ScenarioStorm, nil, effect((*s).storm)},
 		{ScenarioRestart, []capability{capRestarter}, effect((*s).restart)},
+		{ScenarioSlowReply, nil, effect((*s).slowReplySweep)},
 	}
 }
 

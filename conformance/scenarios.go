@@ -267,6 +267,18 @@ func (s *scene[In]) sweep(kind FaultKind) {
 	}
 }
 
+// slowReplySweep is the sweep of SlowReply, when [WithSlowReply] asks
+// for it: every reply of an Apply in turn is held past the adapter's own
+// deadline, the connection up, while the backend has processed the
+// request. An adapter that gives up must report an unknown outcome, never
+// ErrTransient; one that waits must get the reply.
+func (s *scene[In]) slowReplySweep() {
+	if !s.cfg.slowReplySet {
+		s.skip("not selected: opt in with WithSlowReply(d), d longer than the adapter's own call deadline")
+	}
+	s.sweep(SlowReply)
+}
+
 // dupSweep counts the round trips of a clean duplicate Apply of clean (a
 // key applied before), then for each n injects kind at round trip n of a
 // duplicate Apply of a key applied once, on a new instance, in a subtest
@@ -315,6 +327,7 @@ func (s *scene[In]) faultDuplicateAt(kind FaultKind, n int) {
 		s.failf("%s: Apply returned an error that Retryable rejects, so a consumer would give up on a key it may have applied: %v", what, err)
 		return
 	case errors.Is(err, effects.ErrTransient):
+		s.quiet()
 		s.expect(key, cleanRepeat, true, what+": after ErrTransient, which promises that nothing more was applied")
 	}
 	again := what + ", retried on a new instance"
@@ -364,8 +377,9 @@ func (s *scene[In]) faultAt(kind FaultKind, n int, same bool) bool {
 		inst.Close() // the faulted process is gone
 	}
 	if errors.Is(err, effects.ErrTransient) {
+		s.quiet()
 		got := s.peek(key, what+": after ErrTransient")
-		s.check(got == 0, "%s: Apply returned ErrTransient, which promises that nothing was applied, but the backend shows %d effects: %v", what, got, err)
+		s.check(got == 0, "%s: Apply returned ErrTransient, which promises that nothing was applied, but the backend shows %d effects %v later: %v", what, got, s.cfg.quietPeriod, err)
 	}
 	if !same {
 		retry, again = s.open(NewFaults()), what+", retried on a new instance"
@@ -383,12 +397,25 @@ func (s *scene[In]) faultAt(kind FaultKind, n int, same bool) bool {
 	return fired
 }
 
+// quiet waits the quiet period ([WithQuietPeriod]) after an Apply that
+// returned ErrTransient, before its effects are counted: work handed to
+// something that applies it later breaks the promise as surely as work
+// applied at once.
+func (s *scene[In]) quiet() {
+	if s.cfg.quietPeriod > 0 {
+		if err := retry.Sleep(s.ctx, s.cfg.quietPeriod); err != nil {
+			s.fatalf("waiting the quiet period after ErrTransient: %v", err)
+		}
+	}
+}
+
 // applyFaulted applies key on inst, whose Faults f injects kind at round
 // trip n of the Apply (cancelling its context for CancelAfterSend), and
 // reports whether the fault fired.
 func (s *scene[In]) applyFaulted(inst *instance[In], f *Faults, kind FaultKind, n int, key effects.Key, in In, what string) (res effects.Result, fired bool, err error) {
 	actx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
+	f.SetSlowReply(s.cfg.slowReply)
 	f.Arm(inst.base+n, kind, cancel)
 	res, err = s.apply(actx, inst, key, in, what)
 	cancel()

@@ -28,7 +28,7 @@ func offMatrix(t *testing.T) { t.Setenv(conformance.ReportEnv, "") }
 // of its contract was verified.
 func TestLedgerConformance(t *testing.T) {
 	offMatrix(t)
-	rep := conformance.Run(t, "ledger", ledgerMaker(0), conformance.WithLateRedelivery(time.Second))
+	rep := conformance.Run(t, "ledger", ledgerMaker(0), conformance.WithLateRedelivery(time.Second), conformance.WithSlowReply(300*time.Millisecond))
 	for _, row := range rep.Rows {
 		if row.Verdict != conformance.Pass {
 			t.Errorf("%s: %s (%s), want pass", row.Scenario, row.Verdict, row.Skipped)
