@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -556,8 +557,88 @@ func distinctPairs(base string) []distinctPair {
 		distinctPair{"only letter case (ASCII)", effects.Key(base + "Order-7"), effects.Key(base + "order-7")},
 		distinctPair{"only letter case (non-ASCII)", effects.Key(base + "\u00c9mile"), effects.Key(base + "\u00e9mile")},
 		distinctPair{"only Unicode normalization (NFC vs NFD)", effects.Key(base + "caf\u00e9"), effects.Key(base + "cafe\u0301")},
+		// Keys an HTTP adapter merges when it puts them unescaped in a URL
+		// path, or a server decodes them twice.
+		distinctPair{"a slash, and its percent-escape", effects.Key(base + "a/b"), effects.Key(base + "a%2Fb")},
+		distinctPair{"a query mark, and nothing after it", effects.Key(base + "q?x=1"), effects.Key(base + "q")},
+		distinctPair{"a fragment mark, and nothing after it", effects.Key(base + "f#x"), effects.Key(base + "f")},
+		distinctPair{"a plus, and a space", effects.Key(base + "p+q"), effects.Key(base + "p q")},
+		distinctPair{"a no-break space, and a space", effects.Key(base + "n\u00a0m"), effects.Key(base + "n m")},
+		distinctPair{"a percent-escape, and what it decodes to", effects.Key(base + "e%41"), effects.Key(base + "eA")},
+		distinctPair{"dot segments of a path", effects.Key(base + "d/../e"), effects.Key(base + "e")},
+		// Keys whose parts differ only in where a separator falls.
+		distinctPair{"NewKey parts differing only in where the separator falls",
+			effects.MustKey(strings.TrimSuffix(base, ":"), "a:b", "c"), effects.MustKey(strings.TrimSuffix(base, ":"), "a", "b:c")},
 	)
+	// Keys whose short hashes collide: a dedup column holding a CRC-32 or
+	// an FNV-32 of the key merges them.
+	prefix := base + "h-"
+	crc := crc32.ChecksumIEEE([]byte(prefix))
+	fnv1a, fnv1 := fnvState(prefix, true), fnvState(prefix, false)
+	for _, h := range []struct {
+		name string
+		sum  func(suffix []byte) uint32
+	}{
+		{"CRC-32", func(x []byte) uint32 { return crc32.Update(crc, crc32.IEEETable, x) }},
+		{"FNV-32a", func(x []byte) uint32 { return fnvMore(fnv1a, x, true) }},
+		{"FNV-32", func(x []byte) uint32 { return fnvMore(fnv1, x, false) }},
+	} {
+		if a, b, ok := collision(h.sum); ok {
+			out = append(out, distinctPair{"the same " + h.name + " of the key", effects.Key(prefix + a), effects.Key(prefix + b)})
+		}
+	}
 	return out
+}
+
+// collisionWidth is the length of the suffixes collision tries: 48 bits
+// of a pseudo-random sequence each, so that no structure of the hash
+// keeps them apart.
+const collisionWidth = 8
+
+// collision finds two suffixes whose sum (of the key they end) is the
+// same: a birthday search, which needs about 80,000 tries.
+func collision(sum func(suffix []byte) uint32) (a, b string, ok bool) {
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+	suffix := func(i uint64, buf []byte) []byte {
+		z := i*0x9e3779b97f4a7c15 + 0x632be59bd9b4e019 // splitmix64
+		z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+		z = (z ^ z>>27) * 0x94d049bb133111eb
+		z ^= z >> 31
+		for j := range buf {
+			buf[j] = alphabet[z&63]
+			z >>= 6
+		}
+		return buf
+	}
+	var buf [collisionWidth]byte
+	seen := make(map[uint32]uint64, 1<<17)
+	for i := range uint64(1 << 20) {
+		h := sum(suffix(i, buf[:]))
+		if prev, dup := seen[h]; dup {
+			var pb [collisionWidth]byte
+			return string(suffix(prev, pb[:])), string(suffix(i, buf[:])), true
+		}
+		seen[h] = i
+	}
+	return "", "", false
+}
+
+// fnvState is the FNV-32 (1a if a) state after s; fnvMore continues it
+// over x.
+func fnvState(s string, a bool) uint32 { return fnvMore(2166136261, []byte(s), a) }
+
+func fnvMore(h uint32, x []byte, a bool) uint32 {
+	const prime = 16777619
+	for _, c := range x {
+		if a {
+			h ^= uint32(c)
+			h *= prime
+		} else {
+			h *= prime
+			h ^= uint32(c)
+		}
+	}
+	return h
 }
 
 // distinctKeys applies both keys of every distinct pair: each must apply

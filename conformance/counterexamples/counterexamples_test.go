@@ -216,6 +216,24 @@ func TestSuiteCatchesCounterexamples(t *testing.T) {
 				conformance.ScenarioKeyReuse, conformance.ScenarioInvalidKey, conformance.ScenarioDistinctKeys, conformance.ScenarioStorm},
 		},
 		{
+			name: "short-hash-dedup (CRC-32)",
+			build: simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
+				return counterexamples.ShortHashDedup{DB: p}
+			}),
+			caught: []string{conformance.ScenarioDistinctKeys},
+			only:   true,
+			says:   "CRC-32",
+		},
+		{
+			name: "unescaped-path-dedup",
+			build: simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
+				return counterexamples.UnescapedPathDedup{DB: p}
+			}),
+			caught: []string{conformance.ScenarioDistinctKeys},
+			only:   true,
+			says:   "a query mark",
+		},
+		{
 			name: "prefix-dedup (44 bytes)",
 			build: simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
 				return counterexamples.PrefixDedup{DB: p}

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"hash/crc32"
 	"strconv"
 	"strings"
 	"sync"
@@ -454,4 +455,42 @@ func (e EmptyFirstRef) Apply(ctx context.Context, key effects.Key, in Payment) (
 		res.Ref = "replay-" + hex.EncodeToString(b[:])
 	}
 	return res, err
+}
+
+// ShortHashDedup dedups on the CRC-32 of the key (a compact column, "the
+// odds of a clash are four billion to one"): two keys whose CRC-32 is the
+// same are one key to it, and the second is refused as a reuse.
+type ShortHashDedup struct{ DB *pgxpool.Pool }
+
+// Contract claims EffectivelyOnce.
+func (e ShortHashDedup) Contract() effects.Contract {
+	return claim("counterexample: dedup on the key's CRC-32")
+}
+
+// Apply dedups on crc32(key).
+func (e ShortHashDedup) Apply(ctx context.Context, key effects.Key, in Payment) (effects.Result, error) {
+	if err := key.Validate(); err != nil {
+		return effects.Result{}, err
+	}
+	return dedupTx(ctx, e.DB, key, strconv.FormatUint(uint64(crc32.ChecksumIEEE([]byte(key))), 16), in, true, classify)
+}
+
+// UnescapedPathDedup keys its dedup record as a vendor would that is sent
+// the key unescaped in a URL path: whatever follows a '?' or a '#' is not
+// part of the path, so "q?x=1" and "q" are one key.
+type UnescapedPathDedup struct{ DB *pgxpool.Pool }
+
+// Contract claims EffectivelyOnce.
+func (e UnescapedPathDedup) Contract() effects.Contract {
+	return claim("counterexample: the key unescaped in a URL path")
+}
+
+// Apply dedups on the key as a URL path would carry it.
+func (e UnescapedPathDedup) Apply(ctx context.Context, key effects.Key, in Payment) (effects.Result, error) {
+	if err := key.Validate(); err != nil {
+		return effects.Result{}, err
+	}
+	dk, _, _ := strings.Cut(string(key), "?")
+	dk, _, _ = strings.Cut(dk, "#")
+	return dedupTx(ctx, e.DB, key, dk, in, true, classify)
 }
