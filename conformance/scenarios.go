@@ -138,6 +138,19 @@ func (s *scene[In]) concurrent() {
 	for round := range 4 {
 		s.concurrentRound(insts, s.key("concurrent", fmt.Sprint(round)))
 	}
+	s.widened(insts)
+}
+
+// widened notes when the racers' round trips did not go through their
+// Faults, so the delay that widens race windows was never added: the
+// race ran at the backend's own speed, and a pass proves less.
+func (s *scene[In]) widened(insts []*instance[In]) {
+	for _, i := range insts {
+		if i.f.RoundTrips() > i.base {
+			return
+		}
+	}
+	s.notef("race window not widened: the attempts made no round trip through the harness's Faults, so no delay was added to them (see \"Writing a harness\")")
 }
 
 // racers opens the two instances a race spreads its attempts over, each
@@ -492,6 +505,7 @@ func (s *scene[In]) raceReuse() {
 			}
 		}
 	}
+	s.widened(insts)
 }
 
 // invalidKeys applies keys every adapter must refuse before any I/O.

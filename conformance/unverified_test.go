@@ -93,3 +93,22 @@ func TestAllowUnverified(t *testing.T) {
 		t.Errorf("lost-reply: %s, effects %q; want not run, shown as -", row.Verdict, row.Effects())
 	}
 }
+
+// TestRaceWindowNotWidened: when the racers' round trips bypass the
+// Faults, the concurrency scenarios say their race window was not
+// widened.
+func TestRaceWindowNotWidened(t *testing.T) {
+	offMatrix(t)
+	rep := conformance.Evaluate(t, "ledger dialling around the faults", unwiredMaker,
+		conformance.Only(conformance.ScenarioConcurrent, conformance.ScenarioRaceReuse))
+	for _, s := range []string{conformance.ScenarioConcurrent, conformance.ScenarioRaceReuse} {
+		row, _ := rep.Row(s)
+		if !strings.Contains(strings.Join(row.Notes, "\n"), "race window not widened") {
+			t.Errorf("%s: notes %v do not say the race window was not widened", s, row.Notes)
+		}
+	}
+	rep = conformance.Evaluate(t, "ledger", ledgerMaker(0), conformance.Only(conformance.ScenarioConcurrent))
+	if row, _ := rep.Row(conformance.ScenarioConcurrent); strings.Contains(strings.Join(row.Notes, "\n"), "not widened") {
+		t.Errorf("concurrent-duplicates through the Faults: notes %v say the window was not widened", row.Notes)
+	}
+}
