@@ -260,6 +260,8 @@ func TestRunSourceCatchesCounterexamples(t *testing.T) {
 		{"commit everything delivered on revoke", memSourceMaker(func(l *memLog) { l.revokeCommitsAll = true }, nil), []string{conformance.SourceRevocation}},
 		{"release acks", memSourceMaker(nil, func(s effects.Source) effects.Source { return counterexamples.ReleaseAcks{Source: s} }),
 			[]string{conformance.SourceReleased}},
+		{"a header stamped per delivery", memSourceMaker(nil, func(s effects.Source) effects.Source { return counterexamples.NewStampedRedelivery(s) }),
+			[]string{conformance.SourceUnackedAfterClose, conformance.SourceUnackedAfterCrash}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
