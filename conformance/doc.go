@@ -48,8 +48,12 @@
 //   - invalid-keys: refused with ErrInvalidKey before any I/O.
 //   - distinct-keys: keys that differ only after a common prefix (up to
 //     MaxKeyLen), only in letter case, only in Unicode normalization (NFC
-//     vs NFD), and keys of MaxKeyLen bytes: each applies once, is counted
-//     once and replays on its own.
+//     vs NFD), keys of MaxKeyLen bytes, keys an unescaped URL path or a
+//     second decoding merges ('/' and "%2F", what follows '?' or '#', '+'
+//     and ' ', dot segments), NewKey parts that differ only in where the
+//     separator falls, and pairs whose CRC-32, FNV-32a or FNV-32 collide:
+//     each applies once, is counted once and replays on its own, with its
+//     first ref (an empty one included).
 //   - replay-storm: 1,000 keys, 99% applied first; the warm-up must report
 //     every new key applied and grow the backend by exactly that many, the
 //     storm only by the new keys, and every key is counted ([BatchCounter]
@@ -156,15 +160,17 @@
 //	})
 //
 // The journal suite checks a lease and its expiry, fencing by attempt,
-// Complete keeping the first reference, key reuse, invalid and distinct
-// keys, concurrent Begins, a crashed lease holder and a backend restart
-// ([JournalScenarios]). The source suite checks that acked deliveries stay
-// acked after a graceful close, that unacked ones come back after a close
-// and after a crash, that acks out of order never skip one, that a
-// delivery never acked is never committed, that a rebalance loses
-// nothing no Ack confirmed, and, for an [effects.Releaser], that a
-// released delivery comes back and is never taken for acked
-// ([SourceScenarios]).
+// Complete keeping the first reference (an empty reference marks a key
+// done too), Lookup saying not done after Release, key reuse, invalid and
+// distinct keys, concurrent Begins, a crashed lease holder and a backend
+// restart ([JournalScenarios]). The source suite checks that a redelivered
+// message carries the body, headers and ordering of its first delivery,
+// that acked deliveries stay acked after a graceful close, that unacked
+// ones come back after a close and after a crash, that acks out of order
+// never skip one, that a delivery never acked is never committed, that a
+// rebalance loses nothing no Ack confirmed, and, for an
+// [effects.Releaser], that a released delivery comes back and is never
+// taken for acked ([SourceScenarios]).
 //
 // # Proofs
 //
