@@ -59,7 +59,8 @@
 //     storm only by the new keys, and every key is counted ([BatchCounter]
 //     counts them in one look).
 //   - backend-restart (needs [Restarter]).
-//   - slow-reply (with [WithSlowReply]): every reply of an Apply in turn
+//   - slow-reply (only with [WithSlowReply]; left out of the report
+//     without it): every reply of an Apply in turn
 //     is held past the adapter's own deadline, the connection up, after
 //     the backend processed the request ([SlowReply]); giving up must be
 //     reported as an unknown outcome, never ErrTransient.

@@ -3,6 +3,7 @@ package conformance
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -79,7 +80,12 @@ func Evaluate[In any](t *testing.T, adapter string, mk Maker[In], opts ...Option
 
 func runEffect[In any](t *testing.T, op, adapter string, mk Maker[In], strict bool, opts []Option) Report {
 	t.Helper()
-	return runSuite(t, op, suiteEffect, adapter, effectTable[In](), func(tb testing.TB) Harness[In] { return mk(tb) }, opts, strict, func(rep *Report) {
+	table := effectTable[In]()
+	if !slowReplyAsked(opts) {
+		// An opt-in scenario: left out of the table, and the report.
+		table = slices.DeleteFunc(table, func(sc scenario[Harness[In]]) bool { return sc.name == ScenarioSlowReply })
+	}
+	return runSuite(t, op, suiteEffect, adapter, table, func(tb testing.TB) Harness[In] { return mk(tb) }, opts, strict, func(rep *Report) {
 		t.Helper()
 		for _, row := range rep.Rows {
 			if row.contract != nil {
@@ -92,6 +98,17 @@ func runEffect[In any](t *testing.T, op, adapter string, mk Maker[In], strict bo
 			t.Errorf("%s", msg)
 		}
 	})
+}
+
+// slowReplyAsked reports whether opts include [WithSlowReply].
+func slowReplyAsked(opts []Option) bool {
+	c := defaults()
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	return c.slowReplySet
 }
 
 // unverified marks the fields of rep that a scenario could not verify

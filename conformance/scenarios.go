@@ -281,16 +281,13 @@ func (s *scene[In]) sweep(kind FaultKind) {
 	}
 }
 
-// slowReplySweep is the sweep of SlowReply, when [WithSlowReply] asks
-// for it: every reply of an Apply in turn is held past the adapter's own
+// slowReplySweep is the sweep of SlowReply, run only when
+// [WithSlowReply] asks for it: every reply of an Apply in turn is held past the adapter's own
 // deadline, the connection up, while the backend has processed the
 // request. An adapter that gives up must report an unknown outcome, never
 // ErrTransient; one that waits must get the reply.
 func (s *scene[In]) slowReplySweep() {
-	if !s.cfg.slowReplySet {
-		s.skip("not selected: opt in with WithSlowReply(d), d longer than the adapter's own call deadline")
-	}
-	s.sweep(SlowReply)
+	s.sweep(SlowReply) // in the table only with WithSlowReply
 }
 
 // dupSweep counts the round trips of a clean duplicate Apply of clean (a
