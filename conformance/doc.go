@@ -7,7 +7,8 @@
 //
 // An adapter's test implements a [Harness] (build the adapter against its
 // backend through the suite's fault injector, produce inputs, count effects
-// in the backend itself) and calls [Run]:
+// in the backend itself) and calls [Run], which fails the test when a
+// declared field cannot be verified (see "Writing a harness"):
 //
 //	func TestConformance(t *testing.T) {
 //		conformance.Run(t, "myadapter", func(t testing.TB) conformance.Harness[MyInput] {
@@ -31,8 +32,9 @@
 //   - lost-reply, cut-request, cancel-mid-apply: count the round trips of a
 //     clean Apply (those Make makes excluded), then fault each in turn. An
 //     Apply that returned no error must already show its effect in the
-//     backend; one that returned ErrTransient must show none (its promise:
-//     nothing was applied). Every round trip is faulted twice, on two keys:
+//     backend; one that returned ErrTransient must show none, counted
+//     again after a quiet period ([WithQuietPeriod]) so that work handed
+//     to a background writer is seen (its promise: nothing was applied). Every round trip is faulted twice, on two keys:
 //     once the key is retried on the faulted instance itself (a process
 //     that survived and retries, as a consumer does), once the faulted
 //     instance is closed and the key retried on a new instance, a
@@ -46,13 +48,22 @@
 //   - invalid-keys: refused with ErrInvalidKey before any I/O.
 //   - distinct-keys: keys that differ only after a common prefix (up to
 //     MaxKeyLen), only in letter case, only in Unicode normalization (NFC
-//     vs NFD), and keys of MaxKeyLen bytes: each applies once, is counted
-//     once and replays on its own.
+//     vs NFD), keys of MaxKeyLen bytes, keys an unescaped URL path or a
+//     second decoding merges ('/' and "%2F", what follows '?' or '#', '+'
+//     and ' ', dot segments), NewKey parts that differ only in where the
+//     separator falls, and pairs whose CRC-32, FNV-32a or FNV-32 collide:
+//     each applies once, is counted once and replays on its own, with its
+//     first ref (an empty one included).
 //   - replay-storm: 1,000 keys, 99% applied first; the warm-up must report
 //     every new key applied and grow the backend by exactly that many, the
 //     storm only by the new keys, and every key is counted ([BatchCounter]
 //     counts them in one look).
 //   - backend-restart (needs [Restarter]).
+//   - slow-reply (only with [WithSlowReply]; left out of the report
+//     without it): every reply of an Apply in turn
+//     is held past the adapter's own deadline, the connection up, after
+//     the backend processed the request ([SlowReply]); giving up must be
+//     reported as an unknown outcome, never ErrTransient.
 //
 // Each asserts against the contract the adapter declares: EffectivelyOnce
 // means exactly one effect per key in every scenario; AtLeastOnce means at
@@ -72,6 +83,60 @@
 // age its records: the horizon), [BatchCounter] (count many keys at once).
 // A scenario whose capability is missing is not run, and the contract
 // fields that rest on it are reported as not verified.
+//
+// # Writing a harness
+//
+// A harness is judged by what the suite can verify through it. [Run]
+// fails the test when a field of the declared contract cannot be verified
+// because a scenario it rests on could not run (the harness lacks a
+// capability, or the adapter's round trips never reach the suite's
+// [Faults]), unless the harness says why with [AllowUnverified]; the
+// reason is shown in the report and the matrix beside each such field.
+// Scenarios left out with [Only] or go test -run do not fail it.
+//
+// A round trip is one request to the backend and its reply: what the
+// backend may have applied without the adapter learning the outcome if
+// the reply is lost. Over a network it is one write followed by the read
+// of the reply, on a connection made through [Faults.DialContext] or an
+// HTTP transport made by [Faults.Transport]. A backend with no network to
+// hook is faulted at its calls instead:
+//
+//   - a database/sql driver (an embedded database such as SQLite, or a
+//     driver whose dialer the harness cannot reach): open the adapter's
+//     *sql.DB with sql.OpenDB([SQLConnector](base, f)); every driver call
+//     (connect, BEGIN, each statement, COMMIT, ROLLBACK) is a round trip;
+//   - anything else (a store in process memory, an embedded engine, a
+//     client with no dialer): run each call of the backend through
+//     [Faults.RoundTrip], which applies the armed fault around it as a
+//     network would: it runs and its result is lost, or it never runs, or
+//     the caller's context is cancelled once it ran.
+//
+// The sweeps count the round trips of a clean Apply and fault each; an
+// adapter that makes none through f is reported as not run, which fails
+// [Run]. A [Restarter] restarts the backend as an operator would: a
+// server is stopped and started on the same address; an in-process
+// backend closes every handle it has open (the database, its files, its
+// connections) and opens them again over the same files or state.
+//
+// The rules an adapter's classification of errors must follow, which the
+// sweeps check:
+//
+//   - an error before anything was sent (a refused connection, a cut
+//     request the backend never received whole, a BEGIN that failed, a
+//     statement of a transaction that then rolled back) means nothing was
+//     applied: ErrTransient, safe to retry;
+//   - an error once the request may have been applied (a lost reply, a
+//     timeout or a cancellation while waiting for it, a failed COMMIT) is
+//     an unknown outcome: ErrAmbiguous, never ErrTransient and never
+//     success;
+//   - an error returned by a callback of the user's (the write function
+//     run inside the adapter's transaction) is classified by when it
+//     happened: before COMMIT nothing was applied, so it is transient
+//     unless the callback marked it permanent ([effects.Permanent]); it
+//     is never permanent by default, for a consumer would then give up on
+//     a key whose work could succeed;
+//   - only a refusal the backend guarantees was not applied (a validation
+//     error, ErrKeyReused) is permanent.
 //
 // # What a black-box suite cannot check
 //
@@ -96,15 +161,17 @@
 //	})
 //
 // The journal suite checks a lease and its expiry, fencing by attempt,
-// Complete keeping the first reference, key reuse, invalid and distinct
-// keys, concurrent Begins, a crashed lease holder and a backend restart
-// ([JournalScenarios]). The source suite checks that acked deliveries stay
-// acked after a graceful close, that unacked ones come back after a close
-// and after a crash, that acks out of order never skip one, that a
-// delivery never acked is never committed, that a rebalance loses
-// nothing no Ack confirmed, and, for an [effects.Releaser], that a
-// released delivery comes back and is never taken for acked
-// ([SourceScenarios]).
+// Complete keeping the first reference (an empty reference marks a key
+// done too), Lookup saying not done after Release, key reuse, invalid and
+// distinct keys, concurrent Begins, a crashed lease holder and a backend
+// restart ([JournalScenarios]). The source suite checks that a redelivered
+// message carries the body, headers and ordering of its first delivery,
+// that acked deliveries stay acked after a graceful close, that unacked
+// ones come back after a close and after a crash, that acks out of order
+// never skip one, that a delivery never acked is never committed, that a
+// rebalance loses nothing no Ack confirmed, and, for an
+// [effects.Releaser], that a released delivery comes back and is never
+// taken for acked ([SourceScenarios]).
 //
 // # Proofs
 //

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -64,21 +65,23 @@ func runTable[H any](t *testing.T, op, suite, subject string, table []scenario[H
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
-	rep := Report{Suite: suite, Adapter: subject, Evaluated: !strict}
+	rep := Report{Suite: suite, Adapter: subject, Evaluated: !strict, Unverified: cfg.unverified}
 	for _, sc := range table {
 		row := &Row{Scenario: sc.name}
 		if !cfg.selected(sc.name) {
-			row.Skipped = "not selected (Only)"
+			row.Skipped = notSelectedOnly
 			row.settle()
 			rep.Rows = append(rep.Rows, *row)
 			continue
 		}
 		started, finished := false, false
 		t.Run(sc.name, func(t *testing.T) {
+			t.Helper()
 			started = true
 			ctx, cancel := context.WithTimeout(context.Background(), cfg.timeout)
 			defer cancel()
-			c := &checker{t: t, ctx: ctx, row: row, strict: strict, cfg: &cfg, run: newRunID()}
+			c := &checker{t: t, ctx: ctx, row: row, strict: strict, cfg: &cfg, run: newRunID(), out: &outbox{}}
+			defer c.flush()
 			h := mk(t)
 			for _, need := range sc.needs {
 				if !need.has(h) {
@@ -88,12 +91,15 @@ func runTable[H any](t *testing.T, op, suite, subject string, table []scenario[H
 					return
 				}
 			}
-			c.guard(func() { sc.run(c, h) })
+			c.guard(func() {
+				t.Helper()
+				sc.run(c, h)
+			})
 			finished = true
 		})
 		switch {
 		case !started:
-			row.Skipped = "not selected (go test -run)"
+			row.Skipped = notSelectedRun
 		case !finished:
 			// The subtest stopped early (the harness failed it with
 			// t.Fatal): whatever was recorded so far is no pass.
@@ -108,15 +114,53 @@ func runTable[H any](t *testing.T, op, suite, subject string, table []scenario[H
 	return rep
 }
 
+// Why a scenario left out by selection did not run.
+const (
+	notSelectedOnly = "not selected (Only)"
+	notSelectedRun  = "not selected (go test -run)"
+)
+
+// notSelected reports whether a row did not run because it was not
+// selected (Only, or go test -run), rather than for want of a capability.
+func notSelected(r Row) bool { return strings.HasPrefix(r.Skipped, "not selected") }
+
+// outbox holds the failures of one (sub)test, reported on it when it
+// ends: from its own goroutine, after every frame of the suite called
+// t.Helper, so that go test shows them at the harness's call of Run, not
+// at a line of the suite.
+type outbox struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (o *outbox) add(msg string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.msgs = append(o.msgs, msg)
+}
+
 // checker records one scenario's checks into its row. Failed checks fail
-// the current (sub)test in strict mode.
+// the current (sub)test in strict mode, when it ends (see outbox).
 type checker struct {
 	t      *testing.T
 	ctx    context.Context
 	row    *Row
 	strict bool
 	cfg    *config
-	run    string // unique to this scenario run, part of every key
+	run    string  // unique to this scenario run, part of every key
+	out    *outbox // failures to report on t
+}
+
+// flush reports the failures recorded for c's (sub)test on it.
+func (c *checker) flush() {
+	c.t.Helper()
+	c.out.mu.Lock()
+	msgs := c.out.msgs
+	c.out.msgs = nil
+	c.out.mu.Unlock()
+	for _, m := range msgs {
+		c.t.Errorf("%s", m)
+	}
 }
 
 // abort stops a scenario (or a sweep's round trip) after a failure that
@@ -125,6 +169,7 @@ type abort struct{}
 
 // guard runs fn, recovering an abort.
 func (c *checker) guard(fn func()) {
+	c.t.Helper()
 	defer func() {
 		if r := recover(); r != nil {
 			if _, ok := r.(abort); !ok {
@@ -148,7 +193,7 @@ func (c *checker) failf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	c.row.fail(msg)
 	if c.strict {
-		c.t.Errorf("%s: %s", c.row.Scenario, msg)
+		c.out.add(c.row.Scenario + ": " + msg)
 	} else {
 		c.t.Logf("check failed: %s", msg)
 	}
@@ -172,15 +217,22 @@ func (c *checker) skip(format string, args ...any) {
 }
 
 // sub runs fn as a subtest named name (so that -run isolates it), with a
-// checker of its own that records into the same row.
-// It reports whether the subtest ran: go test -run may leave it out.
+// checker of its own that records into the same row and reports its
+// failures on the subtest. It reports whether the subtest ran: go test
+// -run may leave it out.
 func (c *checker) sub(name string, fn func(c *checker)) bool {
+	c.t.Helper()
 	started, finished := false, false
 	c.t.Run(name, func(t *testing.T) {
+		t.Helper()
 		started = true
 		sc := *c
-		sc.t = t
-		sc.guard(func() { fn(&sc) })
+		sc.t, sc.out = t, &outbox{}
+		defer sc.flush()
+		sc.guard(func() {
+			t.Helper()
+			fn(&sc)
+		})
 		finished = true
 	})
 	if started && !finished {

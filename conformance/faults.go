@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -40,7 +41,20 @@ const (
 	// quicker than the client's check of its context cannot turn the fault
 	// into a plain success.
 	CancelAfterSend
+	// SlowReply lets the request reach the backend and the backend process
+	// it, then holds the reply back, the connection up, for the Faults'
+	// slow-reply time ([Faults.SetSlowReply]) or until the adapter gives up
+	// (closes the connection, lets a read deadline pass, or, for
+	// [Faults.RoundTrip], lets its context end). An adapter whose own
+	// deadline is shorter than the hold learns nothing about the outcome
+	// and must say so (ErrAmbiguous, never ErrTransient, never success);
+	// one that waits gets the reply, late.
+	SlowReply
 )
+
+// DefaultSlowReply is how long a [SlowReply] fault holds a reply when
+// [Faults.SetSlowReply] was not called.
+const DefaultSlowReply = time.Second
 
 // String names the fault.
 func (k FaultKind) String() string {
@@ -53,6 +67,8 @@ func (k FaultKind) String() string {
 		return "cut request"
 	case CancelAfterSend:
 		return "cancel after send"
+	case SlowReply:
+		return "slow reply"
 	}
 	return fmt.Sprintf("FaultKind(%d)", int(k))
 }
@@ -84,9 +100,14 @@ type Faults struct {
 	cancel  context.CancelFunc
 	fired   bool
 	delay   time.Duration
-	conns   map[*faultConn]struct{}
+	slow    time.Duration // how long SlowReply holds a reply; 0: DefaultSlowReply
+	conns   map[severable]struct{}
 	severed bool
 }
+
+// severable is a connection (a TCP connection, a database/sql driver
+// connection) that Sever cuts.
+type severable interface{ sever() }
 
 // NewFaults returns a Faults that passes everything through until armed.
 func NewFaults() *Faults { return &Faults{} }
@@ -118,6 +139,26 @@ func (f *Faults) SetDelay(d time.Duration) {
 	f.delay = d
 }
 
+// SetSlowReply sets how long a [SlowReply] fault holds the reply (default
+// [DefaultSlowReply]). Set it above the adapter's own per-call deadline,
+// or the reply arrives before the adapter gives up and only its patience
+// is tested.
+func (f *Faults) SetSlowReply(d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.slow = d
+}
+
+// slowReply returns the hold of a SlowReply fault.
+func (f *Faults) slowReply() time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.slow <= 0 {
+		return DefaultSlowReply
+	}
+	return f.slow
+}
+
 // RoundTrips returns how many round trips have started.
 func (f *Faults) RoundTrips() int { return int(f.trips.Load()) }
 
@@ -128,7 +169,7 @@ func (f *Faults) RoundTrips() int { return int(f.trips.Load()) }
 func (f *Faults) Sever() {
 	f.mu.Lock()
 	f.severed = true
-	conns := make([]*faultConn, 0, len(f.conns))
+	conns := make([]severable, 0, len(f.conns))
 	for c := range f.conns {
 		conns = append(conns, c)
 	}
@@ -157,21 +198,30 @@ func (f *Faults) describe(base int) string {
 
 // track registers a new connection, or refuses it once f is severed.
 func (f *Faults) track(c net.Conn) (net.Conn, error) {
-	fc := &faultConn{Conn: c, f: f, reading: true}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.severed {
+	fc := &faultConn{Conn: c, f: f, reading: true, wake: make(chan struct{})}
+	if !f.register(fc) {
 		c.Close()
 		return nil, ErrSevered
 	}
-	if f.conns == nil {
-		f.conns = map[*faultConn]struct{}{}
-	}
-	f.conns[fc] = struct{}{}
 	return fc, nil
 }
 
-func (f *Faults) untrack(c *faultConn) {
+// register adds c to the connections Sever cuts; it reports false (and
+// adds nothing) once f is severed.
+func (f *Faults) register(c severable) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.severed {
+		return false
+	}
+	if f.conns == nil {
+		f.conns = map[severable]struct{}{}
+	}
+	f.conns[c] = struct{}{}
+	return true
+}
+
+func (f *Faults) untrack(c severable) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.conns, c)
@@ -215,23 +265,61 @@ type faultConn struct {
 	net.Conn
 	f *Faults
 
-	mu      sync.Mutex
-	reading bool      // data was read since the last write (or nothing written yet)
-	pending FaultKind // DropReply: lose the next reply that arrives
-	broken  error     // ErrInjected or ErrSevered once the connection was cut
+	mu       sync.Mutex
+	reading  bool          // data was read since the last write (or nothing written yet)
+	pending  FaultKind     // DropReply or SlowReply: what the next reply that arrives suffers
+	hold     time.Duration // SlowReply: how long to hold it
+	held     []byte        // a held reply's bytes not yet handed to the client
+	deadline time.Time     // the client's read deadline, which ends a hold
+	broken   error         // ErrInjected or ErrSevered once the connection was cut
+	closed   bool
+	wake     chan struct{} // closed when the connection is closed or cut
+	moved    chan struct{} // closed and replaced when the read deadline moves
 }
 
 // Close closes the connection and forgets it.
 func (c *faultConn) Close() error {
 	c.f.untrack(c)
+	c.mu.Lock()
+	if !c.closed {
+		c.closed = true
+		close(c.wake)
+	}
+	c.mu.Unlock()
 	return c.Conn.Close()
 }
 
 func (c *faultConn) sever() {
 	c.mu.Lock()
 	c.broken = ErrSevered
+	if !c.closed {
+		c.closed = true
+		close(c.wake)
+	}
 	c.mu.Unlock()
 	c.Conn.Close()
+}
+
+// SetDeadline sets both deadlines; the read deadline also ends a hold.
+func (c *faultConn) SetDeadline(t time.Time) error {
+	c.setReadDeadline(t)
+	return c.Conn.SetDeadline(t)
+}
+
+// SetReadDeadline sets the read deadline, which also ends a hold.
+func (c *faultConn) SetReadDeadline(t time.Time) error {
+	c.setReadDeadline(t)
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c *faultConn) setReadDeadline(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.deadline = t
+	if c.moved != nil {
+		close(c.moved)
+		c.moved = nil
+	}
 }
 
 func (c *faultConn) Write(p []byte) (int, error) {
@@ -257,8 +345,11 @@ func (c *faultConn) Write(p []byte) (int, error) {
 		c.Conn.Close()
 		return 0, ErrInjected
 	}
-	if kind == DropReply || kind == CancelAfterSend {
+	switch kind {
+	case DropReply, CancelAfterSend:
 		c.pending = DropReply // see CancelAfterSend
+	case SlowReply:
+		c.pending, c.hold = SlowReply, c.f.slowReply()
 	}
 	c.mu.Unlock()
 	if delay > 0 {
@@ -273,15 +364,21 @@ func (c *faultConn) Write(p []byte) (int, error) {
 
 // Read reads the backend's reply. When the reply to a round trip armed with
 // DropReply arrives (so the backend has processed the request), it is
-// thrown away and the connection closed. The check runs after the read
-// returns, because some clients (net/http's persistConn) start reading
-// before they write.
+// thrown away and the connection closed; one armed with SlowReply is held
+// back (see [SlowReply]). The check runs after the read returns, because
+// some clients (net/http's persistConn) start reading before they write.
 func (c *faultConn) Read(p []byte) (int, error) {
 	c.mu.Lock()
 	if c.broken != nil {
 		err := c.broken
 		c.mu.Unlock()
 		return 0, err
+	}
+	if len(c.held) > 0 { // the rest of a reply that was held
+		n := copy(p, c.held)
+		c.held = c.held[n:]
+		c.mu.Unlock()
+		return n, nil
 	}
 	c.mu.Unlock()
 	n, err := c.Conn.Read(p)
@@ -293,17 +390,142 @@ func (c *faultConn) Read(p []byte) (int, error) {
 	if n > 0 {
 		c.reading = true // a reply (or a greeting) arrived: the next write is a new request
 	}
-	drop := c.pending == DropReply && n > 0
-	if drop {
+	pending := c.pending
+	if n > 0 && pending != NoFault {
 		c.pending = NoFault
+	}
+	drop := pending == DropReply && n > 0
+	if drop {
 		c.broken = ErrInjected
 	}
+	hold := c.hold
 	c.mu.Unlock()
-	if drop {
+	switch {
+	case drop:
 		c.Conn.Close()
 		return 0, ErrInjected
+	case pending == SlowReply && n > 0:
+		return c.holdReply(p[:n], hold)
 	}
 	return n, err
+}
+
+// holdReply holds the first bytes of a reply for up to d, the connection
+// up, and then hands them over; it gives up early, keeping them for a
+// later Read, when the client's read deadline passes or the connection is
+// closed.
+func (c *faultConn) holdReply(got []byte, d time.Duration) (int, error) {
+	c.mu.Lock()
+	c.held = append([]byte(nil), got...)
+	c.mu.Unlock()
+	end := time.NewTimer(d)
+	defer end.Stop()
+	for {
+		c.mu.Lock()
+		deadline, wake := c.deadline, c.wake
+		if c.moved == nil {
+			c.moved = make(chan struct{})
+		}
+		moved := c.moved
+		c.mu.Unlock()
+		var (
+			expired <-chan time.Time
+			stop    = func() bool { return false }
+		)
+		if !deadline.IsZero() {
+			t := time.NewTimer(time.Until(deadline))
+			expired, stop = t.C, t.Stop
+		}
+		select {
+		case <-end.C:
+			stop()
+			c.mu.Lock()
+			n := copy(got, c.held)
+			c.held = c.held[n:]
+			c.mu.Unlock()
+			return n, nil
+		case <-wake:
+			stop()
+			return 0, net.ErrClosed
+		case <-expired:
+			return 0, os.ErrDeadlineExceeded
+		case <-moved:
+			stop()
+		}
+	}
+}
+
+// RoundTrip runs fn as one round trip of f, for a backend an adapter does
+// not reach over a connection f can wrap: an embedded database, a store in
+// process memory, a client with no dialer to hook. fn is one request and
+// its reply (one driver call, one method of the store); it runs to
+// completion or not at all, and RoundTrip applies the armed fault around
+// it, as a network would:
+//
+//   - DropReply: fn runs, its result is lost, RoundTrip returns
+//     [ErrInjected];
+//   - CutRequest: fn does not run, RoundTrip returns ErrInjected;
+//   - CancelAfterSend: fn runs, then the attempt's context is cancelled
+//     and the result lost: RoundTrip returns ctx's error, or ErrInjected
+//     if ctx was not the attempt's;
+//   - SlowReply: fn runs, then the result is held for the slow-reply
+//     time; if ctx ends first RoundTrip returns ctx's error (the caller
+//     gave up on a reply that was coming).
+//
+// A severed f runs nothing and returns [ErrSevered]. The delay of
+// [Faults.SetDelay] comes before fn. A caller that holds a connection (a
+// driver connection) must treat ErrInjected and ErrSevered as a broken
+// connection, as [SQLConnector] does. RoundTrip is how a harness puts an
+// in-process backend under the suite's faults: the round trips count and
+// the sweeps visit each, just as for a network.
+func (f *Faults) RoundTrip(ctx context.Context, fn func() error) error {
+	_, err := f.roundTrip(ctx, fn)
+	return err
+}
+
+// roundTrip is RoundTrip, also reporting the fault that fired (NoFault if
+// none, or if a slow reply came before ctx ended).
+func (f *Faults) roundTrip(ctx context.Context, fn func() error) (FaultKind, error) {
+	if f.isSevered() {
+		return NoFault, ErrSevered
+	}
+	kind, cancel, delay := f.begin()
+	if delay > 0 {
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return NoFault, ctx.Err()
+		}
+	}
+	switch kind {
+	case CutRequest:
+		return kind, ErrInjected
+	case DropReply:
+		_ = fn()
+		return kind, ErrInjected
+	case CancelAfterSend:
+		_ = fn()
+		if cancel != nil {
+			cancel()
+		}
+		if err := ctx.Err(); err != nil {
+			return kind, err
+		}
+		return kind, ErrInjected
+	case SlowReply:
+		err := fn()
+		t := time.NewTimer(f.slowReply())
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return NoFault, err // the reply came, late
+		case <-ctx.Done():
+			return kind, ctx.Err()
+		}
+	}
+	return NoFault, fn()
 }
 
 // Transport wires an HTTP transport's connections through f and returns

@@ -35,11 +35,23 @@ type Field struct {
 	Status   FieldStatus
 	// Why names the scenarios behind the status.
 	Why string
+	// Allowed is the reason the harness gave with [AllowUnverified] for a
+	// field that is NotVerified because a scenario it rests on could not
+	// run; empty otherwise.
+	Allowed string `json:",omitempty"`
+
+	// blocked lists the scenarios the field rests on that did not run for
+	// a reason other than selection (a missing capability, a skip).
+	blocked []string
 }
 
 // String renders the field for the matrix, e.g.
-// "NOT VERIFIED (0, until pruned): horizon not run: harness does not implement conformance.Ager".
+// "NOT VERIFIED (0, until pruned): horizon not run: harness does not implement conformance.Ager",
+// with the reason given to [AllowUnverified] after the declared value.
 func (f Field) String() string {
+	if f.Allowed != "" {
+		return fmt.Sprintf("%s (%s), allowed unverified: %s: %s", f.Status, f.Declared, f.Allowed, f.Why)
+	}
 	return fmt.Sprintf("%s (%s): %s", f.Status, f.Declared, f.Why)
 }
 
@@ -57,7 +69,7 @@ func (f Field) short() string {
 var (
 	guaranteeScenarios = []string{ScenarioRedelivery, ScenarioConcurrent, ScenarioLostReply, ScenarioCut,
 		ScenarioCancel, ScenarioDistinctKeys, ScenarioStorm}
-	guaranteeSupport = []string{ScenarioLateRedelivery, ScenarioRaceReuse, ScenarioRestart}
+	guaranteeSupport = []string{ScenarioLateRedelivery, ScenarioRaceReuse, ScenarioRestart, ScenarioSlowReply}
 )
 
 // fields derives, from the rows and the contract, what each contract field
@@ -78,6 +90,9 @@ func fields(c effects.Contract, rows []Row) []Field {
 		for _, n := range required {
 			if r := byName[n]; r.Verdict == NotRun {
 				missing = append(missing, n+" not run: "+r.Skipped)
+				if !notSelected(r) {
+					f.blocked = append(f.blocked, n)
+				}
 			}
 		}
 		for _, n := range support {
@@ -95,6 +110,9 @@ func fields(c effects.Contract, rows []Row) []Field {
 			if len(skipped) > 0 {
 				f.Why += " (not run: " + strings.Join(skipped, ", ") + ")"
 			}
+		}
+		if f.Status != NotVerified {
+			f.blocked = nil
 		}
 		return f
 	}

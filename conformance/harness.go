@@ -51,8 +51,13 @@ type Harness[In any] interface {
 type Maker[In any] func(t testing.TB) Harness[In]
 
 // Restarter is implemented by a harness (effect, journal) that can restart
-// its backend: stop and start the same server with its data. The
-// backend-restart scenarios run only when it is implemented.
+// its backend with its data, as an operator does: a server is stopped
+// cleanly and started again on the same address; an in-process backend
+// (an embedded database, a store in process memory standing for a server)
+// closes every handle it has open and opens them again over the same
+// files or the same state, so that nothing an instance cached in a handle
+// survives. The backend-restart scenarios run only when it is
+// implemented.
 type Restarter interface {
 	Restart(ctx context.Context) error
 }

@@ -320,6 +320,15 @@ func (s *jscene) firstRef() {
 	}
 	s.doneWith(s.open("C"), key2, "ref-takeover", "after a late Complete by an expired holder")
 
+	// An empty reference is legal (an effect with nothing to refer to):
+	// Complete with ref "" marks the key done all the same.
+	empty := s.key("first-ref", "empty")
+	s.mustLease(a, empty, holdLease, "a new key")
+	if err := s.complete(a, empty, ""); err != nil {
+		s.fatalf("Complete with an empty ref: %v, want the key done", err)
+	}
+	s.doneWith(b, empty, "", "a Begin after Complete with an empty ref")
+
 	// Complete of a key never begun records nothing, and says so: a done
 	// record without the payload's fingerprint would replay for any
 	// payload, and silence would hide a success that is not recorded.
@@ -546,6 +555,25 @@ func (s *jscene) lookupMarkDone() {
 	reusedBy(err, "Lookup with another fingerprint")
 	reusedBy(s.markDone(b, key, fp2, "ref-reused"), "MarkDone with another fingerprint")
 	lookedUp(a, key, "ref-first", "after MarkDone with another fingerprint")
+
+	// An empty reference is legal: MarkDone with ref "" marks the key done.
+	empty := s.key("mark-done", "empty")
+	if err := s.markDone(a, empty, fp1, ""); err != nil {
+		s.fatalf("MarkDone with an empty ref: %v, want the key done", err)
+	}
+	if rec, err := s.lookup(b, empty, fp1); err != nil || !rec.Done {
+		s.failf("Lookup after MarkDone with an empty ref = %+v, %v, want done", rec, err)
+	}
+	s.doneWith(a, empty, "", "a Begin after MarkDone with an empty ref")
+
+	// A released lease leaves the key not done: Lookup must not take the
+	// released attempt for a completed one.
+	released := s.key("mark-done", "released")
+	rel := s.mustLease(a, released, holdLease, "a new key")
+	if err := s.release(a, released, rel.Attempt); err != nil {
+		s.fatalf("Release: %v", err)
+	}
+	lookedUp(b, released, "", "a key whose lease was released")
 
 	// A pending record: Lookup does not take it, MarkDone completes it and
 	// drops its lease, unless the fingerprint differs.

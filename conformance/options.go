@@ -45,6 +45,10 @@ const (
 	// DefaultSourceMessages is how many messages each source scenario
 	// publishes ([WithSourceMessages]).
 	DefaultSourceMessages = 24
+	// DefaultQuietPeriod is how long the fault sweeps wait, after an Apply
+	// returned ErrTransient and before its retry, to count the key's
+	// effects again ([WithQuietPeriod]).
+	DefaultQuietPeriod = 500 * time.Millisecond
 )
 
 // Option changes how a suite runs. Options record a value; [Run],
@@ -68,7 +72,11 @@ type config struct {
 	lease          time.Duration
 	redeliveryWait time.Duration
 	sourceMessages int
+	slowReply      time.Duration
+	slowReplySet   bool // WithSlowReply was given: the slow-reply scenario runs
+	quietPeriod    time.Duration
 	only           []string
+	unverified     string // AllowUnverified's reason
 
 	set []string // names of the options given, to refuse those a suite does not take
 }
@@ -93,6 +101,8 @@ func defaults() config {
 		lease:          DefaultLease,
 		redeliveryWait: DefaultRedeliveryWait,
 		sourceMessages: DefaultSourceMessages,
+		slowReply:      DefaultSlowReply,
+		quietPeriod:    DefaultQuietPeriod,
 	}
 }
 
@@ -175,6 +185,39 @@ func WithSourceMessages(n int) Option {
 	return func(c *config) { c.sourceMessages = n; c.mark("WithSourceMessages") }
 }
 
+// WithSlowReply runs the slow-reply scenario, which holds each reply of
+// an Apply in turn for d (see [SlowReply]); without it the scenario is
+// reported as not selected. Make d longer than the adapter's own
+// per-call deadline, if it has one, for the scenario to hold a reply past
+// it: an adapter that gives up waits no longer than its deadline, one
+// that waits gets the reply d late, so the scenario takes about d for
+// each faulted Apply.
+func WithSlowReply(d time.Duration) Option {
+	return func(c *config) { c.slowReply, c.slowReplySet = d, true; c.mark("WithSlowReply") }
+}
+
+// WithQuietPeriod sets how long the fault sweeps wait after an Apply
+// returned ErrTransient before they count the key's effects again and
+// retry it (default [DefaultQuietPeriod]): an adapter that handed the
+// work to something that applies it later broke ErrTransient's promise
+// just as one that applied it at once. Make it at least the adapter's
+// own per-call deadline.
+func WithQuietPeriod(d time.Duration) Option {
+	return func(c *config) { c.quietPeriod = d; c.mark("WithQuietPeriod") }
+}
+
+// AllowUnverified lets [Run] pass when a field of the
+// declared contract cannot be verified because a scenario it rests on did
+// not run for want of a capability, for the reason given, which the
+// report and the matrix show beside each such field. Without it such a
+// run fails the test, naming the scenarios that did not run: a contract
+// the suite could not check is a claim, not a guarantee. The reason must
+// say why the harness cannot do better ("the backend's clock cannot be
+// moved and its horizon is a year"); it cannot be empty.
+func AllowUnverified(reason string) Option {
+	return func(c *config) { c.unverified = reason; c.mark("AllowUnverified") }
+}
+
 // Only runs just the named scenarios; the others are reported as not run.
 // Every name must be one of the suite's scenarios ([Scenarios],
 // [JournalScenarios], [SourceScenarios]); an unknown name fails the run
@@ -186,7 +229,8 @@ func Only(names ...string) Option {
 // suiteOptions lists the options each suite takes.
 var suiteOptions = map[string][]string{
 	suiteEffect: {"WithConcurrency", "WithStorm", "WithMaxSweep", "WithRetryFor", "WithTimeout",
-		"WithApplyTimeout", "WithLateRedelivery", "WithLongAge", "Only"},
+		"WithApplyTimeout", "WithLateRedelivery", "WithLongAge", "WithSlowReply", "WithQuietPeriod",
+		"AllowUnverified", "Only"},
 	suiteJournal: {"WithConcurrency", "WithTimeout", "WithApplyTimeout", "WithLease", "Only"},
 	suiteSource:  {"WithTimeout", "WithApplyTimeout", "WithRedeliveryWait", "WithSourceMessages", "Only"},
 }
@@ -235,6 +279,12 @@ func newConfig(op, suite string, scenarios []string, opts []Option) (config, err
 		return bad("WithRedeliveryWait", "%v: must be positive", c.redeliveryWait)
 	case c.sourceMessages < 4:
 		return bad("WithSourceMessages", "%d: at least 4", c.sourceMessages)
+	case c.slowReply <= 0:
+		return bad("WithSlowReply", "%v: must be positive", c.slowReply)
+	case c.quietPeriod < 0:
+		return bad("WithQuietPeriod", "%v: must not be negative", c.quietPeriod)
+	case slices.Contains(c.set, "AllowUnverified") && strings.TrimSpace(c.unverified) == "":
+		return bad("AllowUnverified", "empty reason: say why the harness cannot run what the unverified fields rest on")
 	}
 	if slices.Contains(c.set, "Only") && len(c.only) == 0 {
 		return bad("Only", "no scenario named: leave Only out to run every scenario")

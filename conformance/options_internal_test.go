@@ -33,6 +33,8 @@ func TestOptionsConvention(t *testing.T) {
 		{suiteEffect, []Option{WithApplyTimeout(0)}, "WithApplyTimeout", "must be positive"},
 		{suiteJournal, []Option{WithLease(time.Millisecond)}, "WithLease", "at least 10ms"},
 		{suiteSource, []Option{WithSourceMessages(2)}, "WithSourceMessages", "at least 4"},
+		{suiteEffect, []Option{AllowUnverified(" ")}, "AllowUnverified", "empty reason"},
+		{suiteJournal, []Option{AllowUnverified("no fields")}, "AllowUnverified", "does not apply to the journal suite"},
 	}
 	for _, b := range bad {
 		scenarios := map[string][]string{suiteEffect: all, suiteJournal: JournalScenarios, suiteSource: SourceScenarios}[b.suite]

@@ -134,10 +134,12 @@ func (r *Row) settle() {
 	}
 }
 
-// Effects renders what the backend showed, e.g. "1 per key (17 counts)".
+// Effects renders what the backend showed, e.g. "1 per key (17 counts)",
+// or "-" for a row that did not run (whatever it counted before it
+// stopped verified nothing).
 func (r Row) Effects() string {
 	switch {
-	case r.Counted == 0:
+	case r.Counted == 0 || r.Verdict == NotRun:
 		return "-"
 	case r.MinEffects == r.MaxEffects:
 		return fmt.Sprintf("%d per key (%d counts)", r.MinEffects, r.Counted)
@@ -162,6 +164,9 @@ type Report struct {
 	// failures do not fail a test: counterexamples, listed apart in the
 	// matrix.
 	Evaluated bool
+	// Unverified is the reason the harness gave with [AllowUnverified]
+	// for fields it cannot verify; the matrix shows it beside them.
+	Unverified string `json:",omitempty"`
 }
 
 // Row returns the row of the named scenario.
@@ -185,8 +190,9 @@ func (r Report) Failed() []string {
 	return out
 }
 
-// Field returns the verification of the named contract field ("Guarantee",
-// "DuplicateWindow", "Horizon", "DetectsKeyReuse", "Enforcer").
+// Field returns the verification of the named contract field
+// ("Guarantee", "DuplicateWindow", "Horizon" or "DetectsKeyReuse", as in
+// [Field].Field; the Enforcer is a description, not verified).
 func (r Report) Field(name string) (Field, bool) {
 	for _, f := range r.Fields {
 		if f.Field == name {

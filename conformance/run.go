@@ -3,6 +3,8 @@ package conformance
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,6 +28,7 @@ const (
 	ScenarioDistinctKeys   = "distinct-keys"
 	ScenarioStorm          = "replay-storm"
 	ScenarioRestart        = "backend-restart"
+	ScenarioSlowReply      = "slow-reply"
 )
 
 // effectTable is the effect suite: every scenario, in the order it runs,
@@ -46,6 +49,7 @@ func effectTable[In any]() []scenario[Harness[In]] {
 		{ScenarioDistinctKeys, nil, effect((*s).distinctKeys)},
 		{ScenarioStorm, nil, effect((*s).storm)},
 		{ScenarioRestart, []capability{capRestarter}, effect((*s).restart)},
+		{ScenarioSlowReply, nil, effect((*s).slowReplySweep)},
 	}
 }
 
@@ -76,15 +80,60 @@ func Evaluate[In any](t *testing.T, adapter string, mk Maker[In], opts ...Option
 
 func runEffect[In any](t *testing.T, op, adapter string, mk Maker[In], strict bool, opts []Option) Report {
 	t.Helper()
-	return runSuite(t, op, suiteEffect, adapter, effectTable[In](), func(tb testing.TB) Harness[In] { return mk(tb) }, opts, strict, func(rep *Report) {
+	table := effectTable[In]()
+	if !slowReplyAsked(opts) {
+		// An opt-in scenario: left out of the table, and the report.
+		table = slices.DeleteFunc(table, func(sc scenario[Harness[In]]) bool { return sc.name == ScenarioSlowReply })
+	}
+	return runSuite(t, op, suiteEffect, adapter, table, func(tb testing.TB) Harness[In] { return mk(tb) }, opts, strict, func(rep *Report) {
+		t.Helper()
 		for _, row := range rep.Rows {
 			if row.contract != nil {
 				rep.Contract = *row.contract
 				rep.Fields = fields(rep.Contract, rep.Rows)
-				return
+				break
 			}
 		}
+		if msg := unverified(rep); msg != "" && strict {
+			t.Errorf("%s", msg)
+		}
 	})
+}
+
+// slowReplyAsked reports whether opts include [WithSlowReply].
+func slowReplyAsked(opts []Option) bool {
+	c := defaults()
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	return c.slowReplySet
+}
+
+// unverified marks the fields of rep that a scenario could not verify
+// (for want of a capability, or because it skipped itself; not because it
+// was not selected) with the reason given to [AllowUnverified], or, when
+// none was, returns the failure that says so.
+func unverified(rep *Report) string {
+	var lines []string
+	for i := range rep.Fields {
+		f := &rep.Fields[i]
+		if len(f.blocked) == 0 {
+			continue
+		}
+		if rep.Unverified != "" {
+			f.Allowed = rep.Unverified
+			continue
+		}
+		lines = append(lines, fmt.Sprintf("  %s (%s): %s", f.Field, f.Declared, f.Why))
+	}
+	if len(lines) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("conformance: %s: the declared contract cannot be verified, so it is a claim, not a guarantee:\n%s\n"+
+		"give the harness what those scenarios need (see the package doc, \"Writing a harness\"), "+
+		"or say why it cannot with conformance.AllowUnverified(\"reason\")", rep.Adapter, strings.Join(lines, "\n"))
 }
 
 // effect adapts a scenario function of the effect suite to the table:
@@ -281,7 +330,9 @@ func (s *scene[In]) checkReplay(first, res effects.Result, what string) {
 		return // nothing records the first apply; a repeat applies again
 	}
 	s.check(res.Status == effects.Replayed, "%s: returned %s, want replayed", what, res.Status)
-	s.check(first.Ref == "" || res.Ref == first.Ref, "%s: ref %q, want the first apply's %q", what, res.Ref, first.Ref)
+	// An empty first ref is a ref too: a replay must return it, not
+	// whatever a later attempt made.
+	s.check(res.Ref == first.Ref, "%s: ref %q, want the first apply's %q", what, res.Ref, first.Ref)
 }
 
 // mergeCancel returns a context done when either a or b is.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -137,6 +138,19 @@ func (s *scene[In]) concurrent() {
 	for round := range 4 {
 		s.concurrentRound(insts, s.key("concurrent", fmt.Sprint(round)))
 	}
+	s.widened(insts)
+}
+
+// widened notes when the racers' round trips did not go through their
+// Faults, so the delay that widens race windows was never added: the
+// race ran at the backend's own speed, and a pass proves less.
+func (s *scene[In]) widened(insts []*instance[In]) {
+	for _, i := range insts {
+		if i.f.RoundTrips() > i.base {
+			return
+		}
+	}
+	s.notef("race window not widened: the attempts made no round trip through the harness's Faults, so no delay was added to them (see \"Writing a harness\")")
 }
 
 // racers opens the two instances a race spreads its attempts over, each
@@ -232,7 +246,8 @@ func (s *scene[In]) sweep(kind FaultKind) {
 	inst.Close()
 	s.expect(clean, cleanRepeat, true, "clean Apply")
 	if trips == 0 {
-		s.skip("the adapter made no round trip through the harness's Faults after Make returned: wire Make's connections through f.DialContext or f.Transport")
+		s.skip("the adapter made no round trip through the harness's Faults after Make returned: wire Make's connections through f.DialContext or f.Transport, " +
+			"a database/sql driver through conformance.SQLConnector, or each call of an in-process backend through f.RoundTrip")
 	}
 	if trips > s.cfg.maxSweep {
 		s.notef("a clean Apply takes %d round trips; swept the first %d", trips, s.cfg.maxSweep)
@@ -262,8 +277,17 @@ func (s *scene[In]) sweep(kind FaultKind) {
 	}
 	dupTrips := s.dupSweep(kind, clean)
 	if left > 0 {
-		s.skip("%d of %d faulted applies not selected (go test -run): the sweep is incomplete", left, 2*trips+dupTrips)
+		s.skip(notSelectedRun+": %d of %d faulted applies left out, the sweep is incomplete", left, 2*trips+dupTrips)
 	}
+}
+
+// slowReplySweep is the sweep of SlowReply, run only when
+// [WithSlowReply] asks for it: every reply of an Apply in turn is held past the adapter's own
+// deadline, the connection up, while the backend has processed the
+// request. An adapter that gives up must report an unknown outcome, never
+// ErrTransient; one that waits must get the reply.
+func (s *scene[In]) slowReplySweep() {
+	s.sweep(SlowReply) // in the table only with WithSlowReply
 }
 
 // dupSweep counts the round trips of a clean duplicate Apply of clean (a
@@ -314,6 +338,7 @@ func (s *scene[In]) faultDuplicateAt(kind FaultKind, n int) {
 		s.failf("%s: Apply returned an error that Retryable rejects, so a consumer would give up on a key it may have applied: %v", what, err)
 		return
 	case errors.Is(err, effects.ErrTransient):
+		s.quiet()
 		s.expect(key, cleanRepeat, true, what+": after ErrTransient, which promises that nothing more was applied")
 	}
 	again := what + ", retried on a new instance"
@@ -363,8 +388,9 @@ func (s *scene[In]) faultAt(kind FaultKind, n int, same bool) bool {
 		inst.Close() // the faulted process is gone
 	}
 	if errors.Is(err, effects.ErrTransient) {
+		s.quiet()
 		got := s.peek(key, what+": after ErrTransient")
-		s.check(got == 0, "%s: Apply returned ErrTransient, which promises that nothing was applied, but the backend shows %d effects: %v", what, got, err)
+		s.check(got == 0, "%s: Apply returned ErrTransient, which promises that nothing was applied, but the backend shows %d effects %v later: %v", what, got, s.cfg.quietPeriod, err)
 	}
 	if !same {
 		retry, again = s.open(NewFaults()), what+", retried on a new instance"
@@ -382,12 +408,25 @@ func (s *scene[In]) faultAt(kind FaultKind, n int, same bool) bool {
 	return fired
 }
 
+// quiet waits the quiet period ([WithQuietPeriod]) after an Apply that
+// returned ErrTransient, before its effects are counted: work handed to
+// something that applies it later breaks the promise as surely as work
+// applied at once.
+func (s *scene[In]) quiet() {
+	if s.cfg.quietPeriod > 0 {
+		if err := retry.Sleep(s.ctx, s.cfg.quietPeriod); err != nil {
+			s.fatalf("waiting the quiet period after ErrTransient: %v", err)
+		}
+	}
+}
+
 // applyFaulted applies key on inst, whose Faults f injects kind at round
 // trip n of the Apply (cancelling its context for CancelAfterSend), and
 // reports whether the fault fired.
 func (s *scene[In]) applyFaulted(inst *instance[In], f *Faults, kind FaultKind, n int, key effects.Key, in In, what string) (res effects.Result, fired bool, err error) {
 	actx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
+	f.SetSlowReply(s.cfg.slowReply)
 	f.Arm(inst.base+n, kind, cancel)
 	res, err = s.apply(actx, inst, key, in, what)
 	cancel()
@@ -463,6 +502,7 @@ func (s *scene[In]) raceReuse() {
 			}
 		}
 	}
+	s.widened(insts)
 }
 
 // invalidKeys applies keys every adapter must refuse before any I/O.
@@ -528,8 +568,88 @@ func distinctPairs(base string) []distinctPair {
 		distinctPair{"only letter case (ASCII)", effects.Key(base + "Order-7"), effects.Key(base + "order-7")},
 		distinctPair{"only letter case (non-ASCII)", effects.Key(base + "\u00c9mile"), effects.Key(base + "\u00e9mile")},
 		distinctPair{"only Unicode normalization (NFC vs NFD)", effects.Key(base + "caf\u00e9"), effects.Key(base + "cafe\u0301")},
+		// Keys an HTTP adapter merges when it puts them unescaped in a URL
+		// path, or a server decodes them twice.
+		distinctPair{"a slash, and its percent-escape", effects.Key(base + "a/b"), effects.Key(base + "a%2Fb")},
+		distinctPair{"a query mark, and nothing after it", effects.Key(base + "q?x=1"), effects.Key(base + "q")},
+		distinctPair{"a fragment mark, and nothing after it", effects.Key(base + "f#x"), effects.Key(base + "f")},
+		distinctPair{"a plus, and a space", effects.Key(base + "p+q"), effects.Key(base + "p q")},
+		distinctPair{"a no-break space, and a space", effects.Key(base + "n\u00a0m"), effects.Key(base + "n m")},
+		distinctPair{"a percent-escape, and what it decodes to", effects.Key(base + "e%41"), effects.Key(base + "eA")},
+		distinctPair{"dot segments of a path", effects.Key(base + "d/../e"), effects.Key(base + "e")},
+		// Keys whose parts differ only in where a separator falls.
+		distinctPair{"NewKey parts differing only in where the separator falls",
+			effects.MustKey(strings.TrimSuffix(base, ":"), "a:b", "c"), effects.MustKey(strings.TrimSuffix(base, ":"), "a", "b:c")},
 	)
+	// Keys whose short hashes collide: a dedup column holding a CRC-32 or
+	// an FNV-32 of the key merges them.
+	prefix := base + "h-"
+	crc := crc32.ChecksumIEEE([]byte(prefix))
+	fnv1a, fnv1 := fnvState(prefix, true), fnvState(prefix, false)
+	for _, h := range []struct {
+		name string
+		sum  func(suffix []byte) uint32
+	}{
+		{"CRC-32", func(x []byte) uint32 { return crc32.Update(crc, crc32.IEEETable, x) }},
+		{"FNV-32a", func(x []byte) uint32 { return fnvMore(fnv1a, x, true) }},
+		{"FNV-32", func(x []byte) uint32 { return fnvMore(fnv1, x, false) }},
+	} {
+		if a, b, ok := collision(h.sum); ok {
+			out = append(out, distinctPair{"the same " + h.name + " of the key", effects.Key(prefix + a), effects.Key(prefix + b)})
+		}
+	}
 	return out
+}
+
+// collisionWidth is the length of the suffixes collision tries: 48 bits
+// of a pseudo-random sequence each, so that no structure of the hash
+// keeps them apart.
+const collisionWidth = 8
+
+// collision finds two suffixes whose sum (of the key they end) is the
+// same: a birthday search, which needs about 80,000 tries.
+func collision(sum func(suffix []byte) uint32) (a, b string, ok bool) {
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+	suffix := func(i uint64, buf []byte) []byte {
+		z := i*0x9e3779b97f4a7c15 + 0x632be59bd9b4e019 // splitmix64
+		z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+		z = (z ^ z>>27) * 0x94d049bb133111eb
+		z ^= z >> 31
+		for j := range buf {
+			buf[j] = alphabet[z&63]
+			z >>= 6
+		}
+		return buf
+	}
+	var buf [collisionWidth]byte
+	seen := make(map[uint32]uint64, 1<<17)
+	for i := range uint64(1 << 20) {
+		h := sum(suffix(i, buf[:]))
+		if prev, dup := seen[h]; dup {
+			var pb [collisionWidth]byte
+			return string(suffix(prev, pb[:])), string(suffix(i, buf[:])), true
+		}
+		seen[h] = i
+	}
+	return "", "", false
+}
+
+// fnvState is the FNV-32 (1a if a) state after s; fnvMore continues it
+// over x.
+func fnvState(s string, a bool) uint32 { return fnvMore(2166136261, []byte(s), a) }
+
+func fnvMore(h uint32, x []byte, a bool) uint32 {
+	const prime = 16777619
+	for _, c := range x {
+		if a {
+			h ^= uint32(c)
+			h *= prime
+		} else {
+			h *= prime
+			h ^= uint32(c)
+		}
+	}
+	return h
 }
 
 // distinctKeys applies both keys of every distinct pair: each must apply

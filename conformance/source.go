@@ -1,9 +1,11 @@
 package conformance
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -96,7 +98,9 @@ func EvaluateSource(t *testing.T, name string, mk SourceMaker, opts ...Option) R
 }
 
 func source(fn func(s *sscene)) func(c *checker, h SourceHarness) {
-	return func(c *checker, h SourceHarness) { fn(&sscene{checker: c, h: h, published: map[string]bool{}}) }
+	return func(c *checker, h SourceHarness) {
+		fn(&sscene{checker: c, h: h, published: map[string]bool{}, first: map[string]effects.Delivery{}})
+	}
 }
 
 // sscene is one source scenario's run.
@@ -105,6 +109,21 @@ type sscene struct {
 	h         SourceHarness
 	published map[string]bool
 	order     []string
+	first     map[string]effects.Delivery // each id's first delivery, for same
+}
+
+// same checks that a delivery of an id delivered before carries the same
+// message: the same body, headers and ordering (a redelivery is the
+// message again, not a new one made from it).
+func (s *sscene) same(d effects.Delivery, what string) {
+	prev, ok := s.first[d.ID]
+	if !ok {
+		s.first[d.ID] = d
+		return
+	}
+	s.check(bytes.Equal(prev.Body, d.Body), "%s: %q delivered again with another body (%d bytes, first %d)", what, d.ID, len(d.Body), len(prev.Body))
+	s.check(maps.Equal(prev.Headers, d.Headers), "%s: %q delivered again with other headers (%v, first %v)", what, d.ID, d.Headers, prev.Headers)
+	s.check(prev.Ordering == d.Ordering, "%s: %q delivered again in ordering %q, first in %q", what, d.ID, d.Ordering, prev.Ordering)
 }
 
 // sinst is one consumer instance.
@@ -219,6 +238,7 @@ func (s *sscene) collect(i *sinst, want []string, linger time.Duration, ackAll b
 		if !s.check(s.published[d.ID], "%s: instance %s delivered %q, which was never published", what, i.name, d.ID) {
 			continue
 		}
+		s.same(d, what)
 		got = append(got, d)
 		delete(missing, d.ID)
 		if ackAll {

@@ -145,6 +145,15 @@ func TestSuiteCatchesCounterexamples(t *testing.T) {
 			only:   true,
 		},
 		{
+			name: "empty-first-ref (each replay makes up a ref)",
+			build: simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
+				return counterexamples.EmptyFirstRef{DB: p}
+			}),
+			caught: []string{conformance.ScenarioRedelivery},
+			only:   true,
+			says:   "want the first apply's \"\"",
+		},
+		{
 			name: "trimmed-key",
 			build: simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
 				return counterexamples.TrimmedKey{DB: p}
@@ -205,6 +214,24 @@ func TestSuiteCatchesCounterexamples(t *testing.T) {
 			caught: []string{conformance.ScenarioLostReply, conformance.ScenarioConcurrent, conformance.ScenarioRaceReuse},
 			passes: []string{conformance.ScenarioRedelivery, conformance.ScenarioLateRedelivery, conformance.ScenarioHorizon,
 				conformance.ScenarioKeyReuse, conformance.ScenarioInvalidKey, conformance.ScenarioDistinctKeys, conformance.ScenarioStorm},
+		},
+		{
+			name: "short-hash-dedup (CRC-32)",
+			build: simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
+				return counterexamples.ShortHashDedup{DB: p}
+			}),
+			caught: []string{conformance.ScenarioDistinctKeys},
+			only:   true,
+			says:   "CRC-32",
+		},
+		{
+			name: "unescaped-path-dedup",
+			build: simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
+				return counterexamples.UnescapedPathDedup{DB: p}
+			}),
+			caught: []string{conformance.ScenarioDistinctKeys},
+			only:   true,
+			says:   "a query mark",
 		},
 		{
 			name: "prefix-dedup (44 bytes)",

@@ -150,3 +150,40 @@ type ShortLease struct{ *memjournal.Journal }
 func (j ShortLease) Begin(ctx context.Context, key effects.Key, fp []byte, lease time.Duration) (journal.Record, error) {
 	return j.Journal.Begin(ctx, key, fp, min(lease, 200*time.Millisecond))
 }
+
+// EmptyRefNotDone takes an empty reference for "not done": Complete and
+// MarkDone with ref "" release the key instead of marking it done, so an
+// effect with nothing to refer to is done again on every redelivery.
+// Caught by complete-keeps-first-ref and lookup-mark-done.
+type EmptyRefNotDone struct{ *memjournal.Journal }
+
+// Complete with an empty ref releases the lease.
+func (j EmptyRefNotDone) Complete(ctx context.Context, key effects.Key, ref string) error {
+	if ref == "" {
+		return j.Journal.Release(ctx, key, j.Get(key).Attempt)
+	}
+	return j.Journal.Complete(ctx, key, ref)
+}
+
+// MarkDone with an empty ref records nothing.
+func (j EmptyRefNotDone) MarkDone(ctx context.Context, key effects.Key, fp []byte, ref string) error {
+	if ref == "" {
+		return nil
+	}
+	return j.Journal.MarkDone(ctx, key, fp, ref)
+}
+
+// ReleaseMarksDone answers Lookup "done" for a key whose lease was
+// released, as if a record that is not pending any more were complete: an
+// owner-keyed effect whose attempt failed and released is never done.
+// Caught by lookup-mark-done.
+type ReleaseMarksDone struct{ *memjournal.Journal }
+
+// Lookup reports a released key as done, with no reference.
+func (j ReleaseMarksDone) Lookup(ctx context.Context, key effects.Key, fp []byte) (journal.Record, error) {
+	rec, err := j.Journal.Lookup(ctx, key, fp)
+	if r := j.Get(key); err == nil && !rec.Done && r.Fingerprint != nil && r.Attempt > 0 && !r.LeaseUntil.After(time.Now()) {
+		return journal.Record{Done: true, Attempt: r.Attempt}, nil
+	}
+	return rec, err
+}

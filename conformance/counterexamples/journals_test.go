@@ -48,6 +48,12 @@ func TestRunJournalCatchesCounterexamples(t *testing.T) {
 		{"Complete records a key never begun", func() journal.Journal {
 			return counterexamples.CompleteCreates{Journal: memjournal.New(nil)}
 		}, []string{conformance.JournalFirstRef}},
+		{"an empty ref is taken for not done", func() journal.Journal {
+			return counterexamples.EmptyRefNotDone{Journal: memjournal.New(nil)}
+		}, []string{conformance.JournalFirstRef, conformance.JournalLookupMarkDone}},
+		{"Lookup takes a released key for done", func() journal.Journal {
+			return counterexamples.ReleaseMarksDone{Journal: memjournal.New(nil)}
+		}, []string{conformance.JournalLookupMarkDone}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"hash/crc32"
 	"strconv"
 	"strings"
 	"sync"
@@ -426,4 +427,70 @@ func (e *FreshKeyOnRetry) Apply(ctx context.Context, key effects.Key, in Payment
 		e.mu.Unlock()
 	}
 	return res, err
+}
+
+// EmptyFirstRef dedups correctly, but its first Apply returns no
+// reference and each replay a new one: a caller that stores the first
+// result and compares it with a replay's sees two different effects.
+type EmptyFirstRef struct{ DB *pgxpool.Pool }
+
+// Contract claims EffectivelyOnce, with replays of the first ref.
+func (e EmptyFirstRef) Contract() effects.Contract {
+	return claim("counterexample: first Apply has an empty ref, each replay a new one")
+}
+
+// Apply dedups, drops the first ref and makes one up for each replay.
+func (e EmptyFirstRef) Apply(ctx context.Context, key effects.Key, in Payment) (effects.Result, error) {
+	if err := key.Validate(); err != nil {
+		return effects.Result{}, err
+	}
+	res, err := dedupInsert(ctx, e.DB, key, in, true)
+	switch {
+	case err != nil:
+	case res.Status == effects.Applied:
+		res.Ref = ""
+	default:
+		var b [6]byte
+		_, _ = rand.Read(b[:])
+		res.Ref = "replay-" + hex.EncodeToString(b[:])
+	}
+	return res, err
+}
+
+// ShortHashDedup dedups on the CRC-32 of the key (a compact column, "the
+// odds of a clash are four billion to one"): two keys whose CRC-32 is the
+// same are one key to it, and the second is refused as a reuse.
+type ShortHashDedup struct{ DB *pgxpool.Pool }
+
+// Contract claims EffectivelyOnce.
+func (e ShortHashDedup) Contract() effects.Contract {
+	return claim("counterexample: dedup on the key's CRC-32")
+}
+
+// Apply dedups on crc32(key).
+func (e ShortHashDedup) Apply(ctx context.Context, key effects.Key, in Payment) (effects.Result, error) {
+	if err := key.Validate(); err != nil {
+		return effects.Result{}, err
+	}
+	return dedupTx(ctx, e.DB, key, strconv.FormatUint(uint64(crc32.ChecksumIEEE([]byte(key))), 16), in, true, classify)
+}
+
+// UnescapedPathDedup keys its dedup record as a vendor would that is sent
+// the key unescaped in a URL path: whatever follows a '?' or a '#' is not
+// part of the path, so "q?x=1" and "q" are one key.
+type UnescapedPathDedup struct{ DB *pgxpool.Pool }
+
+// Contract claims EffectivelyOnce.
+func (e UnescapedPathDedup) Contract() effects.Contract {
+	return claim("counterexample: the key unescaped in a URL path")
+}
+
+// Apply dedups on the key as a URL path would carry it.
+func (e UnescapedPathDedup) Apply(ctx context.Context, key effects.Key, in Payment) (effects.Result, error) {
+	if err := key.Validate(); err != nil {
+		return effects.Result{}, err
+	}
+	dk, _, _ := strings.Cut(string(key), "?")
+	dk, _, _ = strings.Cut(dk, "#")
+	return dedupTx(ctx, e.DB, key, dk, in, true, classify)
 }

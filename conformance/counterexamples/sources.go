@@ -3,6 +3,8 @@ package counterexamples
 import (
 	"context"
 	"fmt"
+	"maps"
+	"sync/atomic"
 
 	"effectively.dev/effects"
 )
@@ -50,4 +52,33 @@ type ReleaseAcks struct{ effects.Source }
 // Release acks d.
 func (s ReleaseAcks) Release(ctx context.Context, d effects.Delivery) error {
 	return s.Source.Ack(ctx, d)
+}
+
+// StampedRedelivery wraps any [effects.Source] so that every delivery
+// carries a header stamped when it is handed out (a "delivered-at", a
+// per-delivery trace id in the message itself): a redelivery is then
+// another message to anything that fingerprints the body and headers
+// (key reuse) or dedups on them. Caught by unacked-after-close and
+// unacked-after-crash.
+type StampedRedelivery struct {
+	effects.Source
+	n *atomic.Int64
+}
+
+// NewStampedRedelivery wraps s.
+func NewStampedRedelivery(s effects.Source) StampedRedelivery {
+	return StampedRedelivery{Source: s, n: new(atomic.Int64)}
+}
+
+// Next hands out the next delivery with a header of its own.
+func (s StampedRedelivery) Next(ctx context.Context) (effects.Delivery, error) {
+	d, err := s.Source.Next(ctx)
+	if err != nil {
+		return d, err
+	}
+	h := make(map[string]string, len(d.Headers)+1)
+	maps.Copy(h, d.Headers)
+	h["delivered-at"] = fmt.Sprint(s.n.Add(1))
+	d.Headers = h
+	return d, nil
 }
