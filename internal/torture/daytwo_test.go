@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	stripego "github.com/stripe/stripe-go/v76"
@@ -26,6 +28,8 @@ import (
 	"effectively.dev/kafka/kafkatest"
 	"effectively.dev/postgres"
 	"effectively.dev/postgres/pgtest"
+	"effectively.dev/s3"
+	"effectively.dev/s3/s3test"
 	"effectively.dev/stripe"
 	"effectively.dev/stripe/stripetest"
 )
@@ -59,18 +63,22 @@ func (l *dayTwoLog) deadLetter(_ context.Context, d effects.Delivery, err error)
 
 // TestDayTwoTorture: a fleet of two in-process workers (Kafka consumer
 // group → effects.Consumer → Plan(Postgres ledger row, Stripe charge with a
-// journal)) meets a day-two mix: card declines, panics in a step, poison
-// bodies, resent events (a second record, no id header), and an API-key rotation in the middle of the stream (the old key
-// gets 401: every worker must stop with a configuration error, acking
-// nothing at or past the event that met it; the fleet is restarted with
-// the new key and resumes). The checker asserts: 0 lost (every good event
-// has its ledger row and its PaymentIntent), 0 duplicated ledger rows or
-// PaymentIntents, dead letters exactly for the permanent faults (declines,
-// panics, poison), each once, and every configuration error stopped its
-// worker with its offset not committed.
+// journal, S3 receipt)) meets a day-two mix: card declines, panics in a
+// step, poison bodies, resent events (a second record, no id header), an
+// S3 bucket that is missing at first and created later, and an API-key
+// rotation in the middle of the stream (the old key gets 401). At each
+// configuration fault every worker must stop with a configuration error,
+// acking nothing at or past the event that met it; the fault is fixed, the
+// fleet restarted, and it resumes. The checker asserts: 0 lost (every good
+// event has its ledger row, its PaymentIntent and its receipt), 0
+// duplicated ledger rows, PaymentIntents or objects, dead letters exactly
+// for the records of the permanent faults (declines, panics, poison), each
+// once, and every configuration error stopped its worker with its offset
+// not committed.
 //
-// Not covered here (see RELIABILITY.md): a missing S3 bucket, an SMTP
-// server that hangs past the lease, a crash mid-send.
+// Not covered here (see RELIABILITY.md): an SMTP server that hangs past
+// the lease, and a crash mid-send (the SIGKILL tortures cover crashes, with
+// another plan).
 func TestDayTwoTorture(t *testing.T) {
 	const (
 		events   = 120
@@ -100,6 +108,8 @@ func TestDayTwoTorture(t *testing.T) {
 	adm := kadm.NewClient(kc.Client(t))
 	prod := kc.Client(t, kgo.DefaultProduceTopic(topic))
 	srv := stripetest.Start(t)
+	objSrv := s3test.StartInProcess(t)
+	objects := objSrv.Client(t)
 	const oldKey, newKey = "sk_test_daytwo_old", "sk_test_daytwo_new"
 	group := "daytwo"
 	log := &dayTwoLog{dead: map[string][]error{}, configAt: map[int32][]int64{}}
@@ -171,51 +181,72 @@ func TestDayTwoTorture(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				ch <- dayTwoWorker(ctx, pool, api, kc, topic, group, log)
+				ch <- dayTwoWorker(ctx, pool, api, objects, objSrv.Bucket, kc, topic, group, log)
 			}()
 		}
 		return ch, func() { cancel(); wg.Wait() }
 	}
 
-	half := len(bodies) / 2
-	produce(bodies[:half])
-	errs, stop := fleet(oldKey)
-	dayTwoDrained(t, adm, topic, group, errs)
-
-	// The rotation: the old key now gets 401, and the second half of the
-	// stream arrives. Every worker must stop on its own with a
-	// configuration error.
-	srv.RollKey(oldKey, newKey)
-	produce(bodies[half:])
-	for w := 0; w < workers; w++ {
-		select {
-		case err := <-errs:
-			if !effects.IsConfig(err) {
-				t.Errorf("worker %d stopped with %v, want a configuration error", w, err)
-			}
-		case <-time.After(90 * time.Second):
-			t.Fatalf("worker %d still running 90 s after the key was rolled", w)
-		}
-	}
-	stop()
-	commits := dayTwoCommits(t, adm, group)
-	log.mu.Lock()
+	// stopsOnConfig waits for every worker of the fleet to stop with a
+	// configuration error (what), and checks that no partition committed
+	// at or past an offset whose delivery met one.
 	nConfig := 0
-	for p, offs := range log.configAt {
-		c, _ := commits.Lookup(topic, p)
-		for _, o := range offs {
-			nConfig++
-			if c.At > o {
-				t.Errorf("partition %d: committed offset %d past offset %d, whose delivery met a configuration error", p, c.At, o)
+	stopsOnConfig := func(errs <-chan error, stop func(), what string) {
+		t.Helper()
+		for w := 0; w < workers; w++ {
+			select {
+			case err := <-errs:
+				if !effects.IsConfig(err) {
+					t.Errorf("%s: worker %d stopped with %v, want a configuration error", what, w, err)
+				}
+			case <-time.After(90 * time.Second):
+				t.Fatalf("%s: worker %d still running after 90 s", what, w)
 			}
 		}
-	}
-	log.mu.Unlock()
-	if nConfig == 0 {
-		t.Fatal("no delivery met the rolled key: the rotation tested nothing")
+		stop()
+		commits := dayTwoCommits(t, adm, group)
+		log.mu.Lock()
+		defer log.mu.Unlock()
+		n := 0
+		for p, offs := range log.configAt {
+			c, _ := commits.Lookup(topic, p)
+			for _, o := range offs {
+				n++
+				if c.At > o {
+					t.Errorf("%s: partition %d committed offset %d, past offset %d, whose delivery met a configuration error", what, p, c.At, o)
+				}
+			}
+		}
+		if n == 0 {
+			t.Fatalf("%s: no delivery met it: the fault tested nothing", what)
+		}
+		nConfig += n
+		log.configAt = map[int32][]int64{}
 	}
 
-	// The key is fixed and the fleet restarted: it resumes.
+	third := len(bodies) / 3
+	// The bucket is missing: every worker stops. It is created; a restart
+	// resumes.
+	if _, err := objects.DeleteBucket(ctx, &awss3.DeleteBucketInput{Bucket: aws.String(objSrv.Bucket)}); err != nil {
+		t.Fatal(err)
+	}
+	produce(bodies[:third])
+	errs, stop := fleet(oldKey)
+	stopsOnConfig(errs, stop, "missing bucket")
+	if _, err := objects.CreateBucket(ctx, &awss3.CreateBucketInput{Bucket: aws.String(objSrv.Bucket)}); err != nil {
+		t.Fatal(err)
+	}
+	errs, stop = fleet(oldKey)
+	produce(bodies[third : 2*third])
+	dayTwoDrained(t, adm, topic, group, errs)
+	stop()
+
+	// The key rotation: the old key now gets 401 and the rest of the
+	// stream arrives. Every worker stops; the fixed key resumes.
+	srv.RollKey(oldKey, newKey)
+	produce(bodies[2*third:])
+	errs, stop = fleet(oldKey)
+	stopsOnConfig(errs, stop, "rolled key")
 	errs, stop = fleet(newKey)
 	dayTwoDrained(t, adm, topic, group, errs)
 	stop()
@@ -238,7 +269,11 @@ func TestDayTwoTorture(t *testing.T) {
 	for _, r := range ledger {
 		rowsOf[r[0].(string)] = r[1].(int)
 	}
-	lost, dupRows, dupCharges, charged := 0, 0, 0, 0
+	writes, err := objSrv.WritesUnder(ctx, "receipts/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost, dupRows, dupCharges, dupObjects, charged := 0, 0, 0, 0, 0
 	for id, kind := range want {
 		if rowsOf[id] > 1 {
 			dupRows++
@@ -247,16 +282,22 @@ func TestDayTwoTorture(t *testing.T) {
 		if n > 1 {
 			dupCharges++
 		}
+		obj := writes["receipts/"+effects.MustKey("daytwo", id, "receipt").String()]
+		if obj > 1 {
+			dupObjects++
+		}
 		if kind == "ok" {
 			charged += n
-			if rowsOf[id] != 1 || n != 1 {
+			if rowsOf[id] != 1 || n != 1 || obj != 1 {
 				lost++
-				t.Errorf("%s: %d ledger rows, %d PaymentIntents, want 1 and 1", id, rowsOf[id], n)
+				t.Errorf("%s: %d ledger rows, %d PaymentIntents, %d receipt writes, want 1 each", id, rowsOf[id], n, obj)
 			}
+		} else if obj != 0 {
+			t.Errorf("%s (%s): receipt written %d times, want none", id, kind, obj)
 		}
 	}
-	if dupRows != 0 || dupCharges != 0 {
-		t.Errorf("%d events with duplicated ledger rows, %d with duplicated charges, want 0", dupRows, dupCharges)
+	if dupRows != 0 || dupCharges != 0 || dupObjects != 0 {
+		t.Errorf("%d events with duplicated ledger rows, %d with duplicated charges, %d with overwritten receipts, want 0", dupRows, dupCharges, dupObjects)
 	}
 
 	// Dead letters: exactly the records of declines, panics and poison,
@@ -292,19 +333,20 @@ func TestDayTwoTorture(t *testing.T) {
 	if fmt.Sprint(deadKinds) != fmt.Sprint(wantDead) {
 		t.Errorf("dead letters %v, want %v (one per poison, declined or panicking record)", deadKinds, wantDead)
 	}
-	t.Logf("day two: %d records (%d events, %d resent, %d poison), %d charged, %d dead letters %v, %d configuration stops at the key rotation; lost %d, duplicated ledger rows %d, duplicated charges %d",
-		len(bodies), events, resends, poisons, charged, len(log.dead), deadKinds, nConfig, lost, dupRows, dupCharges)
+	t.Logf("day two: %d records (%d events, %d resent, %d poison), %d charged, %d dead letters %v, %d configuration stops (missing bucket, rolled key); lost %d, duplicated ledger rows %d, charges %d, objects %d",
+		len(bodies), events, resends, poisons, charged, len(log.dead), deadKinds, nConfig, lost, dupRows, dupCharges, dupObjects)
 }
 
 // dayTwoWorker is one worker of the fleet: the quick start's shape, with a
 // charge step whose input panics for an event that asks for it.
-func dayTwoWorker(ctx context.Context, pool *pgxpool.Pool, api *client.API, kc *kafkatest.Cluster, topic, group string, log *dayTwoLog) error {
+func dayTwoWorker(ctx context.Context, pool *pgxpool.Pool, api *client.API, objects *awss3.Client, bucket string, kc *kafkatest.Cluster, topic, group string, log *dayTwoLog) error {
 	ledger, err1 := postgres.New(pool, "daytwo", func(ctx context.Context, tx pgx.Tx, e dayTwoEvent) (string, error) {
 		_, err := tx.Exec(ctx, `INSERT INTO ledger (payment_id, cents) VALUES ($1, $2)`, e.ID, e.Cents)
 		return e.ID, err
 	})
 	journal, err2 := postgres.NewJournal(pool, "daytwo")
 	charges, err3 := stripe.NewPaymentIntents(api, stripe.WithJournal(journal))
+	receipts, err5 := s3.New(objects, bucket, s3.WithObjectKey(func(k effects.Key) string { return "receipts/" + k.String() }))
 	plan, err4 := effects.NewPlan("daytwo", effects.EventStep("ledger", ledger),
 		effects.NewStep("charge", charges, func(e dayTwoEvent, _ effects.Results) (stripe.PaymentIntent, error) {
 			if e.Panic {
@@ -315,8 +357,11 @@ func dayTwoWorker(ctx context.Context, pool *pgxpool.Pool, api *client.API, kc *
 				in.PaymentMethod, in.Confirm = "pm_card_chargeDeclined", true
 			}
 			return in, nil
+		}),
+		effects.NewStep("receipt", receipts, func(e dayTwoEvent, done effects.Results) (s3.Object, error) {
+			return s3.Object{Body: []byte(e.ID + " paid by " + done["charge"].Ref)}, nil
 		}))
-	if err := errors.Join(err1, err2, err3, err4); err != nil {
+	if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
 		return err
 	}
 	src, err := kafka.NewSource(kc.Opts(kafkatest.GroupOpts(group, topic)...))
