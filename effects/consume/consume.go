@@ -13,7 +13,7 @@ import (
 	"effectively.dev/effects"
 	"effectively.dev/effects/consume/internal/sched"
 	"effectively.dev/effects/retry"
-	"effectively.dev/internal/ratelog"
+	"effectively.dev/observe/ratelog"
 )
 
 // Handler handles one delivery: it does the delivery's side effects, each

@@ -18,7 +18,7 @@ import (
 	"effectively.dev/effects"
 	"effectively.dev/effects/journal"
 	"effectively.dev/effects/retry"
-	"effectively.dev/internal/ratelog"
+	"effectively.dev/observe/ratelog"
 	"effectively.dev/kafka/internal/produce"
 )
 

@@ -10,7 +10,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"effectively.dev/internal/ratelog"
+	"effectively.dev/observe/ratelog"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
