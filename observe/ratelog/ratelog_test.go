@@ -55,3 +55,13 @@ func TestLimiterSkipsDisabledLevels(t *testing.T) {
 		t.Fatalf("got %q, want only the error line, and nothing counted as suppressed", out)
 	}
 }
+
+func TestLimiterWritesToItsLogger(t *testing.T) {
+	def := capture(t, slog.LevelInfo)
+	var own bytes.Buffer
+	l := &ratelog.Limiter{Logger: slog.New(slog.NewTextHandler(&own, nil))}
+	l.Log(context.Background(), slog.LevelWarn, "failed")
+	if !strings.Contains(own.String(), "msg=failed") || def.Len() != 0 {
+		t.Fatalf("given logger got %q, slog.Default() got %q; want the line in the given logger only", own.String(), def.String())
+	}
+}
