@@ -12,7 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/ratelog"
+	"effectively.dev/observe/ratelog"
 )
 
 // ErrLockExpired is returned (wrapped) by [ShareSource.Ack] and

@@ -13,7 +13,7 @@ import (
 	"effectively.dev/effects"
 	"effectively.dev/effects/consume/internal/sched"
 	"effectively.dev/effects/retry"
-	"effectively.dev/internal/ratelog"
+	"effectively.dev/observe/ratelog"
 )
 
 // Handler handles one delivery: it does the delivery's side effects, each
@@ -112,6 +112,8 @@ type config struct {
 	deadLetterSet          bool
 	noDeadLetter           bool
 	observer               effects.Observer
+	logger                 *slog.Logger
+	loggerSet              bool
 	grace                  time.Duration
 	maxPending             int
 	maxPendingSet          bool
@@ -209,7 +211,7 @@ func WithoutDeadLetter() Option {
 // observed.
 //
 // Without an observer (or with a nil o), the consumer logs the same events
-// to slog.Default(), rate-limited (a burst of 10 lines, then about one a
+// to its logger ([WithLogger]; slog.Default() unless set), rate-limited (a burst of 10 lines, then about one a
 // second, with a count of the lines held back), one line per event with
 // delivery_id, attempt, class ([effects.ClassOf]) and error: retries and
 // waits at Info, dead letters, parking and failed acks at Warn, a
@@ -218,6 +220,14 @@ func WithoutDeadLetter() Option {
 // an observer that does nothing.
 func WithObserver(o effects.Observer) Option {
 	return func(c *config) { c.observer = o }
+}
+
+// WithLogger sets the logger the consumer writes its events to when it
+// has no observer (see [WithObserver]); the default is slog.Default() at
+// the time of each line. Lines are rate-limited either way. l must not be
+// nil.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) { c.logger, c.loggerSet = l, true }
 }
 
 // WithShutdownGrace sets how long handlers that are running when Run's
@@ -452,6 +462,8 @@ func New(src effects.Source, h Handler, opts ...Option) (*Consumer, error) {
 		return bad("WithBackoff", "min %v; need a positive pause", cfg.minBackoff)
 	case cfg.maxBackoff < cfg.minBackoff:
 		return bad("WithBackoff", "max %v is below min %v", cfg.maxBackoff, cfg.minBackoff)
+	case cfg.loggerSet && cfg.logger == nil:
+		return bad("WithLogger", "nil logger")
 	case cfg.grace < 0:
 		return bad("WithShutdownGrace", "negative grace %v", cfg.grace)
 	case cfg.attemptTimeout < 0:
@@ -478,7 +490,9 @@ func New(src effects.Source, h Handler, opts ...Option) (*Consumer, error) {
 			cfg.maxPending = max(DefaultMaxPending, (cfg.concurrency+1)*cfg.batchSize)
 		}
 	}
-	return &Consumer{src: src, h: h, cfg: cfg}, nil
+	c := &Consumer{src: src, h: h, cfg: cfg}
+	c.log.Logger = cfg.logger
+	return c, nil
 }
 
 // Stats returns the consumer's counters.

@@ -208,6 +208,7 @@ func TestNewValidates(t *testing.T) {
 		{"negative attempts", src, h, []consume.Option{consume.WithMaxAttempts(-1)}, false, "WithMaxAttempts"},
 		{"zero min backoff", src, h, []consume.Option{consume.WithBackoff(0, time.Second)}, false, "WithBackoff"},
 		{"max below min", src, h, []consume.Option{consume.WithBackoff(time.Second, time.Millisecond)}, false, "WithBackoff"},
+		{"nil logger", src, h, []consume.Option{consume.WithLogger(nil)}, false, "WithLogger"},
 		{"negative grace", src, h, []consume.Option{consume.WithShutdownGrace(-time.Second)}, false, "WithShutdownGrace"},
 		{"no pending", src, h, []consume.Option{consume.WithMaxPending(0)}, false, "WithMaxPending"},
 		{"one pending", src, h, []consume.Option{consume.WithMaxPending(1)}, false, ""},
@@ -986,5 +987,10 @@ func TestConsumerLogsFailuresByDefault(t *testing.T) {
 	}
 	if out := run(consume.WithoutDeadLetter(), consume.WithObserver(&events{})); out != "" {
 		t.Errorf("with an observer, the consumer logged:\n%s", out)
+	}
+	var own syncBuffer
+	out = run(consume.WithoutDeadLetter(), consume.WithLogger(slog.New(slog.NewTextHandler(&own, nil))))
+	if want := `delivery_id=down attempt=1`; out != "" || !strings.Contains(own.String(), want) {
+		t.Errorf("with WithLogger, slog.Default() got %q and the given logger %q; want %q in the given logger only", out, own.String(), want)
 	}
 }

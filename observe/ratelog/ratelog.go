@@ -1,4 +1,5 @@
-// Package ratelog writes log lines to slog.Default() at a bounded rate, so
+// Package ratelog writes log lines to a logger (slog.Default() unless one
+// is given) at a bounded rate, so
 // that the library's failures are visible when nobody configured an
 // observer, and a consumer whose every delivery fails does not flood the
 // log.
@@ -19,7 +20,7 @@ const (
 	DefaultEvery = time.Second
 )
 
-// Limiter is a token bucket in front of slog.Default(): Burst lines pass at
+// Limiter is a token bucket in front of a logger: Burst lines pass at
 // once, then one per Every. Lines it holds back are counted, and the next
 // line it lets through carries the count as the attribute "suppressed".
 // The zero Limiter uses [DefaultBurst] and [DefaultEvery]. A Limiter is
@@ -28,6 +29,9 @@ type Limiter struct {
 	// Burst and Every set the rate; zero values mean the defaults.
 	Burst int
 	Every time.Duration
+	// Logger receives the lines; nil means slog.Default() at the time of
+	// each line.
+	Logger *slog.Logger
 	// Now replaces time.Now, for tests.
 	Now func() time.Time
 
@@ -38,10 +42,13 @@ type Limiter struct {
 	suppressed int
 }
 
-// Log writes msg with attrs at level to slog.Default() when the rate
-// allows, and otherwise counts it.
+// Log writes msg with attrs at level to the Limiter's logger when the
+// rate allows, and otherwise counts it.
 func (l *Limiter) Log(ctx context.Context, level slog.Level, msg string, attrs ...slog.Attr) {
-	logger := slog.Default()
+	logger := l.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
 	if !logger.Enabled(ctx, level) {
 		return
 	}

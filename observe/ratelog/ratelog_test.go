@@ -10,7 +10,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"effectively.dev/internal/ratelog"
+	"effectively.dev/observe/ratelog"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -53,5 +53,15 @@ func TestLimiterSkipsDisabledLevels(t *testing.T) {
 	l.Log(ctx, slog.LevelError, "loud")
 	if out := buf.String(); strings.Contains(out, "quiet") || !strings.Contains(out, "msg=loud") || strings.Contains(out, "suppressed") {
 		t.Fatalf("got %q, want only the error line, and nothing counted as suppressed", out)
+	}
+}
+
+func TestLimiterWritesToItsLogger(t *testing.T) {
+	def := capture(t, slog.LevelInfo)
+	var own bytes.Buffer
+	l := &ratelog.Limiter{Logger: slog.New(slog.NewTextHandler(&own, nil))}
+	l.Log(context.Background(), slog.LevelWarn, "failed")
+	if !strings.Contains(own.String(), "msg=failed") || def.Len() != 0 {
+		t.Fatalf("given logger got %q, slog.Default() got %q; want the line in the given logger only", own.String(), def.String())
 	}
 }
