@@ -46,7 +46,8 @@ func run(ctx context.Context, pool *pgxpool.Pool, api *client.API, brokers []str
 		return err
 	}
 	defer src.Close() // commits what was acked, leaves the group
-	producer, err := kgo.NewClient(kgo.SeedBrokers(brokers...)) // for the dead letters
+	// A producer for the dead letters.
+	producer, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
 		return err
 	}
