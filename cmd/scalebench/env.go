@@ -146,22 +146,8 @@ func (d *db) fill(ctx context.Context, logf func(string, ...any), scope, shape s
 		DROP INDEX effectively_keys_scope_created_at`); err != nil {
 		return err
 	}
-	t0 := newest.Add(-span)
-	stepUS := float64(span.Microseconds()) / float64(max(n, 1))
-	// created_at = t0 + i·step; the id's milliseconds are the same instant's.
-	at := `($2::timestamptz + (i * $3::float8) * interval '1 microsecond')`
-	ms := `(extract(epoch from ` + at + `) * 1000)::bigint`
-	insert := fmt.Sprintf(`INSERT INTO effectively_keys (scope, key, fingerprint, ref, created_at)
-		SELECT $1, %s, %s, '', %s FROM generate_series($4::bigint, $5::bigint) AS g (i)`,
-		keySQL(idSQL(shape, ms)), fingerprintSQL, at)
-	for lo := int64(1); lo <= n; lo += fillChunk {
-		hi := min(lo+fillChunk-1, n)
-		if _, err := d.pool.Exec(ctx, insert, scope, t0, stepUS, lo, hi); err != nil {
-			return fmt.Errorf("fill: %w", err)
-		}
-		if n > fillChunk {
-			logf("  %s: %d of %d rows", d.name, hi, n)
-		}
+	if err := d.insertKeys(ctx, logf, scope, shape, n, newest, span); err != nil {
+		return fmt.Errorf("fill: %w", err)
 	}
 	for _, sql := range []string{
 		`ALTER TABLE effectively_keys ADD CONSTRAINT effectively_keys_pkey PRIMARY KEY (scope, key)`,
@@ -175,6 +161,45 @@ func (d *db) fill(ctx context.Context, logf func(string, ...any), scope, shape s
 	}
 	logf("  %s: filled %d %s keys in %v", d.name, n, shape, time.Since(started).Round(time.Second))
 	return nil
+}
+
+// insertKeys inserts n keys of shape into scope, their created_at spread
+// evenly from newest-span to newest, fillChunk rows per statement.
+func (d *db) insertKeys(ctx context.Context, logf func(string, ...any), scope, shape string, n int64, newest time.Time, span time.Duration) error {
+	t0 := newest.Add(-span)
+	stepUS := float64(span.Microseconds()) / float64(max(n, 1))
+	// created_at = t0 + i·step; the id's milliseconds are the same instant's.
+	at := `($2::timestamptz + (i * $3::float8) * interval '1 microsecond')`
+	ms := `(extract(epoch from ` + at + `) * 1000)::bigint`
+	insert := fmt.Sprintf(`INSERT INTO effectively_keys (scope, key, fingerprint, ref, created_at)
+		SELECT $1, %s, %s, '', %s FROM generate_series($4::bigint, $5::bigint) AS g (i)`,
+		keySQL(idSQL(shape, ms)), fingerprintSQL, at)
+	for lo := int64(1); lo <= n; lo += fillChunk {
+		hi := min(lo+fillChunk-1, n)
+		if _, err := d.pool.Exec(ctx, insert, scope, t0, stepUS, lo, hi); err != nil {
+			return err
+		}
+		if n > fillChunk {
+			logf("  %s: %d of %d rows", d.name, hi, n)
+		}
+	}
+	return nil
+}
+
+// topUp inserts expired keys of shape into scope (created_at in the
+// fill's span, newest-span to newest) until at least want are older than
+// cutoff, so that every pruning window starts with the same backlog and
+// a window after an unpaced loop that emptied it still has work. It
+// returns how many it inserted.
+func (d *db) topUp(ctx context.Context, logf func(string, ...any), scope, shape string, want int64, cutoff, newest time.Time, span time.Duration) (int64, error) {
+	var have int64
+	if err := d.pool.QueryRow(ctx, `SELECT count(*) FROM effectively_keys WHERE scope = $1 AND created_at < $2`, scope, cutoff).Scan(&have); err != nil {
+		return 0, err
+	}
+	if have >= want {
+		return 0, nil
+	}
+	return want - have, d.insertKeys(ctx, logf, scope, shape, want-have, newest, span)
 }
 
 // sizes are the key table's relation sizes, in bytes.

@@ -21,7 +21,9 @@
 //   - prune: a table of the largest -prune count of expired keys; windows
 //     of -window in which Apply runs alone (twice: the control), next to
 //     a postgres.Pruner paced at twice the insert rate, and next to an
-//     unpaced postgres.Prune loop; interleaved over -rounds. Then, for
+//     unpaced postgres.Prune loop; interleaved over -rounds, every window
+//     starting with the table topped up to its expired count, a VACUUM
+//     and a CHECKPOINT. Then, for
 //     each -prune count, a drain: every expired key deleted by Prune while
 //     Apply runs, its rate as it goes, the table's size before, after and
 //     after a VACUUM.
