@@ -31,10 +31,11 @@ const (
 	// "retryable" or "unclassified" (the consumer gave up after its
 	// attempts), "configuration".
 	HeaderDLQClass = DeadLetterHeaderPrefix + "class"
-	// HeaderDLQAttempts is the delivery's attempt count as the source
-	// knows it ([effects.Delivery].Attempt: a share group's delivery
-	// count), in decimal; absent when the source does not count (a
-	// consumer group's [Source]).
+	// HeaderDLQAttempts is how many times the delivery was tried before
+	// it was dead-lettered ([effects.Delivery].Attempt as the dead-letter
+	// hook sees it: the consumer's attempts, including a share group's
+	// earlier deliveries), in decimal; absent when the count is unknown
+	// (a hook called with Attempt 0).
 	HeaderDLQAttempts = DeadLetterHeaderPrefix + "attempts"
 	// HeaderDLQTopic, HeaderDLQPartition and HeaderDLQOffset are the
 	// record's place in its source topic (decimal partition and offset);
