@@ -58,23 +58,6 @@
 // configuration error its own start-up check finds, so a misspelled topic
 // stops the consumer instead of leaving it idle.
 //
-// Changed on purpose in this version: the Producer's journal protocol is
-// journal.Journaled's, so a record the broker acked but the journal could
-// not record is Applied (logged) instead of [effects.ErrAmbiguous]; an
-// ambiguous journal Begin (nothing was produced) is [effects.ErrTransient];
-// Complete stops retrying at an error that is not retryable; the default
-// lease is [journal.DefaultLease] (a minute, was 30 s), and an Apply stops
-// waiting for its record at nine tenths of the lease. Apply no longer waits
-// for the client's linger (it waited up to kgo.ProducerLinger, 10 ms by
-// default). The outbox moved to package effectively.dev/kafka/outbox
-// (MigrateOutbox, OutboxMessage, PruneOutbox and WithRelayErrors are now
-// outbox.Migrate, outbox.Message, outbox.Prune and
-// outbox.WithErrorHandler). Replay and ReplayBatch take the topic and
-// [ReplayOption] values ([WithReplayOffsetRange], [WithReplayTimeRange],
-// [WithReplayRate], ...) instead of a ReplayOptions struct, and refuse
-// what they used to reinterpret quietly (an empty partition list, a
-// negative start, an end before the start, a limiter with a rate).
-//
 // # Share groups or consumer groups
 //
 // Use [Source] (a consumer group) when records of one key must be handled

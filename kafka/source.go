@@ -43,8 +43,7 @@ const (
 	// DefaultFetchMaxWait is the kgo.FetchMaxWait a Source sets unless the
 	// client options set another: Kafka's own consumer default, instead of
 	// franz-go's 5 s, because a partition the Source resumes waits for the
-	// fetch in flight. (100 ms was measured against it and gained nothing
-	// beyond the noise: BENCHMARKS.md, cmd/e2ebench's consumer-sql-wait100.)
+	// fetch in flight.
 	DefaultFetchMaxWait = 500 * time.Millisecond
 	// DefaultCloseTimeout bounds [Source.Close]: the final commit and
 	// leaving the group. It matches consume.DefaultShutdownGrace, so a

@@ -154,16 +154,7 @@
 // tenths of the lease.
 //
 // The journal's fingerprint is every field of the params stripe-go sends
-// (as JSON), and the params type. Changed on purpose in this version,
-// with the move to [journal.Journaled]: a journal record that did not
-// commit after Stripe created the object was [effects.ErrAmbiguous] and is
-// now Applied; Complete was tried once and is now retried until
-// [journal.DefaultRecordTimeout]; a journal failure of Begin caused by a
-// cancelled context was the context's error alone and is now
-// [effects.ErrTransient] (the context's error is still reachable); the
-// fingerprint of PaymentIntents and Refunds was the JSON of the typed
-// input and is now that of the params, so journal records written by an
-// earlier version read as key reuse.
+// (as JSON), and the params type.
 //
 // # When not to use it
 //

@@ -25,15 +25,6 @@
 // transaction commits (an order row and its "order created" event).
 // Consumers of the topic must dedup on the header: the relay publishes at
 // least once.
-//
-// Changed on purpose in this version: a relay claims rows and produces
-// outside any transaction (it held one, with row locks, across the
-// produce); failing rows are parked instead of retried at the head of
-// every batch; [Relay.Run] logs its errors by default (it dropped them
-// without [WithErrorHandler]) and returns a configuration error instead of
-// retrying it; [Enqueue] refuses a message over [DefaultMaxMessageBytes]
-// ([WithMaxMessageBytes]). [Migrate] adds the new columns to an existing
-// table and replaces its index of unsent rows.
 package outbox
 
 import (
