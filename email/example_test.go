@@ -74,7 +74,7 @@ func ExampleNew() {
 
 // A redelivered message is answered from the sent-record: one email.
 func ExampleSender_Apply() {
-	srv, err := smtptest.NewServer()
+	srv, err := smtptest.New()
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func ExampleSender_Apply() {
 // unknown; within the lease a retry is told to wait, after it the message
 // goes out again with the same Message-ID.
 func ExampleSender_Apply_unknownOutcome() {
-	srv, err := smtptest.NewServer()
+	srv, err := smtptest.New()
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func ExampleSender_Apply_unknownOutcome() {
 // List-Unsubscribe header, sent with go-mail's default STARTTLS policy to
 // a server whose certificate the client trusts.
 func ExampleSender_Apply_richMessage() {
-	srv, err := smtptest.NewServer(smtptest.WithSTARTTLS())
+	srv, err := smtptest.New(smtptest.WithSTARTTLS())
 	if err != nil {
 		log.Fatal(err)
 	}

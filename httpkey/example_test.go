@@ -18,7 +18,7 @@ import (
 // replays: the second Apply creates nothing and reports the first charge's
 // id as a replay.
 func Example() {
-	srv, err := httpkeytest.NewServer(httpkeytest.WithReplayHeader("Idempotent-Replayed", "true"))
+	srv, err := httpkeytest.New(httpkeytest.WithReplayHeader("Idempotent-Replayed", "true"))
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -37,9 +37,9 @@ type producerHarness struct {
 func newProducerHarness(t testing.TB, journal, lie bool) conformance.Harness[kafka.Message] {
 	h := &producerHarness{t: t, lie: lie}
 	if kafkatest.Real() {
-		h.cluster = kafkatest.New(t)
+		h.cluster = kafkatest.Start(t)
 	} else {
-		h.cluster = kafkatest.NewRestartable(t)
+		h.cluster = kafkatest.StartRestartable(t)
 	}
 	h.topic = h.cluster.Topic(t, "conformance", 3)
 	if journal {

@@ -155,7 +155,7 @@ func newOutage(c *kafkatest.Cluster, t *testing.T) *outage {
 // revoked, the ack refused, and the delivery dead-lettered again by its
 // new owner, the declared at-least-once.)
 func TestDeadLetterTopicBrokerOutage(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic, dlq := c.Topic(t, "src", 1), c.Topic(t, "dlq", 1)
 	if err := c.Client(t).ProduceSync(context.Background(),
 		&kgo.Record{Topic: topic, Value: []byte("poison")}, &kgo.Record{Topic: topic, Value: []byte("good")}).FirstErr(); err != nil {
@@ -217,7 +217,7 @@ func TestDeadLetterTopicBrokerOutage(t *testing.T) {
 // TestDeadLetterTopicRefusesBadArguments: a nil client, an empty topic and
 // a client that is not an idempotent producer are refused at once.
 func TestDeadLetterTopicRefusesBadArguments(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	if _, err := kafka.DeadLetterTopic(nil, "dlq"); !effects.IsConfig(err) {
 		t.Errorf("nil client: %v", err)
 	}
@@ -248,7 +248,7 @@ func TestDeadLetterTopicRefusesBadArguments(t *testing.T) {
 // their first step replays and their second applies: every step of every
 // event applied once.
 func TestRedriveAfterFix(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic, dlq := c.Topic(t, "orders", 2), c.Topic(t, "orders-dlq", 1)
 	fx, rows := shareLedger(t)
 	var recs []*kgo.Record

@@ -36,7 +36,7 @@ const benchRounds = 5
 // a shared machine a few calls that lose the CPU would otherwise decide a
 // round's ratio.
 func BenchmarkProducerApply(b *testing.B) {
-	c := kafkatest.New(b)
+	c := kafkatest.Start(b)
 	topic := c.Topic(b, "bench", 3)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers()...)) // franz-go's defaults
 	if err != nil {

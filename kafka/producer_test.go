@@ -24,7 +24,7 @@ import (
 )
 
 func TestProducerRefusesNonIdempotentClients(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	for name, opts := range map[string][]kgo.Opt{
 		"idempotence disabled": {kgo.DisableIdempotentWrite(), kgo.RequiredAcks(kgo.AllISRAcks())},
 		"acks=1":               {kgo.DisableIdempotentWrite(), kgo.RequiredAcks(kgo.LeaderAck())},
@@ -40,7 +40,7 @@ func TestProducerRefusesNonIdempotentClients(t *testing.T) {
 }
 
 func TestProducerRecord(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := c.Topic(t, "producer", 3)
 	p, err := kafka.NewProducer(c.Client(t), topic)
 	if err != nil {
@@ -98,7 +98,7 @@ func refOf(r *kgo.Record) string {
 // producer declares AnyRedelivery: Kafka's idempotence is per producer
 // session, so the same key produced by two client sessions is two records.
 func TestProducerWithoutJournalDuplicatesAcrossSessions(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := c.Topic(t, "sessions", 1)
 	key := effects.MustKey("billing", "evt-1", "event")
 	for session := 0; session < 2; session++ {
@@ -121,7 +121,7 @@ func TestProducerWithoutJournalDuplicatesAcrossSessions(t *testing.T) {
 }
 
 func TestProducerInvalidKeyDoesNoIO(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	fake := c.RequireFake(t)
 	var requests atomic.Int64
 	fake.Control(func(kmsg.Request) (kmsg.Response, error, bool) {
@@ -145,7 +145,7 @@ func TestProducerInvalidKeyDoesNoIO(t *testing.T) {
 
 // TestProducerErrors checks the classification of broker failures.
 func TestProducerErrors(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	fake := c.RequireFake(t)
 	topic := c.Topic(t, "errors", 1)
 	tests := []struct {
@@ -206,7 +206,7 @@ func TestProducerErrors(t *testing.T) {
 // have is a configuration error naming the topic, and Check says so
 // before any Apply; an existing topic passes Check.
 func TestProducerUnknownTopic(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	cl := c.Client(t, kgo.UnknownTopicRetries(1))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -242,7 +242,7 @@ func TestProducerUnknownTopic(t *testing.T) {
 // retried by franz-go with the same producer id and sequence, and the
 // broker keeps one record.
 func TestProducerRetriesWithinSession(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	fake := c.RequireFake(t)
 	topic := c.Topic(t, "timeout", 1)
 	p, err := kafka.NewProducer(c.Client(t), topic)
@@ -266,7 +266,7 @@ func TestProducerRetriesWithinSession(t *testing.T) {
 // journal, the record the broker acks later is still recorded, so the
 // retry replays it instead of producing again.
 func TestProducerContextDoneInFlight(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	fake := c.RequireFake(t)
 	topic := c.Topic(t, "inflight", 1)
 	j := memjournal.New(nil)
@@ -309,7 +309,7 @@ func TestProducerContextDoneInFlight(t *testing.T) {
 // inside a deadline that a lingering record would miss. (No timing is
 // measured: a lingering Apply would fail with ErrAmbiguous.)
 func TestProducerNeverWaitsForLinger(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := c.Topic(t, "linger", 3)
 	for name, opts := range map[string][]kafka.ProducerOption{
 		"plain":   nil,
@@ -336,7 +336,7 @@ func TestProducerNeverWaitsForLinger(t *testing.T) {
 // The broker acked the record but the journal could not record it: the
 // truth is Applied, and the failure is logged.
 func TestProducerUnrecordedAckIsApplied(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := c.Topic(t, "unrecorded", 1)
 	j := &refusingComplete{Journal: memjournal.New(nil)}
 	var logs bytes.Buffer
@@ -361,7 +361,7 @@ func (refusingComplete) Complete(_ context.Context, key effects.Key, _ string) e
 }
 
 func TestNewProducerRefusesBadConfiguration(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	cl := c.Client(t)
 	for _, tc := range []struct {
 		name, option string

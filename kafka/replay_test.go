@@ -64,7 +64,7 @@ func span(from, to int64) []int64 {
 }
 
 func TestReplayOffsetRange(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := seedTopic(t, c, 2, 20, time.Now())
 	var h collect
 	st, err := kafka.Replay(context.Background(), c.Client(t), topic, h.handle,
@@ -102,7 +102,7 @@ func TestReplayOffsetRange(t *testing.T) {
 }
 
 func TestReplayTimeRange(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	base := time.Now().Add(-time.Hour).Truncate(time.Second)
 	topic := seedTopic(t, c, 1, 20, base)
 	var h collect
@@ -136,7 +136,7 @@ func (v *virtualLimiter) Wait(context.Context) error {
 // record, so the replay takes as long as the limit says (measured on a
 // fake clock, not the wall clock).
 func TestReplayRateLimit(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := seedTopic(t, c, 2, 25, time.Now())
 	var events []string
 	start := time.Unix(1_000_000, 0)
@@ -167,7 +167,7 @@ func TestReplayRateLimit(t *testing.T) {
 // commit marker (a control record the handler never sees) still ends, and
 // records of aborted transactions are not replayed.
 func TestReplayEndsOnTransactionMarker(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := c.Topic(t, "txn", 1)
 	txn := c.Client(t, kgo.TransactionalID("replay-txn"))
 	ctx := context.Background()
@@ -220,7 +220,7 @@ func TestReplayEndsOnTransactionMarker(t *testing.T) {
 }
 
 func TestReplayHandlerErrorStops(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := seedTopic(t, c, 1, 10, time.Now())
 	boom := errors.New("boom")
 	var progress bytes.Buffer
@@ -243,7 +243,7 @@ func TestReplayHandlerErrorStops(t *testing.T) {
 }
 
 func TestReplayProgressBar(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := seedTopic(t, c, 1, 10, time.Now())
 	var progress bytes.Buffer
 	if _, err := kafka.Replay(context.Background(), c.Client(t), topic,
@@ -260,7 +260,7 @@ func TestReplayProgressBar(t *testing.T) {
 // offset order per partition, in batches of at most BatchSize, and counts
 // a batch only once its handler returned nil.
 func TestReplayBatch(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := seedTopic(t, c, 2, 25, time.Now())
 
 	t.Run("every record once, in order, at most BatchSize at a time", func(t *testing.T) {
@@ -396,7 +396,7 @@ func TestReplayRefusesBadOptions(t *testing.T) {
 // re-feeds every record of every partition, and ReplayBatch hands them
 // over DefaultReplayBatchSize at a time.
 func TestReplayDefaults(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	const n = kafka.DefaultReplayBatchSize + 1
 	topic := seedTopic(t, c, 1, n, time.Now())
 	var h collect

@@ -48,7 +48,7 @@ const (
 // maximum over the rounds of its run time relative to partition's run time
 // in the same round. Run it with -benchtime=5x (five rounds).
 func BenchmarkShareSource(b *testing.B) {
-	c := kafkatest.New(b, kafkatest.ShareBrokerConfigs(30*time.Second, 0))
+	c := kafkatest.Start(b, kafkatest.ShareBrokerConfigs(30*time.Second, 0))
 	type variant struct {
 		name  string
 		share bool

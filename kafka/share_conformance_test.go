@@ -22,7 +22,7 @@ type shareHarness struct {
 }
 
 func newShareHarness(t testing.TB) conformance.SourceHarness {
-	c := kafkatest.New(t, kafkatest.ShareBrokerConfigs(shareTestLock, 0))
+	c := kafkatest.Start(t, kafkatest.ShareBrokerConfigs(shareTestLock, 0))
 	topic := c.Topic(t, "share-conformance", 3)
 	group := "sg-" + topic
 	c.ShareFromEarliest(t, group)

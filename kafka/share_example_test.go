@@ -23,7 +23,7 @@ import (
 // failed attempt goes back to the broker (Release) and comes back with
 // its delivery count, the consumer's attempt number, raised.
 func ExampleNewShareSource() {
-	cluster, err := kafkatest.Start(kfake.SeedTopics(1, "jobs"), kafkatest.ShareBrokerConfigs(30*time.Second, 0))
+	cluster, err := kafkatest.New(kfake.SeedTopics(1, "jobs"), kafkatest.ShareBrokerConfigs(30*time.Second, 0))
 	if err != nil {
 		log.Fatal(err)
 	}

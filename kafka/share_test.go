@@ -23,7 +23,7 @@ const shareTestLock = 3 * time.Second
 // and a share group reading it from the earliest offset.
 func shareCluster(t *testing.T, parts int32, lock time.Duration, limit int) (c *kafkatest.Cluster, topic, group string) {
 	t.Helper()
-	c = kafkatest.New(t, kafkatest.ShareBrokerConfigs(lock, limit))
+	c = kafkatest.Start(t, kafkatest.ShareBrokerConfigs(lock, limit))
 	topic = c.Topic(t, "share", parts)
 	group = "sg-" + topic
 	c.ShareFromEarliest(t, group)
@@ -239,7 +239,7 @@ func TestShareSourceCloseReleases(t *testing.T) {
 // TestNewShareSourceValidates: bad options and a missing or wrong group
 // are a *effects.ConfigError naming the option.
 func TestNewShareSourceValidates(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	share := c.Opts(kgo.ShareGroup("g"), kgo.ConsumeTopics("t"))
 	for _, tc := range []struct {
 		name   string

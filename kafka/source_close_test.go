@@ -27,7 +27,7 @@ func TestSourceCloseIsBoundedDuringARebalance(t *testing.T) {
 		bound     = 500 * time.Millisecond
 		rebalance = 15 * time.Second
 	)
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	fake := c.RequireFake(t)
 	topic := c.Topic(t, "closebound", 2)
 	group := "g-" + topic
@@ -113,7 +113,7 @@ func TestSourceCloseIsBoundedDuringARebalance(t *testing.T) {
 
 // TestSourceCloseTimeoutOption: the bound must be positive.
 func TestSourceCloseTimeoutOption(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	for _, d := range []time.Duration{0, -time.Second} {
 		_, err := kafka.NewSource(c.Opts(kafkatest.GroupOpts("g", "t")...), kafka.WithCloseTimeout(d))
 		var ce *effects.ConfigError

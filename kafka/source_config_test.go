@@ -17,7 +17,7 @@ import (
 // TestNewSourceValidates: bad options and a missing group are a
 // *effects.ConfigError naming the option; nil options are ignored.
 func TestNewSourceValidates(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	group := c.Opts(kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t"))
 	for _, tc := range []struct {
 		name   string
@@ -95,7 +95,7 @@ func TestTransformValidates(t *testing.T) {
 // fetching started, so a consumer stops instead of idling; the topics
 // that exist pass Check.
 func TestSourceUnknownTopic(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	topic := c.Topic(t, "exists", 1)

@@ -29,7 +29,7 @@ type sourceHarness struct {
 }
 
 func newSourceHarness(t testing.TB, wrap func(effects.Source) effects.Source) conformance.SourceHarness {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := c.Topic(t, "source-conformance", 3)
 	return &sourceHarness{cluster: c, topic: topic, group: "g-" + topic, wrap: wrap}
 }

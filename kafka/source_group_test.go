@@ -126,7 +126,7 @@ type commitFixture struct {
 
 func newCommitFixture(t *testing.T, prefix string, parts int32, per int) commitFixture {
 	t.Helper()
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	fake := c.RequireFake(t)
 	topic := c.Topic(t, prefix, parts)
 	group := "g-" + topic
@@ -150,7 +150,7 @@ func (w *commitWatch) snapshot() (requests int, parts []commitRequest) {
 // TestSourceFairAcrossPartitions: a fetch returns long runs of one
 // partition, but Next takes turns between the partitions.
 func TestSourceFairAcrossPartitions(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	const parts, per = 4, 200
 	topic := c.Topic(t, "fair", parts)
 	produceRuns(t, c, topic, parts, per)
@@ -177,7 +177,7 @@ func TestSourceFairAcrossPartitions(t *testing.T) {
 // acked gets no more than WithMaxPendingPerPartition handed out, and its
 // fetching pauses, while another partition flows; acks resume it.
 func TestSourceBoundsEachPartition(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := c.Topic(t, "bound", 2)
 	produceRuns(t, c, topic, 2, 100)
 	const limit = 10

@@ -21,7 +21,7 @@ import (
 // refuses it, and the Consumer dead-letters it at the first attempt. Only
 // a record without the header falls back to topic/partition/offset.
 func TestSourceEmptyIDHeaderIsPoison(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := c.Topic(t, "emptyid", 1)
 	hdr := func(v string) []kgo.RecordHeader { return []kgo.RecordHeader{{Key: kafka.KeyHeader, Value: []byte(v)}} }
 	recs := []*kgo.Record{

@@ -19,7 +19,7 @@ import (
 // handles those of the partitions it kept.
 func TestSourceOwnsDropsRevokedDeliveries(t *testing.T) {
 	const parts, per = 4, 40
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := c.Topic(t, "owns", parts)
 	group := "g-" + topic
 	produceRuns(t, c, topic, parts, per)

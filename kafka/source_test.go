@@ -70,7 +70,7 @@ func next(t *testing.T, s *kafka.Source) effects.Delivery {
 }
 
 func TestSourceDelivery(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := c.Topic(t, "src", 1)
 	produceN(t, c, topic, 2, 1)
 	s := newSource(t, c, "g-"+topic, topic)
@@ -96,7 +96,7 @@ func TestSourceDelivery(t *testing.T) {
 // committed offset only over the acked prefix (Flush commits the mark at
 // once, instead of the next group commit).
 func TestSourceCommitsContiguousPrefix(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := c.Topic(t, "prefix", 1)
 	group := "g-" + topic
 	produceN(t, c, topic, 5, 1)
@@ -133,7 +133,7 @@ func TestSourceCommitsContiguousPrefix(t *testing.T) {
 // TestSourceRedeliversUnacked: a handler error (no ack) commits nothing
 // past the failed record, and a restarted consumer gets it again.
 func TestSourceRedeliversUnacked(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := c.Topic(t, "redeliver", 1)
 	group := "g-" + topic
 	produceN(t, c, topic, 3, 1)
@@ -186,7 +186,7 @@ func TestSourceRedeliversUnacked(t *testing.T) {
 // unacked deliveries (their acks report ErrRevoked), and the new owner
 // starts at the first unacked record.
 func TestSourceRevocation(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := c.Topic(t, "revoke", 2)
 	group := "g-" + topic
 	produceN(t, c, topic, 8, 2) // 4 records per partition

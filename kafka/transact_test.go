@@ -58,7 +58,7 @@ func upper(out string) kafka.TransformFunc {
 // EndTxn requests. Read with read_committed, the output holds every input
 // exactly once.
 func TestTransformExactlyOnceUnderFaultsAndRebalance(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	in := c.Topic(t, "in", 4)
 	out := c.Topic(t, "out", 4)
 	group := "g-" + in
@@ -178,7 +178,7 @@ func TestTransformExactlyOnceUnderFaultsAndRebalance(t *testing.T) {
 // transaction, nothing of it is visible, and the next Transform consumes
 // the same input again.
 func TestTransformAbortsOnError(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	in := c.Topic(t, "in", 1)
 	out := c.Topic(t, "out", 1)
 	producer := c.Client(t)

@@ -424,7 +424,7 @@ func startFailoverPair(t *testing.T, ctx context.Context, sync bool) *failoverPa
 	if os.Getenv("DATABASE_URL") != "" {
 		t.Skip("DATABASE_URL is set: the failover tests need clusters of their own")
 	}
-	primary, err := pgtest.Start(pgtest.Options{})
+	primary, err := pgtest.New(pgtest.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -196,7 +196,7 @@ func TestNewPipelinedRefusesAsyncCommit(t *testing.T) {
 				if os.Getenv("DATABASE_URL") != "" {
 					t.Skip("DATABASE_URL is set: this case needs a cluster of its own")
 				}
-				c, err := pgtest.Start(pgtest.Options{})
+				c, err := pgtest.New(pgtest.Options{})
 				if err != nil {
 					t.Fatal(err)
 				}

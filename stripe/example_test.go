@@ -16,7 +16,7 @@ import (
 // A webhook delivered twice charges once: the key comes from the event, so
 // the redelivery replays the first PaymentIntent.
 func Example() {
-	srv, err := stripetest.NewServer() // a local Stripe; in production: client.New(secretKey, nil)
+	srv, err := stripetest.New() // a local Stripe; in production: client.New(secretKey, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func Example() {
 // Any stripe-go POST becomes an effect: here, creating a Customer per
 // sign-up event, and a Checkout Session per order.
 func ExampleNew() {
-	srv, err := stripetest.NewServer()
+	srv, err := stripetest.New()
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func ExampleNew() {
 // A call with an id in its path takes a params type of its own that
 // embeds stripe-go's, so the id is part of the effect's input.
 func ExampleNew_pathParameter() {
-	srv, err := stripetest.NewServer()
+	srv, err := stripetest.New()
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func ExampleNew_pathParameter() {
 
 // A retried partial refund refunds once.
 func ExampleRefunds() {
-	srv, err := stripetest.NewServer()
+	srv, err := stripetest.New()
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func ExampleRefunds() {
 // Errors say what to do next: a key reused with another payload is a bug
 // upstream and permanent; an unknown outcome is retried with the same key.
 func Example_errors() {
-	srv, err := stripetest.NewServer()
+	srv, err := stripetest.New()
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -38,7 +38,7 @@ type env struct {
 
 func start(ctx context.Context, logf func(string, ...any)) (*env, error) {
 	logf("starting a durable throwaway PostgreSQL cluster (fsync on) and kfake")
-	pg, err := pgtest.Start(pgtest.Options{Durable: true})
+	pg, err := pgtest.New(pgtest.Options{Durable: true})
 	if err != nil {
 		return nil, err
 	}
@@ -53,7 +53,7 @@ func start(ctx context.Context, logf func(string, ...any)) (*env, error) {
 		e.close()
 		return nil, err
 	}
-	if e.kafka, err = kafkatest.Start(); err != nil {
+	if e.kafka, err = kafkatest.New(); err != nil {
 		e.close()
 		return nil, err
 	}

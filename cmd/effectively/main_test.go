@@ -31,7 +31,7 @@ func runCmd(t *testing.T, args ...string) (string, error) {
 // nothing; the redrive moves it, with its delivery id in the id header,
 // and leaves the other class alone.
 func TestRedriveCommand(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	src, dlq := c.Topic(t, "src", 1), c.Topic(t, "dlq", 1)
 	ctx := context.Background()
 	poison := kafka.DeadLetterRecord(dlq, effects.Delivery{ID: "a", Body: []byte("A")}, effects.ErrPoison, time.Now())

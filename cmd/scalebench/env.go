@@ -31,7 +31,7 @@ var reported = []string{"shared_buffers", "max_wal_size", "checkpoint_timeout", 
 
 func start(ctx context.Context, cfg config, logf func(string, ...any)) (*env, error) {
 	logf("starting a durable throwaway PostgreSQL cluster (fsync on) with %v", cfg.settings)
-	pg, err := pgtest.Start(pgtest.Options{Durable: true, Settings: cfg.settings})
+	pg, err := pgtest.New(pgtest.Options{Durable: true, Settings: cfg.settings})
 	if err != nil {
 		return nil, err
 	}

@@ -135,7 +135,7 @@ func (s *countingSource) acked() map[string]int {
 // failing is never committed past, holds back its partition, and is
 // delivered first to the restarted consumer.
 func TestConsumerKafkaAcksOnlyAfterSuccess(t *testing.T) {
-	kc := kafkatest.New(t)
+	kc := kafkatest.Start(t)
 	topic := kc.Topic(t, "ack-after-success", 1)
 	group := "g-" + topic
 	produceRecords(t, kc, topic, 1, 10, false)
@@ -206,7 +206,7 @@ func TestConsumerKafkaAcksOnlyAfterSuccess(t *testing.T) {
 // partitions run in parallel.
 func TestConsumerKafkaPerPartitionOrder(t *testing.T) {
 	const parts, per = 4, 50
-	kc := kafkatest.New(t)
+	kc := kafkatest.Start(t)
 	topic := kc.Topic(t, "order", parts)
 	group := "g-" + topic
 	produceRecords(t, kc, topic, parts, per, false)
@@ -307,7 +307,7 @@ func ledgerCounts(t *testing.T, pool *pgxpool.Pool) map[string]int {
 // ledger exactly once.
 func TestConsumerKafkaGracefulShutdownAndRestart(t *testing.T) {
 	const parts, per = 2, 20
-	kc := kafkatest.New(t)
+	kc := kafkatest.Start(t)
 	topic := kc.Topic(t, "shutdown", parts)
 	group := "g-" + topic
 	produceRecords(t, kc, topic, parts, per, true)

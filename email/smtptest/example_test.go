@@ -8,10 +8,10 @@ import (
 )
 
 // A test starts the server (Start registers its Close with t.Cleanup;
-// NewServer is the form without a testing.TB), sends to it over a real
+// New is the form without a testing.TB), sends to it over a real
 // socket, and counts what arrived by Message-ID.
 func Example() {
-	srv, err := smtptest.NewServer()
+	srv, err := smtptest.New()
 	if err != nil {
 		panic(err)
 	}

@@ -110,7 +110,7 @@ func (s Stage) String() string {
 // command unless [WithReadTimeout] says otherwise.
 const DefaultReadTimeout = 30 * time.Second
 
-// Option configures a [Server]; see [NewServer]. A nil Option is ignored.
+// Option configures a [Server]; see [New]. A nil Option is ignored.
 type Option func(*config)
 
 type config struct {
@@ -170,10 +170,10 @@ type Server struct {
 	sessions int
 }
 
-// NewServer starts a server on a free port of 127.0.0.1. It returns a
+// New starts a server on a free port of 127.0.0.1. It returns a
 // *[effects.ConfigError] for an option with an invalid value, before
 // listening.
-func NewServer(opts ...Option) (*Server, error) {
+func New(opts ...Option) (*Server, error) {
 	cfg := config{readTimeout: DefaultReadTimeout}
 	for _, o := range opts {
 		if o != nil {
@@ -182,9 +182,9 @@ func NewServer(opts ...Option) (*Server, error) {
 	}
 	switch {
 	case cfg.authSet && cfg.username == "":
-		return nil, &effects.ConfigError{Op: "smtptest.NewServer", Option: "WithAuth", Reason: "empty username"}
+		return nil, &effects.ConfigError{Op: "smtptest.New", Option: "WithAuth", Reason: "empty username"}
 	case cfg.readTimeout <= 0:
-		return nil, &effects.ConfigError{Op: "smtptest.NewServer", Option: "WithReadTimeout",
+		return nil, &effects.ConfigError{Op: "smtptest.New", Option: "WithReadTimeout",
 			Reason: fmt.Sprintf("timeout %v is not positive", cfg.readTimeout)}
 	}
 	s := &Server{
@@ -251,11 +251,11 @@ func selfSigned() (*tls.Config, *x509.CertPool, error) {
 	}, roots, nil
 }
 
-// Start is [NewServer] for tests: it fails tb if the server cannot start
+// Start is [New] for tests: it fails tb if the server cannot start
 // and closes the server with tb.Cleanup.
 func Start(tb testing.TB, opts ...Option) *Server {
 	tb.Helper()
-	s, err := NewServer(opts...)
+	s, err := New(opts...)
 	if err != nil {
 		tb.Fatalf("smtptest: %v", err)
 	}

@@ -233,7 +233,7 @@ func TestRestartKeepsMessagesAndAddress(t *testing.T) {
 // Close ends every connection and goroutine, even a delayed reply and an
 // idle client; goleak in TestMain checks the goroutines.
 func TestCloseWhileBusy(t *testing.T) {
-	s, err := smtptest.NewServer()
+	s, err := smtptest.New()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,18 +297,18 @@ func TestSTARTTLS(t *testing.T) {
 	}
 }
 
-func TestNewServerRefusesBadOptions(t *testing.T) {
+func TestNewRefusesBadOptions(t *testing.T) {
 	for name, opt := range map[string]smtptest.Option{
 		"WithAuth":        smtptest.WithAuth("", "x"),
 		"WithReadTimeout": smtptest.WithReadTimeout(0),
 	} {
-		s, err := smtptest.NewServer(opt)
+		s, err := smtptest.New(opt)
 		var ce *effects.ConfigError
 		if !errors.As(err, &ce) || ce.Option != name || s != nil {
 			t.Errorf("%s: %v, want a *ConfigError naming it", name, err)
 		}
 	}
-	s, err := smtptest.NewServer(nil, smtptest.WithReadTimeout(time.Second), nil)
+	s, err := smtptest.New(nil, smtptest.WithReadTimeout(time.Second), nil)
 	if err != nil {
 		t.Fatalf("nil options: %v, want them ignored", err)
 	}

@@ -69,7 +69,7 @@ func newKit(t *testing.T) *kit {
 	if _, err := pool.Exec(ctx, `CREATE TABLE ledger (payment_id text, cents bigint)`); err != nil {
 		t.Fatal(err)
 	}
-	kc := kafkatest.New(t)
+	kc := kafkatest.Start(t)
 	if kafkatest.Real() {
 		t.Skip("run uses the fixed topic names payments and payments-dlq: needs a throwaway kfake cluster")
 	}

@@ -29,7 +29,7 @@ const (
 	DefaultMaxKeyLen = 255
 )
 
-// Option configures a [Server]; see [NewServer]. A nil Option is ignored.
+// Option configures a [Server]; see [New]. A nil Option is ignored.
 // Presets ([IETF], [Adyen], [PayPal], [Worldline]) set several values; options after a
 // preset change it.
 type Option func(*config)
@@ -62,7 +62,7 @@ type config struct {
 // the key in the Idempotency-Key header as a Structured Field String
 // (`"..."`); 409 while the key's first request is in progress; 422 for
 // the key with another payload; no replay signal; keys kept for
-// [DefaultHorizon]. It is what [NewServer] does without a preset.
+// [DefaultHorizon]. It is what [New] does without a preset.
 func IETF() Option {
 	return func(c *config) {
 		c.place, c.name = inStructuredHeader, "Idempotency-Key"
@@ -208,7 +208,7 @@ func WithToken(token string) Option { return func(c *config) { c.token = token }
 //   - past the horizon the key is forgotten and a request executes again.
 //
 // It counts the objects created per key ([Server.Count]): the count a
-// conformance harness's Count needs. Create it with [NewServer] or
+// conformance harness's Count needs. Create it with [New] or
 // [Start]; its methods are safe for concurrent use.
 type Server struct {
 	// URL is the server's base URL, e.g. "http://127.0.0.1:40123". It stays
@@ -253,10 +253,10 @@ type object struct {
 	Request json.RawMessage `json:"request"`
 }
 
-// NewServer starts a server on a free 127.0.0.1 port. Close it when done.
+// New starts a server on a free 127.0.0.1 port. Close it when done.
 // It returns a *[effects.ConfigError] for an option with an invalid value,
 // before listening.
-func NewServer(opts ...Option) (*Server, error) {
+func New(opts ...Option) (*Server, error) {
 	cfg := config{now: time.Now}
 	IETF()(&cfg)
 	for _, o := range opts {
@@ -265,7 +265,7 @@ func NewServer(opts ...Option) (*Server, error) {
 		}
 	}
 	bad := func(option, format string, args ...any) error {
-		return &effects.ConfigError{Op: "httpkeytest.NewServer", Option: option, Reason: fmt.Sprintf(format, args...)}
+		return &effects.ConfigError{Op: "httpkeytest.New", Option: option, Reason: fmt.Sprintf(format, args...)}
 	}
 	switch {
 	case cfg.name == "":
@@ -299,11 +299,11 @@ func NewServer(opts ...Option) (*Server, error) {
 	return s, nil
 }
 
-// Start is [NewServer] for tests: it fails tb if the server cannot start,
+// Start is [New] for tests: it fails tb if the server cannot start,
 // and closes it when tb ends.
 func Start(tb testing.TB, opts ...Option) *Server {
 	tb.Helper()
-	s, err := NewServer(opts...)
+	s, err := New(opts...)
 	if err != nil {
 		tb.Fatal(err)
 	}

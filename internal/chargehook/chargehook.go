@@ -191,7 +191,7 @@ func (e *env) runSide(ctx context.Context, name string, eoSide bool, contract *e
 		}
 	}
 	cfg.logf("%s: starting kfake, the in-process S3 and the webhook tier", name)
-	kc, err := kafkatest.Start()
+	kc, err := kafkatest.New()
 	if err != nil {
 		return nil, err
 	}
@@ -218,12 +218,12 @@ func (e *env) runSide(ctx context.Context, name string, eoSide bool, contract *e
 	s3client, closeS3 := s3srv.NewClient()
 	defer closeS3()
 	bucket := s3srv.Bucket
-	stripeSrv, err := stripetest.NewServer()
+	stripeSrv, err := stripetest.New()
 	if err != nil {
 		return nil, err
 	}
 	defer stripeSrv.Close()
-	smtpSrv, err := smtptest.NewServer()
+	smtpSrv, err := smtptest.New()
 	if err != nil {
 		return nil, err
 	}

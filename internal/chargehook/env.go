@@ -50,7 +50,7 @@ func startDatabase(ctx context.Context, cfg Config) (*database, error) {
 	d := &database{cfg: cfg, external: cfg.DatabaseURL}
 	if d.external == "" {
 		cfg.logf("starting a throwaway PostgreSQL primary")
-		c, err := pgtest.Start(pgtest.Options{})
+		c, err := pgtest.New(pgtest.Options{})
 		if err != nil {
 			return nil, err
 		}

@@ -45,9 +45,9 @@ func badInputPass(t *testing.T, share bool) {
 	bin := workerBinary(t)
 	var cluster *kafkatest.Cluster
 	if share {
-		cluster = kafkatest.New(t, kafkatest.ShareBrokerConfigs(shareLock, shareDeliveryLimit))
+		cluster = kafkatest.Start(t, kafkatest.ShareBrokerConfigs(shareLock, shareDeliveryLimit))
 	} else {
-		cluster = kafkatest.New(t)
+		cluster = kafkatest.Start(t)
 	}
 	fake := cluster.RequireFake(t)
 	dbURL := pgtest.DB(t)

@@ -103,7 +103,7 @@ func TestDayTwoTorture(t *testing.T) {
 	if _, err := pool.Exec(ctx, `CREATE TABLE ledger (payment_id text, cents bigint)`); err != nil {
 		t.Fatal(err)
 	}
-	kc := kafkatest.New(t)
+	kc := kafkatest.Start(t)
 	topic := kc.Topic(t, "daytwo", 3)
 	adm := kadm.NewClient(kc.Client(t))
 	prod := kc.Client(t, kgo.DefaultProduceTopic(topic))

@@ -114,9 +114,9 @@ func TestRebalanceTorture(t *testing.T) {
 	defer cancel()
 
 	bin := workerBinary(t)
-	cluster := kafkatest.New(t)
+	cluster := kafkatest.Start(t)
 	fake := cluster.RequireFake(t)
-	pg := pgtest.NewCluster(t, pgtest.Options{Settings: map[string]string{"track_commit_timestamp": "on"}})
+	pg := pgtest.Start(t, pgtest.Options{Settings: map[string]string{"track_commit_timestamp": "on"}})
 	if err := pg.CreateDatabase(ctx, "rebalance"); err != nil {
 		t.Fatal(err)
 	}

@@ -59,7 +59,7 @@ func TestShareTorture(t *testing.T) {
 	}
 
 	bin := workerBinary(t)
-	cluster := kafkatest.New(t, kafkatest.ShareBrokerConfigs(shareLock, shareDeliveryLimit))
+	cluster := kafkatest.Start(t, kafkatest.ShareBrokerConfigs(shareLock, shareDeliveryLimit))
 	fake := cluster.RequireFake(t)
 	dbURL, db := commitTimesDB(ctx, t)
 

@@ -203,7 +203,7 @@ func runTorture(t *testing.T, cfg tortureConfig) *tortureResult {
 	kills = int(envInt(t, "TORTURE_KILLS", uint64(kills)))
 
 	bin := workerBinary(t)
-	cluster := kafkatest.New(t)
+	cluster := kafkatest.Start(t)
 	fake := cluster.RequireFake(t)
 	dbURL, db := commitTimesDB(ctx, t)
 

@@ -11,10 +11,10 @@ import (
 )
 
 // A cluster, a fresh topic, a produce and what a read_committed reader then
-// sees. In a test, kafkatest.New(t) and c.Topic(t, ...) do the same and
+// sees. In a test, kafkatest.Start(t) and c.Topic(t, ...) do the same and
 // clean up when the test ends.
-func ExampleStart() {
-	c, err := kafkatest.Start() // kfake in process, or KAFKA_BROKERS
+func ExampleNew() {
+	c, err := kafkatest.New() // kfake in process, or KAFKA_BROKERS
 	if err != nil {
 		log.Fatal(err)
 	}

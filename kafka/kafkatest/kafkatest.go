@@ -6,19 +6,19 @@
 // the test process: there is no binary to install and nothing to download
 // at run time.
 //
-//	c := kafkatest.New(t)                           // closed when t ends
+//	c := kafkatest.Start(t)                           // closed when t ends
 //	topic := c.Topic(t, "payments", 3)              // a fresh, uniquely named topic
 //	client := c.Client(t, kgo.DefaultProduceTopic(topic))
 //	recs, err := kafkatest.ReadAll(ctx, c.Opts(), topic) // what a read_committed reader sees
 //
 // Every helper that takes a testing.TB cleans up with t.Cleanup: clusters
 // and clients are closed when the test ends, so goleak finds nothing left
-// behind. [Start] is for code without a testing.TB (TestMain, examples, a
+// behind. [New] is for code without a testing.TB (TestMain, examples, a
 // demo); its caller closes the cluster.
 //
 // Against a real cluster ([Real]), topics get unique names and are not
 // deleted, so use a scratch cluster; kfake's fault injection
-// ([Cluster.RequireFake]) and restarts ([NewRestartable]) are not
+// ([Cluster.RequireFake]) and restarts ([StartRestartable]) are not
 // available, and the tests that need them skip with the reason.
 //
 // When not to use it: kfake is a faithful protocol implementation, not
@@ -77,9 +77,9 @@ func realBrokers() []string {
 // New returns a cluster for t: a new single-broker kfake cluster (closed
 // when t ends), or the real cluster named by KAFKA_BROKERS. opts are
 // extra kfake options; they are ignored for a real cluster.
-func New(t testing.TB, opts ...kfake.Opt) *Cluster {
+func Start(t testing.TB, opts ...kfake.Opt) *Cluster {
 	t.Helper()
-	c, err := Start(opts...)
+	c, err := New(opts...)
 	if err != nil {
 		t.Fatalf("kafkatest: %v", err)
 	}
@@ -91,7 +91,7 @@ func New(t testing.TB, opts ...kfake.Opt) *Cluster {
 // topic by default and a short minimum group session timeout, on a free
 // 127.0.0.1 port (or returns the real cluster named by KAFKA_BROKERS, and
 // ignores opts). The caller closes it.
-func Start(opts ...kfake.Opt) (*Cluster, error) {
+func New(opts ...kfake.Opt) (*Cluster, error) {
 	if brokers := realBrokers(); len(brokers) > 0 {
 		return &Cluster{brokers: brokers}, nil
 	}
@@ -107,17 +107,17 @@ func Start(opts ...kfake.Opt) (*Cluster, error) {
 	return &Cluster{Fake: fake, brokers: fake.ListenAddrs(), opts: all}, nil
 }
 
-// NewRestartable is New for a kfake cluster that keeps its data in a
+// StartRestartable is New for a kfake cluster that keeps its data in a
 // temporary directory, so that [Cluster.Restart] brings it back with its
 // topics, records, groups and producer state. On a real cluster it skips t:
 // tests cannot restart it.
-func NewRestartable(t testing.TB, opts ...kfake.Opt) *Cluster {
+func StartRestartable(t testing.TB, opts ...kfake.Opt) *Cluster {
 	t.Helper()
 	if Real() {
 		t.Skip("cannot restart the real cluster named by " + BrokersEnv)
 	}
 	dir := t.TempDir()
-	c, err := Start(append([]kfake.Opt{kfake.DataDir(dir)}, opts...)...)
+	c, err := New(append([]kfake.Opt{kfake.DataDir(dir)}, opts...)...)
 	if err != nil {
 		t.Fatalf("kafkatest: %v", err)
 	}
@@ -130,7 +130,7 @@ func NewRestartable(t testing.TB, opts ...kfake.Opt) *Cluster {
 // again on the same port from its data directory; clients reconnect.
 func (c *Cluster) Restart() error {
 	if c.Fake == nil || c.dataDir == "" {
-		return errors.New("kafkatest: only a cluster from NewRestartable can restart")
+		return errors.New("kafkatest: only a cluster from StartRestartable can restart")
 	}
 	_, port, err := net.SplitHostPort(c.brokers[0])
 	if err != nil {

@@ -43,7 +43,7 @@ func values(recs []*kgo.Record) []string {
 }
 
 func TestTopicsAreFreshAndUnique(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	a, b := c.Topic(t, "payments", 2), c.Topic(t, "payments", 2)
 	if a == b || !strings.HasPrefix(a, "payments-") {
 		t.Fatalf("topics %q and %q: want two distinct names starting with payments-", a, b)
@@ -56,7 +56,7 @@ func TestTopicsAreFreshAndUnique(t *testing.T) {
 // ReadAll returns what a read_committed reader sees: committed records in
 // partition order, without aborted ones and without transaction markers.
 func TestReadAllSeesOnlyCommittedRecords(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := c.Topic(t, "txn", 1)
 	plain := c.Client(t, kgo.DefaultProduceTopic(topic))
 	produce(t, plain, &kgo.Record{Value: []byte("plain"), Headers: []kgo.RecordHeader{{Key: "id", Value: []byte("p1")}}})
@@ -100,7 +100,7 @@ func TestReadAllFailsOnADeadCluster(t *testing.T) {
 }
 
 func TestRestartKeepsRecords(t *testing.T) {
-	c := kafkatest.NewRestartable(t)
+	c := kafkatest.StartRestartable(t)
 	topic := c.Topic(t, "durable", 1)
 	produce(t, c.Client(t, kgo.DefaultProduceTopic(topic)), &kgo.Record{Value: []byte("before")})
 	brokers := strings.Join(c.Brokers(), ",")
@@ -116,16 +116,16 @@ func TestRestartKeepsRecords(t *testing.T) {
 	}
 }
 
-func TestRestartNeedsNewRestartable(t *testing.T) {
-	if err := kafkatest.New(t).Restart(); err == nil || !strings.Contains(err.Error(), "NewRestartable") {
-		t.Fatalf("Restart of a plain cluster = %v, want an error naming NewRestartable", err)
+func TestRestartNeedsStartRestartable(t *testing.T) {
+	if err := kafkatest.Start(t).Restart(); err == nil || !strings.Contains(err.Error(), "StartRestartable") {
+		t.Fatalf("Restart of a plain cluster = %v, want an error naming StartRestartable", err)
 	}
 }
 
 // GroupOpts makes a consumer group that a member joins, and leaves, within
 // seconds.
 func TestGroupOptsConsume(t *testing.T) {
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := c.Topic(t, "group", 3)
 	produce(t, c.Client(t, kgo.DefaultProduceTopic(topic)),
 		&kgo.Record{Value: []byte("a")}, &kgo.Record{Value: []byte("b")}, &kgo.Record{Value: []byte("c")})
@@ -146,13 +146,13 @@ func TestGroupOptsConsume(t *testing.T) {
 // standing in for a real one): no kfake is started, fault injection is not
 // offered, and Close leaves the cluster alone.
 func TestKafkaBrokersPointsAtARealCluster(t *testing.T) {
-	real := kafkatest.New(t)
+	real := kafkatest.Start(t)
 	topic := real.Topic(t, "shared", 1)
 	t.Setenv(kafkatest.BrokersEnv, " "+strings.Join(real.Brokers(), ",")+", ")
 	if !kafkatest.Real() {
 		t.Fatal("Real() is false with KAFKA_BROKERS set")
 	}
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	if c.Fake != nil {
 		t.Fatal("New started kfake although KAFKA_BROKERS is set")
 	}

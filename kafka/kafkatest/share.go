@@ -19,7 +19,7 @@ import (
 // group config share.record.lock.duration.ms), expired locks swept every
 // 100 ms, members heartbeating every 100 ms and evicted after 3 s, and
 // deliveryLimit deliveries before a record is archived (0: Kafka's
-// default, 5). Pass it to [New] or [Start].
+// default, 5). Pass it to [Start] or [New].
 func ShareBrokerConfigs(lock time.Duration, deliveryLimit int) kfake.Opt {
 	cfg := map[string]string{
 		"group.share.record.lock.duration.ms": strconv.FormatInt(lock.Milliseconds(), 10),

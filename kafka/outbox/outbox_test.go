@@ -106,7 +106,7 @@ func TestOutboxTwoRelays(t *testing.T) {
 
 func testTwoRelays(t *testing.T, deleteSent bool) {
 	pool := outboxPool(t)
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := c.Topic(t, "outbox", 3)
 	ctx := context.Background()
 
@@ -242,7 +242,7 @@ func testTwoRelays(t *testing.T, deleteSent bool) {
 
 func TestPruneOutbox(t *testing.T) {
 	pool := outboxPool(t)
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := c.Topic(t, "prune", 1)
 	ctx := context.Background()
 	for i := 0; i < 3; i++ {
@@ -275,7 +275,7 @@ func TestPruneOutbox(t *testing.T) {
 // lingering record would miss (it would fail with the deadline, unsent).
 func TestRelayNeverWaitsForLinger(t *testing.T) {
 	pool := outboxPool(t)
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := c.Topic(t, "linger", 2)
 	ctx := context.Background()
 	if err := inTx(t, pool, false, func(tx pgx.Tx) error {
@@ -307,7 +307,7 @@ func TestRelayNeverWaitsForLinger(t *testing.T) {
 
 func TestRelayAndPruneRefuseBadConfiguration(t *testing.T) {
 	pool := outboxPool(t)
-	cl := kafkatest.New(t).Client(t)
+	cl := kafkatest.Start(t).Client(t)
 	for _, tc := range []struct {
 		name, option string
 		err          error
@@ -327,7 +327,7 @@ func TestRelayAndPruneRefuseBadConfiguration(t *testing.T) {
 	if _, err := outbox.NewRelay(pool, cl, nil, outbox.WithBatchSize(5), nil); err != nil {
 		t.Errorf("nil options: %v, want them ignored", err)
 	}
-	_, err := outbox.NewRelay(pool, kafkatest.New(t).Client(t, kgo.DisableIdempotentWrite()))
+	_, err := outbox.NewRelay(pool, kafkatest.Start(t).Client(t, kgo.DisableIdempotentWrite()))
 	if !errors.Is(err, kafka.ErrNotIdempotent) {
 		t.Errorf("non-idempotent client: %v, want kafka.ErrNotIdempotent", err)
 	}

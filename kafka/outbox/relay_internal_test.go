@@ -35,7 +35,7 @@ func TestRelayCrashAfterAck(t *testing.T) {
 	if err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := c.Topic(t, "crash", 2)
 	const n, batch = 30, 10
 	tx, err := pool.Begin(ctx)
@@ -131,7 +131,7 @@ func TestRelayTorture(t *testing.T) {
 	if err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	fake := c.RequireFake(t)
 	topic := c.Topic(t, "torture", 3)
 	v := "4096"

@@ -116,7 +116,7 @@ func rowStates(t *testing.T, pool *pgxpool.Pool) map[string]rowState {
 // was published after 20 batches.
 func TestRelayParksPoisonAndGoodRowsFlow(t *testing.T) {
 	pool := outboxPool(t)
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := smallTopic(t, c, "poison", 2, 4<<10)
 	var msgs []outbox.Message
 	for i := range 3 {
@@ -199,7 +199,7 @@ func unjoin(err error) []error {
 // outlast), and the parked rows are logged by default.
 func TestRelayRunDoesNotWaitBehindPoison(t *testing.T) {
 	pool := outboxPool(t)
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := smallTopic(t, c, "poison-run", 1, 4<<10)
 	var msgs []outbox.Message
 	for i := range 4 {
@@ -263,7 +263,7 @@ func (b *syncBuffer) String() string {
 // and parks only the poison.
 func TestRelayIsolatesABatchTheBrokerRefused(t *testing.T) {
 	pool := outboxPool(t)
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := smallTopic(t, c, "mixed", 1, 4<<10)
 	// A long linger, and a topic the relay produced to once: the batch's
 	// records wait in one record batch until the produce ends the linger.
@@ -297,7 +297,7 @@ func TestRelayIsolatesABatchTheBrokerRefused(t *testing.T) {
 // flow all along.
 func TestRelayParksAfterMaxAttempts(t *testing.T) {
 	pool := outboxPool(t)
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	fake := c.RequireFake(t)
 	bad, good := c.Topic(t, "sick", 1), c.Topic(t, "healthy", 1)
 	fault := fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: bad, Err: kerr.NotEnoughReplicas, Count: -1})
@@ -369,7 +369,7 @@ func TestRelayHoldsNoTransactionWhileKafkaIsDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	watcher := outboxPool(t) // another database role of the same cluster sees every session
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := c.Topic(t, "outage", 2)
 	var msgs []outbox.Message
 	for i := range 20 {
@@ -462,7 +462,7 @@ func TestRelayProducesOutsideTransactions(t *testing.T) {
 		t.Fatal(err)
 	}
 	watcher := outboxPool(t)
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	fake := c.RequireFake(t)
 	topic := c.Topic(t, "held", 1)
 	enqueue(t, pool, msg("m-0", topic, "", 10))
@@ -549,7 +549,7 @@ func TestRelayKeyOrder(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			c := kafkatest.New(t)
+			c := kafkatest.Start(t)
 			topic := smallTopic(t, c, "keys", 1, 4<<10)
 			enqueue(t, pool, msg("a-1", topic, "a", 8<<10), msg("a-2", topic, "a", 10), msg("b-1", topic, "b", 10),
 				msg("a-3", topic, "a", 10), msg("b-2", topic, "b", 10))
@@ -612,7 +612,7 @@ func TestRelayKeyOrder(t *testing.T) {
 func TestParkedRows(t *testing.T) {
 	pool := outboxPool(t)
 	ctx := context.Background()
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	t1 := smallTopic(t, c, "p1", 1, 1<<10)
 	t2 := smallTopic(t, c, "p2", 1, 1<<10)
 	var msgs []outbox.Message
@@ -730,7 +730,7 @@ func TestMigrateUpgradesAnOldTable(t *testing.T) {
 	if _, err := pool.Exec(ctx, oldSchema); err != nil {
 		t.Fatal(err)
 	}
-	c := kafkatest.New(t)
+	c := kafkatest.Start(t)
 	topic := c.Topic(t, "upgrade", 1)
 	if _, err := pool.Exec(ctx, `INSERT INTO effectively_outbox (message_id, fingerprint, topic, key, value, attempts, last_error)
 VALUES ('old-1', '\x00', $1, 'k', 'v', 3, 'broker down')`, topic); err != nil {

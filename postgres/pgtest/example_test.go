@@ -10,11 +10,11 @@ import (
 	"effectively.dev/postgres/pgtest"
 )
 
-// A throwaway cluster of one's own. In a test, pgtest.NewCluster(t, opts)
+// A throwaway cluster of one's own. In a test, pgtest.Start(t, opts)
 // does the same and stops it when the test ends; pgtest.DB(t) is enough for
 // a fresh database on a shared cluster.
-func ExampleStart() {
-	c, err := pgtest.Start(pgtest.Options{})
+func ExampleNew() {
+	c, err := pgtest.New(pgtest.Options{})
 	if err != nil {
 		log.Fatal(err) // names what to install when the server binaries are missing
 	}
@@ -37,10 +37,10 @@ func ExampleStart() {
 }
 
 // A failover to a synchronous standby keeps every acknowledged commit. In a
-// test, pgtest.NewPair(t, opts) sets this up (with a stallable link) and
+// test, pgtest.StartPair(t, opts) sets this up (with a stallable link) and
 // stops it when the test ends.
 func ExampleFailover() {
-	primary, err := pgtest.Start(pgtest.Options{})
+	primary, err := pgtest.New(pgtest.Options{})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -9,9 +9,9 @@
 //   - [DedicatedDB]: a fresh database on a cluster of the top-level test's
 //     own, with a [RestartFunc] that restarts it: a conformance harness's
 //     backend-restart capability.
-//   - [NewCluster] (or [Start]): a cluster of one's own, to stop, crash
+//   - [Start] (or [New]): a cluster of one's own, to stop, crash
 //     ([Cluster.StopImmediate]) or restart ([Cluster.Restart]).
-//   - [NewPair]: a primary and a synchronous standby streaming through a
+//   - [StartPair]: a primary and a synchronous standby streaming through a
 //     stallable [Proxy], and [Pair.Failover]; or the parts:
 //     [Cluster.NewStandby], [Cluster.SetSynchronousStandbys], [Failover],
 //     [ReadWriteURL].
@@ -21,11 +21,11 @@
 //
 //	func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 //
-// Clusters from NewCluster and NewPair are stopped by t.Cleanup.
+// Clusters from Start and StartPair are stopped by t.Cleanup.
 //
 // If DATABASE_URL is set (a server that allows CREATE DATABASE), DB, DBWith
 // and DedicatedDB create their databases on it instead of starting a
-// cluster, and DedicatedDB returns no restart function. NewCluster, NewPair
+// cluster, and DedicatedDB returns no restart function. Start, StartPair
 // and Start ignore it: a test that asks for a cluster of its own wants to
 // stop, crash or restart it.
 //
@@ -82,7 +82,7 @@ var errNotFound = errors.New("pgtest: PostgreSQL server binaries (initdb, postgr
 // errPortTaken reports that the postmaster could not bind its port.
 var errPortTaken = errors.New("pgtest: port already in use")
 
-// Options configures a cluster started by [Start] or [Cluster.StartStandby].
+// Options configures a cluster started by [New] or [Cluster.StartStandby].
 // The zero value is a fast, non-durable cluster, right for most tests.
 type Options struct {
 	// Durable keeps PostgreSQL's default durability. When false, fsync and
@@ -116,7 +116,7 @@ type Options struct {
 }
 
 // A Cluster is a running PostgreSQL server whose data lives in a temporary
-// directory, started by [Start] or [Cluster.StartStandby]. It accepts
+// directory, started by [New] or [Cluster.StartStandby]. It accepts
 // connections as the superuser "postgres" without a password on 127.0.0.1,
 // including replication connections. Its methods are safe for concurrent use.
 // Call [Cluster.Stop] when done, or the server processes outlive the test
@@ -142,7 +142,7 @@ type Cluster struct {
 // It takes one to two seconds, mostly initdb. The cluster is configured to
 // be a replication primary; see [Cluster.StartStandby]. On failure the error
 // includes the tail of the server log, and nothing is left behind.
-func Start(opts Options) (*Cluster, error) {
+func New(opts Options) (*Cluster, error) {
 	bins, err := findBinaries()
 	if err != nil {
 		return nil, err

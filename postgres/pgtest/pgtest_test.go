@@ -141,7 +141,7 @@ func TestDatabaseURL(t *testing.T) {
 }
 
 func TestSettingsAndStop(t *testing.T) {
-	c, err := pgtest.Start(pgtest.Options{Settings: map[string]string{"work_mem": "7MB"}})
+	c, err := pgtest.New(pgtest.Options{Settings: map[string]string{"work_mem": "7MB"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func TestSettingsAndStop(t *testing.T) {
 func TestReplication(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	primary, err := pgtest.Start(pgtest.Options{})
+	primary, err := pgtest.New(pgtest.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +228,7 @@ func TestReplication(t *testing.T) {
 
 func TestBinariesNotFound(t *testing.T) {
 	t.Setenv("PGTEST_BIN", t.TempDir())
-	_, err := pgtest.Start(pgtest.Options{})
+	_, err := pgtest.New(pgtest.Options{})
 	if err == nil || !strings.Contains(err.Error(), "PGTEST_BIN") {
 		t.Fatalf("err = %v, want one about PGTEST_BIN", err)
 	}
@@ -237,7 +237,7 @@ func TestBinariesNotFound(t *testing.T) {
 func TestRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c, err := pgtest.Start(pgtest.Options{})
+	c, err := pgtest.New(pgtest.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,7 +330,7 @@ func TestDedicatedDB(t *testing.T) {
 func TestStandbyThroughProxy(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	primary, err := pgtest.Start(pgtest.Options{})
+	primary, err := pgtest.New(pgtest.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -372,7 +372,7 @@ func TestStandbyThroughProxy(t *testing.T) {
 func TestPairSynchronousFailover(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	pair := pgtest.NewPair(t, pgtest.Options{Name: "sync one"})
+	pair := pgtest.StartPair(t, pgtest.Options{Name: "sync one"})
 	if err := pair.Primary.CreateDatabase(ctx, "app"); err != nil {
 		t.Fatal(err)
 	}
@@ -413,7 +413,7 @@ func TestPairSynchronousFailover(t *testing.T) {
 func TestSetSynchronousStandbysOff(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pair := pgtest.NewPair(t, pgtest.Options{})
+	pair := pgtest.StartPair(t, pgtest.Options{})
 	if err := pair.Primary.SetSynchronousStandbys(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -439,7 +439,7 @@ func TestSetSynchronousStandbysOff(t *testing.T) {
 }
 
 func TestReadWriteURL(t *testing.T) {
-	c := pgtest.NewCluster(t, pgtest.Options{})
+	c := pgtest.Start(t, pgtest.Options{})
 	url := pgtest.ReadWriteURL("my db", c, c)
 	want := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/my%%20db?sslmode=disable&target_session_attrs=read-write&connect_timeout=2", c.Port(), c.Port())
 	if url != want {
@@ -453,12 +453,12 @@ func TestReadWriteURL(t *testing.T) {
 	}
 }
 
-// NewCluster stops its cluster and removes its directory when the test
+// Start stops its cluster and removes its directory when the test
 // ends.
-func TestNewClusterCleansUp(t *testing.T) {
+func TestStartCleansUp(t *testing.T) {
 	var dir string
 	t.Run("inner", func(t *testing.T) {
-		c := pgtest.NewCluster(t, pgtest.Options{})
+		c := pgtest.Start(t, pgtest.Options{})
 		dir = c.Dir()
 		if _, err := os.Stat(dir); err != nil {
 			t.Fatal(err)

@@ -15,13 +15,13 @@ import (
 // replication state to settle when ctx has no earlier deadline.
 const syncTimeout = 30 * time.Second
 
-// NewCluster is [Start] for a test: it fails t with what to install when
+// Start is [New] for a test: it fails t with what to install when
 // the server binaries are missing, and stops the cluster (removing its
 // directory) when t ends. It ignores DATABASE_URL: a test that asks for a
 // cluster of its own wants to stop, crash or restart it.
-func NewCluster(t testing.TB, opts Options) *Cluster {
+func Start(t testing.TB, opts Options) *Cluster {
 	t.Helper()
-	c, err := Start(opts)
+	c, err := New(opts)
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
@@ -131,7 +131,7 @@ func ReadWriteURL(db string, clusters ...*Cluster) string {
 }
 
 // Pair is a primary and a synchronous standby that streams from it
-// through a [Proxy], started for one test by [NewPair]: the setup of a
+// through a [Proxy], started for one test by [StartPair]: the setup of a
 // failover test.
 type Pair struct {
 	// Primary is the cluster the test writes to.
@@ -146,20 +146,20 @@ type Pair struct {
 	Name string
 }
 
-// NewPair starts a primary with opts, a standby of it named opts.Name
+// StartPair starts a primary with opts, a standby of it named opts.Name
 // (default "standby") streaming through a new [Proxy], and makes the
 // standby synchronous; everything is stopped when t ends. It takes two
 // cluster starts and a base backup, a few seconds. opts.Upstream is
 // ignored. Call [Cluster.SetSynchronousStandbys] on Primary with no names
 // to make the standby asynchronous (the control of a failover test).
 // Create the test's databases on Primary: the standby replicates them.
-// NewPair ignores DATABASE_URL: a failover needs clusters the test owns.
-func NewPair(t testing.TB, opts Options) *Pair {
+// StartPair ignores DATABASE_URL: a failover needs clusters the test owns.
+func StartPair(t testing.TB, opts Options) *Pair {
 	t.Helper()
 	if opts.Name == "" {
 		opts.Name = standbyName
 	}
-	primary := NewCluster(t, opts)
+	primary := Start(t, opts)
 	link, err := NewProxy(fmt.Sprintf("127.0.0.1:%d", primary.Port()))
 	if err != nil {
 		t.Fatalf("%v", err)

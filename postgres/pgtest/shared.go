@@ -58,7 +58,7 @@ func registered(key string, opts Options) (*Cluster, error) {
 		shared[key] = s
 	}
 	sharedMu.Unlock()
-	s.once.Do(func() { s.c, s.err = Start(opts) })
+	s.once.Do(func() { s.c, s.err = New(opts) })
 	return s.c, s.err
 }
 

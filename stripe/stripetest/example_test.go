@@ -12,7 +12,7 @@ import (
 
 // The server follows Stripe's idempotency rules, seen through stripe-go.
 func ExampleServer() {
-	srv, err := stripetest.NewServer()
+	srv, err := stripetest.New()
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -48,7 +48,7 @@ func ExampleServer() {
 
 // An injected 500 is stored and replayed, as Stripe does.
 func ExampleServer_FailNext() {
-	srv, err := stripetest.NewServer()
+	srv, err := stripetest.New()
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -156,19 +156,19 @@ func TestResourcesFollowTheIdempotencyRules(t *testing.T) {
 	}
 }
 
-func TestNewServerRefusesBadOptions(t *testing.T) {
+func TestNewRefusesBadOptions(t *testing.T) {
 	for name, opt := range map[string]stripetest.Option{
 		"WithHorizon": stripetest.WithHorizon(0),
 		"WithClock":   stripetest.WithClock(nil),
 		"WithLatency": stripetest.WithLatency(-time.Millisecond),
 	} {
-		srv, err := stripetest.NewServer(opt)
+		srv, err := stripetest.New(opt)
 		var ce *effects.ConfigError
 		if !errors.As(err, &ce) || ce.Option != name || srv != nil {
 			t.Errorf("%s: %v, want a *ConfigError naming it", name, err)
 		}
 	}
-	srv, err := stripetest.NewServer(nil, stripetest.WithLatency(0), nil)
+	srv, err := stripetest.New(nil, stripetest.WithLatency(0), nil)
 	if err != nil {
 		t.Fatalf("nil options: %v, want them ignored", err)
 	}

@@ -37,7 +37,7 @@ const DefaultHorizon = 24 * time.Hour
 // execute unless [WithLatency] says otherwise: no time at all.
 const DefaultLatency = time.Duration(0)
 
-// Option configures a [Server]; see [NewServer]. A nil Option is ignored.
+// Option configures a [Server]; see [New]. A nil Option is ignored.
 type Option func(*config)
 
 type config struct {
@@ -62,7 +62,7 @@ func WithClock(now func() time.Time) Option { return func(c *config) { c.now = n
 // must not be negative.
 func WithLatency(d time.Duration) Option { return func(c *config) { c.latency = d } }
 
-// Server is a local Stripe API endpoint. Create it with [NewServer] or
+// Server is a local Stripe API endpoint. Create it with [New] or
 // [Start]. Its methods are safe for concurrent use.
 type Server struct {
 	// URL is the server's base URL, e.g. "http://127.0.0.1:40123", for
@@ -120,10 +120,10 @@ type object struct {
 	pi      *paymentIntent // the PaymentIntent, for refunds
 }
 
-// NewServer starts a server on a free 127.0.0.1 port. Close it when done.
+// New starts a server on a free 127.0.0.1 port. Close it when done.
 // It returns a *[effects.ConfigError] for an option with an invalid value,
 // before listening.
-func NewServer(opts ...Option) (*Server, error) {
+func New(opts ...Option) (*Server, error) {
 	cfg := config{horizon: DefaultHorizon, now: time.Now, latency: DefaultLatency}
 	for _, o := range opts {
 		if o != nil {
@@ -131,7 +131,7 @@ func NewServer(opts ...Option) (*Server, error) {
 		}
 	}
 	bad := func(option, reason string) error {
-		return &effects.ConfigError{Op: "stripetest.NewServer", Option: option, Reason: reason}
+		return &effects.ConfigError{Op: "stripetest.New", Option: option, Reason: reason}
 	}
 	switch {
 	case cfg.horizon <= 0:
@@ -162,11 +162,11 @@ func NewServer(opts ...Option) (*Server, error) {
 	return s, nil
 }
 
-// Start is [NewServer] for tests: it fails tb if the server cannot start,
+// Start is [New] for tests: it fails tb if the server cannot start,
 // and closes it when tb ends.
 func Start(tb testing.TB, opts ...Option) *Server {
 	tb.Helper()
-	s, err := NewServer(opts...)
+	s, err := New(opts...)
 	if err != nil {
 		tb.Fatal(err)
 	}
