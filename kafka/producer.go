@@ -3,7 +3,7 @@ package kafka
 import (
 	"context"
 	"fmt"
-		"sync"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
