@@ -8,18 +8,6 @@ import (
 	"effectively.dev/observe/ratelog"
 )
 
-// The options of this package follow franz-go's kgo.Opt: one option type
-// per constructor, as a small interface, and the options several
-// constructors share satisfy several of them, so a misplaced option fails
-// at compile time and names need no prefixes.
-//
-//   - [Option] ([WithObserver], [WithLogger]) configures [NewSource],
-//     [NewShareSource] and [NewProducer];
-//   - [ConsumerOption] ([WithIDHeader], [WithMaxPoll]) configures both
-//     sources;
-//   - [SourceOption], [ShareOption] and [ProducerOption] configure one
-//     constructor each.
-
 // SourceOption configures a [Source]; see [NewSource]. Options only
 // record their value; NewSource validates them. A nil SourceOption is
 // ignored.
