@@ -74,7 +74,7 @@ type Event struct {
 	// Err is the failure, for failure kinds.
 	Err error
 	// Component names what reported the event when it is not an effect
-	// or a plan step: "consume.Consumer", "kafka.Source",
+	// or a plan step: "kafka.Source", "kafka.ShareSource",
 	// "outbox.Relay", "journal". Empty for effects and steps.
 	Component string
 	// Headers are the delivery's headers, on the start of a
