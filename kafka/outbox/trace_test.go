@@ -31,7 +31,7 @@ func TestRelayReportsToItsObserver(t *testing.T) {
 		events []effects.Event
 		logs   syncBuffer
 	)
-	relay, err := outbox.NewRelay(pool, c.Client(t), outbox.WithBatchSize(1),
+	relay, err := outbox.NewRelay(pool, c.Client(t), outbox.WithBatchSize(1), outbox.WithPollInterval(20*time.Millisecond),
 		outbox.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
 		outbox.WithObserver(effects.ObserverFunc(func(_ context.Context, ev effects.Event) {
 			mu.Lock()
