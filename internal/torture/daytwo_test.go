@@ -54,13 +54,16 @@ const (
 	dayTwoScope   = "daytwo"
 	dayTwoDomain  = "shop.example"
 	dayTwoWorkers = 2
-	// dayTwoLease is the mail step's journal lease: how long a send the
-	// SMTP server holds, or one a crash cut, blocks its key. The Sender
-	// abandons a send at nine tenths of it. It is longer than the
-	// successors of a crashed fleet take to get its partitions (the dead
-	// members' 3 s session timeout, kafkatest.GroupOpts), so that they
-	// meet the dead attempt's lease and must wait it out.
-	dayTwoLease = 5 * time.Second
+	// hangLease and crashLease are the mail step's journal lease (how
+	// long a send the SMTP server holds, or one a crash cut, blocks its
+	// key; the Sender abandons a send at nine tenths of it) for the fleet
+	// that meets the SMTP hang and for the one that crashes. crashLease
+	// is longer than the successors of a crashed fleet take to get its
+	// partitions (the dead members' 3 s session timeout,
+	// kafkatest.GroupOpts), so that they meet the dead attempt's lease and
+	// must wait it out.
+	hangLease  = 2 * time.Second
+	crashLease = 6 * time.Second
 )
 
 // TestDayTwoTorture: a fleet of two in-process workers (Kafka consumer
@@ -229,7 +232,7 @@ func TestDayTwoTorture(t *testing.T) {
 		t.Fatal(err)
 	}
 	produce(bodies[:quarter])
-	stopsOnConfig(r.fleet(t, oldKey), "missing bucket")
+	stopsOnConfig(r.fleet(t, oldKey, crashLease), "missing bucket")
 	phase("missing bucket")
 
 	// The bucket is created, the fleet restarted, and the SMTP server
@@ -244,7 +247,7 @@ func TestDayTwoTorture(t *testing.T) {
 	}
 	r.smtp.Stall()
 	hangStart := time.Now()
-	fleet := r.fleet(t, oldKey)
+	fleet := r.fleet(t, oldKey, hangLease)
 	produce(bodies[quarter : 2*quarter])
 	var takenOver string
 	waitDayTwo(t, "a mail sent again after its lease ran out while the SMTP server held it", 30*time.Second, func() bool {
@@ -254,12 +257,14 @@ func TestDayTwoTorture(t *testing.T) {
 	hangHeld := r.smtp.Stalled()
 	r.smtp.Release()
 	hang := time.Since(hangStart)
+	fleet.stop()
 	phase("SMTP hang")
 
-	// The crash mid-send: the server hangs again, mails of new events
-	// reach it and are held, and the fleet dies at once; the server then
-	// recovers. The successors find each of those mails leased by a dead
-	// attempt, wait the lease out, and send it again.
+	// The crash mid-send: a fleet starts, the server hangs again, mails of
+	// new events reach it and are held, and the fleet dies at once; the
+	// server then recovers. The successors find each of those mails
+	// leased by a dead attempt, wait the lease out, and send it again.
+	fleet = r.fleet(t, oldKey, crashLease)
 	r.smtp.Stall()
 	sentBefore, heldBefore := r.smtp.Total(), r.smtp.Stalled()
 	produce(bodies[2*quarter : 3*quarter])
@@ -271,7 +276,7 @@ func TestDayTwoTorture(t *testing.T) {
 	}
 	r.smtp.Release()
 	inFlightBefore := r.inFlight.Load()
-	fleet = r.fleet(t, oldKey)
+	fleet = r.fleet(t, oldKey, crashLease)
 	dayTwoDrained(t, adm, r.topic, r.group, fleet.exits)
 	fleet.stop()
 	successorWaits := r.inFlight.Load() - inFlightBefore
@@ -281,8 +286,8 @@ func TestDayTwoTorture(t *testing.T) {
 	// stream arrives. Every worker stops; the fixed key resumes.
 	r.stripe.RollKey(oldKey, newKey)
 	produce(bodies[3*quarter:])
-	stopsOnConfig(r.fleet(t, oldKey), "rolled key")
-	fleet = r.fleet(t, newKey)
+	stopsOnConfig(r.fleet(t, oldKey, crashLease), "rolled key")
+	fleet = r.fleet(t, newKey, crashLease)
 	dayTwoDrained(t, adm, r.topic, r.group, fleet.exits)
 	fleet.stop()
 	phase("rolled key")
@@ -331,8 +336,8 @@ func TestDayTwoTorture(t *testing.T) {
 
 	// Negative controls: the faults happened as planned, so that the
 	// checker's verdict is about them.
-	if hangHeld < 2 || hang < dayTwoLease {
-		t.Errorf("the SMTP hang held %d mails for %v, want at least 2 (a mail and its retry after the lease) and longer than the lease %v", hangHeld, hang, dayTwoLease)
+	if hangHeld < 2 || hang < hangLease {
+		t.Errorf("the SMTP hang held %d mails for %v, want at least 2 (a mail and its retry after the lease) and longer than the lease %v", hangHeld, hang, hangLease)
 	}
 	if id := mailOf[takenOver]; h.MailAttempts[id] < 2 {
 		t.Errorf("mail %s (%s) was sent twice during the hang, but its sent-record counts %d attempts: no lease takeover", takenOver, id, h.MailAttempts[id])
@@ -419,9 +424,10 @@ func (f *dayTwoFleet) kill() {
 	f.cancel()
 }
 
-// fleet starts dayTwoWorkers workers with the Stripe secret key, each
-// with its own connections, all behind one kill switch.
-func (r *dayTwoRig) fleet(t *testing.T, key string) *dayTwoFleet {
+// fleet starts dayTwoWorkers workers with the Stripe secret key and the
+// mail step's lease, each with its own connections, all behind one kill
+// switch.
+func (r *dayTwoRig) fleet(t *testing.T, key string, lease time.Duration) *dayTwoFleet {
 	t.Helper()
 	cut := &killSwitch{conns: map[net.Conn]struct{}{}}
 	cfg, err := pgxpool.ParseConfig(r.dsn)
@@ -443,7 +449,7 @@ func (r *dayTwoRig) fleet(t *testing.T, key string) *dayTwoFleet {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			exits <- workerExit{w, r.worker(ctx, w, pool, api, objects, cut)}
+			exits <- workerExit{w, r.worker(ctx, w, pool, api, objects, lease, cut)}
 		}()
 	}
 	t.Cleanup(func() {
@@ -456,7 +462,7 @@ func (r *dayTwoRig) fleet(t *testing.T, key string) *dayTwoFleet {
 
 // worker is one worker of the fleet: the quick start's shape, with a
 // charge step whose input panics for an event that asks for it.
-func (r *dayTwoRig) worker(ctx context.Context, w int, pool *pgxpool.Pool, api *client.API, objects *awss3.Client, cut *killSwitch) error {
+func (r *dayTwoRig) worker(ctx context.Context, w int, pool *pgxpool.Pool, api *client.API, objects *awss3.Client, lease time.Duration, cut *killSwitch) error {
 	ledger, err1 := postgres.New(pool, dayTwoScope, func(ctx context.Context, tx pgx.Tx, e dayTwoEvent) (string, error) {
 		_, err := tx.Exec(ctx, `INSERT INTO ledger (payment_id, cents) VALUES ($1, $2)`, e.ID, e.Cents)
 		return e.ID, err
@@ -464,7 +470,7 @@ func (r *dayTwoRig) worker(ctx context.Context, w int, pool *pgxpool.Pool, api *
 	journal, err2 := postgres.NewJournal(pool, dayTwoScope)
 	charges, err3 := stripe.NewPaymentIntents(api, stripe.WithJournal(journal))
 	receipts, err4 := s3.New(objects, r.objects.Bucket, s3.WithObjectKey(func(k effects.Key) string { return "receipts/" + k.String() }))
-	mails, err5 := email.New(journal, r.smtp.Addr(), email.WithLease(dayTwoLease), email.WithDialContext(cut.dial),
+	mails, err5 := email.New(journal, r.smtp.Addr(), email.WithLease(lease), email.WithDialContext(cut.dial),
 		email.WithMessageIDDomain(dayTwoDomain), email.WithMailOptions(mail.WithTLSPolicy(mail.NoTLS)))
 	if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
 		return err
