@@ -352,6 +352,10 @@ func TestDayTwoTorture(t *testing.T) {
 		t.Errorf("the crash held %d mails mid-send; successors sent %d of them again after their lease and waited for a lease %d times; want at least one each",
 			len(heldAtCrash), takeovers, successorWaits)
 	}
+	met := 0
+	for _, s := range h.Stops {
+		met += len(s.Met)
+	}
 	deadKinds := map[string]int{}
 	for _, d := range h.DeadLetters {
 		deadKinds[dayTwoFaultOf(h, d.Record)]++
@@ -360,10 +364,10 @@ func TestDayTwoTorture(t *testing.T) {
 	for _, n := range h.Mails {
 		mailDups += max(n-1, 0)
 	}
-	t.Logf("day two in %v: %d records (%d events, %d resent, %d poison); %d dead letters %v; %d configuration stops; "+
+	t.Logf("day two in %v: %d records (%d events, %d resent, %d poison); %d dead letters %v; %d configuration stops (%d deliveries met them); "+
 		"SMTP hang of %v held %d mails; the crash held %d mails mid-send, %d sent again by the successors after %d waits for a lease; "+
 		"%d mail copies beyond the first (each inside its sent-record's attempts); consumer events %v; phases: %s",
-		time.Since(start).Round(time.Millisecond), len(h.Input), events, resends, poisons, len(h.DeadLetters), deadKinds, len(h.Stops),
+		time.Since(start).Round(time.Millisecond), len(h.Input), events, resends, poisons, len(h.DeadLetters), deadKinds, len(h.Stops), met,
 		hang.Round(time.Millisecond), hangHeld, len(heldAtCrash), takeovers, successorWaits, mailDups, r.eventCounts(), strings.Join(phases, ", "))
 }
 
@@ -439,9 +443,10 @@ func (r *dayTwoRig) fleet(t *testing.T, key string, lease time.Duration) *dayTwo
 	if err != nil {
 		t.Fatal(err)
 	}
-	transport := func() *http.Transport { return &http.Transport{DialContext: cut.dial, MaxIdleConnsPerHost: 16} }
-	api := stripeClient(r.stripe, key, transport())
-	objects := r.objects.Client(t, func(o *awss3.Options) { o.HTTPClient = &http.Client{Transport: transport()} })
+	stripeHTTP := &http.Transport{DialContext: cut.dial, MaxIdleConnsPerHost: 16}
+	s3HTTP := &http.Transport{DialContext: cut.dial, MaxIdleConnsPerHost: 16}
+	api := stripeClient(r.stripe, key, stripeHTTP)
+	objects := r.objects.Client(t, func(o *awss3.Options) { o.HTTPClient = &http.Client{Transport: s3HTTP} })
 	ctx, cancel := context.WithCancel(context.Background())
 	exits := make(chan workerExit, dayTwoWorkers)
 	wg := &sync.WaitGroup{}
@@ -456,6 +461,8 @@ func (r *dayTwoRig) fleet(t *testing.T, key string, lease time.Duration) *dayTwo
 		cancel()
 		wg.Wait()
 		pool.Close()
+		stripeHTTP.CloseIdleConnections()
+		s3HTTP.CloseIdleConnections()
 	})
 	return &dayTwoFleet{exits: exits, cancel: cancel, wg: wg, cut: cut}
 }
