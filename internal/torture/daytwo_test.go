@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -59,9 +58,9 @@ const (
 	// key; the Sender abandons a send at nine tenths of it) for the fleet
 	// that meets the SMTP hang and for the one that crashes. crashLease
 	// is longer than the successors of a crashed fleet take to get its
-	// partitions (the dead members' 3 s session timeout,
-	// kafkatest.GroupOpts), so that they meet the dead attempt's lease and
-	// must wait it out.
+	// partitions (the dead members' 2 s session timeout, then a
+	// rebalance), so that they meet the dead attempt's lease and must
+	// wait it out.
 	hangLease  = 2 * time.Second
 	crashLease = 6 * time.Second
 )
@@ -257,6 +256,7 @@ func TestDayTwoTorture(t *testing.T) {
 	hangHeld := r.smtp.Stalled()
 	r.smtp.Release()
 	hang := time.Since(hangStart)
+	hangWaits := len(r.waitsSince(hangStart))
 	fleet.stop()
 	phase("SMTP hang")
 
@@ -270,16 +270,16 @@ func TestDayTwoTorture(t *testing.T) {
 	produce(bodies[2*quarter : 3*quarter])
 	waitDayTwo(t, "a mail held mid-send before the crash", 30*time.Second, func() bool { return r.smtp.Stalled() > heldBefore })
 	fleet.kill()
+	crash := time.Now()
 	heldAtCrash := map[string]bool{}
 	for _, m := range r.smtp.Messages()[sentBefore:] {
 		heldAtCrash[m.MessageID] = true
 	}
 	r.smtp.Release()
-	inFlightBefore := r.inFlight.Load()
 	fleet = r.fleet(t, oldKey, crashLease)
 	dayTwoDrained(t, adm, r.topic, r.group, fleet.exits)
 	fleet.stop()
-	successorWaits := r.inFlight.Load() - inFlightBefore
+	successorWaits := r.waitsSince(crash)
 	phase("crash mid-send")
 
 	// The key rotation: the old key now gets 401 and the rest of the
@@ -336,8 +336,9 @@ func TestDayTwoTorture(t *testing.T) {
 
 	// Negative controls: the faults happened as planned, so that the
 	// checker's verdict is about them.
-	if hangHeld < 2 || hang < hangLease {
-		t.Errorf("the SMTP hang held %d mails for %v, want at least 2 (a mail and its retry after the lease) and longer than the lease %v", hangHeld, hang, hangLease)
+	if hangHeld < 2 || hang < hangLease || hangWaits == 0 {
+		t.Errorf("the SMTP hang held %d mails for %v, and the consumer waited for a lease %d times; want at least 2 mails (a send and its retry after the lease), longer than the lease %v, and a wait",
+			hangHeld, hang, hangWaits, hangLease)
 	}
 	if id := mailOf[takenOver]; h.MailAttempts[id] < 2 {
 		t.Errorf("mail %s (%s) was sent twice during the hang, but its sent-record counts %d attempts: no lease takeover", takenOver, id, h.MailAttempts[id])
@@ -348,9 +349,13 @@ func TestDayTwoTorture(t *testing.T) {
 			takeovers++
 		}
 	}
-	if len(heldAtCrash) == 0 || takeovers == 0 || successorWaits == 0 {
+	if len(heldAtCrash) == 0 || takeovers == 0 || len(successorWaits) == 0 {
 		t.Errorf("the crash held %d mails mid-send; successors sent %d of them again after their lease and waited for a lease %d times; want at least one each",
-			len(heldAtCrash), takeovers, successorWaits)
+			len(heldAtCrash), takeovers, len(successorWaits))
+	}
+	var metLease time.Duration // from the crash to the successors' first wait for a dead attempt's lease
+	if len(successorWaits) > 0 {
+		metLease = successorWaits[0].Sub(crash)
 	}
 	met := 0
 	for _, s := range h.Stops {
@@ -365,10 +370,10 @@ func TestDayTwoTorture(t *testing.T) {
 		mailDups += max(n-1, 0)
 	}
 	t.Logf("day two in %v: %d records (%d events, %d resent, %d poison); %d dead letters %v; %d configuration stops (%d deliveries met them); "+
-		"SMTP hang of %v held %d mails; the crash held %d mails mid-send, %d sent again by the successors after %d waits for a lease; "+
+		"SMTP hang of %v held %d mails (%d waits for a lease); the crash held %d mails mid-send, %d sent again by the successors after %d waits for a lease, the first %v after the crash (lease %v); "+
 		"%d mail copies beyond the first (each inside its sent-record's attempts); consumer events %v; phases: %s",
 		time.Since(start).Round(time.Millisecond), len(h.Input), events, resends, poisons, len(h.DeadLetters), deadKinds, len(h.Stops), met,
-		hang.Round(time.Millisecond), hangHeld, len(heldAtCrash), takeovers, successorWaits, mailDups, r.eventCounts(), strings.Join(phases, ", "))
+		hang.Round(time.Millisecond), hangHeld, hangWaits, len(heldAtCrash), takeovers, len(successorWaits), metLease.Round(time.Millisecond), crashLease, mailDups, r.eventCounts(), strings.Join(phases, ", "))
 }
 
 // dayTwoRig is what the fleets of the day-two torture share: the backends,
@@ -381,13 +386,27 @@ type dayTwoRig struct {
 	stripe      *stripetest.Server
 	objects     *s3test.Server
 	smtp        *smtptest.Server
-	inFlight    atomic.Int64 // consumer waits for another attempt's lease
+	waits       []time.Time // when the consumers waited for another attempt's lease
 	mu          sync.Mutex
 	deadLetters []torture.DeadLetter
 	// configAt holds, per worker of the current fleet, the records whose
 	// delivery ended in a configuration error.
 	configAt map[int]map[torture.InputRecord]error
 	events   map[effects.EventKind]int
+}
+
+// waitsSince returns when the consumers waited for another attempt's
+// lease, from t on.
+func (r *dayTwoRig) waitsSince(t time.Time) []time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []time.Time
+	for _, w := range r.waits {
+		if !w.Before(t) {
+			out = append(out, w)
+		}
+	}
+	return out
 }
 
 func (r *dayTwoRig) eventCounts() map[string]int {
@@ -504,7 +523,9 @@ func (r *dayTwoRig) worker(ctx context.Context, w int, pool *pgxpool.Pool, api *
 	if err != nil {
 		return err
 	}
-	src, err := kafka.NewSource(r.kc.Opts(append(kafkatest.GroupOpts(r.group, r.topic), kgo.Dialer(cut.dial))...),
+	// A 2 s session (kafkatest's is 3 s): a crashed fleet's members leave
+	// the group sooner, well inside crashLease.
+	src, err := kafka.NewSource(r.kc.Opts(append(kafkatest.GroupOpts(r.group, r.topic), kgo.SessionTimeout(2*time.Second), kgo.Dialer(cut.dial))...),
 		kafka.WithCloseTimeout(2*time.Second))
 	if err != nil {
 		return err
@@ -542,11 +563,11 @@ func (r *dayTwoRig) worker(ctx context.Context, w int, pool *pgxpool.Pool, api *
 			if cut.killed() {
 				return
 			}
-			if ev.Kind == effects.EventInFlight {
-				r.inFlight.Add(1)
-			}
 			r.mu.Lock()
 			defer r.mu.Unlock()
+			if ev.Kind == effects.EventInFlight {
+				r.waits = append(r.waits, time.Now())
+			}
 			if r.events == nil {
 				r.events = map[effects.EventKind]int{}
 			}
