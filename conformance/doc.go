@@ -59,6 +59,13 @@
 //     storm only by the new keys, and every key is counted ([BatchCounter]
 //     counts them in one look).
 //   - backend-restart (needs [Restarter]).
+//   - successor-process (needs [Attacher] and [WithSuccessorProcess]): a
+//     key applied here is redelivered, and a key whose last reply was
+//     lost is retried, in a child process (the test binary run again
+//     for the test that called Run), which shares no memory with this
+//     one: a dedup whose authority is process memory (a package-level
+//     cache, a per-process session id) is caught. The other scenarios'
+//     "new instance" is a new instance in the same process.
 //   - slow-reply (only with [WithSlowReply]; left out of the report
 //     without it): every reply of an Apply in turn
 //     is held past the adapter's own deadline, the connection up, after
@@ -80,7 +87,8 @@
 //
 // Optional interfaces a harness may implement widen what is checked:
 // [Restarter] (restart the backend), [Ager] (move the backend's clock or
-// age its records: the horizon), [BatchCounter] (count many keys at once).
+// age its records: the horizon), [BatchCounter] (count many keys at once),
+// [Attacher] (let a child process reach the backend).
 // A scenario whose capability is missing is not run, and the contract
 // fields that rest on it are reported as not verified.
 //
