@@ -49,6 +49,9 @@ const (
 	// returned ErrTransient and before its retry, to count the key's
 	// effects again ([WithQuietPeriod]).
 	DefaultQuietPeriod = 500 * time.Millisecond
+	// DefaultCapacity is how many keys the key-capacity scenario applies
+	// between a key and its redelivery ([WithCapacity]).
+	DefaultCapacity = 5000
 )
 
 // Option changes how a suite runs. Options record a value; [Run],
@@ -75,6 +78,7 @@ type config struct {
 	slowReply      time.Duration
 	slowReplySet   bool // WithSlowReply was given: the slow-reply scenario runs
 	quietPeriod    time.Duration
+	capacity       int
 	only           []string
 	unverified     string // AllowUnverified's reason
 
@@ -103,6 +107,7 @@ func defaults() config {
 		sourceMessages: DefaultSourceMessages,
 		slowReply:      DefaultSlowReply,
 		quietPeriod:    DefaultQuietPeriod,
+		capacity:       DefaultCapacity,
 	}
 }
 
@@ -230,7 +235,7 @@ func Only(names ...string) Option {
 var suiteOptions = map[string][]string{
 	suiteEffect: {"WithConcurrency", "WithStorm", "WithMaxSweep", "WithRetryFor", "WithTimeout",
 		"WithApplyTimeout", "WithLateRedelivery", "WithLongAge", "WithSlowReply", "WithQuietPeriod",
-		"AllowUnverified", "Only"},
+		"AllowUnverified", "Only", "WithCapacity"},
 	suiteJournal: {"WithConcurrency", "WithTimeout", "WithApplyTimeout", "WithLease", "Only"},
 	suiteSource:  {"WithTimeout", "WithApplyTimeout", "WithRedeliveryWait", "WithSourceMessages", "Only"},
 }
@@ -283,6 +288,8 @@ func newConfig(op, suite string, scenarios []string, opts []Option) (config, err
 		return bad("WithSlowReply", "%v: must be positive", c.slowReply)
 	case c.quietPeriod < 0:
 		return bad("WithQuietPeriod", "%v: must not be negative", c.quietPeriod)
+	case c.capacity < 1:
+		return bad("WithCapacity", "%d: at least 1", c.capacity)
 	case slices.Contains(c.set, "AllowUnverified") && strings.TrimSpace(c.unverified) == "":
 		return bad("AllowUnverified", "empty reason: say why the harness cannot run what the unverified fields rest on")
 	}

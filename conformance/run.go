@@ -29,6 +29,7 @@ const (
 	ScenarioStorm          = "replay-storm"
 	ScenarioRestart        = "backend-restart"
 	ScenarioSlowReply      = "slow-reply"
+	ScenarioKeyCapacity    = "key-capacity"
 )
 
 // effectTable is the effect suite: every scenario, in the order it runs,
@@ -48,6 +49,7 @@ func effectTable[In any]() []scenario[Harness[In]] {
 		{ScenarioInvalidKey, nil, effect((*s).invalidKeys)},
 		{ScenarioDistinctKeys, nil, effect((*s).distinctKeys)},
 		{ScenarioStorm, nil, effect((*s).storm)},
+		{ScenarioKeyCapacity, nil, effect((*s).keyCapacity)},
 		{ScenarioRestart, []capability{capRestarter}, effect((*s).restart)},
 		{ScenarioSlowReply, nil, effect((*s).slowReplySweep)},
 	}
