@@ -24,9 +24,13 @@ func TestSuiteCatchesForgetfulKeys(t *testing.T) {
 		passes []string
 		says   string
 	}{
-		{"newest-keys-only", func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] { return counterexamples.NewNewestKeysOnly(p) },
+		{"newest-keys-only", func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
+			return counterexamples.NewNewestKeysOnly(p)
+		},
 			conformance.ScenarioKeyCapacity, []string{conformance.ScenarioStorm, conformance.ScenarioRedelivery}, "redelivery after 5000 other keys"},
-		{"payload-forgotten", func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] { return counterexamples.PayloadForgotten{DB: p} },
+		{"payload-forgotten", func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
+			return counterexamples.PayloadForgotten{DB: p}
+		},
 			conformance.ScenarioHorizon, []string{conformance.ScenarioKeyReuse, conformance.ScenarioRedelivery}, "another payload after aging"},
 	}
 	for _, c := range cases {
