@@ -69,6 +69,9 @@ func sourceTable() []scenario[SourceHarness] {
 		{SourceNeverAcked, nil, source((*s).neverAcked)},
 		{SourceRevocation, nil, source((*s).revocation)},
 		{SourceReleased, nil, source((*s).released)},
+		{SourcePublishOrder, nil, source((*s).publishOrder)},
+		{SourceLivePublish, nil, source((*s).livePublish)},
+		{SourceCloseWithPrefetched, nil, source((*s).closeWithPrefetched)},
 	}
 }
 
