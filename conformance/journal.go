@@ -63,6 +63,7 @@ func journalTable() []scenario[JournalHarness] {
 		{JournalCrashedHolder, nil, jscenario((*s).crashedHolder)},
 		{JournalBackendRestart, []capability{capRestarter}, jscenario((*s).restart)},
 		{JournalLookupMarkDone, nil, jscenario((*s).lookupMarkDone)},
+		{JournalClockSkew, nil, jscenario((*s).clockSkew)},
 	}
 }
 
@@ -118,9 +119,12 @@ func (i *jinst) Close() {
 	}
 }
 
-func (s *jscene) open(name string) *jinst {
+func (s *jscene) open(name string) *jinst { return s.openBy(name, s.h.Open) }
+
+// openBy opens an instance with open (the harness's Open, or a variant).
+func (s *jscene) openBy(name string, open func(context.Context, *Faults) (journal.Journal, func(), error)) *jinst {
 	f := NewFaults()
-	j, closeFn, err := s.h.Open(s.ctx, f)
+	j, closeFn, err := open(s.ctx, f)
 	if err != nil {
 		s.t.Fatalf("conformance: harness Open: %v", err)
 	}
