@@ -224,7 +224,7 @@ func requireAllRan(t *testing.T, rep conformance.Report) {
 func TestConformanceCounterexample(t *testing.T) {
 	rep := conformance.Evaluate(t, "counterexample: kafka.Producer without journal claiming effectively-once",
 		func(t testing.TB) conformance.Harness[kafka.Message] { return newProducerHarness(t, false, true) },
-		conformance.WithLateRedelivery(time.Second))
+		conformance.WithLateRedelivery(time.Second), conformance.WithCapacity(1000)) // caught long before 5,000 keys
 	failed := map[string]bool{}
 	for _, s := range rep.Failed() {
 		failed[s] = true
