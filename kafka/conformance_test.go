@@ -192,7 +192,8 @@ func TestConformance(t *testing.T) {
 	t.Run("journal", func(t *testing.T) {
 		rep := conformance.Run(t, "kafka.Producer+postgres.Journal",
 			func(t testing.TB) conformance.Harness[kafka.Message] { return newProducerHarness(t, true, false) },
-			conformance.WithRetryFor(4*conformanceLease+10*time.Second))
+			conformance.WithRetryFor(4*conformanceLease+10*time.Second),
+			conformance.WithCapacity(1000)) // as email's: postgres.Journal keeps the keys
 		c := rep.Contract
 		if c.Guarantee != effects.AtLeastOnce || c.DuplicateWindow.Trigger != effects.AfterUnknownOutcome || !c.DetectsKeyReuse {
 			t.Errorf("contract %s, want at-least-once after an unknown outcome, detecting key reuse", c)

@@ -36,7 +36,7 @@ func TestConformance(t *testing.T) {
 			if tc.name != "postgres" {
 				// One dedup table for every shape: key-capacity runs at
 				// full size on the first, smaller here to save CI time.
-				opts = append(opts, conformance.WithCapacity(1500))
+				opts = append(opts, conformance.WithCapacity(1000))
 			}
 			rep := conformance.Run(t, tc.name, func(t testing.TB) conformance.Harness[confCharge] { return newConfHarness(t, tc.h) }, opts...)
 			for _, f := range rep.Fields {

@@ -81,7 +81,7 @@ func TestConformanceGenericCustomers(t *testing.T) {
 					h.journal = memjournal.New(clk.Now)
 				}
 				return h
-			}, conformance.WithCapacity(1000)) // key-capacity at full size: TestConformance
+			}, conformance.WithCapacity(1000)) // as TestConformance
 			for _, row := range rep.Rows {
 				if row.Verdict != conformance.Pass {
 					t.Errorf("%s: %s, want pass", row.Scenario, row.Verdict)
