@@ -79,7 +79,9 @@ var JournalScenarios = names(journalTable())
 // implements [journal.DoneJournal], Lookup and MarkDone (a key marked
 // done without Begin, the first reference kept, key reuse refused by both,
 // a pending record completed and its lease dropped; "not run" for a
-// journal without them). Each scenario is a subtest of t; every failed check fails t. The report is returned and,
+// journal without them), and an instance whose clock runs ahead (for a
+// [ClockSkewer] harness; not run, with its reason, for a [OneClock] one).
+// Each scenario is a subtest of t; every failed check fails t. The report is returned and,
 // with CONFORMANCE_REPORT set, written for the matrix.
 func RunJournal(t *testing.T, name string, mk JournalMaker, opts ...Option) Report {
 	t.Helper()
