@@ -19,7 +19,7 @@ const (
 // caughtUp is how long the published-while-running scenario lets an
 // instance find nothing new before it publishes more: long enough for a
 // source to have read to the end and idle.
-const caughtUp = time.Second
+const caughtUp = 500 * time.Millisecond
 
 // positions maps every published id to its place in publish order.
 func (s *sscene) positions() map[string]int {
