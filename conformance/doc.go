@@ -64,6 +64,13 @@
 //     ([WithCapacity]), and redeliver the first on the same and on a new
 //     instance, then with the other payload: a dedup that keeps only the
 //     newest keys forgets it.
+//   - successor-process (needs [Attacher] and [WithSuccessorProcess]): a
+//     key applied here is redelivered, and a key whose last reply was
+//     lost is retried, in a child process (the test binary run again
+//     for the test that called Run), which shares no memory with this
+//     one: a dedup whose authority is process memory (a package-level
+//     cache, a per-process session id) is caught. The other scenarios'
+//     "new instance" is a new instance in the same process.
 //   - slow-reply (only with [WithSlowReply]; left out of the report
 //     without it): every reply of an Apply in turn
 //     is held past the adapter's own deadline, the connection up, after
@@ -85,10 +92,11 @@
 //
 // Optional interfaces a harness may implement widen what is checked:
 // [Restarter] (restart the backend), [Ager] (move the backend's clock or
-// age its records: the horizon), [BatchCounter] (count many keys at once);
-// for journals, [ClockSkewer] (an instance whose clock runs ahead), or
-// [OneClock] to state why skew cannot matter, shown as the reason the
-// clock-skew scenario did not run.
+// age its records: the horizon), [BatchCounter] (count many keys at once),
+// [Attacher] (let a child process reach the backend); for journals,
+// [ClockSkewer] (an instance whose clock runs ahead), or [OneClock] to
+// state why skew cannot matter, shown as the reason the clock-skew
+// scenario did not run.
 // A scenario whose capability is missing is not run, and the contract
 // fields that rest on it are reported as not verified.
 //

@@ -134,7 +134,9 @@ func TestConformance(t *testing.T) {
 		return newHarness(t, nil)
 	}, conformance.WithRetryFor(10*time.Second), conformance.WithCapacity(1000))
 	for _, row := range rep.Rows {
-		if row.Verdict != conformance.Pass {
+		// successor-process needs an Attacher, which this harness (an
+		// smtptest server value in the test process) does not give.
+		if row.Verdict != conformance.Pass && row.Scenario != conformance.ScenarioProcess {
 			t.Errorf("%s: %s, want pass", row.Scenario, row.Verdict)
 		}
 	}

@@ -32,7 +32,10 @@ func TestConformance(t *testing.T) {
 		{"postgres.NewPipelined (WithLookupFirst)", confHarness{pipelined: true, lookupFirst: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var opts []conformance.Option
+			opts := []conformance.Option{conformance.WithSuccessorProcess(func(ctx context.Context, url string) (conformance.Harness[confCharge], error) {
+				db, err := pgxpool.New(ctx, url) // the test process's database, from a child process
+				return &confHarness{url: url, db: db, pipelined: tc.h.pipelined, lookupFirst: tc.h.lookupFirst}, err
+			})}
 			if tc.name != "postgres" {
 				// One dedup table for every shape: key-capacity runs at
 				// full size on the first, smaller here to save CI time.
@@ -89,6 +92,11 @@ func newConfHarness(t testing.TB, shape confHarness) conformance.Harness[confCha
 		pgtest.RestartFunc
 	}{h, func(ctx context.Context) error { defer db.Reset(); return restart(ctx) }}
 }
+
+// Attachment is the database's URL (conformance.Attacher): the
+// successor-process scenario applies keys from a child process connected
+// to it.
+func (h *confHarness) Attachment() string { return h.url }
 
 // Make builds a new adapter instance whose every connection goes through the suite's faults.
 func (h *confHarness) Make(ctx context.Context, f *conformance.Faults) (effects.Effect[confCharge], func(), error) {
