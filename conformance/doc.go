@@ -27,7 +27,8 @@
 //     wall clock ([WithLateRedelivery]).
 //   - horizon (needs [Ager]): age the backend to just inside a non-zero
 //     Horizon, or by 400 days for Horizon 0 ("kept until pruned", pruning
-//     not run), and redeliver: the key must still replay.
+//     not run), and redeliver: the key must still replay, and with the
+//     other payload still be refused where the contract detects reuse.
 //   - concurrent-duplicates: 16 goroutines apply one key at once.
 //   - lost-reply, cut-request, cancel-mid-apply: count the round trips of a
 //     clean Apply (those Make makes excluded), then fault each in turn. An
@@ -59,6 +60,10 @@
 //     storm only by the new keys, and every key is counted ([BatchCounter]
 //     counts them in one look).
 //   - backend-restart (needs [Restarter]).
+//   - key-capacity: apply a key, then [DefaultCapacity] other keys
+//     ([WithCapacity]), and redeliver the first on the same and on a new
+//     instance, then with the other payload: a dedup that keeps only the
+//     newest keys forgets it.
 //   - successor-process (needs [Attacher] and [WithSuccessorProcess]): a
 //     key applied here is redelivered, and a key whose last reply was
 //     lost is retried, in a child process (the test binary run again
@@ -88,7 +93,10 @@
 // Optional interfaces a harness may implement widen what is checked:
 // [Restarter] (restart the backend), [Ager] (move the backend's clock or
 // age its records: the horizon), [BatchCounter] (count many keys at once),
-// [Attacher] (let a child process reach the backend).
+// [Attacher] (let a child process reach the backend); for journals,
+// [ClockSkewer] (an instance whose clock runs ahead), or [OneClock] to
+// state why skew cannot matter, shown as the reason the clock-skew
+// scenario did not run.
 // A scenario whose capability is missing is not run, and the contract
 // fields that rest on it are reported as not verified.
 //
@@ -179,7 +187,11 @@
 // never skip one, that a delivery never acked is never committed, that a
 // rebalance loses nothing no Ack confirmed, and, for an
 // [effects.Releaser], that a released delivery comes back and is never
-// taken for acked ([SourceScenarios]).
+// taken for acked ([SourceScenarios]). The journal suite's clock-skew
+// holds leases against an instance whose clock runs ahead; the source
+// suite checks publish order within each Ordering, first and again, that
+// messages published while an instance runs reach it, and that a
+// graceful close commits nothing fetched but not handed out.
 //
 // # Proofs
 //

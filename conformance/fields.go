@@ -69,7 +69,7 @@ func (f Field) short() string {
 var (
 	guaranteeScenarios = []string{ScenarioRedelivery, ScenarioConcurrent, ScenarioLostReply, ScenarioCut,
 		ScenarioCancel, ScenarioDistinctKeys, ScenarioStorm}
-	guaranteeSupport = []string{ScenarioLateRedelivery, ScenarioRaceReuse, ScenarioRestart, ScenarioSlowReply, ScenarioProcess}
+	guaranteeSupport = []string{ScenarioLateRedelivery, ScenarioRaceReuse, ScenarioRestart, ScenarioSlowReply, ScenarioKeyCapacity, ScenarioProcess}
 )
 
 // fields derives, from the rows and the contract, what each contract field
@@ -132,10 +132,10 @@ func fields(c effects.Contract, rows []Row) []Field {
 		out = append(out, Field{Field: "Horizon", Declared: horizon, Status: NotApplicable,
 			Why: "nothing records keys: any redelivery may duplicate"})
 	} else {
-		out = append(out, judge("Horizon", horizon, []string{ScenarioHorizon}, []string{ScenarioLateRedelivery}))
+		out = append(out, judge("Horizon", horizon, []string{ScenarioHorizon}, []string{ScenarioLateRedelivery, ScenarioKeyCapacity}))
 	}
 	if c.DetectsKeyReuse {
-		out = append(out, judge("DetectsKeyReuse", "yes", []string{ScenarioKeyReuse, ScenarioRaceReuse}, nil))
+		out = append(out, judge("DetectsKeyReuse", "yes", []string{ScenarioKeyReuse, ScenarioRaceReuse}, []string{ScenarioKeyCapacity}))
 	} else {
 		out = append(out, Field{Field: "DetectsKeyReuse", Declared: "no", Status: NotApplicable, Why: "not claimed"})
 	}

@@ -63,6 +63,7 @@ func journalTable() []scenario[JournalHarness] {
 		{JournalCrashedHolder, nil, jscenario((*s).crashedHolder)},
 		{JournalBackendRestart, []capability{capRestarter}, jscenario((*s).restart)},
 		{JournalLookupMarkDone, nil, jscenario((*s).lookupMarkDone)},
+		{JournalClockSkew, nil, jscenario((*s).clockSkew)},
 	}
 }
 
@@ -78,7 +79,9 @@ var JournalScenarios = names(journalTable())
 // implements [journal.DoneJournal], Lookup and MarkDone (a key marked
 // done without Begin, the first reference kept, key reuse refused by both,
 // a pending record completed and its lease dropped; "not run" for a
-// journal without them). Each scenario is a subtest of t; every failed check fails t. The report is returned and,
+// journal without them), and an instance whose clock runs ahead (for a
+// [ClockSkewer] harness; not run, with its reason, for a [OneClock] one).
+// Each scenario is a subtest of t; every failed check fails t. The report is returned and,
 // with CONFORMANCE_REPORT set, written for the matrix.
 func RunJournal(t *testing.T, name string, mk JournalMaker, opts ...Option) Report {
 	t.Helper()
@@ -118,9 +121,12 @@ func (i *jinst) Close() {
 	}
 }
 
-func (s *jscene) open(name string) *jinst {
+func (s *jscene) open(name string) *jinst { return s.openBy(name, s.h.Open) }
+
+// openBy opens an instance with open (the harness's Open, or a variant).
+func (s *jscene) openBy(name string, open func(context.Context, *Faults) (journal.Journal, func(), error)) *jinst {
 	f := NewFaults()
-	j, closeFn, err := s.h.Open(s.ctx, f)
+	j, closeFn, err := open(s.ctx, f)
 	if err != nil {
 		s.t.Fatalf("conformance: harness Open: %v", err)
 	}

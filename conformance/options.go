@@ -50,6 +50,9 @@ const (
 	// returned ErrTransient and before its retry, to count the key's
 	// effects again ([WithQuietPeriod]).
 	DefaultQuietPeriod = 500 * time.Millisecond
+	// DefaultCapacity is how many keys the key-capacity scenario applies
+	// between a key and its redelivery ([WithCapacity]).
+	DefaultCapacity = 5000
 )
 
 // Option changes how a suite runs. Options record a value; [Run],
@@ -76,6 +79,7 @@ type config struct {
 	slowReply      time.Duration
 	slowReplySet   bool // WithSlowReply was given: the slow-reply scenario runs
 	quietPeriod    time.Duration
+	capacity       int
 	only           []string
 	unverified     string // AllowUnverified's reason
 	successor      any    // WithSuccessorProcess's attach function
@@ -105,6 +109,7 @@ func defaults() config {
 		sourceMessages: DefaultSourceMessages,
 		slowReply:      DefaultSlowReply,
 		quietPeriod:    DefaultQuietPeriod,
+		capacity:       DefaultCapacity,
 	}
 }
 
@@ -251,7 +256,7 @@ func Only(names ...string) Option {
 var suiteOptions = map[string][]string{
 	suiteEffect: {"WithConcurrency", "WithStorm", "WithMaxSweep", "WithRetryFor", "WithTimeout",
 		"WithApplyTimeout", "WithLateRedelivery", "WithLongAge", "WithSlowReply", "WithQuietPeriod",
-		"WithSuccessorProcess", "AllowUnverified", "Only"},
+		"WithSuccessorProcess", "AllowUnverified", "Only", "WithCapacity"},
 	suiteJournal: {"WithConcurrency", "WithTimeout", "WithApplyTimeout", "WithLease", "Only"},
 	suiteSource:  {"WithTimeout", "WithApplyTimeout", "WithRedeliveryWait", "WithSourceMessages", "Only"},
 }
@@ -304,6 +309,8 @@ func newConfig(op, suite string, scenarios []string, opts []Option) (config, err
 		return bad("WithSlowReply", "%v: must be positive", c.slowReply)
 	case c.quietPeriod < 0:
 		return bad("WithQuietPeriod", "%v: must not be negative", c.quietPeriod)
+	case c.capacity < 1:
+		return bad("WithCapacity", "%d: at least 1", c.capacity)
 	case slices.Contains(c.set, "WithSuccessorProcess") && c.successor == nil:
 		return bad("WithSuccessorProcess", "nil attach function")
 	case slices.Contains(c.set, "AllowUnverified") && strings.TrimSpace(c.unverified) == "":

@@ -35,6 +35,8 @@ func TestOptionsConvention(t *testing.T) {
 		{suiteSource, []Option{WithSourceMessages(2)}, "WithSourceMessages", "at least 4"},
 		{suiteEffect, []Option{AllowUnverified(" ")}, "AllowUnverified", "empty reason"},
 		{suiteJournal, []Option{AllowUnverified("no fields")}, "AllowUnverified", "does not apply to the journal suite"},
+		{suiteEffect, []Option{WithCapacity(0)}, "WithCapacity", "at least 1"},
+		{suiteSource, []Option{WithCapacity(100)}, "WithCapacity", "does not apply to the source suite"},
 	}
 	for _, b := range bad {
 		scenarios := map[string][]string{suiteEffect: all, suiteJournal: JournalScenarios, suiteSource: SourceScenarios}[b.suite]

@@ -29,6 +29,7 @@ const (
 	ScenarioStorm          = "replay-storm"
 	ScenarioRestart        = "backend-restart"
 	ScenarioSlowReply      = "slow-reply"
+	ScenarioKeyCapacity    = "key-capacity"
 	ScenarioProcess        = "successor-process"
 )
 
@@ -49,6 +50,7 @@ func effectTable[In any]() []scenario[Harness[In]] {
 		{ScenarioInvalidKey, nil, effect((*s).invalidKeys)},
 		{ScenarioDistinctKeys, nil, effect((*s).distinctKeys)},
 		{ScenarioStorm, nil, effect((*s).storm)},
+		{ScenarioKeyCapacity, nil, effect((*s).keyCapacity)},
 		{ScenarioRestart, []capability{capRestarter}, effect((*s).restart)},
 		{ScenarioProcess, []capability{capAttacher}, effect((*s).successorProcess)},
 		{ScenarioSlowReply, nil, effect((*s).slowReplySweep)},

@@ -69,6 +69,9 @@ func sourceTable() []scenario[SourceHarness] {
 		{SourceNeverAcked, nil, source((*s).neverAcked)},
 		{SourceRevocation, nil, source((*s).revocation)},
 		{SourceReleased, nil, source((*s).released)},
+		{SourcePublishOrder, nil, source((*s).publishOrder)},
+		{SourceLivePublish, nil, source((*s).livePublish)},
+		{SourceCloseWithPrefetched, nil, source((*s).closeWithPrefetched)},
 	}
 }
 
@@ -83,8 +86,11 @@ var SourceScenarios = names(sourceTable())
 // message never acked is never committed; and when a second instance
 // joins (a rebalance, a revocation), no message that was not acked is
 // lost; and a source that hands deliveries back ([effects.Releaser])
-// redelivers what it released and never takes a release for an ack. Each
-// scenario is a subtest of t; every failed check fails t.
+// redelivers what it released and never takes a release for an ack; every
+// Ordering's messages come in publish order, first and again; what is
+// published while an instance runs reaches it; and a graceful close
+// commits nothing fetched but not handed out. Each scenario is a subtest
+// of t; every failed check fails t.
 func RunSource(t *testing.T, name string, mk SourceMaker, opts ...Option) Report {
 	t.Helper()
 	return runSuite(t, "conformance.RunSource", suiteSource, name, sourceTable(), mk, opts, true, nil)

@@ -221,7 +221,8 @@ func TestConformance(t *testing.T) {
 	t.Run("journal", func(t *testing.T) {
 		rep := conformance.Run(t, "kafka.Producer+postgres.Journal",
 			func(t testing.TB) conformance.Harness[kafka.Message] { return newProducerHarness(t, true, false) },
-			conformance.WithRetryFor(4*conformanceLease+10*time.Second), conformance.WithSuccessorProcess(attachProducer))
+			conformance.WithRetryFor(4*conformanceLease+10*time.Second), conformance.WithSuccessorProcess(attachProducer),
+			conformance.WithCapacity(1000)) // as email's: postgres.Journal keeps the keys
 		c := rep.Contract
 		if c.Guarantee != effects.AtLeastOnce || c.DuplicateWindow.Trigger != effects.AfterUnknownOutcome || !c.DetectsKeyReuse {
 			t.Errorf("contract %s, want at-least-once after an unknown outcome, detecting key reuse", c)
@@ -254,7 +255,7 @@ func requireAllRan(t *testing.T, rep conformance.Report) {
 func TestConformanceCounterexample(t *testing.T) {
 	rep := conformance.Evaluate(t, "counterexample: kafka.Producer without journal claiming effectively-once",
 		func(t testing.TB) conformance.Harness[kafka.Message] { return newProducerHarness(t, false, true) },
-		conformance.WithLateRedelivery(time.Second))
+		conformance.WithLateRedelivery(time.Second), conformance.WithCapacity(1000)) // caught long before 5,000 keys
 	failed := map[string]bool{}
 	for _, s := range rep.Failed() {
 		failed[s] = true

@@ -130,7 +130,7 @@ func writer(opts ...s3.Option) func(*awss3.Client, string, string) (effects.Effe
 
 func TestConformance(t *testing.T) {
 	srv := s3test.Start(t)
-	conformance.Run(t, "s3", maker(srv, writer()))
+	conformance.Run(t, "s3", maker(srv, writer()), conformance.WithCapacity(2500)) // half the default: versitygw is slow under -race
 }
 
 // TestConformanceMultipart runs the suite with every body uploaded as a
@@ -141,5 +141,5 @@ func TestConformance(t *testing.T) {
 func TestConformanceMultipart(t *testing.T) {
 	srv := s3test.Start(t)
 	conformance.Run(t, "s3-multipart", maker(srv, writer(s3.WithMultipartThreshold(16))),
-		conformance.WithStorm(200, 0.95))
+		conformance.WithStorm(200, 0.95), conformance.WithCapacity(200)) // the bucket keeps the keys, as in TestConformance
 }

@@ -127,7 +127,7 @@ func TestConformance(t *testing.T) {
 	}
 	rep := conformance.Run(t, "stripe.PaymentIntents", func(t testing.TB) conformance.Harness[PaymentIntent] {
 		return newHarness(t, plain)
-	}, attach(plain))
+	}, attach(plain), conformance.WithCapacity(1000)) // stripetest models Stripe's key store: Stripe's own capacity no local test shows
 	requireVerified(t, rep)
 }
 
@@ -148,7 +148,7 @@ func TestConformanceWithJournal(t *testing.T) {
 		// A new process has a new in-memory journal: Stripe's key, kept
 		// 24 hours, is what a successor process finds.
 		return must(NewPaymentIntents(api, WithJournal(memjournal.New(now))))
-	}))
+	}), conformance.WithCapacity(1000)) // as TestConformance
 	requireVerified(t, rep)
 }
 

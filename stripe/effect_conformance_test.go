@@ -81,7 +81,7 @@ func TestConformanceGenericCustomers(t *testing.T) {
 					h.journal = memjournal.New(clk.Now)
 				}
 				return h
-			})
+			}, conformance.WithCapacity(1000)) // as TestConformance
 			for _, row := range rep.Rows {
 				// successor-process needs an Attacher: stripetest's clients are
 				// built from the server value, which a child process lacks.

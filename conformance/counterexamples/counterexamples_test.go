@@ -225,7 +225,7 @@ func TestSuiteCatchesCounterexamples(t *testing.T) {
 			build: simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
 				return counterexamples.NewMemoryResolved(p)
 			}),
-			opts: []conformance.Option{conformance.WithLateRedelivery(2 * time.Second)},
+			opts: []conformance.Option{conformance.WithLateRedelivery(2 * time.Second), conformance.WithCapacity(1000)},
 			// Its memory also fails two processes racing on one key.
 			caught: []string{conformance.ScenarioLostReply, conformance.ScenarioConcurrent, conformance.ScenarioRaceReuse},
 			passes: []string{conformance.ScenarioRedelivery, conformance.ScenarioLateRedelivery, conformance.ScenarioHorizon,
@@ -272,7 +272,7 @@ func TestSuiteCatchesCounterexamples(t *testing.T) {
 			build: simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
 				return counterexamples.NewStormCheat(p)
 			}),
-			opts:   []conformance.Option{conformance.WithLateRedelivery(2 * time.Second)},
+			opts:   []conformance.Option{conformance.WithLateRedelivery(2 * time.Second), conformance.WithCapacity(1000)},
 			caught: []string{conformance.ScenarioStorm},
 			passes: []string{conformance.ScenarioRedelivery, conformance.ScenarioLateRedelivery, conformance.ScenarioHorizon,
 				conformance.ScenarioConcurrent, conformance.ScenarioLostReply, conformance.ScenarioCut, conformance.ScenarioCancel,
