@@ -66,7 +66,9 @@ func (h *planHarness) Make(ctx context.Context, f *conformance.PlanFaults) (conf
 	return p, func() { pool.Close(); tr.CloseIdleConnections() }, nil
 }
 
-func (h *planHarness) Event(id string) Payment { return Payment{ID: id, Customer: "cus_plan", Cents: 1000} }
+func (h *planHarness) Event(id string) Payment {
+	return Payment{ID: id, Customer: "cus_plan", Cents: 1000}
+}
 
 // Count reads the ledger rows of the event and the PaymentIntents Stripe
 // made under the charge step's key.
