@@ -49,6 +49,7 @@ func effectTable[In any]() []scenario[Harness[In]] {
 		{ScenarioDistinctKeys, nil, effect((*s).distinctKeys)},
 		{ScenarioStorm, nil, effect((*s).storm)},
 		{ScenarioRestart, []capability{capRestarter}, effect((*s).restart)},
+		{ScenarioCrashRestart, []capability{capCrashRestarter}, effect((*s).crashRestart)},
 		{ScenarioSlowReply, nil, effect((*s).slowReplySweep)},
 	}
 }
