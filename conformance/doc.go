@@ -59,6 +59,9 @@
 //     storm only by the new keys, and every key is counted ([BatchCounter]
 //     counts them in one look).
 //   - backend-restart (needs [Restarter]).
+//   - crash-restart (needs [CrashRestarter]): apply keys, crash the
+//     backend and start it again, count every key before redelivering
+//     (an acknowledged effect must survive), then redeliver.
 //   - slow-reply (only with [WithSlowReply]; left out of the report
 //     without it): every reply of an Apply in turn
 //     is held past the adapter's own deadline, the connection up, after
@@ -79,8 +82,10 @@
 // # Capabilities
 //
 // Optional interfaces a harness may implement widen what is checked:
-// [Restarter] (restart the backend), [Ager] (move the backend's clock or
-// age its records: the horizon), [BatchCounter] (count many keys at once).
+// [Restarter] (restart the backend), [CrashRestarter] (stop it at once,
+// with no clean shutdown, and start it: what a crash loses shows), [Ager]
+// (move the backend's clock or age its records: the horizon),
+// [BatchCounter] (count many keys at once).
 // A scenario whose capability is missing is not run, and the contract
 // fields that rest on it are reported as not verified.
 //
@@ -163,8 +168,8 @@
 // The journal suite checks a lease and its expiry, fencing by attempt,
 // Complete keeping the first reference (an empty reference marks a key
 // done too), Lookup saying not done after Release, key reuse, invalid and
-// distinct keys, concurrent Begins, a crashed lease holder and a backend
-// restart ([JournalScenarios]). The source suite checks that a redelivered
+// distinct keys, concurrent Begins, a crashed lease holder, a backend
+// restart and a crash restart ([JournalScenarios]). The source suite checks that a redelivered
 // message carries the body, headers and ordering of its first delivery,
 // that acked deliveries stay acked after a graceful close, that unacked
 // ones come back after a close and after a crash, that acks out of order
@@ -172,6 +177,18 @@
 // rebalance loses nothing no Ack confirmed, and, for an
 // [effects.Releaser], that a released delivery comes back and is never
 // taken for acked ([SourceScenarios]).
+//
+// # Plans
+//
+// [RunPlan] holds a composed plan (an [effects.Plan], or a handler built
+// on several effects: a [PlanRunner]) to the composite contract it
+// declares. Its [PlanHarness] builds the plan with each step's
+// connections through [PlanFaults.Step] and counts each step's effects in
+// that step's backend. It checks that Contract() names the weakest step,
+// redelivers, and faults each round trip of each step in turn (a lost
+// reply, a cancellation, a killed instance with a successor): every step
+// effectively-once exactly once, at-least-once more only after an unknown
+// outcome in that step, and none skipped ([PlanScenarios]).
 //
 // # Proofs
 //

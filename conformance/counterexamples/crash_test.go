@@ -25,8 +25,12 @@ func TestCrashRestartCatchesUnloggedDedup(t *testing.T) {
 		unlogged bool
 		build    func(*pgxpool.Pool) effects.Effect[counterexamples.Payment]
 	}{
-		{"unlogged dedup table", true, func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] { return counterexamples.UnloggedDedup{DB: p} }},
-		{"control: logged dedup table", false, func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] { return counterexamples.UnloggedDedup{DB: p} }},
+		{"unlogged dedup table", true, func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
+			return counterexamples.UnloggedDedup{DB: p}
+		}},
+		{"control: logged dedup table", false, func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
+			return counterexamples.UnloggedDedup{DB: p}
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rep := conformance.Evaluate(t, tc.name, func(t testing.TB) conformance.Harness[counterexamples.Payment] {
