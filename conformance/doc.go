@@ -62,6 +62,13 @@
 //   - crash-restart (needs [CrashRestarter]): apply keys, crash the
 //     backend and start it again, count every key before redelivering
 //     (an acknowledged effect must survive), then redeliver.
+//   - successor-process (needs [Attacher] and [WithSuccessorProcess]): a
+//     key applied here is redelivered, and a key whose last reply was
+//     lost is retried, in a child process (the test binary run again
+//     for the test that called Run), which shares no memory with this
+//     one: a dedup whose authority is process memory (a package-level
+//     cache, a per-process session id) is caught. The other scenarios'
+//     "new instance" is a new instance in the same process.
 //   - slow-reply (only with [WithSlowReply]; left out of the report
 //     without it): every reply of an Apply in turn
 //     is held past the adapter's own deadline, the connection up, after
@@ -85,7 +92,8 @@
 // [Restarter] (restart the backend), [CrashRestarter] (stop it at once,
 // with no clean shutdown, and start it: what a crash loses shows), [Ager]
 // (move the backend's clock or age its records: the horizon),
-// [BatchCounter] (count many keys at once).
+// [BatchCounter] (count many keys at once), [Attacher] (let a child
+// process reach the backend).
 // A scenario whose capability is missing is not run, and the contract
 // fields that rest on it are reported as not verified.
 //

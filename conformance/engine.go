@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"testing"
@@ -46,6 +47,11 @@ func names[H any](table []scenario[H]) []string {
 // mode every failed check fails the (sub)test it happened in.
 func runSuite[H any](t *testing.T, op, suite, subject string, table []scenario[H], mk func(testing.TB) H, opts []Option, strict bool, settle func(*Report)) Report {
 	t.Helper()
+	if childRequest() != nil {
+		// A successor child process runs one Apply of one effect suite
+		// (runChild), never a suite.
+		return Report{Suite: suite, Adapter: subject}
+	}
 	rep := runTable(t, op, suite, subject, table, mk, opts, strict)
 	if settle != nil {
 		settle(&rep)
@@ -80,7 +86,7 @@ func runTable[H any](t *testing.T, op, suite, subject string, table []scenario[H
 			started = true
 			ctx, cancel := context.WithTimeout(context.Background(), cfg.timeout)
 			defer cancel()
-			c := &checker{t: t, ctx: ctx, row: row, strict: strict, cfg: &cfg, run: newRunID(), out: &outbox{}}
+			c := &checker{t: t, ctx: ctx, row: row, strict: strict, cfg: &cfg, run: newRunID(), out: &outbox{}, subject: subject}
 			defer c.flush()
 			h := mk(t)
 			for _, need := range sc.needs {
@@ -142,13 +148,14 @@ func (o *outbox) add(msg string) {
 // checker records one scenario's checks into its row. Failed checks fail
 // the current (sub)test in strict mode, when it ends (see outbox).
 type checker struct {
-	t      *testing.T
-	ctx    context.Context
-	row    *Row
-	strict bool
-	cfg    *config
-	run    string  // unique to this scenario run, part of every key
-	out    *outbox // failures to report on t
+	t       *testing.T
+	ctx     context.Context
+	row     *Row
+	strict  bool
+	cfg     *config
+	run     string  // unique to this scenario run, part of every key
+	subject string  // the adapter, journal or source the suite runs against
+	out     *outbox // failures to report on t
 }
 
 // flush reports the failures recorded for c's (sub)test on it.
@@ -254,19 +261,31 @@ func timed[T any](c *checker, f *Faults, base int, what string, fn func(ctx cont
 	ctx, cancel := context.WithCancel(c.ctx)
 	defer cancel()
 	type result struct {
-		v   T
-		err error
+		v        T
+		err      error
+		panicked string // what the code under test panicked with, and where
 	}
 	done := make(chan result, 1)
 	go func() {
+		defer func() {
+			if r := recover(); r != nil {
+				done <- result{panicked: fmt.Sprintf("%v\n%s", r, tail(debug.Stack(), 1500))}
+			}
+		}()
 		v, err := fn(ctx)
-		done <- result{v, err}
+		done <- result{v: v, err: err}
 	}()
 	timer := time.NewTimer(c.cfg.applyTimeout)
 	defer timer.Stop()
 	limit := fmt.Sprintf("within %v", c.cfg.applyTimeout)
 	select {
 	case r := <-done:
+		if r.panicked != "" {
+			// A panic in a goroutine of its own would end the test binary,
+			// and every report with it: it is a failure of the code under
+			// test like any other.
+			c.fatalf("panic: %s panicked: %s", what, r.panicked)
+		}
 		return r.v, r.err
 	case <-timer.C:
 	case <-c.ctx.Done():

@@ -100,6 +100,18 @@ func (h *ledgerHarness) CountBatch(ctx context.Context, keys []effects.Key) ([]i
 
 func (h *ledgerHarness) Restart(context.Context) error { return h.srv.Restart() }
 
+// Attachment is the service's address: a successor process reaches it
+// there (conformance.Attacher, with conformance.WithSuccessorProcess).
+func (h *ledgerHarness) Attachment() string { return h.srv.Addr() }
+
+// ledgerAt is the harness in a successor process: it reaches the test
+// process's service at addr. It only applies; the test process counts.
+type ledgerAt struct{ ledgerHarness }
+
+func attachLedger(_ context.Context, addr string) (conformance.Harness[Entry], error) {
+	return &ledgerAt{ledgerHarness{srv: &ledgerServer{addr: addr}}}, nil
+}
+
 func (h *ledgerHarness) Age(_ context.Context, d time.Duration) error {
 	h.srv.Age(d)
 	return nil

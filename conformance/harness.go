@@ -88,7 +88,18 @@ type BatchCounter interface {
 	CountBatch(ctx context.Context, keys []effects.Key) ([]int, error)
 }
 
+// Attacher is implemented by a Harness whose backend a second process can
+// reach: a server on a loopback address, files on disk. Attachment returns
+// what that process needs to connect (a connection string, an endpoint
+// and a bucket), which [WithSuccessorProcess]'s attach function receives in
+// the child process. The successor-process scenario runs only when the
+// harness implements it and the option is given.
+type Attacher interface {
+	Attachment() string
+}
+
 var (
+	capAttacher  = capability{"conformance.Attacher", func(h any) bool { _, ok := h.(Attacher); return ok }}
 	capRestarter = capability{"conformance.Restarter", func(h any) bool { _, ok := h.(Restarter); return ok }}
 	capAger      = capability{"conformance.Ager", func(h any) bool { _, ok := h.(Ager); return ok }}
 )

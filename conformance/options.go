@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -77,6 +78,7 @@ type config struct {
 	quietPeriod    time.Duration
 	only           []string
 	unverified     string // AllowUnverified's reason
+	successor      any    // WithSuccessorProcess's attach function
 
 	set []string // names of the options given, to refuse those a suite does not take
 }
@@ -206,6 +208,25 @@ func WithQuietPeriod(d time.Duration) Option {
 	return func(c *config) { c.quietPeriod = d; c.mark("WithQuietPeriod") }
 }
 
+// WithSuccessorProcess lets the successor-process scenario run: the suite
+// redelivers keys in a child process (the test binary, run again for just
+// the test that called [Run]), which shares no memory with the instances
+// of the test process, so a dedup whose authority is process memory (a
+// package-level cache, a per-process session id) is caught. The harness
+// must implement [Attacher]; in the child, Run calls attach with the
+// harness's Attachment instead of the [Maker], makes one instance, applies
+// the key and returns without running any scenario. attach must not start
+// a backend: it connects to the one the attachment names. attach's In must
+// be Run's.
+func WithSuccessorProcess[In any](attach func(ctx context.Context, attachment string) (Harness[In], error)) Option {
+	return func(c *config) {
+		if attach != nil {
+			c.successor = attach
+		}
+		c.mark("WithSuccessorProcess")
+	}
+}
+
 // AllowUnverified lets [Run] pass when a field of the
 // declared contract cannot be verified because a scenario it rests on did
 // not run for want of a capability, for the reason given, which the
@@ -230,7 +251,7 @@ func Only(names ...string) Option {
 var suiteOptions = map[string][]string{
 	suiteEffect: {"WithConcurrency", "WithStorm", "WithMaxSweep", "WithRetryFor", "WithTimeout",
 		"WithApplyTimeout", "WithLateRedelivery", "WithLongAge", "WithSlowReply", "WithQuietPeriod",
-		"AllowUnverified", "Only"},
+		"WithSuccessorProcess", "AllowUnverified", "Only"},
 	suiteJournal: {"WithConcurrency", "WithTimeout", "WithApplyTimeout", "WithLease", "Only"},
 	suiteSource:  {"WithTimeout", "WithApplyTimeout", "WithRedeliveryWait", "WithSourceMessages", "Only"},
 	suitePlan:    {"WithMaxSweep", "WithRetryFor", "WithTimeout", "WithApplyTimeout", "Only"},
@@ -284,6 +305,8 @@ func newConfig(op, suite string, scenarios []string, opts []Option) (config, err
 		return bad("WithSlowReply", "%v: must be positive", c.slowReply)
 	case c.quietPeriod < 0:
 		return bad("WithQuietPeriod", "%v: must not be negative", c.quietPeriod)
+	case slices.Contains(c.set, "WithSuccessorProcess") && c.successor == nil:
+		return bad("WithSuccessorProcess", "nil attach function")
 	case slices.Contains(c.set, "AllowUnverified") && strings.TrimSpace(c.unverified) == "":
 		return bad("AllowUnverified", "empty reason: say why the harness cannot run what the unverified fields rest on")
 	}

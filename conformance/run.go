@@ -29,6 +29,7 @@ const (
 	ScenarioStorm          = "replay-storm"
 	ScenarioRestart        = "backend-restart"
 	ScenarioSlowReply      = "slow-reply"
+	ScenarioProcess        = "successor-process"
 )
 
 // effectTable is the effect suite: every scenario, in the order it runs,
@@ -50,6 +51,7 @@ func effectTable[In any]() []scenario[Harness[In]] {
 		{ScenarioStorm, nil, effect((*s).storm)},
 		{ScenarioRestart, []capability{capRestarter}, effect((*s).restart)},
 		{ScenarioCrashRestart, []capability{capCrashRestarter}, effect((*s).crashRestart)},
+		{ScenarioProcess, []capability{capAttacher}, effect((*s).successorProcess)},
 		{ScenarioSlowReply, nil, effect((*s).slowReplySweep)},
 	}
 }
@@ -81,6 +83,9 @@ func Evaluate[In any](t *testing.T, adapter string, mk Maker[In], opts ...Option
 
 func runEffect[In any](t *testing.T, op, adapter string, mk Maker[In], strict bool, opts []Option) Report {
 	t.Helper()
+	if req := childRequest(); req != nil {
+		return runChild[In](t, adapter, req, opts)
+	}
 	table := effectTable[In]()
 	if !slowReplyAsked(opts) {
 		// An opt-in scenario: left out of the table, and the report.

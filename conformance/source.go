@@ -361,14 +361,29 @@ func (s *sscene) unacked(crash bool) {
 	again := s.collect(b, want, 0, true, what)
 	// A source that counts attempts must count this one: a Consumer's
 	// WithMaxAttempts holds across processes only through it.
+	s.checkAttempts(got[half:], again, what)
+}
+
+// checkAttempts holds the deliveries that came back (again) to what
+// their first deliveries said: a source that counts attempts (from 1)
+// counts every redelivery; one that does not know (0) knows no better on
+// a redelivery (a count from 0 would make every WithMaxAttempts one
+// attempt longer).
+func (s *sscene) checkAttempts(firsts, again []effects.Delivery, what string) {
 	first := map[string]int{}
-	for _, d := range got[half:] {
+	for _, d := range firsts {
 		first[d.ID] = d.Attempt
 	}
 	for _, d := range again {
-		if n, ok := first[d.ID]; ok && n > 0 && !s.check(d.Attempt > n,
-			"%s: %q came back with Attempt %d after Attempt %d, want more (a source that counts attempts counts redeliveries)", what, d.ID, d.Attempt, n) {
-			break
+		n, ok := first[d.ID]
+		switch {
+		case !ok:
+		case n > 0 && !s.check(d.Attempt > n,
+			"%s: %q came back with Attempt %d after Attempt %d, want more (a source that counts attempts counts redeliveries)", what, d.ID, d.Attempt, n):
+			return
+		case n == 0 && !s.check(d.Attempt == 0,
+			"%s: %q came back with Attempt %d after a first delivery with Attempt 0: attempts count from 1, 0 means the source does not know", what, d.ID, d.Attempt):
+			return
 		}
 	}
 }
@@ -543,16 +558,7 @@ func (s *sscene) released() {
 	}
 	ids := idsOf(released)
 	back := s.collect(a, ids, 0, false, fmt.Sprintf("the %d released deliveries, on the instance that released them", len(ids)))
-	first := map[string]int{}
-	for _, d := range released {
-		first[d.ID] = d.Attempt
-	}
-	for _, d := range back {
-		if n, ok := first[d.ID]; ok && n > 0 && !s.check(d.Attempt > n,
-			"%q came back after its Release with Attempt %d after Attempt %d, want more (a source that counts attempts counts a release)", d.ID, d.Attempt, n) {
-			break
-		}
-	}
+	s.checkAttempts(released, back, "after its Release")
 	s.stop(a, false)
 	s.collect(s.open("B"), ids, 0, true, fmt.Sprintf("the %d released deliveries, never acked, after a graceful close", len(ids)))
 }

@@ -2,6 +2,7 @@ package kafka_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -28,7 +29,8 @@ const conformanceLease = 2 * time.Second
 // suite's Faults, so the sweeps also cut and lose the journal's replies.
 type producerHarness struct {
 	t       testing.TB
-	cluster *kafkatest.Cluster
+	cluster *kafkatest.Cluster // nil in a successor process (attachProducer)
+	brokers []string
 	topic   string
 	dbURL   string // "" without a journal
 	lie     bool   // claim EffectivelyOnce (the counterexample)
@@ -42,6 +44,7 @@ func newProducerHarness(t testing.TB, journal, lie bool) conformance.Harness[kaf
 		h.cluster = kafkatest.StartRestartable(t)
 	}
 	h.topic = h.cluster.Topic(t, "conformance", 3)
+	h.brokers = h.cluster.Brokers()
 	if journal {
 		h.dbURL = pgtest.DB(t)
 		pool, err := pgxpool.New(context.Background(), h.dbURL)
@@ -63,7 +66,7 @@ func (h *producerHarness) Make(ctx context.Context, f *conformance.Faults) (effe
 	// A short metadata minimum age only makes franz-go retry a lost
 	// metadata reply sooner (the default 5 s would make the sweeps slow);
 	// everything that decides the outcome keeps its default.
-	cl, err := kgo.NewClient(h.cluster.Opts(kgo.Dialer(f.DialContext), kgo.MetadataMinAge(100*time.Millisecond))...)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(h.brokers...), kgo.Dialer(f.DialContext), kgo.MetadataMinAge(100*time.Millisecond))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -163,7 +166,33 @@ func (h *producerHarness) Age(ctx context.Context, d time.Duration) error {
 	return pgtest.Age(ctx, h.dbURL, d)
 }
 
+// producerAttachment is what a successor process needs to reach the
+// harness's cluster, topic and journal.
+type producerAttachment struct {
+	Brokers []string
+	Topic   string
+	DBURL   string
+}
+
+// Attachment is the cluster's brokers, the topic and the journal's
+// database, as JSON (conformance.Attacher).
+func (h *producerHarness) Attachment() string {
+	b, _ := json.Marshal(producerAttachment{h.brokers, h.topic, h.dbURL})
+	return string(b)
+}
+
+// attachProducer builds the harness in a successor process: it produces
+// to the test process's cluster and journal; the test process counts.
+func attachProducer(_ context.Context, attachment string) (conformance.Harness[kafka.Message], error) {
+	var a producerAttachment
+	if err := json.Unmarshal([]byte(attachment), &a); err != nil {
+		return nil, err
+	}
+	return &producerHarness{brokers: a.Brokers, topic: a.Topic, dbURL: a.DBURL}, nil
+}
+
 var (
+	_ conformance.Attacher     = (*producerHarness)(nil)
 	_ conformance.BatchCounter = (*producerHarness)(nil)
 	_ conformance.Ager         = (*producerHarness)(nil)
 )
@@ -192,7 +221,7 @@ func TestConformance(t *testing.T) {
 	t.Run("journal", func(t *testing.T) {
 		rep := conformance.Run(t, "kafka.Producer+postgres.Journal",
 			func(t testing.TB) conformance.Harness[kafka.Message] { return newProducerHarness(t, true, false) },
-			conformance.WithRetryFor(4*conformanceLease+10*time.Second))
+			conformance.WithRetryFor(4*conformanceLease+10*time.Second), conformance.WithSuccessorProcess(attachProducer))
 		c := rep.Contract
 		if c.Guarantee != effects.AtLeastOnce || c.DuplicateWindow.Trigger != effects.AfterUnknownOutcome || !c.DetectsKeyReuse {
 			t.Errorf("contract %s, want at-least-once after an unknown outcome, detecting key reuse", c)
@@ -201,7 +230,8 @@ func TestConformance(t *testing.T) {
 	})
 	t.Run("no journal", func(t *testing.T) {
 		rep := conformance.Run(t, "kafka.Producer",
-			func(t testing.TB) conformance.Harness[kafka.Message] { return newProducerHarness(t, false, false) })
+			func(t testing.TB) conformance.Harness[kafka.Message] { return newProducerHarness(t, false, false) },
+			conformance.WithSuccessorProcess(attachProducer))
 		if tr := rep.Contract.DuplicateWindow.Trigger; tr != effects.AnyRedelivery {
 			t.Errorf("trigger %s, want any redelivery", tr)
 		}

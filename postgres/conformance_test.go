@@ -32,7 +32,11 @@ func TestConformance(t *testing.T) {
 		{"postgres.NewPipelined (WithLookupFirst)", confHarness{pipelined: true, lookupFirst: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rep := conformance.Run(t, tc.name, func(t testing.TB) conformance.Harness[confCharge] { return newConfHarness(t, tc.h) })
+			rep := conformance.Run(t, tc.name, func(t testing.TB) conformance.Harness[confCharge] { return newConfHarness(t, tc.h) },
+				conformance.WithSuccessorProcess(func(ctx context.Context, url string) (conformance.Harness[confCharge], error) {
+					db, err := pgxpool.New(ctx, url) // the test process's database, from a child process
+					return &confHarness{url: url, db: db, pipelined: tc.h.pipelined, lookupFirst: tc.h.lookupFirst}, err
+				}))
 			for _, f := range rep.Fields {
 				if f.Status != conformance.Verified {
 					t.Errorf("contract field %s", f)
@@ -87,6 +91,11 @@ func newConfHarness(t testing.TB, shape confHarness) conformance.Harness[confCha
 	}{h, func(ctx context.Context) error { defer db.Reset(); return restart(ctx) },
 		func(ctx context.Context) error { defer db.Reset(); return crash(ctx) }}
 }
+
+// Attachment is the database's URL (conformance.Attacher): the
+// successor-process scenario applies keys from a child process connected
+// to it.
+func (h *confHarness) Attachment() string { return h.url }
 
 // Make builds a new adapter instance whose every connection goes through the suite's faults.
 func (h *confHarness) Make(ctx context.Context, f *conformance.Faults) (effects.Effect[confCharge], func(), error) {

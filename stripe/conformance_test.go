@@ -22,7 +22,8 @@ import (
 // can move forward (Age), so the horizon scenario runs: Stripe forgets a
 // key 24 hours after its first request.
 type harness struct {
-	srv       *stripetest.Server
+	srv       *stripetest.Server // nil in a successor process (attach)
+	url       string             // the server's
 	clock     *agedClock
 	newEffect func(api *client.API) effects.Effect[PaymentIntent]
 	count     func(key effects.Key) int
@@ -65,6 +66,7 @@ func newHarness(t testing.TB, newEffect func(api *client.API, now func() time.Ti
 	srv := stripetest.Start(t, stripetest.WithLatency(serverLatency), stripetest.WithClock(clk.Now))
 	return &harness{
 		srv:       srv,
+		url:       srv.URL,
 		clock:     clk,
 		newEffect: func(api *client.API) effects.Effect[PaymentIntent] { return newEffect(api, clk.Now) },
 		count:     func(key effects.Key) int { return srv.Created(string(key)) },
@@ -73,8 +75,21 @@ func newHarness(t testing.TB, newEffect func(api *client.API, now func() time.Ti
 
 func (h *harness) Make(ctx context.Context, f *conformance.Faults) (effects.Effect[PaymentIntent], func(), error) {
 	tr := f.Transport(nil)
-	api := h.srv.Client(&http.Client{Transport: tr})
+	api := stripetest.ClientAt(h.url, &http.Client{Transport: tr})
 	return h.newEffect(api), tr.CloseIdleConnections, nil
+}
+
+// Attachment is the server's URL (conformance.Attacher): a successor
+// process calls the same Stripe.
+func (h *harness) Attachment() string { return h.url }
+
+// attach builds the harness in a successor process, for the effect
+// newEffect makes, on the wall clock: it calls the test process's
+// server; the test process counts.
+func attach(newEffect func(api *client.API, now func() time.Time) effects.Effect[PaymentIntent]) conformance.Option {
+	return conformance.WithSuccessorProcess(func(_ context.Context, url string) (conformance.Harness[PaymentIntent], error) {
+		return &harness{url: url, newEffect: func(api *client.API) effects.Effect[PaymentIntent] { return newEffect(api, time.Now) }}, nil
+	})
 }
 
 // Input gives variant 1 another amount, so reusing the key with it is a
@@ -107,11 +122,12 @@ func (h *harness) Age(_ context.Context, d time.Duration) error {
 // TestConformance: without a journal the contract's horizon is Stripe's
 // 24 hours, and a redelivery just inside it replays.
 func TestConformance(t *testing.T) {
+	plain := func(api *client.API, _ func() time.Time) effects.Effect[PaymentIntent] {
+		return must(NewPaymentIntents(api))
+	}
 	rep := conformance.Run(t, "stripe.PaymentIntents", func(t testing.TB) conformance.Harness[PaymentIntent] {
-		return newHarness(t, func(api *client.API, _ func() time.Time) effects.Effect[PaymentIntent] {
-			return must(NewPaymentIntents(api))
-		})
-	})
+		return newHarness(t, plain)
+	}, attach(plain))
 	requireVerified(t, rep)
 }
 
@@ -128,7 +144,11 @@ func TestConformanceWithJournal(t *testing.T) {
 			}
 			return must(NewPaymentIntents(api, WithJournal(j)))
 		})
-	})
+	}, attach(func(api *client.API, now func() time.Time) effects.Effect[PaymentIntent] {
+		// A new process has a new in-memory journal: Stripe's key, kept
+		// 24 hours, is what a successor process finds.
+		return must(NewPaymentIntents(api, WithJournal(memjournal.New(now))))
+	}))
 	requireVerified(t, rep)
 }
 

@@ -55,6 +55,24 @@
 //     attempt). Caught by lost-reply, which retries on the faulted
 //     instance as well as on a new one.
 //
+// A successor that is a new process, in process.go:
+//
+//   - [ProcessScopedDedup]: dedups in the write's transaction under a
+//     per-process session id and the key (Kafka's idempotent producer's
+//     scope): every instance of one process agrees, the next process does
+//     not. Caught by successor-process only.
+//
+// The red team's own, in redteam.go, each a class of mistake no outside
+// round named: [PanicOnReplay] (a panic in the code under test: reported
+// as a failure by redelivery, where it once ended the test binary),
+// [GroupCommit] (Applied before COMMIT: redelivery), [InvertedConflict]
+// (Applied and Replayed swapped: redelivery), [LastRef] (a replay returns
+// the instance's last ref: redelivery, distinct-keys), [CancelIsPermanent]
+// (a cancelled context called permanent: cancel-mid-apply); journals
+// [LookupLeasedDone] (lookup-mark-done) and [AttemptPerLease]
+// (lease-expiry, fencing); sources [AckOnNextAck] (acked-stay-acked) and
+// [AttemptFromZero] (unacked-after-close, a check added for it).
+//
 // Journals (conformance.RunJournal), in journals.go: [TwoLeases],
 // [UnfencedRelease], [NoExpiry], [LastRefWins], [LookupIgnoresFingerprint],
 // [MarkDoneNeedsBegin],

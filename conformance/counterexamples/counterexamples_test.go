@@ -30,7 +30,23 @@ type harness struct {
 var (
 	_ conformance.Ager         = (*harness)(nil)
 	_ conformance.BatchCounter = (*harness)(nil)
+	_ conformance.Attacher     = (*harness)(nil)
 )
+
+// Attachment is the database's URL: a successor process connects to it.
+func (h *harness) Attachment() string { return h.url }
+
+// successor lets the suite run build in a child process, attached to the
+// test process's database (conformance.WithSuccessorProcess).
+func successor(build func(context.Context, *pgxpool.Pool) effects.Effect[counterexamples.Payment]) conformance.Option {
+	return conformance.WithSuccessorProcess(func(ctx context.Context, url string) (conformance.Harness[counterexamples.Payment], error) {
+		db, err := pgxpool.New(ctx, url)
+		if err != nil {
+			return nil, err
+		}
+		return &harness{url: url, db: db, build: build}, nil
+	})
+}
 
 func maker(build func(context.Context, *pgxpool.Pool) effects.Effect[counterexamples.Payment]) conformance.Maker[counterexamples.Payment] {
 	return func(t testing.TB) conformance.Harness[counterexamples.Payment] {
@@ -282,10 +298,64 @@ func TestSuiteCatchesCounterexamples(t *testing.T) {
 			opts:   []conformance.Option{conformance.WithApplyTimeout(time.Second)},
 			says:   "hang: Apply(",
 		},
+		{
+			name: "process-scoped-dedup (dedup per process session)",
+			build: simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
+				return counterexamples.ProcessScopedDedup{DB: p}
+			}),
+			caught: []string{conformance.ScenarioProcess},
+			passes: []string{conformance.ScenarioRedelivery, conformance.ScenarioConcurrent, conformance.ScenarioLostReply},
+			only:   true,
+		},
+		// The red team's own liars (redteam.go), each a class the outside
+		// rounds did not name.
+		{
+			name: "panic-on-replay (a panic in the code under test)",
+			build: simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
+				return &counterexamples.PanicOnReplay{DB: p}
+			}),
+			caught: []string{conformance.ScenarioRedelivery},
+			only:   true,
+			says:   "panicked",
+		},
+		{
+			name: "group-commit (Applied before COMMIT)",
+			build: simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
+				return counterexamples.GroupCommit{DB: p}
+			}),
+			caught: []string{conformance.ScenarioRedelivery},
+			only:   true,
+			says:   "0 effects in the backend after a successful Apply",
+		},
+		{
+			name: "inverted-conflict (Applied and Replayed swapped)",
+			build: simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
+				return counterexamples.InvertedConflict{DB: p}
+			}),
+			caught: []string{conformance.ScenarioRedelivery},
+			only:   true,
+		},
+		{
+			name: "last-ref (a replay returns the instance's last ref)",
+			build: simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
+				return &counterexamples.LastRef{DB: p}
+			}),
+			caught: []string{conformance.ScenarioRedelivery, conformance.ScenarioDistinctKeys},
+			only:   true,
+			says:   "want the first apply's",
+		},
+		{
+			name: "cancel-is-permanent",
+			build: simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
+				return counterexamples.CancelIsPermanent{DB: p}
+			}),
+			caught: []string{conformance.ScenarioCancel},
+			only:   true,
+		},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			opts := c.opts
+			opts := append(c.opts[:len(c.opts):len(c.opts)], successor(c.build))
 			if c.only {
 				opts = append(opts, conformance.Only(append(append([]string(nil), c.caught...), c.passes...)...))
 			}

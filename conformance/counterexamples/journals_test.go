@@ -54,6 +54,13 @@ func TestRunJournalCatchesCounterexamples(t *testing.T) {
 		{"Lookup takes a released key for done", func() journal.Journal {
 			return counterexamples.ReleaseMarksDone{Journal: memjournal.New(nil)}
 		}, []string{conformance.JournalLookupMarkDone}},
+		// The red team's (redteam.go).
+		{"Lookup takes a leased key for done", func() journal.Journal {
+			return counterexamples.LookupLeasedDone{Journal: memjournal.New(nil)}
+		}, []string{conformance.JournalLookupMarkDone}},
+		{"attempts numbered per lease", func() journal.Journal {
+			return counterexamples.AttemptPerLease{Journal: memjournal.New(nil)}
+		}, []string{conformance.JournalLeaseExpiry, conformance.JournalFencing}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

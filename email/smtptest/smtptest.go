@@ -15,7 +15,9 @@
 // transaction ([Server.FailNext], [Server.DropNextDataReply],
 // [Server.SetDataDelay]), so tests can reach the paths a client must get
 // right: a rejection before the data was accepted, and an accepted message
-// whose 250 never reaches the client.
+// whose 250 never reaches the client. A server can also hang until the
+// test lets it go ([Server.Stall], [Server.Release]): a client's lease or
+// timeout runs out while the server holds a message it has taken.
 //
 // Optionally ([WithAuth]) the server requires AUTH PLAIN, which it allows
 // without TLS because it only listens on 127.0.0.1.
@@ -168,6 +170,8 @@ type Server struct {
 	drops    int
 	delay    time.Duration
 	sessions int
+	stall    chan struct{} // non-nil while stalled; closed by Release
+	stalled  int
 }
 
 // New starts a server on a free port of 127.0.0.1. It returns a
@@ -447,6 +451,60 @@ func (s *Server) SetDataDelay(d time.Duration) {
 	s.delay = d
 }
 
+// Stall makes the server hang after taking each message's data: from now
+// until [Server.Release], a message read to its final "." is accepted
+// (kept and counted, as for [Server.Count]) and its session then sends
+// nothing, neither the 250 nor anything else, and reads nothing. This is
+// a mail server that hangs past a client's lease or timeout, as one whose
+// queue disk stalls: the client cannot tell whether the message was
+// taken, and a client that gives up leaves a message the server has. The
+// server does not notice that a client gave up. Each message held counts
+// once in [Server.Stalled]. Close and Restart end held sessions by
+// dropping their connections, without a reply. Stall while stalled does
+// nothing.
+func (s *Server) Stall() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stall == nil {
+		s.stall = make(chan struct{})
+	}
+}
+
+// Release ends a stall ([Server.Stall]): every held session sends its 250
+// now (a client that gave up and closed its connection does not get it;
+// its message stays accepted), and later messages are answered at once.
+// Release without a stall does nothing.
+func (s *Server) Release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stall != nil {
+		close(s.stall)
+		s.stall = nil
+	}
+}
+
+// Stalled returns how many messages a stall ([Server.Stall]) has held
+// since the server started: those held now and those released. A test
+// waits for it to grow to know that a client is stuck in the middle of a
+// send, and reads it at the end to prove that the hang happened.
+func (s *Server) Stalled() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stalled
+}
+
+// hold returns the channel a session that just took a message waits on
+// while the server is stalled, or nil.
+func (s *Server) hold() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stall == nil {
+		return nil
+	}
+	s.stalled++
+	return s.stall
+}
+
 func (s *Server) nextFail(stage Stage) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -569,6 +627,15 @@ func (ss *session) Data(r io.Reader) error {
 		m.MessageID = normalizeID(parsed.Header.Get("Message-Id"))
 	}
 	qid, drop, delay := ss.s.accept(m)
+	if release := ss.s.hold(); release != nil {
+		select {
+		case <-release:
+		case <-ss.gen:
+			// The server stopped: the held client never hears the 250.
+			_ = ss.conn.Conn().Close()
+			return nil
+		}
+	}
 	if delay > 0 {
 		t := time.NewTimer(delay)
 		select {

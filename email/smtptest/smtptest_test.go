@@ -316,3 +316,84 @@ func TestNewRefusesBadOptions(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A stalled server takes the message and answers nothing until Release: a
+// client waits, the message is already counted, and Release sends the 250.
+// A client that gives up during a stall leaves its message on the server;
+// after Release, messages are answered at once again.
+func TestStall(t *testing.T) {
+	s := smtptest.Start(t)
+	s.Stall()
+	s.Stall() // idempotent
+	sent := make(chan error, 1)
+	go func() {
+		_, err := send(t, s, "held@test", mail.WithTimeout(time.Minute))
+		sent <- err
+	}()
+	waitFor(t, "the first message to be held", func() bool { return s.Stalled() == 1 })
+	if s.Count("held@test") != 1 {
+		t.Errorf("Count(held@test) = %d while held, want 1: the server took the data", s.Count("held@test"))
+	}
+	select {
+	case err := <-sent:
+		t.Fatalf("send returned during the stall (%v), want it held", err)
+	default:
+	}
+
+	// A client that gives up: its message stays, counted once more.
+	_, err := send(t, s, "abandoned@test", mail.WithTimeout(300*time.Millisecond))
+	if err == nil {
+		t.Fatal("send with a short timeout succeeded during a stall")
+	}
+	if s.Stalled() != 2 || s.Count("abandoned@test") != 1 {
+		t.Errorf("Stalled %d, Count(abandoned@test) %d; want 2, 1", s.Stalled(), s.Count("abandoned@test"))
+	}
+
+	s.Release()
+	if err := <-sent; err != nil {
+		t.Fatalf("held send after Release: %v", err)
+	}
+	s.Release() // idempotent
+	if _, err := send(t, s, "after@test"); err != nil {
+		t.Fatalf("send after Release: %v", err)
+	}
+	if s.Stalled() != 2 || s.Total() != 3 {
+		t.Errorf("Stalled %d, Total %d after Release; want 2, 3", s.Stalled(), s.Total())
+	}
+}
+
+// Close ends a held session without a reply, and returns.
+func TestCloseWhileStalled(t *testing.T) {
+	s, err := smtptest.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Stall()
+	sent := make(chan error, 1)
+	go func() {
+		_, err := send(t, s, "stuck@test", mail.WithTimeout(time.Minute))
+		sent <- err
+	}()
+	waitFor(t, "the message to be held", func() bool { return s.Stalled() == 1 })
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-sent; err == nil {
+		t.Error("send succeeded across Close")
+	}
+	if s.Count("stuck@test") != 1 {
+		t.Errorf("Count(stuck@test) = %d, want 1", s.Count("stuck@test"))
+	}
+}
+
+// waitFor polls cond for up to ten seconds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 10 s for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

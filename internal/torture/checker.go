@@ -11,6 +11,10 @@
 // The package's non-test code is the checker, so that its rules can be read
 // (and tested on hand-made histories) apart from the machinery that runs
 // the worker.
+//
+// The day-two torture (a worker fleet meeting declines, panics, poison,
+// configuration faults, a hung SMTP server and a crash mid-send) has its
+// own checker, [CheckDayTwo].
 package torture
 
 import (

@@ -225,12 +225,16 @@ func (s *Server) Restart() error {
 // with hc (a new http.Client on http.DefaultTransport if nil), [APIKey],
 // no network retries of its own, no telemetry and no logging. Tests that
 // inject faults pass an http.Client whose Transport is the suite's.
-func (s *Server) Client(hc *http.Client) *client.API {
+func (s *Server) Client(hc *http.Client) *client.API { return ClientAt(s.URL, hc) }
+
+// ClientAt is [Server.Client] for a server at url that this process did
+// not start: a child process reaching its parent's server, say.
+func ClientAt(url string, hc *http.Client) *client.API {
 	if hc == nil {
 		hc = &http.Client{}
 	}
 	b := stripego.GetBackendWithConfig(stripego.APIBackend, &stripego.BackendConfig{
-		URL:               stripego.String(s.URL),
+		URL:               stripego.String(url),
 		HTTPClient:        hc,
 		MaxNetworkRetries: stripego.Int64(0),
 		EnableTelemetry:   stripego.Bool(false),
