@@ -79,6 +79,12 @@
 // [CompleteCreates], [FingerprintOnTakeover],
 // [ShortLease]. Sources (conformance.RunSource), in sources.go:
 // [AckOnNext], [AttemptAlwaysOne], [ReleaseAcks].
+//
+// Crash restart, in crash.go: [UnloggedDedup], a dedup table an immediate
+// stop empties (crash-restart; backend-restart passes it). Plans
+// (conformance.RunPlan), in plans.go: [SwallowingHandler] (lost-reply,
+// cancel-mid-plan, kill-mid-plan), [OverclaimingHandler] (lost-reply) and
+// [MisnamedWeakest] (plan-contract), over honest [MemStep] effects.
 package counterexamples
 
 import (
