@@ -18,12 +18,16 @@ const (
 	EventKeyReused
 	// EventInFlight: another attempt held the key.
 	EventInFlight
-	// EventFailed: an apply or a handler failed (any other error).
+	// EventFailed: an apply or a handler failed (any other error), or a
+	// component's own work failed and it goes on (a source's fetch or
+	// commit it retries, a relay's batch, a journal write); Component
+	// names the component then.
 	EventFailed
 	// EventRetried: a consumer is retrying a delivery after a failure.
 	EventRetried
 	// EventDeadLettered: a consumer gave up on a delivery and handed it to
-	// the dead-letter hook.
+	// the dead-letter hook, or an outbox relay parked a row (Component
+	// "outbox.Relay"; Key is the message id).
 	EventDeadLettered
 	// EventPruned: a pruner deleted Count expired records in one
 	// statement.
@@ -70,7 +74,7 @@ type Event struct {
 	// Err is the failure, for failure kinds.
 	Err error
 	// Component names what reported the event when it is not an effect
-	// or a plan step: "consume.Consumer", "kafka.Source",
+	// or a plan step: "kafka.Source", "kafka.ShareSource",
 	// "outbox.Relay", "journal". Empty for effects and steps.
 	Component string
 	// Headers are the delivery's headers, on the start of a
@@ -146,6 +150,27 @@ func StartSpan(ctx context.Context, o Observer, span Span, ev Event) (context.Co
 }
 
 func noEnd(Event) {}
+
+// Propagator is implemented by an [Observer] that carries trace context
+// across a broker; package effectively.dev/observe's does, with
+// OpenTelemetry's W3C TraceContext. Inject calls set with each header
+// (for W3C: traceparent and, when there is one, tracestate) that carries
+// the trace of the span in ctx; with no span in ctx it calls nothing.
+// Producers (kafka.Producer, outbox.Enqueue) call it, through
+// [InjectTrace], to write the headers a consumer's [SpanDelivery] span
+// continues, so one trace runs through the broker. Inject must be cheap
+// and must not block.
+type Propagator interface {
+	Inject(ctx context.Context, set func(key, value string))
+}
+
+// InjectTrace calls o's Inject when o is a [Propagator], and does nothing
+// otherwise (o may be nil).
+func InjectTrace(ctx context.Context, o Observer, set func(key, value string)) {
+	if p, ok := o.(Propagator); ok {
+		p.Inject(ctx, set)
+	}
+}
 
 // ObserverFunc adapts a function to an Observer.
 type ObserverFunc func(ctx context.Context, ev Event)

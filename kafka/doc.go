@@ -58,6 +58,20 @@
 // configuration error its own start-up check finds, so a misspelled topic
 // stops the consumer instead of leaving it idle.
 //
+// # Options
+//
+// Options follow franz-go's kgo.Opt: one option type per constructor, as
+// a small interface, and an option several constructors share satisfies
+// each of their types, so a misplaced option fails at compile time and
+// names need no prefixes. [Option] ([WithObserver], [WithLogger])
+// configures [NewSource], [NewShareSource] and [NewProducer];
+// [ConsumerOption] ([WithIDHeader], [WithMaxPoll]) both sources;
+// [SourceOption], [ShareOption] and [ProducerOption] one constructor each.
+// What a component handles on its own goes to the observer, or without
+// one to the logger, rate-limited; with an [effects.Propagator] observer
+// a Producer writes trace headers that a consumer's delivery span
+// continues.
+//
 // # Share groups or consumer groups
 //
 // Use [Source] (a consumer group) when records of one key must be handled

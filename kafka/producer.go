@@ -3,7 +3,6 @@ package kafka
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"sync"
 	"time"
 
@@ -62,21 +61,17 @@ type Producer struct {
 	sync     *produce.Syncer
 	topic    string
 	j        *journal.Journaled
+	observer effects.Observer // for trace headers
 	contract effects.Contract
 }
 
 var _ effects.Effect[Message] = (*Producer)(nil)
 
-// ProducerOption configures a [Producer]; see [NewProducer]. A nil
-// ProducerOption is ignored.
-type ProducerOption func(*producerConfig)
-
 type producerConfig struct {
-	journal   journal.Journal
-	lease     time.Duration
-	finish    time.Duration
-	logger    *slog.Logger
-	loggerSet bool
+	common
+	journal journal.Journal
+	lease   time.Duration
+	finish  time.Duration
 }
 
 // WithJournal makes the producer record each success in j (for example
@@ -87,7 +82,7 @@ type producerConfig struct {
 // the journal stores a fingerprint of topic, record key, value and headers.
 // The journal runs [journal.Journaled]'s protocol and policy.
 func WithJournal(j journal.Journal) ProducerOption {
-	return func(c *producerConfig) { c.journal = j }
+	return producerOpt(func(c *producerConfig) { c.journal = j })
 }
 
 // WithLease sets how long one attempt holds a key in the journal (default
@@ -98,7 +93,7 @@ func WithJournal(j journal.Journal) ProducerOption {
 // record acked later is still recorded). Keep it longer than a produce
 // takes. Without a journal it does nothing. d must be positive.
 func WithLease(d time.Duration) ProducerOption {
-	return func(c *producerConfig) { c.lease = d }
+	return producerOpt(func(c *producerConfig) { c.lease = d })
 }
 
 // WithJournalTimeout bounds how long the producer keeps trying to record a
@@ -107,14 +102,7 @@ func WithLease(d time.Duration) ProducerOption {
 // when the Apply context is done: the record is already in Kafka, and
 // recording it is what prevents a duplicate. d must be positive.
 func WithJournalTimeout(d time.Duration) ProducerOption {
-	return func(c *producerConfig) { c.finish = d }
-}
-
-// WithProducerLogger sets where the producer reports what it cannot
-// return (a record the journal did not record); the default is
-// slog.Default() at the time of the event. l must not be nil.
-func WithProducerLogger(l *slog.Logger) ProducerOption {
-	return func(c *producerConfig) { c.logger, c.loggerSet = l, true }
+	return producerOpt(func(c *producerConfig) { c.finish = d })
 }
 
 // ErrNotIdempotent is returned by [NewProducer] for a client that is not
@@ -147,21 +135,23 @@ func NewProducer(client *kgo.Client, topic string, opts ...ProducerOption) (*Pro
 	cfg := producerConfig{lease: journal.DefaultLease, finish: journal.DefaultRecordTimeout}
 	for _, o := range opts {
 		if o != nil {
-			o(&cfg)
+			o.applyProducer(&cfg)
 		}
+	}
+	if err := cfg.common.check(ctor); err != nil {
+		return nil, err
 	}
 	switch {
 	case cfg.lease <= 0:
 		return nil, bad("WithLease", "lease %v is not positive", cfg.lease)
 	case cfg.finish <= 0:
 		return nil, bad("WithJournalTimeout", "timeout %v is not positive", cfg.finish)
-	case cfg.loggerSet && cfg.logger == nil:
-		return nil, bad("WithProducerLogger", "nil logger")
 	}
 	jopts := []journal.Option{
 		journal.WithLease(cfg.lease),
 		journal.WithRecordTimeout(cfg.finish),
 		journal.WithNotApplied(notApplied),
+		journal.WithObserver(cfg.observer),
 	}
 	if cfg.logger != nil {
 		jopts = append(jopts, journal.WithLogger(cfg.logger))
@@ -175,6 +165,7 @@ func NewProducer(client *kgo.Client, topic string, opts ...ProducerOption) (*Pro
 		sync:     produce.NewSyncer(client),
 		topic:    topic,
 		j:        j,
+		observer: cfg.observer,
 		contract: producerContract(cfg.journal != nil),
 	}, nil
 }
@@ -226,7 +217,8 @@ func (p *Producer) Topic() string { return p.topic }
 // authentication; [effects.ErrRefused] for the broker's other refusals
 // (MESSAGE_TOO_LARGE, INVALID_RECORD, a policy violation), which the same
 // record gets again. A record the broker acked but the journal could not
-// record is still Applied: the failure is logged ([WithProducerLogger]).
+// record is still Applied: the failure is reported ([WithObserver]) or
+// logged ([WithLogger]).
 //
 // When ctx ends while the record is in flight, Apply returns at once with
 // ErrAmbiguous; franz-go keeps the record until the broker answers, and if
@@ -240,6 +232,8 @@ func (p *Producer) Apply(ctx context.Context, key effects.Key, m Message) (effec
 	if p.j.Journal() != nil {
 		fp = produce.Fingerprint(rec)
 	}
+	// After the fingerprint: a redelivery runs in another trace.
+	rec.Headers = produce.TraceHeaders(ctx, p.observer, rec.Headers)
 	return p.j.Apply(ctx, key, fp, func(ctx context.Context, a *journal.Attempt) (effects.Result, error) {
 		return p.produce(ctx, key, rec, a)
 	})

@@ -334,14 +334,15 @@ func TestProducerNeverWaitsForLinger(t *testing.T) {
 }
 
 // The broker acked the record but the journal could not record it: the
-// truth is Applied, and the failure is logged.
+// truth is Applied, and the failure is logged without an observer and
+// reported as an event with one.
 func TestProducerUnrecordedAckIsApplied(t *testing.T) {
 	c := kafkatest.Start(t)
 	topic := c.Topic(t, "unrecorded", 1)
 	j := &refusingComplete{Journal: memjournal.New(nil)}
 	var logs bytes.Buffer
 	p, err := kafka.NewProducer(c.Client(t), topic, kafka.WithJournal(j), kafka.WithJournalTimeout(200*time.Millisecond),
-		kafka.WithProducerLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+		kafka.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -351,6 +352,25 @@ func TestProducerUnrecordedAckIsApplied(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "did not commit") || !strings.Contains(logs.String(), res.Ref) {
 		t.Errorf("log %q does not report the unrecorded record", logs.String())
+	}
+
+	var events []effects.Event
+	logs.Reset()
+	p, err = kafka.NewProducer(c.Client(t), topic, kafka.WithJournal(j), kafka.WithJournalTimeout(200*time.Millisecond),
+		kafka.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
+		kafka.WithObserver(effects.ObserverFunc(func(_ context.Context, ev effects.Event) { events = append(events, ev) })))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err = p.Apply(context.Background(), "k2", kafka.Message{Value: []byte("v")}); err != nil || res.Status != effects.Applied {
+		t.Fatalf("Apply = %+v, %v; want applied", res, err)
+	}
+	if len(events) != 1 || events[0].Kind != effects.EventFailed || events[0].Component != "journal" ||
+		events[0].Key != "k2" || events[0].Err == nil || !strings.Contains(events[0].Err.Error(), res.Ref) {
+		t.Errorf("observed %+v; want one failed event of the journal for k2, naming %s", events, res.Ref)
+	}
+	if logs.Len() != 0 {
+		t.Errorf("logged %q with an observer; want the event only", logs.String())
 	}
 }
 
@@ -373,7 +393,7 @@ func TestNewProducerRefusesBadConfiguration(t *testing.T) {
 		{"empty topic", "topic", cl, "", nil},
 		{"zero lease", "WithLease", cl, "t", []kafka.ProducerOption{kafka.WithLease(0)}},
 		{"zero journal timeout", "WithJournalTimeout", cl, "t", []kafka.ProducerOption{kafka.WithJournalTimeout(-time.Second)}},
-		{"nil logger", "WithProducerLogger", cl, "t", []kafka.ProducerOption{kafka.WithProducerLogger(nil)}},
+		{"nil logger", "WithLogger", cl, "t", []kafka.ProducerOption{kafka.WithLogger(nil)}},
 	} {
 		_, err := kafka.NewProducer(tc.client, tc.topic, tc.opts...)
 		var ce *effects.ConfigError

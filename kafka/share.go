@@ -138,7 +138,7 @@ const shareTick = 200 * time.Millisecond
 // acquired in the client's buffer. A record stuck in a handler so holds
 // back its member's next poll, not the source: the source runs
 // [WithShareMembers] members (clients), each fetching at most
-// [WithShareMaxPoll] records at a time (kgo.ShareMaxRecords with
+// [WithMaxPoll] records at a time (kgo.ShareMaxRecords with
 // kgo.ShareMaxRecordsStrict), and the others go on. A member's client may
 // have fetched one more batch before its poll was held back: those
 // records wait behind the stuck one, unrenewed (if their locks expire
@@ -157,13 +157,13 @@ const shareTick = 200 * time.Millisecond
 // watch the group's archived records.
 //
 // Delivery.ID comes from the id header ([KeyHeader] by default, see
-// [WithShareIDHeader]), else "topic/partition/offset"; a header that is
+// [WithIDHeader]), else "topic/partition/offset"; a header that is
 // present but empty gives an empty ID, as with [Source] (NewKey refuses it:
 // the consumer dead-letters the delivery). Delivery.Ordering is empty.
 type ShareSource struct {
 	cfg     shareConfig
 	members []*shareMember
-	log     ratelog.Limiter
+	rep     ratelog.Reporter
 
 	startOnce sync.Once
 	stop      chan struct{} // closed by Close
@@ -207,25 +207,13 @@ type shareHeld struct {
 	accepted bool
 }
 
-// ShareOption configures a [ShareSource]; see [NewShareSource]. Options
-// only record their value; NewShareSource validates them.
-type ShareOption func(*shareConfig)
-
 type shareConfig struct {
-	idHeader      string
+	common
+	consumer      consumerCommon
 	members       int
-	maxPoll       int
 	deliveryLimit int
 	renewBefore   time.Duration
 	lockMargin    time.Duration
-	onErr         func(error)
-}
-
-// WithShareIDHeader names the header Delivery.ID is read from (default
-// [KeyHeader]). Records without it get "topic/partition/offset". name must
-// not be empty.
-func WithShareIDHeader(name string) ShareOption {
-	return func(c *shareConfig) { c.idHeader = name }
 }
 
 // WithShareMembers sets how many share-group members (kgo clients, each
@@ -234,16 +222,7 @@ func WithShareIDHeader(name string) ShareOption {
 // member's polls: n is how many stuck records the source absorbs before
 // it stops taking new ones. n must be at least 1.
 func WithShareMembers(n int) ShareOption {
-	return func(c *shareConfig) { c.members = n }
-}
-
-// WithShareMaxPoll bounds how many records one member fetches at a time
-// (kgo.ShareMaxRecords, strict; default [DefaultShareMaxPoll], 32), and
-// a member polls only while fewer than n records wait to be handed out.
-// A larger n takes more records per round trip; a smaller one leaves
-// fewer records waiting behind a stuck one. n must be at least 1.
-func WithShareMaxPoll(n int) ShareOption {
-	return func(c *shareConfig) { c.maxPoll = n }
+	return shareOpt(func(c *shareConfig) { c.members = n })
 }
 
 // WithDeliveryLimit tells the source the group's
@@ -253,14 +232,14 @@ func WithShareMaxPoll(n int) ShareOption {
 // Release release every delivery (the broker's limit then decides). n
 // must not be negative.
 func WithDeliveryLimit(n int) ShareOption {
-	return func(c *shareConfig) { c.deliveryLimit = n }
+	return shareOpt(func(c *shareConfig) { c.deliveryLimit = n })
 }
 
 // WithRenewBefore sets how long before a held record's acquisition
 // deadline the source renews its lock (default [DefaultRenewBefore],
 // 10 s; at most half the lock is used). d must be positive.
 func WithRenewBefore(d time.Duration) ShareOption {
-	return func(c *shareConfig) { c.renewBefore = d }
+	return shareOpt(func(c *shareConfig) { c.renewBefore = d })
 }
 
 // WithLockMargin sets how long before its acquisition deadline a record
@@ -268,15 +247,7 @@ func WithRenewBefore(d time.Duration) ShareOption {
 // 2 s; at most a quarter of the lock is used). d must not be negative and
 // must be less than the renew lead ([WithRenewBefore]).
 func WithLockMargin(d time.Duration) ShareOption {
-	return func(c *shareConfig) { c.lockMargin = d }
-}
-
-// WithShareErrors receives the errors the source handles on its own: fetch
-// errors franz-go retries, and acknowledgements the broker refused (their
-// records are delivered again). By default they are logged to
-// slog.Default() at level Warn, rate-limited.
-func WithShareErrors(f func(error)) ShareOption {
-	return func(c *shareConfig) { c.onErr = f }
+	return shareOpt(func(c *shareConfig) { c.lockMargin = d })
 }
 
 // NewShareSource creates a share-group consumer from clientOpts, which
@@ -294,29 +265,28 @@ func WithShareErrors(f func(error)) ShareOption {
 //
 // Fetching starts with the first call to Next.
 func NewShareSource(clientOpts []kgo.Opt, opts ...ShareOption) (*ShareSource, error) {
+	const ctor = "kafka.NewShareSource"
 	cfg := shareConfig{
-		idHeader:      KeyHeader,
+		consumer:      consumerCommon{idHeader: KeyHeader, maxPoll: DefaultShareMaxPoll},
 		members:       DefaultShareMembers,
-		maxPoll:       DefaultShareMaxPoll,
 		deliveryLimit: DefaultDeliveryLimit,
 		renewBefore:   DefaultRenewBefore,
 		lockMargin:    DefaultLockMargin,
 	}
 	for _, o := range opts {
 		if o != nil {
-			o(&cfg)
+			o.applyShare(&cfg)
 		}
 	}
 	bad := func(option, format string, args ...any) (*ShareSource, error) {
-		return nil, &effects.ConfigError{Op: "kafka.NewShareSource", Option: option, Reason: fmt.Sprintf(format, args...)}
+		return nil, &effects.ConfigError{Op: ctor, Option: option, Reason: fmt.Sprintf(format, args...)}
+	}
+	if err := errors.Join(cfg.common.check(ctor), cfg.consumer.check(ctor)); err != nil {
+		return nil, err
 	}
 	switch {
-	case cfg.idHeader == "":
-		return bad("WithShareIDHeader", "empty header name")
 	case cfg.members < 1:
 		return bad("WithShareMembers", "%d members; need at least 1", cfg.members)
-	case cfg.maxPoll < 1:
-		return bad("WithShareMaxPoll", "%d records; need at least 1", cfg.maxPoll)
 	case cfg.deliveryLimit < 0:
 		return bad("WithDeliveryLimit", "negative limit %d; 0 means no limit", cfg.deliveryLimit)
 	case cfg.renewBefore <= 0:
@@ -326,7 +296,7 @@ func NewShareSource(clientOpts []kgo.Opt, opts ...ShareOption) (*ShareSource, er
 	case cfg.lockMargin >= cfg.renewBefore:
 		return bad("WithLockMargin", "margin %v is not less than the renew lead %v (WithRenewBefore): locks would lapse before their renewal", cfg.lockMargin, cfg.renewBefore)
 	}
-	s := &ShareSource{cfg: cfg, stop: make(chan struct{}), avail: make(chan struct{}, 1)}
+	s := &ShareSource{cfg: cfg, rep: cfg.reporter(), stop: make(chan struct{}), avail: make(chan struct{}, 1)}
 	s.runCtx, s.cancelRun = context.WithCancel(context.Background())
 	fail := func(option, format string, args ...any) (*ShareSource, error) {
 		for _, m := range s.members {
@@ -336,7 +306,7 @@ func NewShareSource(clientOpts []kgo.Opt, opts ...ShareOption) (*ShareSource, er
 		return bad(option, format, args...)
 	}
 	for range cfg.members {
-		all := append([]kgo.Opt{kgo.ShareMaxRecords(int32(min(cfg.maxPoll, 1<<30))), kgo.ShareMaxRecordsStrict()}, clientOpts...)
+		all := append([]kgo.Opt{kgo.ShareMaxRecords(int32(min(cfg.consumer.maxPoll, 1<<30))), kgo.ShareMaxRecordsStrict()}, clientOpts...)
 		all = append(all, kgo.ShareAckCallback(s.onAcks))
 		cl, err := kgo.NewClient(all...)
 		if err != nil {
@@ -429,7 +399,7 @@ func (s *ShareSource) Next(ctx context.Context) (effects.Delivery, error) {
 // delivery makes h's record a Delivery.
 func (s *ShareSource) delivery(h *shareHeld) effects.Delivery {
 	rec := h.rec
-	id, headers := recordID(rec, s.cfg.idHeader)
+	id, headers := recordID(rec, s.cfg.consumer.idHeader)
 	return effects.Delivery{
 		ID:      id,
 		Body:    rec.Value,
@@ -625,7 +595,7 @@ func (s *ShareSource) waitToPoll(m *shareMember) bool {
 				next = h.deadline
 			}
 		}
-		if m.held == 0 && len(s.queue) < s.cfg.maxPoll {
+		if m.held == 0 && len(s.queue) < s.cfg.consumer.maxPoll {
 			clear(m.batch)
 			m.batch = m.batch[:0]
 			s.mu.Unlock()
@@ -753,13 +723,10 @@ func (s *ShareSource) onAcks(cl *kgo.Client, rs kgo.ShareAckResults) {
 	}
 }
 
-// report hands err to the WithShareErrors hook, or logs it.
+// report hands err to the observer, or logs it.
 func (s *ShareSource) report(err error) {
-	if s.cfg.onErr != nil {
-		s.cfg.onErr(err)
-		return
-	}
-	s.log.Log(context.Background(), slog.LevelWarn, "kafka.ShareSource: retrying after an error", slog.Any("error", err))
+	s.rep.Report(s.runCtx, effects.Event{Kind: effects.EventFailed, Component: "kafka.ShareSource", Err: err},
+		slog.LevelWarn, "kafka.ShareSource: retrying after an error")
 }
 
 // Close stops fetching, releases every record not acked (handed out or

@@ -101,9 +101,10 @@ const commitTimeout = 10 * time.Second
 // an [consume.Consumer] drops those it still holds instead of running
 // their handlers for nothing.
 //
-// Failed group commits are retried with a backoff and reported to
-// [WithSourceErrors]'s hook, as are the fetch errors franz-go retries on its
-// own; without a hook they are logged to slog.Default(), rate-limited.
+// Failed group commits are retried with a backoff and reported to the
+// observer ([WithObserver]), as are the fetch errors franz-go retries on
+// its own; without an observer they are logged ([WithLogger];
+// slog.Default() by default), rate-limited.
 //
 // Delivery.ID is the [KeyHeader] header when the record has one (see
 // [WithIDHeader]), else "topic/partition/offset"; Delivery.Ordering is
@@ -123,7 +124,7 @@ type Source struct {
 	regex      bool     // kgo.ConsumeRegex
 	instanceID *string  // kgo.InstanceID, for static members
 	cfg        sourceConfig
-	log        ratelog.Limiter
+	rep        ratelog.Reporter
 
 	startOnce sync.Once
 	stop      chan struct{} // closed by Close: stops the poller and the committer
@@ -195,31 +196,12 @@ type sourceToken struct {
 	part  *partState // the assignment it was handed out in, for Owns
 }
 
-// SourceOption configures a [Source]; see [NewSource]. Options only record
-// their value; NewSource validates them.
-type SourceOption func(*sourceConfig)
-
 type sourceConfig struct {
-	idHeader       string
-	maxPoll        int
+	common
+	consumer       consumerCommon
 	maxPerPart     int
 	commitInterval time.Duration
 	closeTimeout   time.Duration
-	onErr          func(error)
-}
-
-// WithIDHeader names the header Delivery.ID is read from (default
-// [KeyHeader]). Records without it get "topic/partition/offset"; records
-// with it empty get an empty ID, refused by [effects.NewKey] (see [Source]).
-// name must not be empty.
-func WithIDHeader(name string) SourceOption {
-	return func(c *sourceConfig) { c.idHeader = name }
-}
-
-// WithMaxPoll bounds how many records one poll of the client takes
-// (default [DefaultMaxPoll], 500). n must be at least 1.
-func WithMaxPoll(n int) SourceOption {
-	return func(c *sourceConfig) { c.maxPoll = n }
 }
 
 // WithMaxPendingPerPartition bounds how many records of one partition the
@@ -232,7 +214,7 @@ func WithMaxPoll(n int) SourceOption {
 // batch size. The cost is memory: up to n records per assigned partition.
 // n must be at least 1.
 func WithMaxPendingPerPartition(n int) SourceOption {
-	return func(c *sourceConfig) { c.maxPerPart = n }
+	return sourceOpt(func(c *sourceConfig) { c.maxPerPart = n })
 }
 
 // WithCommitInterval sets the shortest time between the starts of two
@@ -242,7 +224,7 @@ func WithMaxPendingPerPartition(n int) SourceOption {
 // OffsetCommit requests and redeliver more after a crash. d must not be
 // negative.
 func WithCommitInterval(d time.Duration) SourceOption {
-	return func(c *sourceConfig) { c.commitInterval = d }
+	return sourceOpt(func(c *sourceConfig) { c.commitInterval = d })
 }
 
 // WithCloseTimeout bounds [Source.Close] (default [DefaultCloseTimeout]):
@@ -250,16 +232,7 @@ func WithCommitInterval(d time.Duration) SourceOption {
 // otherwise waits for a rebalance in progress to finish (up to the group's
 // rebalance timeout, a minute by default). d must be positive.
 func WithCloseTimeout(d time.Duration) SourceOption {
-	return func(c *sourceConfig) { c.closeTimeout = d }
-}
-
-// WithSourceErrors receives the errors the Source handles on its own: the
-// fetch errors franz-go reports and retries (an unreachable broker, data
-// loss after a truncation), and failed group commits, which the Source
-// retries. By default they are logged to slog.Default() at level Warn, at
-// most about one a second after a burst of ten.
-func WithSourceErrors(f func(error)) SourceOption {
-	return func(c *sourceConfig) { c.onErr = f }
+	return sourceOpt(func(c *sourceConfig) { c.closeTimeout = d })
 }
 
 // NewSource creates a group consumer from clientOpts, which must name the
@@ -283,26 +256,25 @@ func WithSourceErrors(f func(error)) SourceOption {
 //
 // Fetching starts with the first call to Next.
 func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
+	const ctor = "kafka.NewSource"
 	cfg := sourceConfig{
-		idHeader:       KeyHeader,
-		maxPoll:        DefaultMaxPoll,
+		consumer:       consumerCommon{idHeader: KeyHeader, maxPoll: DefaultMaxPoll},
 		maxPerPart:     DefaultMaxPendingPerPartition,
 		commitInterval: DefaultCommitInterval,
 		closeTimeout:   DefaultCloseTimeout,
 	}
 	for _, o := range opts {
 		if o != nil {
-			o(&cfg)
+			o.applySource(&cfg)
 		}
 	}
 	bad := func(option, format string, args ...any) (*Source, error) {
-		return nil, &effects.ConfigError{Op: "kafka.NewSource", Option: option, Reason: fmt.Sprintf(format, args...)}
+		return nil, &effects.ConfigError{Op: ctor, Option: option, Reason: fmt.Sprintf(format, args...)}
+	}
+	if err := errors.Join(cfg.common.check(ctor), cfg.consumer.check(ctor)); err != nil {
+		return nil, err
 	}
 	switch {
-	case cfg.idHeader == "":
-		return bad("WithIDHeader", "empty header name")
-	case cfg.maxPoll < 1:
-		return bad("WithMaxPoll", "%d records; need at least 1", cfg.maxPoll)
 	case cfg.maxPerPart < 1:
 		return bad("WithMaxPendingPerPartition", "%d records; need at least 1", cfg.maxPerPart)
 	case cfg.commitInterval < 0:
@@ -312,6 +284,7 @@ func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
 	}
 	s := &Source{
 		cfg:   cfg,
+		rep:   cfg.reporter(),
 		stop:  make(chan struct{}),
 		dirty: make(chan struct{}, 1),
 		parts: map[topicPartition]*partState{},
@@ -471,7 +444,7 @@ func (s *Source) deliverLocked(p *partState, rec *kgo.Record) effects.Delivery {
 	d := &delivered{rec: rec}
 	p.pending = append(p.pending, d)
 	p.unacked++
-	id, headers := recordID(rec, s.cfg.idHeader)
+	id, headers := recordID(rec, s.cfg.consumer.idHeader)
 	ordering := partitionKey(rec.Topic, rec.Partition)
 	return effects.Delivery{
 		ID:       id,
@@ -487,7 +460,7 @@ func (s *Source) deliverLocked(p *partState, rec *kgo.Record) effects.Delivery {
 func (s *Source) poll() {
 	defer s.loops.Done()
 	for {
-		fs := s.cl.PollRecords(s.runCtx, s.cfg.maxPoll)
+		fs := s.cl.PollRecords(s.runCtx, s.cfg.consumer.maxPoll)
 		stopped := fs.IsClientClosed() || s.runCtx.Err() != nil
 		if !stopped {
 			s.queue(fs)
@@ -814,13 +787,10 @@ func (s *Source) topicID(ctx context.Context, topic string) ([16]byte, error) {
 	return id, fmt.Errorf("looking up the id of topic %s: not in the metadata response", topic)
 }
 
-// report hands err to the WithSourceErrors hook, or logs it.
+// report hands err to the observer, or logs it.
 func (s *Source) report(err error) {
-	if s.cfg.onErr != nil {
-		s.cfg.onErr(err)
-		return
-	}
-	s.log.Log(context.Background(), slog.LevelWarn, "kafka.Source: retrying after an error", slog.Any("error", err))
+	s.rep.Report(s.runCtx, effects.Event{Kind: effects.EventFailed, Component: "kafka.Source", Err: err},
+		slog.LevelWarn, "kafka.Source: retrying after an error")
 }
 
 // onRevoked commits the marks, then forgets the revoked partitions:
@@ -993,7 +963,7 @@ const startRecheck = time.Second
 // error (a topic the cluster does not have, a refused authorization) that
 // a second check confirms makes Next return it, so that a consumer stops
 // instead of waiting for records that cannot come; any other failure is
-// reported ([WithSourceErrors]) while franz-go keeps trying.
+// reported ([WithObserver]) while franz-go keeps trying.
 func (s *Source) checkAtStart() {
 	defer s.loops.Done()
 	check := func() error {
@@ -1036,7 +1006,7 @@ func (s *Source) checkAtStart() {
 //
 // Next runs it once when fetching starts: a configuration error found
 // then (and confirmed a second later) is what Next returns from then on,
-// and reported to [WithSourceErrors]'s hook, so a misspelled topic stops
+// and reported to the observer ([WithObserver]), so a misspelled topic stops
 // a consumer instead of leaving it idle.
 func (s *Source) Check(ctx context.Context) error {
 	const op = "kafka.Source.Check"

@@ -30,6 +30,7 @@ func TestNewSourceValidates(t *testing.T) {
 		{"nil client options", nil, nil, "clientOpts"},
 		{"empty id header", group, []kafka.SourceOption{kafka.WithIDHeader("")}, "WithIDHeader"},
 		{"max poll 0", group, []kafka.SourceOption{kafka.WithMaxPoll(0)}, "WithMaxPoll"},
+		{"nil logger", group, []kafka.SourceOption{kafka.WithLogger(nil)}, "WithLogger"},
 		{"per partition 0", group, []kafka.SourceOption{kafka.WithMaxPendingPerPartition(0)}, "WithMaxPendingPerPartition"},
 		{"negative interval", group, []kafka.SourceOption{kafka.WithCommitInterval(-time.Millisecond)}, "WithCommitInterval"},
 	} {
@@ -111,7 +112,7 @@ func TestSourceUnknownTopic(t *testing.T) {
 
 	var reported []error
 	s, err := kafka.NewSource(c.Opts(kgo.ConsumerGroup("g-typo"), kgo.ConsumeTopics(topic, "paymnets")),
-		kafka.WithSourceErrors(func(err error) { reported = append(reported, err) }))
+		kafka.WithObserver(effects.ObserverFunc(func(_ context.Context, ev effects.Event) { reported = append(reported, ev.Err) })))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,6 +130,6 @@ func TestSourceUnknownTopic(t *testing.T) {
 	_, err = s.Next(ctx)
 	wantTopic("Next again", err)
 	if len(reported) == 0 {
-		t.Error("the unknown topic was not reported to WithSourceErrors")
+		t.Error("the unknown topic was not reported to the observer")
 	}
 }

@@ -3,6 +3,7 @@ package kafka_test
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -25,7 +26,7 @@ func ExampleWithMaxPendingPerPartition() {
 	src, err := kafka.NewSource(client,
 		kafka.WithMaxPendingPerPartition(1000),
 		kafka.WithCommitInterval(250*time.Millisecond),
-		kafka.WithSourceErrors(func(err error) { fmt.Println("kafka:", err) }),
+		kafka.WithLogger(slog.Default().With("component", "billing")), // failures it retries, rate-limited
 	)
 	if err != nil {
 		panic(err)

@@ -412,7 +412,7 @@ func TestSourceRevokedAcksAreDropped(t *testing.T) {
 }
 
 // TestSourceRetriesFailedCommits: a group commit the broker refuses is
-// reported to the WithSourceErrors hook and retried, and Flush returns the
+// reported to the observer (a failed event of kafka.Source) and retried, and Flush returns the
 // broker's error while it refuses.
 func TestSourceRetriesFailedCommits(t *testing.T) {
 	f := newCommitFixture(t, "commit-errors", 1, 5)
@@ -426,12 +426,15 @@ func TestSourceRetriesFailedCommits(t *testing.T) {
 	})
 	reported := make(chan error, 100)
 	s := newSourceWith(t, c, group, topic, kafka.WithCommitInterval(time.Millisecond),
-		kafka.WithSourceErrors(func(err error) {
+		kafka.WithObserver(effects.ObserverFunc(func(_ context.Context, ev effects.Event) {
+			if ev.Kind != effects.EventFailed || ev.Component != "kafka.Source" {
+				t.Errorf("observed %v of %q, want failed of kafka.Source", ev.Kind, ev.Component)
+			}
 			select {
-			case reported <- err:
+			case reported <- ev.Err:
 			default:
 			}
-		}))
+		})))
 	ctx := context.Background()
 	for range 5 {
 		if err := s.Ack(ctx, next(t, s)); err != nil {

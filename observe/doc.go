@@ -30,8 +30,10 @@
 //   - effectively.event.duration, a Float64Histogram (unit s): how long the
 //     apply, step or handler took, for events that carry a duration.
 //
-// Both carry the attributes effect and step (each only when the event has
-// it: [effects.Observe] sets effect, [effects.Plan] sets step) and outcome,
+// Both carry the attributes effect, step and component (each only when the
+// event has it: [effects.Observe] sets effect, [effects.Plan] sets step, a
+// source, relay or journal reporting its own failures sets component, e.g.
+// kafka.Source) and outcome,
 // one of applied, replayed, key_reused, in_flight, retried, dead_lettered,
 // failed, pruned ([effects.EventKind.String]), plus those given with
 // [WithAttributes]. Keys, delivery ids and errors are never metric
@@ -43,7 +45,7 @@
 // # Logs
 //
 // One record per event, message "effectively: <outcome>", attributes
-// outcome, effect, step, key, delivery_id, attempt, duration, count (for
+// outcome, effect, step, component, key, delivery_id, attempt, duration, count (for
 // pruned) and error (each only when the event has it). Levels ([DefaultLevel]), changeable with
 // [WithLevel]:
 //
@@ -69,7 +71,9 @@
 // the unit has them, and outcome when it ends; a failure sets status
 // Error, records the error and its class (error.class: retryable,
 // permanent, configuration, unclassified). A delivery's span continues the
-// trace its headers carry (see [Observer.Start]), so a trace crosses the
+// trace its headers carry (see [Observer.Start]), which kafka.Producer and
+// outbox.Enqueue write when given the Observer (it is an
+// [effects.Propagator]: [Observer.Inject]), so a trace crosses the
 // broker. Without a TracerProvider installed, spans cost a no-op call.
 //
 // # Cost

@@ -102,8 +102,8 @@ type Observer struct {
 var _ effects.Observer = (*Observer)(nil)
 
 type setKey struct {
-	effect, step string
-	kind         effects.EventKind
+	effect, step, component string
+	kind                    effects.EventKind
 }
 
 type measureOpts struct {
@@ -120,6 +120,7 @@ type config struct {
 	logger *slog.Logger
 	mp     metric.MeterProvider
 	tp     trace.TracerProvider
+	prop   propagation.TextMapPropagator
 	attrs  []attribute.KeyValue
 	levels []levelOverride // in order; New applies them over DefaultLevel
 }
@@ -149,11 +150,23 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 // it, or with a nil tp, the Observer uses the global
 // otel.GetTracerProvider() at the time of [New], which forwards to one
 // installed later with otel.SetTracerProvider and drops spans until then.
-// The propagator that reads a delivery's trace context is the global
-// otel.GetTextMapPropagator(). To turn tracing off, pass
+// The propagator that reads and writes trace context is
+// [WithPropagator]'s. To turn tracing off, pass
 // go.opentelemetry.io/otel/trace/noop.NewTracerProvider().
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(c *config) { c.tp = tp }
+}
+
+// WithPropagator reads and writes trace context in message headers with
+// p: [Observer.Start] continues the trace a delivery's headers carry, and
+// [Observer.Inject] writes the headers producers send (kafka.Producer and
+// outbox.Enqueue call it when given this Observer). Without it, or with a
+// nil p, the Observer uses propagation.TraceContext{} (the W3C
+// traceparent and tracestate headers), so traces cross the broker with no
+// global set up; pass otel.GetTextMapPropagator() to use the global one
+// (for instance to carry baggage too).
+func WithPropagator(p propagation.TextMapPropagator) Option {
+	return func(c *config) { c.prop = p }
 }
 
 // WithAttributes adds attrs to every metric point, for instance the name of
@@ -199,7 +212,7 @@ func New(opts ...Option) (*Observer, error) {
 	}
 	for _, kv := range c.attrs {
 		switch kv.Key {
-		case AttrEffect, AttrStep, AttrOutcome:
+		case AttrEffect, AttrStep, AttrComponent, AttrOutcome:
 			return nil, &effects.ConfigError{Op: op, Option: "WithAttributes",
 				Reason: fmt.Sprintf("%q is set by the Observer from each event", kv.Key)}
 		}
@@ -233,6 +246,9 @@ func New(opts ...Option) (*Observer, error) {
 	if c.tp == nil {
 		c.tp = otel.GetTracerProvider()
 	}
+	if c.prop == nil {
+		c.prop = propagation.TraceContext{}
+	}
 	return &Observer{
 		logger:     c.logger,
 		levels:     levels,
@@ -240,7 +256,7 @@ func New(opts ...Option) (*Observer, error) {
 		duration:   duration,
 		attrs:      append([]attribute.KeyValue(nil), c.attrs...),
 		tracer:     c.tp.Tracer(ScopeName),
-		propagator: otel.GetTextMapPropagator(),
+		propagator: c.prop,
 	}, nil
 }
 
@@ -293,6 +309,9 @@ func (o *Observer) log(ctx context.Context, level slog.Level, ev effects.Event) 
 	if ev.Step != "" {
 		attrs = append(attrs, slog.String(AttrStep, ev.Step))
 	}
+	if ev.Component != "" {
+		attrs = append(attrs, slog.String(AttrComponent, ev.Component))
+	}
 	if ev.Key != "" {
 		attrs = append(attrs, slog.String(AttrKey, string(ev.Key)))
 	}
@@ -317,7 +336,7 @@ func (o *Observer) log(ctx context.Context, level slog.Level, ev effects.Event) 
 // measureOpts returns the options carrying ev's metric attributes, built
 // once per (effect, step, outcome).
 func (o *Observer) measureOpts(ev effects.Event) *measureOpts {
-	k := setKey{effect: ev.Effect, step: ev.Step, kind: ev.Kind}
+	k := setKey{effect: ev.Effect, step: ev.Step, component: ev.Component, kind: ev.Kind}
 	if p := o.sets.Load(); p != nil {
 		if m, ok := (*p)[k]; ok {
 			return m
@@ -354,13 +373,16 @@ func lenOf(p *map[setKey]*measureOpts) int {
 }
 
 func (o *Observer) buildOpts(k setKey) *measureOpts {
-	kvs := make([]attribute.KeyValue, 0, len(o.attrs)+3)
+	kvs := make([]attribute.KeyValue, 0, len(o.attrs)+4)
 	kvs = append(kvs, o.attrs...)
 	if k.effect != "" {
 		kvs = append(kvs, attribute.String(AttrEffect, k.effect))
 	}
 	if k.step != "" {
 		kvs = append(kvs, attribute.String(AttrStep, k.step))
+	}
+	if k.component != "" {
+		kvs = append(kvs, attribute.String(AttrComponent, k.component))
 	}
 	kvs = append(kvs, attribute.String(AttrOutcome, k.kind.String()))
 	opt := metric.WithAttributeSet(attribute.NewSet(kvs...))

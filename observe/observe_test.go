@@ -561,3 +561,25 @@ func outcomeOf(encoded string) string {
 	}
 	return ""
 }
+
+// TestComponentEvents: an event a component reports about its own work
+// (a source's retried fetch) carries its component as a metric attribute
+// and on its log record, and WithAttributes may not set it.
+func TestComponentEvents(t *testing.T) {
+	mf := newMeterFixture(t)
+	rec := &recorder{level: slog.LevelDebug}
+	obs, err := observe.New(observe.WithMeterProvider(mf.provider), observe.WithLogger(slog.New(rec)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs.Observe(context.Background(), effects.Event{Kind: effects.EventFailed, Component: "kafka.Source", Err: errors.New("fetch: broker down")})
+	if got, want := mf.collect(t).counts, map[string]int64{"component=kafka.Source,outcome=failed": 1}; !maps.Equal(got, want) {
+		t.Errorf("counts %v, want %v", got, want)
+	}
+	if logs := rec.records(); len(logs) != 1 || logs[0].attrs[observe.AttrComponent] != "kafka.Source" || logs[0].level != slog.LevelWarn {
+		t.Errorf("logged %+v, want one Warn record with component kafka.Source", logs)
+	}
+	if _, err := observe.New(observe.WithAttributes(attribute.String(observe.AttrComponent, "x"))); !errors.Is(err, effects.ErrInvalidConfig) {
+		t.Errorf("WithAttributes(component) = %v, want a configuration error", err)
+	}
+}

@@ -26,7 +26,10 @@ const (
 	// AttrClass is effects.ClassOf of a span's error: retryable,
 	// permanent, configuration or unclassified.
 	AttrClass = "error.class"
-	// AttrComponent names a span's component, e.g. "plan billing".
+	// AttrComponent names what reported an event or a span when it is
+	// not an effect or a step ([effects.Event].Component): "kafka.Source",
+	// "outbox.Relay", "journal", "plan billing". On spans, log records,
+	// and metrics (a few bounded values).
 	AttrComponent = "component"
 )
 
@@ -39,10 +42,9 @@ var spanNames = map[effects.Span]string{
 
 // Start implements [effects.Tracer]: it starts an OpenTelemetry span for
 // the unit, a child of the span in ctx. A delivery's span continues the
-// trace its headers carry, read with the global propagator
-// (otel.GetTextMapPropagator() when New ran: set it as OpenTelemetry asks,
-// e.g. otel.SetTextMapPropagator(propagation.TraceContext{}); kafka's
-// Producer and outbox relay write with the same global), so one trace runs
+// trace its headers carry, read with the Observer's propagator
+// ([WithPropagator]; W3C TraceContext by default), which kafka.Producer
+// and outbox.Enqueue write with ([Observer.Inject]), so one trace runs
 // from the producer through the broker to every effect. The span
 // ends with the outcome: its status is Error for a failure, with the
 // error recorded and its class (effects.ClassOf) as error.class.
@@ -76,6 +78,27 @@ func (o *Observer) Start(ctx context.Context, span effects.Span, ev effects.Even
 }
 
 var _ effects.Tracer = (*Observer)(nil)
+
+// Inject implements [effects.Propagator]: it calls set with the headers
+// that carry the trace of the span in ctx, written by the Observer's
+// propagator ([WithPropagator]; W3C traceparent and tracestate by
+// default). With no valid span in ctx it calls nothing.
+func (o *Observer) Inject(ctx context.Context, set func(key, value string)) {
+	if o == nil || o.propagator == nil {
+		return
+	}
+	o.propagator.Inject(ctx, setCarrier(set))
+}
+
+var _ effects.Propagator = (*Observer)(nil)
+
+// setCarrier is a write-only propagation.TextMapCarrier over a set
+// function.
+type setCarrier func(key, value string)
+
+func (f setCarrier) Get(string) string     { return "" }
+func (f setCarrier) Set(key, value string) { f(key, value) }
+func (f setCarrier) Keys() []string        { return nil }
 
 // spanAttrs are the attributes a span starts with.
 func spanAttrs(ev effects.Event) []attribute.KeyValue {

@@ -135,3 +135,34 @@ func TestFailedSpanCarriesTheErrorClass(t *testing.T) {
 		t.Errorf("events %v, want the recorded error", step.Events())
 	}
 }
+
+// TestInjectWritesTheSpansTraceContext: Inject writes the W3C traceparent
+// of the span in ctx by default and nothing without a span; WithPropagator
+// replaces the format.
+func TestInjectWritesTheSpansTraceContext(t *testing.T) {
+	obs, _ := tracing(t)
+	tp := sdktrace.NewTracerProvider()
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	ctx, span := tp.Tracer("test").Start(context.Background(), "send")
+	defer span.End()
+	got := map[string]string{}
+	obs.Inject(ctx, func(k, v string) { got[k] = v })
+	want := fmt.Sprintf("00-%s-%s-01", span.SpanContext().TraceID(), span.SpanContext().SpanID())
+	if got["traceparent"] != want {
+		t.Errorf("injected %v, want traceparent %s", got, want)
+	}
+	none := map[string]string{}
+	obs.Inject(context.Background(), func(k, v string) { none[k] = v })
+	if len(none) != 0 {
+		t.Errorf("injected %v without a span, want nothing", none)
+	}
+	baggageOnly, err := observe.New(observe.WithTracerProvider(tp), observe.WithPropagator(propagation.Baggage{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := map[string]string{}
+	baggageOnly.Inject(ctx, func(k, v string) { other[k] = v })
+	if _, ok := other["traceparent"]; ok {
+		t.Errorf("a Baggage propagator injected %v, want no traceparent", other)
+	}
+}

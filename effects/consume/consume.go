@@ -210,6 +210,13 @@ func WithoutDeadLetter() Option {
 // time) and Err. Successful attempts are counted in [Consumer.Stats], not
 // observed.
 //
+// When o is also an [effects.Tracer] (package effectively.dev/observe's
+// Observer is), each attempt of the Handler runs in an
+// [effects.SpanDelivery] span that continues the trace the delivery's
+// headers carry (a traceparent written by kafka.Producer or the outbox),
+// so the plan, step and effect spans under it join the producer's trace.
+// Batches ([WithBatch]) get no delivery span: a batch has many parents.
+//
 // Without an observer (or with a nil o), the consumer logs the same events
 // to its logger ([WithLogger]; slog.Default() unless set), rate-limited (a burst of 10 lines, then about one a
 // second, with a count of the lines held back), one line per event with
@@ -670,20 +677,39 @@ func (r *run) worker() {
 		if r.owns(t) {
 			t.Attempt++
 			start := time.Now()
-			a.errs[0] = r.handle(t.Delivery)
+			a.errs[0] = r.handle(t.Delivery, t.Attempt)
 			a.took = time.Since(start)
 		}
 		next = r.s.Settle(a.tasks, decide)
 	}
 }
 
-// handle runs the Handler for one attempt at d.
-func (r *run) handle(d effects.Delivery) (err error) {
+// handle runs the Handler for attempt number attempt at d, inside a
+// delivery span when the observer is an effects.Tracer.
+func (r *run) handle(d effects.Delivery, attempt int) (err error) {
 	ctx, cancel := r.attemptContext()
 	defer cancel()
+	if o := r.c.cfg.observer; o != nil {
+		var end func(effects.Event)
+		ctx, end = effects.StartSpan(ctx, o, effects.SpanDelivery,
+			effects.Event{DeliveryID: d.ID, Attempt: attempt, Headers: d.Headers})
+		start := time.Now()
+		defer func() { end(deliveryOutcome(d, attempt, time.Since(start), err)) }()
+	}
 	defer func() { err = r.cut(ctx, err) }()
 	defer effects.Recover("consume.Handler", &err)
 	return r.c.h(ctx, d)
+}
+
+// deliveryOutcome is the outcome a delivery span ends with: applied
+// (handled) or failed; what follows a failure (a retry, the dead-letter
+// hook) is reported as its own event.
+func deliveryOutcome(d effects.Delivery, attempt int, took time.Duration, err error) effects.Event {
+	kind := effects.EventApplied
+	if err != nil {
+		kind = effects.EventFailed
+	}
+	return effects.Event{Kind: kind, DeliveryID: d.ID, Attempt: attempt, Duration: took, Err: err}
 }
 
 // batchWorker collects batches for the BatchHandler: ready deliveries, each

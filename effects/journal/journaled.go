@@ -9,6 +9,7 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/retry"
+	"effectively.dev/observe/ratelog"
 )
 
 // Defaults of a [Journaled], used when the matching option is not given.
@@ -101,7 +102,7 @@ type Journaled struct {
 	record      time.Duration
 	notApplied  func(error) bool
 	ownerKeyed  bool
-	logger      *slog.Logger
+	rep         ratelog.Reporter
 	callTimeout time.Duration
 }
 
@@ -114,6 +115,8 @@ type config struct {
 	notApplied func(error) bool
 	ownerKeyed bool
 	logger     *slog.Logger
+	loggerSet  bool
+	observer   effects.Observer
 }
 
 // WithLease sets how long one attempt holds its key (default
@@ -153,12 +156,28 @@ func WithOwnerIdempotency() Option {
 	return func(c *config) { c.ownerKeyed = true }
 }
 
-// WithLogger sets where Apply reports what it cannot return: a
-// success the journal did not record, a lease it could not release, a key
-// done again after an earlier attempt recorded nothing. The default is
-// slog.Default() at the time of the event.
+// WithObserver reports to o what Apply handles without returning it, as
+// events with Component "journal", the key and the error:
+// [effects.EventFailed] for a success whose journal record did not commit
+// (Apply still returns the success; a redelivery after the lease will do
+// the effect again) and for a lease it could not release after a failure
+// (the next attempt waits for the lease to expire), and
+// [effects.EventInFlight] when another attempt holds the key's lease
+// (Apply returns [effects.ErrInFlight]). Without an observer (or with a
+// nil o) the failures are logged to the logger ([WithLogger]),
+// rate-limited, and lease waits are only returned.
+func WithObserver(o effects.Observer) Option {
+	return func(c *config) { c.observer = o }
+}
+
+// WithLogger sets the logger Apply writes to when it has no observer
+// ([WithObserver]): a success the journal did not record (Error), a lease
+// it could not release (Warn), a key done again after an earlier attempt
+// recorded nothing (Debug). The default is slog.Default() at the time of
+// each line. Lines are rate-limited (a burst of 10, then about one a
+// second, with a count of those held back). l must not be nil.
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) { c.logger = l }
+	return func(c *config) { c.logger, c.loggerSet = l, true }
 }
 
 // NewJournaled returns the protocol for the effect named op (e.g.
@@ -182,6 +201,8 @@ func NewJournaled(op string, j Journal, opts ...Option) (*Journaled, error) {
 		return nil, bad("WithLease", "lease %v is not positive", cfg.lease)
 	case cfg.record <= 0:
 		return nil, bad("WithRecordTimeout", "timeout %v is not positive", cfg.record)
+	case cfg.loggerSet && cfg.logger == nil:
+		return nil, bad("WithLogger", "nil logger")
 	}
 	return &Journaled{
 		op:          op,
@@ -190,7 +211,7 @@ func NewJournaled(op string, j Journal, opts ...Option) (*Journaled, error) {
 		record:      cfg.record,
 		notApplied:  cfg.notApplied,
 		ownerKeyed:  cfg.ownerKeyed,
-		logger:      cfg.logger,
+		rep:         ratelog.Reporter{Observer: cfg.observer, Limiter: ratelog.Limiter{Logger: cfg.logger}},
 		callTimeout: cfg.lease - cfg.lease/10,
 	}, nil
 }
@@ -278,14 +299,17 @@ func (j *Journaled) Apply(ctx context.Context, key effects.Key, fingerprint []by
 		if _, ok := effects.RetryAfter(err); !ok {
 			e.RetryAfter = j.lease // the other attempt's lease ends within one lease
 		}
+		if o := j.rep.Observer; o != nil {
+			o.Observe(ctx, effects.Event{Kind: effects.EventInFlight, Component: component, Key: key, Err: e})
+		}
 		return effects.Result{}, e
 	default:
 		return effects.Result{}, effects.Transient(j.op, key, &journalError{err: err})
 	}
 	if a.number > 1 {
-		j.log().DebugContext(ctx, j.op+": doing a key again whose earlier attempt recorded no success "+
+		j.rep.Limiter.Log(ctx, slog.LevelDebug, j.op+": doing a key again whose earlier attempt recorded no success "+
 			"(released after a failure, or its lease expired after an unknown outcome: then this may be the declared duplicate)",
-			"key", string(key), "attempt", a.number)
+			slog.String("key", string(key)), slog.Int("attempt", a.number))
 	}
 
 	if err := ctx.Err(); err != nil {
@@ -373,16 +397,21 @@ func (j *Journaled) complete(a *Attempt, ref string) {
 	}
 }
 
-// unrecorded logs a success whose record did not commit.
+// unrecorded reports a success whose record did not commit.
 func (j *Journaled) unrecorded(a *Attempt, ref string, err error) {
 	redo := "a redelivery after the lease"
 	if a.unleased != nil {
 		redo = "a redelivery past the owner's own key horizon"
 	}
-	j.log().ErrorContext(a.ctx, j.op+": the owner confirmed the effect but its journal record did not commit; "+
-		"reporting success (the truth), but "+redo+" will do the effect again",
-		"key", string(a.key), "ref", ref, "lease", j.lease, "error", err)
+	msg := j.op + ": the owner confirmed the effect but its journal record did not commit; " +
+		"reporting success (the truth), but " + redo + " will do the effect again"
+	j.rep.Report(a.ctx, effects.Event{Kind: effects.EventFailed, Component: component, Key: a.key,
+		Err: fmt.Errorf("%s (ref %s): %w", msg, ref, err)},
+		slog.LevelError, msg, slog.String("ref", ref), slog.Duration("lease", j.lease))
 }
+
+// component is the Component of a Journaled's events.
+const component = "journal"
 
 // release gives up a's lease on a detached context. If it fails, the lease
 // expires on its own and the next attempt only waits longer.
@@ -390,17 +419,12 @@ func (j *Journaled) release(a *Attempt) {
 	dctx, cancel := retry.Detached(a.ctx, j.record)
 	defer cancel()
 	if err := j.journal.Release(dctx, a.key, a.number); err != nil {
-		j.log().WarnContext(a.ctx, j.op+": could not release the lease after a failure that applied nothing; "+
-			"the next attempt waits for it to expire",
-			"key", string(a.key), "attempt", a.number, "lease", j.lease, "error", err)
+		msg := j.op + ": could not release the lease after a failure that applied nothing; " +
+			"the next attempt waits for it to expire"
+		j.rep.Report(a.ctx, effects.Event{Kind: effects.EventFailed, Component: component, Key: a.key,
+			Attempt: a.number, Err: fmt.Errorf("%s: %w", msg, err)},
+			slog.LevelWarn, msg, slog.Int("attempt", a.number), slog.Duration("lease", j.lease))
 	}
-}
-
-func (j *Journaled) log() *slog.Logger {
-	if j.logger != nil {
-		return j.logger
-	}
-	return slog.Default()
 }
 
 // journalError carries a failed Begin under an effects.ErrTransient: it keeps the

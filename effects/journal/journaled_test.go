@@ -563,3 +563,44 @@ func TestJournaledOwnerKeyedTakesNoLease(t *testing.T) {
 		}
 	})
 }
+
+// TestJournaledReportsToItsObserver: with an observer, a failed release
+// is an EventFailed of the journal and a lease held by another attempt an
+// EventInFlight, each with the key, and nothing is logged.
+func TestJournaledReportsToItsObserver(t *testing.T) {
+	j := &faultyJournal{Journal: memjournal.New(nil), releaseErr: errors.New("journal down")}
+	var (
+		logs   bytes.Buffer
+		events []effects.Event
+	)
+	p := newJournaled(t, j, journal.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
+		journal.WithObserver(effects.ObserverFunc(func(_ context.Context, ev effects.Event) { events = append(events, ev) })))
+	o := &owner{fail: effects.Ambiguous("owner", "k", errors.New("reply lost"))}
+	if _, err := p.Apply(context.Background(), "k", fp, o.call); !errors.Is(err, effects.ErrAmbiguous) {
+		t.Fatalf("Apply = %v, want the owner's ambiguous error", err)
+	}
+	if _, err := p.Apply(context.Background(), "k", fp, o.call); !errors.Is(err, effects.ErrInFlight) {
+		t.Fatalf("Apply within the lease = %v, want ErrInFlight", err)
+	}
+	o.fail = effects.Transient("owner", "t", errors.New("refused"))
+	if _, err := p.Apply(context.Background(), "t", fp, o.call); !errors.Is(err, effects.ErrTransient) {
+		t.Fatalf("Apply = %v, want the owner's transient error", err)
+	}
+	want := []struct {
+		kind effects.EventKind
+		key  effects.Key
+		err  string
+	}{{effects.EventInFlight, "k", "in flight"}, {effects.EventFailed, "t", "journal down"}}
+	if len(events) != len(want) {
+		t.Fatalf("observed %+v, want %d events", events, len(want))
+	}
+	for i, w := range want {
+		ev := events[i]
+		if ev.Kind != w.kind || ev.Key != w.key || ev.Component != "journal" || ev.Err == nil || !strings.Contains(ev.Err.Error(), w.err) {
+			t.Errorf("event %d = %+v, want %v of the journal for %s, error containing %q", i, ev, w.kind, w.key, w.err)
+		}
+	}
+	if logs.Len() != 0 {
+		t.Errorf("logged %q with an observer; want the events only", logs.String())
+	}
+}

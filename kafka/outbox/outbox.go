@@ -175,12 +175,9 @@ func (e *TooLargeError) Error() string {
 // Unwrap returns [ErrTooLarge] and [effects.ErrRefused].
 func (e *TooLargeError) Unwrap() []error { return []error{ErrTooLarge, effects.ErrRefused} }
 
-// EnqueueOption configures [Enqueue] and [EnqueueStatement]. A nil
-// EnqueueOption is ignored.
-type EnqueueOption func(*enqueueConfig)
-
 type enqueueConfig struct {
 	maxBytes int
+	observer effects.Observer // for trace headers
 }
 
 // WithMaxMessageBytes sets the largest [Message.Size] accepted (default
@@ -188,7 +185,7 @@ type enqueueConfig struct {
 // kgo.ProducerBatchMaxBytes and the topic's max.message.bytes: a row the
 // broker refuses is parked, not published. n must be at least 1.
 func WithMaxMessageBytes(n int) EnqueueOption {
-	return func(c *enqueueConfig) { c.maxBytes = n }
+	return enqueueOpt(func(c *enqueueConfig) { c.maxBytes = n })
 }
 
 // Enqueue writes m into the outbox inside tx, the application's business
@@ -207,7 +204,7 @@ func WithMaxMessageBytes(n int) EnqueueOption {
 // least once; see [Relay] for what failures do to the order.
 func Enqueue(ctx context.Context, tx pgx.Tx, m Message, opts ...EnqueueOption) (bool, error) {
 	const op = "outbox.Enqueue"
-	st, fp, err := insert(op, m, sqlInsertOrNothing, opts)
+	st, fp, err := insert(ctx, op, m, sqlInsertOrNothing, opts)
 	if err != nil {
 		return false, err
 	}
@@ -240,17 +237,19 @@ func Enqueue(ctx context.Context, tx pgx.Tx, m Message, opts ...EnqueueOption) (
 // for an invalid ID, an empty topic or a message over the maximum size
 // (a *[TooLargeError]).
 func EnqueueStatement(m Message, opts ...EnqueueOption) (postgres.Statement, error) {
-	st, _, err := insert("outbox.EnqueueStatement", m, "", opts)
+	// No context, so no span: no trace headers.
+	st, _, err := insert(context.Background(), "outbox.EnqueueStatement", m, "", opts)
 	return st, err
 }
 
 // insert validates m and returns the INSERT of its row (followed by
-// suffix) and its fingerprint.
-func insert(op string, m Message, suffix string, opts []EnqueueOption) (postgres.Statement, []byte, error) {
+// suffix) and its fingerprint. The row's headers carry ctx's trace
+// ([WithObserver]); the fingerprint does not.
+func insert(ctx context.Context, op string, m Message, suffix string, opts []EnqueueOption) (postgres.Statement, []byte, error) {
 	cfg := enqueueConfig{maxBytes: DefaultMaxMessageBytes}
 	for _, o := range opts {
 		if o != nil {
-			o(&cfg)
+			o.applyEnqueue(&cfg)
 		}
 	}
 	if cfg.maxBytes < 1 {
@@ -268,7 +267,7 @@ func insert(op string, m Message, suffix string, opts []EnqueueOption) (postgres
 		return postgres.Statement{}, nil, &TooLargeError{ID: m.ID, Topic: m.Topic, Size: n, Max: cfg.maxBytes}
 	}
 	fp := produce.Fingerprint(rec)
-	hk, hv := splitHeaders(m.Headers)
+	hk, hv := splitHeaders(produce.TraceHeaders(ctx, cfg.observer, m.Headers))
 	return postgres.Statement{SQL: sqlInsert + suffix,
 		Args: []any{string(m.ID), fp, m.Topic, rec.Key, m.Value, hk, hv}}, fp, nil
 }

@@ -139,7 +139,7 @@ func testTwoRelays(t *testing.T, deleteSent bool) {
 	relays := make([]*outbox.Relay, 2)
 	for i := range relays {
 		opts := []outbox.RelayOption{outbox.WithBatchSize(15), outbox.WithPollInterval(20 * time.Millisecond),
-			outbox.WithErrorHandler(func(err error) { t.Errorf("relay %d: %v", i, err) })}
+			outbox.WithObserver(effects.ObserverFunc(func(_ context.Context, ev effects.Event) { t.Errorf("relay %d: %v", i, ev.Err) }))}
 		if deleteSent {
 			opts = append(opts, outbox.WithDeleteSent())
 		}

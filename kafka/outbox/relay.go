@@ -115,8 +115,7 @@ type Relay struct {
 	maxAttempts int
 	keyOrder    bool
 	deleteSent  bool
-	onErr       func(error)
-	log         ratelog.Limiter
+	rep         ratelog.Reporter
 
 	batches, sent, failed, parked, repeated atomic.Int64
 
@@ -125,41 +124,45 @@ type Relay struct {
 	afterProduce func(ctx context.Context) error
 }
 
-// RelayOption configures a [Relay]; see [NewRelay]. A nil RelayOption is
-// ignored.
-type RelayOption func(*relayConfig)
-
 type relayConfig struct {
 	batch       int
 	interval    time.Duration
 	timeout     time.Duration
 	maxAttempts int
 	keyOrder    bool
-	onErr       func(error)
 	deleteSent  bool
+	observer    effects.Observer
+	logger      *slog.Logger
+	loggerSet   bool
 }
 
 // WithBatchSize sets how many rows one batch claims (default
 // [DefaultBatchSize]). n must be at least 1.
-func WithBatchSize(n int) RelayOption { return func(c *relayConfig) { c.batch = n } }
+func WithBatchSize(n int) RelayOption {
+	return relayOpt(func(c *relayConfig) { c.batch = n })
+}
 
 // WithPollInterval sets how long [Relay.Run] waits after a batch that
 // claimed fewer rows than the batch size, and after an error (default
 // [DefaultPollInterval]). d must be positive.
-func WithPollInterval(d time.Duration) RelayOption { return func(c *relayConfig) { c.interval = d } }
+func WithPollInterval(d time.Duration) RelayOption {
+	return relayOpt(func(c *relayConfig) { c.interval = d })
+}
 
 // WithProduceTimeout bounds how long a batch waits for the broker's acks
 // (default [DefaultProduceTimeout]); rows not acked by then failed this
 // attempt. A claim lasts twice as long, so a relay that dies holds its
 // rows that long before another relay takes them. d must be positive.
 func WithProduceTimeout(d time.Duration) RelayOption {
-	return func(c *relayConfig) { c.timeout = d }
+	return relayOpt(func(c *relayConfig) { c.timeout = d })
 }
 
 // WithMaxAttempts parks a row after n counted failed attempts (default
 // [DefaultMaxAttempts]; see [Relay] for which attempts count). 0 parks
 // only the rows the broker refuses for good. n must not be negative.
-func WithMaxAttempts(n int) RelayOption { return func(c *relayConfig) { c.maxAttempts = n } }
+func WithMaxAttempts(n int) RelayOption {
+	return relayOpt(func(c *relayConfig) { c.maxAttempts = n })
+}
 
 // WithKeyOrder publishes the rows of one topic and record key one at a
 // time, in id order: a row is claimed only when every earlier row of its
@@ -169,7 +172,9 @@ func WithMaxAttempts(n int) RelayOption { return func(c *relayConfig) { c.maxAtt
 // The cost: a key's rows go out one per batch, and a poison row stops its
 // key. It needs the index [MigrateKeyOrder] creates (without it each claim
 // scans every unsent row).
-func WithKeyOrder() RelayOption { return func(c *relayConfig) { c.keyOrder = true } }
+func WithKeyOrder() RelayOption {
+	return relayOpt(func(c *relayConfig) { c.keyOrder = true })
+}
 
 // WithDeleteSent makes the relay delete the rows it published, in the
 // marking transaction, instead of marking them sent: the outbox keeps only
@@ -182,14 +187,9 @@ func WithKeyOrder() RelayOption { return func(c *relayConfig) { c.keyOrder = tru
 // is enqueued once, by an effect that dedups on its own key
 // ([EnqueueStatement] in a postgres.NewPipelined effect, [Enqueue] in a
 // postgres.New write). The duplicate window is the same.
-func WithDeleteSent() RelayOption { return func(c *relayConfig) { c.deleteSent = true } }
-
-// WithErrorHandler receives what [Relay.Run] reports: each parked row (a
-// *[ParkedError]), each batch's failures (retried), and the configuration
-// error that stops Run. By default they are logged to slog.Default() at
-// level Warn, rate-limited (a burst of 10 lines, then about one a second,
-// with a count of the lines held back).
-func WithErrorHandler(f func(error)) RelayOption { return func(c *relayConfig) { c.onErr = f } }
+func WithDeleteSent() RelayOption {
+	return relayOpt(func(c *relayConfig) { c.deleteSent = true })
+}
 
 // NewRelay returns a relay of the outbox in db to Kafka through client,
 // which must be an idempotent acks=all producer as for
@@ -215,7 +215,7 @@ func NewRelay(db TxBeginner, client *kgo.Client, opts ...RelayOption) (*Relay, e
 		timeout: DefaultProduceTimeout, maxAttempts: DefaultMaxAttempts}
 	for _, o := range opts {
 		if o != nil {
-			o(&cfg)
+			o.applyRelay(&cfg)
 		}
 	}
 	switch {
@@ -227,10 +227,13 @@ func NewRelay(db TxBeginner, client *kgo.Client, opts ...RelayOption) (*Relay, e
 		return nil, bad("WithProduceTimeout", "timeout %v is not positive", cfg.timeout)
 	case cfg.maxAttempts < 0:
 		return nil, bad("WithMaxAttempts", "%d attempts; need 0 (park only refused rows) or more", cfg.maxAttempts)
+	case cfg.loggerSet && cfg.logger == nil:
+		return nil, bad("WithLogger", "nil logger")
 	}
 	return &Relay{db: db, cl: client, sync: produce.NewSyncer(client), batch: cfg.batch, interval: cfg.interval,
 		timeout: cfg.timeout, maxAttempts: cfg.maxAttempts, keyOrder: cfg.keyOrder,
-		deleteSent: cfg.deleteSent, onErr: cfg.onErr}, nil
+		deleteSent: cfg.deleteSent,
+		rep:        ratelog.Reporter{Observer: cfg.observer, Limiter: ratelog.Limiter{Logger: cfg.logger}}}, nil
 }
 
 // RelayStats counts what a [Relay] did, over all its batches.
@@ -613,8 +616,8 @@ func (r *Relay) retryDelay(attempts int) time.Duration {
 // Run relays batches until ctx is done, then returns nil. It runs the next
 // batch at once after one that claimed a full batch, and waits the poll
 // interval after a smaller batch or an error. It reports each parked row
-// and each failed batch to [WithErrorHandler], or by default logs them
-// (rate-limited), and goes on; a configuration error (the broker refuses
+// and each failed batch to the observer ([WithObserver]), or by default
+// logs them (rate-limited, [WithLogger]), and goes on; a configuration error (the broker refuses
 // the client itself) is reported and returned: fix it and run again.
 func (r *Relay) Run(ctx context.Context) error {
 	for {
@@ -635,27 +638,22 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 }
 
-// report hands a batch's parked rows and errors to the error handler, or
-// logs them.
+// report hands a batch's parked rows and errors to the observer, or logs
+// them.
 func (r *Relay) report(ctx context.Context, res batchResult) {
+	const component = "outbox.Relay"
 	for _, p := range res.parked {
-		if r.onErr != nil {
-			r.onErr(p)
-			continue
-		}
-		r.log.Log(ctx, slog.LevelWarn, "outbox: row parked; it is not published until retried",
-			slog.Int64("row", p.ID), slog.String("message_id", string(p.MessageID)), slog.String("topic", p.Topic),
-			slog.Int("attempts", p.Attempts), slog.String("class", p.Class.String()), slog.Any("error", p.Err))
+		r.rep.Report(ctx, effects.Event{Kind: effects.EventDeadLettered, Component: component, Key: p.MessageID,
+			Attempt: p.Attempts, Err: p},
+			slog.LevelWarn, "outbox: row parked; it is not published until retried",
+			slog.Int64("row", p.ID), slog.String("topic", p.Topic),
+			slog.Int("attempts", p.Attempts), slog.String("class", p.Class.String()))
 	}
 	for _, err := range []error{res.err, res.config} {
-		if err == nil {
-			continue
+		if err != nil {
+			r.rep.Report(ctx, effects.Event{Kind: effects.EventFailed, Component: component, Err: err},
+				slog.LevelWarn, "outbox: relay batch failed")
 		}
-		if r.onErr != nil {
-			r.onErr(err)
-			continue
-		}
-		r.log.Log(ctx, slog.LevelWarn, "outbox: relay batch failed", slog.Any("error", err))
 	}
 }
 

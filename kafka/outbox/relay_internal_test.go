@@ -161,7 +161,7 @@ func TestRelayTorture(t *testing.T) {
 	relays := make([]*Relay, 3)
 	for i := range relays {
 		r, err := NewRelay(pool, c.Client(t), WithBatchSize(batch), WithProduceTimeout(300*time.Millisecond),
-			WithPollInterval(10*time.Millisecond), WithErrorHandler(func(error) {}))
+			WithPollInterval(10*time.Millisecond), WithObserver(effects.ObserverFunc(func(context.Context, effects.Event) {})))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -388,11 +388,11 @@ func TestRelayHoldsNoTransactionWhileKafkaIsDown(t *testing.T) {
 	// limit leaves room for that; during the outage nothing counts.
 	relay, err := outbox.NewRelay(pool, cl, outbox.WithBatchSize(5),
 		outbox.WithProduceTimeout(700*time.Millisecond), outbox.WithPollInterval(20*time.Millisecond),
-		outbox.WithErrorHandler(func(err error) {
+		outbox.WithObserver(effects.ObserverFunc(func(_ context.Context, ev effects.Event) {
 			if !out.down.Load() {
-				t.Log(err)
+				t.Log(ev.Err)
 			}
-		}))
+		})))
 	if err != nil {
 		t.Fatal(err)
 	}

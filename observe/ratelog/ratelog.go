@@ -2,7 +2,8 @@
 // is given) at a bounded rate, so
 // that the library's failures are visible when nobody configured an
 // observer, and a consumer whose every delivery fails does not flood the
-// log.
+// log. [Reporter] is the rule every component of this module follows:
+// events to the observer when there is one, rate-limited lines otherwise.
 package ratelog
 
 import (
@@ -10,6 +11,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"effectively.dev/effects"
 )
 
 // Defaults of a zero [Limiter].
@@ -92,4 +95,35 @@ func (l *Limiter) allow() (suppressed int, ok bool) {
 	l.tokens--
 	suppressed, l.suppressed = l.suppressed, 0
 	return suppressed, true
+}
+
+// Reporter is how a component of this module reports what it handles on
+// its own (an error it retries, a row it parks, a record it could not
+// write): as an event to its observer when it has one, and otherwise as a
+// log line through its Limiter. The zero Reporter logs to slog.Default(),
+// rate-limited. A Reporter is safe for concurrent use.
+type Reporter struct {
+	// Observer receives the events; nil means log them instead.
+	Observer effects.Observer
+	// Limiter writes the lines when there is no observer.
+	Limiter Limiter
+}
+
+// Report sends ev to the observer, or, without one, logs msg at level
+// with attrs, followed by ev's key and error when it has them.
+func (r *Reporter) Report(ctx context.Context, ev effects.Event, level slog.Level, msg string, attrs ...slog.Attr) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if r.Observer != nil {
+		r.Observer.Observe(ctx, ev)
+		return
+	}
+	if ev.Key != "" {
+		attrs = append(attrs, slog.String("key", string(ev.Key)))
+	}
+	if ev.Err != nil {
+		attrs = append(attrs, slog.Any("error", ev.Err))
+	}
+	r.Limiter.Log(ctx, level, msg, attrs...)
 }

@@ -81,6 +81,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strconv"
@@ -201,9 +202,7 @@ func work(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 			opts = append(opts, o.opt(o.d))
 		}
 	}
-	src, err := kafka.NewSource(opts, kafka.WithSourceErrors(func(err error) {
-		fmt.Fprintln(stderr, "chargehook-worker:", err)
-	}))
+	src, err := kafka.NewSource(opts, kafka.WithLogger(stderrLogger(stderr, "chargehook-worker")))
 	if err != nil {
 		return err
 	}
@@ -540,4 +539,10 @@ func cause(err error) string {
 		return "none"
 	}
 	return "other:" + strconv.Quote(err.Error())
+}
+
+// stderrLogger is the logger of the sources' own failures (rate-limited
+// by the sources): text lines on stderr, naming the worker.
+func stderrLogger(stderr io.Writer, worker string) *slog.Logger {
+	return slog.New(slog.NewTextHandler(stderr, nil)).With("worker", worker)
 }

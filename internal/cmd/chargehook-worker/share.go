@@ -13,7 +13,7 @@ package main
 //
 // The flags are those of the consumer-group mode, without -instance-id
 // and -ack-first, plus -members, -max-poll and -delivery-limit (see
-// kafka.WithShareMembers, kafka.WithShareMaxPoll, kafka.WithDeliveryLimit).
+// kafka.WithShareMembers, kafka.WithMaxPoll, kafka.WithDeliveryLimit).
 // The -trace lines are the same; "acked" means the record was accepted,
 // and "retry <id> lock_expired" reports an Ack refused because the
 // record's acquisition lock had expired (the worker was frozen past it).
@@ -90,8 +90,8 @@ func workShare(ctx context.Context, cfg shareConfig, stdout, stderr io.Writer) e
 		return err
 	}
 	src, err := kafka.NewShareSource([]kgo.Opt{brokers, kgo.ShareGroup(cfg.group), kgo.ConsumeTopics(cfg.topic)},
-		kafka.WithShareMembers(cfg.members), kafka.WithShareMaxPoll(cfg.maxPoll), kafka.WithDeliveryLimit(cfg.deliveryLimit),
-		kafka.WithShareErrors(func(err error) { fmt.Fprintln(stderr, "chargehook-worker share:", err) }))
+		kafka.WithShareMembers(cfg.members), kafka.WithMaxPoll(cfg.maxPoll), kafka.WithDeliveryLimit(cfg.deliveryLimit),
+		kafka.WithLogger(stderrLogger(stderr, "chargehook-worker share")))
 	if err != nil {
 		return err
 	}

@@ -139,3 +139,23 @@ func (s *Syncer) allWarm(recs []*kgo.Record) bool {
 	}
 	return true
 }
+
+// TraceHeaders returns hs followed by the headers that carry the trace of
+// ctx, written by o when o is an [effects.Propagator]; a header whose name
+// hs already has is not added (the caller's wins). It never writes into
+// hs's backing array, and returns hs itself when it adds nothing.
+func TraceHeaders(ctx context.Context, o effects.Observer, hs []kgo.RecordHeader) []kgo.RecordHeader {
+	if o == nil {
+		return hs
+	}
+	out := hs[:len(hs):len(hs)]
+	effects.InjectTrace(ctx, o, func(key, value string) {
+		for _, h := range hs {
+			if h.Key == key {
+				return
+			}
+		}
+		out = append(out, kgo.RecordHeader{Key: key, Value: []byte(value)})
+	})
+	return out
+}

@@ -1,0 +1,156 @@
+package kafka
+
+import (
+	"fmt"
+	"log/slog"
+
+	"effectively.dev/effects"
+	"effectively.dev/observe/ratelog"
+)
+
+// SourceOption configures a [Source]; see [NewSource]. Options only
+// record their value; NewSource validates them. A nil SourceOption is
+// ignored.
+type SourceOption interface{ applySource(*sourceConfig) }
+
+// ShareOption configures a [ShareSource]; see [NewShareSource]. Options
+// only record their value; NewShareSource validates them. A nil
+// ShareOption is ignored.
+type ShareOption interface{ applyShare(*shareConfig) }
+
+// ProducerOption configures a [Producer]; see [NewProducer]. A nil
+// ProducerOption is ignored.
+type ProducerOption interface{ applyProducer(*producerConfig) }
+
+// ConsumerOption configures both sources: it is a [SourceOption] and a
+// [ShareOption].
+type ConsumerOption interface {
+	SourceOption
+	ShareOption
+}
+
+// Option configures every constructor of this package that runs on its
+// own or reports what it cannot return: it is a [SourceOption], a
+// [ShareOption] and a [ProducerOption].
+type Option interface {
+	SourceOption
+	ShareOption
+	ProducerOption
+}
+
+// common is what an [Option] sets, in every config.
+type common struct {
+	observer  effects.Observer
+	logger    *slog.Logger
+	loggerSet bool
+}
+
+// check returns a *effects.ConfigError for an invalid common option.
+func (c *common) check(op string) error {
+	if c.loggerSet && c.logger == nil {
+		return &effects.ConfigError{Op: op, Option: "WithLogger", Reason: "nil logger"}
+	}
+	return nil
+}
+
+// reporter is where a component reports what it handles on its own.
+func (c *common) reporter() ratelog.Reporter {
+	return ratelog.Reporter{Observer: c.observer, Limiter: ratelog.Limiter{Logger: c.logger}}
+}
+
+// consumerCommon is what a [ConsumerOption] sets, in both sources'
+// configs.
+type consumerCommon struct {
+	idHeader string
+	maxPoll  int
+}
+
+// check returns a *effects.ConfigError for an invalid consumer option.
+func (c *consumerCommon) check(op string) error {
+	switch {
+	case c.idHeader == "":
+		return &effects.ConfigError{Op: op, Option: "WithIDHeader", Reason: "empty header name"}
+	case c.maxPoll < 1:
+		return &effects.ConfigError{Op: op, Option: "WithMaxPoll", Reason: fmt.Sprintf("%d records; need at least 1", c.maxPoll)}
+	}
+	return nil
+}
+
+type allOpt func(*common)
+
+func (f allOpt) applySource(c *sourceConfig)     { f(&c.common) }
+func (f allOpt) applyShare(c *shareConfig)       { f(&c.common) }
+func (f allOpt) applyProducer(c *producerConfig) { f(&c.common) }
+
+type consumerOpt func(*consumerCommon)
+
+func (f consumerOpt) applySource(c *sourceConfig) { f(&c.consumer) }
+func (f consumerOpt) applyShare(c *shareConfig)   { f(&c.consumer) }
+
+type sourceOpt func(*sourceConfig)
+
+func (f sourceOpt) applySource(c *sourceConfig) { f(c) }
+
+type shareOpt func(*shareConfig)
+
+func (f shareOpt) applyShare(c *shareConfig) { f(c) }
+
+type producerOpt func(*producerConfig)
+
+func (f producerOpt) applyProducer(c *producerConfig) { f(c) }
+
+// WithObserver reports what the component handles without returning it
+// to o, as events whose Component is "kafka.Source", "kafka.ShareSource"
+// or "journal":
+//
+//   - the sources: [effects.EventFailed] for each error they retry on
+//     their own (a fetch error franz-go retries, a failed group commit,
+//     acknowledgements or lock renewals the broker refused) and for the
+//     configuration error a [Source]'s start-up check finds;
+//   - a [Producer] with a journal: the journal's events (see
+//     journal.WithObserver): a record the journal did not record, a lease
+//     it could not release, a lease another attempt holds.
+//
+// When o is also an [effects.Propagator] (package effectively.dev/observe's
+// Observer is), a Producer writes the trace context of the Apply's
+// context into each record's headers (W3C traceparent and tracestate),
+// so a consumer's delivery span continues the producer's trace; headers
+// of the Message with the same names are kept. The trace headers are not
+// part of the journal's fingerprint: a redelivery in another trace is
+// replayed, not refused as a reused key.
+//
+// Without an observer (or with a nil o), the same failures are logged to
+// the logger ([WithLogger]), rate-limited, and no trace headers are
+// written. To silence them, pass an observer that does nothing.
+func WithObserver(o effects.Observer) Option {
+	return allOpt(func(c *common) { c.observer = o })
+}
+
+// WithLogger sets the logger the component writes its failures to when
+// it has no observer ([WithObserver]); the default is slog.Default() at
+// the time of each line. Lines are rate-limited (a burst of 10, then
+// about one a second, with a count of those held back), at level Warn,
+// and Error for a record a Producer's journal did not record. l must not
+// be nil.
+func WithLogger(l *slog.Logger) Option {
+	return allOpt(func(c *common) { c.logger, c.loggerSet = l, true })
+}
+
+// WithIDHeader names the header Delivery.ID is read from, by a [Source]
+// or a [ShareSource] (default [KeyHeader]). Records without it get
+// "topic/partition/offset"; records with it empty get an empty ID,
+// refused by [effects.NewKey] (see [Source]). name must not be empty.
+func WithIDHeader(name string) ConsumerOption {
+	return consumerOpt(func(c *consumerCommon) { c.idHeader = name })
+}
+
+// WithMaxPoll bounds how many records one poll takes. For a [Source], one
+// poll of its client (default [DefaultMaxPoll], 500). For a
+// [ShareSource], one fetch of each member (kgo.ShareMaxRecords, strict;
+// default [DefaultShareMaxPoll], 32), and a member polls only while fewer
+// than n records wait to be handed out: a larger n takes more records per
+// round trip, a smaller one leaves fewer records waiting behind a stuck
+// one. n must be at least 1.
+func WithMaxPoll(n int) ConsumerOption {
+	return consumerOpt(func(c *consumerCommon) { c.maxPoll = n })
+}
