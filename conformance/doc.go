@@ -64,6 +64,9 @@
 //     ([WithCapacity]), and redeliver the first on the same and on a new
 //     instance, then with the other payload: a dedup that keeps only the
 //     newest keys forgets it.
+//   - crash-restart (needs [CrashRestarter]): apply keys, crash the
+//     backend and start it again, count every key before redelivering
+//     (an acknowledged effect must survive), then redeliver.
 //   - successor-process (needs [Attacher] and [WithSuccessorProcess]): a
 //     key applied here is redelivered, and a key whose last reply was
 //     lost is retried, in a child process (the test binary run again
@@ -91,12 +94,13 @@
 // # Capabilities
 //
 // Optional interfaces a harness may implement widen what is checked:
-// [Restarter] (restart the backend), [Ager] (move the backend's clock or
-// age its records: the horizon), [BatchCounter] (count many keys at once),
-// [Attacher] (let a child process reach the backend); for journals,
-// [ClockSkewer] (an instance whose clock runs ahead), or [OneClock] to
-// state why skew cannot matter, shown as the reason the clock-skew
-// scenario did not run.
+// [Restarter] (restart the backend), [CrashRestarter] (stop it at once,
+// with no clean shutdown, and start it: what a crash loses shows), [Ager]
+// (move the backend's clock or age its records: the horizon),
+// [BatchCounter] (count many keys at once), [Attacher] (let a child
+// process reach the backend); for journals, [ClockSkewer] (an instance
+// whose clock runs ahead), or [OneClock] to state why skew cannot matter,
+// shown as the reason the clock-skew scenario did not run.
 // A scenario whose capability is missing is not run, and the contract
 // fields that rest on it are reported as not verified.
 //
@@ -179,8 +183,8 @@
 // The journal suite checks a lease and its expiry, fencing by attempt,
 // Complete keeping the first reference (an empty reference marks a key
 // done too), Lookup saying not done after Release, key reuse, invalid and
-// distinct keys, concurrent Begins, a crashed lease holder and a backend
-// restart ([JournalScenarios]). The source suite checks that a redelivered
+// distinct keys, concurrent Begins, a crashed lease holder, a backend
+// restart and a crash restart ([JournalScenarios]). The source suite checks that a redelivered
 // message carries the body, headers and ordering of its first delivery,
 // that acked deliveries stay acked after a graceful close, that unacked
 // ones come back after a close and after a crash, that acks out of order
@@ -192,6 +196,18 @@
 // suite checks publish order within each Ordering, first and again, that
 // messages published while an instance runs reach it, and that a
 // graceful close commits nothing fetched but not handed out.
+//
+// # Plans
+//
+// [RunPlan] holds a composed plan (an [effects.Plan], or a handler built
+// on several effects: a [PlanRunner]) to the composite contract it
+// declares. Its [PlanHarness] builds the plan with each step's
+// connections through [PlanFaults.Step] and counts each step's effects in
+// that step's backend. It checks that Contract() names the weakest step,
+// redelivers, and faults each round trip of each step in turn (a lost
+// reply, a cancellation, a killed instance with a successor): every step
+// effectively-once exactly once, at-least-once more only after an unknown
+// outcome in that step, and none skipped ([PlanScenarios]).
 //
 // # Proofs
 //

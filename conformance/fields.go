@@ -69,7 +69,8 @@ func (f Field) short() string {
 var (
 	guaranteeScenarios = []string{ScenarioRedelivery, ScenarioConcurrent, ScenarioLostReply, ScenarioCut,
 		ScenarioCancel, ScenarioDistinctKeys, ScenarioStorm}
-	guaranteeSupport = []string{ScenarioLateRedelivery, ScenarioRaceReuse, ScenarioRestart, ScenarioSlowReply, ScenarioKeyCapacity, ScenarioProcess}
+	guaranteeSupport = []string{ScenarioLateRedelivery, ScenarioRaceReuse, ScenarioRestart, ScenarioSlowReply, ScenarioKeyCapacity, ScenarioProcess,
+		ScenarioCrashRestart}
 )
 
 // fields derives, from the rows and the contract, what each contract field

@@ -259,6 +259,7 @@ var suiteOptions = map[string][]string{
 		"WithSuccessorProcess", "AllowUnverified", "Only", "WithCapacity"},
 	suiteJournal: {"WithConcurrency", "WithTimeout", "WithApplyTimeout", "WithLease", "Only"},
 	suiteSource:  {"WithTimeout", "WithApplyTimeout", "WithRedeliveryWait", "WithSourceMessages", "Only"},
+	suitePlan:    {"WithMaxSweep", "WithRetryFor", "WithTimeout", "WithApplyTimeout", "Only"},
 }
 
 // newConfig applies opts to the defaults and validates the result for the

@@ -150,7 +150,7 @@ func (r Row) Effects() string {
 // Report is one subject's results across a suite's scenarios: an adapter's
 // ([Run]), a journal's ([RunJournal]) or a source's ([RunSource]).
 type Report struct {
-	// Suite is "effect", "journal" or "source".
+	// Suite is "effect", "journal", "source" or "plan".
 	Suite string
 	// Adapter names the subject under test.
 	Adapter string
@@ -226,7 +226,7 @@ const subjectHeader = "| %s | scenario | checks | verdict | notes |\n|---|---|--
 
 func header(suite string) string {
 	switch suite {
-	case suiteJournal, suiteSource:
+	case suiteJournal, suiteSource, suitePlan:
 		return fmt.Sprintf(subjectHeader, suite)
 	}
 	return MatrixHeader
@@ -243,7 +243,7 @@ func (r Report) markdownRows() string {
 			notes = append([]string{row.Skipped}, notes...)
 		}
 		switch r.Suite {
-		case suiteJournal, suiteSource:
+		case suiteJournal, suiteSource, suitePlan:
 			fmt.Fprintf(&b, "| %s | %s | %d | %s | %s |\n", cell(r.Adapter), row.Scenario, row.Checks, row.Verdict, cell(strings.Join(notes, "; ")))
 		default:
 			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", cell(r.Adapter), r.contractCell(), row.Scenario,
@@ -373,8 +373,10 @@ func MergeMatrix(dir string) (table string, failed bool, err error) {
 	section("Contract fields: verified or not, per adapter", suiteEffect, false, Report.fieldsRow, FieldsHeader)
 	section("Journals (RunJournal)", suiteJournal, false, Report.markdownRows, header(suiteJournal))
 	section("Sources (RunSource)", suiteSource, false, Report.markdownRows, header(suiteSource))
+	section("Plans (RunPlan)", suitePlan, false, Report.markdownRows, header(suitePlan))
 	section("Counterexamples (each must FAIL in a named scenario)", suiteEffect, true, Report.markdownRows, MatrixHeader)
 	section("Counterexample journals (each must FAIL in a named scenario)", suiteJournal, true, Report.markdownRows, header(suiteJournal))
 	section("Counterexample sources (each must FAIL in a named scenario)", suiteSource, true, Report.markdownRows, header(suiteSource))
+	section("Counterexample plans (each must FAIL in a named scenario)", suitePlan, true, Report.markdownRows, header(suitePlan))
 	return b.String(), failed, nil
 }

@@ -52,6 +52,7 @@ func effectTable[In any]() []scenario[Harness[In]] {
 		{ScenarioStorm, nil, effect((*s).storm)},
 		{ScenarioKeyCapacity, nil, effect((*s).keyCapacity)},
 		{ScenarioRestart, []capability{capRestarter}, effect((*s).restart)},
+		{ScenarioCrashRestart, []capability{capCrashRestarter}, effect((*s).crashRestart)},
 		{ScenarioProcess, []capability{capAttacher}, effect((*s).successorProcess)},
 		{ScenarioSlowReply, nil, effect((*s).slowReplySweep)},
 	}

@@ -86,11 +86,15 @@ func newConfHarness(t testing.TB, shape confHarness) conformance.Harness[confCha
 		return h // DATABASE_URL is set: its server is not ours to restart
 	}
 	// The embedded RestartFunc's Restart method lets the backend-restart scenario
-	// run; Reset then drops db's connections to the stopped server.
+	// run, CrashRestartFunc's the crash-restart one (an immediate stop);
+	// Reset then drops db's connections to the stopped server.
+	crash := pgtest.DedicatedCrash(t)
 	return struct {
 		*confHarness
 		pgtest.RestartFunc
-	}{h, func(ctx context.Context) error { defer db.Reset(); return restart(ctx) }}
+		pgtest.CrashRestartFunc
+	}{h, func(ctx context.Context) error { defer db.Reset(); return restart(ctx) },
+		func(ctx context.Context) error { defer db.Reset(); return crash(ctx) }}
 }
 
 // Attachment is the database's URL (conformance.Attacher): the

@@ -86,6 +86,11 @@
 // (clock-skew), in journals_more.go; [NewestFirst] (publish-order),
 // [StopsWhenCaughtUp] (published-while-running) and [AckFetchedOnClose]
 // (close-with-prefetched), in sources_more.go.
+// Crash restart, in crash.go: [UnloggedDedup], a dedup table an immediate
+// stop empties (crash-restart; backend-restart passes it). Plans
+// (conformance.RunPlan), in plans.go: [SwallowingHandler] (lost-reply,
+// cancel-mid-plan, kill-mid-plan), [OverclaimingHandler] (lost-reply) and
+// [MisnamedWeakest] (plan-contract), over honest [MemStep] effects.
 package counterexamples
 
 import (

@@ -24,7 +24,8 @@ type Payment struct {
 	Cents    int64  `json:"cents"`
 }
 
-func run(ctx context.Context, pool *pgxpool.Pool, api *client.API, brokers []string) error {
+// newPlan defines what one payment does: a ledger row, then a charge.
+func newPlan(pool *pgxpool.Pool, api *client.API) (*effects.Plan[Payment], error) {
 	ledger, err1 := postgres.New(pool, "billing", func(ctx context.Context, tx pgx.Tx, p Payment) (string, error) {
 		_, err := tx.Exec(ctx, `INSERT INTO ledger (payment_id, cents) VALUES ($1, $2)`, p.ID, p.Cents)
 		return p.ID, err
@@ -35,7 +36,12 @@ func run(ctx context.Context, pool *pgxpool.Pool, api *client.API, brokers []str
 		effects.NewStep("charge", charges, func(p Payment, _ effects.Results) (stripe.PaymentIntent, error) {
 			return stripe.PaymentIntent{Amount: p.Cents, Currency: "usd", Customer: p.Customer}, nil
 		}))
-	if err := errors.Join(err1, err2, err3, err4); err != nil {
+	return plan, errors.Join(err1, err2, err3, err4)
+}
+
+func run(ctx context.Context, pool *pgxpool.Pool, api *client.API, brokers []string) error {
+	plan, err := newPlan(pool, api) // conformance.RunPlan holds it to its contract
+	if err != nil {
 		return err
 	}
 	if err := plan.Check(ctx); err != nil {

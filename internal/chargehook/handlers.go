@@ -46,6 +46,8 @@ const (
 	// testCard is stripetest's card that always succeeds.
 	testCard = "pm_card_visa"
 	mailFrom = "billing@chargehook.example"
+	// mailDomain is the domain of the receipt mails' Message-IDs.
+	mailDomain = "chargehook.example"
 	// lease bounds how long an attempt whose outcome is unknown holds an
 	// at-least-once key before a retry in another process may redo it
 	// (kafka.WithLease, email.WithLease): short, so that a worker that
@@ -76,6 +78,9 @@ type deps struct {
 	scope   string // key scope (effectively-once only)
 	ledger  string // ledger table
 	observe effects.Observer
+	// dial, when set, makes the mail's SMTP connections (the conformance
+	// test's faults); nil dials directly.
+	dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // receipt is the receipt's text, for S3 and the email alike.
@@ -213,6 +218,24 @@ func receiptMail(ev Event, pi, ledgerID string) email.Message {
 }
 
 func newEffectivelyOnce(d deps, mailLog *slog.Logger) (*effectivelyOnce, error) {
+	h, err := newEffects(d, mailLog)
+	if err != nil {
+		return nil, err
+	}
+	// The ledger step enqueues each charged event once (its key dedups),
+	// so the relay need not keep published rows: it deletes them.
+	if h.relay, err = outbox.NewRelay(d.pool, d.kafka, outbox.WithDeleteSent()); err != nil {
+		return nil, err
+	}
+	if h.plan, err = h.newPlan(); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// newEffects makes the plan's four effects over d's clients, without the
+// relay and the plan.
+func newEffects(d deps, mailLog *slog.Logger) (*effectivelyOnce, error) {
 	journal, err := postgres.NewJournal(d.pool, d.scope)
 	if err != nil {
 		return nil, err
@@ -247,23 +270,19 @@ func newEffectivelyOnce(d deps, mailLog *slog.Logger) (*effectivelyOnce, error) 
 	if err != nil {
 		return nil, err
 	}
-	// The ledger step enqueues each charged event once (its key dedups),
-	// so the relay need not keep published rows: it deletes them.
-	if h.relay, err = outbox.NewRelay(d.pool, d.kafka, outbox.WithDeleteSent()); err != nil {
-		return nil, err
-	}
 	if h.receipt, err = s3.New(d.s3, d.bucket, s3.WithPrefix("receipts/")); err != nil {
 		return nil, err
 	}
-	h.mail, err = email.New(journal, d.smtp,
+	mailOpts := []email.Option{
 		email.WithMailOptions(mail.WithTLSPolicy(mail.NoTLS)),
 		email.WithLease(lease),
-		email.WithMessageIDDomain("chargehook.example"),
-		email.WithLogger(mailLog))
-	if err != nil {
-		return nil, err
+		email.WithMessageIDDomain(mailDomain),
+		email.WithLogger(mailLog),
 	}
-	if h.plan, err = h.newPlan(); err != nil {
+	if d.dial != nil {
+		mailOpts = append(mailOpts, email.WithDialContext(d.dial))
+	}
+	if h.mail, err = email.New(journal, d.smtp, mailOpts...); err != nil {
 		return nil, err
 	}
 	return h, nil
