@@ -196,7 +196,7 @@ func TestCounterexampleWithoutJournalFails(t *testing.T) {
 		conformance.ScenarioRedelivery, conformance.ScenarioLateRedelivery, conformance.ScenarioHorizon,
 		conformance.ScenarioConcurrent, conformance.ScenarioLostReply, conformance.ScenarioCut, conformance.ScenarioCancel,
 		conformance.ScenarioKeyReuse, conformance.ScenarioRaceReuse, conformance.ScenarioDistinctKeys,
-		conformance.ScenarioStorm, conformance.ScenarioRestart,
+		conformance.ScenarioStorm, conformance.ScenarioKeyCapacity, conformance.ScenarioRestart,
 	}
 	failed := rep.Failed()
 	if !slices.Equal(failed, want) {

@@ -216,13 +216,13 @@ func TestConsumerWaitsNoLongerThanTheLease(t *testing.T) {
 	const lease = 200 * time.Millisecond
 	j := memjournal.New(nil)
 	key, _ := effects.NewKey("shop", "order-8", "mail")
+	began := time.Now() // before the lease is taken, so its end is at or after began+lease
 	crashedLease(t, j, key, lease)
 	var sends atomic.Int64
 	h := sendMail(t, j, lease, func(context.Context) error { sends.Add(1); return nil })
 	src := newMemSource(delivery("order-8", "p0"))
 	c := newConsumer(t, src, h, consume.WithBackoff(20*time.Second, 20*time.Second), refuseOnDeadLetter(t),
 		consume.WithObserver(&events{}))
-	began := time.Now()
 	stop := start(t, c)
 	waitFor(t, 8*time.Second, "the ack (a backoff of 10-20 s would be later)", func() bool { return src.totalAcks() == 1 })
 	took := time.Since(began)
