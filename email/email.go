@@ -141,6 +141,7 @@ type config struct {
 	domain    string
 	logger    *slog.Logger
 	loggerSet bool
+	observer  effects.Observer
 
 	idle        int
 	idleTimeout time.Duration
@@ -191,6 +192,15 @@ func WithMessageIDDomain(domain string) Option {
 // not be nil.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) { c.logger, c.loggerSet = l, true }
+}
+
+// WithObserver sends what the effect cannot return to o as events, in
+// place of log lines: [effects.EventFailed] for a message the server accepted whose sent-record did not commit and for a lease it
+// could not release, [effects.EventInFlight] when another attempt holds
+// the key's lease (see [journal.WithObserver]). Without it (or with a nil
+// o) the failures go to the logger ([WithLogger]), rate-limited.
+func WithObserver(o effects.Observer) Option {
+	return func(c *config) { c.observer = o }
 }
 
 // Sender is an [effects.Effect] that sends a [Message] under a key, keeping
@@ -253,6 +263,7 @@ func New(j journal.Journal, addr string, opts ...Option) (*Sender, error) {
 	if cfg.logger != nil {
 		jopts = append(jopts, journal.WithLogger(cfg.logger))
 	}
+	jopts = append(jopts, journal.WithObserver(cfg.observer))
 	journaled, err := journal.NewJournaled(op, j, jopts...)
 	if err != nil {
 		return nil, err

@@ -158,6 +158,7 @@ func New[In any](client *http.Client, build func(ctx context.Context, in In) (*h
 	if cfg.logger != nil {
 		jopts = append(jopts, journal.WithLogger(cfg.logger))
 	}
+	jopts = append(jopts, journal.WithObserver(cfg.observer))
 	j, err := journal.NewJournaled(op, cfg.journal, jopts...)
 	if err != nil {
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"effectively.dev/effects"
 	"effectively.dev/effects/journal"
 )
 
@@ -113,6 +114,7 @@ type config struct {
 	lease       time.Duration
 	logger      *slog.Logger
 	loggerSet   bool
+	observer    effects.Observer
 }
 
 type assignment struct {
@@ -361,4 +363,13 @@ func WithLease(d time.Duration) Option {
 // the time of the event. l must not be nil.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) { c.logger, c.loggerSet = l, true }
+}
+
+// WithObserver sends what the effect cannot return to o as events, in
+// place of log lines: [effects.EventFailed] for a response the journal did not record and for a lease it
+// could not release, [effects.EventInFlight] when another attempt holds
+// the key's lease (see [journal.WithObserver]). Without it (or with a nil
+// o) the failures go to the logger ([WithLogger]), rate-limited.
+func WithObserver(o effects.Observer) Option {
+	return func(c *config) { c.observer = o }
 }

@@ -42,6 +42,7 @@ type config struct {
 	lease     time.Duration
 	logger    *slog.Logger
 	loggerSet bool
+	observer  effects.Observer
 	api       *client.API
 	apiSet    bool
 }
@@ -66,6 +67,15 @@ func WithLease(d time.Duration) Option { return func(c *config) { c.lease = d } 
 // time of the event. l must not be nil.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) { c.logger, c.loggerSet = l, true }
+}
+
+// WithObserver sends what the effect cannot return to o as events, in
+// place of log lines: [effects.EventFailed] for an object Stripe created that the journal did not record and for a lease it
+// could not release, [effects.EventInFlight] when another attempt holds
+// the key's lease (see [journal.WithObserver]). Without it (or with a nil
+// o) the failures go to the logger ([WithLogger]), rate-limited.
+func WithObserver(o effects.Observer) Option {
+	return func(c *config) { c.observer = o }
 }
 
 // WithCheckClient gives an effect built by [New] the stripe-go client its
@@ -109,6 +119,7 @@ func newEffect(ctor, op string, opts []Option) (effect, error) {
 	if cfg.logger != nil {
 		jopts = append(jopts, journal.WithLogger(cfg.logger))
 	}
+	jopts = append(jopts, journal.WithObserver(cfg.observer))
 	j, err := journal.NewJournaled(op, cfg.journal, jopts...)
 	if err != nil {
 		return effect{}, err
