@@ -349,8 +349,13 @@ func TestDayTwoTorture(t *testing.T) {
 			takeovers++
 		}
 	}
-	if len(heldAtCrash) == 0 || takeovers == 0 || len(successorWaits) == 0 {
-		t.Errorf("the crash held %d mails mid-send; successors sent %d of them again after their lease and waited for a lease %d times; want at least one each",
+	// A wait for the dead attempt's lease is likely but not certain: on a
+	// loaded machine the successors may first reach the key after the
+	// lease ran out (the rebalance took longer than crashLease), and then
+	// take it over without waiting. The takeover is what must happen; the
+	// hang's control above already requires a wait.
+	if len(heldAtCrash) == 0 || takeovers == 0 {
+		t.Errorf("the crash held %d mails mid-send; successors sent %d of them again after their lease (waiting for a lease %d times); want at least one each",
 			len(heldAtCrash), takeovers, len(successorWaits))
 	}
 	var metLease time.Duration // from the crash to the successors' first wait for a dead attempt's lease
