@@ -262,15 +262,22 @@ var suiteOptions = map[string][]string{
 	suitePlan:    {"WithMaxSweep", "WithRetryFor", "WithTimeout", "WithApplyTimeout", "Only"},
 }
 
-// newConfig applies opts to the defaults and validates the result for the
-// suite op ("conformance.Run") running scenarios, once.
-func newConfig(op, suite string, scenarios []string, opts []Option) (config, error) {
+// applied returns the defaults with opts applied, nil ones ignored, not
+// validated (newConfig validates).
+func applied(opts []Option) config {
 	c := defaults()
 	for _, o := range opts {
 		if o != nil {
 			o(&c)
 		}
 	}
+	return c
+}
+
+// newConfig applies opts to the defaults and validates the result for the
+// suite op ("conformance.Run") running scenarios, once.
+func newConfig(op, suite string, scenarios []string, opts []Option) (config, error) {
+	c := applied(opts)
 	bad := func(option, format string, args ...any) (config, error) {
 		return config{}, &effects.ConfigError{Op: op, Option: option, Reason: fmt.Sprintf(format, args...)}
 	}

@@ -76,12 +76,7 @@ func runChild[In any](t *testing.T, adapter string, req *successorRequest, opts 
 		out.Setup = "reading the request: " + req.Adapter[1:]
 		return rep
 	}
-	cfg := defaults()
-	for _, o := range opts {
-		if o != nil {
-			o(&cfg)
-		}
-	}
+	cfg := applied(opts)
 	attach, ok := cfg.successor.(func(context.Context, string) (Harness[In], error))
 	if !ok {
 		out.Setup = "WithSuccessorProcess is missing from Run's options in the child, or its input type differs"

@@ -110,13 +110,7 @@ func runEffect[In any](t *testing.T, op, adapter string, mk Maker[In], strict bo
 
 // slowReplyAsked reports whether opts include [WithSlowReply].
 func slowReplyAsked(opts []Option) bool {
-	c := defaults()
-	for _, o := range opts {
-		if o != nil {
-			o(&c)
-		}
-	}
-	return c.slowReplySet
+	return applied(opts).slowReplySet
 }
 
 // unverified marks the fields of rep that a scenario could not verify
