@@ -250,16 +250,22 @@ func TestQuietPeriodCatchesLateWriter(t *testing.T) {
 	}
 }
 
-// deadlineLedger gives each Apply a deadline of its own, 200 ms; if
-// timeoutTransient, it reports running out of it as ErrTransient ("the
-// call timed out, nothing happened") although the request was sent.
+// deadlineLedger gives each Apply a deadline of its own (200 ms unless
+// deadline says otherwise); if timeoutTransient, it reports running out
+// of it as ErrTransient ("the call timed out, nothing happened") although
+// the request was sent.
 type deadlineLedger struct {
 	*Ledger
 	timeoutTransient bool
+	deadline         time.Duration
 }
 
 func (l deadlineLedger) Apply(ctx context.Context, key effects.Key, in Entry) (effects.Result, error) {
-	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	d := l.deadline
+	if d == 0 {
+		d = 200 * time.Millisecond
+	}
+	cctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	res, err := l.Ledger.Apply(cctx, key, in)
 	if err != nil && l.timeoutTransient && cctx.Err() != nil && ctx.Err() == nil {
@@ -276,7 +282,7 @@ func TestSlowReplyCatchesTimeoutAsTransient(t *testing.T) {
 	mk := func(transient bool) conformance.Maker[Entry] {
 		return func(t testing.TB) conformance.Harness[Entry] {
 			return ledgerVariant{&ledgerHarness{srv: startLedger(t, 0)}, func(l *Ledger) effects.Effect[Entry] {
-				return deadlineLedger{l, transient}
+				return deadlineLedger{l, transient, 0}
 			}, 0}
 		}
 	}
