@@ -52,7 +52,9 @@ type bare struct {
 // without Attacher and WithSuccessorProcess, passes what runs and is
 // rejected as unverified, naming successor-process and the capability.
 func TestStrictProcessScopedDedup(t *testing.T) {
-	build := simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] { return counterexamples.ProcessScopedDedup{DB: p} })
+	build := simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
+		return counterexamples.ProcessScopedDedup{DB: p}
+	})
 	mk := maker(build)
 	rep := conformance.Evaluate(t, "counterexample/process-scoped-dedup without a successor process",
 		func(t testing.TB) conformance.Harness[counterexamples.Payment] { return bare{mk(t)} },
@@ -64,7 +66,9 @@ func TestStrictProcessScopedDedup(t *testing.T) {
 // declared "kept until pruned", run with Only(horizon) and no Ager, is
 // rejected as unverified: Only never turns the missing Ager into a pass.
 func TestStrictHorizonWithoutAger(t *testing.T) {
-	mk := maker(simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] { return counterexamples.ForgetfulDedup{DB: p} }))
+	mk := maker(simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
+		return counterexamples.ForgetfulDedup{DB: p}
+	}))
 	rep := conformance.Evaluate(t, "counterexample/forgetful-dedup without Ager",
 		func(t testing.TB) conformance.Harness[counterexamples.Payment] { return bare{mk(t)} },
 		conformance.Only(conformance.ScenarioHorizon))
