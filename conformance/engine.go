@@ -58,7 +58,7 @@ func runTable[H any](t *testing.T, op, suite, subject string, table []scenario[H
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
-	rep := Report{Suite: suite, Adapter: subject, Evaluated: !strict, Unverified: cfg.unverified}
+	rep := Report{Suite: suite, Adapter: subject, Evaluated: !strict, Unverified: cfg.unverified, UnverifiedFor: cfg.unverifiedFor}
 	for _, sc := range table {
 		row := &Row{Scenario: sc.Name}
 		if !cfg.selected(sc.Name) {

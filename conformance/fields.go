@@ -260,15 +260,23 @@ func (r Report) Verify() error {
 		r.Adapter, ErrUnverified, strings.Join(lines, "\n"), strings.Join(fixes, "\n"))
 }
 
-// allow marks every blocked field of rep with the reason given to
-// [AllowUnverified].
+// allow marks each blocked field of rep with the reason given to
+// [AllowUnverified], when every scenario that blocks it is one the reason
+// covers.
 func allow(rep *Report) {
 	if rep.Unverified == "" {
 		return
 	}
 	for i := range rep.Fields {
-		if rep.Fields[i].blocked() {
-			rep.Fields[i].Allowed = rep.Unverified
+		f := &rep.Fields[i]
+		if !f.blocked() {
+			continue
+		}
+		covered := len(rep.UnverifiedFor) == 0 || !slices.ContainsFunc(f.LeftOut, func(l LeftOut) bool {
+			return l.Blocks && !slices.Contains(rep.UnverifiedFor, l.Scenario)
+		})
+		if covered {
+			f.Allowed = rep.Unverified
 		}
 	}
 }

@@ -81,7 +81,8 @@ type config struct {
 	quietPeriod    time.Duration
 	capacity       int
 	only           []string
-	unverified     string // AllowUnverified's reason
+	unverified     string   // AllowUnverified's reason
+	unverifiedFor  []string // the scenarios it covers; nil: every one
 	successor      any    // WithSuccessorProcess's attach function
 
 	set []string // names of the options given, to refuse those a suite does not take
@@ -242,8 +243,17 @@ func WithSuccessorProcess[In any](attach func(ctx context.Context, attachment st
 // could not check is a claim, not a guarantee. The reason must say why
 // the harness cannot do better ("the backend's clock cannot be moved and
 // its horizon is a year"); it cannot be empty.
-func AllowUnverified(reason string) Option {
-	return func(c *config) { c.unverified = reason; c.mark("AllowUnverified") }
+//
+// With scenarios named, the reason covers only those: a field that a
+// scenario not named leaves unverified still fails the run, so a harness
+// states exactly what it cannot do, and a capability it loses later is
+// not excused by an old reason. Each name must be one of the suite's
+// scenarios.
+func AllowUnverified(reason string, scenarios ...string) Option {
+	return func(c *config) {
+		c.unverified, c.unverifiedFor = reason, append([]string(nil), scenarios...)
+		c.mark("AllowUnverified")
+	}
 }
 
 // Only runs just the named scenarios; the others are reported as not run
@@ -331,6 +341,11 @@ func newConfig(op, suite string, table []Scenario, opts []Option) (config, error
 	for _, n := range c.only {
 		if !slices.Contains(scenarios, n) {
 			return bad("Only", "unknown scenario %q for the %s suite (its scenarios: %s)", n, suite, strings.Join(scenarios, ", "))
+		}
+	}
+	for _, n := range c.unverifiedFor {
+		if !slices.Contains(scenarios, n) {
+			return bad("AllowUnverified", "unknown scenario %q for the %s suite (its scenarios: %s)", n, suite, strings.Join(scenarios, ", "))
 		}
 	}
 	return c, nil

@@ -179,6 +179,9 @@ type Report struct {
 	// Unverified is the reason the harness gave with [AllowUnverified]
 	// for fields it cannot verify; the matrix shows it beside them.
 	Unverified string `json:",omitempty"`
+	// UnverifiedFor lists the scenarios the reason covers; empty: every
+	// one.
+	UnverifiedFor []string `json:",omitempty"`
 }
 
 // Row returns the row of the named scenario.

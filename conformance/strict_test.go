@@ -244,3 +244,31 @@ func TestScenarioRecords(t *testing.T) {
 		}
 	}
 }
+
+// TestAllowUnverifiedScoped: a reason that names scenarios covers only
+// the fields those scenarios alone leave unverified.
+func TestAllowUnverifiedScoped(t *testing.T) {
+	offMatrix(t)
+	noAger := func(t testing.TB) conformance.Harness[Entry] {
+		return struct{ conformance.Harness[Entry] }{&ledgerHarness{srv: startLedger(t, 0)}}
+	}
+	var others []string
+	for _, s := range conformance.Scenarios {
+		if s != conformance.ScenarioRedelivery && s != conformance.ScenarioHorizon {
+			others = append(others, s)
+		}
+	}
+	only := conformance.Only(conformance.ScenarioRedelivery, conformance.ScenarioHorizon)
+	rep := conformance.Evaluate(t, "ledger without Ager", noAger, only, conformance.AllowUnverified("no clock to move", conformance.ScenarioHorizon))
+	if err := rep.Verify(); !errors.Is(err, conformance.ErrUnverified) || !strings.Contains(err.Error(), "not selected (Only)") {
+		t.Errorf("a reason for horizon alone excused the scenarios Only left out: %v", err)
+	}
+	rep = conformance.Evaluate(t, "ledger without Ager", noAger, only,
+		conformance.AllowUnverified("this test runs two scenarios and has no clock to move", append(others, conformance.ScenarioHorizon)...))
+	if err := rep.Verify(); err != nil {
+		t.Errorf("every blocking scenario named: %v", err)
+	}
+	if h, _ := rep.Field(conformance.FieldHorizon); h.Allowed == "" {
+		t.Errorf("Horizon: %s, want allowed", h)
+	}
+}
