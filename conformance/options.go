@@ -83,7 +83,7 @@ type config struct {
 	only           []string
 	unverified     string   // AllowUnverified's reason
 	unverifiedFor  []string // the scenarios it covers; nil: every one
-	successor      any    // WithSuccessorProcess's attach function
+	successor      any      // WithSuccessorProcess's attach function
 
 	set []string // names of the options given, to refuse those a suite does not take
 }
