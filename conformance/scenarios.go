@@ -55,11 +55,11 @@ func (s *scene[In]) redelivery() {
 // harness can do.
 func (s *scene[In]) lateRedelivery() {
 	if !s.recordsKeys() {
-		s.skip("nothing records keys (the contract allows a duplicate on any redelivery)")
+		s.inapplicable("nothing records keys (the contract allows a duplicate on any redelivery)")
 	}
 	wait := s.cfg.lateRedelivery
 	if h := s.contract.Horizon; h > 0 && h <= 2*wait {
-		s.skip("the declared horizon %v is too short for a redelivery %v later", h, wait)
+		s.inapplicable("the declared horizon %v is too short for a redelivery %v later (the horizon scenario verifies it)", h, wait)
 	}
 	inst := s.open(NewFaults())
 	key := s.key("late")
