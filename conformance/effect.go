@@ -67,7 +67,7 @@ func effectTable[In any]() []scenario[Harness[In]] {
 		e(ScenarioStorm, "1,000 keys, 99% applied first: the warm-up and the storm grow the backend by exactly the new keys, every key counted",
 			nil, guarantee, list("WithStorm"), list("BlindWrite", "StormCheat"), (*s).storm),
 		e(ScenarioKeyCapacity, "apply a key, then 5,000 other keys, and redeliver it on the same and on a new instance, then with the other payload",
-			nil, list(FieldGuarantee, FieldHorizon, FieldDetectsKeyReuse), list("WithCapacity"), list("NewestKeysOnly"), (*s).keyCapacity),
+			nil, list(FieldGuarantee, FieldDuplicateWindow, FieldHorizon, FieldDetectsKeyReuse), list("WithCapacity"), list("NewestKeysOnly"), (*s).keyCapacity),
 		e(ScenarioRestart, "apply, restart the backend cleanly, redeliver",
 			[]capability{capRestarter}, guarantee, nil, nil, (*s).restart),
 		e(ScenarioCrashRestart, "apply 4 keys, crash the backend and start it again, count each key before any redelivery, then redeliver",
