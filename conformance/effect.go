@@ -3,6 +3,7 @@ package conformance
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -134,6 +135,7 @@ type scene[In any] struct {
 	*checker
 	h        Harness[In]
 	contract effects.Contract
+	gaveUp   *atomic.Int64 // a sweep's faulted Applies that returned an error
 }
 
 // instance is one adapter instance: a process, to the suite.
