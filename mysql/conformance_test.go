@@ -51,9 +51,9 @@ type confHarness struct {
 
 // newConfHarness returns a harness on a database of its own, on the
 // top-level test's own server, which the suite may restart and crash.
-// keyColumn, when not empty, replaces the key column's definition: a
-// counterexample's schema.
-func newConfHarness(t testing.TB, keyColumn string) conformance.Harness[confCharge] {
+// alter, when not empty, is run after Migrate (ALTER TABLE
+// effectively_keys alter): a counterexample's schema.
+func newConfHarness(t testing.TB, alter string) conformance.Harness[confCharge] {
 	dsn, restart := mysqltest.DedicatedDB(t)
 	db, err := sql.Open("mysql", dsn)
 	if err != nil {
@@ -64,8 +64,8 @@ func newConfHarness(t testing.TB, keyColumn string) conformance.Harness[confChar
 	if err := mysql.Migrate(ctx, db); err != nil {
 		t.Fatal(err)
 	}
-	if keyColumn != "" {
-		if _, err := db.ExecContext(ctx, "ALTER TABLE effectively_keys MODIFY `key` "+keyColumn); err != nil {
+	if alter != "" {
+		if _, err := db.ExecContext(ctx, "ALTER TABLE effectively_keys "+alter); err != nil {
 			t.Fatal(err)
 		}
 	}

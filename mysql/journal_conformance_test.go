@@ -1,0 +1,82 @@
+package mysql_test
+
+import (
+	"context"
+	"database/sql"
+	"os"
+	"testing"
+
+	driver "github.com/go-sql-driver/mysql"
+
+	"effectively.dev/conformance"
+	"effectively.dev/effects/journal"
+	"effectively.dev/mysql"
+	"effectively.dev/mysql/mysqltest"
+)
+
+// journalHarness opens mysql.Journal instances over one database, each
+// with its own *sql.DB whose driver calls go through the suite's faults
+// (conformance.SQLConnector).
+type journalHarness struct{ dsn string }
+
+func (h *journalHarness) Open(ctx context.Context, f *conformance.Faults) (journal.Journal, func(), error) {
+	cfg, err := driver.ParseDSN(h.dsn)
+	if err != nil {
+		return nil, nil, err
+	}
+	base, err := driver.NewConnector(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	db := sql.OpenDB(conformance.SQLConnector(base, f))
+	j, err := mysql.NewJournal(db, "conformance")
+	if err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	return j, func() { db.Close() }, nil
+}
+
+// OneClock excludes the clock-skew scenario: the lease's end is computed
+// and compared by the server's NOW(6) in the statements themselves, so no
+// instance's clock judges a lease.
+func (*journalHarness) OneClock() string {
+	return "leases are judged by the database server's NOW(6), one clock for every instance"
+}
+
+// newJournalHarness returns a journal harness on a database of its own,
+// on the top-level test's own server, which the suite may restart and
+// crash (SIGKILL of mysqld).
+func newJournalHarness(t testing.TB) conformance.JournalHarness {
+	dsn, restart := mysqltest.DedicatedDB(t)
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := mysql.Migrate(context.Background(), db); err != nil {
+		t.Fatal(err)
+	}
+	h := &journalHarness{dsn: dsn}
+	if restart == nil {
+		return h // MYSQL_DSN: not ours to restart
+	}
+	return struct {
+		*journalHarness
+		mysqltest.RestartFunc
+		mysqltest.CrashRestartFunc
+	}{h, restart, mysqltest.DedicatedCrash(t)}
+}
+
+// TestJournalConformance holds mysql.Journal to the journal.Journal
+// contract, a clean restart and a crash restart of the server included
+// when the server is the test's own.
+func TestJournalConformance(t *testing.T) {
+	rep := conformance.RunJournal(t, "mysql.Journal", newJournalHarness)
+	for _, row := range rep.Rows {
+		restarts := row.Scenario == conformance.JournalBackendRestart || row.Scenario == conformance.JournalCrashRestart
+		if row.Verdict == conformance.NotRun && row.Scenario != conformance.JournalClockSkew && !(restarts && os.Getenv("MYSQL_DSN") != "") {
+			t.Errorf("%s: not run: %s", row.Scenario, row.Skipped)
+		}
+	}
+}
