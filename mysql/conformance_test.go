@@ -173,4 +173,3 @@ func (h *confHarness) CountBatch(ctx context.Context, keys []effects.Key) ([]int
 func (h *confHarness) Age(ctx context.Context, d time.Duration) error {
 	return mysqltest.Age(ctx, h.dsn, d)
 }
-

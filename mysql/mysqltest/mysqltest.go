@@ -87,10 +87,11 @@ type Options struct {
 	// mysql.Check inspects are safe. Benchmarks should use Durable servers.
 	Durable bool
 
-	// Settings are extra server options, passed as --name=value (use
-	// underscores or dashes as the server does). They override the
-	// package's defaults, but not the address, port, data directory,
-	// socket or log file.
+	// Settings are extra server options, passed as --name=value, or as
+	// --name for an empty value (underscores and dashes alike). They
+	// override the package's defaults (log-bin turns the binary log on,
+	// which is off by default), but not the address, port, data
+	// directory, socket or log file.
 	Settings map[string]string
 }
 
@@ -312,7 +313,11 @@ func (s *Server) args(port int) []string {
 		settings["innodb-doublewrite"] = "0"
 	}
 	for k, v := range s.opts.Settings {
-		settings[strings.ReplaceAll(k, "_", "-")] = v
+		k = strings.ReplaceAll(k, "_", "-")
+		if k == "log-bin" {
+			delete(settings, "skip-log-bin")
+		}
+		settings[k] = v
 	}
 	args := []string{"--no-defaults"}
 	for _, k := range slices.Sorted(maps.Keys(settings)) {
