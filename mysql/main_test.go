@@ -85,3 +85,14 @@ func ledgerRows(t testing.TB, db *sql.DB, eventID string) int {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// openPlain opens dsn, closed when t ends.
+func openPlain(t testing.TB, dsn string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
