@@ -359,14 +359,20 @@ func TestNewConfig(t *testing.T) {
 	}
 	defer db.Close()
 	for name, err := range map[string]error{
-		"nil db":              func() error { _, err := mysql.New[payment](nil, "s", writeLedger); return err }(),
-		"nil write":           func() error { _, err := mysql.New[payment](db, "s", nil); return err }(),
-		"empty scope":         func() error { _, err := mysql.New(db, "", writeLedger); return err }(),
-		"long scope":          func() error { _, err := mysql.New(db, strings.Repeat("s", 256), writeLedger); return err }(),
-		"NUL in scope":        func() error { _, err := mysql.New(db, "a\x00b", writeLedger); return err }(),
-		"negative retries":    func() error { _, err := mysql.New(db, "s", writeLedger, mysql.WithMaxRetries(-1)); return err }(),
-		"bad isolation":       func() error { _, err := mysql.New(db, "s", writeLedger, mysql.WithIsolation(sql.LevelSnapshot)); return err }(),
-		"fingerprint type":    func() error { _, err := mysql.New(db, "s", writeLedger, mysql.WithFingerprint(func(string) ([]byte, error) { return nil, nil })); return err }(),
+		"nil db":           func() error { _, err := mysql.New[payment](nil, "s", writeLedger); return err }(),
+		"nil write":        func() error { _, err := mysql.New[payment](db, "s", nil); return err }(),
+		"empty scope":      func() error { _, err := mysql.New(db, "", writeLedger); return err }(),
+		"long scope":       func() error { _, err := mysql.New(db, strings.Repeat("s", 256), writeLedger); return err }(),
+		"NUL in scope":     func() error { _, err := mysql.New(db, "a\x00b", writeLedger); return err }(),
+		"negative retries": func() error { _, err := mysql.New(db, "s", writeLedger, mysql.WithMaxRetries(-1)); return err }(),
+		"bad isolation": func() error {
+			_, err := mysql.New(db, "s", writeLedger, mysql.WithIsolation(sql.LevelSnapshot))
+			return err
+		}(),
+		"fingerprint type": func() error {
+			_, err := mysql.New(db, "s", writeLedger, mysql.WithFingerprint(func(string) ([]byte, error) { return nil, nil }))
+			return err
+		}(),
 		"journal retries":     func() error { _, err := mysql.NewJournal(db, "s", mysql.WithMaxRetries(1)); return err }(),
 		"journal nil db":      func() error { _, err := mysql.NewJournal(nil, "s"); return err }(),
 		"pruner horizon":      func() error { _, err := mysql.NewPruner(db, "s", 0); return err }(),
