@@ -121,11 +121,12 @@ func (e *Effect[In]) Contract() effects.Contract {
 // duplicate wrote or locked, say) is looked up the same way.
 //
 // Cost of a new key: a plain insert transaction's round trips (START
-// TRANSACTION, the write, COMMIT) and the key's INSERT (two round trips
-// when the DSN lets database/sql prepare it, one with interpolateParams);
-// at COMMIT, the one log flush both pay. Cost of a duplicate: the write,
-// run and rolled back, the key's INSERT, which fails, ROLLBACK and the
-// lookup. BENCHMARKS.md has the measurements.
+// TRANSACTION, the write, COMMIT) and one more, the key's INSERT (sent as
+// one query, its values as hexadecimal literals); the log flush at
+// COMMIT is paid once either way. Cost of a duplicate: START TRANSACTION,
+// the write, run and rolled back, the key's INSERT, which fails, ROLLBACK
+// and the lookup (one query), and no log flush. BENCHMARKS.md has the
+// measurements.
 //
 // Errors:
 //   - [effects.ErrInvalidKey]: key is invalid; checked before any I/O.
@@ -179,7 +180,7 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 	if err != nil {
 		return e.failedBeforeCommit(ctx, tx, key, fp, err, false)
 	}
-	if _, err := tx.ExecContext(ctx, insertKeySQL, []byte(e.scope), []byte(key), fp, []byte(ref)); err != nil {
+	if _, err := tx.ExecContext(ctx, insertKeyQuery(e.scope, string(key), fp, ref)); err != nil {
 		if errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil {
 			return effects.Result{}, classified{err: fmt.Errorf("%s key %q: %w: nothing is committed with the key, and what the write committed stays", opApply, key, errWriteEndedTx)}
 		}
@@ -216,13 +217,13 @@ func (e *Effect[In]) failedBeforeCommit(ctx context.Context, tx *sql.Tx, key eff
 	return effects.Result{}, classify(ctx, opApply, key, err, false, broken)
 }
 
-// replayIfCommitted looks key up (lookupSQL, outside any transaction): if
+// replayIfCommitted looks key up (lookupQuery, outside any transaction): if
 // it has been committed, it replays it, or reports its reuse with another
 // fingerprint, and reports true. It reports false when the key is not
 // committed, and when it cannot tell (the lookup failed).
 func (e *Effect[In]) replayIfCommitted(ctx context.Context, key effects.Key, fp []byte) (effects.Result, classified, bool) {
 	var storedFP, ref []byte
-	if err := e.db.QueryRowContext(ctx, lookupSQL, []byte(e.scope), []byte(key)).Scan(&storedFP, &ref); err != nil {
+	if err := e.db.QueryRowContext(ctx, lookupQuery(e.scope, string(key))).Scan(&storedFP, &ref); err != nil {
 		return effects.Result{}, classified{}, false
 	}
 	if !bytes.Equal(storedFP, fp) {

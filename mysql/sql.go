@@ -1,27 +1,56 @@
 package mysql
 
+import (
+	"encoding/hex"
+	"strings"
+)
+
 // The package's SQL, in one place: every statement the adapter sends,
 // except the schema (schema.sql, applied by Migrate) and the transaction
 // control statements that database/sql sends (START TRANSACTION, COMMIT,
-// ROLLBACK). Keys, scopes, fingerprints and refs travel as []byte, so that
+// ROLLBACK). Keys, scopes, fingerprints and refs travel as bytes, so that
 // neither the connection's character set nor client-side interpolation
-// changes a byte of them.
+// changes a byte of them: as []byte arguments, or, in Apply's two
+// statements, as hexadecimal literals (X'...').
+//
+// Apply's statements carry their values as hexadecimal literals and no
+// arguments, so that database/sql sends each as one query in one round
+// trip: with arguments, go-sql-driver (unless the DSN sets
+// interpolateParams) prepares the statement, executes it and closes it,
+// two round trips. A hexadecimal literal is a binary string of exactly the
+// bytes given, whatever the connection's character set; it needs no
+// escaping, so no value can change the statement.
 
-// insertKeySQL records the key with its ref, in the write's transaction,
-// just before COMMIT. It is a plain INSERT: if the key was committed
-// before, it fails with 1062 (ER_DUP_ENTRY); if a concurrent transaction
-// inserted it and has not ended, InnoDB makes it wait, and it fails with
-// 1062 if that one commits. The attempt then rolls back, its write with
-// it, and Apply looks the key up (lookupSQL), which replays.
-const insertKeySQL = "INSERT INTO effectively_keys (scope, `key`, fingerprint, ref) VALUES (?, ?, ?, ?)"
+// hexLiteral returns b as a MySQL hexadecimal literal, X'...'.
+func hexLiteral(b []byte) string {
+	var sb strings.Builder
+	sb.Grow(3 + 2*len(b))
+	sb.WriteString("X'")
+	sb.WriteString(hex.EncodeToString(b))
+	sb.WriteByte('\'')
+	return sb.String()
+}
 
-// lookupSQL reads a committed key, for its fingerprint and ref. Apply runs
-// it outside any transaction (autocommit), so its snapshot is new and
+// insertKeyQuery records the key with its ref, in the write's
+// transaction, just before COMMIT. It is a plain INSERT: if the key was
+// committed before, it fails with 1062 (ER_DUP_ENTRY); if a concurrent
+// transaction inserted it and has not ended, InnoDB makes it wait, and it
+// fails with 1062 if that one commits. The attempt then rolls back, its
+// write with it, and Apply looks the key up (lookupQuery), which replays.
+func insertKeyQuery(scope, key string, fp []byte, ref string) string {
+	return "INSERT INTO effectively_keys (scope, `key`, fingerprint, ref) VALUES (" +
+		hexLiteral([]byte(scope)) + ", " + hexLiteral([]byte(key)) + ", " + hexLiteral(fp) + ", " + hexLiteral([]byte(ref)) + ")"
+}
+
+// lookupQuery reads a committed key, for its fingerprint and ref. Apply
+// runs it outside any transaction (autocommit), so its snapshot is new and
 // sees every committed row, whatever the isolation level of the attempt
 // that found the key taken.
-const lookupSQL = "SELECT fingerprint, ref FROM effectively_keys WHERE scope = ? AND `key` = ?"
+func lookupQuery(scope, key string) string {
+	return "SELECT fingerprint, ref FROM effectively_keys WHERE scope = " + hexLiteral([]byte(scope)) + " AND `key` = " + hexLiteral([]byte(key))
+}
 
-// pruneSQL deletes up to $3 keys of a scope created before a time given
+// pruneSQL deletes up to limit (the third parameter) keys of a scope created before a time given
 // as Unix seconds with microseconds (a decimal string: FROM_UNIXTIME reads
 // it in the session's time zone, as TIMESTAMP values are read).
 const pruneSQL = "DELETE FROM effectively_keys WHERE scope = ? AND created_at < FROM_UNIXTIME(CAST(? AS DECIMAL(20,6))) LIMIT ?"
@@ -31,7 +60,7 @@ const pruneSQL = "DELETE FROM effectively_keys WHERE scope = ? AND created_at < 
 // microseconds.
 const pruneOlderThanSQL = "DELETE FROM effectively_keys WHERE scope = ? AND created_at < NOW(6) - INTERVAL ? MICROSECOND LIMIT ?"
 
-// pruneJournalSQL deletes up to $3 journal records created before a
+// pruneJournalSQL deletes up to limit (the third parameter) journal records created before a
 // time, done or not, except those whose lease is live.
 const pruneJournalSQL = "DELETE FROM effectively_journal WHERE scope = ? AND created_at < FROM_UNIXTIME(CAST(? AS DECIMAL(20,6))) " +
 	"AND (lease_until IS NULL OR lease_until < NOW(6)) LIMIT ?"
