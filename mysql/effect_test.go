@@ -13,6 +13,7 @@ import (
 
 	driver "github.com/go-sql-driver/mysql"
 
+	"effectively.dev/conformance"
 	"effectively.dev/effects"
 	"effectively.dev/mysql"
 	"effectively.dev/mysql/mysqltest"
@@ -383,5 +384,56 @@ func TestNewConfig(t *testing.T) {
 		if !effects.IsConfig(err) {
 			t.Errorf("%s: %v, want a ConfigError", name, err)
 		}
+	}
+}
+
+// TestLostCommitReplyAmbiguous: when COMMIT's reply is lost (the server
+// committed; the connection dropped before the client read the answer),
+// Apply returns ErrAmbiguous, and the retry with the same key finds the
+// key and replays: one effect.
+func TestLostCommitReplyAmbiguous(t *testing.T) {
+	db, dsn := newDB(t)
+	ctx := testCtx(t)
+	cfg, err := driver.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, err := driver.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := conformance.NewFaults()
+	faulted := sql.OpenDB(conformance.SQLConnector(base, f))
+	defer faulted.Close()
+	faulted.SetMaxOpenConns(1) // one warm connection: every Apply makes the same round trips
+	eff, err := mysql.New(faulted, "s", writeLedger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	apply := func(id string) (effects.Result, error) {
+		return eff.Apply(ctx, effects.MustKey(id), payment{EventID: id, Amount: 1})
+	}
+	if _, err := apply("warm-up"); err != nil {
+		t.Fatal(err)
+	}
+	before := f.RoundTrips()
+	if _, err := apply("measure"); err != nil {
+		t.Fatal(err)
+	}
+	trips := f.RoundTrips() - before // the last one is COMMIT
+	f.Arm(f.RoundTrips()+trips, conformance.DropReply, nil)
+	_, err = apply("lost")
+	if !errors.Is(err, effects.ErrAmbiguous) || !f.Fired() {
+		t.Fatalf("Apply whose COMMIT reply was lost: %v (fault fired: %t), want ErrAmbiguous", err, f.Fired())
+	}
+	if n := ledgerRows(t, db, "lost"); n != 1 {
+		t.Errorf("after the lost reply: %d ledger rows, want 1 (the server committed)", n)
+	}
+	res, err := apply("lost")
+	if err != nil || res.Status != effects.Replayed {
+		t.Errorf("retry with the same key: %+v, %v; want replayed", res, err)
+	}
+	if n := ledgerRows(t, db, "lost"); n != 1 {
+		t.Errorf("after the retry: %d ledger rows, want 1", n)
 	}
 }
