@@ -63,11 +63,7 @@ type confHarness struct {
 // effectively_keys alter): a counterexample's schema.
 func newConfHarness(t testing.TB, alter string) conformance.Harness[confCharge] {
 	dsn, restart := mysqltest.DedicatedDB(t)
-	db, err := sql.Open("mysql", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := openPlain(t, dsn)
 	ctx := testCtx(t)
 	if err := mysql.Migrate(ctx, db); err != nil {
 		t.Fatal(err)
@@ -103,15 +99,10 @@ func (h *confHarness) Attachment() string { return h.dsn }
 // Make builds a new adapter instance whose every driver call goes through
 // the suite's faults (conformance.SQLConnector).
 func (h *confHarness) Make(ctx context.Context, f *conformance.Faults) (effects.Effect[confCharge], func(), error) {
-	cfg, err := driver.ParseDSN(h.dsn)
+	db, err := faultedDB(h.dsn, f)
 	if err != nil {
 		return nil, nil, err
 	}
-	base, err := driver.NewConnector(cfg)
-	if err != nil {
-		return nil, nil, err
-	}
-	db := sql.OpenDB(conformance.SQLConnector(base, f))
 	eff, err := mysql.New(db, "conformance", func(ctx context.Context, tx *sql.Tx, in confCharge) (string, error) {
 		res, err := tx.ExecContext(ctx, `INSERT INTO conf_ledger (event_id, cents) VALUES (?, ?)`, []byte(in.EventID), in.Cents)
 		if err != nil {
@@ -121,6 +112,20 @@ func (h *confHarness) Make(ctx context.Context, f *conformance.Faults) (effects.
 		return "conf_ledger:" + itoa(id), err
 	})
 	return eff, func() { db.Close() }, err
+}
+
+// faultedDB opens dsn with every driver call through f
+// (conformance.SQLConnector over go-sql-driver/mysql's connector).
+func faultedDB(dsn string, f *conformance.Faults) (*sql.DB, error) {
+	cfg, err := driver.ParseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	base, err := driver.NewConnector(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return sql.OpenDB(conformance.SQLConnector(base, f)), nil
 }
 
 // Input embeds the key so that Count can find the effect; variant 1

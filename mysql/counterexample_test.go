@@ -2,6 +2,7 @@ package mysql_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"effectively.dev/conformance"
@@ -29,8 +30,15 @@ func TestConformanceCatchesCaseInsensitiveKeys(t *testing.T) {
 	}
 	t.Logf("caught: %v", row.Failures)
 
+	checkRefuses(t, "MODIFY `key` "+postgresMindedKey, "key varchar(255) COLLATE utf8mb4_general_ci")
+}
+
+// checkRefuses checks that Check refuses effectively_keys altered by
+// alter, with a ConfigError that says why (want).
+func checkRefuses(t *testing.T, alter, want string) {
+	t.Helper()
 	db, _ := newDB(t)
-	if _, err := db.ExecContext(testCtx(t), "ALTER TABLE effectively_keys MODIFY `key` "+postgresMindedKey); err != nil {
+	if _, err := db.ExecContext(testCtx(t), "ALTER TABLE effectively_keys "+alter); err != nil {
 		t.Fatal(err)
 	}
 	eff, err := mysql.New(db, "s", writeLedger)
@@ -38,10 +46,8 @@ func TestConformanceCatchesCaseInsensitiveKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	var cfg *effects.ConfigError
-	if err := eff.Check(testCtx(t)); !errors.As(err, &cfg) {
-		t.Errorf("Check over a case-insensitive key column: %v, want a *effects.ConfigError", err)
-	} else {
-		t.Logf("Check: %v", err)
+	if err := eff.Check(testCtx(t)); !errors.As(err, &cfg) || !strings.Contains(err.Error(), want) {
+		t.Errorf("Check after ALTER TABLE effectively_keys %s: %v, want a *effects.ConfigError saying %q", alter, err, want)
 	}
 }
 
@@ -103,16 +109,5 @@ func TestConformanceCatchesMyISAMKeys(t *testing.T) {
 	}
 	t.Logf("caught: %v", row.Failures[0])
 
-	db, _ := newDB(t)
-	if _, err := db.ExecContext(testCtx(t), "ALTER TABLE effectively_keys ENGINE=MyISAM"); err != nil {
-		t.Fatal(err)
-	}
-	eff, err := mysql.New(db, "s", writeLedger)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfg *effects.ConfigError
-	if err := eff.Check(testCtx(t)); !errors.As(err, &cfg) {
-		t.Errorf("Check over a MyISAM key table: %v, want a *effects.ConfigError", err)
-	}
+	checkRefuses(t, "ENGINE=MyISAM", "is MyISAM, not InnoDB")
 }

@@ -394,16 +394,11 @@ func TestNewConfig(t *testing.T) {
 func TestLostCommitReplyAmbiguous(t *testing.T) {
 	db, dsn := newDB(t)
 	ctx := testCtx(t)
-	cfg, err := driver.ParseDSN(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	base, err := driver.NewConnector(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
 	f := conformance.NewFaults()
-	faulted := sql.OpenDB(conformance.SQLConnector(base, f))
+	faulted, err := faultedDB(dsn, f)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer faulted.Close()
 	faulted.SetMaxOpenConns(1) // one warm connection: every Apply makes the same round trips
 	eff, err := mysql.New(faulted, "s", writeLedger)

@@ -6,8 +6,6 @@ import (
 	"os"
 	"testing"
 
-	driver "github.com/go-sql-driver/mysql"
-
 	"effectively.dev/conformance"
 	"effectively.dev/effects/journal"
 	"effectively.dev/mysql"
@@ -20,15 +18,10 @@ import (
 type journalHarness struct{ dsn string }
 
 func (h *journalHarness) Open(ctx context.Context, f *conformance.Faults) (journal.Journal, func(), error) {
-	cfg, err := driver.ParseDSN(h.dsn)
+	db, err := faultedDB(h.dsn, f)
 	if err != nil {
 		return nil, nil, err
 	}
-	base, err := driver.NewConnector(cfg)
-	if err != nil {
-		return nil, nil, err
-	}
-	db := sql.OpenDB(conformance.SQLConnector(base, f))
 	j, err := mysql.NewJournal(db, "conformance")
 	if err != nil {
 		db.Close()

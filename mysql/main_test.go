@@ -59,11 +59,7 @@ func newDB(t testing.TB) (*sql.DB, string) {
 // openMigrated opens dsn, migrates it and creates the ledger table.
 func openMigrated(t testing.TB, dsn string) *sql.DB {
 	t.Helper()
-	db, err := sql.Open("mysql", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := openPlain(t, dsn)
 	ctx := testCtx(t)
 	if err := mysql.Migrate(ctx, db); err != nil {
 		t.Fatal(err)
