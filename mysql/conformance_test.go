@@ -32,7 +32,8 @@ func TestConformance(t *testing.T) {
 	}
 	external := os.Getenv("MYSQL_DSN") != ""
 	if external {
-		opts = append(opts, conformance.AllowUnverified("MYSQL_DSN's server is not the test's to restart or crash"))
+		opts = append(opts, conformance.AllowUnverified("MYSQL_DSN's server is not the test's to restart or crash",
+			conformance.ScenarioRestart, conformance.ScenarioCrashRestart))
 	}
 	rep := conformance.Run(t, "mysql", func(t testing.TB) conformance.Harness[confCharge] {
 		return newConfHarness(t, "")
