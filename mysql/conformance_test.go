@@ -24,7 +24,7 @@ import (
 // full size included.
 func TestConformance(t *testing.T) {
 	opts := []conformance.Option{
-		conformance.WithSlowReply(conformance.DefaultSlowReply), // the adapter sets no deadline of its own: it waits for the held reply
+		conformance.WithSlowReply(300 * time.Millisecond), // the adapter sets no deadline of its own: it waits for the held reply
 		conformance.WithSuccessorProcess(func(ctx context.Context, dsn string) (conformance.Harness[confCharge], error) {
 			db, err := sql.Open("mysql", dsn) // the test process's database, from a child process
 			return &confHarness{dsn: dsn, db: db}, err
