@@ -29,10 +29,10 @@
 // acknowledged without its effect. [Effect.Check] refuses such a table.
 //
 // What it costs: Apply on a new key takes a plain insert transaction's
-// round trips (START TRANSACTION, the write, COMMIT) and one statement
-// more, the key's INSERT; the log flush at COMMIT, which dominates on a
-// durable server, is paid once either way. A duplicate runs its write,
-// which the key's INSERT rolls back, and a lookup. BENCHMARKS.md has the
+// round trips (START TRANSACTION, the write, COMMIT) and one more, the
+// key's INSERT, sent as one query; the log flush at COMMIT is paid once
+// either way. A duplicate runs its write, which the key's INSERT rolls
+// back, and a lookup, and flushes no log. BENCHMARKS.md has the
 // measurements.
 //
 // Run [Migrate] once (or copy [Schema] into your migrations), and prune
