@@ -45,4 +45,3 @@ func JSONField(path ...string) func(resp *http.Response, body []byte) (string, e
 		return "", fmt.Errorf("reading the ref %q: it is neither a non-empty string nor a number", where)
 	}
 }
-
