@@ -28,11 +28,13 @@ type harness struct {
 	opts    []httpkey.Option
 	journal *memjournal.Journal // nil: no journal
 	keys    *httpkey.Effect[Payment]
+	ager    conformance.Ager // nil: the kit's clock and the journal's
 }
 
 var (
 	_ conformance.Harness[Payment] = (*harness)(nil)
 	_ conformance.Restarter        = (*harness)(nil)
+	_ conformance.CrashRestarter   = (*harness)(nil)
 	_ conformance.Ager             = (*harness)(nil)
 	_ conformance.Attacher         = (*harness)(nil)
 	_ conformance.Ager             = (*httpkeytest.Server)(nil)
@@ -117,9 +119,16 @@ func (h *harness) Total(context.Context) (int, error) { return h.srv.Total(), ni
 // Restart restarts the kit: connections drop, keys and objects stay.
 func (h *harness) Restart(context.Context) error { return h.srv.Restart() }
 
+// CrashRestart kills the kit mid-request and starts it again: the vendor's
+// key store is durable, the connections and replies in flight are lost.
+func (h *harness) CrashRestart(ctx context.Context) error { return h.srv.CrashRestart(ctx) }
+
 // Age makes the kit's keys d older, through its own clock, and moves the
 // journal's clock by d.
 func (h *harness) Age(ctx context.Context, d time.Duration) error {
+	if h.ager != nil {
+		return h.ager.Age(ctx, d)
+	}
 	h.clock.advance(d)
 	return h.srv.Age(ctx, d)
 }
@@ -176,8 +185,8 @@ var presets = []preset{
 
 // TestConformance runs the whole suite on every preset against the kit
 // playing its provider, without and with a journal, with every capability
-// the harness has (restart, age through the kit's own clock, a successor
-// process, slow replies), and requires every field of each declared
+// the harness has (restart, crash restart, age through the kit's own
+// clock, a successor process, slow replies), and requires every field of each declared
 // contract verified (or not applicable: an at-least-once contract with
 // duplicates on any redelivery claims no horizon the suite checks; see
 // TestHorizonWithoutSignal for the check it lacks). The contract each

@@ -464,11 +464,25 @@ func (s *Server) Close() {
 // in progress have finished, and starts it again on the same address with
 // the same keys, stored responses and objects, as a deploy of the real API
 // would: clients see their pooled connections closed.
-func (s *Server) Restart() error {
+func (s *Server) Restart() error { return s.restart(false) }
+
+// CrashRestart stops the server at once, cutting every connection with
+// requests in progress (whose clients get no reply), and starts it again
+// on the same address, as a killed API process is restarted. The keys,
+// stored responses and objects stay: they model the vendor's durable key
+// store, which a process crash does not lose; a request cut while it
+// executed keeps its key in progress until it finishes. Its signature is
+// conformance.CrashRestarter's.
+func (s *Server) CrashRestart(context.Context) error { return s.restart(true) }
+
+func (s *Server) restart(crash bool) error {
 	s.life.Lock()
 	defer s.life.Unlock()
 	if s.hs == nil {
 		return fmt.Errorf("httpkeytest: restart of a closed server")
+	}
+	if crash {
+		s.hs.CloseClientConnections()
 	}
 	s.hs.Close()
 	s.hs = nil
