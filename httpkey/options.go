@@ -223,8 +223,8 @@ func WithReplayHeaderPresent(name string) Option {
 // without a journal. Past it a repeated request is executed again. d must
 // be positive; [New] requires a horizon unless the preset documents one
 // ([Adyen], [Worldline], [Checkout], [Mollie], [Braintree]). Under a
-// preset whose provider publishes none ([Neutral], [GoCardless],
-// [Square], [RazorpayX]) the horizon is an assumption, and the contract
+// preset whose provider publishes none ([GoCardless], [Square],
+// [RazorpayX]) the horizon is an assumption, and the contract
 // says so (effects.Contract.HorizonAssumed), as with
 // [WithAssumedHorizon].
 func WithHorizon(d time.Duration) Option {

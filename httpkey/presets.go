@@ -70,22 +70,21 @@ func IETF() Option {
 
 // Neutral is the base for a vendor without a preset, claiming nothing the
 // vendor has not said: the key in the Idempotency-Key header as it is, at
-// most 255 bytes; no replay signal; no status means a reused key (422 is
-// [Refused], as any 4xx but these: 409 [InFlight], since a retry with the
-// key is harmless whatever the 409 meant; 401 and 403 [Misconfigured];
-// 408 and 429 [Transient]); any 5xx [Ambiguous]; and no horizon: give the
-// one the vendor documents with [WithHorizon], which under Neutral the
-// contract marks as assumed until the vendor's own documentation is what
-// you checked (then use [WithHorizon] after a preset that has one, or
-// accept the mark). Add what the vendor documents: its header
+// most 255 bytes; no replay signal; no status that means a reused key
+// (422 is [Refused], as every 4xx but these: 409 [InFlight], since a
+// retry with the key is harmless whatever the 409 meant; 401 and 403
+// [Misconfigured]; 408 and 429 [Transient]); any 5xx [Ambiguous]; and no
+// horizon: [New] requires one, [WithHorizon] with the retention the vendor
+// publishes, or [WithAssumedHorizon] with your estimate where it publishes
+// none, which the contract marks as assumed
+// (effects.Contract.HorizonAssumed). Add what the vendor documents: its header
 // ([WithKeyHeader]) or body member ([WithKeyField]), key format
 // ([WithMaxKeyLen], [WithKeyAlphabet], [WithKeyUUID]), replay signal
 // ([WithReplayHeader]), reuse status ([WithStatus]) or error code
-// ([WithRule]). The contract follows only from what is set.
+// ([WithRule]). The contract follows from what is set, and nothing else.
 func Neutral() Option {
 	return func(c *config) {
 		reset(c, "Neutral", DefaultKeyHeader, false)
-		c.unpublished = true
 	}
 }
 

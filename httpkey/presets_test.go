@@ -34,7 +34,7 @@ func TestPresetContracts(t *testing.T) {
 		detects   bool
 	}{
 		{"IETF", []httpkey.Option{httpkey.IETF(), h}, effects.AtLeastOnce, 48 * time.Hour, false, true},
-		{"Neutral", []httpkey.Option{httpkey.Neutral(), h}, effects.AtLeastOnce, 48 * time.Hour, true, false},
+		{"Neutral", []httpkey.Option{httpkey.Neutral(), h}, effects.AtLeastOnce, 48 * time.Hour, false, false},
 		{"Neutral, assumed", []httpkey.Option{httpkey.Neutral(), httpkey.WithAssumedHorizon(time.Hour)}, effects.AtLeastOnce, time.Hour, true, false},
 		{"IETF, assumed", []httpkey.Option{httpkey.IETF(), httpkey.WithAssumedHorizon(time.Hour)}, effects.AtLeastOnce, time.Hour, true, true},
 		{"Adyen", []httpkey.Option{httpkey.Adyen()}, effects.AtLeastOnce, 7 * 24 * time.Hour, false, false},

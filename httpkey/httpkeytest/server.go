@@ -31,8 +31,9 @@ const (
 )
 
 // Option configures a [Server]; see [New]. A nil Option is ignored.
-// Presets ([IETF], [Adyen], [PayPal], [Worldline]) set several values; options after a
-// preset change it.
+// Presets ([IETF], [Adyen], [PayPal], [Worldline], [Checkout],
+// [GoCardless], [Mollie], [Square], [RazorpayX], [Braintree]) set several
+// values; options after a preset change it.
 type Option func(*config)
 
 type placement int
@@ -332,7 +333,12 @@ func WithToken(token string) Option { return func(c *config) { c.token = token }
 //     body) gets 422 ([WithReuseStatus]);
 //   - a request with the key and the same payload gets the stored
 //     response, marked as a replay when [WithReplayHeader] says so;
-//   - past the horizon the key is forgotten and a request executes again.
+//   - past the horizon the key is forgotten and a request executes again;
+//   - a request whose body holds [DeclineMarker] is declined (402),
+//     creating nothing; the refusal is stored under the key.
+//
+// A vendor's preset changes what these answers look like as that vendor
+// documents (see each preset).
 //
 // It counts the objects created per key ([Server.Count]): the count a
 // conformance harness's Count needs. Create it with [New] or
