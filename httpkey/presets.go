@@ -229,7 +229,8 @@ func Checkout() Option {
 // the key in the Idempotency-Key header as it is. A repeat of a finished
 // creation gets 409 with the error reason idempotent_creation_conflict and
 // links.conflicting_resource_id, the id of what the first request
-// created: the preset makes it [Done], a replay whose Ref is that id, so
+// created: the preset makes a 409 that names a conflicting resource
+// [Done], a replay whose Ref is that id, so
 // use a [WithRef] that reads the same id from a 2xx (e.g.
 // JSONField("payments", "id")). That is the replay signal: the contract
 // is effectively-once for the horizon. Any other 409 is [InFlight]; 422
@@ -242,9 +243,8 @@ func GoCardless() Option {
 	return func(c *config) {
 		reset(c, "GoCardless", "Idempotency-Key", false)
 		c.unpublished = true
-		c.rules = []Rule{{Outcome: Done, Status: []int{http.StatusConflict},
-			Field: []string{"error", "errors", "*", "reason"}, Value: "idempotent_creation_conflict",
-			Ref: JSONField("error", "errors", "*", "links", "conflicting_resource_id")}}
+		conflicting := []string{"error", "errors", "*", "links", "conflicting_resource_id"}
+		c.rules = []Rule{{Outcome: Done, Status: []int{http.StatusConflict}, Field: conflicting, Ref: JSONField(conflicting...)}}
 		c.codePath, c.requestID, c.requestPath = []string{"error", "errors", "*", "reason"}, "", []string{"error", "request_id"}
 	}
 }
