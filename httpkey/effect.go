@@ -39,7 +39,7 @@ type Effect[In any] struct {
 	replayA   bool   // any non-empty value marks a replay
 	statuses  map[int]Outcome
 	rules     []Rule
-	bodyRules bool // a rule reads the body, so a 2xx body is read
+	bodyRules bool // a rule reads a 2xx body, so a 2xx body is read
 	codePath  []string
 	reqID     string
 	reqPath   []string
@@ -236,7 +236,8 @@ func newEffect[In any](client *http.Client, build func(context.Context, In) (*ht
 		e.reqID = http.CanonicalHeaderKey(cfg.requestID)
 	}
 	for _, r := range cfg.rules {
-		e.bodyRules = e.bodyRules || len(r.Field) > 0
+		success := len(r.Status) == 0 || slices.ContainsFunc(r.Status, func(code int) bool { return code >= 200 && code <= 299 })
+		e.bodyRules = e.bodyRules || len(r.Field) > 0 && success
 	}
 	return e
 }

@@ -451,3 +451,20 @@ func TestFingerprintIgnoresTheAPIVersion(t *testing.T) {
 		t.Errorf("VersionlessPath: %q", got)
 	}
 }
+
+// A preset whose rules read only error bodies (Adyen's) does not read a
+// 2xx body without WithRef: a body past WithMaxBody is no error then.
+func TestSuccessBodyReadOnlyWhenNeeded(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, `{"pspReference":"`+strings.Repeat("x", 4096)+`"}`)
+	}))
+	defer srv.Close()
+	e, err := httpkey.New(newClient(t), buildPayment(srv.URL), httpkey.Adyen(), httpkey.WithMaxBody(1024))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := e.Apply(ctx, "adyen-big", pay("adyen-big")); err != nil || res.Status != effects.Applied {
+		t.Errorf("(%+v, %v), want Applied: nothing reads the body", res, err)
+	}
+}
