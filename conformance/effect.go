@@ -76,7 +76,7 @@ func effectTable[In any]() []scenario[Harness[In]] {
 		e(ScenarioProcess, "redeliver a key, and retry one whose last reply was lost, in a child process that shares no memory with the test",
 			[]capability{capAttacher}, guarantee, list("WithSuccessorProcess"), list("ProcessScopedDedup"), (*s).successorProcess),
 		e(ScenarioSlowReply, "for each round trip, hold the reply past the adapter's own deadline, the connection up: giving up is an unknown outcome, never ErrTransient",
-			[]capability{capSlowReply}, guarantee, list("WithSlowReply", "WithMaxSweep"), nil, (*s).slowReplySweep),
+			[]capability{capSlowReply}, guarantee, list("WithSlowReply", "WithMaxSweep"), list("OwnDeadline"), (*s).slowReplySweep),
 	}
 }
 
