@@ -83,6 +83,7 @@ type config struct {
 	only           []string
 	unverified     string // AllowUnverified's reason
 	successor      any    // WithSuccessorProcess's attach function
+	gen            genConfig
 
 	set []string // names of the options given, to refuse those a suite does not take
 }
