@@ -187,7 +187,10 @@ var vendorProbes = map[string]probe{
 	counterexamples.LikeLookup.Name:     distinctProbe("k:abc", "k:a_c"),
 	counterexamples.GlobLookup.Name:     distinctProbe("k:abc", "k:a*c"),
 	counterexamples.SlashCollapse.Name:  distinctProbe("k:a//b", "k:a/b"),
-	counterexamples.LongKeyCRC.Name:     func(t *testing.T, l counterexamples.VendorLiar) string { a, b := crcPair("k:", 200); return distinctProbe(a, b)(t, l) },
+	counterexamples.LongKeyCRC.Name: func(t *testing.T, l counterexamples.VendorLiar) string {
+		a, b := crcPair("k:", 200)
+		return distinctProbe(a, b)(t, l)
+	},
 	// Lookup is call 0, create call 1.
 	counterexamples.TransientOn5xx.Name:          retryProbe(map[int]string{1: "500"}, nil),
 	counterexamples.ReplayedOnSerialization.Name: retryProbe(map[int]string{1: "40001"}, nil),
