@@ -160,6 +160,7 @@ type scene[In any] struct {
 	*checker
 	h        Harness[In]
 	contract effects.Contract
+	appCode  string // the application error the sweep's faults answer (app-faults)
 }
 
 // instance is one adapter instance: a process, to the suite.

@@ -431,6 +431,7 @@ func (s *scene[In]) applyFaulted(inst *instance[In], f *Faults, kind FaultKind, 
 	actx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
 	f.SetSlowReply(s.cfg.slowReply)
+	f.SetAppError(s.appCode)
 	f.Arm(inst.base+n, kind, cancel)
 	res, err = s.apply(actx, inst, key, in, what)
 	cancel()
@@ -650,8 +651,13 @@ func fnvMore(h uint32, x []byte, a bool) uint32 {
 // distinctKeys applies both keys of every distinct pair: each must apply
 // once, be counted once, and replay on its own.
 func (s *scene[In]) distinctKeys() {
+	s.applyDistinct(distinctPairs(string(s.key("distinct")) + ":"))
+}
+
+// applyDistinct applies both keys of every pair, a then b: each must
+// apply once, be counted once, and replay on its own.
+func (s *scene[In]) applyDistinct(pairs []distinctPair) {
 	inst := s.open(NewFaults())
-	pairs := distinctPairs(string(s.key("distinct")) + ":")
 	var keys []effects.Key
 	first := map[effects.Key]effects.Result{}
 	for _, p := range pairs {

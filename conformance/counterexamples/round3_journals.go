@@ -53,6 +53,9 @@ func (j TripJournal) Begin(ctx context.Context, key effects.Key, fp []byte, leas
 
 // Complete marks key done in one round trip.
 func (j TripJournal) Complete(ctx context.Context, key effects.Key, ref string) (err error) {
+	if err := key.Validate(); err != nil {
+		return err
+	}
 	if terr := j.trip(ctx, func() error { err = j.Inner.Complete(ctx, key, ref); return nil }); terr != nil {
 		return effects.Ambiguous("counterexamples.TripJournal", key, terr)
 	}
@@ -61,6 +64,9 @@ func (j TripJournal) Complete(ctx context.Context, key effects.Key, ref string) 
 
 // Release gives up attempt's lease in one round trip.
 func (j TripJournal) Release(ctx context.Context, key effects.Key, attempt int) (err error) {
+	if err := key.Validate(); err != nil {
+		return err
+	}
 	if terr := j.trip(ctx, func() error { err = j.Inner.Release(ctx, key, attempt); return nil }); terr != nil {
 		return effects.Ambiguous("counterexamples.TripJournal", key, terr)
 	}
@@ -80,6 +86,9 @@ func (j TripJournal) Lookup(ctx context.Context, key effects.Key, fp []byte) (re
 
 // MarkDone marks key done without Begin in one round trip.
 func (j TripJournal) MarkDone(ctx context.Context, key effects.Key, fp []byte, ref string) (err error) {
+	if err := key.Validate(); err != nil {
+		return err
+	}
 	if terr := j.trip(ctx, func() error { err = j.Inner.MarkDone(ctx, key, fp, ref); return nil }); terr != nil {
 		return effects.Ambiguous("counterexamples.TripJournal", key, terr)
 	}
@@ -101,7 +110,7 @@ func (j SwallowedComplete) Complete(ctx context.Context, key effects.Key, ref st
 
 // CachedAttempt is a TripJournal instance that remembers the attempt
 // number of every key it began, and reports it again when it takes the
-// key again.
+// key again with no other attempt in between.
 type CachedAttempt struct {
 	TripJournal
 	mu       sync.Mutex
@@ -121,11 +130,13 @@ func (j *CachedAttempt) Begin(ctx context.Context, key effects.Key, fp []byte, l
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if n, ok := j.attempts[key]; ok {
-		rec.Attempt = n // "our own lease: a renewal"
-	} else {
-		j.attempts[key] = rec.Attempt
+	if n, ok := j.attempts[key]; ok && rec.Attempt == n+1 {
+		// No one else took the key since our attempt: "our own lease, a
+		// renewal".
+		rec.Attempt = n
+		return rec, nil
 	}
+	j.attempts[key] = rec.Attempt
 	return rec, nil
 }
 
@@ -243,6 +254,9 @@ func NewAsyncComplete(b *AsyncBackend, trip func(ctx context.Context, fn func() 
 // Complete writes asynchronously: visible at once, durable at the next
 // synchronous write.
 func (j AsyncComplete) Complete(ctx context.Context, key effects.Key, ref string) (err error) {
+	if err := key.Validate(); err != nil {
+		return err
+	}
 	if terr := j.trip(ctx, func() error {
 		j.B.mu.Lock()
 		defer j.B.mu.Unlock()
