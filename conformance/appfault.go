@@ -120,6 +120,16 @@ func AppCodeMeaning(code string) string {
 	return "application error"
 }
 
+// afterApply reports whether code can answer a request that was applied:
+// a server error (5xx) other than 503, which a server or its proxy sends
+// when it will not take the request. A database refuses (40001, 40P01,
+// 55P03, busy) before anything is applied, and a 409 or another 4xx
+// refuses the request.
+func afterApply(code string) bool {
+	s := (&AppError{Code: code}).HTTPStatus()
+	return s >= 500 && s != 503
+}
+
 // SQLAppCodes and HTTPAppCodes are the application errors the suite
 // injects into a database/sql backend and an HTTP backend.
 var (

@@ -63,18 +63,20 @@ func (s *scene[In]) crashRestart() {
 	s.notef("%d keys applied, the backend crashed and restarted, counted, then redelivered", crashKeys)
 }
 
-// crashRestart completes a key and leases another, crashes the backend
+// crashRestart leases a key and completes another, crashes the backend
 // and starts it again: the completed key must still be done with its
-// reference, the leased one still held.
+// reference, the leased one still held. The Complete is the last write
+// before the crash: a later write (a Begin) would make an asynchronous
+// Complete durable on a backend with one sequential log, and hide it.
 func (s *jscene) crashRestart() {
 	r := s.h.(CrashRestarter)
 	a := s.open("A")
 	done, held := s.key("crash", "done"), s.key("crash", "held")
+	s.mustLease(a, held, holdLease, "a new key")
 	s.mustLease(a, done, holdLease, "a new key")
 	if err := s.complete(a, done, "ref-crash"); err != nil {
 		s.fatalf("Complete: %v", err)
 	}
-	s.mustLease(a, held, holdLease, "a new key")
 	if err := r.CrashRestart(s.ctx); err != nil {
 		s.fatalf("harness CrashRestart: %v", err)
 	}

@@ -70,7 +70,7 @@ var (
 	guaranteeScenarios = []string{ScenarioRedelivery, ScenarioConcurrent, ScenarioLostReply, ScenarioCut,
 		ScenarioCancel, ScenarioDistinctKeys, ScenarioStorm}
 	guaranteeSupport = []string{ScenarioLateRedelivery, ScenarioRaceReuse, ScenarioRestart, ScenarioSlowReply, ScenarioKeyCapacity, ScenarioProcess,
-		ScenarioCrashRestart}
+		ScenarioCrashRestart, ScenarioSchedules, ScenarioAppFaults, ScenarioSlowBackend, ScenarioHostileKeys, ScenarioKeyScope, ScenarioKeyBytes}
 )
 
 // fields derives, from the rows and the contract, what each contract field

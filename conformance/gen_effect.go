@@ -70,7 +70,7 @@ func (s *scene[In]) appFaults() {
 		arms = append(arms, arm{AppErrorBefore, c})
 	}
 	for _, c := range codes {
-		if n, _ := fmt.Sscan(c, new(int)); n == 1 && strings.HasPrefix(c, "5") {
+		if afterApply(c) {
 			arms = append(arms, arm{AppErrorAfter, c})
 		}
 	}

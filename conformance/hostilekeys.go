@@ -154,7 +154,7 @@ func hostilePairs(base string, seed uint64, count int) []hostilePair {
 		p := pad(l - 1)
 		out = append(out, hostilePair{HostileLength, fmt.Sprintf("%d bytes, only the last byte differs", l), effects.Key(p + "a"), effects.Key(p + "b")})
 		if l < effects.MaxKeyLen {
-			out = append(out, hostilePair{HostileLength, fmt.Sprintf("%d and %d bytes, one a prefix of the other", l, l+1), effects.Key(p + "a"), effects.Key(p + "ab")})
+			out = append(out, hostilePair{HostileLength, fmt.Sprintf("%d and %d bytes, one a prefix of the other", l, l+1), effects.Key(p + "c"), effects.Key(p + "cd")})
 		}
 	}
 	for _, l := range []int{64, 128, 200, effects.MaxKeyLen} {

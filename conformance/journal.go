@@ -65,6 +65,8 @@ func journalTable() []scenario[JournalHarness] {
 		{JournalCrashRestart, []capability{capCrashRestarter}, jscenario((*s).crashRestart)},
 		{JournalLookupMarkDone, nil, jscenario((*s).lookupMarkDone)},
 		{JournalClockSkew, nil, jscenario((*s).clockSkew)},
+		{JournalTripFaults, nil, jscenario((*s).journalTripFaults)},
+		{JournalAttempts, nil, jscenario((*s).attemptNumbers)},
 	}
 }
 

@@ -257,7 +257,8 @@ func Only(names ...string) Option {
 var suiteOptions = map[string][]string{
 	suiteEffect: {"WithConcurrency", "WithStorm", "WithMaxSweep", "WithRetryFor", "WithTimeout",
 		"WithApplyTimeout", "WithLateRedelivery", "WithLongAge", "WithSlowReply", "WithQuietPeriod",
-		"WithSuccessorProcess", "AllowUnverified", "Only", "WithCapacity"},
+		"WithSuccessorProcess", "AllowUnverified", "Only", "WithCapacity",
+		"WithSchedules", "WithScheduleSeed", "WithSlowBackend"},
 	suiteJournal: {"WithConcurrency", "WithTimeout", "WithApplyTimeout", "WithLease", "Only"},
 	suiteSource:  {"WithTimeout", "WithApplyTimeout", "WithRedeliveryWait", "WithSourceMessages", "Only"},
 	suitePlan:    {"WithMaxSweep", "WithRetryFor", "WithTimeout", "WithApplyTimeout", "Only"},
@@ -320,6 +321,10 @@ func newConfig(op, suite string, scenarios []string, opts []Option) (config, err
 		return bad("WithQuietPeriod", "%v: must not be negative", c.quietPeriod)
 	case c.capacity < 1:
 		return bad("WithCapacity", "%d: at least 1", c.capacity)
+	case slices.Contains(c.set, "WithSchedules") && c.gen.schedules < 1:
+		return bad("WithSchedules", "%d: at least 1", c.gen.schedules)
+	case slices.Contains(c.set, "WithSlowBackend") && c.gen.slowBackend <= 0:
+		return bad("WithSlowBackend", "%v: must be positive", c.gen.slowBackend)
 	case slices.Contains(c.set, "WithSuccessorProcess") && c.successor == nil:
 		return bad("WithSuccessorProcess", "nil attach function")
 	case slices.Contains(c.set, "AllowUnverified") && strings.TrimSpace(c.unverified) == "":

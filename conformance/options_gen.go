@@ -31,8 +31,10 @@ func WithSchedules(n int) Option {
 	return func(c *config) { c.gen.schedules = n; c.mark("WithSchedules") }
 }
 
-// WithScheduleSeed runs the one schedule generated from seed, as a
-// failure of the fault-schedules scenario prints it, to reproduce it.
+// WithScheduleSeed makes the fault-schedules scenario draw its schedules
+// from seed, seed+1, ... (and hostile-keys its random pairs from seed),
+// instead of a new seed each run: with WithSchedules(1), it reruns the
+// schedule a failure printed.
 func WithScheduleSeed(seed uint64) Option {
 	return func(c *config) { c.gen.scheduleSeed = seed; c.mark("WithScheduleSeed") }
 }

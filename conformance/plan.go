@@ -116,6 +116,9 @@ func planTable[E any]() []scenario[PlanHarness[E]] {
 		{PlanLostReply, nil, pscenario(func(s *s) { s.sweep(planLost) })},
 		{PlanCancel, nil, pscenario(func(s *s) { s.sweep(planCancel) })},
 		{PlanKill, nil, pscenario(func(s *s) { s.sweep(planKill) })},
+		{PlanCut, nil, pscenario(func(s *s) { s.sweep(planCut) })},
+		{PlanDistinctIDs, nil, pscenario((*s).distinctIDs)},
+		{PlanHorizon, []capability{capAger}, pscenario((*s).horizon)},
 	}
 }
 
@@ -381,10 +384,11 @@ const (
 	planLost   planFault = iota // the reply is lost; retried on the same instance
 	planCancel                  // the run's context is cancelled once the request was sent; retried on the same instance
 	planKill                    // the instance dies once the request was sent; a successor runs the event
+	planCut                     // the request never reaches the step's backend; retried on the same instance
 )
 
 func (k planFault) String() string {
-	return [...]string{"lost reply", "cancel after send", "kill after send"}[k]
+	return [...]string{"lost reply", "cancel after send", "kill after send", "cut request"}[k]
 }
 
 // sweep counts each step's round trips in a clean run, then faults each
@@ -481,6 +485,8 @@ func (s *pscene[E]) faultAt(kind planFault, step string, trip int) *zombie {
 		f.Arm(at, DropReply, nil)
 	case planCancel:
 		f.Arm(at, CancelAfterSend, cancel)
+	case planCut:
+		f.Arm(at, CutRequest, nil)
 	case planKill:
 		return s.kill(ctx, cancel, inst, step, at, id, what)
 	}

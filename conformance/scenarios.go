@@ -324,7 +324,7 @@ func (s *scene[In]) dupSweep(kind FaultKind, clean effects.Key) int {
 // an error must be retryable; the retry, on another new instance, must
 // replay the first Apply.
 func (s *scene[In]) faultDuplicateAt(kind FaultKind, n int) {
-	key := s.key(kind.slug(), "dup", fmt.Sprint(n))
+	key := s.key(kind.slug()+s.appCode, "dup", fmt.Sprint(n))
 	in := s.h.Input(key, 0)
 	firstInst := s.open(NewFaults())
 	first := s.applyFirst(firstInst, key, "the first Apply")
@@ -371,9 +371,9 @@ func (s *scene[In]) faultDuplicateAt(kind FaultKind, n int) {
 func (s *scene[In]) faultAt(kind FaultKind, n int, same bool) bool {
 	f := NewFaults()
 	inst := s.open(f)
-	key := s.key(kind.slug(), fmt.Sprint(n))
+	key := s.key(kind.slug()+s.appCode, fmt.Sprint(n))
 	if same {
-		key = s.key(kind.slug(), fmt.Sprint(n), "same")
+		key = s.key(kind.slug()+s.appCode, fmt.Sprint(n), "same")
 	}
 	in := s.h.Input(key, 0)
 	what := fmt.Sprintf("%s at round trip %d", kind, n)

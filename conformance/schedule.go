@@ -91,6 +91,11 @@ func genSchedule(seed uint64, menu faultMenu) schedule {
 		}
 		if st.Kind == AppErrorBefore || st.Kind == AppErrorAfter {
 			st.Code = menu.codes[rng.IntN(len(menu.codes))]
+			if st.Kind == AppErrorAfter && !afterApply(st.Code) {
+				// Only a server error comes after the work was done; a
+				// database's refusal comes before.
+				st.Kind = AppErrorBefore
+			}
 		}
 		s.Steps[i] = st
 	}

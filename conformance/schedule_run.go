@@ -33,9 +33,6 @@ func (s *scene[In]) faultSchedules() {
 		seed = uint64(time.Now().UnixNano())
 	}
 	n := s.cfg.gen.scheduleCount()
-	if s.cfg.gen.scheduleSeed != 0 {
-		n = 1
-	}
 	s.notef("%d generated schedules of 2 to %d faults on one key each, from seed %d (a failing one is shrunk and printed with its seed)", n, maxScheduleFaults, seed)
 	fired := 0
 	for i := range n {
@@ -51,7 +48,7 @@ func (s *scene[In]) faultSchedules() {
 			m, _ := s.runSchedule(c, fmt.Sprintf("%d-shrink-%d", i, run))
 			return m
 		})
-		s.failf("generated schedule failed (rerun with conformance.WithScheduleSeed(%d)): %s\n  shortest failing schedule: %s\n  its failure: %s",
+		s.failf("generated schedule failed (rerun it alone with conformance.WithScheduleSeed(%d), conformance.WithSchedules(1)): %s\n  shortest failing schedule: %s\n  its failure: %s",
 			sc.Seed, msg, small, smallMsg)
 		return
 	}

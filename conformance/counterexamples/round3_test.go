@@ -281,3 +281,147 @@ func TestRound3Probes(t *testing.T) {
 		})
 	}
 }
+
+// The vendor harness's capabilities for the generated scenarios.
+var (
+	_ conformance.AppFaultCodes                       = (*vendorHarness)(nil)
+	_ conformance.KeyScoper[counterexamples.Order]    = (*vendorHarness)(nil)
+	_ conformance.PayloadSizer[counterexamples.Order] = (*vendorHarness)(nil)
+)
+
+// AppFaultCodes: the in-process vendor answers any code.
+func (h *vendorHarness) AppFaultCodes() []string {
+	return append(append([]string(nil), conformance.SQLAppCodes...), conformance.HTTPAppCodes...)
+}
+
+// KeyScopes: the vendor's orders belong to accounts.
+func (h *vendorHarness) KeyScopes() []string { return []string{"account"} }
+
+func (h *vendorHarness) ScopedInput(key effects.Key, scope int) counterexamples.Order {
+	o := h.Input(key, 0)
+	o.Account = fmt.Sprint("acct_", scope+1)
+	return o
+}
+
+// The vendor takes notes up to 64 KiB and must keep 2 MiB of stored
+// responses.
+func (h *vendorHarness) MaxPayload() int  { return 64 << 10 }
+func (h *vendorHarness) StoreBudget() int { return 2 << 20 }
+
+func (h *vendorHarness) SizedInput(key effects.Key, variant, bytes int) counterexamples.Order {
+	o := h.Input(key, variant)
+	o.Note = strings.Repeat("n", bytes)
+	return o
+}
+
+// round3Seed fixes the generated schedules and hostile pairs of the proof,
+// so that it is the same on every run.
+const round3Seed = 20261207
+
+// TestRound3Caught is the proof of the generated scenarios: each liar of
+// round 3 fails the scenario written for its class, and the honest
+// vendors pass every scenario of the effect suite.
+func TestRound3Caught(t *testing.T) {
+	caught := map[string]string{
+		counterexamples.StripInvisible.Name:          conformance.ScenarioHostileKeys,
+		counterexamples.WidthFold.Name:               conformance.ScenarioHostileKeys,
+		counterexamples.LikeLookup.Name:              conformance.ScenarioHostileKeys,
+		counterexamples.GlobLookup.Name:              conformance.ScenarioHostileKeys,
+		counterexamples.SlashCollapse.Name:           conformance.ScenarioHostileKeys,
+		counterexamples.LongKeyCRC.Name:              conformance.ScenarioHostileKeys,
+		counterexamples.TransientOn5xx.Name:          conformance.ScenarioAppFaults,
+		counterexamples.ReplayedOnSerialization.Name: conformance.ScenarioAppFaults,
+		counterexamples.DeadlockPermanent.Name:       conformance.ScenarioAppFaults,
+		counterexamples.BusySkipsLookup.Name:         conformance.ScenarioAppFaults,
+		counterexamples.RotateAfterTwoFailures.Name:  conformance.ScenarioSchedules,
+		counterexamples.BreakerAssumesDone.Name:      conformance.ScenarioSchedules,
+		counterexamples.ShortVendorLock.Name:         conformance.ScenarioSlowBackend,
+		counterexamples.AccountScoped.Name:           conformance.ScenarioKeyScope,
+		counterexamples.ByteBudget.Name:              conformance.ScenarioKeyBytes,
+	}
+	opts := []conformance.Option{conformance.WithScheduleSeed(round3Seed), conformance.WithSlowBackend(time.Second)}
+	for _, l := range counterexamples.VendorLiars {
+		t.Run(l.Name, func(t *testing.T) {
+			want := caught[l.Name]
+			if want == "" {
+				t.Fatalf("no scenario named for %s", l.Name)
+			}
+			rep := conformance.Evaluate(t, "round3/"+l.Name, vendorMaker(l), append(opts, conformance.Only(want))...)
+			row, _ := rep.Row(want)
+			if row.Verdict != conformance.Fail {
+				t.Fatalf("%s: %s, want FAIL (notes %v)", want, row.Verdict, row.Notes)
+			}
+			t.Logf("caught by %s: %s", want, firstLine(row.Failures))
+		})
+	}
+	for _, l := range []counterexamples.VendorLiar{counterexamples.Honest, counterexamples.HonestSlow} {
+		t.Run("control/"+l.Name, func(t *testing.T) {
+			rep := conformance.Evaluate(t, "round3/"+l.Name, vendorMaker(l), append(opts, conformance.WithLateRedelivery(time.Second))...)
+			if failed := rep.Failed(); len(failed) > 0 {
+				for _, s := range failed {
+					row, _ := rep.Row(s)
+					t.Errorf("%s: %s", s, firstLine(row.Failures))
+				}
+			}
+		})
+	}
+}
+
+func firstLine(failures []string) string {
+	if len(failures) == 0 {
+		return ""
+	}
+	return failures[0]
+}
+
+// TestRound3JournalsAndPlansCaught: each journal and plan liar of round 3
+// fails the scenario written for its class, and the honest journal and
+// plan pass every scenario.
+func TestRound3JournalsAndPlansCaught(t *testing.T) {
+	journals := map[string]string{
+		"swallowed-complete": conformance.JournalTripFaults,
+		"cached-attempt":     conformance.JournalAttempts,
+		"async-complete":     conformance.JournalCrashRestart,
+	}
+	for _, j := range round3Journals {
+		t.Run(j.name, func(t *testing.T) {
+			want := journals[j.name]
+			rep := conformance.EvaluateJournal(t, "round3/"+j.name, tripJournalMaker(j.wrap), conformance.Only(want))
+			if row, _ := rep.Row(want); row.Verdict != conformance.Fail {
+				t.Fatalf("%s: %s, want FAIL (notes %v)", want, row.Verdict, row.Notes)
+			} else {
+				t.Logf("caught by %s: %s", want, firstLine(row.Failures))
+			}
+		})
+	}
+	t.Run("control/journal", func(t *testing.T) {
+		rep := conformance.EvaluateJournal(t, "round3/honest", tripJournalMaker(nil))
+		for _, s := range rep.Failed() {
+			row, _ := rep.Row(s)
+			t.Errorf("%s: %s", s, firstLine(row.Failures))
+		}
+	})
+	plans := map[string]string{
+		"case-fold-ids":       conformance.PlanDistinctIDs,
+		"skip-transient-step": conformance.PlanCut,
+		"forgetful-step":      conformance.PlanHorizon,
+	}
+	for _, p := range round3Plans {
+		t.Run(p.name, func(t *testing.T) {
+			want := plans[p.name]
+			rep := conformance.EvaluatePlan(t, "round3/"+p.name, agingPlanMaker(p.forget, p.build), conformance.Only(want))
+			if row, _ := rep.Row(want); row.Verdict != conformance.Fail {
+				t.Fatalf("%s: %s, want FAIL (notes %v)", want, row.Verdict, row.Notes)
+			} else {
+				t.Logf("caught by %s: %s", want, firstLine(row.Failures))
+			}
+		})
+	}
+	t.Run("control/plan", func(t *testing.T) {
+		rep := conformance.EvaluatePlan(t, "round3/honest", agingPlanMaker(false, honestPlan))
+		for _, s := range rep.Failed() {
+			row, _ := rep.Row(s)
+			t.Errorf("%s: %s", s, firstLine(row.Failures))
+		}
+	})
+}
