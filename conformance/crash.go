@@ -17,13 +17,11 @@ import (
 // on the same address. What a crash loses and a clean restart keeps shows:
 // an UNLOGGED dedup table, a commit acknowledged before it was durable
 // (synchronous_commit=off), records held in memory. The crash-restart
-// scenarios run only when it is implemented; without it the matrix
-// reports them as not run.
+// scenarios run only when it is implemented; without it they are not run
+// and the fields they verify are not verified.
 type CrashRestarter interface {
 	CrashRestart(ctx context.Context) error
 }
-
-var capCrashRestarter = capability{"conformance.CrashRestarter", func(h any) bool { _, ok := h.(CrashRestarter); return ok }}
 
 // Scenario names of the crash restarts, in the effect and journal suites.
 const (

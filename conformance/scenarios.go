@@ -55,11 +55,11 @@ func (s *scene[In]) redelivery() {
 // harness can do.
 func (s *scene[In]) lateRedelivery() {
 	if !s.recordsKeys() {
-		s.skip("nothing records keys (the contract allows a duplicate on any redelivery)")
+		s.inapplicable("nothing records keys (the contract allows a duplicate on any redelivery)")
 	}
 	wait := s.cfg.lateRedelivery
 	if h := s.contract.Horizon; h > 0 && h <= 2*wait {
-		s.skip("the declared horizon %v is too short for a redelivery %v later", h, wait)
+		s.inapplicable("the declared horizon %v is too short for a redelivery %v later (the horizon scenario verifies it)", h, wait)
 	}
 	inst := s.open(NewFaults())
 	key := s.key("late")
@@ -79,7 +79,7 @@ func (s *scene[In]) lateRedelivery() {
 func (s *scene[In]) horizon() {
 	ager := s.h.(Ager)
 	if !s.recordsKeys() {
-		s.skip("nothing records keys (the contract allows a duplicate on any redelivery): no horizon to verify")
+		s.inapplicable("nothing records keys (the contract allows a duplicate on any redelivery): no horizon to verify")
 	}
 	inst := s.open(NewFaults())
 	key := s.key("horizon")
@@ -286,12 +286,12 @@ func (s *scene[In]) sweep(kind FaultKind) {
 }
 
 // slowReplySweep is the sweep of SlowReply, run only when
-// [WithSlowReply] asks for it: every reply of an Apply in turn is held past the adapter's own
+// [WithSlowReply] gives its delay: every reply of an Apply in turn is held past the adapter's own
 // deadline, the connection up, while the backend has processed the
 // request. An adapter that gives up must report an unknown outcome, never
 // ErrTransient; one that waits must get the reply.
 func (s *scene[In]) slowReplySweep() {
-	s.sweep(SlowReply) // in the table only with WithSlowReply
+	s.sweep(SlowReply)
 }
 
 // dupSweep counts the round trips of a clean duplicate Apply of clean (a

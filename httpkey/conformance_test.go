@@ -3,6 +3,7 @@ package httpkey_test
 import (
 	"context"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
@@ -124,6 +125,16 @@ var presets = []preset{
 		[]httpkey.Option{httpkey.IETF(), httpkey.WithHorizon(httpkeytest.DefaultHorizon), httpkey.WithReplayHeader("Idempotent-Replayed", "true")}},
 }
 
+// allowKit names what a harness on httpkeytest cannot verify: the kit is
+// a server in the test's memory (a child process cannot reach the keys it
+// holds for the harness, and a crash has nothing to lose that a restart
+// keeps), and it evicts no key, as memjournal evicts none, so 1,000 keys
+// show what 5,000 would. The slow replies are held 300 ms, under the
+// HTTP client's timeout: the adapter waits for them.
+var allowKit = conformance.AllowUnverified("httpkeytest is a server in the test's memory, which a child process cannot reach and a crash cannot "+
+	"tell from a restart; it and memjournal evict no key, so 1,000 keys show what 5,000 would",
+	conformance.ScenarioProcess, conformance.ScenarioCrashRestart, conformance.ScenarioKeyCapacity)
+
 // TestConformance runs the whole suite on every preset, without and with
 // a journal, and requires every field of each declared contract verified
 // (or not applicable: an at-least-once contract with duplicates on any
@@ -146,7 +157,7 @@ func TestConformance(t *testing.T) {
 				// keeps CI short.
 				rep := conformance.Run(t, name, func(t testing.TB) conformance.Harness[Payment] {
 					return newHarness(t, p.server, p.effect, withJournal)
-				}, conformance.WithCapacity(1000))
+				}, conformance.WithCapacity(1000), conformance.WithSlowReply(300*time.Millisecond), allowKit)
 				c := rep.Contract
 				signal := newHarness(t, p.server, p.effect, false).keys.Contract().Guarantee == effects.EffectivelyOnce
 				switch {
@@ -166,11 +177,12 @@ func TestConformance(t *testing.T) {
 				for _, f := range rep.Fields {
 					switch {
 					case f.Status == conformance.Verified:
+					case f.Status == conformance.NotVerified && f.Allowed != "":
 					case f.Status == conformance.NotApplicable && f.Field != "Guarantee" && f.Field != "DuplicateWindow":
 					default:
 						t.Errorf("contract field %s", f)
 					}
-					if f.Field == "Horizon" && (withJournal || signal) && f.Status != conformance.Verified {
+					if f.Field == "Horizon" && (withJournal || signal) && !slices.Contains(f.VerifiedBy, conformance.ScenarioHorizon) {
 						t.Errorf("horizon not verified through the kit's clock: %s", f)
 					}
 				}
