@@ -220,11 +220,11 @@ func (s *scene[In]) hostileKeys() {
 func (s *scene[In]) keyScope() {
 	ks, ok := s.h.(KeyScoper[In])
 	if !ok {
-		s.skip("the harness does not implement conformance.KeyScoper")
+		s.inapplicable("the harness names no scope its backend could key by besides the key (conformance.KeyScoper)")
 	}
 	scopes := ks.KeyScopes()
 	if len(scopes) == 0 {
-		s.skip("the harness names no scope its backend could key by")
+		s.inapplicable("the harness names no scope its backend could key by besides the key")
 	}
 	key := s.key("scope")
 	inst := s.open(NewFaults())
@@ -254,11 +254,11 @@ func (s *scene[In]) keyScope() {
 func (s *scene[In]) keyBytes() {
 	ps, ok := s.h.(PayloadSizer[In])
 	if !ok {
-		s.skip("the harness does not implement conformance.PayloadSizer")
+		s.inapplicable("the harness states no payload size or store budget in bytes (conformance.PayloadSizer)")
 	}
 	size, budget := ps.MaxPayload(), ps.StoreBudget()
 	if size <= 0 || budget <= 0 {
-		s.skip("the harness states no payload size (%d) or store budget (%d)", size, budget)
+		s.inapplicable("the harness states no payload size (%d) or store budget (%d)", size, budget)
 	}
 	keys := budget/size + 2
 	inst := s.open(NewFaults())

@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -95,6 +96,11 @@ func (s *scene[In]) runSchedule(sc schedule, tag string) (string, int) {
 			inst.Close()
 			inst = open()
 		}
+		if i > 0 && unknownOutcomeErr(hist[i-1].err) {
+			// A request whose outcome is unknown may still be on its way to
+			// the backend: let it land before this attempt is judged.
+			s.quiet()
+		}
 		before := s.peek(key, "schedule "+sc.String())
 		actx, cancel := context.WithCancel(s.ctx)
 		inst.f.SetSlowReply(s.cfg.slowReply)
@@ -140,6 +146,12 @@ func (s *scene[In]) runSchedule(sc schedule, tag string) (string, int) {
 		return "", fired
 	}
 	return strings.Join(fails, "; "), fired
+}
+
+// unknownOutcomeErr reports whether err left the outcome unknown: a
+// retryable error other than ErrTransient.
+func unknownOutcomeErr(err error) bool {
+	return err != nil && effects.Retryable(err) && !errors.Is(err, effects.ErrTransient)
 }
 
 func succeededIn(hist []attemptRecord) bool {

@@ -2,6 +2,7 @@ package httpkey_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"slices"
 	"testing"
@@ -69,10 +70,28 @@ func (h *harness) effectOpts() []httpkey.Option {
 }
 
 func (h *harness) Make(_ context.Context, f *conformance.Faults) (effects.Effect[Payment], func(), error) {
+	// The kit answers the suite's application faults: the next request
+	// fails with the status, the object created first when the fault comes
+	// after the request was applied.
+	f.SetAppFaulter(func(e *conformance.AppError) error {
+		status := e.HTTPStatus()
+		switch {
+		case status == 0:
+			return fmt.Errorf("httpkeytest answers HTTP statuses, not %s", e.Code)
+		case e.Applied:
+			h.srv.FailNextAfterCreate(1, status)
+		default:
+			h.srv.FailNext(1, status)
+		}
+		return nil
+	})
 	tr := f.Transport(nil)
 	e, err := httpkey.New(&http.Client{Transport: tr}, buildPayment(h.srv.URL), h.effectOpts()...)
 	return e, tr.CloseIdleConnections, err
 }
+
+// AppFaultCodes: the kit answers HTTP statuses.
+func (h *harness) AppFaultCodes() []string { return conformance.HTTPAppCodes }
 
 // Input gives variant 1 another amount, so that reusing the key with it is
 // another payload.
