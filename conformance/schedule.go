@@ -11,7 +11,7 @@ import (
 
 // DefaultSchedules is how many generated fault schedules the
 // fault-schedules scenario runs ([WithSchedules]): sized for CI.
-const DefaultSchedules = 12
+const DefaultSchedules = 8
 
 // maxScheduleFaults bounds the faults of one generated schedule.
 const maxScheduleFaults = 4

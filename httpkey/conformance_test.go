@@ -2,7 +2,6 @@ package httpkey_test
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"slices"
 	"testing"
@@ -70,28 +69,10 @@ func (h *harness) effectOpts() []httpkey.Option {
 }
 
 func (h *harness) Make(_ context.Context, f *conformance.Faults) (effects.Effect[Payment], func(), error) {
-	// The kit answers the suite's application faults: the next request
-	// fails with the status, the object created first when the fault comes
-	// after the request was applied.
-	f.SetAppFaulter(func(e *conformance.AppError) error {
-		status := e.HTTPStatus()
-		switch {
-		case status == 0:
-			return fmt.Errorf("httpkeytest answers HTTP statuses, not %s", e.Code)
-		case e.Applied:
-			h.srv.FailNextAfterCreate(1, status)
-		default:
-			h.srv.FailNext(1, status)
-		}
-		return nil
-	})
 	tr := f.Transport(nil)
 	e, err := httpkey.New(&http.Client{Transport: tr}, buildPayment(h.srv.URL), h.effectOpts()...)
 	return e, tr.CloseIdleConnections, err
 }
-
-// AppFaultCodes: the kit answers HTTP statuses.
-func (h *harness) AppFaultCodes() []string { return conformance.HTTPAppCodes }
 
 // Input gives variant 1 another amount, so that reusing the key with it is
 // another payload.
@@ -151,8 +132,9 @@ var presets = []preset{
 // show what 5,000 would. The slow replies are held 300 ms, under the
 // HTTP client's timeout: the adapter waits for them.
 var allowKit = conformance.AllowUnverified("httpkeytest is a server in the test's memory, which a child process cannot reach and a crash cannot "+
-	"tell from a restart; it and memjournal evict no key, so 1,000 keys show what 5,000 would",
-	conformance.ScenarioProcess, conformance.ScenarioCrashRestart, conformance.ScenarioKeyCapacity)
+	"tell from a restart; it and memjournal evict no key, so 1,000 keys show what 5,000 would; its FailNext stores the injected failure "+
+	"as the key's response, which every retry of the key then replays, so the suite's application faults cannot be retried through",
+	conformance.ScenarioProcess, conformance.ScenarioCrashRestart, conformance.ScenarioKeyCapacity, conformance.ScenarioAppFaults)
 
 // TestConformance runs the whole suite on every preset, without and with
 // a journal, and requires every field of each declared contract verified
