@@ -3,6 +3,7 @@ package conformance
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -75,7 +76,7 @@ func effectTable[In any]() []scenario[Harness[In]] {
 		e(ScenarioStorm, "1,000 keys, 99% applied first: the warm-up and the storm grow the backend by exactly the new keys, every key counted",
 			nil, guarantee, list("WithStorm"), list("BlindWrite", "StormCheat"), (*s).storm),
 		e(ScenarioKeyCapacity, "apply a key, then 5,000 other keys, and redeliver it on the same and on a new instance, then with the other payload",
-			nil, list(FieldGuarantee, FieldHorizon, FieldDetectsKeyReuse), list("WithCapacity"), list("NewestKeysOnly"), (*s).keyCapacity),
+			nil, list(FieldGuarantee, FieldDuplicateWindow, FieldHorizon, FieldDetectsKeyReuse), list("WithCapacity"), list("NewestKeysOnly"), (*s).keyCapacity),
 		e(ScenarioKeyBytes, "for a conformance.PayloadSizer: apply a key, then keys of the largest payload past the store budget the harness states, and redeliver it on the same and a new instance, then with the other payload",
 			nil, list(FieldGuarantee, FieldHorizon, FieldDetectsKeyReuse), nil, list("ByteBudget"), (*s).keyBytes),
 		e(ScenarioKeyScope, "for a conformance.KeyScoper: apply a key, then the same key in every other scope the backend could key by (an account, a path, a version): one effect, and ErrKeyReused where reuse is detected",
@@ -146,7 +147,8 @@ type scene[In any] struct {
 	*checker
 	h        Harness[In]
 	contract effects.Contract
-	appCode  string // the application error the sweep's faults answer (app-faults)
+	gaveUp   *atomic.Int64 // a sweep's faulted Applies that returned an error
+	appCode  string        // the application error the sweep's faults answer (app-faults)
 }
 
 // instance is one adapter instance: a process, to the suite.

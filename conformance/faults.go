@@ -43,9 +43,12 @@ const (
 	CancelAfterSend
 	// SlowReply lets the request reach the backend and the backend process
 	// it, then holds the reply back, the connection up, for the Faults'
-	// slow-reply time ([Faults.SetSlowReply]) or until the adapter gives up
-	// (closes the connection, lets a read deadline pass, or, for
-	// [Faults.RoundTrip], lets its context end). An adapter whose own
+	// slow-reply time ([Faults.SetSlowReply]), as a slow network would:
+	// every read before the hold ends waits for the reply, and one whose
+	// read deadline passes (at once if it had passed) times out without
+	// it, leaving it held for a later read; closing the connection, or,
+	// for [Faults.RoundTrip], the end of the caller's context, gives up on
+	// it for good. An adapter whose own
 	// deadline is shorter than the hold learns nothing about the outcome
 	// and must say so (ErrAmbiguous, never ErrTransient, never success);
 	// one that waits gets the reply, late.
@@ -270,16 +273,17 @@ type faultConn struct {
 	net.Conn
 	f *Faults
 
-	mu       sync.Mutex
-	reading  bool          // data was read since the last write (or nothing written yet)
-	pending  FaultKind     // DropReply or SlowReply: what the next reply that arrives suffers
-	hold     time.Duration // SlowReply: how long to hold it
-	held     []byte        // a held reply's bytes not yet handed to the client
-	deadline time.Time     // the client's read deadline, which ends a hold
-	broken   error         // ErrInjected or ErrSevered once the connection was cut
-	closed   bool
-	wake     chan struct{} // closed when the connection is closed or cut
-	moved    chan struct{} // closed and replaced when the read deadline moves
+	mu        sync.Mutex
+	reading   bool          // data was read since the last write (or nothing written yet)
+	pending   FaultKind     // DropReply or SlowReply: what the next reply that arrives suffers
+	hold      time.Duration // SlowReply: how long to hold it
+	held      []byte        // a held reply's bytes not yet handed to the client
+	heldUntil time.Time     // when the held reply arrives
+	deadline  time.Time     // the client's read deadline, which ends a wait for a held reply
+	broken    error         // ErrInjected or ErrSevered once the connection was cut
+	closed    bool
+	wake      chan struct{} // closed when the connection is closed or cut
+	moved     chan struct{} // closed and replaced when the read deadline moves
 }
 
 // Close closes the connection and forgets it.
@@ -383,11 +387,9 @@ func (c *faultConn) Read(p []byte) (int, error) {
 		c.mu.Unlock()
 		return 0, err
 	}
-	if len(c.held) > 0 { // the rest of a reply that was held
-		n := copy(p, c.held)
-		c.held = c.held[n:]
+	if len(c.held) > 0 { // a reply that is held, or the rest of it
 		c.mu.Unlock()
-		return n, nil
+		return c.readHeld(p)
 	}
 	c.mu.Unlock()
 	n, err := c.Conn.Read(p)
@@ -419,47 +421,52 @@ func (c *faultConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// holdReply holds the first bytes of a reply for up to d, the connection
-// up, and then hands them over; it gives up early, keeping them for a
-// later Read, when the client's read deadline passes or the connection is
-// closed.
-func (c *faultConn) holdReply(got []byte, d time.Duration) (int, error) {
+// holdReply holds the first bytes of a reply for d, the connection up,
+// and then hands them over (see [faultConn.readHeld]).
+func (c *faultConn) holdReply(p []byte, d time.Duration) (int, error) {
 	c.mu.Lock()
-	c.held = append([]byte(nil), got...)
+	c.held = append([]byte(nil), p...)
+	c.heldUntil = time.Now().Add(d)
 	c.mu.Unlock()
-	end := time.NewTimer(d)
-	defer end.Stop()
+	return c.readHeld(p)
+}
+
+// readHeld reads the rest of a held reply. Until the hold ends the reply
+// is still on its way, as on a real network: every read waits for it,
+// and gives up without it when the client's read deadline passes (at
+// once if it has passed) or the connection is closed. A read that gave
+// up leaves the reply held for the next.
+func (c *faultConn) readHeld(p []byte) (int, error) {
 	for {
 		c.mu.Lock()
-		deadline, wake := c.deadline, c.wake
+		deadline, until, wake := c.deadline, c.heldUntil, c.wake
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			c.mu.Unlock()
+			return 0, os.ErrDeadlineExceeded // as net.Conn: a passed deadline fails a read even with data waiting
+		}
+		if !time.Now().Before(until) {
+			n := copy(p, c.held)
+			c.held = c.held[n:]
+			c.mu.Unlock()
+			return n, nil
+		}
 		if c.moved == nil {
 			c.moved = make(chan struct{})
 		}
 		moved := c.moved
 		c.mu.Unlock()
-		var (
-			expired <-chan time.Time
-			stop    = func() bool { return false }
-		)
+		wait := time.Until(until)
 		if !deadline.IsZero() {
-			t := time.NewTimer(time.Until(deadline))
-			expired, stop = t.C, t.Stop
+			wait = min(wait, time.Until(deadline))
 		}
+		t := time.NewTimer(wait)
 		select {
-		case <-end.C:
-			stop()
-			c.mu.Lock()
-			n := copy(got, c.held)
-			c.held = c.held[n:]
-			c.mu.Unlock()
-			return n, nil
+		case <-t.C:
 		case <-wake:
-			stop()
+			t.Stop()
 			return 0, net.ErrClosed
-		case <-expired:
-			return 0, os.ErrDeadlineExceeded
 		case <-moved:
-			stop()
+			t.Stop()
 		}
 	}
 }

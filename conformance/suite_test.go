@@ -43,6 +43,11 @@ func TestLedgerConformance(t *testing.T) {
 	if len(rep.Fields) != 4 {
 		t.Errorf("%d fields in the report, want 4", len(rep.Fields))
 	}
+	// The ledger sets no deadline of its own: it waits for every held
+	// reply, and the report says that giving up was not seen.
+	if row, _ := rep.Row(conformance.ScenarioSlowReply); !strings.Contains(strings.Join(row.Notes, "\n"), "no Apply gave up") {
+		t.Errorf("slow-reply notes %v: want it said that no Apply gave up", row.Notes)
+	}
 }
 
 // TestHorizonNeedsAger: without the capability the horizon scenario is

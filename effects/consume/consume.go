@@ -150,7 +150,9 @@ func WithMaxAttempts(n int) Option {
 // all of that ceiling, so deliveries that failed together do not retry in
 // lockstep. Defaults: [DefaultMinBackoff] (100 ms) and [DefaultMaxBackoff]
 // (30 s); with the default 10 attempts a delivery whose errors are
-// retryable is dead-lettered after about 25 to 50 seconds of failures. A
+// retryable is dead-lettered after about 25 to 50 seconds of failures. An
+// error that carries a longer [effects.RetryAfter] (a provider's
+// Retry-After on a 429) is waited out instead, up to [MaxRetryAfter]. A
 // parked delivery (see [WithoutDeadLetter]) is retried every max.
 // 0 < min <= max.
 func WithBackoff(min, max time.Duration) Option {
@@ -918,7 +920,7 @@ func (r *run) failure(t *sched.Task, err error, took time.Duration, wasParked bo
 	if class != effects.ClassPermanent && !exhausted {
 		c.retried.Add(1)
 		r.report(effects.EventRetried, t, took, err, slog.LevelInfo, "consume.Consumer: attempt failed; retrying")
-		return sched.Retry, c.cfg.backoff(t.Attempt)
+		return sched.Retry, c.cfg.retryDelay(t.Attempt, err)
 	}
 	why := fmt.Sprintf("gave up after %d attempts", t.Attempt)
 	if class == effects.ClassPermanent {
@@ -1036,6 +1038,25 @@ func (r *run) report(kind effects.EventKind, t *sched.Task, took time.Duration, 
 		attrs = append(attrs, slog.String("stack", string(pe.Stack)))
 	}
 	r.c.log.Log(r.hctx, level, msg, attrs...)
+}
+
+// MaxRetryAfter caps the pause an error's [effects.RetryAfter] asks for
+// (a provider's Retry-After): a retryable error that carries one is
+// retried no sooner than it says, up to 5 minutes, so a burst of rate
+// limits does not use up the attempts of [WithMaxAttempts]. An
+// [effects.ErrInFlight]'s RetryAfter is the rest of another attempt's
+// lease, which [WithInFlightWait] governs instead.
+const MaxRetryAfter = 5 * time.Minute
+
+// retryDelay returns the pause after failed attempt number attempt, whose
+// error was err: the backoff, or longer when err asks to wait longer
+// (capped by MaxRetryAfter).
+func (c *config) retryDelay(attempt int, err error) time.Duration {
+	delay := c.backoff(attempt)
+	if wait, ok := effects.RetryAfter(err); ok && !errors.Is(err, effects.ErrInFlight) {
+		delay = max(delay, min(wait, MaxRetryAfter))
+	}
+	return delay
 }
 
 // backoff returns the pause after failed attempt number attempt (from 1);

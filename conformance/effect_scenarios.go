@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"effectively.dev/effects"
@@ -241,6 +242,7 @@ func (s *scene[In]) concurrentRound(insts []*instance[In], key effects.Key) {
 // each in a subtest of its own: once retried on a new instance (trip-NN),
 // once on the faulted instance itself (trip-NN-same); see faultAt.
 func (s *scene[In]) sweep(kind FaultKind) {
+	gaveUp := new(atomic.Int64)
 	inst := s.open(NewFaults())
 	clean := s.key(kind.slug(), "clean")
 	if _, err := s.applyUntilDone(inst, clean, s.h.Input(clean, 0), "the clean Apply that counts round trips"); err != nil {
@@ -266,7 +268,7 @@ func (s *scene[In]) sweep(kind FaultKind) {
 				name += "-same"
 			}
 			ran := s.sub(name, func(c *checker) {
-				ts := &scene[In]{checker: c, h: s.h, contract: s.contract}
+				ts := &scene[In]{checker: c, h: s.h, contract: s.contract, gaveUp: gaveUp}
 				if !ts.faultAt(kind, n, same) {
 					notFired++
 				}
@@ -278,6 +280,10 @@ func (s *scene[In]) sweep(kind FaultKind) {
 	}
 	if notFired > 0 {
 		s.notef("%d of %d armed faults did not fire (the apply took fewer round trips)", notFired, 2*trips)
+	}
+	if kind == SlowReply && gaveUp.Load() == 0 && left == 0 {
+		s.notef("no Apply gave up while its reply was held %v: the adapter waited for every reply, so how it reports giving up "+
+			"was not seen; give WithSlowReply a hold longer than its own per-call deadline, if it has one", s.cfg.slowReply)
 	}
 	dupTrips := s.dupSweep(kind, clean)
 	if left > 0 {
@@ -378,6 +384,9 @@ func (s *scene[In]) faultAt(kind FaultKind, n int, same bool) bool {
 	in := s.h.Input(key, 0)
 	what := fmt.Sprintf("%s at round trip %d", kind, n)
 	res, fired, err := s.applyFaulted(inst, f, kind, n, key, in, what)
+	if err != nil && s.gaveUp != nil {
+		s.gaveUp.Add(1)
+	}
 	if err == nil {
 		got := s.peek(key, what+": after Apply returned no error")
 		s.check(got >= 1, "%s: Apply returned %s with no error, but the backend shows no effect: it reported an effect that did not happen", what, res.Status)
