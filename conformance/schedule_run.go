@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/retry"
 )
 
 // AppFaultCodes is implemented by a Harness that says which application
@@ -127,8 +128,8 @@ func (s *scene[In]) runSchedule(sc schedule, tag string) (string, int) {
 		if err != nil && !effects.Retryable(err) {
 			break
 		}
-		if err != nil {
-			time.Sleep(20 * time.Millisecond)
+		if err != nil && retry.Sleep(s.ctx, 20*time.Millisecond) != nil {
+			break
 		}
 	}
 	// One redelivery on a new instance, as a broker would after the ack.

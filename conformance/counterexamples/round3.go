@@ -455,12 +455,15 @@ func vendorWith(fn func(v *Vendor)) func() *Vendor {
 
 // The honest vendor and client, and the liars of round 3.
 var (
+	// Honest is the honest vendor and client: keys stored as given, one
+	// round trip per create, every failure classified by when it happened.
 	Honest = VendorLiar{Name: "honest", Vendor: NewVendor}
 	// HonestSlow is the honest vendor that claims a key for 300ms, then
 	// works under the claim, fenced: work whose claim was taken over is
 	// refused.
 	HonestSlow = VendorLiar{Name: "honest-slow", Vendor: vendorWith(func(v *Vendor) { v.workTrip, v.fenced, v.lease = true, true, 300*time.Millisecond })}
 
+	// StripInvisible strips format runes and joiners from keys.
 	StripInvisible = VendorLiar{Name: "strip-invisible", Vendor: vendorWith(func(v *Vendor) {
 		v.keyOf = func(k string) string {
 			return strings.Map(func(r rune) rune {
@@ -471,6 +474,7 @@ var (
 			}, k)
 		}
 	})}
+	// WidthFold folds fullwidth forms to ASCII in keys.
 	WidthFold = VendorLiar{Name: "width-fold", Vendor: vendorWith(func(v *Vendor) {
 		v.keyOf = func(k string) string {
 			return strings.Map(func(r rune) rune {
@@ -481,8 +485,12 @@ var (
 			}, k)
 		}
 	})}
-	LikeLookup    = VendorLiar{Name: "like-lookup", Vendor: vendorWith(func(v *Vendor) { v.match = like })}
-	GlobLookup    = VendorLiar{Name: "glob-lookup", Vendor: vendorWith(func(v *Vendor) { v.match = glob })}
+	// LikeLookup finds a key with SQL LIKE, the new key the pattern.
+	LikeLookup = VendorLiar{Name: "like-lookup", Vendor: vendorWith(func(v *Vendor) { v.match = like })}
+	// GlobLookup finds a key with a glob, the new key the pattern.
+	GlobLookup = VendorLiar{Name: "glob-lookup", Vendor: vendorWith(func(v *Vendor) { v.match = glob })}
+	// SlashCollapse cleans keys as a URL path: backslashes, doubled and
+	// trailing slashes.
 	SlashCollapse = VendorLiar{Name: "slash-collapse", Vendor: vendorWith(func(v *Vendor) {
 		v.keyOf = func(k string) string {
 			k = strings.ReplaceAll(k, "\\", "/")
@@ -492,6 +500,7 @@ var (
 			return strings.TrimSuffix(k, "/")
 		}
 	})}
+	// LongKeyCRC stores keys longer than 128 bytes as their CRC-32.
 	LongKeyCRC = VendorLiar{Name: "long-key-crc", Vendor: vendorWith(func(v *Vendor) {
 		v.keyOf = func(k string) string {
 			if len(k) > 128 {
@@ -501,17 +510,30 @@ var (
 		}
 	})}
 
-	TransientOn5xx          = VendorLiar{Name: "transient-on-5xx", Vendor: NewVendor, Client: lieTransientOn5xx}
+	// TransientOn5xx calls a 5xx ErrTransient.
+	TransientOn5xx = VendorLiar{Name: "transient-on-5xx", Vendor: NewVendor, Client: lieTransientOn5xx}
+	// ReplayedOnSerialization reports a serialization failure as a replay.
 	ReplayedOnSerialization = VendorLiar{Name: "replayed-on-serialization", Vendor: NewVendor, Client: lieReplayedOnSerialization}
-	DeadlockPermanent       = VendorLiar{Name: "deadlock-permanent", Vendor: NewVendor, Client: lieDeadlockPermanent}
-	BusySkipsLookup         = VendorLiar{Name: "busy-skips-lookup", Vendor: NewVendor, Client: lieBusySkipsLookup}
+	// DeadlockPermanent calls a deadlock a permanent refusal.
+	DeadlockPermanent = VendorLiar{Name: "deadlock-permanent", Vendor: NewVendor, Client: lieDeadlockPermanent}
+	// BusySkipsLookup creates without the key when the lookup meets a lock
+	// timeout or a busy database.
+	BusySkipsLookup = VendorLiar{Name: "busy-skips-lookup", Vendor: NewVendor, Client: lieBusySkipsLookup}
 
+	// RotateAfterTwoFailures retries under a new key after two failed
+	// attempts in a row.
 	RotateAfterTwoFailures = VendorLiar{Name: "rotate-after-two-failures", Vendor: NewVendor, Client: lieRotateAfterTwo}
-	BreakerAssumesDone     = VendorLiar{Name: "breaker-assumes-done", Vendor: NewVendor, Client: lieBreakerAfterTwo}
+	// BreakerAssumesDone reports a key done after two failed attempts in a
+	// row.
+	BreakerAssumesDone = VendorLiar{Name: "breaker-assumes-done", Vendor: NewVendor, Client: lieBreakerAfterTwo}
 
+	// ShortVendorLock locks a key for 300ms and does the work of a claim
+	// taken over.
 	ShortVendorLock = VendorLiar{Name: "short-lease", Vendor: vendorWith(func(v *Vendor) { v.workTrip, v.lease = true, 300*time.Millisecond })}
-	AccountScoped   = VendorLiar{Name: "account-scoped", Vendor: vendorWith(func(v *Vendor) { v.scoped = true })}
-	ByteBudget      = VendorLiar{Name: "byte-budget", Vendor: vendorWith(func(v *Vendor) { v.budget = 1 << 20 })}
+	// AccountScoped keys its store by account and key.
+	AccountScoped = VendorLiar{Name: "account-scoped", Vendor: vendorWith(func(v *Vendor) { v.scoped = true })}
+	// ByteBudget evicts the oldest stored responses past 1 MiB.
+	ByteBudget = VendorLiar{Name: "byte-budget", Vendor: vendorWith(func(v *Vendor) { v.budget = 1 << 20 })}
 )
 
 // VendorLiars lists the liars of round 3 over a Vendor.
