@@ -83,6 +83,28 @@
 //     is held past the adapter's own deadline, the connection up, after
 //     the backend processed the request ([SlowReply]); giving up must be
 //     reported as an unknown outcome, never ErrTransient.
+//   - app-faults: every round trip of a clean and of a duplicate Apply in
+//     turn is answered by the backend with an application error, the
+//     connection up ([AppErrorBefore]: 40001, 40P01, 55P03, busy, 503,
+//     409; [AppErrorAfter]: a 500 once the request was applied), through
+//     [Faults.RoundTrip], [SQLConnector] or a server the harness fails on
+//     cue ([Faults.SetAppFaulter]); not run when no such fault can fire.
+//   - fault-schedules: seeded schedules of several faults of every kind on
+//     one key, judged as a whole; a failure is shrunk to the shortest
+//     schedule that still fails and printed with its seed
+//     ([WithSchedules], [WithScheduleSeed]).
+//   - slow-backend: each round trip in turn takes the backend
+//     [WithSlowBackend] before it applies the request ([SlowBackend]),
+//     while duplicates arrive on two other instances.
+//   - hostile-keys: generated pairs of distinct keys (invisible runes,
+//     compatibility and case variants, wildcards, paths and escapes,
+//     length thresholds and hash collisions past them), each in both
+//     orders.
+//   - key-bytes (for a [PayloadSizer]): the store filled past the byte
+//     budget the harness states with the largest payloads, then the first
+//     key redelivered.
+//   - key-scope (for a [KeyScoper]): one key in every scope the backend
+//     could key by besides the key.
 //
 // Each asserts against the contract the adapter declares: EffectivelyOnce
 // means exactly one effect per key in every scenario; AtLeastOnce means at
@@ -215,7 +237,12 @@
 //     keep the first reference and refuse key reuse (not applicable to
 //     other journals);
 //   - clock-skew (needs [ClockSkewer]): an instance whose clock runs ahead
-//     takes no live lease over.
+//     takes no live lease over;
+//   - round-trip-faults: each round trip of Begin, Complete, Release and
+//     Lookup in turn lost, cut or the instance's last, the outcome checked
+//     from another instance;
+//   - attempt-numbers: the attempt rises on every Begin, the same
+//     instance re-taking its own lease included.
 //
 // The source suite ([SourceScenarios]) verifies delivery (nothing
 // unacked is lost), acks (nothing acked comes back) and order; a
@@ -244,7 +271,11 @@
 // that step's backend. It checks that Contract() names the weakest step
 // (plan-contract), redelivers (redelivery), and faults each round trip of
 // each step in turn: a lost reply (lost-reply), a cancellation
-// (cancel-mid-plan), a killed instance with a successor (kill-mid-plan).
+// (cancel-mid-plan), a killed instance with a successor (kill-mid-plan),
+// a request that never reaches its backend (cut-request); runs events
+// whose ids differ only in case or normalization (distinct-ids); and, for
+// a harness that is an [Ager], ages every step's backend to the plan's
+// horizon (horizon).
 // Every step effectively-once exactly once, at-least-once more only after
 // an unknown outcome in that step, and none skipped ([PlanScenarios]).
 //

@@ -57,6 +57,12 @@ func effectTable[In any]() []scenario[Harness[In]] {
 			nil, guarantee, sweep, list("AppliedOnCutCommit"), func(s *s) { s.sweep(CutRequest) }),
 		e(ScenarioCancel, "for each round trip, cancel the context right after the request was sent; retry as above",
 			nil, guarantee, sweep, list("CancelIsPermanent"), func(s *s) { s.sweep(CancelAfterSend) }),
+		e(ScenarioAppFaults, "for each round trip of a clean and of a duplicate Apply, the backend answers an application error with the connection up: 40001, 40P01, 55P03, busy, 503 or 409 before applying, a 500 after applying",
+			nil, guarantee, sweep, list("TransientOn5xx", "ReplayedOnSerialization", "DeadlockPermanent", "BusySkipsLookup"), (*s).appFaults),
+		e(ScenarioSchedules, "seeded schedules of 2 to 4 faults of every kind on one key, retried on the same or a new instance; a failure is shrunk to the shortest schedule and printed with its seed",
+			nil, guarantee, list("WithSchedules", "WithScheduleSeed", "WithMaxSweep", "WithQuietPeriod"), list("RotateAfterTwoFailures", "BreakerAssumesDone"), (*s).faultSchedules),
+		e(ScenarioSlowBackend, "for each round trip, the backend takes 2 s over the request before applying it while two other instances apply the key again and again: one effect, one ref",
+			nil, guarantee, list("WithSlowBackend", "WithMaxSweep", "WithQuietPeriod"), list("ShortVendorLock"), (*s).slowBackend),
 		e(ScenarioKeyReuse, "the same key with another payload: ErrKeyReused where the contract detects reuse",
 			nil, list(FieldDetectsKeyReuse), nil, list("MemoryReuseCheck", "UncheckedFingerprint"), (*s).keyReuse),
 		e(ScenarioRaceReuse, "16 writers on one key at once, half with each of two payloads: one applies, its payload's writers replay, the others get ErrKeyReused",
@@ -65,10 +71,16 @@ func effectTable[In any]() []scenario[Harness[In]] {
 			nil, guarantee, nil, list("TrimmedKey"), (*s).invalidKeys),
 		e(ScenarioDistinctKeys, "keys that differ only after a long common prefix, in letter case, in Unicode normalization, in escaping or separators, or collide under short hashes: each applies once and replays on its own",
 			nil, guarantee, nil, list("BlindWrite", "ShortHashDedup", "UnescapedPathDedup", "PrefixDedup", "CaseFoldDedup", "LastRef"), (*s).distinctKeys),
+		e(ScenarioHostileKeys, "generated pairs of distinct keys, each in both orders: an invisible rune and nothing, Unicode compatibility and case variants, LIKE and glob wildcards and the literal, path separators and percent-escapes, keys at every length threshold and with the same CRC-32 past it",
+			nil, guarantee, list("WithScheduleSeed"), list("StripInvisible", "WidthFold", "LikeLookup", "GlobLookup", "SlashCollapse", "LongKeyCRC"), (*s).hostileKeys),
 		e(ScenarioStorm, "1,000 keys, 99% applied first: the warm-up and the storm grow the backend by exactly the new keys, every key counted",
 			nil, guarantee, list("WithStorm"), list("BlindWrite", "StormCheat"), (*s).storm),
 		e(ScenarioKeyCapacity, "apply a key, then 5,000 other keys, and redeliver it on the same and on a new instance, then with the other payload",
 			nil, list(FieldGuarantee, FieldDuplicateWindow, FieldHorizon, FieldDetectsKeyReuse), list("WithCapacity"), list("NewestKeysOnly"), (*s).keyCapacity),
+		e(ScenarioKeyBytes, "for a conformance.PayloadSizer: apply a key, then keys of the largest payload past the store budget the harness states, and redeliver it on the same and a new instance, then with the other payload",
+			nil, list(FieldGuarantee, FieldHorizon, FieldDetectsKeyReuse), nil, list("ByteBudget"), (*s).keyBytes),
+		e(ScenarioKeyScope, "for a conformance.KeyScoper: apply a key, then the same key in every other scope the backend could key by (an account, a path, a version): one effect, and ErrKeyReused where reuse is detected",
+			nil, list(FieldGuarantee, FieldDetectsKeyReuse), nil, list("AccountScoped"), (*s).keyScope),
 		e(ScenarioRestart, "apply, restart the backend cleanly, redeliver",
 			[]capability{capRestarter}, guarantee, nil, nil, (*s).restart),
 		e(ScenarioCrashRestart, "apply 4 keys, crash the backend and start it again, count each key before any redelivery, then redeliver",
@@ -136,6 +148,7 @@ type scene[In any] struct {
 	h        Harness[In]
 	contract effects.Contract
 	gaveUp   *atomic.Int64 // a sweep's faulted Applies that returned an error
+	appCode  string        // the application error the sweep's faults answer (app-faults)
 }
 
 // instance is one adapter instance: a process, to the suite.

@@ -330,7 +330,7 @@ func (s *scene[In]) dupSweep(kind FaultKind, clean effects.Key) int {
 // an error must be retryable; the retry, on another new instance, must
 // replay the first Apply.
 func (s *scene[In]) faultDuplicateAt(kind FaultKind, n int) {
-	key := s.key(kind.slug(), "dup", fmt.Sprint(n))
+	key := s.key(kind.slug()+s.appCode, "dup", fmt.Sprint(n))
 	in := s.h.Input(key, 0)
 	firstInst := s.open(NewFaults())
 	first := s.applyFirst(firstInst, key, "the first Apply")
@@ -377,9 +377,9 @@ func (s *scene[In]) faultDuplicateAt(kind FaultKind, n int) {
 func (s *scene[In]) faultAt(kind FaultKind, n int, same bool) bool {
 	f := NewFaults()
 	inst := s.open(f)
-	key := s.key(kind.slug(), fmt.Sprint(n))
+	key := s.key(kind.slug()+s.appCode, fmt.Sprint(n))
 	if same {
-		key = s.key(kind.slug(), fmt.Sprint(n), "same")
+		key = s.key(kind.slug()+s.appCode, fmt.Sprint(n), "same")
 	}
 	in := s.h.Input(key, 0)
 	what := fmt.Sprintf("%s at round trip %d", kind, n)
@@ -440,6 +440,7 @@ func (s *scene[In]) applyFaulted(inst *instance[In], f *Faults, kind FaultKind, 
 	actx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
 	f.SetSlowReply(s.cfg.slowReply)
+	f.SetAppError(s.appCode)
 	f.Arm(inst.base+n, kind, cancel)
 	res, err = s.apply(actx, inst, key, in, what)
 	cancel()
@@ -659,8 +660,13 @@ func fnvMore(h uint32, x []byte, a bool) uint32 {
 // distinctKeys applies both keys of every distinct pair: each must apply
 // once, be counted once, and replay on its own.
 func (s *scene[In]) distinctKeys() {
+	s.applyDistinct(distinctPairs(string(s.key("distinct")) + ":"))
+}
+
+// applyDistinct applies both keys of every pair, a then b: each must
+// apply once, be counted once, and replay on its own.
+func (s *scene[In]) applyDistinct(pairs []distinctPair) {
 	inst := s.open(NewFaults())
-	pairs := distinctPairs(string(s.key("distinct")) + ":")
 	var keys []effects.Key
 	first := map[effects.Key]effects.Result{}
 	for _, p := range pairs {

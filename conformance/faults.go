@@ -73,6 +73,9 @@ func (k FaultKind) String() string {
 	case SlowReply:
 		return "slow reply"
 	}
+	if s := k.appString(); s != "" {
+		return s
+	}
 	return fmt.Sprintf("FaultKind(%d)", int(k))
 }
 
@@ -106,6 +109,8 @@ type Faults struct {
 	slow    time.Duration // how long SlowReply holds a reply; 0: DefaultSlowReply
 	conns   map[severable]struct{}
 	severed bool
+
+	appf appState // application faults (appfault.go)
 }
 
 // severable is a connection (a TCP connection, a database/sql driver
@@ -339,6 +344,10 @@ func (c *faultConn) Write(p []byte) (int, error) {
 	if c.reading {
 		c.reading = false
 		kind, cancel, delay = c.f.begin()
+		if kind.isApp() {
+			delay += c.f.appOverConn(kind)
+			kind = NoFault
+		}
 	}
 	if kind == CutRequest {
 		c.broken = ErrInjected
@@ -497,6 +506,9 @@ func (f *Faults) roundTrip(ctx context.Context, fn func() error) (FaultKind, err
 		return NoFault, ErrSevered
 	}
 	kind, cancel, delay := f.begin()
+	if kind.isApp() {
+		return NoFault, f.appRoundTrip(ctx, kind, fn) // the connection stays up
+	}
 	if delay > 0 {
 		t := time.NewTimer(delay)
 		select {

@@ -17,11 +17,11 @@ func (s *jscene) crashRestart() {
 	r := s.h.(CrashRestarter)
 	a := s.open("A")
 	done, held := s.key("crash", "done"), s.key("crash", "held")
+	s.mustLease(a, held, holdLease, "a new key")
 	s.mustLease(a, done, holdLease, "a new key")
 	if err := s.complete(a, done, "ref-crash"); err != nil {
 		s.fatalf("Complete: %v", err)
 	}
-	s.mustLease(a, held, holdLease, "a new key")
 	if err := r.CrashRestart(s.ctx); err != nil {
 		s.fatalf("harness CrashRestart: %v", err)
 	}

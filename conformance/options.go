@@ -84,6 +84,7 @@ type config struct {
 	unverified     string   // AllowUnverified's reason
 	unverifiedFor  []string // the scenarios it covers; nil: every one
 	successor      any      // WithSuccessorProcess's attach function
+	gen            genConfig
 
 	set []string // names of the options given, to refuse those a suite does not take
 }
@@ -330,6 +331,10 @@ func newConfig(op, suite string, table []Scenario, opts []Option) (config, error
 		return bad("WithQuietPeriod", "%v: must not be negative", c.quietPeriod)
 	case c.capacity < 1:
 		return bad("WithCapacity", "%d: at least 1", c.capacity)
+	case slices.Contains(c.set, "WithSchedules") && c.gen.schedules < 1:
+		return bad("WithSchedules", "%d: at least 1", c.gen.schedules)
+	case slices.Contains(c.set, "WithSlowBackend") && c.gen.slowBackend <= 0:
+		return bad("WithSlowBackend", "%v: must be positive", c.gen.slowBackend)
 	case slices.Contains(c.set, "WithSuccessorProcess") && c.successor == nil:
 		return bad("WithSuccessorProcess", "nil attach function")
 	case slices.Contains(c.set, "AllowUnverified") && strings.TrimSpace(c.unverified) == "":

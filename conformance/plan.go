@@ -122,6 +122,12 @@ func planTable[E any]() []scenario[PlanHarness[E]] {
 			steps, sweep, list("SwallowingHandler"), func(s *s) { s.sweep(planCancel) }),
 		p(PlanKill, "each round trip of each step in turn is the instance's last (connections cut, context cancelled); a successor runs the event",
 			steps, sweep, list("SwallowingHandler"), func(s *s) { s.sweep(planKill) }),
+		p(PlanCut, "each round trip of each step in turn never reaches its backend (the request cut); the event is retried on the same instance",
+			steps, sweep, list("SkipTransientStep"), func(s *s) { s.sweep(planCut) }),
+		p(PlanDistinctIDs, "events whose ids differ only in case, normalization, width or an invisible rune, each pair in both orders: every step done once for each",
+			steps, nil, list("CaseFoldIDs"), (*s).distinctIDs),
+		rec(suitePlan, PlanHorizon, "age every step's backend to just inside the plan's declared horizon (400 days for 0) and run the event again: every step replays; no step declares a shorter horizon than the plan",
+			[]capability{capAger}, list(FieldPlanContract, FieldSteps), list("WithLongAge"), list("ForgetfulStep"), pscenario((*s).horizon)),
 	}
 }
 
@@ -387,10 +393,11 @@ const (
 	planLost   planFault = iota // the reply is lost; retried on the same instance
 	planCancel                  // the run's context is cancelled once the request was sent; retried on the same instance
 	planKill                    // the instance dies once the request was sent; a successor runs the event
+	planCut                     // the request never reaches the step's backend; retried on the same instance
 )
 
 func (k planFault) String() string {
-	return [...]string{"lost reply", "cancel after send", "kill after send"}[k]
+	return [...]string{"lost reply", "cancel after send", "kill after send", "cut request"}[k]
 }
 
 // sweep counts each step's round trips in a clean run, then faults each
@@ -487,6 +494,8 @@ func (s *pscene[E]) faultAt(kind planFault, step string, trip int) *zombie {
 		f.Arm(at, DropReply, nil)
 	case planCancel:
 		f.Arm(at, CancelAfterSend, cancel)
+	case planCut:
+		f.Arm(at, CutRequest, nil)
 	case planKill:
 		return s.kill(ctx, cancel, inst, step, at, id, what)
 	}

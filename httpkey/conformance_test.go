@@ -194,11 +194,15 @@ var presets = []preset{
 // journal, the journal lives in the test's memory, which a child process
 // cannot reach.
 var (
-	allowKit = conformance.AllowUnverified("httpkeytest and memjournal evict no key, so 1,000 keys show what 5,000 would",
-		conformance.ScenarioKeyCapacity)
+	// noAppFaults says why app-faults cannot run: the kit's FailNext
+	// stores the injected failure as the key's response, which every retry
+	// of the key replays.
+	noAppFaults = "httpkeytest stores an injected failure as the key's response, which every retry replays, so the suite's application faults cannot be retried through"
+	allowKit    = conformance.AllowUnverified("httpkeytest and memjournal evict no key, so 1,000 keys show what 5,000 would; "+noAppFaults,
+		conformance.ScenarioKeyCapacity, conformance.ScenarioAppFaults)
 	allowJournal = conformance.AllowUnverified("httpkeytest and memjournal evict no key, so 1,000 keys show what 5,000 would; "+
-		"memjournal lives in the test's memory, which a successor process cannot reach",
-		conformance.ScenarioKeyCapacity, conformance.ScenarioProcess)
+		"memjournal lives in the test's memory, which a successor process cannot reach; "+noAppFaults,
+		conformance.ScenarioKeyCapacity, conformance.ScenarioProcess, conformance.ScenarioAppFaults)
 )
 
 // TestConformance runs the whole suite on every preset against the kit

@@ -256,7 +256,8 @@ func allowKfake(journaled bool) conformance.Option {
 		left = append(left, conformance.ScenarioRestart)
 	}
 	return conformance.AllowUnverified("kfake is a cluster in the test's memory, with nothing a crash loses that a restart keeps, and a real "+
-		"cluster is not the test's to restart; postgres.Journal evicts no key, so 1,000 keys show what 5,000 would", left...)
+		"cluster is not the test's to restart; postgres.Journal evicts no key, so 1,000 keys show what 5,000 would; "+
+		"neither kfake nor PostgreSQL can be made to answer an application error on demand", append(left, conformance.ScenarioAppFaults)...)
 }
 
 func requireAllRan(t *testing.T, rep conformance.Report) {

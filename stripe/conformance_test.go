@@ -159,8 +159,8 @@ func TestConformanceWithJournal(t *testing.T) {
 // lose that a restart keeps). The slow replies are held 300 ms, far under
 // stripe-go's 80 s timeout: the adapter waits for them.
 var allowStripetest = conformance.AllowUnverified("stripetest stands for Stripe's own key store: it evicts no key, so 1,000 keys show what 5,000 would, "+
-	"and it is a server in the test's memory, with nothing a crash loses that a restart keeps",
-	conformance.ScenarioKeyCapacity, conformance.ScenarioCrashRestart)
+	"and it is a server in the test's memory, with nothing a crash loses that a restart keeps, and no switch to answer a 5xx on demand",
+	conformance.ScenarioKeyCapacity, conformance.ScenarioCrashRestart, conformance.ScenarioAppFaults)
 
 // requireVerified requires every field verified, or left unverified only
 // with the reason the harness gave.

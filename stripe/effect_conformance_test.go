@@ -83,8 +83,8 @@ func TestConformanceGenericCustomers(t *testing.T) {
 				return h
 			}, conformance.WithCapacity(1000), conformance.WithSlowReply(300*time.Millisecond), // as TestConformance
 				conformance.AllowUnverified("stripetest evicts no key and is a server in the test's memory (see allowStripetest); "+
-					"its clients are built from the server value, which a child process lacks",
-					conformance.ScenarioKeyCapacity, conformance.ScenarioCrashRestart, conformance.ScenarioProcess))
+					"its clients are built from the server value, which a child process lacks; it has no switch to answer a 5xx on demand",
+					conformance.ScenarioKeyCapacity, conformance.ScenarioCrashRestart, conformance.ScenarioProcess, conformance.ScenarioAppFaults))
 			for _, row := range rep.Rows {
 				// successor-process needs an Attacher: stripetest's clients are
 				// built from the server value, which a child process lacks. No

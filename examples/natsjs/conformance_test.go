@@ -37,8 +37,9 @@ func TestConformance(t *testing.T) {
 		return newHarness(t, srv, jetstream.StreamConfig{})
 	}, conformance.WithSlowReply(1500*time.Millisecond),
 		conformance.AllowUnverified("nats-server's clock cannot be moved (TestConformanceHorizon verifies the horizon on a 5-second window); "+
-			"the server runs inside the test process, and this harness neither crashes it nor attaches a child process to it",
-			conformance.ScenarioHorizon, conformance.ScenarioCrashRestart, conformance.ScenarioProcess))
+			"the server runs inside the test process, and this harness neither crashes it nor attaches a child process to it, "+
+			"nor can make it answer an application error on demand",
+			conformance.ScenarioHorizon, conformance.ScenarioCrashRestart, conformance.ScenarioProcess, conformance.ScenarioAppFaults))
 }
 
 // TestConformanceHorizon runs the horizon scenario on a stream whose
