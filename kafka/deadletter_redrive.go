@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/time/rate"
 
@@ -119,8 +120,10 @@ func WithRedriveIDHeader(name string) RedriveOption {
 }
 
 // WithRedriveDryRun moves nothing: Redrive writes one line per selected
-// dead letter to w (where it is, its delivery id, class, destination and
-// error; nothing for a nil w) and counts it in RedriveStats.Moved.
+// dead letter to w (when it was dead-lettered, where it is, its delivery
+// id, class, destination and error; nothing for a nil w) and counts it in
+// RedriveStats.Moved; a dead letter it would not move (cut, or to a topic
+// not allowed) gets a line that says so.
 func WithRedriveDryRun(w io.Writer) RedriveOption {
 	return func(c *redriveConfig) {
 		c.dry, c.dryRun = true, w
@@ -152,8 +155,10 @@ type RedriveStats struct {
 	// how many were skipped because their destination is not allowed
 	// ([WithRedriveAllowTopics]); Cut how many were skipped because they
 	// were cut to fit the dead-letter topic ([HeaderDLQCut]: their body
-	// or id is not whole).
-	Read, Moved, Skipped, Repeated, NotAllowed, Cut int
+	// or id is not whole); NoDestination how many dead letters without
+	// [HeaderDLQTopic] a dry run listed (without [WithRedriveTopic], such a
+	// dead letter stops a run that moves).
+	Read, Moved, Skipped, Repeated, NotAllowed, Cut, NoDestination int
 	// Moves counts the dead letters moved (or, dry, that would move) per
 	// destination topic and class, sorted by topic then class.
 	Moves []RedriveMove
@@ -247,16 +252,13 @@ func Redrive(ctx context.Context, client *kgo.Client, dlq string, opts ...Redriv
 	_, err = replay(ctx, op, client, dlq, rcfg, func(ctx context.Context, recs []*kgo.Record) error {
 		return r.handle(ctx, recs[0])
 	})
-	if cerr := r.commit(ctx); cerr != nil && (err == nil || errors.Is(err, errRedriveDone)) {
-		err = cerr
+	if errors.Is(err, errRedriveDone) {
+		err = nil
 	}
-	if err != nil && !errors.Is(err, errRedriveDone) {
-		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
-			return r.stats, err
-		}
-		return r.stats, fmt.Errorf("%s %s: %w", op, dlq, err)
+	if cerr := r.commit(ctx); cerr != nil && err == nil {
+		err = fmt.Errorf("%s %s: %w", op, dlq, cerr)
 	}
-	return r.stats, nil
+	return r.stats, err // replay's errors name op and dlq
 }
 
 // newRedriveConfig applies opts and validates them with client and dlq.
@@ -326,19 +328,29 @@ func (r *redriver) handle(ctx context.Context, dl *kgo.Record) error {
 		r.stats.Repeated++
 		return nil
 	}
-	if _, cut := headerValue(dl, HeaderDLQCut); cut {
-		r.stats.Cut++
+	rec, err := r.cfg.redriven(dl, id)
+	if err != nil && r.cfg.dry {
+		r.stats.NoDestination++
+		r.print(dl, &kgo.Record{}, id, class, " (no destination: name one with WithRedriveTopic)")
 		return nil
 	}
-	rec, err := r.cfg.redriven(dl, id)
 	if err != nil {
 		return err
 	}
-	if r.cfg.allowed != nil && !r.cfg.allowed[rec.Topic] {
+	_, cut := headerValue(dl, HeaderDLQCut)
+	switch {
+	case cut:
+		r.stats.Cut++
+		r.print(dl, rec, id, class, " (cut to fit the dead-letter topic: not moved)")
+		return nil
+	case r.cfg.allowed != nil && !r.cfg.allowed[rec.Topic]:
 		r.stats.NotAllowed++
+		r.print(dl, rec, id, class, " (destination not allowed: not moved)")
 		return nil
 	}
-	if err := r.move(ctx, dl, rec, id, class); err != nil {
+	if r.cfg.dry {
+		r.print(dl, rec, id, class, "")
+	} else if err := r.move(ctx, dl, rec, id); err != nil {
 		return err
 	}
 	r.seen[id] = true
@@ -350,15 +362,18 @@ func (r *redriver) handle(ctx context.Context, dl *kgo.Record) error {
 	return nil
 }
 
-// move produces rec, the redriven form of dl, and records the progress;
-// dry, it prints it instead.
-func (r *redriver) move(ctx context.Context, dl, rec *kgo.Record, id, class string) error {
-	if r.cfg.dry {
-		reason, _ := headerValue(dl, HeaderDLQError)
-		fmt.Fprintf(r.cfg.dryRun, "%s/%d/%d delivery %q class %s -> %s: %s\n",
-			dl.Topic, dl.Partition, dl.Offset, ratelog.Bound(id), class, rec.Topic, reason)
-		return nil
+// print writes a dry run's line for dl, redriven as rec, with note.
+func (r *redriver) print(dl, rec *kgo.Record, id, class, note string) {
+	if !r.cfg.dry {
+		return
 	}
+	reason, _ := headerValue(dl, HeaderDLQError)
+	fmt.Fprintf(r.cfg.dryRun, "%s %s/%d/%d delivery %q class %s -> %s%s: %s\n",
+		DeadLetterTime(dl).UTC().Format(time.RFC3339), dl.Topic, dl.Partition, dl.Offset, ratelog.Bound(id), class, rec.Topic, note, reason)
+}
+
+// move produces rec, the redriven form of dl, and records the progress.
+func (r *redriver) move(ctx context.Context, dl, rec *kgo.Record, id string) error {
 	if err := r.lim.Wait(ctx); err != nil {
 		return err
 	}
@@ -376,6 +391,9 @@ func (r *redriver) move(ctx context.Context, dl, rec *kgo.Record, id, class stri
 // topic, per partition.
 func (r *redriver) committed(ctx context.Context) (map[int32]int64, error) {
 	os, err := kadm.NewClient(r.client).FetchOffsets(ctx, r.cfg.group)
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		return nil, nil // a first run: nothing committed yet
+	}
 	if err == nil {
 		err = os.Error()
 	}

@@ -47,7 +47,7 @@ func TestRedriveCommand(t *testing.T) {
 	if recs, err := kafkatest.ReadAll(ctx, c.Opts(), src); err != nil || len(recs) != 0 {
 		t.Fatalf("source topic after the dry run: %d records, %v", len(recs), err)
 	}
-	out, err = runCmd(t, "redrive", "-brokers", brokers, "-dlq", dlq, "-topic", src, "-class", "poison")
+	out, err = runCmd(t, "redrive", "-brokers", brokers, "-dlq", dlq, "-topic", src, "-class", "poison", "-yes")
 	if err != nil || !strings.Contains(out, "moved 1 of 2 dead letters") {
 		t.Fatalf("redrive: %v\n%s", err, out)
 	}
@@ -113,6 +113,15 @@ func TestOutboxCommand(t *testing.T) {
 	out, err = runCmd(t, "outbox", "retry", "-db", url, "-message-id", "m-1")
 	if err != nil || !strings.Contains(out, "returned 1 parked rows") {
 		t.Fatalf("retry: %v\n%s", err, out)
+	}
+	if out, err := runCmd(t, "outbox", "drop", "-db", url); !errors.Is(err, errUsage) || !strings.Contains(out, "-all") {
+		t.Fatalf("drop without a selection: %v\n%s; want a usage error naming -all", err, out)
+	}
+	if out, err := runCmd(t, "outbox", "retry", "-db", url); !errors.Is(err, errUsage) {
+		t.Fatalf("retry without a selection: %v\n%s; want a usage error", err, out)
+	}
+	if n, _ := outbox.CountParked(ctx, pool, outbox.ParkedFilter{}); n != 1 {
+		t.Fatalf("%d parked after drop and retry without a selection, want 1 (nothing changed)", n)
 	}
 	out, err = runCmd(t, "outbox", "drop", "-db", url, "-class", "permanent")
 	if err != nil || !strings.Contains(out, "dropped 1 parked rows") {
