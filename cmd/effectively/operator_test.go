@@ -68,7 +68,9 @@ func TestRedriveIsAimedByTheOperator(t *testing.T) {
 	src, other, dlq := c.Topic(t, "src", 1), c.Topic(t, "other", 1), c.Topic(t, "dlq", 1)
 	deadLetters(t, c, dlq, src, other, 7, 2)
 	base := []string{"redrive", "-brokers", strings.Join(c.Brokers(), ","), "-dlq", dlq}
-	cmd := func(args ...string) (string, error) { return runCmd(t, append(append([]string(nil), base...), args...)...) }
+	cmd := func(args ...string) (string, error) {
+		return runCmd(t, append(append([]string(nil), base...), args...)...)
+	}
 
 	out, err := cmd("-allow-topic", src)
 	if err != nil || !strings.Contains(out, "would move 6 of 7") || !strings.Contains(out, "1 to topics not allowed") ||
