@@ -459,8 +459,5 @@ func DeadLetterID(r *kgo.Record) string {
 // DeadLetterClass is the [HeaderDLQClass] value for err: "poison" when it
 // matches [effects.ErrPoison], otherwise the name of [effects.ClassOf].
 func DeadLetterClass(err error) string {
-	if errors.Is(err, effects.ErrPoison) {
-		return "poison"
-	}
-	return effects.ClassOf(err).String()
+	return ratelog.Class(err)
 }

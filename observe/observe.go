@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"effectively.dev/effects"
+	"effectively.dev/observe/ratelog"
 )
 
 // Names of what this package reports, for dashboards, alerts and views.
@@ -131,8 +132,11 @@ type levelOverride struct {
 }
 
 // WithLogger logs every event to l, at the level of its kind (see
-// [DefaultLevel] and [WithLevel]). Without it, or with a nil l, the Observer
-// logs nothing. To add attributes to every record, pass l.With(...).
+// [DefaultLevel] and [WithLevel]). Without it, or with a nil l, the
+// Observer logs to slog.Default() (as it is at the time of each record),
+// so failures and dead letters are never silent; to log nothing, pass
+// slog.New(slog.DiscardHandler). To add attributes to every record, pass
+// l.With(...).
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) { c.logger = l }
 }
@@ -198,9 +202,11 @@ func DefaultLevel(kind effects.EventKind) slog.Level {
 	return defaultLevels[kind]
 }
 
-// New returns an Observer configured by opts. With no options it logs
-// nothing and records metrics with the global MeterProvider, which drops
-// them until one is installed. It returns an *effects.ConfigError for an
+// New returns an Observer configured by opts. With no options it logs to
+// slog.Default() (so, with the default levels, failures at Warn and dead
+// letters at Error reach the default handler) and records metrics with the
+// global MeterProvider, which drops them until one is installed with
+// otel.SetMeterProvider. It returns an *effects.ConfigError for an
 // invalid option, and an error if the meter refuses an instrument.
 func New(opts ...Option) (*Observer, error) {
 	const op = "observe.New"
@@ -280,11 +286,13 @@ func (o *Observer) Observe(ctx context.Context, ev effects.Event) {
 			o.duration.Record(ctx, ev.Duration.Seconds(), m.rec...)
 		}
 	}
-	if o.logger != nil {
-		level := o.level(ev.Kind)
-		if o.logger.Enabled(ctx, level) {
-			o.log(ctx, level, ev)
-		}
+	logger := o.logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	level := o.level(ev.Kind)
+	if logger.Enabled(ctx, level) {
+		o.log(ctx, logger, level, ev)
 	}
 }
 
@@ -295,7 +303,7 @@ func (o *Observer) level(k effects.EventKind) slog.Level {
 	return o.levels[k]
 }
 
-func (o *Observer) log(ctx context.Context, level slog.Level, ev effects.Event) {
+func (o *Observer) log(ctx context.Context, logger *slog.Logger, level slog.Level, ev effects.Event) {
 	outcome := ev.Kind.String()
 	msg := "effectively: unknown"
 	if ev.Kind >= effects.EventApplied && ev.Kind <= lastKind {
@@ -313,10 +321,10 @@ func (o *Observer) log(ctx context.Context, level slog.Level, ev effects.Event) 
 		attrs = append(attrs, slog.String(AttrComponent, ev.Component))
 	}
 	if ev.Key != "" {
-		attrs = append(attrs, slog.String(AttrKey, string(ev.Key)))
+		attrs = append(attrs, slog.String(AttrKey, ratelog.Bound(string(ev.Key))))
 	}
 	if ev.DeliveryID != "" {
-		attrs = append(attrs, slog.String(AttrDeliveryID, ev.DeliveryID))
+		attrs = append(attrs, slog.String(AttrDeliveryID, ratelog.Bound(ev.DeliveryID)))
 	}
 	if ev.Attempt > 0 {
 		attrs = append(attrs, slog.Int(AttrAttempt, ev.Attempt))
@@ -330,7 +338,7 @@ func (o *Observer) log(ctx context.Context, level slog.Level, ev effects.Event) 
 	if ev.Err != nil {
 		attrs = append(attrs, slog.Any(AttrError, ev.Err))
 	}
-	o.logger.LogAttrs(ctx, level, msg, attrs...)
+	logger.LogAttrs(ctx, level, msg, attrs...)
 }
 
 // measureOpts returns the options carrying ev's metric attributes, built

@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"effectively.dev/effects"
+	"effectively.dev/observe/ratelog"
 )
 
 // Span names, one per [effects.Span]: low-cardinality, as OpenTelemetry
@@ -23,8 +24,10 @@ const (
 // Span attribute keys, beside the log and metric ones (effect, step,
 // outcome, key, delivery_id, attempt).
 const (
-	// AttrClass is effects.ClassOf of a span's error: retryable,
-	// permanent, configuration or unclassified.
+	// AttrClass is the class of a span's error, in the words of the log
+	// records' class and of kafka's dead-letter class header
+	// (ratelog.Class): poison, permanent, retryable, configuration or
+	// unclassified.
 	AttrClass = "error.class"
 	// AttrComponent names what reported an event or a span when it is
 	// not an effect or a step ([effects.Event].Component): "kafka.Source",
@@ -70,7 +73,7 @@ func (o *Observer) Start(ctx context.Context, span effects.Span, ev effects.Even
 		}
 		if out.Err != nil {
 			s.RecordError(out.Err)
-			s.SetAttributes(attribute.String(AttrClass, effects.ClassOf(out.Err).String()))
+			s.SetAttributes(attribute.String(AttrClass, ratelog.Class(out.Err)))
 			s.SetStatus(codes.Error, out.Kind.String())
 		}
 		s.End()
@@ -113,10 +116,10 @@ func spanAttrs(ev effects.Event) []attribute.KeyValue {
 		attrs = append(attrs, attribute.String(AttrComponent, ev.Component))
 	}
 	if ev.Key != "" {
-		attrs = append(attrs, attribute.String(AttrKey, string(ev.Key)))
+		attrs = append(attrs, attribute.String(AttrKey, ratelog.Bound(string(ev.Key))))
 	}
 	if ev.DeliveryID != "" {
-		attrs = append(attrs, attribute.String(AttrDeliveryID, ev.DeliveryID))
+		attrs = append(attrs, attribute.String(AttrDeliveryID, ratelog.Bound(ev.DeliveryID)))
 	}
 	if ev.Attempt > 0 {
 		attrs = append(attrs, attribute.Int(AttrAttempt, ev.Attempt))

@@ -128,8 +128,8 @@ func TestFailedSpanCarriesTheErrorClass(t *testing.T) {
 	if step.Status().Code != codes.Error {
 		t.Errorf("status %v, want Error", step.Status())
 	}
-	if v, ok := attr(step, observe.AttrClass); !ok || v.AsString() != "permanent" {
-		t.Errorf("%s = %v, want permanent", observe.AttrClass, v)
+	if v, ok := attr(step, observe.AttrClass); !ok || v.AsString() != "poison" {
+		t.Errorf("%s = %v, want poison (the dead-letter class header's word)", observe.AttrClass, v)
 	}
 	if len(step.Events()) == 0 || step.Events()[0].Name != "exception" {
 		t.Errorf("events %v, want the recorded error", step.Events())

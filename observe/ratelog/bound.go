@@ -3,7 +3,10 @@ package ratelog
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"strings"
+
+	"effectively.dev/effects"
 )
 
 // MaxIDBytes is the most bytes of a delivery id or key that this module
@@ -23,4 +26,16 @@ func Bound(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	tail := "…sha256:" + hex.EncodeToString(sum[:8])
 	return strings.ToValidUTF8(s[:MaxIDBytes-len(tail)], "") + tail
+}
+
+// Class names err's class in the one vocabulary this module's logs, span
+// attributes and dead-letter headers share: "poison" when err matches
+// [effects.ErrPoison] (a permanent error of the delivery itself), otherwise
+// [effects.ClassOf]'s name: "permanent", "retryable", "configuration" or
+// "unclassified".
+func Class(err error) string {
+	if errors.Is(err, effects.ErrPoison) {
+		return "poison"
+	}
+	return effects.ClassOf(err).String()
 }
