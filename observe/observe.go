@@ -93,6 +93,7 @@ type Observer struct {
 
 	tracer     trace.Tracer // nil: no spans
 	propagator propagation.TextMapPropagator
+	link       bool // WithDeliveryLinks
 
 	// sets caches the measurement options per (effect, step, outcome):
 	// copy on write, so the hot path reads it without a lock.
@@ -124,6 +125,7 @@ type config struct {
 	prop   propagation.TextMapPropagator
 	attrs  []attribute.KeyValue
 	levels []levelOverride // in order; New applies them over DefaultLevel
+	link   bool
 }
 
 type levelOverride struct {
@@ -171,6 +173,20 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 // (for instance to carry baggage too).
 func WithPropagator(p propagation.TextMapPropagator) Option {
 	return func(c *config) { c.prop = p }
+}
+
+// WithDeliveryLinks makes each delivery's span the root of a trace of its
+// own, linked to the producer's span that the delivery's headers carry,
+// instead of its child (the default). As a child, the delivery joins the
+// producer's trace: the producer's trace id and sampling decision (the
+// sampled flag of its traceparent, which whoever writes to the topic
+// chooses) decide the consumer's, and a parent-based sampler follows
+// them. With links, the consumer's own sampler decides, a trace stays
+// within one service, and the producer's span is still one click away.
+// Choose it when producers are outside your control or when one
+// producer's trace would otherwise gather a fan-out of consumers.
+func WithDeliveryLinks() Option {
+	return func(c *config) { c.link = true }
 }
 
 // WithAttributes adds attrs to every metric point, for instance the name of
@@ -263,6 +279,7 @@ func New(opts ...Option) (*Observer, error) {
 		attrs:      append([]attribute.KeyValue(nil), c.attrs...),
 		tracer:     c.tp.Tracer(ScopeName),
 		propagator: c.prop,
+		link:       c.link,
 	}, nil
 }
 

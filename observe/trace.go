@@ -48,25 +48,33 @@ var spanNames = map[effects.Span]string{
 // trace its headers carry, read with the Observer's propagator
 // ([WithPropagator]; W3C TraceContext by default), which kafka.Producer
 // and outbox.Enqueue write with ([Observer.Inject]), so one trace runs
-// from the producer through the broker to every effect. The span
+// from the producer through the broker to every effect: the producer's
+// trace id and sampled flag decide the delivery's. With
+// [WithDeliveryLinks], the delivery's span starts a new trace instead,
+// linked to the producer's span. The span
 // ends with the outcome: its status is Error for a failure, with the
 // error recorded and its class (effects.ClassOf) as error.class.
 func (o *Observer) Start(ctx context.Context, span effects.Span, ev effects.Event) (context.Context, func(effects.Event)) {
 	if o == nil || o.tracer == nil {
 		return ctx, func(effects.Event) {}
 	}
-	if span == effects.SpanDelivery && len(ev.Headers) > 0 {
-		ctx = o.propagator.Extract(ctx, propagation.MapCarrier(ev.Headers))
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(spanAttrs(ev)...)}
+	if span == effects.SpanDelivery {
+		opts[0] = trace.WithSpanKind(trace.SpanKindConsumer)
+		if len(ev.Headers) > 0 {
+			remote := o.propagator.Extract(ctx, propagation.MapCarrier(ev.Headers))
+			if !o.link {
+				ctx = remote
+			} else if sc := trace.SpanContextFromContext(remote); sc.IsValid() {
+				opts = append(opts, trace.WithNewRoot(), trace.WithLinks(trace.Link{SpanContext: sc}))
+			}
+		}
 	}
 	name, ok := spanNames[span]
 	if !ok {
 		name = "effectively.unknown"
 	}
-	kind := trace.SpanKindInternal
-	if span == effects.SpanDelivery {
-		kind = trace.SpanKindConsumer
-	}
-	ctx, s := o.tracer.Start(ctx, name, trace.WithSpanKind(kind), trace.WithAttributes(spanAttrs(ev)...))
+	ctx, s := o.tracer.Start(ctx, name, opts...)
 	return ctx, func(out effects.Event) {
 		if out.Kind != 0 {
 			s.SetAttributes(attribute.String(AttrOutcome, out.Kind.String()))
