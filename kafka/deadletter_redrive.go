@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -103,9 +104,13 @@ func WithRedriveAllowTopics(topics ...string) RedriveOption {
 // group's committed offsets, and commits each partition's offset after
 // each dead letter it moved, once the broker acked the moved record, and
 // at the end of the run past every dead letter it read (selected or not:
-// use one group per selection). A dry run reads from the group's offsets
-// and commits nothing. group must not be a group that consumers of the
-// dead-letter topic use.
+// use one group per selection). Each commit is stamped with its time; a
+// run that resumes first looks in the destination of the next dead letter
+// of each partition for a record written since, whose [HeaderRedrivenFrom]
+// names it (moved by a run killed before its commit), and skips it if
+// there is one. A dry run reads from the group's offsets and commits
+// nothing. group must not be a group that consumers of the dead-letter
+// topic use.
 func WithRedriveGroup(group string) RedriveOption {
 	return func(c *redriveConfig) { c.group = group }
 }
@@ -222,12 +227,14 @@ var errRedriveDone = errors.New("redrive limit reached")
 // for each record's ack before the next, and moves each delivery id once
 // per run (dead letters with an empty id each time). A record whose
 // produce has started is finished even when ctx is cancelled, so a
-// cancelled run knows what it moved. It is at least once, like the dead
-// letters: a Redrive that fails, or is run twice without
-// [WithRedriveGroup], moves records again, and the consumers' effects
-// dedup them; with a group, only a process killed between a record's ack
-// and its offset commit moves that one record again. The dead letters stay
-// in dlq. A dead letter cut to fit ([HeaderDLQCut]) is never moved.
+// cancelled run knows what it moved. Without [WithRedriveGroup] it is at
+// least once, like the dead letters: a Redrive that fails, or is run
+// twice, moves records again, and the consumers' effects dedup them. With
+// a group, a rerun resumes after the last dead letter moved, and each
+// moved record carries [HeaderRedrivenFrom], so that a rerun after a
+// process killed between a record's ack and its offset commit finds that
+// record in its destination and does not move it again. The dead letters
+// stay in dlq. A dead letter cut to fit ([HeaderDLQCut]) is never moved.
 //
 // A dead letter without [HeaderDLQTopic] and no [WithRedriveTopic] is an
 // error that stops the run (with the stats up to it), as is a failed
@@ -314,10 +321,19 @@ type redriver struct {
 	done   map[int32]int64 // per partition, the offset committed
 }
 
-// handle takes one dead letter: it counts it, skips it, or moves it.
+// handle takes one dead letter: it counts it, skips it, or moves it, and,
+// once it did, counts it as read past.
 func (r *redriver) handle(ctx context.Context, dl *kgo.Record) error {
+	err := r.take(ctx, dl)
+	if err == nil || errors.Is(err, errRedriveDone) {
+		r.next[dl.Partition] = dl.Offset + 1
+	}
+	return err
+}
+
+// take counts, skips or moves one dead letter.
+func (r *redriver) take(ctx context.Context, dl *kgo.Record) error {
 	r.stats.Read++
-	r.next[dl.Partition] = dl.Offset + 1
 	id := DeadLetterID(dl)
 	class, _ := headerValue(dl, HeaderDLQClass)
 	switch {
@@ -384,29 +400,96 @@ func (r *redriver) move(ctx context.Context, dl, rec *kgo.Record, id string) err
 	if err := r.sync.Produce(pctx, rec).FirstErr(); err != nil {
 		return fmt.Errorf("producing dead letter %d/%d (delivery %q) to %s: %w", dl.Partition, dl.Offset, ratelog.Bound(id), rec.Topic, err)
 	}
-	return r.commitAt(pctx, map[int32]int64{dl.Partition: dl.Offset + 1})
+	return r.commitAt(pctx, map[int32]int64{dl.Partition: dl.Offset + 1}, false)
 }
 
+// HeaderRedrivenFrom is the header [Redrive] adds to each record it
+// moves: where the dead letter was, "TOPIC/PARTITION/OFFSET" of the
+// dead-letter topic. With [WithRedriveGroup], a redrive that resumes after
+// a kill looks for it to tell whether the dead letter it was moving when
+// it died was moved.
+const HeaderRedrivenFrom = "effectively-redriven-from"
+
 // committed returns the group's committed offsets on the dead-letter
-// topic, per partition.
+// topic, per partition, after making sure of the one dead letter per
+// partition a killed run may have moved without committing it: if the
+// destination holds a record redriven from it since the commit, the start
+// moves past it. It then commits the starts, stamped with the time, so
+// that the next run can do the same.
 func (r *redriver) committed(ctx context.Context) (map[int32]int64, error) {
-	os, err := kadm.NewClient(r.client).FetchOffsets(ctx, r.cfg.group)
-	if errors.Is(err, kerr.GroupIDNotFound) {
-		return nil, nil // a first run: nothing committed yet
-	}
+	adm := kadm.NewClient(r.client)
+	starts := map[int32]int64{}
+	os, err := adm.FetchOffsets(ctx, r.cfg.group)
 	if err == nil {
 		err = os.Error()
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, kerr.GroupIDNotFound): // a first run: nothing committed yet
+	case err != nil:
 		return nil, fmt.Errorf("fetching committed offsets: %w", err)
 	}
-	starts := map[int32]int64{}
 	for p, o := range os[r.dlq] {
-		if o.At >= 0 {
-			starts[p] = o.At
+		if o.At < 0 {
+			continue
+		}
+		starts[p] = o.At
+		if since, err := strconv.ParseInt(o.Metadata, 10, 64); err == nil && !r.cfg.dry {
+			moved, err := r.movedSince(ctx, p, o.At, time.UnixMilli(since))
+			if err != nil {
+				return nil, err
+			}
+			if moved {
+				starts[p] = o.At + 1
+			}
 		}
 	}
-	return starts, nil
+	if r.cfg.dry {
+		return starts, nil
+	}
+	logStart, err := adm.ListStartOffsets(ctx, r.dlq)
+	if err == nil {
+		err = logStart.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing start offsets: %w", err)
+	}
+	next := map[int32]int64{}
+	logStart.Each(func(l kadm.ListedOffset) { next[l.Partition] = max(l.Offset, starts[l.Partition]) })
+	r.done = map[int32]int64{}
+	return starts, r.commitAt(ctx, next, true)
+}
+
+// errFound stops a scan once it found what it looked for.
+var errFound = errors.New("found")
+
+// movedSince reports whether the dead letter at offset off of partition p
+// was moved at or after since: whether its destination holds a record
+// whose HeaderRedrivenFrom names it, written since then.
+func (r *redriver) movedSince(ctx context.Context, p int32, off int64, since time.Time) (bool, error) {
+	var dest string
+	_, err := Replay(ctx, r.client, r.dlq, func(_ context.Context, dl *kgo.Record) error {
+		if rec, err := r.cfg.redriven(dl, DeadLetterID(dl)); err == nil {
+			dest = rec.Topic
+		}
+		return nil
+	}, WithReplayPartitions(p), WithReplayOffsetRange(off, off+1), WithReplayProgress(io.Discard))
+	if err != nil || dest == "" {
+		return false, err
+	}
+	from := fmt.Sprintf("%s/%d/%d", r.dlq, p, off)
+	_, err = Replay(ctx, r.client, dest, func(_ context.Context, rec *kgo.Record) error {
+		if v, _ := headerValue(rec, HeaderRedrivenFrom); v == from {
+			return errFound
+		}
+		return nil
+	}, WithReplayTimeRange(since.Add(-time.Second), time.Time{}), WithReplayProgress(io.Discard))
+	if errors.Is(err, errFound) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("looking for %s in %s: %w", from, dest, err)
+	}
+	return false, nil
 }
 
 // commit records, under the group, the offsets after the dead letters the
@@ -414,22 +497,26 @@ func (r *redriver) committed(ctx context.Context) (map[int32]int64, error) {
 func (r *redriver) commit(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	return r.commitAt(cctx, r.next)
+	return r.commitAt(cctx, r.next, false)
 }
 
-func (r *redriver) commitAt(ctx context.Context, next map[int32]int64) error {
+// commitAt commits next, each offset stamped with the time (the earliest
+// its next dead letter can be moved); all commits even offsets already
+// committed.
+func (r *redriver) commitAt(ctx context.Context, next map[int32]int64, all bool) error {
 	if r.cfg.group == "" || r.cfg.dry {
 		return nil
 	}
 	if r.done == nil {
 		r.done = map[int32]int64{}
 	}
+	stamp := strconv.FormatInt(time.Now().UnixMilli(), 10)
 	var os kadm.Offsets
 	for p, o := range next {
-		if done, ok := r.done[p]; ok && done >= o {
+		if done, ok := r.done[p]; ok && done >= o && !all {
 			continue
 		}
-		os.AddOffset(r.dlq, p, o, -1)
+		os.Add(kadm.Offset{Topic: r.dlq, Partition: p, At: o, LeaderEpoch: -1, Metadata: stamp})
 	}
 	if len(os) == 0 {
 		return nil
@@ -473,12 +560,17 @@ func (c *redriveConfig) redriven(dl *kgo.Record, id string) (*kgo.Record, error)
 		if strings.HasPrefix(h.Key, DeadLetterHeaderPrefix) {
 			continue
 		}
+		if h.Key == HeaderRedrivenFrom {
+			continue // an earlier redrive's
+		}
 		hasID = hasID || h.Key == c.idHeader || (named != "" && h.Key == named)
 		rec.Headers = append(rec.Headers, h)
 	}
 	if !hasID && id != "" {
 		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: c.idHeader, Value: []byte(id)})
 	}
+	rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: HeaderRedrivenFrom,
+		Value: []byte(fmt.Sprintf("%s/%d/%d", dl.Topic, dl.Partition, dl.Offset))})
 	return rec, nil
 }
 
