@@ -5,8 +5,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -135,5 +138,98 @@ func TestDeadLetterMaxBytesOption(t *testing.T) {
 	st, err := kafka.Redrive(context.Background(), c.Client(t), dlq, kafka.WithRedriveTopic("elsewhere"), kafka.WithRedriveDryRun(nil))
 	if err != nil || st.Moved != 0 || st.Cut != 1 {
 		t.Errorf("Redrive of a cut dead letter: %+v, %v; want 0 moved, 1 cut", st, err)
+	}
+}
+
+// TestDeadLetterSizeLimitMix: 60 records over 3 partitions, 15 of them
+// poison with a 64 KiB body and 5 poison with a 520 KB id header, to a
+// dead-letter topic of max.message.bytes 4 KiB: every record is acked,
+// every poison one dead-lettered once and cut to fit, every good one
+// handled once, nothing parked.
+func TestDeadLetterSizeLimitMix(t *testing.T) {
+	for _, naive := range []bool{false, true} {
+		name := "DeadLetterTopic"
+		if naive {
+			name = "negative control: a hook that produces the whole record"
+		}
+		t.Run(name, func(t *testing.T) { deadLetterSizeLimitMix(t, naive) })
+	}
+}
+
+func deadLetterSizeLimitMix(t *testing.T, naive bool) {
+	c := kafkatest.Start(t)
+	topic, dlq := c.Topic(t, "mix", 3), c.Topic(t, "mix-dlq", 1)
+	c.SetTopicConfig(t, dlq, "max.message.bytes", "4096")
+	var recs []*kgo.Record
+	for i := range 60 {
+		id, body := fmt.Sprint("evt-", i), []byte("good")
+		switch {
+		case i%4 == 1:
+			body = append([]byte("poison:"), bytes.Repeat([]byte("x"), 64<<10)...)
+		case i%12 == 3:
+			id, body = fmt.Sprint(i, "-", strings.Repeat("i", 520_000)), []byte("poison: long id")
+		}
+		recs = append(recs, &kgo.Record{Topic: topic, Partition: int32(i % 3), Value: body,
+			Headers: []kgo.RecordHeader{{Key: kafka.KeyHeader, Value: []byte(id)}}})
+	}
+	if err := c.Client(t, kgo.RecordPartitioner(kgo.ManualPartitioner())).ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	handled := map[string]int{}
+	h := func(ctx context.Context, d effects.Delivery) error {
+		if err := poisonHandler(ctx, d); err != nil {
+			return err
+		}
+		mu.Lock()
+		handled[d.ID]++
+		mu.Unlock()
+		return nil
+	}
+	hook, err := kafka.DeadLetterTopic(c.Client(t), dlq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if naive {
+		cl := c.Client(t, kgo.ProducerBatchMaxBytes(2<<20))
+		hook = func(ctx context.Context, d effects.Delivery, cause error) error {
+			return cl.ProduceSync(ctx, kafka.DeadLetterRecord(dlq, d, cause, time.Now())).FirstErr()
+		}
+	}
+	cons := runConsumer(t, newSource(t, c, "g-"+topic, topic), h, consume.WithDeadLetter(hook),
+		consume.WithBackoff(time.Millisecond, 10*time.Millisecond), consume.WithLogger(slog.New(slog.DiscardHandler)))
+	if naive {
+		eventually(t, "a dead letter refused as too large parks its partition", func() bool { return cons.Stats().Parked > 0 })
+		if st := cons.Stats(); st.Acked >= 60 {
+			t.Errorf("stats %+v: the negative control acked everything", st)
+		} else {
+			t.Logf("negative control: stats %+v", st)
+		}
+		return
+	}
+	eventually(t, "all 60 acked", func() bool { return cons.Stats().Acked == 60 })
+	st := cons.Stats()
+	dead := readTopic(t, c, dlq)
+	ids := map[string]int{}
+	for _, r := range dead {
+		size := len(r.Key) + len(r.Value)
+		for _, h := range r.Headers {
+			size += len(h.Key) + len(h.Value)
+		}
+		if size > 4096 || header(r, kafka.HeaderDLQCut) == "" {
+			t.Errorf("dead letter of %d bytes, cut %q; want at most 4096, cut", size, header(r, kafka.HeaderDLQCut))
+		}
+		ids[header(r, kafka.HeaderDLQOriginalSize)+header(r, kafka.HeaderDLQBodySHA256)+header(r, kafka.HeaderDLQOffset)+header(r, kafka.HeaderDLQPartition)]++
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("60 records: %d handled, %d dead letters (%d distinct), stats %+v", len(handled), len(dead), len(ids), st)
+	if st.DeadLettered != 20 || st.Parked != 0 || len(dead) != 20 || len(ids) != 20 || len(handled) != 40 {
+		t.Errorf("stats %+v, %d dead letters (%d distinct), %d handled; want 20 dead letters, each once, 40 handled, none parked", st, len(dead), len(ids), len(handled))
+	}
+	for id, n := range handled {
+		if n != 1 {
+			t.Errorf("%s handled %d times", id, n)
+		}
 	}
 }
