@@ -53,7 +53,8 @@ var spanNames = map[effects.Span]string{
 // [WithDeliveryLinks], the delivery's span starts a new trace instead,
 // linked to the producer's span. The span
 // ends with the outcome: its status is Error for a failure, with the
-// error recorded and its class (effects.ClassOf) as error.class.
+// error recorded and its class (ratelog.Class: poison for
+// effects.ErrPoison, else effects.ClassOf) as error.class.
 func (o *Observer) Start(ctx context.Context, span effects.Span, ev effects.Event) (context.Context, func(effects.Event)) {
 	if o == nil || o.tracer == nil {
 		return ctx, func(effects.Event) {}
