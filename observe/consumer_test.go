@@ -159,20 +159,7 @@ func TestDeliverySpanOutcomeIsTheMetricOutcome(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	for range 2 {
-		select {
-		case <-src.acked:
-		case <-time.After(10 * time.Second):
-			t.Fatal("timed out waiting for acks")
-		}
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	runUntilAcked(t, c, src, 2)
 	spans := map[string][]string{}
 	for _, s := range rec.Ended() {
 		if s.Name() != observe.SpanDelivery {
@@ -221,18 +208,7 @@ func TestDocumentedWorkerLogsDeadLetters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	select {
-	case <-src.acked:
-	case <-time.After(10 * time.Second):
-		t.Fatal("timed out waiting for the ack")
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	runUntilAcked(t, c, src, 1)
 	out := buf.String()
 	if !strings.Contains(out, "level=ERROR") || !strings.Contains(out, "outcome=dead_lettered") ||
 		!strings.Contains(out, "delivery_id=pay-17") {
@@ -256,4 +232,25 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// runUntilAcked runs c until src acked n deliveries, then stops it.
+func runUntilAcked(t *testing.T, c *consume.Consumer, src *sliceSource, n int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	for range n {
+		select {
+		case <-src.acked:
+		case <-time.After(10 * time.Second):
+			cancel()
+			<-done
+			t.Fatal("timed out waiting for acks")
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
 }

@@ -73,16 +73,8 @@ func TestRedriveCommand(t *testing.T) {
 
 // TestOutboxCommand lists, dry-runs, retries and drops parked rows.
 func TestOutboxCommand(t *testing.T) {
-	url := pgtest.DB(t)
+	url, pool := outboxDB(t)
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if err := outbox.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -145,4 +137,21 @@ func TestOutboxCommand(t *testing.T) {
 	if _, err := runCmd(t, "outbox", "list", "-db", url, "-id", "x"); !errors.Is(err, errUsage) {
 		t.Errorf("-id x: %v, want a usage error", err)
 	}
+}
+
+// outboxDB returns the URL of a fresh database with the outbox's tables,
+// and a pool on it.
+func outboxDB(t *testing.T) (string, *pgxpool.Pool) {
+	t.Helper()
+	url := pgtest.DB(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	return url, pool
 }

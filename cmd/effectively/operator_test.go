@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -17,8 +16,6 @@ import (
 	"effectively.dev/effects"
 	"effectively.dev/kafka"
 	"effectively.dev/kafka/kafkatest"
-	"effectively.dev/kafka/outbox"
-	"effectively.dev/postgres/pgtest"
 )
 
 // deadLetters produces n dead letters of class poison for topic src to
@@ -177,16 +174,7 @@ func TestHelp(t *testing.T) {
 // TestDatabaseURLFromEnvironment: without -db the outbox commands read
 // DATABASE_URL; a failed connection's error does not show the password.
 func TestDatabaseURLFromEnvironment(t *testing.T) {
-	url := pgtest.DB(t)
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if err := outbox.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
+	url, _ := outboxDB(t)
 	t.Setenv("DATABASE_URL", url)
 	if out, err := runCmd(t, "outbox", "list"); err != nil || !strings.Contains(out, "0 parked rows") {
 		t.Fatalf("list with DATABASE_URL: %v\n%s", err, out)
