@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -104,11 +105,12 @@ func WithRedriveAllowTopics(topics ...string) RedriveOption {
 // group's committed offsets, and commits each partition's offset after
 // each dead letter it moved, once the broker acked the moved record, and
 // at the end of the run past every dead letter it read (selected or not:
-// use one group per selection). Each commit is stamped with its time; a
-// run that resumes first looks in the destination of the next dead letter
-// of each partition for a record written since, whose [HeaderRedrivenFrom]
-// names it (moved by a run killed before its commit), and skips it if
-// there is one. A dry run reads from the group's offsets and commits
+// use one group per selection). Each commit made while the run moves
+// records is stamped with its time (the commits at the end of a run that
+// stopped cleanly are not); a run that resumes from a stamped commit first
+// looks in the destination of the partition's next dead letter for a
+// record written since, whose [HeaderRedrivenFrom] names it (moved by a
+// run killed before its commit), and skips it if there is one. A dry run reads from the group's offsets and commits
 // nothing. group must not be a group that consumers of the dead-letter
 // topic use.
 func WithRedriveGroup(group string) RedriveOption {
@@ -262,7 +264,11 @@ func Redrive(ctx context.Context, client *kgo.Client, dlq string, opts ...Redriv
 	if errors.Is(err, errRedriveDone) {
 		err = nil
 	}
-	if cerr := r.commit(ctx); cerr != nil && err == nil {
+	// No produce is in flight once the run ends, unless a produce failed
+	// (its record may still have been written): only then do the commits
+	// keep their time stamps for the next run to look for it.
+	clean := err == nil || ctx.Err() != nil
+	if cerr := r.commit(ctx, clean); cerr != nil && err == nil {
 		err = fmt.Errorf("%s %s: %w", op, dlq, cerr)
 	}
 	return r.stats, err // replay's errors name op and dlq
@@ -319,6 +325,8 @@ type redriver struct {
 	seen   map[string]bool // delivery ids moved in this run
 	next   map[int32]int64 // per partition, the offset after the last dead letter read
 	done   map[int32]int64 // per partition, the offset committed
+	// stampless: the final commit, after which no move is pending
+	stampless bool
 }
 
 // handle takes one dead letter: it counts it, skips it, or moves it, and,
@@ -493,16 +501,29 @@ func (r *redriver) movedSince(ctx context.Context, p int32, off int64, since tim
 }
 
 // commit records, under the group, the offsets after the dead letters the
-// run read. It does nothing for a dry run or without a group.
-func (r *redriver) commit(ctx context.Context) error {
+// run read; clean, without time stamps (no move is pending: the next run
+// need not look in the destinations), on every partition the run
+// committed. It does nothing for a dry run or without a group.
+func (r *redriver) commit(ctx context.Context, clean bool) error {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	return r.commitAt(cctx, r.next, false)
+	if !clean {
+		return r.commitAt(cctx, r.next, false)
+	}
+	final := maps.Clone(r.done)
+	if final == nil {
+		final = map[int32]int64{}
+	}
+	for p, o := range r.next {
+		final[p] = max(final[p], o)
+	}
+	r.stampless = true
+	return r.commitAt(cctx, final, true)
 }
 
 // commitAt commits next, each offset stamped with the time (the earliest
-// its next dead letter can be moved); all commits even offsets already
-// committed.
+// its next dead letter can be moved), unless r.stampless; all commits
+// even offsets already committed.
 func (r *redriver) commitAt(ctx context.Context, next map[int32]int64, all bool) error {
 	if r.cfg.group == "" || r.cfg.dry {
 		return nil
@@ -511,6 +532,9 @@ func (r *redriver) commitAt(ctx context.Context, next map[int32]int64, all bool)
 		r.done = map[int32]int64{}
 	}
 	stamp := strconv.FormatInt(time.Now().UnixMilli(), 10)
+	if r.stampless {
+		stamp = ""
+	}
 	var os kadm.Offsets
 	for p, o := range next {
 		if done, ok := r.done[p]; ok && done >= o && !all {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
@@ -68,6 +69,17 @@ func TestRedriveAllowTopicsAndGroup(t *testing.T) {
 	if err != nil || st.Moved != 0 || st.Read != 0 {
 		t.Fatalf("a rerun after the end: %+v, %v; want nothing read", st, err)
 	}
+	// A run that ended cleanly leaves no time stamp: the next run looks in
+	// no destination.
+	commits, err := kadm.NewClient(cl).FetchOffsets(ctx, "redrive-"+dlq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	commits.Each(func(o kadm.OffsetResponse) {
+		if o.Metadata != "" {
+			t.Errorf("partition %d committed with metadata %q after a clean end", o.Partition, o.Metadata)
+		}
+	})
 	got := map[string]int{}
 	for _, r := range readTopic(t, c, src) {
 		id, _ := kafkatest.Header(r, kafka.KeyHeader)
