@@ -575,7 +575,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	hctx, expire := context.WithCancel(context.WithoutCancel(ctx))
 	defer expire()
 
-	r := &run{c: c, ctx: runCtx, stop: stop, hctx: hctx, running: make([]atomic.Pointer[sched.Task], c.cfg.concurrency)}
+	r := &run{c: c, ctx: runCtx, stop: stop, hctx: hctx, slots: make([]slot, c.cfg.concurrency)}
 	r.s = sched.New(runCtx, sched.Config{
 		MaxPending: c.cfg.maxPending,
 		BatchSize:  c.cfg.batchSize,
@@ -585,11 +585,17 @@ func (c *Consumer) Run(ctx context.Context) error {
 	for i := range c.cfg.concurrency {
 		r.workers.Add(1)
 		if c.cfg.batchSet {
-			go r.batchWorker(&r.running[i])
+			go r.batchWorker(&r.slots[i])
 		} else {
-			go r.worker(&r.running[i])
+			go r.worker(&r.slots[i])
 		}
 	}
+	watchDone := make(chan struct{})
+	watching := r.watchOverruns(watchDone)
+	defer func() {
+		close(watchDone)
+		<-watching
+	}()
 
 	if err := r.fetch(); err != nil {
 		r.halt(err)
@@ -616,7 +622,7 @@ type run struct {
 	s    *sched.Scheduler
 
 	workers sync.WaitGroup
-	running []atomic.Pointer[sched.Task] // per worker, the delivery its handler runs (a batch's first)
+	slots   []slot // per worker, the attempt its handler runs
 
 	haltOnce sync.Once
 	fatal    error // what stopped Run, set once, before stop
@@ -680,10 +686,11 @@ type attempt struct {
 // decide decides about delivery i, and ends its span with the outcome
 // decided, so span and metric outcomes agree.
 func (a *attempt) decide(i int, behind bool) (sched.Outcome, time.Duration) {
-	out, delay, kind := a.r.decide(a.tasks[i], a.errs[i], a.took, behind)
+	t := a.tasks[i]
+	attempt := t.Attempt // decide may take a wait's attempt back
+	out, delay, kind := a.r.decide(t, a.errs[i], a.took, behind)
 	if a.end != nil {
-		t := a.tasks[i]
-		ev := effects.Event{Kind: kind, DeliveryID: t.Delivery.ID, Attempt: t.Attempt, Duration: a.took, Err: a.errs[i]}
+		ev := effects.Event{Kind: kind, DeliveryID: t.Delivery.ID, Attempt: attempt, Duration: a.took, Err: a.errs[i]}
 		if kind == effects.EventApplied {
 			ev.Err = nil
 		}
@@ -694,8 +701,8 @@ func (a *attempt) decide(i int, behind bool) (sched.Outcome, time.Duration) {
 }
 
 // worker hands ready deliveries to the Handler one at a time; running
-// holds the delivery whose attempt runs.
-func (r *run) worker(running *atomic.Pointer[sched.Task]) {
+// holds the attempt that runs.
+func (r *run) worker(running *slot) {
 	defer r.workers.Done()
 	a := &attempt{r: r, tasks: make([]*sched.Task, 1), errs: make([]error, 1)}
 	decide := a.decide
@@ -714,9 +721,9 @@ func (r *run) worker(running *atomic.Pointer[sched.Task]) {
 		if r.owns(t) {
 			t.Attempt++
 			start := time.Now()
-			running.Store(t)
+			running.set(t, t.Attempt, start)
 			a.end, a.errs[0] = r.handle(t.Delivery, t.Attempt)
-			running.Store(nil)
+			running.clear()
 			a.took = time.Since(start)
 		}
 		next = r.s.Settle(a.tasks, decide)
@@ -734,7 +741,6 @@ func (r *run) handle(d effects.Delivery, attempt int) (end func(effects.Event), 
 		ctx, end = effects.StartSpan(ctx, o, effects.SpanDelivery,
 			effects.Event{DeliveryID: d.ID, Attempt: attempt, Headers: d.Headers})
 	}
-	defer r.watch(d.ID, attempt)()
 	defer func() { err = r.cut(ctx, err) }()
 	defer effects.Recover("consume.Handler", &err)
 	return end, r.c.h(ctx, d)
@@ -743,7 +749,7 @@ func (r *run) handle(d effects.Delivery, attempt int) (end func(effects.Event), 
 // batchWorker collects batches for the BatchHandler: ready deliveries, each
 // with the run of its lane behind it; running holds the batch's first
 // delivery while the batch runs.
-func (r *run) batchWorker(running *atomic.Pointer[sched.Task]) {
+func (r *run) batchWorker(running *slot) {
 	defer r.workers.Done()
 	for {
 		first := r.s.Take()
@@ -768,9 +774,9 @@ func (r *run) batchWorker(running *atomic.Pointer[sched.Task]) {
 		}
 		if len(ds) > 0 {
 			start := time.Now()
-			running.Store(batch[owned[0]])
+			running.set(batch[owned[0]], batch[owned[0]].Attempt, start)
 			res := r.handleBatch(ds)
-			running.Store(nil)
+			running.clear()
 			a.took = time.Since(start)
 			for j, i := range owned {
 				a.errs[i] = res[j]
@@ -804,7 +810,6 @@ func (r *run) handleBatch(ds []effects.Delivery) []error {
 func (r *run) callBatch(ds []effects.Delivery) (res []error, panicked error) {
 	ctx, cancel := r.attemptContext()
 	defer cancel()
-	defer r.watch(ds[0].ID, 0)()
 	func() {
 		defer effects.Recover("consume.BatchHandler", &panicked)
 		res = r.c.cfg.batch(ctx, ds)
@@ -857,21 +862,81 @@ func overrunAfter(d time.Duration) time.Duration {
 	return min(max(d/10, 50*time.Millisecond), time.Second)
 }
 
-// watch reports the attempt at delivery id (a batch's first) if it is
-// still running overrunAfter past its time limit; call the function it
-// returns when the attempt returns.
-func (r *run) watch(id string, attempt int) (stop func()) {
+// slot is what one worker's handler runs now, for the overrun watch and
+// the shutdown report: written by the worker, read by the watch.
+type slot struct {
+	task     atomic.Pointer[sched.Task] // nil: none (a batch: its first)
+	attempt  atomic.Int64
+	start    atomic.Int64 // the attempt's start, Unix nanoseconds
+	reported atomic.Int64 // the start of the attempt reported as overrunning
+}
+
+func (s *slot) set(t *sched.Task, attempt int, start time.Time) {
+	s.attempt.Store(int64(attempt))
+	s.start.Store(start.UnixNano())
+	s.task.Store(t)
+}
+
+func (s *slot) clear() { s.task.Store(nil) }
+
+// load returns the slot's attempt: its delivery id, number and start, and
+// whether there is one.
+func (s *slot) load() (id string, attempt int, start int64, ok bool) {
+	t := s.task.Load()
+	if t == nil {
+		return "", 0, 0, false
+	}
+	attempt, start = int(s.attempt.Load()), s.start.Load()
+	if s.task.Load() != t {
+		return "", 0, 0, false // the worker moved on meanwhile
+	}
+	return t.Delivery.ID, attempt, start, true
+}
+
+// watchOverruns reports, until done is closed, each attempt still running
+// overrunAfter past its time limit: one goroutine per Run, no cost per
+// attempt beyond the slot's stores. The channel it returns is closed when
+// it ended.
+func (r *run) watchOverruns(done <-chan struct{}) <-chan struct{} {
+	ended := make(chan struct{})
 	d := r.c.cfg.attemptTimeout
 	if d <= 0 {
-		return func() {}
+		close(ended)
+		return ended
 	}
-	timer := time.AfterFunc(d+overrunAfter(d), func() {
+	after := overrunAfter(d)
+	go func() {
+		defer close(ended)
+		tick := time.NewTicker(after / 2)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-tick.C:
+				r.reportOverruns(now, int64(d+after))
+			}
+		}
+	}()
+	return ended
+}
+
+// reportOverruns reports the attempts that started more than late
+// nanoseconds before now, once each.
+func (r *run) reportOverruns(now time.Time, late int64) {
+	d := r.c.cfg.attemptTimeout
+	for i := range r.slots {
+		s := &r.slots[i]
+		id, attempt, start, ok := s.load()
+		if !ok || now.UnixNano()-start < late || s.reported.Load() == start {
+			continue
+		}
+		s.reported.Store(start)
 		r.c.overran.Add(1)
 		err := fmt.Errorf("%w (limit %v, WithAttemptTimeout)", ErrAttemptOverrun, d)
-		r.reportEvent(effects.Event{Kind: effects.EventFailed, DeliveryID: id, Attempt: attempt, Duration: d, Err: err},
+		r.reportEvent(effects.Event{Kind: effects.EventFailed, DeliveryID: id, Attempt: attempt, Duration: time.Duration(now.UnixNano() - start), Err: err},
 			slog.LevelWarn, "consume.Consumer: handler still running past its time limit; it ignores its context")
-	})
-	return func() { timer.Stop() }
+	}
 }
 
 // nameAfter is how long after the shutdown grace Run names the deliveries
@@ -882,9 +947,9 @@ const nameAfter = 500 * time.Millisecond
 // nameRunning reports the deliveries whose handlers still run after the
 // shutdown grace: Run waits for them.
 func (r *run) nameRunning() {
-	for i := range r.running {
-		if t := r.running[i].Load(); t != nil {
-			r.reportEvent(effects.Event{Kind: effects.EventFailed, DeliveryID: t.Delivery.ID, Attempt: t.Attempt, Err: ErrShutdownWait},
+	for i := range r.slots {
+		if id, attempt, _, ok := r.slots[i].load(); ok {
+			r.reportEvent(effects.Event{Kind: effects.EventFailed, DeliveryID: id, Attempt: attempt, Err: ErrShutdownWait},
 				slog.LevelWarn, "consume.Consumer: shutdown grace over; still waiting for a handler that ignores its context")
 		}
 	}
