@@ -46,7 +46,7 @@ func effectTable[In any]() []scenario[Harness[In]] {
 			nil, guarantee, nil, list("BlindWrite", "EmptyFirstRef", "PanicOnReplay", "GroupCommit", "InvertedConflict", "LastRef"), (*s).redelivery),
 		e(ScenarioLateRedelivery, "redeliver to a new instance 5 s later on the wall clock (a broker's visibility timeout)",
 			nil, list(FieldGuarantee, FieldDuplicateWindow, FieldHorizon), list("WithLateRedelivery"), list("ForgetfulDedup"), (*s).lateRedelivery),
-		e(ScenarioHorizon, "age the backend to just inside a non-zero Horizon, or by 400 days for Horizon 0, and redeliver: it must replay, and the other payload must still be refused where reuse is detected",
+		e(ScenarioHorizon, "age the backend to just inside a non-zero Horizon, or by 400 days for Horizon 0, and redeliver: it must replay (or, with duplicates on any redelivery, still show one effect), and the other payload must still be refused where reuse is detected; then past a non-zero Horizon a redelivery must apply again, or Age did not reach the key store and the Horizon is not verified",
 			[]capability{capAger}, list(FieldHorizon), list("WithLongAge"), list("ForgetfulDedup", "PayloadForgotten"), (*s).horizon),
 		e(ScenarioConcurrent, "16 goroutines apply one key at once, four rounds",
 			nil, guarantee, list("WithConcurrency"), list("TwoTransactions", "BlindWrite", "LockedCheckThenWrite", "MemoryResolved"), (*s).concurrent),

@@ -248,6 +248,17 @@ func (f *Faults) begin() (FaultKind, context.CancelFunc, time.Duration) {
 	return NoFault, nil, f.delay
 }
 
+// unbegin takes back the round trip begin numbered last, for a call that
+// reached nothing; fired says its fault fired, which arms it again.
+func (f *Faults) unbegin(fired bool) {
+	f.trips.Add(-1)
+	if fired {
+		f.mu.Lock()
+		f.fired = false
+		f.mu.Unlock()
+	}
+}
+
 // DialContext dials a TCP connection whose traffic goes through f. Its
 // signature fits pgconn.DialFunc, kgo.Dialer and go-mail's DialContextFunc.
 func (f *Faults) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -495,13 +506,17 @@ func (c *faultConn) readHeld(p []byte) (int, error) {
 // in-process backend under the suite's faults: the round trips count and
 // the sweeps visit each, just as for a network.
 func (f *Faults) RoundTrip(ctx context.Context, fn func() error) error {
-	_, err := f.roundTrip(ctx, fn)
+	_, err := f.roundTrip(ctx, fn, nil)
 	return err
 }
 
 // roundTrip is RoundTrip, also reporting the fault that fired (NoFault if
-// none, or if a slow reply came before ctx ended).
-func (f *Faults) roundTrip(ctx context.Context, fn func() error) (FaultKind, error) {
+// none, or if a slow reply came before ctx ended). When skipped (if not
+// nil) accepts fn's error, fn reached nothing (a driver's ErrSkip): the
+// call is not a round trip, so it is not counted, a fault that fired on it
+// is armed again for the next round trip, and its error is returned as
+// it is.
+func (f *Faults) roundTrip(ctx context.Context, fn func() error, skipped func(error) bool) (FaultKind, error) {
 	if f.isSevered() {
 		return NoFault, ErrSevered
 	}
@@ -518,14 +533,26 @@ func (f *Faults) roundTrip(ctx context.Context, fn func() error) (FaultKind, err
 			return NoFault, ctx.Err()
 		}
 	}
+	run := func() (bool, error) {
+		err := fn()
+		if skipped != nil && skipped(err) {
+			f.unbegin(kind != NoFault)
+			return true, err
+		}
+		return false, err
+	}
 	switch kind {
 	case CutRequest:
 		return kind, ErrInjected
 	case DropReply:
-		_ = fn()
+		if skip, err := run(); skip {
+			return NoFault, err
+		}
 		return kind, ErrInjected
 	case CancelAfterSend:
-		_ = fn()
+		if skip, err := run(); skip {
+			return NoFault, err
+		}
 		if cancel != nil {
 			cancel()
 		}
@@ -534,7 +561,10 @@ func (f *Faults) roundTrip(ctx context.Context, fn func() error) (FaultKind, err
 		}
 		return kind, ErrInjected
 	case SlowReply:
-		err := fn()
+		skip, err := run()
+		if skip {
+			return NoFault, err
+		}
 		t := time.NewTimer(f.slowReply())
 		defer t.Stop()
 		select {
@@ -544,7 +574,8 @@ func (f *Faults) roundTrip(ctx context.Context, fn func() error) (FaultKind, err
 			return kind, ctx.Err()
 		}
 	}
-	return NoFault, fn()
+	_, err := run()
+	return NoFault, err
 }
 
 // Transport wires an HTTP transport's connections through f and returns

@@ -126,6 +126,8 @@ func judgeField(field, declared string, table []Scenario, byName map[string]Row)
 			f.LeftOut = append(f.LeftOut, LeftOut{Scenario: sc.Name, Why: r.Skipped})
 		case r.Verdict == Pass && r.Reduced != "":
 			f.LeftOut = append(f.LeftOut, LeftOut{Scenario: sc.Name, Why: "reduced: " + r.Reduced, Fix: r.Fix, Blocks: true})
+		case r.Verdict == Pass && r.Unconfirmed != "":
+			f.LeftOut = append(f.LeftOut, LeftOut{Scenario: sc.Name, Why: "unconfirmed: " + r.Unconfirmed, Fix: r.Fix, Blocks: true})
 		case r.Verdict == Pass:
 			f.VerifiedBy = append(f.VerifiedBy, sc.Name)
 		default:
@@ -171,15 +173,13 @@ func effectFields(c effects.Contract, table []Scenario, rows []Row) []Field {
 		judgeField(FieldGuarantee, c.Guarantee.String(), table, byName),
 		judgeField(FieldDuplicateWindow, window, table, byName),
 	}
-	horizon := "0, until pruned"
-	if c.Horizon > 0 {
-		horizon = c.Horizon.String()
-	}
-	if c.Guarantee == effects.AtLeastOnce && c.DuplicateWindow.Trigger == effects.AnyRedelivery {
+	horizon := declaredHorizon(c)
+	switch {
+	case c.Guarantee == effects.AtLeastOnce && c.DuplicateWindow.Trigger == effects.AnyRedelivery && c.Horizon == 0:
 		out = append(out, Field{Field: FieldHorizon, Declared: horizon, Status: NotApplicable,
 			Why: "nothing records keys: any redelivery may duplicate"})
-	} else {
-		out = append(out, judgeField(FieldHorizon, horizon, table, byName))
+	default:
+		out = append(out, assumedHorizon(c, judgeField(FieldHorizon, horizon, table, byName), byName))
 	}
 	if c.DetectsKeyReuse {
 		out = append(out, judgeField(FieldDetectsKeyReuse, "yes", table, byName))
@@ -187,6 +187,36 @@ func effectFields(c effects.Contract, table []Scenario, rows []Row) []Field {
 		out = append(out, Field{Field: FieldDetectsKeyReuse, Declared: "no", Status: NotApplicable, Why: "not claimed"})
 	}
 	return out
+}
+
+// declaredHorizon renders a contract's Horizon for the report: "0, until
+// pruned", "24h0m0s", or "24h0m0s (assumed)" for a horizon the enforcer
+// does not publish ([effects.Contract.HorizonAssumed]).
+func declaredHorizon(c effects.Contract) string {
+	switch {
+	case c.Horizon == 0:
+		return "0, until pruned"
+	case c.HorizonAssumed:
+		return c.Horizon.String() + " (assumed)"
+	}
+	return c.Horizon.String()
+}
+
+// assumedHorizon keeps an assumed horizon ([effects.Contract.HorizonAssumed])
+// not verified unless the horizon scenario ran and verified it: no other
+// scenario reaches the end of a retention nobody publishes.
+func assumedHorizon(c effects.Contract, f Field, byName map[string]Row) Field {
+	if !c.HorizonAssumed || f.Status != Verified || slices.Contains(f.VerifiedBy, ScenarioHorizon) {
+		return f
+	}
+	why := "did not run"
+	if r, ok := byName[ScenarioHorizon]; ok && r.Skipped != "" {
+		why = r.Skipped
+	}
+	f.LeftOut = append(f.LeftOut, LeftOut{Scenario: ScenarioHorizon, Why: "the horizon is assumed (the enforcer publishes none), and only this scenario checks it: " + why,
+		Fix: "give the harness an Ager that reaches the key store", Blocks: true})
+	f.Status, f.Why = NotVerified, "assumed, and the horizon scenario did not verify it; passed "+strings.Join(f.VerifiedBy, ", ")
+	return f
 }
 
 // suiteFieldsOf derives the fields of a journal, source or plan report,

@@ -76,7 +76,7 @@ type Row struct {
 	// Skipped says why the scenario did not run, if it did not.
 	Skipped string `json:",omitempty"`
 	// Fix says what the harness must give for a scenario that did not
-	// run, or ran reduced, to verify its fields.
+	// run, ran reduced or passed unconfirmed, to verify its fields.
 	Fix string `json:",omitempty"`
 	// NotApplicable is true for a scenario that did not run because it
 	// does not apply to the subject (what it checks is not claimed): its
@@ -86,6 +86,11 @@ type Row struct {
 	// suite's default ([WithCapacity] below [DefaultCapacity]): the
 	// fields it verifies are not verified.
 	Reduced string `json:",omitempty"`
+	// Unconfirmed says why a scenario that passed verifies none of its
+	// fields: what it checked held, but the harness did not show that the
+	// check could fail (the horizon scenario's Age changed nothing the
+	// backend reads).
+	Unconfirmed string `json:",omitempty"`
 
 	contract *effects.Contract // the effect's declared contract, once learned
 }
@@ -116,6 +121,14 @@ func (r *Row) skip(why string) {
 	rowMu.Lock()
 	defer rowMu.Unlock()
 	r.Skipped = why
+}
+
+// unconfirmed marks a passing row as verifying none of its fields, with
+// why and what the harness must give.
+func (r *Row) unconfirmed(why, fix string) {
+	rowMu.Lock()
+	defer rowMu.Unlock()
+	r.Unconfirmed, r.Fix = why, fix
 }
 
 func (r *Row) observe(n int) {
@@ -258,6 +271,9 @@ func (r Report) markdownRows() string {
 		if row.Reduced != "" {
 			notes = append([]string{"reduced: " + row.Reduced}, notes...)
 		}
+		if row.Unconfirmed != "" {
+			notes = append([]string{"unconfirmed: " + row.Unconfirmed}, notes...)
+		}
 		if row.Skipped != "" {
 			notes = append([]string{row.Skipped}, notes...)
 		}
@@ -300,7 +316,7 @@ func (r Report) contractCell() string {
 		s += ", duplicates " + c.DuplicateWindow.Trigger.String() + ": " + c.DuplicateWindow.Between
 	}
 	if c.Horizon > 0 {
-		s += ", horizon " + c.Horizon.String()
+		s += ", horizon " + declaredHorizon(c)
 	}
 	return cell(s)
 }

@@ -40,6 +40,15 @@ import (
 // [Faults.Sever] ends every connection so, each once the driver call it
 // is in (if any) returns, and refuses new ones: the process crashed.
 //
+// A connection's Exec or Query that the base driver answers with
+// driver.ErrSkip (go-sql-driver/mysql does for a call with arguments,
+// and database/sql then prepares the statement) reached no server, so it
+// is not a round trip either: it is not counted, and a fault armed on it
+// moves to the next round trip. The same query (with arguments or
+// without, as then) on a connection of the same driver is afterwards
+// answered ErrSkip without calling the driver, so that a sweep's faulted
+// runs, which follow its clean count, never arm a fault on it.
+//
 // Reading a query's rows and closing rows, statements or connections are
 // not round trips: the suite never faults them, and they reach the driver
 // as they are (an embedded database may do the query's work as its rows
@@ -64,7 +73,7 @@ func (c *sqlConnector) Connect(ctx context.Context) (driver.Conn, error) {
 		var err error
 		conn, err = c.base.Connect(ctx)
 		return err
-	})
+	}, nil)
 	if err != nil {
 		if conn != nil {
 			conn.Close() // opened, and lost on the way back
@@ -138,10 +147,27 @@ func (c *sqlConn) leave() {
 // it closes what fn produced (the rows of a lost reply), on success it
 // tracks it. A fault that fired then breaks the connection.
 func (c *sqlConn) call(ctx context.Context, fn func() error, settle func(error)) error {
+	return c.callSkippable(ctx, fn, settle, nil)
+}
+
+// callSkippable is call for a base call that may answer driver.ErrSkip
+// (skip, if not nil, then learns it): such an answer reached nothing, so
+// it is no round trip ([Faults.roundTrip]).
+func (c *sqlConn) callSkippable(ctx context.Context, fn func() error, settle func(error), skip func()) error {
 	if !c.enter() {
 		return driver.ErrBadConn // nothing is sent on a broken connection
 	}
-	kind, err := c.f.roundTrip(ctx, fn)
+	var skipped func(error) bool
+	if skip != nil {
+		skipped = func(err error) bool {
+			if errors.Is(err, driver.ErrSkip) {
+				skip()
+				return true
+			}
+			return false
+		}
+	}
+	kind, err := c.f.roundTrip(ctx, fn, skipped)
 	if settle != nil {
 		settle(err)
 	}
@@ -282,18 +308,24 @@ func (c *sqlConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx
 }
 
 // ExecContext runs query as one round trip, or returns driver.ErrSkip when
-// the base connection has no ExecerContext (database/sql then prepares).
+// the base connection has no ExecerContext or answers ErrSkip (database/sql
+// then prepares). A base ErrSkip reached no server, so it is no round
+// trip: it is neither counted nor faulted, and a call of the same query
+// (with or without arguments, as this one) on a connection of the same
+// driver then returns ErrSkip without calling the base connection, so that
+// no fault, CutRequest included, lands on it.
 func (c *sqlConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	ec, ok := c.base.(driver.ExecerContext)
-	if !ok {
+	sk := c.skipKey("exec", query, args)
+	if !ok || knownSkip(sk) {
 		return nil, driver.ErrSkip
 	}
 	var res driver.Result
-	err := c.call(ctx, func() error {
+	err := c.callSkippable(ctx, func() error {
 		var err error
 		res, err = ec.ExecContext(ctx, query, args)
 		return err
-	}, nil)
+	}, nil, func() { learnSkip(sk) })
 	if err != nil {
 		return nil, err
 	}
@@ -301,26 +333,56 @@ func (c *sqlConn) ExecContext(ctx context.Context, query string, args []driver.N
 }
 
 // QueryContext runs query as one round trip, or returns driver.ErrSkip
-// when the base connection has no QueryerContext.
+// when the base connection has no QueryerContext or answers ErrSkip, which
+// is no round trip (as for [sqlConn.ExecContext]).
 func (c *sqlConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	qc, ok := c.base.(driver.QueryerContext)
-	if !ok {
+	sk := c.skipKey("query", query, args)
+	if !ok || knownSkip(sk) {
 		return nil, driver.ErrSkip
 	}
 	var (
 		rows driver.Rows
 		sr   *sqlRows
 	)
-	err := c.call(ctx, func() error {
+	err := c.callSkippable(ctx, func() error {
 		var err error
 		rows, err = qc.QueryContext(ctx, query, args)
 		return err
-	}, func(err error) { sr = c.settleRows(rows, err) })
+	}, func(err error) {
+		if !errors.Is(err, driver.ErrSkip) {
+			sr = c.settleRows(rows, err)
+		}
+	}, func() { learnSkip(sk) })
 	if err != nil {
 		return nil, err
 	}
 	return sr, nil
 }
+
+// skipCall names a connection call by the base connection's type, the
+// method, the query and whether it has arguments: what decides whether a
+// driver answers driver.ErrSkip (go-sql-driver/mysql does for a call with
+// arguments unless it interpolates them).
+type skipCall struct {
+	conn   reflect.Type
+	method string
+	query  string
+	args   bool
+}
+
+// skips holds the calls a base connection answered driver.ErrSkip, for
+// every SQLConnector of the process: a sweep's faulted instances meet them
+// after its clean count learned them.
+var skips sync.Map
+
+func (c *sqlConn) skipKey(method, query string, args []driver.NamedValue) skipCall {
+	return skipCall{conn: reflect.TypeOf(c.base), method: method, query: query, args: len(args) > 0}
+}
+
+func knownSkip(k skipCall) bool { _, ok := skips.Load(k); return ok }
+
+func learnSkip(k skipCall) { skips.Store(k, struct{}{}) }
 
 // settleRows settles the rows a query's round trip returned, inside its
 // use of the connection: the rows of a failed one (a lost reply) are

@@ -23,7 +23,12 @@ type strictLog struct {
 	mu         sync.Mutex
 	violations []string
 	queries    int // queries and execs the driver ran
+	prepares   int // statements the driver prepared
 	open       int // connections open
+	// skipArgs makes a connection's Exec and Query with arguments answer
+	// driver.ErrSkip, as go-sql-driver/mysql does unless it interpolates
+	// them: database/sql then prepares.
+	skipArgs bool
 }
 
 func (l *strictLog) violate(format string, args ...any) {
@@ -106,6 +111,9 @@ func (c *strictConn) PrepareContext(context.Context, string) (driver.Stmt, error
 		return nil, driver.ErrBadConn
 	}
 	c.kid(1)
+	c.log.mu.Lock()
+	c.log.prepares++
+	c.log.mu.Unlock()
 	return &strictStmt{c: c}, nil
 }
 
@@ -123,7 +131,14 @@ func (c *strictConn) BeginTx(context.Context, driver.TxOptions) (driver.Tx, erro
 	return &strictTx{c: c}, nil
 }
 
-func (c *strictConn) QueryContext(context.Context, string, []driver.NamedValue) (driver.Rows, error) {
+func (c *strictConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	if c.log.skipArgs && len(args) > 0 {
+		return nil, driver.ErrSkip
+	}
+	return c.query()
+}
+
+func (c *strictConn) query() (driver.Rows, error) {
 	if !c.usable("Query") {
 		return nil, driver.ErrBadConn
 	}
@@ -132,7 +147,14 @@ func (c *strictConn) QueryContext(context.Context, string, []driver.NamedValue) 
 	return &strictRows{c: c, left: 2}, nil
 }
 
-func (c *strictConn) ExecContext(context.Context, string, []driver.NamedValue) (driver.Result, error) {
+func (c *strictConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	if c.log.skipArgs && len(args) > 0 {
+		return nil, driver.ErrSkip
+	}
+	return c.exec()
+}
+
+func (c *strictConn) exec() (driver.Result, error) {
 	if !c.usable("Exec") {
 		return nil, driver.ErrBadConn
 	}
@@ -196,14 +218,14 @@ func (s *strictStmt) ExecContext(ctx context.Context, args []driver.NamedValue) 
 	if s.closed {
 		s.c.log.violate("statement used after Close")
 	}
-	return s.c.ExecContext(ctx, "", args)
+	return s.c.exec()
 }
 
 func (s *strictStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
 	if s.closed {
 		s.c.log.violate("statement used after Close")
 	}
-	return s.c.QueryContext(ctx, "", args)
+	return s.c.query()
 }
 
 type strictRows struct {
@@ -437,5 +459,73 @@ func TestSQLConnectorSeverWithRowsOpen(t *testing.T) {
 	log.check(t)
 	if log.open != 0 {
 		t.Errorf("%d connections open after Sever", log.open)
+	}
+}
+
+// TestSQLConnectorErrSkipIsNoRoundTrip: a driver whose Exec and Query
+// with arguments answer driver.ErrSkip (database/sql then prepares the
+// statement and executes it) reaches the server twice per call, and
+// SQLConnector counts two round trips, not three: the ErrSkip is neither
+// counted nor faulted, the first time a query is met and after. A fault
+// armed on the round trip after connecting lands on the Prepare, one on
+// the next round trip on the statement's execution.
+func TestSQLConnectorErrSkipIsNoRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		call func(db *sql.DB, query string) error
+	}{
+		{"exec", func(db *sql.DB, query string) error {
+			_, err := db.ExecContext(ctx, query, 1)
+			return err
+		}},
+		{"query", func(db *sql.DB, query string) error {
+			rows, err := db.QueryContext(ctx, query, 1)
+			if err == nil {
+				rows.Close()
+			}
+			return err
+		}},
+	} {
+		query := "SKIP " + tc.name + " " + t.Name()
+		for round := range 2 { // the first meeting of the query, and one after
+			log := &strictLog{skipArgs: true}
+			f := conformance.NewFaults()
+			db := sql.OpenDB(conformance.SQLConnector(strictDriver{log}, f))
+			if err := tc.call(db, query); err != nil {
+				t.Fatalf("%s (round %d): %v", tc.name, round, err)
+			}
+			// Connect, Prepare, the statement's Exec or Query.
+			if n := f.RoundTrips(); n != 3 || log.prepares != 1 || log.queries != 1 {
+				t.Errorf("%s (round %d): %d round trips, %d prepares, %d executions; want 3, 1, 1", tc.name, round, n, log.prepares, log.queries)
+			}
+			db.Close()
+
+			log = &strictLog{skipArgs: true}
+			f = conformance.NewFaults()
+			f.Arm(2, conformance.DropReply, nil)
+			db = sql.OpenDB(conformance.SQLConnector(strictDriver{log}, f))
+			err := tc.call(db, query)
+			if !f.Fired() || !errors.Is(err, conformance.ErrInjected) || log.prepares != 1 || log.queries != 0 {
+				t.Errorf("%s (round %d): lost reply of round trip 2: fired %v, %v, %d prepares, %d executions; want it fired on the Prepare (ErrInjected, 1, 0)",
+					tc.name, round, f.Fired(), err, log.prepares, log.queries)
+			}
+			db.Close()
+			log.check(t)
+
+			// A cut request on round trip 3 lands on the statement's
+			// execution: the Prepare ran, the execution never did.
+			log = &strictLog{skipArgs: true}
+			f = conformance.NewFaults()
+			f.Arm(3, conformance.CutRequest, nil)
+			db = sql.OpenDB(conformance.SQLConnector(strictDriver{log}, f))
+			err = tc.call(db, query)
+			if !f.Fired() || !errors.Is(err, conformance.ErrInjected) || log.prepares != 1 || log.queries != 0 {
+				t.Errorf("%s (round %d): cut request on round trip 3: fired %v, %v, %d prepares, %d executions; want it fired on the execution (ErrInjected, 1, 0)",
+					tc.name, round, f.Fired(), err, log.prepares, log.queries)
+			}
+			db.Close()
+			log.check(t)
+		}
 	}
 }
