@@ -206,7 +206,8 @@ func TestCounterexampleWithoutJournalFails(t *testing.T) {
 	want := []string{
 		conformance.ScenarioRedelivery, conformance.ScenarioLateRedelivery, conformance.ScenarioHorizon,
 		conformance.ScenarioConcurrent, conformance.ScenarioLostReply, conformance.ScenarioCut, conformance.ScenarioCancel,
-		conformance.ScenarioKeyReuse, conformance.ScenarioRaceReuse, conformance.ScenarioDistinctKeys,
+		conformance.ScenarioSchedules, conformance.ScenarioSlowBackend,
+		conformance.ScenarioKeyReuse, conformance.ScenarioRaceReuse, conformance.ScenarioDistinctKeys, conformance.ScenarioHostileKeys,
 		conformance.ScenarioStorm, conformance.ScenarioKeyCapacity, conformance.ScenarioRestart,
 	}
 	failed := rep.Failed()
