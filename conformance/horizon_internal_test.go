@@ -28,15 +28,15 @@ func TestHorizonField(t *testing.T) {
 		declared string
 	}{
 		{"until pruned, nothing records keys", effects.Contract{Guarantee: effects.AtLeastOnce, DuplicateWindow: anyRedelivery},
-			[]Row{na(ScenarioHorizon), na(ScenarioLateRedelivery), pass(ScenarioKeyCapacity)}, NotApplicable, "0, until pruned"},
+			[]Row{na(ScenarioHorizon), na(ScenarioLateRedelivery), pass(ScenarioKeyCapacity), pass(ScenarioKeyBytes)}, NotApplicable, "0, until pruned"},
 		{"a horizon without a replay signal", effects.Contract{Guarantee: effects.AtLeastOnce, DuplicateWindow: anyRedelivery, Horizon: time.Hour},
-			[]Row{pass(ScenarioHorizon), na(ScenarioLateRedelivery), pass(ScenarioKeyCapacity)}, Verified, "1h0m0s"},
+			[]Row{pass(ScenarioHorizon), na(ScenarioLateRedelivery), pass(ScenarioKeyCapacity), pass(ScenarioKeyBytes)}, Verified, "1h0m0s"},
 		{"a horizon the Age did not reach", effects.Contract{Guarantee: effects.EffectivelyOnce, Horizon: time.Hour},
-			[]Row{unconfirmed, pass(ScenarioLateRedelivery), pass(ScenarioKeyCapacity)}, NotVerified, "1h0m0s"},
+			[]Row{unconfirmed, pass(ScenarioLateRedelivery), pass(ScenarioKeyCapacity), pass(ScenarioKeyBytes)}, NotVerified, "1h0m0s"},
 		{"an assumed horizon the horizon scenario verified", effects.Contract{Guarantee: effects.EffectivelyOnce, Horizon: time.Hour, HorizonAssumed: true},
-			[]Row{pass(ScenarioHorizon), pass(ScenarioLateRedelivery), pass(ScenarioKeyCapacity)}, Verified, "1h0m0s (assumed)"},
+			[]Row{pass(ScenarioHorizon), pass(ScenarioLateRedelivery), pass(ScenarioKeyCapacity), pass(ScenarioKeyBytes)}, Verified, "1h0m0s (assumed)"},
 		{"an assumed horizon only other scenarios passed", effects.Contract{Guarantee: effects.EffectivelyOnce, Horizon: time.Hour, HorizonAssumed: true},
-			[]Row{na(ScenarioHorizon), pass(ScenarioLateRedelivery), pass(ScenarioKeyCapacity)}, NotVerified, "1h0m0s (assumed)"},
+			[]Row{na(ScenarioHorizon), pass(ScenarioLateRedelivery), pass(ScenarioKeyCapacity), pass(ScenarioKeyBytes)}, NotVerified, "1h0m0s (assumed)"},
 	} {
 		var f Field
 		for _, g := range effectFields(tc.c, table, tc.rows) {
