@@ -42,7 +42,9 @@ var ErrAppFault = errors.New("conformance: injected application error")
 
 // AppError is the application error a backend answers under an
 // [AppErrorBefore] or [AppErrorAfter] fault. Through [Faults.RoundTrip]
-// and [SQLConnector] the adapter receives it as the call's error; a
+// and [SQLConnector] the adapter receives it as the call's error
+// (SQLConnector then closes the driver connection, so that the
+// transaction it held rolls back as the server's would); a
 // harness whose backend is a server makes the server answer with it (see
 // [Faults.SetAppFaulter]).
 type AppError struct {
