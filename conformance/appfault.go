@@ -42,7 +42,9 @@ var ErrAppFault = errors.New("conformance: injected application error")
 
 // AppError is the application error a backend answers under an
 // [AppErrorBefore] or [AppErrorAfter] fault. Through [Faults.RoundTrip]
-// and [SQLConnector] the adapter receives it as the call's error; a
+// and [SQLConnector] the adapter receives it as the call's error
+// (SQLConnector then closes the driver connection, so that the
+// transaction it held rolls back as the server's would); a
 // harness whose backend is a server makes the server answer with it (see
 // [Faults.SetAppFaulter]).
 type AppError struct {
@@ -227,14 +229,15 @@ func (f *Faults) appRoundTrip(ctx context.Context, kind FaultKind, fn func() err
 		_ = fn()
 		return &AppError{Code: code, Applied: true}
 	case SlowBackend:
+		end := time.Now().Add(slow)
 		t := time.NewTimer(slow)
-		defer t.Stop()
 		select {
 		case <-t.C:
 		case <-ctx.Done():
-			// The caller gave up; the backend still does the work, as a
-			// server does once a request reached it.
-			go func() { <-t.C; _ = fn() }()
+			t.Stop()
+			// The caller gave up; the backend still does the work when the
+			// time is up, as a server does once a request reached it.
+			go func() { time.Sleep(time.Until(end)); _ = fn() }()
 			return ctx.Err()
 		}
 	}

@@ -522,7 +522,10 @@ func (f *Faults) roundTrip(ctx context.Context, fn func() error, skipped func(er
 	}
 	kind, cancel, delay := f.begin()
 	if kind.isApp() {
-		return NoFault, f.appRoundTrip(ctx, kind, fn) // the connection stays up
+		// Reported as fired, so that SQLConnector closes the driver
+		// connection: its open transaction rolls back, as a server's does
+		// after such an error. RoundTrip returns the error alone.
+		return kind, f.appRoundTrip(ctx, kind, fn)
 	}
 	if delay > 0 {
 		t := time.NewTimer(delay)
