@@ -236,8 +236,12 @@ func (f *Faults) appRoundTrip(ctx context.Context, kind FaultKind, fn func() err
 		case <-ctx.Done():
 			t.Stop()
 			// The caller gave up; the backend still does the work when the
-			// time is up, as a server does once a request reached it.
-			go func() { time.Sleep(time.Until(end)); _ = fn() }()
+			// time is up, as a server does once a request reached it. The
+			// work runs before this returns: fn writes the caller's
+			// variables (a driver connection, rows), so it must not run
+			// after the caller has moved on.
+			time.Sleep(time.Until(end))
+			_ = fn()
 			return ctx.Err()
 		}
 	}
