@@ -185,7 +185,7 @@ func (g *FetchLog) rebalanceLocked() {
 		if last, ok := m.lastFetch[p]; ok && g.bug == bugResumeAtFetchPosition {
 			pos = max(pos, last) // the client's position, kept across the rebalance
 		}
-		m.parts[p] = &fetchPart{epoch: m.epoch, fetchPos: pos, mark: pos}
+		m.parts[p] = &fetchPart{epoch: m.epoch, fetchPos: pos, mark: g.committed[p]}
 	}
 }
 
