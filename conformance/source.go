@@ -106,9 +106,12 @@ var SourceScenarios = names(sourceTable())
 // lost; and a source that hands deliveries back ([effects.Releaser])
 // redelivers what it released and never takes a release for an ack; every
 // Ordering's messages come in publish order, first and again; what is
-// published while an instance runs reaches it; and a graceful close
-// commits nothing fetched but not handed out. Each scenario is a subtest
-// of t; every failed check fails t.
+// published while an instance runs reaches it; a graceful close commits
+// nothing fetched but not handed out; and a rebalance while an instance
+// holds full fetch buffers and an idle ordering loses nothing and brings
+// back nothing acked (for an [OrderingPublisher]). Every redelivery's
+// Attempt must count it. Each scenario is a subtest of t; every failed
+// check fails t.
 func RunSource(t *testing.T, name string, mk SourceMaker, opts ...Option) Report {
 	t.Helper()
 	return runSuite(t, "conformance.RunSource", suiteSource, name, sourceTable(), mk, opts, true)
