@@ -295,6 +295,15 @@ func (r *rebalanceRun) run(ctx context.Context, i *sinst) {
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
+		defer func() {
+			// A hung or panicking Ack stops this loop (s.ack recorded
+			// why), not the test binary.
+			if v := recover(); v != nil {
+				if _, ok := v.(abort); !ok {
+					panic(v)
+				}
+			}
+		}()
 		for {
 			d, err := i.Source.Next(ctx)
 			if err != nil {
