@@ -261,6 +261,14 @@
 //   - published-while-running, close-with-prefetched: messages published
 //     while an instance runs reach it; a graceful close commits nothing
 //     fetched but not handed out.
+//   - rebalance-full-buffers (needs [OrderingPublisher]): a second
+//     instance joins while the first holds full fetch buffers, unacked
+//     deliveries and an idle ordering: nothing unacked is lost, nothing
+//     acked comes back.
+//
+// In every scenario, a redelivery's Attempt must count it: higher than
+// the id's delivery before, to this instance or another, for a source
+// that counts attempts; 0 again for one that does not know.
 //
 // # Plans
 //

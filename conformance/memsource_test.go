@@ -72,6 +72,21 @@ func (l *memLog) Publish(_ context.Context, n int) ([]string, error) {
 	return ids, nil
 }
 
+// Orderings and PublishTo make the log a conformance.OrderingPublisher.
+func (l *memLog) Orderings() int { return len(l.parts) }
+
+func (l *memLog) PublishTo(_ context.Context, k, n int) ([]string, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ids := make([]string, n)
+	for i := range ids {
+		l.published++
+		ids[i] = fmt.Sprintf("msg-%d", l.published)
+		l.parts[k] = append(l.parts[k], ids[i])
+	}
+	return ids, nil
+}
+
 func (l *memLog) Open(context.Context, *conformance.Faults) (conformance.SourceInstance, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -76,6 +76,7 @@ type config struct {
 	lease          time.Duration
 	redeliveryWait time.Duration
 	sourceMessages int
+	sourceBacklog  int // WithSourceBacklog; 0: DefaultSourceBacklog
 	slowReply      time.Duration
 	slowReplySet   bool // WithSlowReply was given: the slow-reply scenario runs
 	quietPeriod    time.Duration
@@ -325,6 +326,8 @@ func newConfig(op, suite string, table []Scenario, opts []Option) (config, error
 		return bad("WithRedeliveryWait", "%v: must be positive", c.redeliveryWait)
 	case c.sourceMessages < 4:
 		return bad("WithSourceMessages", "%d: at least 4", c.sourceMessages)
+	case slices.Contains(c.set, "WithSourceBacklog") && c.sourceBacklog < 1:
+		return bad("WithSourceBacklog", "%d: at least 1", c.sourceBacklog)
 	case c.slowReply <= 0:
 		return bad("WithSlowReply", "%v: must be positive", c.slowReply)
 	case c.quietPeriod < 0:

@@ -37,6 +37,20 @@ func newSourceHarness(t testing.TB, wrap func(effects.Source) effects.Source) co
 // Publish produces n records round robin over the partitions, each with
 // its id in the key header (Delivery.ID).
 func (h *sourceHarness) Publish(ctx context.Context, n int) ([]string, error) {
+	return h.produce(ctx, n, func() int32 { return int32(h.published % 3) })
+}
+
+// Orderings and PublishTo make the harness a conformance.OrderingPublisher:
+// its orderings are the topic's three partitions.
+func (h *sourceHarness) Orderings() int { return 3 }
+
+// PublishTo produces n records to partition k.
+func (h *sourceHarness) PublishTo(ctx context.Context, k, n int) ([]string, error) {
+	return h.produce(ctx, n, func() int32 { return int32(k) })
+}
+
+// produce produces n records, each to the partition part returns.
+func (h *sourceHarness) produce(ctx context.Context, n int, part func() int32) ([]string, error) {
 	cl, err := kgo.NewClient(h.cluster.Opts(kgo.RecordPartitioner(kgo.ManualPartitioner()))...)
 	if err != nil {
 		return nil, err
@@ -46,12 +60,14 @@ func (h *sourceHarness) Publish(ctx context.Context, n int) ([]string, error) {
 	recs := make([]*kgo.Record, n)
 	for i := range recs {
 		ids[i] = fmt.Sprintf("%s-%d", h.topic, h.published)
-		recs[i] = &kgo.Record{Topic: h.topic, Partition: int32(h.published % 3), Value: []byte(ids[i]),
+		recs[i] = &kgo.Record{Topic: h.topic, Partition: part(), Value: []byte(ids[i]),
 			Headers: []kgo.RecordHeader{{Key: kafka.KeyHeader, Value: []byte(ids[i])}}}
 		h.published++
 	}
 	return ids, cl.ProduceSync(ctx, recs...).FirstErr()
 }
+
+var _ conformance.OrderingPublisher = (*sourceHarness)(nil)
 
 // Open starts a group member. Crash is left to the suite: it severs the
 // member's connections, then Close returns without reaching the broker.

@@ -85,7 +85,10 @@
 // [PayloadForgotten] (horizon), in liars_more.go; [InstanceClock]
 // (clock-skew), in journals_more.go; [NewestFirst] (publish-order),
 // [StopsWhenCaughtUp] (published-while-running) and [AckFetchedOnClose]
-// (close-with-prefetched), in sources_more.go.
+// (close-with-prefetched), in sources_more.go; [ResumeAtFetchPosition],
+// [CommitFetchedWhenIdle], [StalledIdleCommit] and [AttemptsLostOnRevoke]
+// (rebalance-full-buffers), members of a fetch-ahead log ([FetchLog]), in
+// round3_sources.go.
 // Crash restart, in crash.go: [UnloggedDedup], a dedup table an immediate
 // stop empties (crash-restart; backend-restart passes it). Slow replies,
 // in slowreply.go: [OwnDeadline], its own deadline reported as
