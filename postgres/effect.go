@@ -2,9 +2,7 @@ package postgres
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -177,7 +175,7 @@ func (e *Effect[In]) Contract() effects.Contract {
 //   - the write's own error, wrapped with %w, after rolling back.
 //
 // Use [effects.Retryable] to decide whether to retry.
-func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (_ effects.Result, err error) {
+func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (effects.Result, error) {
 	if err := key.Validate(); err != nil {
 		return effects.Result{}, err
 	}
@@ -193,17 +191,6 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (_ effec
 		}
 	}
 	lookFirst := e.cfg.lookupFirst
-	if queued != nil {
-		// An attempt whose outcome is unknown ends Apply with its
-		// ErrAmbiguous (only transient failures are retried here): the
-		// writes may have committed, and their OnCommits never run.
-		start := time.Now() // before any attempt was sent
-		defer func() {
-			if errors.Is(err, effects.ErrAmbiguous) {
-				queued.lost(start)
-			}
-		}()
-	}
 	for attempt := 1; ; {
 		res, c := e.attemptOnce(ctx, key, fp, in, queued, lookFirst)
 		if c.lookUp {
@@ -258,7 +245,6 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 		ref   string
 		batch pgx.Batch
 	)
-	began := time.Now()
 	batch.BeginTx(e.txOptions)
 	if lookFirst {
 		queueProbe(&batch, e.scope, key, &p)
@@ -288,10 +274,9 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 
 	end := func() { rollback(ctx, tx) }
 	var last pgx.Batch // ends the transaction
-	committed := func() {}
 	if queued != nil {
 		ref = queued.ref
-		committed = queued.queueOn(&last, began)
+		queued.queueOn(&last)
 	} else if ref, err = e.write(ctx, writeTx{tx}, in); err != nil {
 		return e.failedBeforeCommit(ctx, conn.Conn(), end, key, fp, err)
 	} else if !inTransaction(conn.Conn()) {
@@ -306,7 +291,6 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 	if c := waitCut(ctx, key); c.err != nil {
 		return effects.Result{}, c
 	}
-	committed()
 	return effects.Result{Status: effects.Applied, Ref: ref}, classified{}
 }
 

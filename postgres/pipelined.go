@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -18,18 +17,6 @@ import (
 type Statement struct {
 	SQL  string
 	Args []any
-	// OnCommit, if set, is called once the transaction that ran the
-	// statement has committed, before Apply returns Applied (never if it
-	// rolled back, nor for a duplicate that replays, nor when Apply
-	// reports the commit ambiguous), with the statement's
-	// command tag and began, a time read before the transaction's BEGIN
-	// was sent (so no later than its now()).
-	OnCommit func(tag pgconn.CommandTag, began time.Time)
-
-	// lost, if set, is called when Apply ends with ErrAmbiguous: the
-	// statement's transaction may have committed, with no OnCommit. sent
-	// is a time read before any of Apply's attempts was sent.
-	lost func(sent time.Time)
 }
 
 // StatementsFunc returns an effect's writes for in as statements that read
@@ -94,35 +81,10 @@ func (e *Effect[In]) queue(ctx context.Context, key effects.Key, in In) (*queued
 	return &queuedWrites{ref: ref, writes: writes}, nil
 }
 
-// lost tells the writes that an attempt sent after sent may have
-// committed them without their OnCommits (see Statement.lost).
-func (q *queuedWrites) lost(sent time.Time) {
+// queueOn queues the writes on b.
+func (q *queuedWrites) queueOn(b *pgx.Batch) {
 	for _, st := range q.writes {
-		if st.lost != nil {
-			st.lost(sent)
-		}
-	}
-}
-
-// queueOn queues the writes on b and returns the function that calls
-// their OnCommits, with their command tags, once the transaction, begun
-// after began, committed.
-func (q *queuedWrites) queueOn(b *pgx.Batch, began time.Time) (committed func()) {
-	tags := make([]pgconn.CommandTag, len(q.writes))
-	for i, st := range q.writes {
-		qq := b.Queue(st.SQL, st.Args...)
-		qq.Fn = func(br pgx.BatchResults) error {
-			tag, err := br.Exec()
-			tags[i] = tag
-			return err
-		}
-	}
-	return func() {
-		for i, st := range q.writes {
-			if st.OnCommit != nil {
-				st.OnCommit(tags[i], began)
-			}
-		}
+		b.Queue(st.SQL, st.Args...)
 	}
 }
 
@@ -154,16 +116,14 @@ func (e *Effect[In]) attemptPipelined(ctx context.Context, key effects.Key, fp [
 	defer conn.Release() // destroys the connection unless it is idle, outside a transaction
 
 	var b pgx.Batch
-	began := time.Now()
 	b.Queue(beginStatement(e.txOptions))
-	committed := q.queueOn(&b, began)
+	q.queueOn(&b)
 	queueKeyInsert(&b, e.scope, key, fp, q.ref, !e.cfg.allowAsyncCommit)
 	b.Queue("COMMIT").Exec(commitTag)
 	if err = conn.SendBatch(ctx, &b).Close(); err == nil {
 		if c := waitCut(ctx, key); c.err != nil {
 			return effects.Result{}, c
 		}
-		committed()
 		return effects.Result{Status: effects.Applied, Ref: q.ref}, classified{}
 	}
 	return e.endFailed(ctx, conn.Conn(), func() { rollbackConn(ctx, conn.Conn()) }, key, fp, err, true, false)
