@@ -42,8 +42,9 @@ type WriteFunc[In any] func(ctx context.Context, tx pgx.Tx, in In) (ref string, 
 type Effect[In any] struct {
 	pool        *pgxpool.Pool
 	scope       string
-	write       WriteFunc[In]      // set by New
-	statements  StatementsFunc[In] // set by NewPipelined
+	write       WriteFunc[In]                      // set by New
+	statements  StatementsFunc[In]                 // set by NewPipelined
+	group       *coalescer[groupReq[In], groupRes] // the grouped shape's, if it has it (set by New)
 	fingerprint func(In) ([]byte, error)
 	txOptions   pgx.TxOptions
 	cfg         config
@@ -62,24 +63,27 @@ func New[In any](pool *pgxpool.Pool, scope string, write WriteFunc[In], opts ...
 	if write == nil {
 		return nil, &effects.ConfigError{Op: op, Option: "write", Reason: "nil write function"}
 	}
-	e, err := newEffect[In](op, pool, scope, opts)
+	e, err := newEffect[In](op, pool, scope, opts, optNoGroupCommit)
 	if err != nil {
 		return nil, err
 	}
 	e.write = write
+	if !e.cfg.lookupFirst && !e.cfg.noGroupCommit {
+		e.group = newGroup(e, pool)
+	}
 	return e, nil
 }
 
 // newEffect validates what [New] and [NewPipelined] share and returns an
 // Effect without its writes.
-func newEffect[In any](op string, pool *pgxpool.Pool, scope string, opts []Option) (*Effect[In], error) {
+func newEffect[In any](op string, pool *pgxpool.Pool, scope string, opts []Option, more ...string) (*Effect[In], error) {
 	if pool == nil {
 		return nil, &effects.ConfigError{Op: op, Option: "pool", Reason: "nil"}
 	}
 	if err := validateScope(op, scope); err != nil {
 		return nil, err
 	}
-	cfg, err := newConfig(op, opts, optFingerprint, optMaxRetries, optIsolation, optAsyncCommit, optLookupFirst)
+	cfg, err := newConfig(op, opts, append([]string{optFingerprint, optMaxRetries, optIsolation, optAsyncCommit, optLookupFirst}, more...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -129,9 +133,29 @@ func (e *Effect[In]) Contract() effects.Contract {
 //
 // Apply has one shape per configuration, chosen when the Effect is built
 // and never changed by what earlier calls saw:
-//   - [New], by default: BEGIN in a round trip of its own; the write; the
-//     key's INSERT with COMMIT. Nothing looks the key up before the write:
-//     the key's INSERT finds a duplicate, and a new key pays for no check.
+//   - [New], by default, grouped: an Apply that finds fewer than half the
+//     pool's connections (at least one) busy with transactions of the
+//     Effect's grouped Applies runs alone, at once, waiting for nothing:
+//     BEGIN in a round trip of its own; the write; the key's INSERT with
+//     COMMIT. Nothing looks the key up before the write: the key's INSERT
+//     finds a duplicate, and a new key pays for no check. The Applies that
+//     arrive while those transactions are in flight wait for one of them to
+//     end and then run together in the next transaction (group commit; up
+//     to 32, with distinct keys): BEGIN with the first member's SAVEPOINT;
+//     for each member, in the order they arrived, its write, then its key's
+//     INSERT with the next member's SAVEPOINT, the last member's with
+//     COMMIT. A member whose write or key's INSERT fails is rolled back to
+//     its savepoint, alone, and its Apply goes on as after a failed write
+//     (a duplicate replays); the others commit. A failure of the
+//     transaction itself (a lost connection, a serialization failure at
+//     COMMIT) is every member's: a lost COMMIT reply makes each
+//     [effects.ErrAmbiguous], and each retries under its own key. The
+//     write of a member runs with its caller's context values, but ends
+//     only when every member's caller has gone: a caller whose ctx ends
+//     while its group runs gets ErrAmbiguous (the group may commit its
+//     write), or, if the group had not started, the context's error.
+//   - [New] with [WithoutGroupCommit]: the lone shape above for every
+//     Apply.
 //   - [New] with [WithLookupFirst]: the lookup of the key travels with
 //     BEGIN, and a duplicate runs no statement of the write at all.
 //   - [NewPipelined], by default: BEGIN, the writes, the key's INSERT and
@@ -139,8 +163,9 @@ func (e *Effect[In]) Contract() effects.Contract {
 //   - [NewPipelined] with [WithLookupFirst]: BEGIN with the lookup; the
 //     writes, the key's INSERT and COMMIT.
 //
-// Cost of a new key, for a write of one statement: three round trips for
-// [New] in either shape (a plain insert transaction's, and one statement
+// Cost of a new key, for a write of one statement: in a group of n, 2n+1
+// round trips and one COMMIT for all; alone, three round trips for
+// [New] with or without the lookup first (a plain insert transaction's, and one statement
 // more, the key's INSERT, which also checks the commit settings; the
 // lookup first is one more statement in BEGIN's round trip). Cost of a
 // duplicate: by default the write, run and rolled back (for New with one
@@ -211,10 +236,14 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (effects
 
 // attemptOnce runs one attempt in the Effect's shape (see Apply): a
 // pipelined Effect's that does not look its key up first is one round
-// trip (attemptPipelined); every other is attempt's.
+// trip (attemptPipelined); a grouped Effect's that does not look first
+// runs alone or in a group (attemptGrouped); every other is attempt's.
 func (e *Effect[In]) attemptOnce(ctx context.Context, key effects.Key, fp []byte, in In, queued *queuedWrites, lookFirst bool) (effects.Result, classified) {
-	if queued != nil && !lookFirst {
+	switch {
+	case queued != nil && !lookFirst:
 		return e.attemptPipelined(ctx, key, fp, queued)
+	case e.group != nil && !lookFirst:
+		return e.attemptGrouped(ctx, key, fp, in)
 	}
 	return e.attempt(ctx, key, fp, in, queued, lookFirst)
 }
