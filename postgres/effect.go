@@ -133,9 +133,9 @@ func (e *Effect[In]) Contract() effects.Contract {
 //
 // Apply has one shape per configuration, chosen when the Effect is built
 // and never changed by what earlier calls saw:
-//   - [New], by default, grouped: an Apply that finds fewer than half the
-//     pool's connections (at least one) busy with transactions of the
-//     Effect's grouped Applies runs alone, at once, waiting for nothing:
+//   - [New], by default, grouped: an Apply that finds fewer of the
+//     Effect's transactions in flight than the pool has connections
+//     (MaxConns) runs alone, at once, waiting for nothing:
 //     BEGIN in a round trip of its own; the write; the key's INSERT with
 //     COMMIT. Nothing looks the key up before the write: the key's INSERT
 //     finds a duplicate, and a new key pays for no check. The Applies that

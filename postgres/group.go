@@ -43,12 +43,20 @@ type groupRes struct {
 	failed error
 }
 
-// newGroup returns the coalescer of e's grouped shape: as many groups in
-// flight at once as the journal runs statements (half the pool), at most
-// maxGrouped members each, distinct keys in each group.
+// newGroup returns the coalescer of e's grouped shape: as many
+// transactions in flight at once as pool has connections, at most
+// maxGrouped members each, distinct keys in each group. An Apply waits
+// for a group only when the Effect's transactions hold as many connections
+// as the pool can open, when it would otherwise wait for a connection.
+// (Fewer slots make Applies wait while connections are free: a member's
+// statements run one after the other on its group's connection, so a
+// group's transaction takes longer than each of its members' would have
+// alone, and the next group waits for it; on a 2-core machine under load,
+// half the pool's slots cost a third of the throughput, in
+// cmd/e2ebench.)
 func newGroup[In any](e *Effect[In], pool *pgxpool.Pool) *coalescer[groupReq[In], groupRes] {
 	return &coalescer[groupReq[In], groupRes]{
-		limit: statementsInFlight(pool),
+		limit: int(pool.Config().MaxConns),
 		size:  maxGrouped,
 		key:   func(r groupReq[In]) string { return string(r.key) },
 		exec:  e.runGroup,
