@@ -215,15 +215,7 @@ func (b *applyBatch) run(ctx context.Context) ([]BatchResult, error) {
 // failed with an error of its own, it records it in b.failed and returns it
 // as itemErr (after rolling back): run again.
 func (b *applyBatch) attempt(ctx context.Context) (results []BatchResult, c classified, itemErr error) {
-	op := b.op
-	idx := make([]int, 0, len(b.items)) // index in items of each claimed item
-	sub := make([]BatchItem, 0, len(b.items))
-	for i, it := range b.items {
-		if b.failed[i] == nil && !b.done[i] {
-			idx = append(idx, i)
-			sub = append(sub, it)
-		}
-	}
+	idx, sub := b.pending()
 	results = make([]BatchResult, len(b.items))
 	for i, err := range b.failed {
 		results[i].Err = err
@@ -231,36 +223,84 @@ func (b *applyBatch) attempt(ctx context.Context) (results []BatchResult, c clas
 	if len(sub) == 0 {
 		return results, classified{}, nil
 	}
-
 	conn, err := b.pool.Acquire(ctx)
 	if err != nil {
-		return nil, classify(ctx, op, "", err, false, false), nil
+		return nil, classify(ctx, b.op, "", err, false, false), nil
 	}
 	defer conn.Release()
-	claim := newBatchClaim(op, b.scope, sub)
-	var batch pgx.Batch
-	batch.BeginTx(b.txOptions)
-	claim.queue(&batch)
-	br := conn.SendBatch(ctx, &batch)
-	tx := br.Tx()
+	claim := newBatchClaim(b.op, b.scope, sub)
+	tx, claimed, c := b.begin(ctx, conn, claim)
+	if c.err != nil {
+		return nil, c, nil
+	}
 	ending := false
 	defer func() {
 		if !ending {
 			rollback(ctx, tx)
 		}
 	}()
+	refs, c, itemErr := b.writeAll(ctx, tx, conn.Conn().IsClosed, idx, claimed, results)
+	if c.err != nil || itemErr != nil {
+		return nil, c, itemErr
+	}
+	replayFirstRefs(b.items, results, refs.first)
+	ending = true // from here on, never roll back blindly: the COMMIT may have happened
+	if c := b.commit(ctx, conn, tx, refs, claim.needsBarrier() || b.replays); c.err != nil {
+		return nil, c, nil
+	}
+	return results, classified{}, nil
+}
+
+// pending returns the items of the next attempt (neither failed nor
+// settled by the pre-check) and their indexes in b.items.
+func (b *applyBatch) pending() (idx []int, sub []BatchItem) {
+	idx = make([]int, 0, len(b.items))
+	sub = make([]BatchItem, 0, len(b.items))
+	for i, it := range b.items {
+		if b.failed[i] == nil && !b.done[i] {
+			idx = append(idx, i)
+			sub = append(sub, it)
+		}
+	}
+	return idx, sub
+}
+
+// begin sends BEGIN with the claim of every key, in one round trip, and
+// returns the transaction and what the claim found (classified, with
+// keys pruned under the claim retried as serialization failures and
+// deadlocks are). On an error the transaction is rolled back.
+func (b *applyBatch) begin(ctx context.Context, conn *pgxpool.Conn, claim *batchClaim) (pgx.Tx, []BatchResult, classified) {
+	var batch pgx.Batch
+	batch.BeginTx(b.txOptions)
+	claim.queue(&batch)
+	br := conn.SendBatch(ctx, &batch)
+	tx := br.Tx()
 	if err := br.Close(); err != nil {
-		return nil, classify(ctx, op, "", err, false, conn.Conn().IsClosed()), nil
+		rollback(ctx, tx)
+		return nil, nil, classify(ctx, b.op, "", err, false, conn.Conn().IsClosed())
 	}
 	claimed, err := claim.finish(ctx, tx, b.cfg.allowAsyncCommit)
 	if err != nil {
-		// finish classified it; retry keys pruned under our feet, as
-		// serialization failures and deadlocks.
-		return nil, classified{err: err, retry: raceLost(err) || errors.Is(err, errVanished)}, nil
+		rollback(ctx, tx)
+		return nil, nil, classified{err: err, retry: raceLost(err) || errors.Is(err, errVanished)}
 	}
+	return tx, claimed, classified{}
+}
 
-	var refKeys, refs []string
-	firstRef := map[effects.Key]string{}
+// batchRefs are the refs an attempt stores: the non-empty ones with their
+// keys, and every new key's first ref (for its repeats in the batch).
+type batchRefs struct {
+	keys, refs []string
+	first      map[effects.Key]string
+}
+
+// writeAll fills results for the claimed items (idx[j] is claimed[j]'s
+// index in b.items): their error, their replay, or, for a new key, the
+// ref of its write, run in tx. A write that failed with an error of its
+// own is recorded in b.failed and returned as itemErr; one that failed
+// with the transaction's is returned as c.
+func (b *applyBatch) writeAll(ctx context.Context, tx pgx.Tx, closed func() bool, idx []int, claimed, results []BatchResult) (refs batchRefs, c classified, itemErr error) {
+	refs.first = map[effects.Key]string{}
 	for j, r := range claimed {
 		i := idx[j]
 		switch {
@@ -271,39 +311,53 @@ func (b *applyBatch) attempt(ctx context.Context) (results []BatchResult, c clas
 		default:
 			ref, err := b.write(ctx, tx, i)
 			if err != nil {
-				c := classify(ctx, op, b.items[i].Key, err, false, conn.Conn().IsClosed())
-				if c.retry || ctx.Err() != nil || errors.Is(c.err, effects.ErrTransient) {
-					return nil, c, nil // the transaction's failure, not the item's
-				}
-				b.failed[i] = fmt.Errorf("%s: item %d: write failed, other items unaffected: %w", op, i, err)
-				return nil, classified{}, b.failed[i]
+				c, itemErr := b.writeFailed(ctx, i, err, closed())
+				return refs, c, itemErr
 			}
 			results[i] = BatchResult{Status: effects.Applied, Ref: ref}
-			firstRef[b.items[i].Key] = ref
+			refs.first[b.items[i].Key] = ref
 			if ref != "" {
-				refKeys = append(refKeys, string(b.items[i].Key))
-				refs = append(refs, ref)
+				refs.keys = append(refs.keys, string(b.items[i].Key))
+				refs.refs = append(refs.refs, ref)
 			}
 		}
 	}
-	// Repeats of a key new in this batch replay its first occurrence's ref.
+	return refs, classified{}, nil
+}
+
+// writeFailed classifies the error of items[i]'s write: the
+// transaction's (a race lost, a lost connection, ctx ended) as c; else
+// the item's own, recorded in b.failed and returned as itemErr.
+func (b *applyBatch) writeFailed(ctx context.Context, i int, err error, closed bool) (classified, error) {
+	c := classify(ctx, b.op, b.items[i].Key, err, false, closed)
+	if c.retry || ctx.Err() != nil || errors.Is(c.err, effects.ErrTransient) {
+		return c, nil
+	}
+	b.failed[i] = fmt.Errorf("%s: item %d: write failed, other items unaffected: %w", b.op, i, err)
+	return classified{}, b.failed[i]
+}
+
+// replayFirstRefs gives the repeats of a key new in the batch (Replayed
+// with no ref) its first occurrence's ref.
+func replayFirstRefs(items []BatchItem, results []BatchResult, first map[effects.Key]string) {
 	for i, r := range results {
 		if r.Err == nil && r.Status == effects.Replayed && r.Ref == "" {
-			if ref, ok := firstRef[b.items[i].Key]; ok {
+			if ref, ok := first[items[i].Key]; ok {
 				results[i].Ref = ref
 			}
 		}
 	}
+}
 
-	ending = true // from here on, never roll back blindly: the COMMIT may have happened
+// commit stores the refs and commits, in one round trip, with the replay
+// barrier first when barrier (replays, of the claim or of the pre-check,
+// under synchronous replication: this COMMIT then waits for the standby).
+func (b *applyBatch) commit(ctx context.Context, conn *pgxpool.Conn, tx pgx.Tx, refs batchRefs, barrier bool) classified {
 	var end pgx.Batch
-	if len(refKeys) > 0 {
-		end.Queue(batchSetRefSQL, b.scope, refKeys, refs)
+	if len(refs.keys) > 0 {
+		end.Queue(batchSetRefSQL, b.scope, refs.keys, refs.refs)
 	}
-	barrier := claim.needsBarrier() || b.replays
 	if barrier {
-		// Replays, of the claim or of the pre-check, under synchronous
-		// replication: make this COMMIT wait for the standby.
 		end.Queue(replayBarrierSQL)
 	}
 	end.Queue("COMMIT").Exec(commitTag)
@@ -311,10 +365,10 @@ func (b *applyBatch) attempt(ctx context.Context) (results []BatchResult, c clas
 		if failedTx(conn.Conn()) {
 			rollback(ctx, tx)
 		}
-		return nil, classify(ctx, op, "", err, true, false), nil
+		return classify(ctx, b.op, "", err, true, false)
 	}
 	b.barrierPassed = b.barrierPassed || barrier
-	return results, classified{}, nil
+	return classified{}
 }
 
 // raceLost reports whether err is a serialization failure or a deadlock
