@@ -28,26 +28,38 @@
 //     parallel, each record in its own transaction (BEGIN; INSERT INTO
 //     processed_events … ON CONFLICT DO NOTHING; the ledger INSERT if the
 //     claim was new; COMMIT); the offsets committed after each poll.
+//   - control: hand-written again, the same code under another name: its
+//     ratio to hand-written is the noise of the run, the least a
+//     difference must exceed to mean anything.
 //   - floor: the same loop with a plain autocommitted ledger INSERT and no
 //     dedup at all: what no dedup costs.
+//   - defaults-nogroup (only when named in -variants): defaults with
+//     postgres.WithoutGroupCommit, every Apply in a transaction of its own.
+//
+// Every variant's pgxpool has -pool connections (16 by default, more than
+// any variant's concurrency, 8, so that the pool never limits it; with
+// fewer than 8, postgres.New's Applies share transactions: group commit).
 //
 // Events/s is measured from the first handled event to the last, per
 // variant and round; the table shows the median and range over the
 // rounds, each variant's ratio to the hand-written handler of the same
 // round (median and range), the OffsetCommit requests per event that
 // reached the broker during the run, the final ones included (counted with
-// a kfake control hook), and the CPU time the whole machine spent busy per
-// event between the first handled event and the last (/proc/stat: this
-// process with kfake, and the cluster; a cost that does not depend on how
-// long the disk makes each commit wait, but counts whatever else runs on
-// the machine). After each run
+// a kfake control hook); per event, the messages the pool's connections
+// wrote to PostgreSQL (round trips: a pipeline is one message), the
+// transactions committed in the run's database and the cluster's WAL
+// flushes and bytes (pg_stat_database, pg_stat_wal); and the CPU time this
+// process (with kfake) and the whole machine spent busy per event between
+// the first handled event and the last (getrusage and /proc/stat: the
+// machine's is a cost that does not depend on how long the disk makes each
+// commit wait, but counts whatever else runs on the machine). After each run
 // the ledger must hold every event exactly once and the group's committed
 // offsets must reach the end, or the command fails.
 //
 // Usage:
 //
-//	go run ./cmd/e2ebench [-events 20000] [-partitions 8] [-rounds 3]
-//	    [-variants defaults,pipelined,batch,consumer-sql,hand-written,floor] [-batch 100] [-linger 5ms]
+//	go run ./cmd/e2ebench [-events 20000] [-partitions 8] [-rounds 3] [-pool 16]
+//	    [-variants defaults,pipelined,batch,consumer-sql,hand-written,control,floor] [-batch 100] [-linger 5ms]
 //
 // The table goes to stdout; progress to stderr. Exit status 1 when a run
 // failed or lost or duplicated an event, 2 for bad usage.
