@@ -249,7 +249,7 @@ func (e *Effect[In]) attemptOnce(ctx context.Context, key effects.Key, fp []byte
 }
 
 // attempt runs one transaction: BEGIN, with the lookup of the key when
-// lookFirst, in a round trip of its own (pgx's Batch.BeginTx); the write
+// lookFirst, in a round trip of its own (begin); the write
 // (or, for a pipelined Effect, which always looks first here, its queued
 // statements, with the key's row); the key's row (with the commit guard
 // unless async commits are allowed) and COMMIT, in one round trip. A
@@ -259,7 +259,7 @@ func (e *Effect[In]) attemptOnce(ctx context.Context, key effects.Key, fp []byte
 //
 // It runs on a connection of its own rather than a pgxpool.Tx so that it
 // can end the transaction with the key's INSERT and COMMIT pipelined in
-// one round trip; the pgx.Tx that BEGIN's batch gave the write is then
+// one round trip; the pgx.Tx that begin gave the write is then
 // abandoned, and Release checks that the connection is idle before pooling
 // it again.
 func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in In, queued *queuedWrites, lookFirst bool) (effects.Result, classified) {
@@ -270,28 +270,19 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 	defer conn.Release() // destroys the connection unless it is idle, outside a transaction
 
 	var (
-		p     probe
-		ref   string
-		batch pgx.Batch
+		p   probe
+		ref string
 	)
-	batch.BeginTx(e.txOptions)
-	if lookFirst {
-		queueProbe(&batch, e.scope, key, &p)
+	tx, err := e.begin(ctx, conn, key, lookFirst, &p)
+	if err != nil {
+		return effects.Result{}, classify(ctx, opApply, key, err, false, conn.Conn().IsClosed())
 	}
-	br := conn.SendBatch(ctx, &batch)
-	tx := br.Tx()
 	ending := false
 	defer func() {
 		if !ending {
-			rollback(ctx, tx) // a no-op if BEGIN failed
+			rollback(ctx, tx)
 		}
 	}()
-	fail := func(err error) (effects.Result, classified) {
-		return effects.Result{}, classify(ctx, opApply, key, err, false, conn.Conn().IsClosed())
-	}
-	if err := br.Close(); err != nil {
-		return fail(err)
-	}
 
 	switch {
 	case p.unsafeCommit() && !e.cfg.allowAsyncCommit:
@@ -321,6 +312,26 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 		return effects.Result{}, c
 	}
 	return effects.Result{Status: effects.Applied, Ref: ref}, classified{}
+}
+
+// begin begins an attempt's transaction: with the lookup of key, read
+// into p, in one round trip (pgx's Batch.BeginTx) when lookFirst; else
+// with pgx's Conn.BeginTx, one simple-protocol BEGIN, which spares the
+// client the batch's pipeline. On an error nothing is left open.
+func (e *Effect[In]) begin(ctx context.Context, conn *pgxpool.Conn, key effects.Key, lookFirst bool, p *probe) (pgx.Tx, error) {
+	if !lookFirst {
+		return conn.BeginTx(ctx, e.txOptions)
+	}
+	var batch pgx.Batch
+	batch.BeginTx(e.txOptions)
+	queueProbe(&batch, e.scope, key, p)
+	br := conn.SendBatch(ctx, &batch)
+	tx := br.Tx()
+	if err := br.Close(); err != nil {
+		rollback(ctx, tx) // a no-op if BEGIN failed
+		return nil, err
+	}
+	return tx, nil
 }
 
 // endFailed classifies err from the batch that ends an attempt with the
