@@ -149,7 +149,11 @@ func (e *Effect[In]) Contract() effects.Contract {
 //     (a duplicate replays); the others commit. A failure of the
 //     transaction itself (a lost connection, a serialization failure at
 //     COMMIT) is every member's: a lost COMMIT reply makes each
-//     [effects.ErrAmbiguous], and each retries under its own key. The
+//     [effects.ErrAmbiguous], and each retries under its own key. A COMMIT
+//     that fails with an ERROR of another kind (a deferred constraint of a
+//     member's write) committed nothing: each member runs again alone,
+//     looking its key up first, so that the error is the Apply's that
+//     caused it. The
 //     write of a member runs with its caller's context values, but ends
 //     only when every member's caller has gone: a caller whose ctx ends
 //     while its group runs gets ErrAmbiguous (the group may commit its

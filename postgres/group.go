@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -223,6 +224,14 @@ func (g *group[In]) member(i int) bool {
 		return true
 	}
 	if serverError(err) && !conn.IsClosed() {
+		if last && !inTx(conn) {
+			// The key's INSERT went through and COMMIT failed with an
+			// ERROR: the whole transaction rolled back.
+			g.ending = true
+			g.pending = append(g.pending, i)
+			g.committed(err)
+			return false
+		}
 		// The key's INSERT (or the savepoint after it) failed: this
 		// member only; its COMMIT, if it carried one, was skipped.
 		if guardRefused(err) {
@@ -297,6 +306,16 @@ func (g *group[In]) committed(err error) {
 	}
 	if failedTx(g.conn.Conn()) {
 		rollback(g.ctx, g.tx)
+	}
+	if serverError(err) && !raceLost(err) && g.ctx.Err() == nil {
+		// COMMIT failed with an ERROR (a deferred constraint, say):
+		// nothing was committed, and which member's write caused it is
+		// unknown. Each retries alone, looking its key up first, so that
+		// the error ends only the Apply that caused it.
+		g.endPending(func(key effects.Key) classified {
+			return classified{err: effects.Transient(opApply, key, fmt.Errorf("its group's COMMIT failed, nothing was committed: %w", err)), retry: true, lookUp: true}
+		})
+		return
 	}
 	g.endPending(func(key effects.Key) classified { return classify(g.ctx, opApply, key, err, true, false) })
 }

@@ -350,3 +350,38 @@ func warm(t *testing.T, pool *pgxpool.Pool, n int) {
 		c.Release()
 	}
 }
+
+// TestApplyGroupCommitFails: a member's write that breaks a deferred
+// constraint fails its group's COMMIT; each member then runs alone, so
+// that the others apply and the error is the culprit's only.
+func TestApplyGroupCommitFails(t *testing.T) {
+	pool := newPool(t, newDB(t), nil)
+	mustExec(t, pool, `CREATE TABLE deferred_uniq (v int UNIQUE DEFERRABLE INITIALLY DEFERRED)`)
+	fx, err := postgres.New(pool, "billing", func(ctx context.Context, tx pgx.Tx, p payment) (string, error) {
+		if p.Amount < 0 { // breaks the constraint, seen only at COMMIT
+			if _, err := tx.Exec(ctx, `INSERT INTO deferred_uniq VALUES (1), (1)`); err != nil {
+				return "", err
+			}
+		}
+		return writeLedger(ctx, tx, p)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := []groupCall{paymentCall("cf0", 1), paymentCall("cf1", -1), paymentCall("cf2", 1)}
+	out := applyAsGroup(t, fx, calls)
+	for i, o := range out {
+		want := 1
+		switch {
+		case i == 1 && (o.err == nil || effects.Retryable(o.err)):
+			t.Fatalf("the culprit = %+v, %v; want its commit's error, not retryable", o.res, o.err)
+		case i == 1:
+			want = 0
+		case o.err != nil || o.res.Status != effects.Applied:
+			t.Fatalf("member %d = %+v, %v; want applied (alone, after its group's COMMIT failed)", i, o.res, o.err)
+		}
+		if got := rows(t, pool, calls[i].in.EventID); got != want {
+			t.Fatalf("%s: %d ledger rows, want %d", calls[i].in.EventID, got, want)
+		}
+	}
+}
