@@ -175,9 +175,8 @@ func (g *group[In]) begin() bool {
 	return true
 }
 
-// member runs member i: its write, then its key's INSERT with the next
-// savepoint (or, for the last member, COMMIT). It reports whether the
-// transaction goes on.
+// member runs member i: its write, then insertKey. It reports whether
+// the transaction goes on.
 func (g *group[In]) member(i int) bool {
 	r := g.reqs[i]
 	if err := r.ctx.Err(); err != nil {
@@ -205,6 +204,14 @@ func (g *group[In]) member(i int) bool {
 		})
 		return false
 	}
+	return g.insertKey(i, ref)
+}
+
+// insertKey sends member i's key's INSERT, with ref, and the next
+// member's savepoint (or, for the last member, COMMIT), and settles what
+// it can. It reports whether the transaction goes on.
+func (g *group[In]) insertKey(i int, ref string) bool {
+	r, conn := g.reqs[i], g.conn.Conn()
 	last := i == len(g.reqs)-1
 	var b pgx.Batch
 	queueKeyInsert(&b, g.e.scope, r.key, r.fp, ref, !g.e.cfg.allowAsyncCommit)
@@ -213,7 +220,7 @@ func (g *group[In]) member(i int) bool {
 	} else {
 		b.Queue(savepointSQL)
 	}
-	err = conn.SendBatch(g.ctx, &b).Close()
+	err := conn.SendBatch(g.ctx, &b).Close()
 	if err == nil {
 		g.out[i].res = effects.Result{Status: effects.Applied, Ref: ref}
 		g.pending = append(g.pending, i)
