@@ -157,7 +157,8 @@ func (e *Effect[In]) Contract() effects.Contract {
 //     write of a member runs with its caller's context values, but ends
 //     only when every member's caller has gone: a caller whose ctx ends
 //     while its group runs gets ErrAmbiguous (the group may commit its
-//     write), or, if the group had not started, the context's error.
+//     write), and one whose ctx ends while it waits for a group the
+//     context's error (nothing of it was sent).
 //   - [New] with [WithoutGroupCommit]: the lone shape above for every
 //     Apply.
 //   - [New] with [WithLookupFirst]: the lookup of the key travels with
