@@ -18,7 +18,12 @@
 //
 // # Scenarios
 //
-// Every scenario is a subtest named after it ([Scenarios]); each swept
+// Every scenario is one record ([Scenario], listed by [Catalog]): its
+// name, what it needs, the fields it verifies, the options that tune it,
+// a line of description and the counterexamples it catches; the fields
+// logic, the options each suite takes and the tables of
+// docs/conformance.md derive from the records. Every scenario is a
+// subtest named after it ([Scenarios]); each swept
 // round trip is a subtest of its own (TestConformance/lost-reply/trip-03),
 // so go test -run isolates it. The effect suite runs:
 //
@@ -74,11 +79,32 @@
 //     one: a dedup whose authority is process memory (a package-level
 //     cache, a per-process session id) is caught. The other scenarios'
 //     "new instance" is a new instance in the same process.
-//   - slow-reply (only with [WithSlowReply]; left out of the report
-//     without it): every reply of an Apply in turn
+//   - slow-reply (needs [WithSlowReply]): every reply of an Apply in turn
 //     is held past the adapter's own deadline, the connection up, after
 //     the backend processed the request ([SlowReply]); giving up must be
 //     reported as an unknown outcome, never ErrTransient.
+//   - app-faults: every round trip of a clean and of a duplicate Apply in
+//     turn is answered by the backend with an application error, the
+//     connection up ([AppErrorBefore]: 40001, 40P01, 55P03, busy, 503,
+//     409; [AppErrorAfter]: a 500 once the request was applied), through
+//     [Faults.RoundTrip], [SQLConnector] or a server the harness fails on
+//     cue ([Faults.SetAppFaulter]); not run when no such fault can fire.
+//   - fault-schedules: seeded schedules of several faults of every kind on
+//     one key, judged as a whole; a failure is shrunk to the shortest
+//     schedule that still fails and printed with its seed
+//     ([WithSchedules], [WithScheduleSeed]).
+//   - slow-backend: each round trip in turn takes the backend
+//     [WithSlowBackend] before it applies the request ([SlowBackend]),
+//     while duplicates arrive on two other instances.
+//   - hostile-keys: generated pairs of distinct keys (invisible runes,
+//     compatibility and case variants, wildcards, paths and escapes,
+//     length thresholds and hash collisions past them), each in both
+//     orders.
+//   - key-bytes (for a [PayloadSizer]): the store filled past the byte
+//     budget the harness states with the largest payloads, then the first
+//     key redelivered.
+//   - key-scope (for a [KeyScoper]): one key in every scope the backend
+//     could key by besides the key.
 //
 // Each asserts against the contract the adapter declares: EffectivelyOnce
 // means exactly one effect per key in every scenario; AtLeastOnce means at
@@ -91,28 +117,42 @@
 // The report says for each field of the contract (guarantee, duplicate
 // window, horizon, key reuse) whether the scenarios verified it.
 //
-// # Capabilities
+// # Capabilities, and the strict rule
 //
-// Optional interfaces a harness may implement widen what is checked:
-// [Restarter] (restart the backend), [CrashRestarter] (stop it at once,
-// with no clean shutdown, and start it: what a crash loses shows), [Ager]
-// (move the backend's clock or age its records: the horizon),
-// [BatchCounter] (count many keys at once), [Attacher] (let a child
-// process reach the backend); for journals, [ClockSkewer] (an instance
-// whose clock runs ahead), or [OneClock] to state why skew cannot matter,
-// shown as the reason the clock-skew scenario did not run.
-// A scenario whose capability is missing is not run, and the contract
-// fields that rest on it are reported as not verified.
+// Optional interfaces a harness may implement, and options, let more
+// scenarios run: [Restarter] (restart the backend), [CrashRestarter] (stop
+// it at once, with no clean shutdown, and start it: what a crash loses
+// shows), [Attacher] with [WithSuccessorProcess] (a child process reaches
+// the backend), [WithSlowReply] (replies held past the adapter's own
+// deadline), [Ager] (move the backend's clock or age its records: the
+// horizon), [BatchCounter] (count many keys at once); for journals,
+// [ClockSkewer] (an instance whose clock runs ahead).
+//
+// The suite is strict. For the contract the subject declares, every
+// scenario that can falsify a field must run, or the field is not
+// verified, and [Run], [RunJournal], [RunSource] and [RunPlan] fail the
+// test ([Report.Verify]), naming each scenario left out, why, and what to
+// give the harness, unless [AllowUnverified] says why it cannot. A
+// scenario whose capability is missing, one [Only] left out, and one run
+// reduced ([WithCapacity] below [DefaultCapacity]) all leave their fields
+// unverified; one that does not apply to the declared contract (nothing
+// to check) does not; one go test -run left out makes its fields not
+// verified in the report without failing the run (a developer's local
+// selection). [Attacher] without [WithSuccessorProcess], or the option
+// without the interface, fails the successor-process scenario. [OneClock]
+// is a claim the suite cannot check: the clock-skew scenario does not
+// run, its row prints the harness's reason, and the journal's leases are
+// not verified unless [AllowUnverified] names clock-skew.
 //
 // # Writing a harness
 //
 // A harness is judged by what the suite can verify through it. [Run]
 // fails the test when a field of the declared contract cannot be verified
 // because a scenario it rests on could not run (the harness lacks a
-// capability, or the adapter's round trips never reach the suite's
-// [Faults]), unless the harness says why with [AllowUnverified]; the
-// reason is shown in the report and the matrix beside each such field.
-// Scenarios left out with [Only] or go test -run do not fail it.
+// capability, [Only] left it out, or the adapter's round trips never
+// reach the suite's [Faults]), unless the harness says why with
+// [AllowUnverified]; the reason is shown in the report and the matrix
+// beside each such field.
 //
 // A round trip is one request to the backend and its reply: what the
 // backend may have applied without the adapter learning the outcome if
@@ -180,22 +220,47 @@
 //		return &sourceHarness{topic: newTopic(t)} // Publish(ctx, n), Open(ctx, faults)
 //	})
 //
-// The journal suite checks a lease and its expiry, fencing by attempt,
-// Complete keeping the first reference (an empty reference marks a key
-// done too), Lookup saying not done after Release, key reuse, invalid and
-// distinct keys, concurrent Begins, a crashed lease holder, a backend
-// restart and a crash restart ([JournalScenarios]). The source suite checks that a redelivered
-// message carries the body, headers and ordering of its first delivery,
-// that acked deliveries stay acked after a graceful close, that unacked
-// ones come back after a close and after a crash, that acks out of order
-// never skip one, that a delivery never acked is never committed, that a
-// rebalance loses nothing no Ack confirmed, and, for an
-// [effects.Releaser], that a released delivery comes back and is never
-// taken for acked ([SourceScenarios]). The journal suite's clock-skew
-// holds leases against an instance whose clock runs ahead; the source
-// suite checks publish order within each Ordering, first and again, that
-// messages published while an instance runs reach it, and that a
-// graceful close commits nothing fetched but not handed out.
+// The journal suite ([JournalScenarios]) verifies a journal's leases,
+// its records and their durability:
+//
+//   - lease, lease-expiry, fencing: a lease excludes other attempts,
+//     expires into a takeover with a higher attempt (the fingerprint
+//     still checked), and a stale Release frees nothing;
+//   - complete-keeps-first-ref, key-reuse, invalid-keys, distinct-keys:
+//     Complete keeps the first reference (an empty one marks a key done
+//     too), another fingerprint is refused, keys are exact;
+//   - concurrent-begin, crashed-holder: one lease among concurrent Begins;
+//     a dead holder's key is taken over once its lease ends;
+//   - backend-restart, crash-restart (needs [Restarter], [CrashRestarter]):
+//     done stays done, a lease stays held;
+//   - lookup-mark-done: for a [journal.DoneJournal], Lookup and MarkDone
+//     keep the first reference and refuse key reuse (not applicable to
+//     other journals);
+//   - clock-skew (needs [ClockSkewer]): an instance whose clock runs ahead
+//     takes no live lease over;
+//   - round-trip-faults: each round trip of Begin, Complete, Release and
+//     Lookup in turn lost, cut or the instance's last, the outcome checked
+//     from another instance;
+//   - attempt-numbers: the attempt rises on every Begin, the same
+//     instance re-taking its own lease included.
+//
+// The source suite ([SourceScenarios]) verifies delivery (nothing
+// unacked is lost), acks (nothing acked comes back) and order; a
+// redelivered message must carry the body, headers and ordering of its
+// first delivery:
+//
+//   - acked-stay-acked: after a graceful close;
+//   - unacked-after-close, unacked-after-crash: unacked deliveries come
+//     back;
+//   - out-of-order-acks, never-acked: acks out of order never skip one; a
+//     delivery never acked is never committed;
+//   - revocation: a second instance joins, and nothing unacked is lost;
+//   - released: for an [effects.Releaser], a released delivery comes back
+//     and is never taken for acked (not applicable to other sources);
+//   - publish-order: each Ordering in publish order, first and again;
+//   - published-while-running, close-with-prefetched: messages published
+//     while an instance runs reach it; a graceful close commits nothing
+//     fetched but not handed out.
 //
 // # Plans
 //
@@ -203,11 +268,16 @@
 // on several effects: a [PlanRunner]) to the composite contract it
 // declares. Its [PlanHarness] builds the plan with each step's
 // connections through [PlanFaults.Step] and counts each step's effects in
-// that step's backend. It checks that Contract() names the weakest step,
-// redelivers, and faults each round trip of each step in turn (a lost
-// reply, a cancellation, a killed instance with a successor): every step
-// effectively-once exactly once, at-least-once more only after an unknown
-// outcome in that step, and none skipped ([PlanScenarios]).
+// that step's backend. It checks that Contract() names the weakest step
+// (plan-contract), redelivers (redelivery), and faults each round trip of
+// each step in turn: a lost reply (lost-reply), a cancellation
+// (cancel-mid-plan), a killed instance with a successor (kill-mid-plan),
+// a request that never reaches its backend (cut-request); runs events
+// whose ids differ only in case or normalization (distinct-ids); and, for
+// a harness that is an [Ager], ages every step's backend to the plan's
+// horizon (horizon).
+// Every step effectively-once exactly once, at-least-once more only after
+// an unknown outcome in that step, and none skipped ([PlanScenarios]).
 //
 // # Proofs
 //

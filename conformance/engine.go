@@ -12,40 +12,14 @@ import (
 	"time"
 )
 
-// The three suites, as they appear in reports.
-const (
-	suiteEffect  = "effect"
-	suiteJournal = "journal"
-	suiteSource  = "source"
-)
-
-// scenario is one row of a suite's scenario table: its name, the harness
-// capabilities it cannot run without, and what it does.
-type scenario[H any] struct {
-	name  string
-	needs []capability
-	run   func(c *checker, h H)
-}
-
-// capability is an optional harness interface a scenario needs.
-type capability struct {
-	name string // the interface, as the report names it
-	has  func(h any) bool
-}
-
-func names[H any](table []scenario[H]) []string {
-	out := make([]string, len(table))
-	for i, sc := range table {
-		out[i] = sc.name
-	}
-	return out
-}
-
 // runSuite runs every selected scenario of table as a subtest of t, each
-// with a fresh harness from mk, completes the report with settle (if not
-// nil), writes it where CONFORMANCE_REPORT says and returns it. In strict
-// mode every failed check fails the (sub)test it happened in.
-func runSuite[H any](t *testing.T, op, suite, subject string, table []scenario[H], mk func(testing.TB) H, opts []Option, strict bool, settle func(*Report)) Report {
+// with a fresh harness from mk, derives the report's fields from the
+// records (for an effect, from the contract its scenarios learned),
+// writes it where CONFORMANCE_REPORT says and returns it. In strict mode
+// every failed check fails the (sub)test it happened in, and a field that
+// cannot be verified fails t unless [AllowUnverified] says why
+// ([Report.Verify]).
+func runSuite[H any](t *testing.T, op, suite, subject string, table []scenario[H], mk func(testing.TB) H, opts []Option, strict bool) Report {
 	t.Helper()
 	if childRequest() != nil {
 		// A successor child process runs one Apply of one effect suite
@@ -53,8 +27,21 @@ func runSuite[H any](t *testing.T, op, suite, subject string, table []scenario[H
 		return Report{Suite: suite, Adapter: subject}
 	}
 	rep := runTable(t, op, suite, subject, table, mk, opts, strict)
-	if settle != nil {
-		settle(&rep)
+	recs := records(table)
+	if suite == suiteEffect {
+		for _, row := range rep.Rows {
+			if row.contract != nil {
+				rep.Contract = *row.contract
+				break
+			}
+		}
+		rep.Fields = effectFields(rep.Contract, recs, rep.Rows)
+	} else {
+		rep.Fields = suiteFieldsOf(suite, recs, rep.Rows)
+	}
+	allow(&rep)
+	if err := rep.Verify(); err != nil && strict {
+		t.Errorf("%v", err)
 	}
 	if err := rep.writeEnv(); err != nil {
 		t.Errorf("conformance: writing report: %v", err)
@@ -67,21 +54,22 @@ func runSuite[H any](t *testing.T, op, suite, subject string, table []scenario[H
 
 func runTable[H any](t *testing.T, op, suite, subject string, table []scenario[H], mk func(testing.TB) H, opts []Option, strict bool) Report {
 	t.Helper()
-	cfg, err := newConfig(op, suite, names(table), opts)
+	cfg, err := newConfig(op, suite, records(table), opts)
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
-	rep := Report{Suite: suite, Adapter: subject, Evaluated: !strict, Unverified: cfg.unverified}
+	rep := Report{Suite: suite, Adapter: subject, Evaluated: !strict, Unverified: cfg.unverified, UnverifiedFor: cfg.unverifiedFor}
 	for _, sc := range table {
-		row := &Row{Scenario: sc.name}
-		if !cfg.selected(sc.name) {
+		row := &Row{Scenario: sc.Name}
+		if !cfg.selected(sc.Name) {
 			row.Skipped = notSelectedOnly
+			row.Fix = "leave it out of Only, or give AllowUnverified the reason it need not run"
 			row.settle()
 			rep.Rows = append(rep.Rows, *row)
 			continue
 		}
 		started, finished := false, false
-		t.Run(sc.name, func(t *testing.T) {
+		t.Run(sc.Name, func(t *testing.T) {
 			t.Helper()
 			started = true
 			ctx, cancel := context.WithTimeout(context.Background(), cfg.timeout)
@@ -90,8 +78,15 @@ func runTable[H any](t *testing.T, op, suite, subject string, table []scenario[H
 			defer c.flush()
 			h := mk(t)
 			for _, need := range sc.needs {
-				if !need.has(h) {
-					row.Skipped = "harness does not implement " + need.name
+				if need.wrong != nil {
+					if msg := need.wrong(h, &cfg); msg != "" {
+						c.failf("%s", msg)
+						finished = true
+						return
+					}
+				}
+				if why, fix := need.missing(h, &cfg); why != "" {
+					row.Skipped, row.Fix = why, fix
 					t.Logf("not run: %s", row.Skipped)
 					finished = true
 					return
@@ -113,7 +108,7 @@ func runTable[H any](t *testing.T, op, suite, subject string, table []scenario[H
 		}
 		row.settle()
 		if row.Verdict == Fail && !strict {
-			t.Logf("%s: verdict FAIL (not failing the test: Evaluate): %s", sc.name, strings.Join(row.Failures, "; "))
+			t.Logf("%s: verdict FAIL (not failing the test: Evaluate): %s", sc.Name, strings.Join(row.Failures, "; "))
 		}
 		rep.Rows = append(rep.Rows, *row)
 	}
@@ -216,9 +211,22 @@ func (c *checker) notef(format string, args ...any) {
 	c.row.note(fmt.Sprintf(format, args...))
 }
 
-// skip marks the scenario not run, with why, and stops it.
+// skip marks the scenario not run, with why, and stops it: the fields it
+// verifies are not verified.
 func (c *checker) skip(format string, args ...any) {
 	c.row.skip(fmt.Sprintf(format, args...))
+	c.t.Logf("not run: %s", c.row.Skipped)
+	panic(abort{})
+}
+
+// inapplicable marks the scenario not run because it does not apply to
+// the subject (what it checks is not claimed), with why, and stops it:
+// the fields it verifies rest on the other scenarios.
+func (c *checker) inapplicable(format string, args ...any) {
+	c.row.skip("not applicable: " + fmt.Sprintf(format, args...))
+	rowMu.Lock()
+	c.row.NotApplicable = true
+	rowMu.Unlock()
 	c.t.Logf("not run: %s", c.row.Skipped)
 	panic(abort{})
 }

@@ -63,6 +63,10 @@ func (l *Ledger) Apply(ctx context.Context, key effects.Key, in Entry) (effects.
 		return effects.Result{Status: effects.Replayed, Ref: ref}, nil
 	case "REUSED":
 		return effects.Result{}, &effects.Error{Kind: effects.ErrKeyReused, Op: op, Key: key}
+	case "BUSY": // refused before anything was applied
+		return effects.Result{}, effects.Transient(op, key, fmt.Errorf("ledger busy: %s", ref))
+	case "ERR": // a server error: the entry may have been written
+		return effects.Result{}, effects.Ambiguous(op, key, fmt.Errorf("ledger error: %s", ref))
 	}
 	return effects.Result{}, fmt.Errorf("%s: unexpected reply %q", op, reply)
 }
@@ -73,8 +77,18 @@ func (l *Ledger) Apply(ctx context.Context, key effects.Key, in Entry) (effects.
 // BatchCounter.
 type ledgerHarness struct{ srv *ledgerServer }
 
+// answerAppFaults makes the service answer the suite's application faults
+// on f's armed round trip: BUSY before applying the request, ERR after.
+func (h *ledgerHarness) answerAppFaults(f *conformance.Faults) {
+	f.SetAppFaulter(func(e *conformance.AppError) error {
+		h.srv.failNext(e.Code, e.Applied)
+		return nil
+	})
+}
+
 // Make builds an instance whose every connection goes through f.
 func (h *ledgerHarness) Make(ctx context.Context, f *conformance.Faults) (effects.Effect[Entry], func(), error) {
+	h.answerAppFaults(f)
 	return &Ledger{addr: h.srv.Addr(), dial: f.DialContext}, nil, nil
 }
 
@@ -82,6 +96,18 @@ func (h *ledgerHarness) Make(ctx context.Context, f *conformance.Faults) (effect
 func (h *ledgerHarness) Input(key effects.Key, variant int) Entry {
 	return Entry{Payload: fmt.Sprintf("%s/%d", key, variant)}
 }
+
+// SizedInput pads the payload to bytes; the service keeps every payload,
+// so the harness states a budget of 1 MiB of them, in entries of up to
+// 32 KiB (the key-bytes scenario).
+func (h *ledgerHarness) SizedInput(key effects.Key, variant, bytes int) Entry {
+	e := h.Input(key, variant)
+	e.Payload += strings.Repeat("p", max(bytes-len(e.Payload), 0))
+	return e
+}
+
+func (h *ledgerHarness) MaxPayload() int  { return 32 << 10 }
+func (h *ledgerHarness) StoreBudget() int { return 1 << 20 }
 
 // Count and Total read the service's ledger, never the adapter.
 func (h *ledgerHarness) Count(_ context.Context, key effects.Key) (int, error) {

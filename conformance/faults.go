@@ -43,9 +43,12 @@ const (
 	CancelAfterSend
 	// SlowReply lets the request reach the backend and the backend process
 	// it, then holds the reply back, the connection up, for the Faults'
-	// slow-reply time ([Faults.SetSlowReply]) or until the adapter gives up
-	// (closes the connection, lets a read deadline pass, or, for
-	// [Faults.RoundTrip], lets its context end). An adapter whose own
+	// slow-reply time ([Faults.SetSlowReply]), as a slow network would:
+	// every read before the hold ends waits for the reply, and one whose
+	// read deadline passes (at once if it had passed) times out without
+	// it, leaving it held for a later read; closing the connection, or,
+	// for [Faults.RoundTrip], the end of the caller's context, gives up on
+	// it for good. An adapter whose own
 	// deadline is shorter than the hold learns nothing about the outcome
 	// and must say so (ErrAmbiguous, never ErrTransient, never success);
 	// one that waits gets the reply, late.
@@ -69,6 +72,9 @@ func (k FaultKind) String() string {
 		return "cancel after send"
 	case SlowReply:
 		return "slow reply"
+	}
+	if s := k.appString(); s != "" {
+		return s
 	}
 	return fmt.Sprintf("FaultKind(%d)", int(k))
 }
@@ -103,6 +109,8 @@ type Faults struct {
 	slow    time.Duration // how long SlowReply holds a reply; 0: DefaultSlowReply
 	conns   map[severable]struct{}
 	severed bool
+
+	appf appState // application faults (appfault.go)
 }
 
 // severable is a connection (a TCP connection, a database/sql driver
@@ -240,6 +248,17 @@ func (f *Faults) begin() (FaultKind, context.CancelFunc, time.Duration) {
 	return NoFault, nil, f.delay
 }
 
+// unbegin takes back the round trip begin numbered last, for a call that
+// reached nothing; fired says its fault fired, which arms it again.
+func (f *Faults) unbegin(fired bool) {
+	f.trips.Add(-1)
+	if fired {
+		f.mu.Lock()
+		f.fired = false
+		f.mu.Unlock()
+	}
+}
+
 // DialContext dials a TCP connection whose traffic goes through f. Its
 // signature fits pgconn.DialFunc, kgo.Dialer and go-mail's DialContextFunc.
 func (f *Faults) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -265,16 +284,17 @@ type faultConn struct {
 	net.Conn
 	f *Faults
 
-	mu       sync.Mutex
-	reading  bool          // data was read since the last write (or nothing written yet)
-	pending  FaultKind     // DropReply or SlowReply: what the next reply that arrives suffers
-	hold     time.Duration // SlowReply: how long to hold it
-	held     []byte        // a held reply's bytes not yet handed to the client
-	deadline time.Time     // the client's read deadline, which ends a hold
-	broken   error         // ErrInjected or ErrSevered once the connection was cut
-	closed   bool
-	wake     chan struct{} // closed when the connection is closed or cut
-	moved    chan struct{} // closed and replaced when the read deadline moves
+	mu        sync.Mutex
+	reading   bool          // data was read since the last write (or nothing written yet)
+	pending   FaultKind     // DropReply or SlowReply: what the next reply that arrives suffers
+	hold      time.Duration // SlowReply: how long to hold it
+	held      []byte        // a held reply's bytes not yet handed to the client
+	heldUntil time.Time     // when the held reply arrives
+	deadline  time.Time     // the client's read deadline, which ends a wait for a held reply
+	broken    error         // ErrInjected or ErrSevered once the connection was cut
+	closed    bool
+	wake      chan struct{} // closed when the connection is closed or cut
+	moved     chan struct{} // closed and replaced when the read deadline moves
 }
 
 // Close closes the connection and forgets it.
@@ -335,6 +355,10 @@ func (c *faultConn) Write(p []byte) (int, error) {
 	if c.reading {
 		c.reading = false
 		kind, cancel, delay = c.f.begin()
+		if kind.isApp() {
+			delay += c.f.appOverConn(kind)
+			kind = NoFault
+		}
 	}
 	if kind == CutRequest {
 		c.broken = ErrInjected
@@ -374,11 +398,9 @@ func (c *faultConn) Read(p []byte) (int, error) {
 		c.mu.Unlock()
 		return 0, err
 	}
-	if len(c.held) > 0 { // the rest of a reply that was held
-		n := copy(p, c.held)
-		c.held = c.held[n:]
+	if len(c.held) > 0 { // a reply that is held, or the rest of it
 		c.mu.Unlock()
-		return n, nil
+		return c.readHeld(p)
 	}
 	c.mu.Unlock()
 	n, err := c.Conn.Read(p)
@@ -410,47 +432,52 @@ func (c *faultConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// holdReply holds the first bytes of a reply for up to d, the connection
-// up, and then hands them over; it gives up early, keeping them for a
-// later Read, when the client's read deadline passes or the connection is
-// closed.
-func (c *faultConn) holdReply(got []byte, d time.Duration) (int, error) {
+// holdReply holds the first bytes of a reply for d, the connection up,
+// and then hands them over (see [faultConn.readHeld]).
+func (c *faultConn) holdReply(p []byte, d time.Duration) (int, error) {
 	c.mu.Lock()
-	c.held = append([]byte(nil), got...)
+	c.held = append([]byte(nil), p...)
+	c.heldUntil = time.Now().Add(d)
 	c.mu.Unlock()
-	end := time.NewTimer(d)
-	defer end.Stop()
+	return c.readHeld(p)
+}
+
+// readHeld reads the rest of a held reply. Until the hold ends the reply
+// is still on its way, as on a real network: every read waits for it,
+// and gives up without it when the client's read deadline passes (at
+// once if it has passed) or the connection is closed. A read that gave
+// up leaves the reply held for the next.
+func (c *faultConn) readHeld(p []byte) (int, error) {
 	for {
 		c.mu.Lock()
-		deadline, wake := c.deadline, c.wake
+		deadline, until, wake := c.deadline, c.heldUntil, c.wake
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			c.mu.Unlock()
+			return 0, os.ErrDeadlineExceeded // as net.Conn: a passed deadline fails a read even with data waiting
+		}
+		if !time.Now().Before(until) {
+			n := copy(p, c.held)
+			c.held = c.held[n:]
+			c.mu.Unlock()
+			return n, nil
+		}
 		if c.moved == nil {
 			c.moved = make(chan struct{})
 		}
 		moved := c.moved
 		c.mu.Unlock()
-		var (
-			expired <-chan time.Time
-			stop    = func() bool { return false }
-		)
+		wait := time.Until(until)
 		if !deadline.IsZero() {
-			t := time.NewTimer(time.Until(deadline))
-			expired, stop = t.C, t.Stop
+			wait = min(wait, time.Until(deadline))
 		}
+		t := time.NewTimer(wait)
 		select {
-		case <-end.C:
-			stop()
-			c.mu.Lock()
-			n := copy(got, c.held)
-			c.held = c.held[n:]
-			c.mu.Unlock()
-			return n, nil
+		case <-t.C:
 		case <-wake:
-			stop()
+			t.Stop()
 			return 0, net.ErrClosed
-		case <-expired:
-			return 0, os.ErrDeadlineExceeded
 		case <-moved:
-			stop()
+			t.Stop()
 		}
 	}
 }
@@ -479,17 +506,27 @@ func (c *faultConn) holdReply(got []byte, d time.Duration) (int, error) {
 // in-process backend under the suite's faults: the round trips count and
 // the sweeps visit each, just as for a network.
 func (f *Faults) RoundTrip(ctx context.Context, fn func() error) error {
-	_, err := f.roundTrip(ctx, fn)
+	_, err := f.roundTrip(ctx, fn, nil)
 	return err
 }
 
 // roundTrip is RoundTrip, also reporting the fault that fired (NoFault if
-// none, or if a slow reply came before ctx ended).
-func (f *Faults) roundTrip(ctx context.Context, fn func() error) (FaultKind, error) {
+// none, or if a slow reply came before ctx ended). When skipped (if not
+// nil) accepts fn's error, fn reached nothing (a driver's ErrSkip): the
+// call is not a round trip, so it is not counted, a fault that fired on it
+// is armed again for the next round trip, and its error is returned as
+// it is.
+func (f *Faults) roundTrip(ctx context.Context, fn func() error, skipped func(error) bool) (FaultKind, error) {
 	if f.isSevered() {
 		return NoFault, ErrSevered
 	}
 	kind, cancel, delay := f.begin()
+	if kind.isApp() {
+		// Reported as fired, so that SQLConnector closes the driver
+		// connection: its open transaction rolls back, as a server's does
+		// after such an error. RoundTrip returns the error alone.
+		return kind, f.appRoundTrip(ctx, kind, fn)
+	}
 	if delay > 0 {
 		t := time.NewTimer(delay)
 		select {
@@ -499,14 +536,26 @@ func (f *Faults) roundTrip(ctx context.Context, fn func() error) (FaultKind, err
 			return NoFault, ctx.Err()
 		}
 	}
+	run := func() (bool, error) {
+		err := fn()
+		if skipped != nil && skipped(err) {
+			f.unbegin(kind != NoFault)
+			return true, err
+		}
+		return false, err
+	}
 	switch kind {
 	case CutRequest:
 		return kind, ErrInjected
 	case DropReply:
-		_ = fn()
+		if skip, err := run(); skip {
+			return NoFault, err
+		}
 		return kind, ErrInjected
 	case CancelAfterSend:
-		_ = fn()
+		if skip, err := run(); skip {
+			return NoFault, err
+		}
 		if cancel != nil {
 			cancel()
 		}
@@ -515,7 +564,10 @@ func (f *Faults) roundTrip(ctx context.Context, fn func() error) (FaultKind, err
 		}
 		return kind, ErrInjected
 	case SlowReply:
-		err := fn()
+		skip, err := run()
+		if skip {
+			return NoFault, err
+		}
 		t := time.NewTimer(f.slowReply())
 		defer t.Stop()
 		select {
@@ -525,7 +577,8 @@ func (f *Faults) roundTrip(ctx context.Context, fn func() error) (FaultKind, err
 			return kind, ctx.Err()
 		}
 	}
-	return NoFault, fn()
+	_, err := run()
+	return NoFault, err
 }
 
 // Transport wires an HTTP transport's connections through f and returns

@@ -8,10 +8,12 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -150,6 +152,46 @@ func TestCancelAfterSend(t *testing.T) {
 	}
 	if ctx.Err() == nil {
 		t.Fatal("context not cancelled after the request was sent")
+	}
+}
+
+// TestSlowReplyHeldPastDeadline: a reply held past the client's read
+// deadline stays held, as on a real network: a read whose deadline passes
+// times out, a read with the deadline still in the past times out at
+// once, a read with no deadline waits until the hold ends, and only then
+// is the reply handed over, whole.
+func TestSlowReplyHeldPastDeadline(t *testing.T) {
+	const hold = 600 * time.Millisecond
+	s := startLineServer(t)
+	f := conformance.NewFaults()
+	f.SetSlowReply(hold)
+	f.Arm(1, conformance.SlowReply, nil)
+	c, r := dial(t, f, s)
+	start := time.Now()
+	if _, err := io.WriteString(c, "req\n"); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if _, err := r.ReadString('\n'); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read past the deadline: %v, want os.ErrDeadlineExceeded", err)
+	}
+	again := time.Now()
+	if _, err := c.Read(make([]byte, 8)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read again with the deadline passed: %v, want os.ErrDeadlineExceeded: the held reply leaked", err)
+	}
+	if d := time.Since(again); d > hold/2 {
+		t.Errorf("read with the deadline passed took %v, want it to fail at once", d)
+	}
+	if got := s.processed.Load(); got != 1 {
+		t.Fatalf("server processed %d requests, want 1: the held reply's request was processed", got)
+	}
+	c.SetReadDeadline(time.Time{})
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil || line != "ok\n" {
+		t.Fatalf("read with no deadline: %q, %v, want the held reply", line, err)
+	}
+	if d := time.Since(start); d < hold {
+		t.Errorf("the held reply arrived after %v, want no sooner than the hold, %v", d, hold)
 	}
 }
 

@@ -1,7 +1,9 @@
 package conformance
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"effectively.dev/effects"
@@ -11,42 +13,86 @@ import (
 type FieldStatus string
 
 const (
-	// Verified: every scenario the field rests on ran and passed.
+	// Verified: every scenario that verifies the field ran at full size
+	// and passed (scenarios that do not apply to the subject aside).
 	Verified FieldStatus = "verified"
-	// NotVerified: a scenario the field rests on did not run (the harness
-	// lacks a capability, or it was not selected). The declaration is a
-	// claim, not a checked guarantee.
+	// NotVerified: a scenario that verifies the field did not run (the
+	// harness lacks a capability, Only or go test -run left it out), or
+	// ran reduced ([WithCapacity] below [DefaultCapacity]). The
+	// declaration is a claim, not a checked guarantee.
 	NotVerified FieldStatus = "NOT VERIFIED"
-	// Failed: a scenario the field rests on failed.
+	// Failed: a scenario that verifies the field failed.
 	Failed FieldStatus = "FAILED"
-	// NotApplicable: the contract claims nothing the field could be
+	// NotApplicable: the subject claims nothing the field could be
 	// checked on (no horizon for an effect that records no keys; key reuse
 	// not claimed).
 	NotApplicable FieldStatus = "n/a"
 )
 
+// The fields each suite verifies ([Field].Field).
+const (
+	// Effect suite: the fields of [effects.Contract].
+	FieldGuarantee       = "Guarantee"
+	FieldDuplicateWindow = "DuplicateWindow"
+	FieldHorizon         = "Horizon"
+	FieldDetectsKeyReuse = "DetectsKeyReuse"
+	// Journal suite: leases (exclusive, expiring, fenced, by one clock),
+	// records (the first reference kept, keys exact), durability (a
+	// restart and a crash keep what was recorded).
+	FieldLeases     = "Leases"
+	FieldRecords    = "Records"
+	FieldDurability = "Durability"
+	// Source suite: nothing unacked is lost, nothing acked comes back,
+	// each Ordering in publish order.
+	FieldDelivery = "Delivery"
+	FieldAcks     = "Acks"
+	FieldOrder    = "Order"
+	// Plan suite: the composite contract names the weakest step; every
+	// step is held to its own contract under faults.
+	FieldPlanContract = "PlanContract"
+	FieldSteps        = "Steps"
+)
+
 // Field is the verification of one field of a declared contract.
 type Field struct {
-	// Field is "Guarantee", "DuplicateWindow", "Horizon" or
-	// "DetectsKeyReuse".
+	// Field is one of the Field constants of its suite ([FieldGuarantee],
+	// [FieldLeases], ...).
 	Field string
 	// Declared is the declared value, in words.
 	Declared string
 	Status   FieldStatus
-	// Why names the scenarios behind the status.
+	// Why says, in words, which scenarios verified the field, which failed
+	// it and which were left out.
 	Why string
+	// VerifiedBy lists the scenarios that ran and passed.
+	VerifiedBy []string `json:",omitempty"`
+	// LeftOut lists the scenarios that verify the field but did not
+	// verify it here, each with why.
+	LeftOut []LeftOut `json:",omitempty"`
 	// Allowed is the reason the harness gave with [AllowUnverified] for a
-	// field that is NotVerified because a scenario it rests on could not
-	// run; empty otherwise.
+	// field that is NotVerified; empty otherwise.
 	Allowed string `json:",omitempty"`
+}
 
-	// blocked lists the scenarios the field rests on that did not run for
-	// a reason other than selection (a missing capability, a skip).
-	blocked []string
+// LeftOut is a scenario that did not verify a field, and why.
+type LeftOut struct {
+	Scenario string
+	// Why is the reason: a missing capability, a selection, a reduced
+	// size, or why the scenario does not apply.
+	Why string
+	// Fix says what the harness must give for the scenario to verify the
+	// field; empty when nothing can (it does not apply, or go test -run
+	// left it out).
+	Fix string `json:",omitempty"`
+	// Blocks is true when the field cannot be verified for this reason,
+	// so that the strict Run functions fail unless [AllowUnverified]
+	// says why; false for scenarios that do not apply to the subject, and
+	// for those go test -run left out (a developer's local selection).
+	Blocks bool `json:",omitempty"`
 }
 
 // String renders the field for the matrix, e.g.
-// "NOT VERIFIED (0, until pruned): horizon not run: harness does not implement conformance.Ager",
+// "NOT VERIFIED (0, until pruned): left out: horizon (harness does not implement conformance.Ager)",
 // with the reason given to [AllowUnverified] after the declared value.
 func (f Field) String() string {
 	if f.Allowed != "" {
@@ -55,90 +101,212 @@ func (f Field) String() string {
 	return fmt.Sprintf("%s (%s): %s", f.Status, f.Declared, f.Why)
 }
 
-// short renders the field for a matrix cell: the status and the declared
-// value, and why only when it is not verified.
-func (f Field) short() string {
-	if f.Status == Verified {
-		return fmt.Sprintf("%s (%s)", f.Status, f.Declared)
-	}
-	return f.String()
+// blocked reports whether a reason that blocks verification left the
+// field unverified.
+func (f Field) blocked() bool {
+	return f.Status == NotVerified && slices.ContainsFunc(f.LeftOut, func(l LeftOut) bool { return l.Blocks })
 }
 
-// guaranteeScenarios are the scenarios every guarantee rests on;
-// guaranteeSupport those that add to it when they run.
-var (
-	guaranteeScenarios = []string{ScenarioRedelivery, ScenarioConcurrent, ScenarioLostReply, ScenarioCut,
-		ScenarioCancel, ScenarioDistinctKeys, ScenarioStorm}
-	guaranteeSupport = []string{ScenarioLateRedelivery, ScenarioRaceReuse, ScenarioRestart, ScenarioSlowReply, ScenarioKeyCapacity, ScenarioProcess,
-		ScenarioCrashRestart}
-)
-
-// fields derives, from the rows and the contract, what each contract field
-// came to.
-func fields(c effects.Contract, rows []Row) []Field {
-	byName := map[string]Row{}
-	for _, r := range rows {
-		byName[r.Scenario] = r
-	}
-	judge := func(field, declared string, required, support []string) Field {
-		f := Field{Field: field, Declared: declared}
-		var failed, missing, skipped []string
-		for _, n := range append(append([]string(nil), required...), support...) {
-			if byName[n].Verdict == Fail {
-				failed = append(failed, n)
-			}
+// judgeField derives one field's status from the rows of the scenarios
+// whose records say they verify it.
+func judgeField(field, declared string, table []Scenario, byName map[string]Row) Field {
+	f := Field{Field: field, Declared: declared}
+	var failed []string
+	for _, sc := range table {
+		if !slices.Contains(sc.Verifies, field) {
+			continue
 		}
-		for _, n := range required {
-			if r := byName[n]; r.Verdict == NotRun {
-				missing = append(missing, n+" not run: "+r.Skipped)
-				if !notSelected(r) {
-					f.blocked = append(f.blocked, n)
-				}
-			}
-		}
-		for _, n := range support {
-			if r := byName[n]; r.Verdict == NotRun {
-				skipped = append(skipped, n)
-			}
-		}
+		r, ok := byName[sc.Name]
 		switch {
-		case len(failed) > 0:
-			f.Status, f.Why = Failed, "failed in "+strings.Join(failed, ", ")
-		case len(missing) > 0:
-			f.Status, f.Why = NotVerified, strings.Join(missing, "; ")
+		case !ok:
+			f.LeftOut = append(f.LeftOut, LeftOut{Scenario: sc.Name, Why: "no row in the report", Blocks: true})
+		case r.Verdict == Fail:
+			failed = append(failed, sc.Name)
+		case r.NotApplicable:
+			f.LeftOut = append(f.LeftOut, LeftOut{Scenario: sc.Name, Why: r.Skipped})
+		case r.Verdict == Pass && r.Reduced != "":
+			f.LeftOut = append(f.LeftOut, LeftOut{Scenario: sc.Name, Why: "reduced: " + r.Reduced, Fix: r.Fix, Blocks: true})
+		case r.Verdict == Pass && r.Unconfirmed != "":
+			f.LeftOut = append(f.LeftOut, LeftOut{Scenario: sc.Name, Why: "unconfirmed: " + r.Unconfirmed, Fix: r.Fix, Blocks: true})
+		case r.Verdict == Pass:
+			f.VerifiedBy = append(f.VerifiedBy, sc.Name)
 		default:
-			f.Status, f.Why = Verified, "passed "+strings.Join(required, ", ")
-			if len(skipped) > 0 {
-				f.Why += " (not run: " + strings.Join(skipped, ", ") + ")"
-			}
+			f.LeftOut = append(f.LeftOut, LeftOut{Scenario: sc.Name, Why: r.Skipped, Fix: r.Fix, Blocks: r.Skipped != notSelectedRun})
 		}
-		if f.Status != NotVerified {
-			f.blocked = nil
-		}
-		return f
 	}
+	var missing, na []string
+	for _, l := range f.LeftOut {
+		if l.Blocks || l.Why == notSelectedRun {
+			missing = append(missing, l.Scenario+" ("+l.Why+")")
+		} else {
+			na = append(na, l.Scenario+" ("+l.Why+")")
+		}
+	}
+	switch {
+	case len(failed) > 0:
+		f.Status, f.Why = Failed, "failed in "+strings.Join(failed, ", ")
+	case len(missing) > 0:
+		f.Status, f.Why = NotVerified, "left out: "+strings.Join(missing, "; ")
+		if len(f.VerifiedBy) > 0 {
+			f.Why += "; passed " + strings.Join(f.VerifiedBy, ", ")
+		}
+	case len(f.VerifiedBy) == 0:
+		f.Status, f.Why = NotApplicable, "no scenario applies: "+strings.Join(na, "; ")
+	default:
+		f.Status, f.Why = Verified, "passed "+strings.Join(f.VerifiedBy, ", ")
+		if len(na) > 0 {
+			f.Why += " (not applicable: " + strings.Join(na, "; ") + ")"
+		}
+	}
+	return f
+}
+
+// effectFields derives, from the rows and the contract, what each field
+// of an effect's contract came to.
+func effectFields(c effects.Contract, table []Scenario, rows []Row) []Field {
+	byName := rowsByName(rows)
 	window := "none"
 	if c.Guarantee == effects.AtLeastOnce {
 		window = c.DuplicateWindow.Trigger.String()
 	}
 	out := []Field{
-		judge("Guarantee", c.Guarantee.String(), guaranteeScenarios, guaranteeSupport),
-		judge("DuplicateWindow", window, guaranteeScenarios, guaranteeSupport),
+		judgeField(FieldGuarantee, c.Guarantee.String(), table, byName),
+		judgeField(FieldDuplicateWindow, window, table, byName),
 	}
-	horizon := "0, until pruned"
-	if c.Horizon > 0 {
-		horizon = c.Horizon.String()
-	}
-	if c.Guarantee == effects.AtLeastOnce && c.DuplicateWindow.Trigger == effects.AnyRedelivery {
-		out = append(out, Field{Field: "Horizon", Declared: horizon, Status: NotApplicable,
+	horizon := declaredHorizon(c)
+	switch {
+	case c.Guarantee == effects.AtLeastOnce && c.DuplicateWindow.Trigger == effects.AnyRedelivery && c.Horizon == 0:
+		out = append(out, Field{Field: FieldHorizon, Declared: horizon, Status: NotApplicable,
 			Why: "nothing records keys: any redelivery may duplicate"})
-	} else {
-		out = append(out, judge("Horizon", horizon, []string{ScenarioHorizon}, []string{ScenarioLateRedelivery, ScenarioKeyCapacity}))
+	default:
+		out = append(out, assumedHorizon(c, judgeField(FieldHorizon, horizon, table, byName), byName))
 	}
 	if c.DetectsKeyReuse {
-		out = append(out, judge("DetectsKeyReuse", "yes", []string{ScenarioKeyReuse, ScenarioRaceReuse}, []string{ScenarioKeyCapacity}))
+		out = append(out, judgeField(FieldDetectsKeyReuse, "yes", table, byName))
 	} else {
-		out = append(out, Field{Field: "DetectsKeyReuse", Declared: "no", Status: NotApplicable, Why: "not claimed"})
+		out = append(out, Field{Field: FieldDetectsKeyReuse, Declared: "no", Status: NotApplicable, Why: "not claimed"})
 	}
 	return out
+}
+
+// declaredHorizon renders a contract's Horizon for the report: "0, until
+// pruned", "24h0m0s", or "24h0m0s (assumed)" for a horizon the enforcer
+// does not publish ([effects.Contract.HorizonAssumed]).
+func declaredHorizon(c effects.Contract) string {
+	switch {
+	case c.Horizon == 0:
+		return "0, until pruned"
+	case c.HorizonAssumed:
+		return c.Horizon.String() + " (assumed)"
+	}
+	return c.Horizon.String()
+}
+
+// assumedHorizon keeps an assumed horizon ([effects.Contract.HorizonAssumed])
+// not verified unless the horizon scenario ran and verified it: no other
+// scenario reaches the end of a retention nobody publishes.
+func assumedHorizon(c effects.Contract, f Field, byName map[string]Row) Field {
+	if !c.HorizonAssumed || f.Status != Verified || slices.Contains(f.VerifiedBy, ScenarioHorizon) {
+		return f
+	}
+	why := "did not run"
+	if r, ok := byName[ScenarioHorizon]; ok && r.Skipped != "" {
+		why = r.Skipped
+	}
+	f.LeftOut = append(f.LeftOut, LeftOut{Scenario: ScenarioHorizon, Why: "the horizon is assumed (the enforcer publishes none), and only this scenario checks it: " + why,
+		Fix: "give the harness an Ager that reaches the key store", Blocks: true})
+	f.Status, f.Why = NotVerified, "assumed, and the horizon scenario did not verify it; passed "+strings.Join(f.VerifiedBy, ", ")
+	return f
+}
+
+// suiteFieldsOf derives the fields of a journal, source or plan report,
+// each declared as the suite's protocol.
+func suiteFieldsOf(suite string, table []Scenario, rows []Row) []Field {
+	byName := rowsByName(rows)
+	var out []Field
+	for _, name := range suiteFields[suite] {
+		out = append(out, judgeField(name, "the "+suite+" protocol", table, byName))
+	}
+	return out
+}
+
+func rowsByName(rows []Row) map[string]Row {
+	m := make(map[string]Row, len(rows))
+	for _, r := range rows {
+		m[r.Scenario] = r
+	}
+	return m
+}
+
+// ErrUnverified is what [Report.Verify] returns (wrapped) when a field of
+// the declared contract cannot be verified and [AllowUnverified] gave no
+// reason.
+var ErrUnverified = errors.New("the declared contract cannot be verified")
+
+// Verify reports whether the report meets the strict rule of the Run
+// functions: every field of the declared contract verified, failed, not
+// applicable, or left unverified only with the reason given to
+// [AllowUnverified]. The error wraps [ErrUnverified] and names, per field,
+// each scenario left out, why, and what to give the harness. Failed
+// scenarios are not its concern ([Report.Failed]).
+func (r Report) Verify() error {
+	var lines, fixes []string
+	if !slices.ContainsFunc(r.Rows, func(row Row) bool { return row.Verdict != NotRun }) {
+		lines = append(lines, "  no scenario ran")
+	}
+	for _, f := range r.Fields {
+		if !f.blocked() || f.Allowed != "" {
+			continue
+		}
+		// Scenarios left out for the same reason are named together.
+		var whys []string
+		by := map[string][]string{}
+		for _, l := range f.LeftOut {
+			if !l.Blocks {
+				continue
+			}
+			if _, ok := by[l.Why]; !ok {
+				whys = append(whys, l.Why)
+			}
+			by[l.Why] = append(by[l.Why], l.Scenario)
+			if l.Fix != "" && !slices.Contains(fixes, l.Fix) {
+				fixes = append(fixes, l.Fix)
+			}
+		}
+		var parts []string
+		for _, w := range whys {
+			parts = append(parts, strings.Join(by[w], ", ")+": "+w)
+		}
+		lines = append(lines, fmt.Sprintf("  %s (%s) rests on scenarios that did not verify it: %s", f.Field, f.Declared, strings.Join(parts, "; ")))
+	}
+	if len(lines) == 0 {
+		return nil
+	}
+	for i, f := range fixes {
+		fixes[i] = "  - " + f
+	}
+	return fmt.Errorf("conformance: %s: %w, so it is a claim, not a guarantee:\n%s\nto verify it:\n%s\n"+
+		"(see docs/writing-an-adapter.md), or say why the harness cannot with conformance.AllowUnverified(\"reason\")",
+		r.Adapter, ErrUnverified, strings.Join(lines, "\n"), strings.Join(fixes, "\n"))
+}
+
+// allow marks each blocked field of rep with the reason given to
+// [AllowUnverified], when every scenario that blocks it is one the reason
+// covers.
+func allow(rep *Report) {
+	if rep.Unverified == "" {
+		return
+	}
+	for i := range rep.Fields {
+		f := &rep.Fields[i]
+		if !f.blocked() {
+			continue
+		}
+		covered := len(rep.UnverifiedFor) == 0 || !slices.ContainsFunc(f.LeftOut, func(l LeftOut) bool {
+			return l.Blocks && !slices.Contains(rep.UnverifiedFor, l.Scenario)
+		})
+		if covered {
+			f.Allowed = rep.Unverified
+		}
+	}
 }

@@ -11,8 +11,10 @@ import (
 // Harness connects the effect suite ([Run]) to one adapter and its
 // backend. An adapter's test returns a fresh Harness from its [Maker] for
 // every scenario. Optional capabilities ([Restarter], [Ager],
-// [BatchCounter]) are further interfaces the same value may implement;
-// a scenario that needs a missing one is reported as not run.
+// [BatchCounter], [CrashRestarter], [Attacher]) are further interfaces
+// the same value may implement; a scenario that needs a missing one is
+// reported as not run, and the fields it verifies as not verified, which
+// fails [Run] unless [AllowUnverified] says why.
 type Harness[In any] interface {
 	// Make builds a new instance of the adapter under test, as a process
 	// would at start-up, with every connection to the backend going through
@@ -93,13 +95,8 @@ type BatchCounter interface {
 // what that process needs to connect (a connection string, an endpoint
 // and a bucket), which [WithSuccessorProcess]'s attach function receives in
 // the child process. The successor-process scenario runs only when the
-// harness implements it and the option is given.
+// harness implements it and the option is given; one without the other is
+// a mistake that fails the scenario.
 type Attacher interface {
 	Attachment() string
 }
-
-var (
-	capAttacher  = capability{"conformance.Attacher", func(h any) bool { _, ok := h.(Attacher); return ok }}
-	capRestarter = capability{"conformance.Restarter", func(h any) bool { _, ok := h.(Restarter); return ok }}
-	capAger      = capability{"conformance.Ager", func(h any) bool { _, ok := h.(Ager); return ok }}
-)

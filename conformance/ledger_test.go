@@ -17,7 +17,9 @@ import (
 // with the first entry's ref) or was applied with another payload
 // (REUSED). The ledger itself keeps every write, so duplicates stay
 // visible to Count. Its clock can be moved forward (Age); it forgets a
-// key only after ttl, and ttl 0 (the honest server) means never.
+// key only after ttl, and ttl 0 (the honest server) means never. Told to
+// fail the next request (failNext), it answers "BUSY <code>" without
+// applying it, or applies it and answers "ERR <code>".
 type ledgerServer struct {
 	ttl time.Duration
 
@@ -29,7 +31,23 @@ type ledgerServer struct {
 	entries map[string]int // writes per key
 	total   int
 	offset  time.Duration // added to the wall clock by Age
+	fail    []ledgerFailure
 	wg      sync.WaitGroup
+}
+
+// ledgerFailure is an application error the server answers to the next
+// request: code, after applying the request when applied.
+type ledgerFailure struct {
+	code    string
+	applied bool
+}
+
+// failNext makes the server answer the next APPLY with code, applying it
+// first when applied.
+func (s *ledgerServer) failNext(code string, applied bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fail = append(s.fail, ledgerFailure{code, applied})
 }
 
 type ledgerKey struct {
@@ -129,6 +147,23 @@ func (s *ledgerServer) handle(line string) string {
 	key, payload := string(kb), string(pb)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	var fail *ledgerFailure
+	if len(s.fail) > 0 {
+		fail = &s.fail[0]
+		s.fail = s.fail[1:]
+		if !fail.applied {
+			return "BUSY " + fail.code
+		}
+	}
+	reply := s.applyLocked(key, payload)
+	if fail != nil {
+		return "ERR " + fail.code
+	}
+	return reply
+}
+
+// applyLocked applies payload under key, or replays it; s.mu is held.
+func (s *ledgerServer) applyLocked(key, payload string) string {
 	now := time.Now().Add(s.offset)
 	if k, ok := s.keys[key]; ok && (s.ttl == 0 || now.Sub(k.at) < s.ttl) {
 		if k.payload != payload {

@@ -81,8 +81,10 @@ type config struct {
 	quietPeriod    time.Duration
 	capacity       int
 	only           []string
-	unverified     string // AllowUnverified's reason
-	successor      any    // WithSuccessorProcess's attach function
+	unverified     string   // AllowUnverified's reason
+	unverifiedFor  []string // the scenarios it covers; nil: every one
+	successor      any      // WithSuccessorProcess's attach function
+	gen            genConfig
 
 	set []string // names of the options given, to refuse those a suite does not take
 }
@@ -193,8 +195,9 @@ func WithSourceMessages(n int) Option {
 }
 
 // WithSlowReply runs the slow-reply scenario, which holds each reply of
-// an Apply in turn for d (see [SlowReply]); without it the scenario is
-// reported as not selected. Make d longer than the adapter's own
+// an Apply in turn for d (see [SlowReply]); without it the scenario does
+// not run, and the guarantee it verifies is not verified (so [Run] fails
+// unless [AllowUnverified] says why). Make d longer than the adapter's own
 // per-call deadline, if it has one, for the scenario to hold a reply past
 // it: an adapter that gives up waits no longer than its deadline, one
 // that waits gets the reply d late, so the scenario takes about d for
@@ -232,34 +235,37 @@ func WithSuccessorProcess[In any](attach func(ctx context.Context, attachment st
 	}
 }
 
-// AllowUnverified lets [Run] pass when a field of the
-// declared contract cannot be verified because a scenario it rests on did
-// not run for want of a capability, for the reason given, which the
-// report and the matrix show beside each such field. Without it such a
-// run fails the test, naming the scenarios that did not run: a contract
-// the suite could not check is a claim, not a guarantee. The reason must
-// say why the harness cannot do better ("the backend's clock cannot be
-// moved and its horizon is a year"); it cannot be empty.
-func AllowUnverified(reason string) Option {
-	return func(c *config) { c.unverified = reason; c.mark("AllowUnverified") }
+// AllowUnverified lets [Run], [RunJournal], [RunSource] or [RunPlan] pass
+// when a field cannot be verified (a scenario that verifies it did not
+// run for want of a capability, was left out by [Only], or ran reduced),
+// for the reason given, which the report and the matrix show beside each
+// such field. Without it such a run fails the test, naming each scenario
+// left out, why, and what the harness must give: a contract the suite
+// could not check is a claim, not a guarantee. The reason must say why
+// the harness cannot do better ("the backend's clock cannot be moved and
+// its horizon is a year"); it cannot be empty.
+//
+// With scenarios named, the reason covers only those: a field that a
+// scenario not named leaves unverified still fails the run, so a harness
+// states exactly what it cannot do, and a capability it loses later is
+// not excused by an old reason. Each name must be one of the suite's
+// scenarios.
+func AllowUnverified(reason string, scenarios ...string) Option {
+	return func(c *config) {
+		c.unverified, c.unverifiedFor = reason, append([]string(nil), scenarios...)
+		c.mark("AllowUnverified")
+	}
 }
 
-// Only runs just the named scenarios; the others are reported as not run.
+// Only runs just the named scenarios; the others are reported as not run
+// ("not selected (Only)"). Only never turns a field that cannot be
+// verified into a pass: a field whose scenarios it leaves out is not
+// verified, and the Run functions fail unless [AllowUnverified] says why.
 // Every name must be one of the suite's scenarios ([Scenarios],
-// [JournalScenarios], [SourceScenarios]); an unknown name fails the run
-// before any scenario starts.
+// [JournalScenarios], [SourceScenarios], [PlanScenarios]); an unknown
+// name fails the run before any scenario starts.
 func Only(names ...string) Option {
 	return func(c *config) { c.only = append([]string(nil), names...); c.mark("Only") }
-}
-
-// suiteOptions lists the options each suite takes.
-var suiteOptions = map[string][]string{
-	suiteEffect: {"WithConcurrency", "WithStorm", "WithMaxSweep", "WithRetryFor", "WithTimeout",
-		"WithApplyTimeout", "WithLateRedelivery", "WithLongAge", "WithSlowReply", "WithQuietPeriod",
-		"WithSuccessorProcess", "AllowUnverified", "Only", "WithCapacity"},
-	suiteJournal: {"WithConcurrency", "WithTimeout", "WithApplyTimeout", "WithLease", "Only"},
-	suiteSource:  {"WithTimeout", "WithApplyTimeout", "WithRedeliveryWait", "WithSourceMessages", "Only"},
-	suitePlan:    {"WithMaxSweep", "WithRetryFor", "WithTimeout", "WithApplyTimeout", "Only"},
 }
 
 // applied returns the defaults with opts applied, nil ones ignored, not
@@ -275,15 +281,21 @@ func applied(opts []Option) config {
 }
 
 // newConfig applies opts to the defaults and validates the result for the
-// suite op ("conformance.Run") running scenarios, once.
-func newConfig(op, suite string, scenarios []string, opts []Option) (config, error) {
+// suite op ("conformance.Run") running the scenarios of table, once. The
+// options a suite takes are derived from its records ([optionsOf]).
+func newConfig(op, suite string, table []Scenario, opts []Option) (config, error) {
 	c := applied(opts)
+	takes := optionsOf(suite, table)
+	var scenarios []string
+	for _, r := range table {
+		scenarios = append(scenarios, r.Name)
+	}
 	bad := func(option, format string, args ...any) (config, error) {
 		return config{}, &effects.ConfigError{Op: op, Option: option, Reason: fmt.Sprintf(format, args...)}
 	}
 	for _, name := range c.set {
-		if !slices.Contains(suiteOptions[suite], name) {
-			return bad(name, "does not apply to the %s suite (its options: %s)", suite, strings.Join(suiteOptions[suite], ", "))
+		if !slices.Contains(takes, name) {
+			return bad(name, "does not apply to the %s suite (its options: %s)", suite, strings.Join(takes, ", "))
 		}
 	}
 	switch {
@@ -319,6 +331,10 @@ func newConfig(op, suite string, scenarios []string, opts []Option) (config, err
 		return bad("WithQuietPeriod", "%v: must not be negative", c.quietPeriod)
 	case c.capacity < 1:
 		return bad("WithCapacity", "%d: at least 1", c.capacity)
+	case slices.Contains(c.set, "WithSchedules") && c.gen.schedules < 1:
+		return bad("WithSchedules", "%d: at least 1", c.gen.schedules)
+	case slices.Contains(c.set, "WithSlowBackend") && c.gen.slowBackend <= 0:
+		return bad("WithSlowBackend", "%v: must be positive", c.gen.slowBackend)
 	case slices.Contains(c.set, "WithSuccessorProcess") && c.successor == nil:
 		return bad("WithSuccessorProcess", "nil attach function")
 	case slices.Contains(c.set, "AllowUnverified") && strings.TrimSpace(c.unverified) == "":
@@ -330,6 +346,11 @@ func newConfig(op, suite string, scenarios []string, opts []Option) (config, err
 	for _, n := range c.only {
 		if !slices.Contains(scenarios, n) {
 			return bad("Only", "unknown scenario %q for the %s suite (its scenarios: %s)", n, suite, strings.Join(scenarios, ", "))
+		}
+	}
+	for _, n := range c.unverifiedFor {
+		if !slices.Contains(scenarios, n) {
+			return bad("AllowUnverified", "unknown scenario %q for the %s suite (its scenarios: %s)", n, suite, strings.Join(scenarios, ", "))
 		}
 	}
 	return c, nil

@@ -10,7 +10,7 @@ import (
 )
 
 func TestOptionsConvention(t *testing.T) {
-	all := names(effectTable[struct{}]())
+	all := records(effectTable[struct{}]())
 	cfg, err := newConfig("conformance.Run", suiteEffect, all, []Option{nil, WithConcurrency(4), nil})
 	if err != nil {
 		t.Fatalf("nil options must be ignored: %v", err)
@@ -34,12 +34,14 @@ func TestOptionsConvention(t *testing.T) {
 		{suiteJournal, []Option{WithLease(time.Millisecond)}, "WithLease", "at least 10ms"},
 		{suiteSource, []Option{WithSourceMessages(2)}, "WithSourceMessages", "at least 4"},
 		{suiteEffect, []Option{AllowUnverified(" ")}, "AllowUnverified", "empty reason"},
-		{suiteJournal, []Option{AllowUnverified("no fields")}, "AllowUnverified", "does not apply to the journal suite"},
+		{suiteJournal, []Option{WithSlowReply(time.Second)}, "WithSlowReply", "does not apply to the journal suite"},
+		{suitePlan, []Option{WithCapacity(100)}, "WithCapacity", "does not apply to the plan suite"},
 		{suiteEffect, []Option{WithCapacity(0)}, "WithCapacity", "at least 1"},
 		{suiteSource, []Option{WithCapacity(100)}, "WithCapacity", "does not apply to the source suite"},
 	}
 	for _, b := range bad {
-		scenarios := map[string][]string{suiteEffect: all, suiteJournal: JournalScenarios, suiteSource: SourceScenarios}[b.suite]
+		scenarios := map[string][]Scenario{suiteEffect: all, suiteJournal: records(journalTable()), suiteSource: records(sourceTable()),
+			suitePlan: records(planTable[struct{}]())}[b.suite]
 		_, err := newConfig("conformance.Run", b.suite, scenarios, b.opts)
 		var ce *effects.ConfigError
 		if !errors.As(err, &ce) || !errors.Is(err, effects.ErrInvalidConfig) {
@@ -48,6 +50,17 @@ func TestOptionsConvention(t *testing.T) {
 		}
 		if ce.Option != b.option || !strings.Contains(ce.Reason, b.reason) {
 			t.Errorf("got %q, want option %s and a reason with %q", err, b.option, b.reason)
+		}
+	}
+}
+
+// TestEverySuiteTakesAllowUnverified: every suite is strict, so every
+// suite takes the option that says why a field cannot be verified.
+func TestEverySuiteTakesAllowUnverified(t *testing.T) {
+	for suite, table := range map[string][]Scenario{suiteEffect: records(effectTable[struct{}]()), suiteJournal: records(journalTable()),
+		suiteSource: records(sourceTable()), suitePlan: records(planTable[struct{}]())} {
+		if _, err := newConfig("conformance.Run", suite, table, []Option{AllowUnverified("a reason")}); err != nil {
+			t.Errorf("%s suite: %v", suite, err)
 		}
 	}
 }

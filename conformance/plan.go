@@ -13,9 +13,6 @@ import (
 	"effectively.dev/effects/retry"
 )
 
-// suitePlan is the plan suite, as it appears in reports.
-const suitePlan = "plan"
-
 // PlanRunner is what the plan suite ([RunPlan]) holds to its declared
 // composite contract: an [*effects.Plan] is one, and so is a handler built
 // on several effects that declares its steps' contracts.
@@ -110,12 +107,27 @@ const (
 
 func planTable[E any]() []scenario[PlanHarness[E]] {
 	type s = pscene[E]
+	p := func(name, doc string, verifies, options, proofs []string, fn func(*s)) scenario[PlanHarness[E]] {
+		return rec(suitePlan, name, doc, nil, verifies, options, proofs, pscenario(fn))
+	}
+	steps, sweep := list(FieldSteps), list("WithMaxSweep")
 	return []scenario[PlanHarness[E]]{
-		{PlanDeclared, nil, pscenario((*s).declared)},
-		{PlanRedelivery, nil, pscenario((*s).redelivery)},
-		{PlanLostReply, nil, pscenario(func(s *s) { s.sweep(planLost) })},
-		{PlanCancel, nil, pscenario(func(s *s) { s.sweep(planCancel) })},
-		{PlanKill, nil, pscenario(func(s *s) { s.sweep(planKill) })},
+		p(PlanDeclared, "Contract() names the weakest step, and a run does exactly the declared steps",
+			list(FieldPlanContract), nil, list("MisnamedWeakest"), (*s).declared),
+		p(PlanRedelivery, "the event run three times more and once on a new instance",
+			steps, nil, nil, (*s).redelivery),
+		p(PlanLostReply, "each round trip of each step in turn loses its reply; the event is retried on the same instance",
+			steps, sweep, list("SwallowingHandler", "OverclaimingHandler"), func(s *s) { s.sweep(planLost) }),
+		p(PlanCancel, "each round trip of each step in turn has the run's context cancelled once its request was sent; retried on the same instance",
+			steps, sweep, list("SwallowingHandler"), func(s *s) { s.sweep(planCancel) }),
+		p(PlanKill, "each round trip of each step in turn is the instance's last (connections cut, context cancelled); a successor runs the event",
+			steps, sweep, list("SwallowingHandler"), func(s *s) { s.sweep(planKill) }),
+		p(PlanCut, "each round trip of each step in turn never reaches its backend (the request cut); the event is retried on the same instance",
+			steps, sweep, list("SkipTransientStep"), func(s *s) { s.sweep(planCut) }),
+		p(PlanDistinctIDs, "events whose ids differ only in case, normalization, width or an invisible rune, each pair in both orders: every step done once for each",
+			steps, nil, list("CaseFoldIDs"), (*s).distinctIDs),
+		rec(suitePlan, PlanHorizon, "age every step's backend to just inside the plan's declared horizon (400 days for 0) and run the event again: every step replays; no step declares a shorter horizon than the plan",
+			[]capability{capAger}, list(FieldPlanContract, FieldSteps), list("WithLongAge"), list("ForgetfulStep"), pscenario((*s).horizon)),
 	}
 }
 
@@ -150,14 +162,14 @@ var PlanScenarios = names(planTable[struct{}]())
 // returned and, with CONFORMANCE_REPORT set, written for the matrix.
 func RunPlan[E any](t *testing.T, name string, mk PlanMaker[E], opts ...Option) Report {
 	t.Helper()
-	return runSuite(t, "conformance.RunPlan", suitePlan, name, planTable[E](), func(tb testing.TB) PlanHarness[E] { return mk(tb) }, opts, true, nil)
+	return runSuite(t, "conformance.RunPlan", suitePlan, name, planTable[E](), func(tb testing.TB) PlanHarness[E] { return mk(tb) }, opts, true)
 }
 
 // EvaluatePlan is [RunPlan] without failing t when a check fails: the
 // suite's own tests use it on counterexamples.
 func EvaluatePlan[E any](t *testing.T, name string, mk PlanMaker[E], opts ...Option) Report {
 	t.Helper()
-	return runSuite(t, "conformance.EvaluatePlan", suitePlan, name, planTable[E](), func(tb testing.TB) PlanHarness[E] { return mk(tb) }, opts, false, nil)
+	return runSuite(t, "conformance.EvaluatePlan", suitePlan, name, planTable[E](), func(tb testing.TB) PlanHarness[E] { return mk(tb) }, opts, false)
 }
 
 // pscene is one plan scenario's run.
@@ -381,10 +393,11 @@ const (
 	planLost   planFault = iota // the reply is lost; retried on the same instance
 	planCancel                  // the run's context is cancelled once the request was sent; retried on the same instance
 	planKill                    // the instance dies once the request was sent; a successor runs the event
+	planCut                     // the request never reaches the step's backend; retried on the same instance
 )
 
 func (k planFault) String() string {
-	return [...]string{"lost reply", "cancel after send", "kill after send"}[k]
+	return [...]string{"lost reply", "cancel after send", "kill after send", "cut request"}[k]
 }
 
 // sweep counts each step's round trips in a clean run, then faults each
@@ -481,6 +494,8 @@ func (s *pscene[E]) faultAt(kind planFault, step string, trip int) *zombie {
 		f.Arm(at, DropReply, nil)
 	case planCancel:
 		f.Arm(at, CancelAfterSend, cancel)
+	case planCut:
+		f.Arm(at, CutRequest, nil)
 	case planKill:
 		return s.kill(ctx, cancel, inst, step, at, id, what)
 	}

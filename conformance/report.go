@@ -75,6 +75,22 @@ type Row struct {
 	Notes []string `json:",omitempty"`
 	// Skipped says why the scenario did not run, if it did not.
 	Skipped string `json:",omitempty"`
+	// Fix says what the harness must give for a scenario that did not
+	// run, ran reduced or passed unconfirmed, to verify its fields.
+	Fix string `json:",omitempty"`
+	// NotApplicable is true for a scenario that did not run because it
+	// does not apply to the subject (what it checks is not claimed): its
+	// fields rest on the other scenarios.
+	NotApplicable bool `json:",omitempty"`
+	// Reduced says why a scenario that passed ran smaller than the
+	// suite's default ([WithCapacity] below [DefaultCapacity]): the
+	// fields it verifies are not verified.
+	Reduced string `json:",omitempty"`
+	// Unconfirmed says why a scenario that passed verifies none of its
+	// fields: what it checked held, but the harness did not show that the
+	// check could fail (the horizon scenario's Age changed nothing the
+	// backend reads).
+	Unconfirmed string `json:",omitempty"`
 
 	contract *effects.Contract // the effect's declared contract, once learned
 }
@@ -105,6 +121,14 @@ func (r *Row) skip(why string) {
 	rowMu.Lock()
 	defer rowMu.Unlock()
 	r.Skipped = why
+}
+
+// unconfirmed marks a passing row as verifying none of its fields, with
+// why and what the harness must give.
+func (r *Row) unconfirmed(why, fix string) {
+	rowMu.Lock()
+	defer rowMu.Unlock()
+	r.Unconfirmed, r.Fix = why, fix
 }
 
 func (r *Row) observe(n int) {
@@ -157,8 +181,9 @@ type Report struct {
 	// Contract is the effect's declared contract (effect suite only).
 	Contract effects.Contract
 	Rows     []Row
-	// Fields says, per field of the declared contract, whether the
-	// scenarios verified it (effect suite only).
+	// Fields says, per field of the declared contract (for a journal,
+	// source or plan, of the suite's protocol), whether the scenarios
+	// verified it, which did, and which were left out and why.
 	Fields []Field `json:",omitempty"`
 	// Evaluated is true for reports made by the Evaluate functions, whose
 	// failures do not fail a test: counterexamples, listed apart in the
@@ -167,6 +192,9 @@ type Report struct {
 	// Unverified is the reason the harness gave with [AllowUnverified]
 	// for fields it cannot verify; the matrix shows it beside them.
 	Unverified string `json:",omitempty"`
+	// UnverifiedFor lists the scenarios the reason covers; empty: every
+	// one.
+	UnverifiedFor []string `json:",omitempty"`
 }
 
 // Row returns the row of the named scenario.
@@ -190,9 +218,9 @@ func (r Report) Failed() []string {
 	return out
 }
 
-// Field returns the verification of the named contract field
-// ("Guarantee", "DuplicateWindow", "Horizon" or "DetectsKeyReuse", as in
-// [Field].Field; the Enforcer is a description, not verified).
+// Field returns the verification of the named field ([FieldGuarantee],
+// [FieldLeases], ...; an effect's Enforcer is a description, not
+// verified).
 func (r Report) Field(name string) (Field, bool) {
 	for _, f := range r.Fields {
 		if f.Field == name {
@@ -209,7 +237,7 @@ func (r Report) Markdown() string {
 	b.WriteString(header(r.Suite))
 	b.WriteString(r.markdownRows())
 	if len(r.Fields) > 0 {
-		b.WriteString("\n" + FieldsHeader + r.fieldsRow())
+		b.WriteString("\n" + FieldsHeader + r.fieldsRows())
 	}
 	return b.String()
 }
@@ -217,9 +245,10 @@ func (r Report) Markdown() string {
 // MatrixHeader is the header of the Markdown matrix of effect adapters.
 const MatrixHeader = "| adapter | contract | scenario | effects observed | verdict | notes |\n|---|---|---|---|---|---|\n"
 
-// FieldsHeader is the header of the Markdown table that says, per adapter,
-// which fields of its declared contract the scenarios verified.
-const FieldsHeader = "| adapter | guarantee | duplicate window | horizon | key reuse |\n|---|---|---|---|---|\n"
+// FieldsHeader is the header of the Markdown table that says, per subject
+// and field of its declared contract, whether the scenarios verified it,
+// which did, and which were left out and why.
+const FieldsHeader = "| subject | field | declared | status | verified by | left out (why) |\n|---|---|---|---|---|---|\n"
 
 // subjectHeader is the header of the journal and source matrices.
 const subjectHeader = "| %s | scenario | checks | verdict | notes |\n|---|---|---|---|---|\n"
@@ -239,6 +268,12 @@ func (r Report) markdownRows() string {
 			continue // a counterexample is run only where it is caught
 		}
 		notes := append(append([]string(nil), row.Failures...), row.Notes...)
+		if row.Reduced != "" {
+			notes = append([]string{"reduced: " + row.Reduced}, notes...)
+		}
+		if row.Unconfirmed != "" {
+			notes = append([]string{"unconfirmed: " + row.Unconfirmed}, notes...)
+		}
 		if row.Skipped != "" {
 			notes = append([]string{row.Skipped}, notes...)
 		}
@@ -253,18 +288,25 @@ func (r Report) markdownRows() string {
 	return b.String()
 }
 
-func (r Report) fieldsRow() string {
-	if len(r.Fields) == 0 {
-		return ""
-	}
-	get := func(name string) string {
-		f, ok := r.Field(name)
-		if !ok {
-			return "-"
+func (r Report) fieldsRows() string {
+	var b strings.Builder
+	for _, f := range r.Fields {
+		status := string(f.Status)
+		if f.Allowed != "" {
+			status += ", allowed: " + f.Allowed
 		}
-		return cell(f.short())
+		var left []string
+		for _, l := range f.LeftOut {
+			left = append(left, l.Scenario+" ("+l.Why+")")
+		}
+		why := strings.Join(left, "; ")
+		if f.Status == NotApplicable && len(f.LeftOut) == 0 {
+			why = f.Why
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", cell(r.Adapter), f.Field, cell(f.Declared), cell(status),
+			orDash(strings.Join(f.VerifiedBy, ", ")), orDash(cell(why)))
 	}
-	return fmt.Sprintf("| %s | %s | %s | %s | %s |\n", cell(r.Adapter), get("Guarantee"), get("DuplicateWindow"), get("Horizon"), get("DetectsKeyReuse"))
+	return b.String()
 }
 
 func (r Report) contractCell() string {
@@ -274,7 +316,7 @@ func (r Report) contractCell() string {
 		s += ", duplicates " + c.DuplicateWindow.Trigger.String() + ": " + c.DuplicateWindow.Between
 	}
 	if c.Horizon > 0 {
-		s += ", horizon " + c.Horizon.String()
+		s += ", horizon " + declaredHorizon(c)
 	}
 	return cell(s)
 }
@@ -325,7 +367,8 @@ func (r Report) writeEnv() error {
 // the journals and sources held by [RunJournal] and [RunSource], then,
 // under their own heading, the reports made by the Evaluate functions
 // (counterexamples, which must fail). failed reports whether any scenario
-// of a report held to its contract failed.
+// of a report held to its contract failed, or any such report has a
+// field that cannot be verified ([Report.Verify]).
 func MergeMatrix(dir string) (table string, failed bool, err error) {
 	paths, err := filepath.Glob(filepath.Join(dir, "*.json"))
 	if err != nil {
@@ -347,7 +390,7 @@ func MergeMatrix(dir string) (table string, failed bool, err error) {
 		}
 		reports = append(reports, r)
 		if !r.Evaluated {
-			failed = failed || len(r.Failed()) > 0
+			failed = failed || len(r.Failed()) > 0 || r.Verify() != nil
 		}
 	}
 	if len(reports) == 0 {
@@ -370,10 +413,13 @@ func MergeMatrix(dir string) (table string, failed bool, err error) {
 		b.WriteString("### " + title + "\n\n" + head + body.String())
 	}
 	section("Adapters (held to their declared contract)", suiteEffect, false, Report.markdownRows, MatrixHeader)
-	section("Contract fields: verified or not, per adapter", suiteEffect, false, Report.fieldsRow, FieldsHeader)
+	section("Contract fields: verified or not, per adapter", suiteEffect, false, Report.fieldsRows, FieldsHeader)
 	section("Journals (RunJournal)", suiteJournal, false, Report.markdownRows, header(suiteJournal))
+	section("Journal fields", suiteJournal, false, Report.fieldsRows, FieldsHeader)
 	section("Sources (RunSource)", suiteSource, false, Report.markdownRows, header(suiteSource))
+	section("Source fields", suiteSource, false, Report.fieldsRows, FieldsHeader)
 	section("Plans (RunPlan)", suitePlan, false, Report.markdownRows, header(suitePlan))
+	section("Plan fields", suitePlan, false, Report.fieldsRows, FieldsHeader)
 	section("Counterexamples (each must FAIL in a named scenario)", suiteEffect, true, Report.markdownRows, MatrixHeader)
 	section("Counterexample journals (each must FAIL in a named scenario)", suiteJournal, true, Report.markdownRows, header(suiteJournal))
 	section("Counterexample sources (each must FAIL in a named scenario)", suiteSource, true, Report.markdownRows, header(suiteSource))

@@ -21,9 +21,11 @@ func TestMergeMatrix(t *testing.T) {
 			{Scenario: conformance.ScenarioRestart, Verdict: conformance.NotRun, Skipped: "no Restarter"},
 		},
 		Fields: []conformance.Field{
-			{Field: "Guarantee", Declared: "effectively-once", Status: conformance.Verified, Why: "passed redelivery"},
-			{Field: "Horizon", Declared: "0, until pruned", Status: conformance.NotVerified, Why: "horizon not run: no Ager"},
+			{Field: "Guarantee", Declared: "effectively-once", Status: conformance.Verified, Why: "passed redelivery", VerifiedBy: []string{"redelivery"}},
+			{Field: "Horizon", Declared: "0, until pruned", Status: conformance.NotVerified, Why: "left out: horizon (no Ager)",
+				LeftOut: []conformance.LeftOut{{Scenario: "horizon", Why: "no Ager", Blocks: true}}, Allowed: "the clock cannot move"},
 		},
+		Unverified: "the clock cannot move",
 	}
 	journal := conformance.Report{Suite: "journal", Adapter: "memjournal",
 		Rows: []conformance.Row{{Scenario: conformance.JournalLease, Verdict: conformance.Pass, Checks: 12}}}
@@ -52,7 +54,8 @@ func TestMergeMatrix(t *testing.T) {
 		"### Counterexamples",
 		`| FAIL | 5 effects \| for one key |`,
 		"### Contract fields: verified or not, per adapter",
-		"| postgres | verified (effectively-once) | - | NOT VERIFIED (0, until pruned): horizon not run: no Ager | - |",
+		"| postgres | Guarantee | effectively-once | verified | redelivery | - |",
+		"| postgres | Horizon | 0, until pruned | NOT VERIFIED, allowed: the clock cannot move | - | horizon (no Ager) |",
 		"### Journals (RunJournal)\n\n| journal | scenario | checks | verdict | notes |",
 		"| memjournal | lease | 12 | pass |  |",
 		"### Counterexample journals",
@@ -61,6 +64,17 @@ func TestMergeMatrix(t *testing.T) {
 		if !strings.Contains(table, want) {
 			t.Errorf("matrix lacks %q:\n%s", want, table)
 		}
+	}
+	// A field left unverified with no reason fails the matrix, as it
+	// fails the Run that wrote the report.
+	unallowed := good
+	unallowed.Fields = append([]conformance.Field(nil), good.Fields...)
+	unallowed.Fields[1].Allowed, unallowed.Unverified = "", ""
+	if err := unallowed.WriteFile(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, failed, _ := conformance.MergeMatrix(dir); !failed {
+		t.Error("failed = false with an adapter whose horizon cannot be verified and no reason given")
 	}
 	good.Rows[0].Verdict = conformance.Fail
 	if err := good.WriteFile(dir); err != nil {

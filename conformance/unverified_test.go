@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 
@@ -56,7 +57,7 @@ func TestRunFailsWhenUnverified(t *testing.T) {
 		t.Fatalf("Run passed on a harness whose faults never fire:\n%s", out)
 	}
 	for _, want := range []string{
-		"cannot be verified", "Guarantee (effectively-once)", "lost-reply not run",
+		"cannot be verified", "Guarantee (effectively-once)", "lost-reply: the adapter made no round trip",
 		"f.RoundTrip", `conformance.AllowUnverified("reason")`,
 		"unverified_test.go:", // the failure points at the harness's call of Run
 	} {
@@ -71,7 +72,7 @@ func TestRunFailsWhenUnverified(t *testing.T) {
 
 // TestAllowUnverified: with a reason the same run passes, and each field
 // that could not be verified carries the reason, in the report and the
-// matrix; fields left out by selection alone do not.
+// matrix, fields left out by Only included (Only is no reason by itself).
 func TestAllowUnverified(t *testing.T) {
 	offMatrix(t)
 	const why = "the ledger client has no dialer to hook"
@@ -82,11 +83,14 @@ func TestAllowUnverified(t *testing.T) {
 	if g.Status != conformance.NotVerified || g.Allowed != why {
 		t.Errorf("Guarantee: %+v, want not verified, allowed for %q", g, why)
 	}
-	if !strings.Contains(rep.Markdown(), "allowed unverified: "+why) {
+	if !strings.Contains(rep.Markdown(), "NOT VERIFIED, allowed: "+why) {
 		t.Errorf("the matrix does not show the reason:\n%s", rep.Markdown())
 	}
-	if k, _ := rep.Field("DetectsKeyReuse"); k.Allowed != "" {
-		t.Errorf("DetectsKeyReuse: %+v; not selected is no reason to allow", k)
+	if k, _ := rep.Field("DetectsKeyReuse"); k.Status != conformance.NotVerified || k.Allowed != why {
+		t.Errorf("DetectsKeyReuse: %+v; left out by Only, it is not verified, allowed only for the reason given", k)
+	}
+	if err := rep.Verify(); err != nil {
+		t.Errorf("Verify with AllowUnverified: %v", err)
 	}
 	row, _ := rep.Row(conformance.ScenarioLostReply)
 	if row.Verdict != conformance.NotRun || row.Effects() != "-" {
@@ -110,5 +114,32 @@ func TestRaceWindowNotWidened(t *testing.T) {
 	rep = conformance.Evaluate(t, "ledger", ledgerMaker(0), conformance.Only(conformance.ScenarioConcurrent))
 	if row, _ := rep.Row(conformance.ScenarioConcurrent); strings.Contains(strings.Join(row.Notes, "\n"), "not widened") {
 		t.Errorf("concurrent-duplicates through the Faults: notes %v say the window was not widened", row.Notes)
+	}
+}
+
+// verifiedBut requires every field of rep to be verified or not
+// applicable, except fields left unverified, with the reason given to
+// AllowUnverified, by the scenarios named in but and no other.
+func verifiedBut(t *testing.T, rep conformance.Report, but ...string) {
+	t.Helper()
+	if len(rep.Fields) == 0 {
+		t.Fatalf("%s: no fields in the report", rep.Adapter)
+	}
+	for _, f := range rep.Fields {
+		switch f.Status {
+		case conformance.Verified, conformance.NotApplicable:
+			continue
+		case conformance.NotVerified:
+			if f.Allowed == "" {
+				t.Errorf("field %s: not verified and not allowed", f)
+			}
+			for _, l := range f.LeftOut {
+				if l.Blocks && !slices.Contains(but, l.Scenario) {
+					t.Errorf("field %s: %s left out (%s), want only %v", f.Field, l.Scenario, l.Why, but)
+				}
+			}
+		default:
+			t.Errorf("field %s", f)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package effects
 import (
 	"context"
 	"errors"
+	"fmt"
 )
 
 // Checker is implemented by an effect (a source, a journal) that can probe
@@ -21,7 +22,8 @@ type Checker interface {
 
 // Check runs the Check of every step whose effect is a [Checker], in plan
 // order, and returns their failures joined (errors.Join), each a
-// *[StepError] naming the step. It returns nil when every check passed or
+// *[StepError] naming the step (with no key) whose text says it is the
+// start-up check that failed. It returns nil when every check passed or
 // no step can check. Run it at start-up, before the first delivery: a
 // configuration error found here stops the worker before any step of any
 // event ran.
@@ -32,7 +34,7 @@ func (p *Plan[E]) Check(ctx context.Context) error {
 			continue
 		}
 		if err := s.check.Check(ctx); err != nil {
-			errs = append(errs, &StepError{Step: s.name, Err: err})
+			errs = append(errs, &StepError{Step: s.name, Err: fmt.Errorf("start-up check failed: %w", err)})
 		}
 	}
 	return errors.Join(errs...)

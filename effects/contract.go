@@ -93,6 +93,11 @@ type Contract struct {
 	// comes back with a different payload. If false, a reused key silently
 	// replays the first payload's effect.
 	DetectsKeyReuse bool
+	// HorizonAssumed reports that Horizon is the application's assumption,
+	// not a retention the enforcer publishes (a provider that documents
+	// none): a claim that holds only if a check against the enforcer
+	// itself confirms it. It is false for a Horizon of 0.
+	HorizonAssumed bool
 }
 
 // ErrInvalidContract is returned by [Contract.Validate].
@@ -111,6 +116,9 @@ func (c Contract) Validate() error {
 	}
 	if c.Horizon < 0 {
 		problems = append(problems, "negative horizon")
+	}
+	if c.HorizonAssumed && c.Horizon == 0 {
+		problems = append(problems, "an assumed horizon of 0 (0 means kept until pruned, which nothing assumes)")
 	}
 	switch c.Guarantee {
 	case EffectivelyOnce:
@@ -132,9 +140,12 @@ func (c Contract) Validate() error {
 // "effectively-once (postgres: UNIQUE(scope, key) in the same transaction; keys kept until pruned; detects key reuse)".
 func (c Contract) String() string {
 	parts := []string{c.Enforcer}
-	if c.Horizon > 0 {
+	switch {
+	case c.Horizon > 0 && c.HorizonAssumed:
+		parts = append(parts, "keys kept "+c.Horizon.String()+" (assumed: not published by the enforcer)")
+	case c.Horizon > 0:
 		parts = append(parts, "keys kept "+c.Horizon.String())
-	} else {
+	default:
 		parts = append(parts, "keys kept until pruned")
 	}
 	if c.Guarantee == AtLeastOnce {

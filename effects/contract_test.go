@@ -15,6 +15,7 @@ func TestContractValidate(t *testing.T) {
 		{Guarantee: effects.EffectivelyOnce, Enforcer: "pg"},
 		{Guarantee: effects.EffectivelyOnce, Enforcer: "stripe", Horizon: 24 * time.Hour, DetectsKeyReuse: true},
 		{Guarantee: effects.AtLeastOnce, Enforcer: "smtp", DuplicateWindow: window},
+		{Guarantee: effects.AtLeastOnce, Enforcer: "vendor", Horizon: time.Hour, HorizonAssumed: true, DuplicateWindow: window},
 	}
 	for _, c := range valid {
 		if err := c.Validate(); err != nil {
@@ -29,6 +30,7 @@ func TestContractValidate(t *testing.T) {
 		{Guarantee: effects.AtLeastOnce, Enforcer: "x", DuplicateWindow: effects.Window{Trigger: effects.AnyRedelivery}},
 		{Guarantee: effects.Guarantee(7), Enforcer: "x"},
 		{Guarantee: effects.EffectivelyOnce, Enforcer: "x", Horizon: -time.Second},
+		{Guarantee: effects.EffectivelyOnce, Enforcer: "x", HorizonAssumed: true},
 	}
 	for _, c := range invalid {
 		if err := c.Validate(); !errors.Is(err, effects.ErrInvalidContract) {
@@ -52,6 +54,11 @@ func TestContractWeaker(t *testing.T) {
 	}
 	if !strings.Contains(mail.String(), "after an unknown outcome") || !strings.Contains(stripe.String(), "24h0m0s") {
 		t.Errorf("String: %q / %q", mail, stripe)
+	}
+	guessed := stripe
+	guessed.HorizonAssumed = true
+	if s := guessed.String(); !strings.Contains(s, "24h0m0s (assumed") {
+		t.Errorf("an assumed horizon is not marked as one: %q", s)
 	}
 }
 

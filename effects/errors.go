@@ -181,6 +181,9 @@ func (e *Error) Error() string {
 	if e.Err != nil && errors.As(e.Err, &inner) {
 		return msg
 	}
+	if e.Key == "" { // a probe (a start-up check), not an effect: no key to retry with
+		return msg
+	}
 	switch e.Kind {
 	case ErrAmbiguous:
 		msg += " (retry with the same key to resolve)"

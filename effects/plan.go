@@ -171,8 +171,12 @@ type StepError struct {
 	Err  error
 }
 
-// Error names the step and its key.
+// Error names the step and its key (when it has one: a [Plan.Check]
+// failure has none).
 func (e *StepError) Error() string {
+	if e.Key == "" {
+		return fmt.Sprintf("plan step %q: %v", e.Step, e.Err)
+	}
 	return fmt.Sprintf("plan step %q (key %q): %v", e.Step, e.Key, e.Err)
 }
 

@@ -1,6 +1,7 @@
 // Package httpkey makes a call to any HTTP API that takes an idempotency
 // key effectively once: a payment provider (Adyen, PayPal, Worldline,
-// ...), an internal service, anything that follows the IETF draft "The
+// Checkout.com, GoCardless, Mollie, Square, RazorpayX, Braintree, ...),
+// an internal service, anything that follows the IETF draft "The
 // Idempotency-Key HTTP Header Field"
 // (draft-ietf-httpapi-idempotency-key-header-07) or a vendor's variant of
 // it. [New] turns a function that builds the request from an input into an
@@ -26,14 +27,18 @@
 // request: method, absolute URL, credentials, body. Apply adds the key
 // where the configuration says: the Idempotency-Key header as a quoted
 // Structured Field String by default ([IETF]), another header as it is
-// ([WithKeyHeader]), or a member of the JSON body ([WithKeyField]). Keys
-// are sent as they are when they hold only printable ASCII other than
-// '%', '"' and '\' and fit the server's limit; other bytes are escaped as
-// %XX, and a key still too long is shortened with a digest
-// ([WithMaxKeyLen]), so any key [effects.NewKey] makes, in any script,
-// reaches the server intact and distinct, and none is ever placed in a
-// URL. [Effect.WireKey] tells the form the server sees. Keys are
-// validated before any I/O ([effects.ErrInvalidKey]).
+// ([WithKeyHeader]), or a member of the JSON body, nested or not
+// ([WithKeyField]). Keys are sent as they are when they hold only
+// printable ASCII other than '%', '"' and '\' and fit the server's limit;
+// other bytes are escaped as %XX, and a key still too long is shortened
+// with a digest ([WithMaxKeyLen]). A server that takes a narrower format
+// gets every key in it: over an alphabet within a length range
+// ([WithKeyAlphabet], RazorpayX's 4 to 36 of [A-Za-z0-9 _-]) or as a UUID
+// ([WithKeyUUID]), derived with a digest of the key. Either way any key
+// [effects.NewKey] makes, in any script, reaches the server distinct from
+// every other, and none is ever placed in a URL. [Effect.WireKey] tells
+// the form the server sees. Keys are validated before any I/O
+// ([effects.ErrInvalidKey]).
 //
 // # The contract
 //
@@ -42,10 +47,11 @@
 //
 //   - With a replay signal ([WithReplayHeader]: the server marks a stored
 //     response it replays, as Stripe's "Idempotent-Replayed: true", or
-//     [WithReplayHeaderPresent], as [Worldline]) and a horizon H
-//     ([WithHorizon]): effectively-once for H. A repeat within H
-//     creates nothing and reports [effects.Replayed]; one after H is
-//     executed again.
+//     [WithReplayHeaderPresent], as [Worldline]; or a [Rule] whose outcome
+//     is [Done], as [GoCardless]'s conflict naming what the first request
+//     created) and a horizon H ([WithHorizon]): effectively-once for H. A
+//     repeat within H creates nothing and reports [effects.Replayed]; one
+//     after H is executed again.
 //   - With a journal ([WithJournal]), whatever the server signals:
 //     effectively-once with Horizon 0, until the journal prunes. The
 //     journal replays its record without calling the server, however old.
@@ -57,10 +63,22 @@
 //     Applied, with the first response's ref. Past H a repeat executes
 //     again. A caller that counts effects from Results, or a plan that
 //     relies on Replayed, cannot trust it; add a journal.
+//   - A server that stores only its 2xx answers ([WithFailuresNotStored],
+//     [Checkout]) executes a retry after a 5xx again: with a journal the
+//     contract is at-least-once, duplicates after an unknown outcome.
 //
-// DetectsKeyReuse is true when a status is assigned to [KeyReused] (the
-// draft's 422) or with a journal, which compares the request's
-// fingerprint (method, URL and body; not the headers) before the call.
+// A horizon the provider does not publish ([GoCardless], [Square],
+// [RazorpayX], or [WithAssumedHorizon]) is an assumption, and
+// the contract says so (effects.Contract.HorizonAssumed): nothing checks
+// it but a run against the provider itself.
+//
+// DetectsKeyReuse is true when a status or a [Rule] says [KeyReused] (the
+// draft's 422, Square's IDEMPOTENCY_KEY_REUSED) or with a journal, which
+// compares the request's fingerprint before the call. The fingerprint
+// covers what providers scope a key to: the method, the URL's path with
+// its version segments left out ([WithPathTemplate], [VersionlessPath]:
+// an API version bump between a request and its redelivery is not a
+// reused key), and the body; not the host, the query or the headers.
 // The conformance suite (package conformance) holds every such declaration
 // to its word against package httpkeytest, a local server with the
 // draft's semantics whose clock the test moves.
@@ -68,8 +86,10 @@
 // # Errors
 //
 // Apply's errors say what a caller may do next ([effects.ClassOf]); the
-// status classes are the configuration's ([WithStatus]; the defaults
-// follow the draft):
+// classes are the configuration's: [Rule]s on the status, a header and the
+// JSON body first ([WithRule], [WithErrorsIn2xx]: an error a GraphQL API
+// returns with HTTP 200 is never Applied), then the status ([WithStatus];
+// the defaults follow the draft):
 //
 //   - 409, a request with the key still in progress: [effects.ErrInFlight],
 //     retryable, with the server's Retry-After in
@@ -94,8 +114,20 @@
 //     request left): [effects.ErrAmbiguous]. A connection never made:
 //     [effects.ErrTransient].
 //
-// Every non-2xx error unwraps to a *[ResponseError] with the status,
-// headers and the start of the body, where vendors put their error codes.
+// Every such error unwraps to a *[ResponseError] with the status, the
+// headers, the vendor's error code ([WithErrorCode]) and the request's id
+// ([WithRequestIDHeader]). The body stays out of errors, which reach
+// logs, spans and dead-letter headers: vendors echo card numbers and
+// email addresses in it; [WithErrorBody] keeps it in the ResponseError
+// for code that reads it, never in the text. A URL in an error loses its
+// user information and query.
+//
+// # Limits
+//
+// A 2xx body is read only when something needs it ([WithRef], a [Rule]
+// on the body), and never past [WithMaxBody] (default [DefaultMaxBody],
+// 1 MiB). Without a journal each call ends after [WithTimeout] (default
+// [DefaultTimeout], 30 s); with one, at nine tenths of the lease.
 //
 // # Horizon and the journal
 //
@@ -129,13 +161,17 @@
 //
 // # Presets
 //
-// [IETF] is the draft's scheme (and the default); [Adyen], [PayPal] and
-// [Worldline] (Worldline Direct) are those vendors' documented
-// conventions, each citing its documentation and claiming nothing more.
-// Options given after a preset change it. For
-// another vendor, start from [IETF] and set what its documentation says:
-// the header ([WithKeyHeader]) or body member ([WithKeyField]), the key
-// length limit, the horizon, the replay signal, the statuses.
+// [IETF] is the draft's scheme (and the default); [Adyen], [PayPal],
+// [Worldline] (Worldline Direct), [Checkout] (Checkout.com),
+// [GoCardless], [Mollie], [Square], [RazorpayX] (payouts) and [Braintree]
+// (GraphQL) are those vendors' documented conventions, each citing its
+// documentation and claiming nothing more. Options given after a preset
+// change it. For another vendor, start from [Neutral], which claims
+// nothing (no replay signal, no reuse status, no horizon), and
+// set what its documentation says: the header ([WithKeyHeader]) or body
+// member ([WithKeyField]), the key format, the horizon, the replay signal,
+// the statuses and rules. Starting from [IETF] would claim that a 422
+// means a reused key, which few vendors say.
 //
 // # No start-up check
 //

@@ -3,12 +3,15 @@ package httpkey
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
+	"net/url"
+	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,19 +27,29 @@ const op = "httpkey.Apply"
 // effect's key as the request's idempotency key. It is safe for
 // concurrent use.
 type Effect[In any] struct {
-	client   http.Client
-	build    func(ctx context.Context, in In) (*http.Request, error)
-	place    placement
-	name     string // the header's canonical name, or the JSON member's
-	display  string // the name as configured, for the contract
-	max      int
-	replay   string // the replay header's canonical name, "" for none
-	replayV  string // the value that marks a replay
-	replayA  bool   // any non-empty value marks a replay
-	statuses map[int]Outcome
-	ref      func(*http.Response, []byte) (string, error)
-	j        *journal.Journaled
-	contract effects.Contract
+	client    http.Client
+	build     func(ctx context.Context, in In) (*http.Request, error)
+	place     placement
+	name      string   // the header's canonical name
+	display   string   // the name as configured, for the contract
+	field     []string // the JSON member's path, for inField
+	format    keyFormat
+	replay    string // the replay header's canonical name, "" for none
+	replayV   string // the value that marks a replay
+	replayA   bool   // any non-empty value marks a replay
+	statuses  map[int]Outcome
+	rules     []Rule
+	bodyRules bool // a rule reads a 2xx body, so a 2xx body is read
+	codePath  []string
+	reqID     string
+	reqPath   []string
+	keepBody  bool
+	maxBody   int64
+	timeout   time.Duration // per call, without a journal
+	pathOf    func(string) string
+	ref       func(*http.Response, []byte) (string, error)
+	j         *journal.Journaled
+	contract  effects.Contract
 }
 
 // New returns the effect that sends build's request over client. build
@@ -74,41 +87,108 @@ func New[In any](client *http.Client, build func(ctx context.Context, in In) (*h
 			o(&cfg)
 		}
 	}
-	bad := func(option, format string, args ...any) error {
-		return &effects.ConfigError{Op: "httpkey.New", Option: option, Reason: fmt.Sprintf(format, args...)}
+	if err := cfg.validate(client != nil, build != nil); err != nil {
+		return nil, err
 	}
+	statuses, err := cfg.statusTable()
+	if err != nil {
+		return nil, err
+	}
+	e := newEffect(client, build, cfg, statuses)
+	if e.j, err = journal.NewJournaled(op, cfg.journal, cfg.journalOptions(e.replay != "", e.serverReuse())...); err != nil {
+		return nil, err
+	}
+	e.contract = contractOf(cfg, e.describeKey(), e.serverReuse(), e.signal())
+	if err := e.contract.Validate(); err != nil {
+		panic(fmt.Sprintf("httpkey: derived an invalid contract: %v", err)) // a bug in contractOf
+	}
+	return e, nil
+}
+
+// bad returns the *effects.ConfigError of New for option.
+func bad(option, format string, args ...any) error {
+	return &effects.ConfigError{Op: "httpkey.New", Option: option, Reason: fmt.Sprintf(format, args...)}
+}
+
+// validate checks the configuration and New's arguments.
+func (cfg *config) validate(client, build bool) error {
 	switch {
-	case client == nil:
-		return nil, bad("client", "nil; pass the *http.Client to send requests with (http.DefaultClient, or one with your transport)")
-	case build == nil:
-		return nil, bad("build", "nil; pass the function that makes the request for an input")
-	case cfg.place == inField && cfg.name == "":
-		return nil, bad("WithKeyField", "empty member name")
+	case !client:
+		return bad("client", "nil; pass the *http.Client to send requests with (http.DefaultClient, or one with your transport)")
+	case !build:
+		return bad("build", "nil; pass the function that makes the request for an input")
+	case cfg.place == inField && (len(cfg.field) == 0 || slices.Contains(cfg.field, "")):
+		return bad("WithKeyField", "empty member name in %q", cfg.field)
 	case cfg.place != inField && !validToken(cfg.name):
-		return nil, bad("WithKeyHeader", "%q is not a valid header name", cfg.name)
-	case cfg.maxKeyLen < MinKeyLen:
-		return nil, bad("WithMaxKeyLen", "%d: at least %d, to keep shortened keys apart", cfg.maxKeyLen, MinKeyLen)
+		return bad("WithKeyHeader", "%q is not a valid header name", cfg.name)
 	case cfg.replayName != "" && !validToken(cfg.replayName):
-		return nil, bad("WithReplayHeader", "%q is not a valid header name", cfg.replayName)
+		return bad("WithReplayHeader", "%q is not a valid header name", cfg.replayName)
 	case cfg.replayName != "" && !cfg.replayAny && strings.TrimSpace(cfg.replayValue) == "":
-		return nil, bad("WithReplayHeader", "empty value for header %s", cfg.replayName)
+		return bad("WithReplayHeader", "empty value for header %s", cfg.replayName)
 	case cfg.horizon <= 0:
-		return nil, bad("WithHorizon", "the server's key horizon is not set (%v): give how long the API keeps an idempotency key, "+
-			"from its documentation (the IETF draft leaves it to each server; PayPal's differs per API)", cfg.horizon)
+		return bad("WithHorizon", "the server's key horizon is not set (%v): give how long the API keeps an idempotency key, "+
+			"from its documentation (WithHorizon), or your estimate where it publishes none (WithAssumedHorizon)", cfg.horizon)
 	case cfg.refSet && cfg.ref == nil:
-		return nil, bad("WithRef", "nil function")
+		return bad("WithRef", "nil function")
 	case cfg.lease <= 0:
-		return nil, bad("WithLease", "lease %v is not positive", cfg.lease)
+		return bad("WithLease", "lease %v is not positive", cfg.lease)
 	case cfg.loggerSet && cfg.logger == nil:
-		return nil, bad("WithLogger", "nil logger")
+		return bad("WithLogger", "nil logger")
+	case cfg.maxBody <= 0:
+		return bad("WithMaxBody", "%d is not positive", cfg.maxBody)
+	case cfg.timeout <= 0:
+		return bad("WithTimeout", "%v is not positive", cfg.timeout)
+	case cfg.pathOf == nil:
+		return bad("WithPathTemplate", "nil function")
+	case cfg.requestID != "" && !validToken(cfg.requestID):
+		return bad("WithRequestIDHeader", "%q is not a valid header name", cfg.requestID)
 	}
+	for i, r := range cfg.rules {
+		if why := validRule(r); why != "" {
+			return bad("WithRule", "rule %d: %s", i+1, why)
+		}
+	}
+	return cfg.keyFmt.validate()
+}
+
+// validate checks a key format.
+func (f keyFormat) validate() error {
+	switch {
+	case f.uuid:
+		return nil
+	case f.alphabet == "" && f.max < MinKeyLen:
+		return bad("WithMaxKeyLen", "%d: at least %d, to keep shortened keys apart", f.max, MinKeyLen)
+	case f.alphabet == "":
+		return nil
+	}
+	syms := emitted(f.alphabet)
+	for i := 0; i < len(f.alphabet); i++ {
+		if c := f.alphabet[i]; c < ' ' || c > '~' {
+			return bad("WithKeyAlphabet", "byte %#x: the alphabet holds printable ASCII only", c)
+		}
+	}
+	switch d := digestLen(len(syms)); {
+	case len(syms) < 2:
+		return bad("WithKeyAlphabet", "%q: at least two symbols other than space", f.alphabet)
+	case f.min < 0 || f.max < f.min:
+		return bad("WithKeyAlphabet", "lengths %d to %d", f.min, f.max)
+	case f.max < d:
+		return bad("WithKeyAlphabet", "at most %d bytes cannot hold a %d-bit digest in %d symbols (%d needed)", f.max, digestBits, len(syms), d)
+	case float64(f.min)*math.Log2(float64(len(syms))) > 512:
+		return bad("WithKeyAlphabet", "at least %d bytes is more than a 512-bit digest fills", f.min)
+	}
+	return nil
+}
+
+// statusTable returns the outcome of each assigned status.
+func (cfg *config) statusTable() (map[int]Outcome, error) {
 	statuses := make(map[int]Outcome, len(cfg.statuses))
 	for code, o := range cfg.statuses {
 		statuses[code] = o
 	}
 	for _, a := range cfg.assigned {
 		if a.outcome < InFlight || a.outcome > Misconfigured {
-			return nil, bad("WithStatus", "unknown outcome %v", a.outcome)
+			return nil, bad("WithStatus", "unknown outcome %v (Done needs a Rule, which reads the ref)", a.outcome)
 		}
 		if len(a.codes) == 0 {
 			return nil, bad("WithStatus", "no status given for %v", a.outcome)
@@ -120,17 +200,29 @@ func New[In any](client *http.Client, build func(ctx context.Context, in In) (*h
 			statuses[code] = a.outcome
 		}
 	}
+	return statuses, nil
+}
 
+// newEffect builds the effect from a valid configuration.
+func newEffect[In any](client *http.Client, build func(context.Context, In) (*http.Request, error), cfg config, statuses map[int]Outcome) *Effect[In] {
 	e := &Effect[In]{
 		client:   *client,
 		build:    build,
 		place:    cfg.place,
 		name:     cfg.name,
 		display:  cfg.name,
-		max:      cfg.maxKeyLen,
+		field:    cfg.field,
+		format:   cfg.keyFmt,
 		replayV:  strings.TrimSpace(cfg.replayValue),
 		replayA:  cfg.replayAny,
 		statuses: statuses,
+		rules:    cfg.rules,
+		codePath: cfg.codePath,
+		reqPath:  cfg.requestPath,
+		keepBody: cfg.keepBody,
+		maxBody:  cfg.maxBody,
+		timeout:  cfg.timeout,
+		pathOf:   cfg.pathOf,
 		ref:      cfg.ref,
 	}
 	e.client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
@@ -140,15 +232,53 @@ func New[In any](client *http.Client, build func(ctx context.Context, in In) (*h
 	if cfg.replayName != "" {
 		e.replay = http.CanonicalHeaderKey(cfg.replayName)
 	}
-	serverReuse := false
-	for _, o := range statuses {
-		serverReuse = serverReuse || o == KeyReused
+	if cfg.requestID != "" {
+		e.reqID = http.CanonicalHeaderKey(cfg.requestID)
 	}
+	for _, r := range cfg.rules {
+		success := len(r.Status) == 0 || slices.ContainsFunc(r.Status, func(code int) bool { return code >= 200 && code <= 299 })
+		e.bodyRules = e.bodyRules || len(r.Field) > 0 && success
+	}
+	return e
+}
+
+// serverReuse reports whether the server says when a key is reused.
+func (e *Effect[In]) serverReuse() bool {
+	for _, o := range e.statuses {
+		if o == KeyReused {
+			return true
+		}
+	}
+	for _, r := range e.rules {
+		if r.Outcome == KeyReused {
+			return true
+		}
+	}
+	return false
+}
+
+// signal reports whether the server tells a replay from a first answer:
+// a replay header, or a rule that says Done.
+func (e *Effect[In]) signal() bool {
+	if e.replay != "" {
+		return true
+	}
+	for _, r := range e.rules {
+		if r.Outcome == Done {
+			return true
+		}
+	}
+	return false
+}
+
+// journalOptions returns the journal's options: the lease gates the call
+// unless the server's key guards it as Stripe's does.
+func (cfg *config) journalOptions(replayHeader, serverReuse bool) []journal.Option {
 	jopts := []journal.Option{
 		journal.WithLease(cfg.lease),
 		journal.WithNotApplied(func(err error) bool { return errors.Is(err, effects.ErrRefused) }),
 	}
-	if e.replay != "" && serverReuse {
+	if replayHeader && serverReuse && cfg.failsKept {
 		// The server's key guards the call as Stripe's does: it answers
 		// in-flight while another request executes, replays (and says
 		// so) after, and refuses another payload. The journal need not
@@ -158,42 +288,49 @@ func New[In any](client *http.Client, build func(ctx context.Context, in In) (*h
 	if cfg.logger != nil {
 		jopts = append(jopts, journal.WithLogger(cfg.logger))
 	}
-	jopts = append(jopts, journal.WithObserver(cfg.observer))
-	j, err := journal.NewJournaled(op, cfg.journal, jopts...)
-	if err != nil {
-		return nil, err
-	}
-	e.j = j
-	e.contract = contractOf(cfg, e.describeKey(), serverReuse)
-	if err := e.contract.Validate(); err != nil {
-		panic(fmt.Sprintf("httpkey: derived an invalid contract: %v", err)) // a bug in contractOf
-	}
-	return e, nil
+	return append(jopts, journal.WithObserver(cfg.observer))
 }
 
 // contractOf derives the contract from the configuration; see the package
 // doc, "The contract".
-func contractOf(cfg config, where string, serverReuse bool) effects.Contract {
+func contractOf(cfg config, where string, serverReuse, signal bool) effects.Contract {
 	c := effects.Contract{
 		Enforcer:        fmt.Sprintf("httpkey: %s, kept by the server for %v", where, cfg.horizon),
 		Horizon:         cfg.horizon,
+		HorizonAssumed:  cfg.assumed || cfg.unpublished,
 		DetectsKeyReuse: serverReuse,
+	}
+	if c.HorizonAssumed {
+		c.Enforcer = fmt.Sprintf("httpkey: %s, kept by the server for an assumed %v (the provider publishes no retention)", where, cfg.horizon)
 	}
 	switch {
 	case cfg.replayName != "" && cfg.replayAny:
 		c.Enforcer += ", replays marked by a " + cfg.replayName + " header"
 	case cfg.replayName != "":
 		c.Enforcer += fmt.Sprintf(", replays marked %s: %s", cfg.replayName, strings.TrimSpace(cfg.replayValue))
+	case signal:
+		c.Enforcer += ", repeats answered with what the first request created"
 	default:
 		c.Enforcer += ", no replay signal"
 	}
+	if !cfg.failsKept {
+		c.Enforcer += ", only 2xx answers stored"
+	}
 	switch {
+	case cfg.journal != nil && !cfg.failsKept:
+		c.Guarantee = effects.AtLeastOnce
+		c.Horizon, c.HorizonAssumed = 0, false
+		c.DetectsKeyReuse = true
+		c.Enforcer += ", then the journal's record of the response"
+		c.DuplicateWindow = effects.Window{Trigger: effects.AfterUnknownOutcome,
+			Between: "the server stores only 2xx answers: after a 5xx answered once the request was applied, " +
+				"the retry with the key executes it again"}
 	case cfg.journal != nil:
 		c.Guarantee = effects.EffectivelyOnce
-		c.Horizon = 0
+		c.Horizon, c.HorizonAssumed = 0, false
 		c.DetectsKeyReuse = true // the journal's fingerprint, or the server's check before the record
 		c.Enforcer += ", then the journal's record of the response"
-	case cfg.replayName != "":
+	case signal && cfg.failsKept:
 		c.Guarantee = effects.EffectivelyOnce
 	default:
 		c.Guarantee = effects.AtLeastOnce
@@ -201,6 +338,9 @@ func contractOf(cfg config, where string, serverReuse bool) effects.Contract {
 			Trigger: effects.AnyRedelivery,
 			Between: fmt.Sprintf("no replay signal: a repeat is reported Applied, though within %v the server answers it "+
 				"with its stored response and creates nothing; after %v it executes again", cfg.horizon, cfg.horizon),
+		}
+		if signal {
+			c.DuplicateWindow.Between = "the server stores only 2xx answers: a retry after a failed or lost answer executes again"
 		}
 	}
 	return c
@@ -210,7 +350,7 @@ func contractOf(cfg config, where string, serverReuse bool) effects.Contract {
 func (e *Effect[In]) describeKey() string {
 	switch e.place {
 	case inField:
-		return fmt.Sprintf("key in the JSON body's %q", e.display)
+		return fmt.Sprintf("key in the JSON body's %q", strings.Join(e.field, "."))
 	case inStructuredHeader:
 		return "key in the " + e.display + " header (a structured string)"
 	}
@@ -219,20 +359,23 @@ func (e *Effect[In]) describeKey() string {
 
 // Contract is derived from the configuration: effectively-once for the
 // server's horizon when the server has a replay signal
-// ([WithReplayHeader]); effectively-once with Horizon 0 with a journal;
-// at-least-once otherwise. See the package doc.
+// ([WithReplayHeader], or a [Rule] that says [Done]); effectively-once
+// with Horizon 0 with a journal; at-least-once otherwise. See the package
+// doc.
 func (e *Effect[In]) Contract() effects.Contract { return e.contract }
 
 // WireKey returns key as the server receives it (without the quotes of a
-// structured header): key itself for keys of printable ASCII without '%',
-// '"' and '\' within the length limit, else escaped and perhaps shortened
-// (see [WithMaxKeyLen]). Use it to find a request in the vendor's
-// dashboard or logs. It returns the error Apply would for an invalid key.
+// structured header): by default key itself for keys of printable ASCII
+// without '%', '"' and '\' within the length limit, else escaped and
+// perhaps shortened (see [WithMaxKeyLen]); in the form [WithKeyAlphabet]
+// or [WithKeyUUID] sets, when set. Use it to find a request in the
+// vendor's dashboard or logs. It returns the error Apply would for an
+// invalid key.
 func (e *Effect[In]) WireKey(key effects.Key) (string, error) {
 	if err := validate(key); err != nil {
 		return "", err
 	}
-	return wireKey(key, e.max), nil
+	return e.format.wire(key), nil
 }
 
 // Apply sends the request for in with key as its idempotency key, or
@@ -248,16 +391,40 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (effects
 	if err != nil {
 		return effects.Result{}, err
 	}
-	var fp []byte
-	if e.j.Journal() != nil {
-		// The payload: method, URL and body (without the key). Headers
-		// are left out: credentials rotate, tracing headers differ per
-		// attempt.
-		fp = effects.Fingerprint([]byte(req.Method), []byte(req.URL.String()), body)
+	if e.j.Journal() == nil {
+		ctx, cancel := context.WithTimeout(ctx, e.timeout)
+		defer cancel()
+		return e.call(ctx, key, req)
 	}
-	return e.j.Apply(ctx, key, fp, func(ctx context.Context, _ *journal.Attempt) (effects.Result, error) {
+	return e.j.Apply(ctx, key, e.fingerprint(req, body), func(ctx context.Context, _ *journal.Attempt) (effects.Result, error) {
 		return e.call(ctx, key, req)
 	})
+}
+
+// fingerprint is the journal's record of the payload: the method, the
+// path as [WithPathTemplate] reads it, and the body (without the key).
+// The host, the query and the headers are left out: regional endpoints
+// and credentials change, tracing headers differ per attempt.
+func (e *Effect[In]) fingerprint(req *http.Request, body []byte) []byte {
+	return effects.Fingerprint([]byte(req.Method), []byte(e.pathOf(req.URL.EscapedPath())), body)
+}
+
+// versionSegment matches a path segment that names an API version: v1,
+// v70, v2.1, 2024-06-01.
+var versionSegment = regexp.MustCompile(`^(v[0-9]+(\.[0-9]+)*|[0-9]{4}-[0-9]{2}-[0-9]{2})$`)
+
+// VersionlessPath is the default of [WithPathTemplate]: path with every
+// segment that names an API version ("v70", "v2.1", "2024-06-01") written
+// as "{version}", so /checkout/v70/payments and /checkout/v71/payments
+// are one path.
+func VersionlessPath(path string) string {
+	segs := strings.Split(path, "/")
+	for i, s := range segs {
+		if versionSegment.MatchString(s) {
+			segs[i] = "{version}"
+		}
+	}
+	return strings.Join(segs, "/")
 }
 
 // validate refuses keys no request may carry.
@@ -290,7 +457,7 @@ func (e *Effect[In]) request(ctx context.Context, key effects.Key, in In) (*http
 	case req == nil:
 		return nil, nil, misbuilt("returned a nil request and no error")
 	case req.URL == nil || (req.URL.Scheme != "http" && req.URL.Scheme != "https") || req.URL.Host == "":
-		return nil, nil, misbuilt("request URL %q is not an absolute http:// or https:// URL", urlString(req))
+		return nil, nil, misbuilt("request URL %q is not an absolute http:// or https:// URL", redactURL(req.URL))
 	}
 	var body []byte
 	if e.place == inField || e.j.Journal() != nil {
@@ -298,10 +465,10 @@ func (e *Effect[In]) request(ctx context.Context, key effects.Key, in In) (*http
 			return nil, nil, &effects.Error{Kind: effects.ErrPoison, Op: op, Key: key, Err: fmt.Errorf("reading the request's body: %w", err)}
 		}
 	}
-	wire := wireKey(key, e.max)
+	wire := e.format.wire(key)
 	switch e.place {
 	case inField:
-		withKey, err := addMember(body, e.name, wire)
+		withKey, err := addMember(body, e.field, wire)
 		if err != nil {
 			return nil, nil, misbuilt("%v", err)
 		}
@@ -314,18 +481,26 @@ func (e *Effect[In]) request(ctx context.Context, key effects.Key, in In) (*http
 			return nil, nil, misbuilt("the request already has a %s header; leave it to the effect, which sets it from the key", e.name)
 		}
 		if e.place == inStructuredHeader {
-			wire = `"` + wire + `"` // wireKey leaves nothing a String must escape
+			wire = `"` + wire + `"` // no key format leaves anything a String must escape
 		}
 		req.Header[e.name] = []string{wire}
 	}
 	return req, body, nil
 }
 
-func urlString(req *http.Request) string {
-	if req.URL == nil {
+// redactURL returns u without its user information, query and fragment,
+// which may hold credentials (an api_key parameter, a password), for an
+// error's text.
+func redactURL(u *url.URL) string {
+	if u == nil {
 		return ""
 	}
-	return req.URL.String()
+	r := url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path, RawPath: u.RawPath, Opaque: u.Opaque}
+	s := r.String()
+	if u.RawQuery != "" || u.ForceQuery {
+		s += "?(query left out)"
+	}
+	return s
 }
 
 // readBody returns req's body and leaves req able to send it.
@@ -361,29 +536,9 @@ func setBody(req *http.Request, b []byte) {
 	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
 }
 
-// addMember returns the JSON object body with the string member name:
-// value added first; the rest of the body is kept byte for byte.
-func addMember(body []byte, name, value string) ([]byte, error) {
-	rest := bytes.TrimLeft(body, " \t\r\n")
-	var members map[string]json.RawMessage
-	if len(rest) == 0 || rest[0] != '{' || json.Unmarshal(body, &members) != nil {
-		return nil, fmt.Errorf("the body is not a JSON object, so the key cannot go in its %q member (WithKeyField): %s", name, snippet(body, 64))
-	}
-	if _, ok := members[name]; ok {
-		return nil, fmt.Errorf("the body already has a %q member; leave it to the effect, which sets it from the key", name)
-	}
-	n, _ := json.Marshal(name) // strings always marshal
-	v, _ := json.Marshal(value)
-	out := make([]byte, 0, len(rest)+len(n)+len(v)+2)
-	out = append(out, '{')
-	out = append(out, n...)
-	out = append(out, ':')
-	out = append(out, v...)
-	if len(members) > 0 {
-		out = append(out, ',')
-	}
-	return append(out, rest[1:]...), nil
-}
+// drainLimit is how much of a response's unread body Apply reads and
+// discards so that the connection can be reused; a longer rest closes it.
+const drainLimit = 64 << 10
 
 // call sends req (which carries the key) on ctx and classifies the
 // outcome.
@@ -393,30 +548,80 @@ func (e *Effect[In]) call(ctx context.Context, key effects.Key, req *http.Reques
 		return effects.Result{}, transportError(key, req, err)
 	}
 	defer resp.Body.Close()
-	replayed := e.replayed(resp.Header)
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody)) // the status decides; a cut body changes nothing
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))   // so the connection can be reused
-		return effects.Result{}, e.statusError(key, req, &ResponseError{StatusCode: resp.StatusCode, Header: resp.Header, Body: body, Replayed: replayed})
+	defer func() { _, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit)) }()
+	success := resp.StatusCode >= 200 && resp.StatusCode <= 299
+	var body []byte
+	switch {
+	case !success:
+		body, _ = io.ReadAll(io.LimitReader(resp.Body, maxErrorBody)) // a cut body still has its error code early
+	case e.ref != nil || e.bodyRules:
+		if body, err = readAtMost(resp.Body, e.maxBody); errors.Is(err, errTooLarge) {
+			return effects.Result{}, fmt.Errorf("%w: %w", &effects.ConfigError{Op: op, Option: "WithMaxBody",
+				Reason: fmt.Sprintf("HTTP %d applied the request, but its body is longer than %d bytes (raise WithMaxBody; a retry replays it)", resp.StatusCode, e.maxBody)},
+				effects.Ambiguous(op, key, err))
+		} else if err != nil {
+			return effects.Result{}, effects.Ambiguous(op, key, fmt.Errorf("HTTP %d, then reading its body: %w", resp.StatusCode, err))
+		}
 	}
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return effects.Result{}, effects.Ambiguous(op, key, fmt.Errorf("HTTP %d, then reading its body: %w", resp.StatusCode, err))
+	if resp.StatusCode < 300 || resp.StatusCode >= 400 {
+		for i := range e.rules {
+			if r := &e.rules[i]; r.matches(resp.StatusCode, resp.Header, body) {
+				return e.ruled(key, req, resp, body, r)
+			}
+		}
+	}
+	if !success {
+		return effects.Result{}, e.statusError(key, req, e.outcome(resp.StatusCode), e.responseError(resp, body))
 	}
 	res := effects.Result{Status: effects.Applied}
-	if replayed {
+	if e.replayed(resp.Header) {
 		res.Status = effects.Replayed
 	}
 	if e.ref != nil {
 		if res.Ref, err = e.ref(resp, body); err != nil {
-			// Applied, so not a refusal: the Ambiguous underneath keeps a
-			// journal's lease, and the retry after the fix replays.
-			return effects.Result{}, fmt.Errorf("%w: %w", &effects.ConfigError{Op: op, Option: "WithRef",
-				Reason: fmt.Sprintf("HTTP %d applied the request, but its ref cannot be read (fix WithRef; a retry replays it)", resp.StatusCode)},
-				effects.Ambiguous(op, key, err))
+			return effects.Result{}, refError(key, resp.StatusCode, "WithRef", err)
 		}
 	}
 	return res, nil
+}
+
+// refError is the error of a response that applied the request but whose
+// ref cannot be read: a configuration error, but not a refusal: the
+// Ambiguous underneath keeps a journal's lease, and the retry after the
+// fix replays.
+func refError(key effects.Key, status int, option string, err error) error {
+	return fmt.Errorf("%w: %w", &effects.ConfigError{Op: op, Option: option,
+		Reason: fmt.Sprintf("HTTP %d applied the request, but its ref cannot be read (fix %s; a retry replays it)", status, option)},
+		effects.Ambiguous(op, key, err))
+}
+
+// ruled returns the outcome a rule gave the response.
+func (e *Effect[In]) ruled(key effects.Key, req *http.Request, resp *http.Response, body []byte, r *Rule) (effects.Result, error) {
+	if r.Outcome != Done {
+		return effects.Result{}, e.statusError(key, req, r.Outcome, e.responseError(resp, body))
+	}
+	ref, err := r.Ref(resp, body)
+	if err != nil {
+		return effects.Result{}, refError(key, resp.StatusCode, "the Done rule's Ref", err)
+	}
+	return effects.Result{Status: effects.Replayed, Ref: ref}, nil
+}
+
+// responseError describes resp, whose start of body is body, without the
+// body unless WithErrorBody asked for it.
+func (e *Effect[In]) responseError(resp *http.Response, body []byte) *ResponseError {
+	re := &ResponseError{StatusCode: resp.StatusCode, Header: resp.Header, Replayed: e.replayed(resp.Header),
+		Code: firstLabel(body, e.codePath)}
+	switch {
+	case e.reqID != "":
+		re.RequestID = label(resp.Header.Get(e.reqID))
+	case len(e.reqPath) > 0:
+		re.RequestID = firstLabel(body, e.reqPath)
+	}
+	if e.keepBody {
+		re.Body = body
+	}
+	return re
 }
 
 // replayed reports whether h carries the server's replay signal.
@@ -442,19 +647,21 @@ func (e *Effect[In]) outcome(code int) Outcome {
 	return Ambiguous // 5xx, and statuses no server should send
 }
 
-// statusError classifies a response that is not 2xx.
-func (e *Effect[In]) statusError(key effects.Key, req *http.Request, re *ResponseError) error {
+// statusError classifies a response that is not a success: a non-2xx
+// status, or a 2xx that a rule made an error.
+func (e *Effect[In]) statusError(key effects.Key, req *http.Request, outcome Outcome, re *ResponseError) error {
 	origin := req.URL.Scheme + "://" + req.URL.Host
 	if re.StatusCode >= 300 && re.StatusCode < 400 {
+		loc, _ := url.Parse(re.Header.Get("Location"))
 		return fmt.Errorf("%w: %w", &effects.ConfigError{Op: op, Option: "request URL " + origin + req.URL.Path,
 			Reason: fmt.Sprintf("the server redirects (HTTP %d, Location %q), and Apply does not follow redirects: "+
-				"point the request at the final URL", re.StatusCode, re.Header.Get("Location"))}, re)
+				"point the request at the final URL", re.StatusCode, redactURL(loc))}, re)
 	}
 	if re.StatusCode >= 500 && re.Replayed {
 		return &effects.Error{Kind: effects.ErrPoison, Op: op, Key: key, Err: fmt.Errorf("%w: %w", ErrReplayedServerError, re)}
 	}
 	wait := retryAfter(re.Header, time.Now())
-	switch e.outcome(re.StatusCode) {
+	switch outcome {
 	case InFlight:
 		return &effects.Error{Kind: effects.ErrInFlight, Op: op, Key: key, Err: re, RetryAfter: wait}
 	case KeyReused:
@@ -474,8 +681,13 @@ func (e *Effect[In]) statusError(key effects.Key, req *http.Request, re *Respons
 // endpoint (a TLS handshake refused, a host that does not exist) is a
 // configuration error; a connection that was never made sent nothing
 // (ErrTransient); anything else may have reached the server
-// (ErrAmbiguous).
+// (ErrAmbiguous). The URL in the error loses its user information and
+// query.
 func transportError(key effects.Key, req *http.Request, err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		ue.URL = redactURL(req.URL)
+	}
 	if cerr := effects.Misconfigured(op, req.URL.Scheme+"://"+req.URL.Host, err); cerr != nil {
 		return cerr
 	}

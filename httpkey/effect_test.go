@@ -229,8 +229,8 @@ func TestStatusClasses(t *testing.T) {
 				t.Fatalf("HTTP %d: %v (%s), want %v", tc.status, err, class(err), tc.want)
 			}
 			var re *httpkey.ResponseError
-			if !errors.As(err, &re) || re.StatusCode != tc.status || len(re.Body) == 0 {
-				t.Errorf("HTTP %d: the response is not reachable: %#v", tc.status, re)
+			if !errors.As(err, &re) || re.StatusCode != tc.status || re.Body != nil {
+				t.Errorf("HTTP %d: the response is not reachable, or its body was kept without WithErrorBody: %#v", tc.status, re)
 			}
 			if wait, _ := effects.RetryAfter(err); wait != tc.wait {
 				t.Errorf("HTTP %d: RetryAfter %v, want %v", tc.status, wait, tc.wait)

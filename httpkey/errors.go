@@ -24,34 +24,44 @@ var ErrReplayedServerError = errors.New("the server replayed a stored server err
 // keeps.
 const maxErrorBody = 64 << 10
 
-// ResponseError is a response whose status is not 2xx. Apply returns it
-// wrapped in the error of its [Outcome] (an *effects.Error whose Kind is
-// ErrInFlight, ErrKeyReused, ErrRefused, ErrTransient or ErrAmbiguous, or
-// an *effects.ConfigError), so errors.Is tells the class and errors.As
-// reaches the response: its status, headers and body (the vendor's error
-// code is usually in the body).
+// ResponseError is a response whose status is not 2xx, or a 2xx that a
+// [Rule] made an error. Apply returns it wrapped in the error of its
+// [Outcome] (an *effects.Error whose Kind is ErrInFlight, ErrKeyReused,
+// ErrRefused, ErrTransient or ErrAmbiguous, or an *effects.ConfigError),
+// so errors.Is tells the class and errors.As reaches the response.
 type ResponseError struct {
 	// StatusCode is the response's status, e.g. 402.
 	StatusCode int
 	// Header is the response's header.
 	Header http.Header
-	// Body is the start of the response's body (at most 64 KiB).
+	// Code is the vendor's error code, where [WithErrorCode] (or the
+	// preset) says the body holds it, when it is a short identifier.
+	Code string
+	// RequestID is the id the vendor gave the request
+	// ([WithRequestIDHeader], [WithRequestIDField]), to quote to its
+	// support, when it is a short identifier.
+	RequestID string
+	// Body is the start of the response's body (at most 64 KiB), kept
+	// only with [WithErrorBody]; nil otherwise. It never enters Error.
 	Body []byte
 	// Replayed reports whether the server's replay signal marked the
 	// response as the stored answer to an earlier request with the key.
 	Replayed bool
 }
 
-// Error gives the status and the start of the body.
+// Error gives the status, the vendor's error code and the request's id,
+// never the body, which may hold a customer's data.
 func (e *ResponseError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "HTTP %d %s", e.StatusCode, http.StatusText(e.StatusCode))
 	if e.Replayed {
 		b.WriteString(" (replayed: the server stored this answer for the key)")
 	}
-	if s := snippet(e.Body, 300); s != "" {
-		b.WriteString(": ")
-		b.WriteString(s)
+	if e.Code != "" {
+		fmt.Fprintf(&b, ", error code %q", e.Code)
+	}
+	if e.RequestID != "" {
+		fmt.Fprintf(&b, ", request id %q", e.RequestID)
 	}
 	return b.String()
 }

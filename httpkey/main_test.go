@@ -40,6 +40,27 @@ func buildPayment(base string) func(context.Context, Payment) (*http.Request, er
 	}
 }
 
+// buildGraphQL returns the request function for the kit at base in its
+// Braintree mode: POST base/graphql with the payment as the mutation's
+// variables.input, where the effect puts the key.
+func buildGraphQL(base string) func(context.Context, Payment) (*http.Request, error) {
+	return func(ctx context.Context, p Payment) (*http.Request, error) {
+		body, err := json.Marshal(map[string]any{
+			"query":     "mutation Charge($input: ChargePaymentMethodInput!) { chargePaymentMethod(input: $input) { transaction { id } } }",
+			"variables": map[string]any{"input": p},
+		})
+		if err != nil {
+			return nil, err
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/graphql", bytes.NewReader(body))
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		return req, nil
+	}
+}
+
 // agedClock is the wall clock plus an offset that Age moves forward; the
 // kit and the journal read it, so everything that holds keys ages
 // together.

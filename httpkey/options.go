@@ -19,6 +19,13 @@ const (
 	// a longer one is shortened. 255 is the limit many servers document
 	// (Stripe's among them) and [effects.MaxKeyLen].
 	DefaultMaxKeyLen = 255
+	// DefaultMaxBody is the longest 2xx body Apply reads, when it reads
+	// one (for [WithRef] or a [Rule] on a member of the body): 1 MiB.
+	// A longer body is not read past the limit ([WithMaxBody]).
+	DefaultMaxBody = 1 << 20
+	// DefaultTimeout bounds one call without a journal ([WithTimeout]);
+	// with one, the call ends at nine tenths of the lease ([WithLease]).
+	DefaultTimeout = 30 * time.Second
 )
 
 // Outcome is what a response status means for the request that got it: a
@@ -47,6 +54,12 @@ const (
 	// Misconfigured: the credentials or the endpoint are wrong (401, 403).
 	// A *[effects.ConfigError]: stop the worker, fix the configuration.
 	Misconfigured
+	// Done: the request was already applied by an earlier request with
+	// the key, and the response names what it created (GoCardless's 409
+	// idempotent_creation_conflict with links.conflicting_resource_id).
+	// Apply reports [effects.Replayed] with the reference the [Rule]'s Ref
+	// reads. Only a Rule can assign it.
+	Done
 )
 
 // String names the outcome.
@@ -64,22 +77,10 @@ func (o Outcome) String() string {
 		return "ambiguous"
 	case Misconfigured:
 		return "misconfigured"
+	case Done:
+		return "done"
 	}
 	return fmt.Sprintf("Outcome(%d)", int(o))
-}
-
-// ietfStatuses are the outcomes of the statuses the IETF draft names, and
-// of those whose meaning HTTP fixes; a status not listed is Refused (4xx)
-// or Ambiguous (5xx).
-func ietfStatuses() map[int]Outcome {
-	return map[int]Outcome{
-		http.StatusUnauthorized:        Misconfigured,
-		http.StatusForbidden:           Misconfigured,
-		http.StatusRequestTimeout:      Transient, // the server gave up waiting for the request
-		http.StatusConflict:            InFlight,
-		http.StatusUnprocessableEntity: KeyReused,
-		http.StatusTooManyRequests:     Transient,
-	}
 }
 
 // placement is where the key goes.
@@ -88,26 +89,40 @@ type placement int
 const (
 	inHeader           placement = iota + 1 // the value as it is
 	inStructuredHeader                      // an RFC 8941 String: "..."
-	inField                                 // a top-level member of a JSON object body
+	inField                                 // a member of a JSON object body
 )
 
 // Option configures an effect built by [New]. Options record a value; New
 // validates them once and returns a *[effects.ConfigError] naming the
-// first bad one. A nil Option is ignored. Presets ([IETF], [Adyen],
-// [PayPal], [Worldline]) are Options that set several values; put a preset first and
-// the options that change it after it.
+// first bad one. A nil Option is ignored. Presets ([IETF], [Neutral],
+// [Adyen], [PayPal], [Worldline], [Checkout], [GoCardless], [Mollie],
+// [Square], [RazorpayX], [Braintree]) are Options that set several
+// values; put a preset first and the options that change it after it.
 type Option func(*config)
 
 type config struct {
+	preset      string // the preset's name, for messages
 	place       placement
-	name        string // header or field name
-	maxKeyLen   int
+	name        string   // header name
+	field       []string // the JSON member's path, for inField
+	keyFmt      keyFormat
 	replayName  string
 	replayValue string
 	replayAny   bool // any non-empty value of replayName marks a replay
 	horizon     time.Duration
+	assumed     bool // horizon is the user's assumption (WithAssumedHorizon)
+	unpublished bool // the preset's provider publishes no horizon
+	failsKept   bool // the server stores failures (false: only 2xx answers)
 	statuses    map[int]Outcome
 	assigned    []assignment // WithStatus, in order, validated by New
+	rules       []Rule
+	codePath    []string // where the body holds the vendor's error code
+	requestID   string   // the header that holds the request's id
+	requestPath []string // or where the body holds it
+	keepBody    bool
+	maxBody     int64
+	timeout     time.Duration
+	pathOf      func(path string) string
 	ref         func(*http.Response, []byte) (string, error)
 	refSet      bool
 	journal     journal.Journal
@@ -122,158 +137,31 @@ type assignment struct {
 	codes   []int
 }
 
-func defaults() config {
-	c := config{lease: journal.DefaultLease}
-	IETF()(&c)
-	return c
-}
-
-// IETF is the scheme of the IETF draft "The Idempotency-Key HTTP Header
-// Field" (draft-ietf-httpapi-idempotency-key-header-07,
-// https://datatracker.ietf.org/doc/draft-ietf-httpapi-idempotency-key-header/),
-// which is also what [New] does without a preset: the key in the
-// Idempotency-Key header as a Structured Field String (in quotes); 409
-// means the key's first request is still being processed ([InFlight]),
-// 422 that the key was used with another payload ([KeyReused]); 401 and
-// 403 are [Misconfigured], 408 and 429 [Transient], any other 4xx
-// [Refused] and any 5xx [Ambiguous]. The draft defines no replay signal
-// and leaves the key's expiry to each server, which should publish it, so
-// IETF sets neither: give the server's horizon with [WithHorizon], and a
-// replay header with [WithReplayHeader] if the server sends one.
-func IETF() Option {
-	return func(c *config) {
-		c.place, c.name = inStructuredHeader, DefaultKeyHeader
-		c.maxKeyLen = DefaultMaxKeyLen
-		c.replayName, c.replayValue, c.replayAny = "", "", false
-		c.statuses = ietfStatuses()
-		c.assigned = nil
-	}
-}
-
-// AdyenHorizon is how long Adyen keeps an idempotency key: at least 31
-// days after its first submission, by Adyen's documentation.
-const AdyenHorizon = 31 * 24 * time.Hour
-
-// Adyen is Adyen's convention, from "API idempotency"
-// (https://docs.adyen.com/development-resources/api-idempotency): the key
-// in the Idempotency-Key header as it is, at most 64 characters (longer
-// keys are shortened, see [WithMaxKeyLen]); a request repeated with the
-// key gets the response to the first attempt; keys are valid for at least
-// 31 days after the first submission ([AdyenHorizon]).
-//
-// The page names no replay signal (the Idempotency-Key header that Adyen
-// returns tells that the request was processed idempotently, not that it
-// was a replay), so Apply reports every success as Applied and, without a
-// journal, the contract is at-least-once (see the package doc). Nor does
-// it name the status of a concurrent request or of a key reused with
-// another payload: the preset keeps 409 as [InFlight] and maps 422 to
-// [Refused], because Adyen's error reference
-// (https://docs.adyen.com/errors/unprocessable-entity) answers 422 when
-// it cannot process the information in the request. Adyen scopes keys to
-// the company account and does not check them across regional endpoints:
-// send a key to one region only.
-func Adyen() Option {
-	return func(c *config) {
-		c.place, c.name = inHeader, "Idempotency-Key"
-		c.maxKeyLen = 64
-		c.replayName, c.replayValue, c.replayAny = "", "", false
-		c.horizon = AdyenHorizon
-		c.statuses = ietfStatuses()
-		c.statuses[http.StatusUnprocessableEntity] = Refused
-		c.assigned = nil
-	}
-}
-
-// PayPal is PayPal's convention, from "Idempotency"
-// (https://developer.paypal.com/api/rest/reference/idempotency/): the key
-// in the PayPal-Request-Id header as it is; a request repeated with the
-// key gets the latest status of the first request; calls that failed with
-// a timeout or a 5xx may be retried with the key for as long as the
-// server stores it. How long that is differs between PayPal's APIs ("see
-// the reference for your API"), so PayPal sets no horizon: [New] requires
-// [WithHorizon] with the value your API's reference gives. Not every
-// PayPal API supports the header; check yours.
-//
-// The page names no replay signal and no answer to a key reused with
-// another payload, so without a journal the contract is at-least-once and
-// does not detect key reuse (see the package doc). It says that of two
-// simultaneous requests with one key the second "might fail", without a
-// status: the preset keeps 409 as [InFlight]. PayPal's "API responses"
-// (https://developer.paypal.com/api/rest/responses/) uses 422
-// UNPROCESSABLE_ENTITY for a request that fails business validation, so
-// the preset maps 422 to [Refused].
-func PayPal() Option {
-	return func(c *config) {
-		c.place, c.name = inHeader, "PayPal-Request-Id"
-		c.maxKeyLen = DefaultMaxKeyLen
-		c.replayName, c.replayValue, c.replayAny = "", "", false
-		c.statuses = ietfStatuses()
-		c.statuses[http.StatusUnprocessableEntity] = Refused
-		c.assigned = nil
-	}
-}
-
-// WorldlineHorizon is how long Worldline Direct keeps an idempotency key:
-// at least 24 hours, by Worldline's documentation.
-const WorldlineHorizon = 24 * time.Hour
-
-// WorldlineReplayHeader is the header Worldline Direct adds to every
-// response to a request that repeats a key (its value is the time of the
-// first request).
-const WorldlineReplayHeader = "X-GCS-Idempotence-Request-Timestamp"
-
-// Worldline is Worldline Direct's convention, from "Idempotent requests"
-// (https://docs.direct.worldline-solutions.com/en/integration/api-developer-guide/idempotent-requests):
-// the key in the X-GCS-Idempotence-Key header as it is, at most 40
-// characters of ASCII (longer keys are shortened, non-ASCII bytes escaped,
-// see [WithMaxKeyLen]); keys kept for at least 24 hours
-// ([WorldlineHorizon]); a repeat of a finished request gets the same
-// response, and one while the first request is in progress gets 409
-// ([InFlight]). Every response to a repeat carries
-// X-GCS-Idempotence-Request-Timestamp ([WorldlineReplayHeader]), the
-// replay signal ([WithReplayHeaderPresent]), so the contract is
-// effectively-once for 24 hours without a journal.
-//
-// The documentation says that a repeat gets the first response "even with
-// different payloads": Worldline does not detect a reused key, so the
-// preset maps 422 to [Refused] and the contract does not claim
-// DetectsKeyReuse (a journal adds it). It also says that information in a
-// replayed response, such as a payment's status, may be updated: the ref
-// (the payment's id) is the same, the rest of the body may not be.
-func Worldline() Option {
-	return func(c *config) {
-		c.place, c.name = inHeader, "X-GCS-Idempotence-Key"
-		c.maxKeyLen = 40
-		c.replayName, c.replayValue, c.replayAny = WorldlineReplayHeader, "", true
-		c.horizon = WorldlineHorizon
-		c.statuses = ietfStatuses()
-		c.statuses[http.StatusUnprocessableEntity] = Refused
-		c.assigned = nil
-	}
-}
-
 // WithKeyHeader sends the key in header name, as it is (no quotes): what
 // most vendors document (Adyen's Idempotency-Key, PayPal's
 // PayPal-Request-Id, Worldline's X-GCS-Idempotence-Key). See
 // [WithMaxKeyLen] for how the key is written.
 func WithKeyHeader(name string) Option {
-	return func(c *config) { c.place, c.name = inHeader, name }
+	return func(c *config) { c.place, c.name, c.field = inHeader, name, nil }
 }
 
 // WithKeyStructuredHeader sends the key in header name as an RFC 8941
 // Structured Field String, in double quotes, as the IETF draft specifies
 // for Idempotency-Key ([IETF] uses it).
 func WithKeyStructuredHeader(name string) Option {
-	return func(c *config) { c.place, c.name = inStructuredHeader, name }
+	return func(c *config) { c.place, c.name, c.field = inStructuredHeader, name, nil }
 }
 
-// WithKeyField sends the key as the string member name of the request's
-// JSON body, for APIs that take the key in the body (Square's
-// idempotency_key). The body the request function builds must be a JSON
-// object without that member; Apply adds it first, leaving the rest of the
-// body as it is.
-func WithKeyField(name string) Option {
-	return func(c *config) { c.place, c.name = inField, name }
+// WithKeyField sends the key as a string member of the request's JSON
+// body, at path: WithKeyField("idempotency_key") for a top-level member
+// (Square), WithKeyField("variables", "input", "apiRequestKey") for a
+// member of a nested object (a Braintree GraphQL mutation's input). The
+// body the request function builds must be a JSON object in which the
+// objects on the path exist and the member does not; Apply adds the
+// member first in its object, leaving the rest of the body as it is.
+func WithKeyField(path ...string) Option {
+	path = append([]string(nil), path...)
+	return func(c *config) { c.place, c.name, c.field = inField, "", path }
 }
 
 // WithMaxKeyLen sets the longest key the server accepts, in bytes
@@ -282,9 +170,32 @@ func WithKeyField(name string) Option {
 // fits; otherwise the other bytes are escaped as %XX (so "café" is sent
 // as "caf%C3%A9"), and an escaped key still too long is shortened to a
 // prefix, "%~" and a SHA-256 digest. Distinct keys stay distinct; the
-// server's form of a key is what [Effect.WireKey] returns.
+// server's form of a key is what [Effect.WireKey] returns. It replaces a
+// format set by [WithKeyAlphabet] or [WithKeyUUID].
 func WithMaxKeyLen(n int) Option {
-	return func(c *config) { c.maxKeyLen = n }
+	return func(c *config) { c.keyFmt = keyFormat{max: n} }
+}
+
+// WithKeyAlphabet writes every key with the bytes of alphabet only, in
+// min to max bytes, for a server that accepts no other (RazorpayX:
+// 4 to 36 of letters, digits, space, '-' and '_'). The wire key is a
+// readable prefix (the key's bytes that are in the alphabet, each run of
+// others as one '-' or '_' when the alphabet has one) and a digest of the
+// whole key written in the alphabet, of at least 128 bits: deterministic,
+// distinct for distinct keys, and never equal to another key's form
+// however a key is crafted. Space and tab are accepted in alphabet but
+// never written (HTTP trims them from a header's ends). [New] refuses an
+// alphabet whose digest does not fit in max.
+func WithKeyAlphabet(alphabet string, min, max int) Option {
+	return func(c *config) { c.keyFmt = keyFormat{alphabet: alphabet, min: min, max: max} }
+}
+
+// WithKeyUUID writes every key as a UUID (RFC 9562 version 5, from a
+// SHA-1 of the key in a namespace of this package's), for a server that
+// accepts only UUIDs: deterministic, and distinct for distinct keys (122
+// bits).
+func WithKeyUUID() Option {
+	return func(c *config) { c.keyFmt = keyFormat{uuid: true, max: 36} }
 }
 
 // WithReplayHeader declares the server's replay signal: a response whose
@@ -310,10 +221,33 @@ func WithReplayHeaderPresent(name string) Option {
 // WithHorizon declares how long the server keeps a key after its first
 // request, from the API's documentation; it is the contract's Horizon
 // without a journal. Past it a repeated request is executed again. d must
-// be positive; [New] requires it unless the preset documents it
-// ([Adyen], [Worldline]).
+// be positive; [New] requires a horizon unless the preset documents one
+// ([Adyen], [Worldline], [Checkout], [Mollie], [Braintree]). Under a
+// preset whose provider publishes none ([GoCardless], [Square],
+// [RazorpayX]) the horizon is an assumption, and the contract
+// says so (effects.Contract.HorizonAssumed), as with
+// [WithAssumedHorizon].
 func WithHorizon(d time.Duration) Option {
-	return func(c *config) { c.horizon = d }
+	return func(c *config) { c.horizon, c.assumed = d, false }
+}
+
+// WithAssumedHorizon declares a horizon that the API does not publish:
+// your estimate, or what its support told you. The contract marks it as
+// assumed (effects.Contract.HorizonAssumed): unverified until a check
+// against the server itself confirms it, such as the conformance suite's
+// horizon scenario run against the real API's sandbox with a harness that
+// can wait it out. d must be positive.
+func WithAssumedHorizon(d time.Duration) Option {
+	return func(c *config) { c.horizon, c.assumed = d, true }
+}
+
+// WithFailuresNotStored declares that the server stores only its 2xx
+// answers for a key (Checkout.com): a request that failed, even with a
+// 5xx after it began executing, is executed again by a retry with the
+// key. With a journal the contract is then at-least-once, duplicates after
+// an unknown outcome; without one it is at-least-once in any case.
+func WithFailuresNotStored() Option {
+	return func(c *config) { c.failsKept = false }
 }
 
 // WithStatus assigns the response statuses codes (each 400 to 599) to
@@ -337,6 +271,74 @@ func WithStatus(outcome Outcome, codes ...int) Option {
 // nil.
 func WithRef(ref func(resp *http.Response, body []byte) (string, error)) Option {
 	return func(c *config) { c.ref, c.refSet = ref, true }
+}
+
+// WithErrorCode reads the vendor's error code from the member of an
+// error response's JSON body at path (as [Rule].Field), into
+// [ResponseError].Code, which the error's text shows. Only a short
+// identifier is kept (at most 64 letters, digits and "._:/-"); anything
+// else, which might carry a customer's data, is left out.
+func WithErrorCode(path ...string) Option {
+	path = append([]string(nil), path...)
+	return func(c *config) { c.codePath = path }
+}
+
+// WithRequestIDHeader reads the id the vendor gives the request from the
+// response header name (default X-Request-Id), into
+// [ResponseError].RequestID, shown in the error's text, kept only when a
+// short identifier as for [WithErrorCode].
+func WithRequestIDHeader(name string) Option {
+	return func(c *config) { c.requestID, c.requestPath = name, nil }
+}
+
+// WithRequestIDField reads the request's id from the member of an error
+// response's JSON body at path (Adyen's pspReference), as
+// [WithRequestIDHeader] does from a header.
+func WithRequestIDField(path ...string) Option {
+	path = append([]string(nil), path...)
+	return func(c *config) { c.requestPath, c.requestID = path, "" }
+}
+
+// WithErrorBody keeps the start of an error response's body (at most 64
+// KiB) in [ResponseError].Body, for code that reads what the vendor's
+// error says. The body never enters the error's text; without this option
+// it is not kept at all, because vendors echo the request (a card number,
+// an email address) in their errors, and an error reaches logs, spans and
+// dead-letter headers.
+func WithErrorBody() Option {
+	return func(c *config) { c.keepBody = true }
+}
+
+// WithMaxBody sets the longest 2xx body Apply reads (default
+// [DefaultMaxBody], 1 MiB); n must be positive. Apply reads a 2xx body
+// only for [WithRef] and for a [Rule] on a member of the body, never past
+// n+1 bytes: a longer body is a configuration error (raise the limit)
+// wrapping [effects.ErrAmbiguous], since the request was applied and a
+// retry after the fix replays it.
+func WithMaxBody(n int64) Option {
+	return func(c *config) { c.maxBody = n }
+}
+
+// WithTimeout bounds each call without a journal (default
+// [DefaultTimeout], 30 s): a request with no answer by then ends with
+// [effects.ErrAmbiguous], and the retry with the key resolves it. With a
+// journal, the call ends at nine tenths of the lease ([WithLease]) and
+// this option does nothing. d must be positive; the caller's context and
+// the client's own Timeout still apply.
+func WithTimeout(d time.Duration) Option {
+	return func(c *config) { c.timeout = d }
+}
+
+// WithPathTemplate sets how the journal's fingerprint of a request reads
+// its URL path: the fingerprint covers the method, path(u.Path) and the
+// body, which is what most providers scope a key to, and never the host,
+// the query or the headers. The default, [VersionlessPath], writes a
+// version segment ("v70", "2024-06-01") as "{version}", so that an API
+// version bump between a request and its redelivery is not taken for a
+// key reused with another payload. Use func(p string) string { return p }
+// for a provider whose keys are scoped to the versioned path.
+func WithPathTemplate(path func(p string) string) Option {
+	return func(c *config) { c.pathOf = path }
 }
 
 // WithJournal makes the effect keep every response's reference in j and

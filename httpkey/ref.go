@@ -9,11 +9,13 @@ import (
 	"strings"
 )
 
-// JSONField returns a reader for [WithRef] that takes the reference from
-// the JSON body's member at path: JSONField("id") reads {"id": "obj_1"},
-// JSONField("payment", "id") reads {"payment": {"id": "p_1"}}. The member
-// must be a non-empty string or a number (written as the body wrote it);
-// anything else is an error. path must not be empty.
+// JSONField returns a reader for [WithRef] (and [Rule].Ref) that takes
+// the reference from the JSON body's member at path: JSONField("id")
+// reads {"id": "obj_1"}, JSONField("payment", "id") reads {"payment":
+// {"id": "p_1"}}; in an array, a number picks an element and "*" the
+// first that has the rest of the path. The member must be a non-empty
+// string or a number (written as the body wrote it); anything else is an
+// error. path must not be empty.
 func JSONField(path ...string) func(resp *http.Response, body []byte) (string, error) {
 	path = append([]string(nil), path...)
 	where := strings.Join(path, ".")
@@ -21,40 +23,25 @@ func JSONField(path ...string) func(resp *http.Response, body []byte) (string, e
 		if len(path) == 0 {
 			return "", errors.New("JSONField: empty path")
 		}
-		raw := json.RawMessage(body)
-		for _, name := range path {
-			var obj map[string]json.RawMessage
-			if err := json.Unmarshal(raw, &obj); err != nil {
-				return "", fmt.Errorf("reading the ref %q: the response body is not a JSON object there: %w", where, err)
-			}
-			v, ok := obj[name]
-			if !ok {
-				return "", fmt.Errorf("reading the ref %q: the response body has no member %q", where, name)
-			}
-			raw = v
+		found := lookup(body, path)
+		if len(found) == 0 {
+			return "", fmt.Errorf("reading the ref %q: the response body has no such member", where)
 		}
-		var s string
-		if err := json.Unmarshal(raw, &s); err == nil {
-			if s == "" {
-				return "", fmt.Errorf("reading the ref %q: it is an empty string", where)
+		for _, raw := range found {
+			var s string
+			if err := json.Unmarshal(raw, &s); err == nil {
+				if s != "" {
+					return s, nil
+				}
+				continue
 			}
-			return s, nil
+			d := json.NewDecoder(bytes.NewReader(raw))
+			d.UseNumber()
+			var n json.Number
+			if err := d.Decode(&n); err == nil {
+				return n.String(), nil
+			}
 		}
-		d := json.NewDecoder(bytes.NewReader(raw))
-		d.UseNumber()
-		var n json.Number
-		if err := d.Decode(&n); err == nil {
-			return n.String(), nil
-		}
-		return "", fmt.Errorf("reading the ref %q: %s is neither a string nor a number", where, snippet(raw, 64))
+		return "", fmt.Errorf("reading the ref %q: it is neither a non-empty string nor a number", where)
 	}
-}
-
-// snippet returns b as text, cut to about max bytes.
-func snippet(b []byte, max int) string {
-	s := strings.TrimSpace(string(b))
-	if len(s) > max {
-		return s[:max] + "..."
-	}
-	return s
 }

@@ -222,7 +222,8 @@ func TestConformance(t *testing.T) {
 		rep := conformance.Run(t, "kafka.Producer+postgres.Journal",
 			func(t testing.TB) conformance.Harness[kafka.Message] { return newProducerHarness(t, true, false) },
 			conformance.WithRetryFor(4*conformanceLease+10*time.Second), conformance.WithSuccessorProcess(attachProducer),
-			conformance.WithCapacity(1000)) // as email's: postgres.Journal keeps the keys
+			conformance.WithCapacity(1000), // as email's: postgres.Journal keeps the keys
+			conformance.WithSlowReply(300*time.Millisecond), allowKfake(true))
 		c := rep.Contract
 		if c.Guarantee != effects.AtLeastOnce || c.DuplicateWindow.Trigger != effects.AfterUnknownOutcome || !c.DetectsKeyReuse {
 			t.Errorf("contract %s, want at-least-once after an unknown outcome, detecting key reuse", c)
@@ -232,18 +233,41 @@ func TestConformance(t *testing.T) {
 	t.Run("no journal", func(t *testing.T) {
 		rep := conformance.Run(t, "kafka.Producer",
 			func(t testing.TB) conformance.Harness[kafka.Message] { return newProducerHarness(t, false, false) },
-			conformance.WithSuccessorProcess(attachProducer))
+			conformance.WithSuccessorProcess(attachProducer), conformance.WithSlowReply(300*time.Millisecond), allowKfake(false))
 		if tr := rep.Contract.DuplicateWindow.Trigger; tr != effects.AnyRedelivery {
 			t.Errorf("trigger %s, want any redelivery", tr)
 		}
 	})
 }
 
+// allowKfake names what the producer's harness does not verify, and why:
+// kfake is a cluster in the test's memory, with nothing a crash would
+// lose that its restart keeps (no CrashRestarter), and a real cluster
+// (KAFKA_BROKERS) is not the test's to restart; with the journal,
+// postgres.Journal keeps keys in a table nothing evicts from but Prune,
+// so 1,000 keys show what 5,000 would. The slow replies are held 300 ms,
+// under franz-go's request timeouts: the producer waits for them.
+func allowKfake(journaled bool) conformance.Option {
+	left := []string{conformance.ScenarioCrashRestart}
+	if journaled {
+		left = append(left, conformance.ScenarioKeyCapacity)
+	}
+	if kafkatest.Real() {
+		left = append(left, conformance.ScenarioRestart)
+	}
+	return conformance.AllowUnverified("kfake is a cluster in the test's memory, with nothing a crash loses that a restart keeps, and a real "+
+		"cluster is not the test's to restart; postgres.Journal evicts no key, so 1,000 keys show what 5,000 would; "+
+		"neither kfake nor PostgreSQL can be made to answer an application error on demand", append(left, conformance.ScenarioAppFaults)...)
+}
+
 func requireAllRan(t *testing.T, rep conformance.Report) {
 	t.Helper()
 	for _, row := range rep.Rows {
-		// No CrashRestarter: kfake lives in the test's memory.
-		if row.Verdict == conformance.NotRun && !(row.Scenario == conformance.ScenarioRestart && kafkatest.Real()) && row.Scenario != conformance.ScenarioCrashRestart {
+		// No CrashRestarter: kfake lives in the test's memory; no
+		// application faults (see AllowUnverified); key-scope and key-bytes
+		// do not apply to this harness.
+		if row.Verdict == conformance.NotRun && !row.NotApplicable && !(row.Scenario == conformance.ScenarioRestart && kafkatest.Real()) &&
+			row.Scenario != conformance.ScenarioCrashRestart && row.Scenario != conformance.ScenarioAppFaults {
 			t.Errorf("%s: not run: %v", row.Scenario, row.Notes)
 		}
 	}

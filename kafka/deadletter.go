@@ -2,18 +2,23 @@ package kafka
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
 	"effectively.dev/kafka/internal/produce"
+	"effectively.dev/observe/ratelog"
 )
 
 // Headers a dead-letter record carries besides the delivery's own (see
@@ -44,8 +49,32 @@ const (
 	HeaderDLQPartition = DeadLetterHeaderPrefix + "partition"
 	HeaderDLQOffset    = DeadLetterHeaderPrefix + "offset"
 	// HeaderDLQDeliveryID is [effects.Delivery].ID, from which the
-	// handler derived its effects' keys.
+	// handler derived its effects' keys, when none of the record's own
+	// headers carries it (a delivery keyed on its topic/partition/offset,
+	// or one that did not come from Kafka). When a header of the record
+	// carries the id (the source's [WithIDHeader]), the dead letter keeps
+	// that header as it was and names it in [HeaderDLQIDHeader] instead:
+	// the id is stored once. [DeadLetterID] reads it either way.
 	HeaderDLQDeliveryID = DeadLetterHeaderPrefix + "delivery-id"
+	// HeaderDLQIDHeader names the record's header that carries the
+	// delivery id (see [HeaderDLQDeliveryID]); [Redrive] writes the id back
+	// under that name.
+	HeaderDLQIDHeader = DeadLetterHeaderPrefix + "id-header"
+	// HeaderDLQCut is present only on a dead letter that was cut to fit
+	// the dead-letter topic's size limit (see [DeadLetterTopic]): a
+	// comma-separated list of what was cut, from "key", "body",
+	// "delivery-id", "error", "header:NAME" (a header's value) and
+	// "headers-dropped" (headers left out entirely). [Redrive] does not
+	// move a cut dead letter: it is for inspection.
+	HeaderDLQCut = DeadLetterHeaderPrefix + "cut"
+	// HeaderDLQOriginalSize is the size in bytes of the original record
+	// (key, body, header names and values) of a cut dead letter, in
+	// decimal.
+	HeaderDLQOriginalSize = DeadLetterHeaderPrefix + "original-size"
+	// HeaderDLQBodySHA256 is the hex SHA-256 of the original body of a cut
+	// dead letter, so that the full body can be matched against the
+	// source topic or a producer's log.
+	HeaderDLQBodySHA256 = DeadLetterHeaderPrefix + "body-sha256"
 	// HeaderDLQTime is when the delivery was dead-lettered, RFC 3339 with
 	// nanoseconds, UTC.
 	HeaderDLQTime = DeadLetterHeaderPrefix + "time"
@@ -54,6 +83,43 @@ const (
 // MaxDeadLetterErrorBytes is the most bytes of error text
 // [HeaderDLQError] holds; a longer text is cut and ends in "…".
 const MaxDeadLetterErrorBytes = 4 << 10
+
+// Size limits of a dead letter that would not fit its topic whole (see
+// [DeadLetterTopic]).
+const (
+	// MaxCutHeaderBytes is the most bytes a header value (the delivery id
+	// included) or the record key keeps in a cut dead letter; a longer
+	// value is cut and ends in "…".
+	MaxCutHeaderBytes = 256
+	// MinDeadLetterMaxBytes is the smallest size limit
+	// [WithDeadLetterMaxBytes] accepts: room for the dead-letter headers
+	// of a cut dead letter.
+	MinDeadLetterMaxBytes = 2 << 10
+	// DefaultDeadLetterMaxBytes is the size limit [DeadLetterTopic] uses
+	// when it cannot read the topic's max.message.bytes (the client may
+	// not describe configs): Kafka's default, 1,048,588 bytes.
+	DefaultDeadLetterMaxBytes = 1048588
+)
+
+// deadLetterOverhead is what a record's framing and its batch's header
+// take beyond the key, value and headers, with room to spare.
+const deadLetterOverhead = 256
+
+// DeadLetterOption configures [DeadLetterTopic].
+type DeadLetterOption func(*deadLetterOpts)
+
+type deadLetterOpts struct {
+	maxBytes    int
+	maxBytesSet bool
+}
+
+// WithDeadLetterMaxBytes sets the size limit of the dead-letter topic's
+// records instead of reading the topic's max.message.bytes: a dead letter
+// larger than n bytes is cut to fit (see [DeadLetterTopic]). n must be at
+// least [MinDeadLetterMaxBytes].
+func WithDeadLetterMaxBytes(n int) DeadLetterOption {
+	return func(c *deadLetterOpts) { c.maxBytes, c.maxBytesSet = n, true }
+}
 
 // DeadLetterHook is the function [DeadLetterTopic] returns: the type that
 // effectively.dev/effects/consume.WithDeadLetter takes.
@@ -68,8 +134,21 @@ type DeadLetterHook = func(ctx context.Context, d effects.Delivery, err error) e
 // delivery of a [Source] or a [ShareSource], the original record's key and
 // headers, as they were), and adds the headers [HeaderDLQError],
 // [HeaderDLQClass], [HeaderDLQAttempts], [HeaderDLQTopic],
-// [HeaderDLQPartition], [HeaderDLQOffset], [HeaderDLQDeliveryID] and
-// [HeaderDLQTime].
+// [HeaderDLQPartition], [HeaderDLQOffset], [HeaderDLQDeliveryID] or
+// [HeaderDLQIDHeader], and [HeaderDLQTime].
+//
+// A dead letter always fits its topic. The size limit is the topic's
+// max.message.bytes, read once with a DescribeConfigs request and cached
+// ([DefaultDeadLetterMaxBytes] when the client may not read it), or
+// [WithDeadLetterMaxBytes]; it is never above the client's
+// kgo.ProducerBatchMaxBytes. A record that would not fit is cut: every
+// header value and the key to [MaxCutHeaderBytes], the body to what room
+// is left, and it carries [HeaderDLQCut] (what was cut),
+// [HeaderDLQOriginalSize] and [HeaderDLQBodySHA256]. If the broker still
+// refuses it as too large (MESSAGE_TOO_LARGE: the limit changed), the hook
+// reads the limit again and cuts it to half the size, and so on down to
+// [MinDeadLetterMaxBytes]; so a delivery's own size never parks its
+// partition.
 //
 // The hook returns only once the broker acked the record (or ctx is done,
 // or the produce failed): the consumer acks the original delivery only
@@ -82,38 +161,224 @@ type DeadLetterHook = func(ctx context.Context, d effects.Delivery, err error) e
 // is returned as it is, and the consumer keeps the delivery and calls the
 // hook again later.
 //
-// A nil client, an empty topic, or a client that is not an idempotent
-// producer is an error, returned at once.
-func DeadLetterTopic(client *kgo.Client, topic string) (DeadLetterHook, error) {
+// A nil client, an empty topic, a client that is not an idempotent
+// producer, or an invalid option is an error, returned at once.
+func DeadLetterTopic(client *kgo.Client, topic string, opts ...DeadLetterOption) (DeadLetterHook, error) {
 	const op = "kafka.DeadLetterTopic"
+	var cfg deadLetterOpts
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
 	switch {
 	case client == nil:
 		return nil, &effects.ConfigError{Op: op, Option: "client", Reason: "nil"}
 	case topic == "":
 		return nil, &effects.ConfigError{Op: op, Option: "topic", Reason: "empty"}
+	case cfg.maxBytesSet && cfg.maxBytes < MinDeadLetterMaxBytes:
+		return nil, &effects.ConfigError{Op: op, Option: "WithDeadLetterMaxBytes",
+			Reason: fmt.Sprintf("%d bytes; need at least %d", cfg.maxBytes, MinDeadLetterMaxBytes)}
 	}
 	if err := produce.CheckClient(client); err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
-	sync := produce.NewSyncer(client)
-	return func(ctx context.Context, d effects.Delivery, cause error) error {
-		rec := DeadLetterRecord(topic, d, cause, time.Now())
-		res := sync.Produce(ctx, rec)
-		if len(res) == 0 {
-			return fmt.Errorf("%s: delivery %q: no produce result", op, d.ID)
-		}
-		if err := res[0].Err; err != nil {
-			if deadLetterConfig(err) {
-				return fmt.Errorf("%s: delivery %q to topic %q: %w: %w", op, d.ID, topic,
-					&effects.ConfigError{Op: op, Option: "topic", Reason: "the broker refuses records for it (missing, or not writable by this client)"}, err)
-			}
-			return fmt.Errorf("%s: delivery %q to topic %q: %w", op, d.ID, topic, err)
-		}
-		return nil
-	}, nil
+	dl := &deadLetterer{client: client, topic: topic, sync: produce.NewSyncer(client), clientMax: clientMaxBytes(client)}
+	if cfg.maxBytesSet {
+		dl.fixed = cfg.maxBytes
+	}
+	return dl.hook, nil
 }
 
-func deadLetterConfig(err error) bool {
+// deadLetterer is the state behind a [DeadLetterTopic] hook.
+type deadLetterer struct {
+	client    *kgo.Client
+	topic     string
+	sync      *produce.Syncer
+	fixed     int // WithDeadLetterMaxBytes; 0: read the topic's
+	clientMax int // the client's ProducerBatchMaxBytes
+
+	mu     sync.Mutex
+	cached int // the topic's max.message.bytes, once read
+}
+
+func (dl *deadLetterer) hook(ctx context.Context, d effects.Delivery, cause error) error {
+	const op = "kafka.DeadLetterTopic"
+	id := ratelog.Bound(d.ID)
+	rec := DeadLetterRecord(dl.topic, d, cause, time.Now())
+	limit := dl.limit(ctx, false)
+	for {
+		orig := rec
+		if recordBytes(rec) > limit-deadLetterOverhead {
+			rec = cutDeadLetter(orig, limit-deadLetterOverhead)
+		}
+		res := dl.sync.Produce(ctx, rec)
+		if len(res) == 0 {
+			return fmt.Errorf("%s: delivery %q: no produce result", op, id)
+		}
+		err := res[0].Err
+		switch {
+		case err == nil:
+			return nil
+		case deadLetterRefused(err):
+			return fmt.Errorf("%s: delivery %q to topic %q: %w: %w", op, id, dl.topic,
+				&effects.ConfigError{Op: op, Option: "topic", Reason: "the broker refuses records for it (missing, or not writable by this client)"}, err)
+		case tooLarge(err) && limit > MinDeadLetterMaxBytes:
+			// The limit changed, or the estimate was short: read it again,
+			// and never try the same size twice.
+			limit = max(MinDeadLetterMaxBytes, min(dl.limit(ctx, true), recordBytes(rec)/2))
+			rec = orig
+			continue
+		}
+		return fmt.Errorf("%s: delivery %q to topic %q: %w", op, id, dl.topic, err)
+	}
+}
+
+// limit returns the size limit of the topic's records: the fixed one, or
+// the topic's max.message.bytes (read once, again when fresh), capped by
+// the client's own.
+func (dl *deadLetterer) limit(ctx context.Context, fresh bool) int {
+	if dl.fixed > 0 {
+		return min(dl.fixed, dl.clientMax)
+	}
+	dl.mu.Lock()
+	defer dl.mu.Unlock()
+	if dl.cached == 0 || fresh {
+		if n, err := topicMaxBytes(ctx, dl.client, dl.topic); err == nil {
+			dl.cached = n
+		} else if dl.cached == 0 {
+			return min(DefaultDeadLetterMaxBytes, dl.clientMax) // not cached: asked again next time
+		}
+	}
+	return min(dl.cached, dl.clientMax)
+}
+
+// topicMaxBytes reads topic's max.message.bytes.
+func topicMaxBytes(ctx context.Context, client *kgo.Client, topic string) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	rcs, err := kadm.NewClient(client).DescribeTopicConfigs(ctx, topic)
+	if err != nil {
+		return 0, err
+	}
+	rc, err := rcs.On(topic, nil)
+	if err != nil {
+		return 0, err
+	}
+	if rc.Err != nil {
+		return 0, rc.Err
+	}
+	for _, c := range rc.Configs {
+		if c.Key == "max.message.bytes" && c.Value != nil {
+			n, err := strconv.Atoi(*c.Value)
+			if err != nil || n < 1 {
+				return 0, fmt.Errorf("max.message.bytes %q", *c.Value)
+			}
+			return max(n, MinDeadLetterMaxBytes), nil
+		}
+	}
+	return 0, errors.New("no max.message.bytes in the topic's configs")
+}
+
+// clientMaxBytes is client's kgo.ProducerBatchMaxBytes.
+func clientMaxBytes(client *kgo.Client) int {
+	if vs := client.OptValues(kgo.ProducerBatchMaxBytes); len(vs) > 0 {
+		if n, ok := vs[0].(int32); ok && n > 0 {
+			return int(n)
+		}
+	}
+	return 1000012 // franz-go's default
+}
+
+func tooLarge(err error) bool {
+	return errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge)
+}
+
+// recordBytes is the bytes of r's key, value and headers, with a few bytes
+// of framing per header.
+func recordBytes(r *kgo.Record) int {
+	n := len(r.Key) + len(r.Value)
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value) + 8
+	}
+	return n
+}
+
+// cutDeadLetter returns a copy of the dead letter rec cut to budget bytes
+// (as recordBytes counts them): key and header values bounded, headers
+// dropped from the end if they still do not fit, then the body cut to
+// what is left; marked with HeaderDLQCut, HeaderDLQOriginalSize and
+// HeaderDLQBodySHA256.
+func cutDeadLetter(rec *kgo.Record, budget int) *kgo.Record {
+	var cut []string
+	out := &kgo.Record{Topic: rec.Topic, Key: rec.Key}
+	if len(out.Key) > MaxCutHeaderBytes {
+		out.Key = []byte(cutText(string(out.Key), MaxCutHeaderBytes))
+		cut = append(cut, "key")
+	}
+	var own, dlq []kgo.RecordHeader // the record's own headers, and ours
+	for _, h := range rec.Headers {
+		limit := MaxCutHeaderBytes
+		if h.Key == HeaderDLQError {
+			limit = 1 << 10
+		}
+		if len(h.Key) > MaxCutHeaderBytes {
+			h.Key = cutText(h.Key, MaxCutHeaderBytes)
+		}
+		if len(h.Value) > limit {
+			h.Value = []byte(cutText(string(h.Value), limit))
+			switch h.Key {
+			case HeaderDLQDeliveryID:
+				cut = append(cut, "delivery-id")
+			case HeaderDLQError:
+				cut = append(cut, "error")
+			default:
+				cut = append(cut, "header:"+cutText(h.Key, 64))
+			}
+		}
+		if strings.HasPrefix(h.Key, DeadLetterHeaderPrefix) {
+			dlq = append(dlq, h)
+		} else {
+			own = append(own, h)
+		}
+	}
+	sum := sha256.Sum256(rec.Value)
+	marks := []kgo.RecordHeader{
+		{Key: HeaderDLQOriginalSize, Value: []byte(strconv.Itoa(recordBytes(rec)))},
+		{Key: HeaderDLQBodySHA256, Value: []byte(hex.EncodeToString(sum[:]))},
+	}
+	const cutRoom = 512 // the HeaderDLQCut header's value, at most
+	fixed := len(out.Key) + recordBytes(&kgo.Record{Headers: append(dlq, marks...)}) + len(HeaderDLQCut) + 8 + cutRoom
+	room := budget - fixed
+	kept := own[:0:0]
+	for _, h := range own {
+		n := len(h.Key) + len(h.Value) + 8
+		if n > room {
+			cut = append(cut, "headers-dropped")
+			break
+		}
+		kept = append(kept, h)
+		room -= n
+	}
+	out.Value = rec.Value
+	if len(out.Value) > max(room, 0) {
+		out.Value = rec.Value[:max(room, 0)]
+		cut = append(cut, "body")
+	}
+	mark := cutText(strings.Join(cut, ","), cutRoom)
+	out.Headers = slices.Concat(kept, dlq, marks, []kgo.RecordHeader{{Key: HeaderDLQCut, Value: []byte(mark)}})
+	return out
+}
+
+// cutText cuts s to at most n bytes of valid UTF-8 ending in "…".
+func cutText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n-len("…")], "") + "…"
+}
+
+func deadLetterRefused(err error) bool {
 	return errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, kerr.TopicAuthorizationFailed) ||
 		errors.Is(err, kerr.InvalidTopicException) || errors.Is(err, kerr.ClusterAuthorizationFailed)
 }
@@ -145,15 +410,19 @@ func DeadLetterRecord(topic string, d effects.Delivery, cause error, now time.Ti
 			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: k, Value: []byte(d.Headers[k])})
 		}
 	}
+	idHeader := ""
+	for _, h := range rec.Headers {
+		if d.ID != "" && string(h.Value) == d.ID {
+			idHeader = h.Key
+			break
+		}
+	}
 	add := func(k, v string) { rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)}) }
 	text := "<nil>"
 	if cause != nil {
 		text = cause.Error()
 	}
-	if len(text) > MaxDeadLetterErrorBytes {
-		text = strings.ToValidUTF8(text[:MaxDeadLetterErrorBytes-len("…")], "") + "…"
-	}
-	add(HeaderDLQError, text)
+	add(HeaderDLQError, cutText(text, MaxDeadLetterErrorBytes))
 	add(HeaderDLQClass, DeadLetterClass(cause))
 	if d.Attempt > 0 {
 		add(HeaderDLQAttempts, strconv.Itoa(d.Attempt))
@@ -163,16 +432,32 @@ func DeadLetterRecord(topic string, d effects.Delivery, cause error, now time.Ti
 		add(HeaderDLQPartition, strconv.FormatInt(int64(src.Partition), 10))
 		add(HeaderDLQOffset, strconv.FormatInt(src.Offset, 10))
 	}
-	add(HeaderDLQDeliveryID, d.ID)
+	if idHeader != "" {
+		add(HeaderDLQIDHeader, idHeader)
+	} else {
+		add(HeaderDLQDeliveryID, d.ID)
+	}
 	add(HeaderDLQTime, now.UTC().Format(time.RFC3339Nano))
 	return rec
+}
+
+// DeadLetterID returns the delivery id a dead letter written by
+// [DeadLetterRecord] carries: [HeaderDLQDeliveryID], or the value of the
+// header [HeaderDLQIDHeader] names. It returns "" for a record that has
+// neither.
+func DeadLetterID(r *kgo.Record) string {
+	if id, ok := headerValue(r, HeaderDLQDeliveryID); ok {
+		return id
+	}
+	if name, ok := headerValue(r, HeaderDLQIDHeader); ok {
+		id, _ := headerValue(r, name)
+		return id
+	}
+	return ""
 }
 
 // DeadLetterClass is the [HeaderDLQClass] value for err: "poison" when it
 // matches [effects.ErrPoison], otherwise the name of [effects.ClassOf].
 func DeadLetterClass(err error) string {
-	if errors.Is(err, effects.ErrPoison) {
-		return "poison"
-	}
-	return effects.ClassOf(err).String()
+	return ratelog.Class(err)
 }

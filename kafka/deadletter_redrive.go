@@ -1,19 +1,25 @@
 package kafka
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/time/rate"
 
 	"effectively.dev/effects"
 	"effectively.dev/kafka/internal/produce"
+	"effectively.dev/observe/ratelog"
 )
 
 // RedriveOption configures [Redrive]: which dead letters move, where, and
@@ -35,6 +41,8 @@ type redriveConfig struct {
 	progress io.Writer
 	limitSet bool
 	idsSet   bool
+	allowed  map[string]bool // nil: every destination
+	group    string
 }
 
 // WithRedriveTimeRange moves only dead letters written in [from, to) (the
@@ -74,6 +82,41 @@ func WithRedriveTopic(topic string) RedriveOption {
 	return func(c *redriveConfig) { c.topic = topic }
 }
 
+// WithRedriveAllowTopics moves dead letters only to topics: a dead letter
+// whose destination ([HeaderDLQTopic], which whoever can write to the
+// dead-letter topic can forge) is not one of them is skipped and counted
+// in RedriveStats.NotAllowed. The topic of [WithRedriveTopic] is allowed
+// without it. Without this option every destination is allowed.
+func WithRedriveAllowTopics(topics ...string) RedriveOption {
+	return func(c *redriveConfig) {
+		if c.allowed == nil {
+			c.allowed = map[string]bool{}
+		}
+		for _, t := range topics {
+			c.allowed[t] = true
+		}
+	}
+}
+
+// WithRedriveGroup records the redrive's progress under the consumer group
+// group on the dead-letter topic, so that a redrive stopped part-way
+// (killed, cancelled, or at its [WithRedriveLimit]) and run again with the
+// same group resumes after the last dead letter it moved: it starts at the
+// group's committed offsets, and commits each partition's offset after
+// each dead letter it moved, once the broker acked the moved record, and
+// at the end of the run past every dead letter it read (selected or not:
+// use one group per selection). Each commit made while the run moves
+// records is stamped with its time (the commits at the end of a run that
+// stopped cleanly are not); a run that resumes from a stamped commit first
+// looks in the destination of the partition's next dead letter for a
+// record written since, whose [HeaderRedrivenFrom] names it (moved by a
+// run killed before its commit), and skips it if there is one. A dry run reads from the group's offsets and commits
+// nothing. group must not be a group that consumers of the dead-letter
+// topic use.
+func WithRedriveGroup(group string) RedriveOption {
+	return func(c *redriveConfig) { c.group = group }
+}
+
 // WithRedriveIDHeader names the header the source reads Delivery.ID from
 // (default [KeyHeader]; see [WithIDHeader]). A dead letter without that
 // header (its delivery id was the record's topic/partition/offset) gets it,
@@ -84,8 +127,10 @@ func WithRedriveIDHeader(name string) RedriveOption {
 }
 
 // WithRedriveDryRun moves nothing: Redrive writes one line per selected
-// dead letter to w (where it is, its delivery id, class, destination and
-// error; nothing for a nil w) and counts it in RedriveStats.Moved.
+// dead letter to w (when it was dead-lettered, where it is, its delivery
+// id, class, destination and error; nothing for a nil w) and counts it in
+// RedriveStats.Moved; a dead letter it would not move (cut, or to a topic
+// not allowed) gets a line that says so.
 func WithRedriveDryRun(w io.Writer) RedriveOption {
 	return func(c *redriveConfig) {
 		c.dry, c.dryRun = true, w
@@ -113,8 +158,55 @@ type RedriveStats struct {
 	// Read is how many dead letters it read; Moved how many it produced to
 	// their source topic (or would have, dry); Skipped how many the
 	// selection left out; Repeated how many were skipped as a delivery id
-	// already moved in this run (a dead letter written twice).
-	Read, Moved, Skipped, Repeated int
+	// already moved in this run (a dead letter written twice); NotAllowed
+	// how many were skipped because their destination is not allowed
+	// ([WithRedriveAllowTopics]); Cut how many were skipped because they
+	// were cut to fit the dead-letter topic ([HeaderDLQCut]: their body
+	// or id is not whole); NoDestination how many dead letters without
+	// [HeaderDLQTopic] a dry run listed (without [WithRedriveTopic], such a
+	// dead letter stops a run that moves).
+	Read, Moved, Skipped, Repeated, NotAllowed, Cut, NoDestination int
+	// Moves counts the dead letters moved (or, dry, that would move) per
+	// destination topic and class, sorted by topic then class.
+	Moves []RedriveMove
+}
+
+// RedriveMove counts the dead letters [Redrive] moved to one topic with
+// one class, and the first and last of their dead-lettering times
+// ([HeaderDLQTime], else the record's timestamp).
+type RedriveMove struct {
+	Topic, Class string
+	Count        int
+	First, Last  time.Time
+}
+
+// count adds a dead letter of class to topic, dead-lettered at at.
+func (s *RedriveStats) count(topic, class string, at time.Time) {
+	i, found := slices.BinarySearchFunc(s.Moves, RedriveMove{Topic: topic, Class: class}, func(a, b RedriveMove) int {
+		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Class, b.Class))
+	})
+	if !found {
+		s.Moves = slices.Insert(s.Moves, i, RedriveMove{Topic: topic, Class: class, First: at, Last: at})
+	}
+	m := &s.Moves[i]
+	m.Count++
+	if at.Before(m.First) {
+		m.First = at
+	}
+	if at.After(m.Last) {
+		m.Last = at
+	}
+}
+
+// DeadLetterTime is when dead letter r was dead-lettered: its
+// [HeaderDLQTime], else its record timestamp.
+func DeadLetterTime(r *kgo.Record) time.Time {
+	if v, ok := headerValue(r, HeaderDLQTime); ok {
+		if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+			return t
+		}
+	}
+	return r.Timestamp
 }
 
 // errRedriveDone stops the replay once the limit is reached.
@@ -126,32 +218,72 @@ var errRedriveDone = errors.New("redrive limit reached")
 // [NewProducer] (any client for [WithRedriveDryRun]). Each moved record
 // has the dead letter's key, body and headers, without the headers
 // [DeadLetterTopic] added (those starting with [DeadLetterHeaderPrefix]),
-// and keeps the delivery id header ([WithRedriveIDHeader]): a consumer of
-// the source topic gets a delivery with the same ID, so the effects its
-// handler completed before the delivery was dead-lettered replay, and only
-// the rest apply. Deploy the fix first: a delivery that fails again is
-// dead-lettered again.
+// and keeps the delivery id header ([HeaderDLQIDHeader], else
+// [WithRedriveIDHeader]): a consumer of the source topic gets a delivery
+// with the same ID, so the effects its handler completed before the
+// delivery was dead-lettered replay, and only the rest apply. Deploy the
+// fix first: a delivery that fails again is dead-lettered again.
 //
-// It reads the topic from its start to its end when Redrive starts (see
-// [Replay]), waits for each record's ack before the next, and moves each
-// delivery id once per run (dead letters with an empty id each time). It is at least once, like the dead letters:
-// a Redrive that fails or is run twice moves records again, and the
-// consumers' effects dedup them. The dead letters stay in dlq.
+// It reads the topic from its start (or from [WithRedriveGroup]'s
+// committed offsets) to its end when Redrive starts (see [Replay]), waits
+// for each record's ack before the next, and moves each delivery id once
+// per run (dead letters with an empty id each time). A record whose
+// produce has started is finished even when ctx is cancelled, so a
+// cancelled run knows what it moved. Without [WithRedriveGroup] it is at
+// least once, like the dead letters: a Redrive that fails, or is run
+// twice, moves records again, and the consumers' effects dedup them. With
+// a group, a rerun resumes after the last dead letter moved, and each
+// moved record carries [HeaderRedrivenFrom], so that a rerun after a
+// process killed between a record's ack and its offset commit finds that
+// record in its destination and does not move it again. The dead letters
+// stay in dlq. A dead letter cut to fit ([HeaderDLQCut]) is never moved.
 //
 // A dead letter without [HeaderDLQTopic] and no [WithRedriveTopic] is an
 // error that stops the run (with the stats up to it), as is a failed
-// produce.
+// produce or a failed offset commit.
 func Redrive(ctx context.Context, client *kgo.Client, dlq string, opts ...RedriveOption) (RedriveStats, error) {
 	const op = "kafka.Redrive"
-	var stats RedriveStats
+	cfg, err := newRedriveConfig(op, client, dlq, opts)
+	if err != nil {
+		return RedriveStats{}, err
+	}
+	r := &redriver{cfg: cfg, client: client, dlq: dlq, sync: produce.NewSyncer(client),
+		lim: newLimiter(cfg.rate, cfg.burst), seen: map[string]bool{}, next: map[int32]int64{}}
+	rcfg, err := newReplayConfig(op, client, dlq, false, []ReplayOption{WithReplayTimeRange(cfg.from, cfg.to), WithReplayProgress(cfg.progress)})
+	if err != nil {
+		return r.stats, err
+	}
+	if cfg.group != "" {
+		if rcfg.starts, err = r.committed(ctx); err != nil {
+			return r.stats, fmt.Errorf("%s %s: group %q: %w", op, dlq, cfg.group, err)
+		}
+	}
+	_, err = replay(ctx, op, client, dlq, rcfg, func(ctx context.Context, recs []*kgo.Record) error {
+		return r.handle(ctx, recs[0])
+	})
+	if errors.Is(err, errRedriveDone) {
+		err = nil
+	}
+	// No produce is in flight once the run ends, unless a produce failed
+	// (its record may still have been written): only then do the commits
+	// keep their time stamps for the next run to look for it.
+	clean := err == nil || ctx.Err() != nil
+	if cerr := r.commit(ctx, clean); cerr != nil && err == nil {
+		err = fmt.Errorf("%s %s: %w", op, dlq, cerr)
+	}
+	return r.stats, err // replay's errors name op and dlq
+}
+
+// newRedriveConfig applies opts and validates them with client and dlq.
+func newRedriveConfig(op string, client *kgo.Client, dlq string, opts []RedriveOption) (redriveConfig, error) {
 	cfg := redriveConfig{idHeader: KeyHeader}
 	for _, o := range opts {
 		if o != nil {
 			o(&cfg)
 		}
 	}
-	bad := func(option, format string, args ...any) (RedriveStats, error) {
-		return stats, &effects.ConfigError{Op: op, Option: option, Reason: fmt.Sprintf(format, args...)}
+	bad := func(option, format string, args ...any) (redriveConfig, error) {
+		return cfg, &effects.ConfigError{Op: op, Option: option, Reason: fmt.Sprintf(format, args...)}
 	}
 	switch {
 	case client == nil:
@@ -168,54 +300,260 @@ func Redrive(ctx context.Context, client *kgo.Client, dlq string, opts ...Redriv
 		return bad("WithRedriveRate", "negative burst %d", cfg.burst)
 	case cfg.idsSet && len(cfg.ids) == 0:
 		return bad("WithRedriveIDs", "no ids; leave the option out to move every id")
+	case cfg.allowed != nil && len(cfg.allowed) == 0:
+		return bad("WithRedriveAllowTopics", "no topics; leave the option out to allow every destination")
+	}
+	if cfg.allowed != nil && cfg.topic != "" {
+		cfg.allowed[cfg.topic] = true
 	}
 	if !cfg.dry {
 		if err := produce.CheckClient(client); err != nil {
-			return stats, fmt.Errorf("%s: %w", op, err)
+			return cfg, fmt.Errorf("%s: %w", op, err)
 		}
 	}
-	lim := newLimiter(cfg.rate, cfg.burst)
-	sync := produce.NewSyncer(client)
-	seen := map[string]bool{}
-	_, err := Replay(ctx, client, dlq, func(ctx context.Context, dl *kgo.Record) error {
-		stats.Read++
-		id, _ := headerValue(dl, HeaderDLQDeliveryID)
-		class, _ := headerValue(dl, HeaderDLQClass)
-		if !cfg.selects(dl, id, class) {
-			stats.Skipped++
-			return nil
+	return cfg, nil
+}
+
+// redriver is the state of one Redrive.
+type redriver struct {
+	cfg    redriveConfig
+	client *kgo.Client
+	dlq    string
+	sync   *produce.Syncer
+	lim    Limiter
+	stats  RedriveStats
+	seen   map[string]bool // delivery ids moved in this run
+	next   map[int32]int64 // per partition, the offset after the last dead letter read
+	done   map[int32]int64 // per partition, the offset committed
+	// stampless: the final commit, after which no move is pending
+	stampless bool
+}
+
+// handle takes one dead letter: it counts it, skips it, or moves it, and,
+// once it did, counts it as read past.
+func (r *redriver) handle(ctx context.Context, dl *kgo.Record) error {
+	err := r.take(ctx, dl)
+	if err == nil || errors.Is(err, errRedriveDone) {
+		r.next[dl.Partition] = dl.Offset + 1
+	}
+	return err
+}
+
+// take counts, skips or moves one dead letter.
+func (r *redriver) take(ctx context.Context, dl *kgo.Record) error {
+	r.stats.Read++
+	id := DeadLetterID(dl)
+	class, _ := headerValue(dl, HeaderDLQClass)
+	switch {
+	case !r.cfg.selects(dl, id, class):
+		r.stats.Skipped++
+		return nil
+	case id != "" && r.seen[id]: // an empty id (refused by effects.NewKey) names no delivery
+		r.stats.Repeated++
+		return nil
+	}
+	rec, err := r.cfg.redriven(dl, id)
+	if err != nil && r.cfg.dry {
+		r.stats.NoDestination++
+		r.print(dl, &kgo.Record{}, id, class, " (no destination: name one with WithRedriveTopic)")
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	_, cut := headerValue(dl, HeaderDLQCut)
+	switch {
+	case cut:
+		r.stats.Cut++
+		r.print(dl, rec, id, class, " (cut to fit the dead-letter topic: not moved)")
+		return nil
+	case r.cfg.allowed != nil && !r.cfg.allowed[rec.Topic]:
+		r.stats.NotAllowed++
+		r.print(dl, rec, id, class, " (destination not allowed: not moved)")
+		return nil
+	}
+	if r.cfg.dry {
+		r.print(dl, rec, id, class, "")
+	} else if err := r.move(ctx, dl, rec, id); err != nil {
+		return err
+	}
+	r.seen[id] = true
+	r.stats.Moved++
+	r.stats.count(rec.Topic, class, DeadLetterTime(dl))
+	if r.cfg.limitSet && r.stats.Moved >= r.cfg.limit {
+		return errRedriveDone
+	}
+	return nil
+}
+
+// print writes a dry run's line for dl, redriven as rec, with note.
+func (r *redriver) print(dl, rec *kgo.Record, id, class, note string) {
+	if !r.cfg.dry {
+		return
+	}
+	reason, _ := headerValue(dl, HeaderDLQError)
+	fmt.Fprintf(r.cfg.dryRun, "%s %s/%d/%d delivery %q class %s -> %s%s: %s\n",
+		DeadLetterTime(dl).UTC().Format(time.RFC3339), dl.Topic, dl.Partition, dl.Offset, ratelog.Bound(id), class, rec.Topic, note, reason)
+}
+
+// move produces rec, the redriven form of dl, and records the progress.
+func (r *redriver) move(ctx context.Context, dl, rec *kgo.Record, id string) error {
+	if err := r.lim.Wait(ctx); err != nil {
+		return err
+	}
+	// A produce that started is finished: a cancelled run then knows
+	// whether it moved the record, and commits it.
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if err := r.sync.Produce(pctx, rec).FirstErr(); err != nil {
+		return fmt.Errorf("producing dead letter %d/%d (delivery %q) to %s: %w", dl.Partition, dl.Offset, ratelog.Bound(id), rec.Topic, err)
+	}
+	return r.commitAt(pctx, map[int32]int64{dl.Partition: dl.Offset + 1}, false)
+}
+
+// HeaderRedrivenFrom is the header [Redrive] adds to each record it
+// moves: where the dead letter was, "TOPIC/PARTITION/OFFSET" of the
+// dead-letter topic. With [WithRedriveGroup], a redrive that resumes after
+// a kill looks for it to tell whether the dead letter it was moving when
+// it died was moved.
+const HeaderRedrivenFrom = "effectively-redriven-from"
+
+// committed returns the group's committed offsets on the dead-letter
+// topic, per partition, after making sure of the one dead letter per
+// partition a killed run may have moved without committing it: if the
+// destination holds a record redriven from it since the commit, the start
+// moves past it. It then commits the starts, stamped with the time, so
+// that the next run can do the same.
+func (r *redriver) committed(ctx context.Context) (map[int32]int64, error) {
+	adm := kadm.NewClient(r.client)
+	starts := map[int32]int64{}
+	os, err := adm.FetchOffsets(ctx, r.cfg.group)
+	if err == nil {
+		err = os.Error()
+	}
+	switch {
+	case errors.Is(err, kerr.GroupIDNotFound): // a first run: nothing committed yet
+	case err != nil:
+		return nil, fmt.Errorf("fetching committed offsets: %w", err)
+	}
+	for p, o := range os[r.dlq] {
+		if o.At < 0 {
+			continue
 		}
-		if id != "" && seen[id] { // an empty id (refused by effects.NewKey) names no delivery
-			stats.Repeated++
-			return nil
-		}
-		rec, err := cfg.redriven(dl, id)
-		if err != nil {
-			return err
-		}
-		if cfg.dry {
-			reason, _ := headerValue(dl, HeaderDLQError)
-			fmt.Fprintf(cfg.dryRun, "%s/%d/%d delivery %q class %s -> %s: %s\n",
-				dl.Topic, dl.Partition, dl.Offset, id, class, rec.Topic, reason)
-		} else {
-			if err := lim.Wait(ctx); err != nil {
-				return err
+		starts[p] = o.At
+		if since, err := strconv.ParseInt(o.Metadata, 10, 64); err == nil && !r.cfg.dry {
+			moved, err := r.movedSince(ctx, p, o.At, time.UnixMilli(since))
+			if err != nil {
+				return nil, err
 			}
-			if err := sync.Produce(ctx, rec).FirstErr(); err != nil {
-				return fmt.Errorf("producing dead letter %d/%d (delivery %q) to %s: %w", dl.Partition, dl.Offset, id, rec.Topic, err)
+			if moved {
+				starts[p] = o.At + 1
 			}
 		}
-		seen[id] = true
-		stats.Moved++
-		if cfg.limitSet && stats.Moved >= cfg.limit {
-			return errRedriveDone
+	}
+	if r.cfg.dry {
+		return starts, nil
+	}
+	logStart, err := adm.ListStartOffsets(ctx, r.dlq)
+	if err == nil {
+		err = logStart.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing start offsets: %w", err)
+	}
+	next := map[int32]int64{}
+	logStart.Each(func(l kadm.ListedOffset) { next[l.Partition] = max(l.Offset, starts[l.Partition]) })
+	r.done = map[int32]int64{}
+	return starts, r.commitAt(ctx, next, true)
+}
+
+// errFound stops a scan once it found what it looked for.
+var errFound = errors.New("found")
+
+// movedSince reports whether the dead letter at offset off of partition p
+// was moved at or after since: whether its destination holds a record
+// whose HeaderRedrivenFrom names it, written since then.
+func (r *redriver) movedSince(ctx context.Context, p int32, off int64, since time.Time) (bool, error) {
+	var dest string
+	_, err := Replay(ctx, r.client, r.dlq, func(_ context.Context, dl *kgo.Record) error {
+		if rec, err := r.cfg.redriven(dl, DeadLetterID(dl)); err == nil {
+			dest = rec.Topic
 		}
 		return nil
-	}, WithReplayTimeRange(cfg.from, cfg.to), WithReplayProgress(cfg.progress))
-	if err != nil && !errors.Is(err, errRedriveDone) {
-		return stats, fmt.Errorf("%s %s: %w", op, dlq, err)
+	}, WithReplayPartitions(p), WithReplayOffsetRange(off, off+1), WithReplayProgress(io.Discard))
+	if err != nil || dest == "" {
+		return false, err
 	}
-	return stats, nil
+	from := fmt.Sprintf("%s/%d/%d", r.dlq, p, off)
+	_, err = Replay(ctx, r.client, dest, func(_ context.Context, rec *kgo.Record) error {
+		if v, _ := headerValue(rec, HeaderRedrivenFrom); v == from {
+			return errFound
+		}
+		return nil
+	}, WithReplayTimeRange(since.Add(-time.Second), time.Time{}), WithReplayProgress(io.Discard))
+	if errors.Is(err, errFound) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("looking for %s in %s: %w", from, dest, err)
+	}
+	return false, nil
+}
+
+// commit records, under the group, the offsets after the dead letters the
+// run read; clean, without time stamps (no move is pending: the next run
+// need not look in the destinations), on every partition the run
+// committed. It does nothing for a dry run or without a group.
+func (r *redriver) commit(ctx context.Context, clean bool) error {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if !clean {
+		return r.commitAt(cctx, r.next, false)
+	}
+	final := maps.Clone(r.done)
+	if final == nil {
+		final = map[int32]int64{}
+	}
+	for p, o := range r.next {
+		final[p] = max(final[p], o)
+	}
+	r.stampless = true
+	return r.commitAt(cctx, final, true)
+}
+
+// commitAt commits next, each offset stamped with the time (the earliest
+// its next dead letter can be moved), unless r.stampless; all commits
+// even offsets already committed.
+func (r *redriver) commitAt(ctx context.Context, next map[int32]int64, all bool) error {
+	if r.cfg.group == "" || r.cfg.dry {
+		return nil
+	}
+	if r.done == nil {
+		r.done = map[int32]int64{}
+	}
+	stamp := strconv.FormatInt(time.Now().UnixMilli(), 10)
+	if r.stampless {
+		stamp = ""
+	}
+	var os kadm.Offsets
+	for p, o := range next {
+		if done, ok := r.done[p]; ok && done >= o && !all {
+			continue
+		}
+		os.Add(kadm.Offset{Topic: r.dlq, Partition: p, At: o, LeaderEpoch: -1, Metadata: stamp})
+	}
+	if len(os) == 0 {
+		return nil
+	}
+	resp, err := kadm.NewClient(r.client).CommitOffsets(ctx, r.cfg.group, os)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		return fmt.Errorf("committing the redrive's progress under group %q: %w", r.cfg.group, err)
+	}
+	os.Each(func(o kadm.Offset) { r.done[o.Partition] = o.At })
+	return nil
 }
 
 // selects reports whether the selection takes dead letter dl.
@@ -240,17 +578,23 @@ func (c *redriveConfig) redriven(dl *kgo.Record, id string) (*kgo.Record, error)
 			dl.Partition, dl.Offset, id, HeaderDLQTopic)
 	}
 	rec := &kgo.Record{Topic: topic, Key: dl.Key, Value: dl.Value}
+	named, _ := headerValue(dl, HeaderDLQIDHeader)
 	hasID := false
 	for _, h := range dl.Headers {
 		if strings.HasPrefix(h.Key, DeadLetterHeaderPrefix) {
 			continue
 		}
-		hasID = hasID || h.Key == c.idHeader
+		if h.Key == HeaderRedrivenFrom {
+			continue // an earlier redrive's
+		}
+		hasID = hasID || h.Key == c.idHeader || (named != "" && h.Key == named)
 		rec.Headers = append(rec.Headers, h)
 	}
 	if !hasID && id != "" {
 		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: c.idHeader, Value: []byte(id)})
 	}
+	rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: HeaderRedrivenFrom,
+		Value: []byte(fmt.Sprintf("%s/%d/%d", dl.Topic, dl.Partition, dl.Offset))})
 	return rec, nil
 }
 

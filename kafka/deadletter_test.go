@@ -114,8 +114,11 @@ func TestDeadLetterTopic(t *testing.T) {
 			if p, o := header(r, kafka.HeaderDLQPartition), header(r, kafka.HeaderDLQOffset); p != "1" || o != "0" {
 				t.Errorf("partition/offset headers %s/%s, want 1/0", p, o)
 			}
-			if got := header(r, kafka.HeaderDLQDeliveryID); got != "id-poison" {
-				t.Errorf("delivery id header %q", got)
+			if got, in := kafka.DeadLetterID(r), header(r, kafka.HeaderDLQIDHeader); got != "id-poison" || in != kafka.KeyHeader {
+				t.Errorf("delivery id %q in header %q, want id-poison in %s", got, in, kafka.KeyHeader)
+			}
+			if _, twice := kafkatest.Header(r, kafka.HeaderDLQDeliveryID); twice {
+				t.Errorf("the delivery id is stored twice")
 			}
 			at, err := time.Parse(time.RFC3339Nano, header(r, kafka.HeaderDLQTime))
 			if err != nil || at.Before(before.Add(-time.Second)) || at.After(time.Now()) {
@@ -302,7 +305,7 @@ func TestRedriveAfterFix(t *testing.T) {
 	ids := map[string]bool{}
 	var id3 string // poison-3's delivery id: topic/partition/offset
 	for _, r := range dead {
-		id := header(r, kafka.HeaderDLQDeliveryID)
+		id := kafka.DeadLetterID(r)
 		ids[id] = true
 		if id != "id-1" {
 			id3 = id

@@ -53,6 +53,7 @@ type replayConfig struct {
 	progress      io.Writer
 	batchSize     int
 	batchSizeSet  bool
+	starts        map[int32]int64 // per partition, a start no earlier than cfg's (Redrive's group offsets)
 }
 
 // WithReplayPartitions limits the replay to partitions ps (default: all
@@ -259,35 +260,19 @@ func newReplayStats() ReplayStats {
 	return ReplayStats{Ranges: map[int32]OffsetRange{}, Next: map[int32]int64{}}
 }
 
-// replay runs Replay and ReplayBatch: it hands handler batches of up to
-// cfg.batchSize records.
+// replay runs Replay and ReplayBatch: it resolves the ranges, then hands
+// handler batches of up to cfg.batchSize records from a consumer of its
+// own until every partition reached its range's end.
 func replay(ctx context.Context, op string, client *kgo.Client, topic string, cfg replayConfig, handler ReplayBatchHandler) (ReplayStats, error) {
 	stats := newReplayStats()
-	size := cfg.batchSize
 	ranges, err := replayRanges(ctx, kadm.NewClient(client), topic, cfg)
 	if err != nil {
 		return stats, fmt.Errorf("%s %s: %w", op, topic, err)
 	}
-	var total int64
-	starts := map[int32]kgo.Offset{}
-	for p, r := range ranges {
-		stats.Ranges[p] = r
-		stats.Next[p] = r.Start
-		if r.End > r.Start {
-			total += r.End - r.Start
-			starts[p] = kgo.NewOffset().At(r.Start)
-		}
-	}
+	starts, total := replayStarts(ranges, &stats)
 	if len(starts) == 0 {
 		return stats, nil
 	}
-	lim := cfg.limiter
-	if lim == nil {
-		lim = newLimiter(cfg.rate, cfg.burst)
-	}
-	bar := newProgress(cfg.progress, topic, total)
-	defer bar.finish()
-
 	rc, err := kgo.NewClient(append(client.Opts(),
 		kgo.ConsumerGroup(""),
 		kgo.ConsumeTopics(),
@@ -301,88 +286,134 @@ func replay(ctx context.Context, op string, client *kgo.Client, topic string, cf
 		return stats, fmt.Errorf("%s: %w", op, err)
 	}
 	defer rc.Close()
-
-	left := map[int32]bool{}
+	lim := cfg.limiter
+	if lim == nil {
+		lim = newLimiter(cfg.rate, cfg.burst)
+	}
+	rr := &replayRun{op: op, topic: topic, ranges: ranges, handler: handler, lim: lim, stats: &stats,
+		batch: make([]*kgo.Record, 0, cfg.batchSize), size: cfg.batchSize,
+		reached: maps.Clone(stats.Next), left: map[int32]bool{}, bar: newProgress(cfg.progress, topic, total)}
+	defer rr.bar.finish()
 	for p := range starts {
-		left[p] = true
+		rr.left[p] = true
 	}
-	var (
-		done    int64 // offsets handled, for the progress bar
-		batch   = make([]*kgo.Record, 0, size)
-		reached = maps.Clone(stats.Next) // per partition, the offset after the last record taken into batch
-	)
-	// flush hands the batch to the handler and, once it returned nil,
-	// counts its records and moves Next up to reached.
-	flush := func() error {
-		if len(batch) > 0 {
-			if err := handler(ctx, batch); err != nil {
-				first := batch[0]
-				where := fmt.Sprintf("%d/%d", first.Partition, first.Offset)
-				if len(batch) > 1 {
-					where = fmt.Sprintf("a batch of %d records from %s", len(batch), where)
-				}
-				return fmt.Errorf("%s %s: handler at %s: %w", op, topic, where, err)
-			}
-			stats.Records += len(batch)
-			clear(batch) // drop the references for the garbage collector
-			batch = batch[:0]
-		}
-		for p, next := range reached {
-			done += next - stats.Next[p]
-			stats.Next[p] = next
-		}
-		bar.update(done, stats.Records)
-		return nil
+	if err := rr.run(ctx, rc); err != nil {
+		return stats, err
 	}
-	for len(left) > 0 {
+	return stats, nil
+}
+
+// replayStarts records ranges in stats and returns the partitions that
+// have records to replay, with their start offsets, and how many offsets
+// they span in all.
+func replayStarts(ranges map[int32]OffsetRange, stats *ReplayStats) (map[int32]kgo.Offset, int64) {
+	var total int64
+	starts := map[int32]kgo.Offset{}
+	for p, r := range ranges {
+		stats.Ranges[p] = r
+		stats.Next[p] = r.Start
+		if r.End > r.Start {
+			total += r.End - r.Start
+			starts[p] = kgo.NewOffset().At(r.Start)
+		}
+	}
+	return starts, total
+}
+
+// replayRun is the state of one replay's fetch loop.
+type replayRun struct {
+	op, topic string
+	ranges    map[int32]OffsetRange
+	handler   ReplayBatchHandler
+	lim       Limiter
+	stats     *ReplayStats
+	bar       *progress
+
+	size    int
+	batch   []*kgo.Record
+	reached map[int32]int64 // per partition, the offset after the last record taken into batch
+	left    map[int32]bool  // partitions not at their range's end
+	done    int64           // offsets handled, for the progress bar
+}
+
+// run polls rc until every partition reached its range's end, then
+// flushes the last batch.
+func (rr *replayRun) run(ctx context.Context, rc *kgo.Client) error {
+	for len(rr.left) > 0 {
 		fs := rc.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
-			return stats, err
+			return err
 		}
 		var ferr error
 		fs.EachError(func(_ string, _ int32, err error) { ferr = errors.Join(ferr, err) })
 		if ferr != nil {
-			return stats, fmt.Errorf("%s %s: fetching: %w", op, topic, ferr)
+			return fmt.Errorf("%s %s: fetching: %w", rr.op, rr.topic, ferr)
 		}
 		var herr error
 		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
-			if herr != nil || !left[fp.Partition] {
-				return
-			}
-			r := ranges[fp.Partition]
-			for _, rec := range fp.Records {
-				if rec.Offset < reached[fp.Partition] {
-					continue
-				}
-				if rec.Offset >= r.End {
-					break
-				}
-				if !rec.Attrs.IsControl() {
-					if err := lim.Wait(ctx); err != nil {
-						herr = err
-						return
-					}
-					batch = append(batch, rec)
-				}
-				reached[fp.Partition] = rec.Offset + 1
-				if len(batch) == size {
-					if herr = flush(); herr != nil {
-						return
-					}
-				}
-			}
-			if reached[fp.Partition] >= r.End {
-				delete(left, fp.Partition)
+			if herr == nil && rr.left[fp.Partition] {
+				herr = rr.take(ctx, fp)
 			}
 		})
 		if herr != nil {
-			return stats, herr
+			return herr
 		}
 	}
-	if err := flush(); err != nil {
-		return stats, err
+	return rr.flush(ctx)
+}
+
+// take adds the records of fp within its partition's range to the batch,
+// waiting on the limiter for each, and flushes each full batch.
+func (rr *replayRun) take(ctx context.Context, fp kgo.FetchTopicPartition) error {
+	r := rr.ranges[fp.Partition]
+	for _, rec := range fp.Records {
+		if rec.Offset < rr.reached[fp.Partition] {
+			continue
+		}
+		if rec.Offset >= r.End {
+			break
+		}
+		if !rec.Attrs.IsControl() {
+			if err := rr.lim.Wait(ctx); err != nil {
+				return err
+			}
+			rr.batch = append(rr.batch, rec)
+		}
+		rr.reached[fp.Partition] = rec.Offset + 1
+		if len(rr.batch) == rr.size {
+			if err := rr.flush(ctx); err != nil {
+				return err
+			}
+		}
 	}
-	return stats, nil
+	if rr.reached[fp.Partition] >= r.End {
+		delete(rr.left, fp.Partition)
+	}
+	return nil
+}
+
+// flush hands the batch to the handler and, once it returned nil, counts
+// its records and moves Next up to reached.
+func (rr *replayRun) flush(ctx context.Context) error {
+	if len(rr.batch) > 0 {
+		if err := rr.handler(ctx, rr.batch); err != nil {
+			first := rr.batch[0]
+			where := fmt.Sprintf("%d/%d", first.Partition, first.Offset)
+			if len(rr.batch) > 1 {
+				where = fmt.Sprintf("a batch of %d records from %s", len(rr.batch), where)
+			}
+			return fmt.Errorf("%s %s: handler at %s: %w", rr.op, rr.topic, where, err)
+		}
+		rr.stats.Records += len(rr.batch)
+		clear(rr.batch) // drop the references for the garbage collector
+		rr.batch = rr.batch[:0]
+	}
+	for p, next := range rr.reached {
+		rr.done += next - rr.stats.Next[p]
+		rr.stats.Next[p] = next
+	}
+	rr.bar.update(rr.done, rr.stats.Records)
+	return nil
 }
 
 // replayRanges resolves cfg to a range per partition of topic.
@@ -424,6 +455,9 @@ func replayRanges(ctx context.Context, adm *kadm.Client, topic string, cfg repla
 			start = lookup(from, topic, p, l.Offset)
 		}
 		if s := lookup(logStart, topic, p, 0); start < s {
+			start = s
+		}
+		if s, ok := cfg.starts[p]; ok && start < s {
 			start = s
 		}
 		end := l.Offset

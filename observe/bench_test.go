@@ -31,7 +31,7 @@ func (nopEffect) Apply(context.Context, effects.Key, string) (effects.Result, er
 //	plain            the effect itself
 //	observe-nil      effects.Observe(name, eff, nil): returns eff itself
 //	func-observer    effects.Observe with an empty ObserverFunc: the cost of the core wrapper (two clock reads)
-//	new-no-options   observe.New(): the global MeterProvider with none installed, no logger
+//	new-no-options   observe.New(): the global MeterProvider with none installed, slog.Default (Info: applied not enabled)
 //	noop-discard     observe.New(noop MeterProvider, a logger on slog.DiscardHandler)
 //	sdk-metrics      an SDK MeterProvider with a ManualReader, no logger
 //	sdk-metrics+log  the same plus a TextHandler at Debug writing to io.Discard

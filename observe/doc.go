@@ -8,7 +8,7 @@
 // [WithAttributes]) and hand it to every place that reports events:
 //
 //	obs, err := observe.New(
-//		observe.WithLogger(logger),               // nil or absent: no logs
+//		observe.WithLogger(logger),               // nil or absent: slog.Default()
 //		observe.WithMeterProvider(meterProvider), // absent: otel.GetMeterProvider()
 //	)
 //	if err != nil { ... }
@@ -46,7 +46,9 @@
 //
 // One record per event, message "effectively: <outcome>", attributes
 // outcome, effect, step, component, key, delivery_id, attempt, duration, count (for
-// pruned) and error (each only when the event has it). Levels ([DefaultLevel]), changeable with
+// pruned) and error (each only when the event has it; a key or delivery id
+// over 256 bytes shortened to its start and a SHA-256 prefix). Without
+// [WithLogger] the records go to slog.Default(). Levels ([DefaultLevel]), changeable with
 // [WithLevel]:
 //
 //   - Debug: applied, replayed, pruned. The normal path, one per effect
@@ -69,19 +71,24 @@
 // (kind consumer), effectively.plan, effectively.step, effectively.effect.
 // Spans carry effect, step, component, key, delivery_id and attempt when
 // the unit has them, and outcome when it ends; a failure sets status
-// Error, records the error and its class (error.class: retryable,
-// permanent, configuration, unclassified). A delivery's span continues the
-// trace its headers carry (see [Observer.Start]), which kafka.Producer and
-// outbox.Enqueue write when given the Observer (it is an
-// [effects.Propagator]: [Observer.Inject]), so a trace crosses the
-// broker. Without a TracerProvider installed, spans cost a no-op call.
+// Error, records the error and its class (error.class: poison,
+// permanent, retryable, configuration, unclassified: the words of the
+// consumer's log class and of kafka's dead-letter class header). A
+// delivery's span ends with the outcome the consumer decided (applied,
+// retried, in_flight, dead_lettered, failed), the outcome of the metric.
+// A delivery's span continues the trace its headers carry (see
+// [Observer.Start]), which kafka.Producer and outbox.Enqueue write when
+// given the Observer (it is an [effects.Propagator]: [Observer.Inject]),
+// so a trace crosses the broker; [WithDeliveryLinks] links to it instead.
+// Without a TracerProvider installed, spans cost a no-op call.
 //
 // # Cost
 //
 // An Observer with nothing enabled does nothing per event but ask its
 // instruments and logger whether they are enabled: [New] with no options
-// (no logger, and the global MeterProvider with none installed), or with a
-// noop MeterProvider and a logger on slog.DiscardHandler, costs a few
+// (slog.Default, for events below its level, and the global MeterProvider
+// with none installed), or with a noop MeterProvider and a logger on
+// slog.DiscardHandler, costs a few
 // nanoseconds and no allocation per event, less than the two clock reads
 // of the effects.Observe wrapper itself (see BenchmarkObserve). With
 // metrics enabled, the attribute sets are built once per (effect, step,

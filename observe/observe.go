@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"effectively.dev/effects"
+	"effectively.dev/observe/ratelog"
 )
 
 // Names of what this package reports, for dashboards, alerts and views.
@@ -92,6 +93,7 @@ type Observer struct {
 
 	tracer     trace.Tracer // nil: no spans
 	propagator propagation.TextMapPropagator
+	link       bool // WithDeliveryLinks
 
 	// sets caches the measurement options per (effect, step, outcome):
 	// copy on write, so the hot path reads it without a lock.
@@ -123,6 +125,7 @@ type config struct {
 	prop   propagation.TextMapPropagator
 	attrs  []attribute.KeyValue
 	levels []levelOverride // in order; New applies them over DefaultLevel
+	link   bool
 }
 
 type levelOverride struct {
@@ -131,8 +134,11 @@ type levelOverride struct {
 }
 
 // WithLogger logs every event to l, at the level of its kind (see
-// [DefaultLevel] and [WithLevel]). Without it, or with a nil l, the Observer
-// logs nothing. To add attributes to every record, pass l.With(...).
+// [DefaultLevel] and [WithLevel]). Without it, or with a nil l, the
+// Observer logs to slog.Default() (as it is at the time of each record),
+// so failures and dead letters are never silent; to log nothing, pass
+// slog.New(slog.DiscardHandler). To add attributes to every record, pass
+// l.With(...).
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) { c.logger = l }
 }
@@ -169,6 +175,20 @@ func WithPropagator(p propagation.TextMapPropagator) Option {
 	return func(c *config) { c.prop = p }
 }
 
+// WithDeliveryLinks makes each delivery's span the root of a trace of its
+// own, linked to the producer's span that the delivery's headers carry,
+// instead of its child (the default). As a child, the delivery joins the
+// producer's trace: the producer's trace id and sampling decision (the
+// sampled flag of its traceparent, which whoever writes to the topic
+// chooses) decide the consumer's, and a parent-based sampler follows
+// them. With links, the consumer's own sampler decides, a trace stays
+// within one service, and the producer's span is still one click away.
+// Choose it when producers are outside your control or when one
+// producer's trace would otherwise gather a fan-out of consumers.
+func WithDeliveryLinks() Option {
+	return func(c *config) { c.link = true }
+}
+
 // WithAttributes adds attrs to every metric point, for instance the name of
 // the pipeline when one process runs several; it may be given more than
 // once. Keep them few and bounded: each distinct value is a separate time
@@ -198,9 +218,11 @@ func DefaultLevel(kind effects.EventKind) slog.Level {
 	return defaultLevels[kind]
 }
 
-// New returns an Observer configured by opts. With no options it logs
-// nothing and records metrics with the global MeterProvider, which drops
-// them until one is installed. It returns an *effects.ConfigError for an
+// New returns an Observer configured by opts. With no options it logs to
+// slog.Default() (so, with the default levels, failures at Warn and dead
+// letters at Error reach the default handler) and records metrics with the
+// global MeterProvider, which drops them until one is installed with
+// otel.SetMeterProvider. It returns an *effects.ConfigError for an
 // invalid option, and an error if the meter refuses an instrument.
 func New(opts ...Option) (*Observer, error) {
 	const op = "observe.New"
@@ -257,6 +279,7 @@ func New(opts ...Option) (*Observer, error) {
 		attrs:      append([]attribute.KeyValue(nil), c.attrs...),
 		tracer:     c.tp.Tracer(ScopeName),
 		propagator: c.prop,
+		link:       c.link,
 	}, nil
 }
 
@@ -280,11 +303,13 @@ func (o *Observer) Observe(ctx context.Context, ev effects.Event) {
 			o.duration.Record(ctx, ev.Duration.Seconds(), m.rec...)
 		}
 	}
-	if o.logger != nil {
-		level := o.level(ev.Kind)
-		if o.logger.Enabled(ctx, level) {
-			o.log(ctx, level, ev)
-		}
+	logger := o.logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	level := o.level(ev.Kind)
+	if logger.Enabled(ctx, level) {
+		o.log(ctx, logger, level, ev)
 	}
 }
 
@@ -295,7 +320,7 @@ func (o *Observer) level(k effects.EventKind) slog.Level {
 	return o.levels[k]
 }
 
-func (o *Observer) log(ctx context.Context, level slog.Level, ev effects.Event) {
+func (o *Observer) log(ctx context.Context, logger *slog.Logger, level slog.Level, ev effects.Event) {
 	outcome := ev.Kind.String()
 	msg := "effectively: unknown"
 	if ev.Kind >= effects.EventApplied && ev.Kind <= lastKind {
@@ -313,10 +338,10 @@ func (o *Observer) log(ctx context.Context, level slog.Level, ev effects.Event) 
 		attrs = append(attrs, slog.String(AttrComponent, ev.Component))
 	}
 	if ev.Key != "" {
-		attrs = append(attrs, slog.String(AttrKey, string(ev.Key)))
+		attrs = append(attrs, slog.String(AttrKey, ratelog.Bound(string(ev.Key))))
 	}
 	if ev.DeliveryID != "" {
-		attrs = append(attrs, slog.String(AttrDeliveryID, ev.DeliveryID))
+		attrs = append(attrs, slog.String(AttrDeliveryID, ratelog.Bound(ev.DeliveryID)))
 	}
 	if ev.Attempt > 0 {
 		attrs = append(attrs, slog.Int(AttrAttempt, ev.Attempt))
@@ -330,7 +355,7 @@ func (o *Observer) log(ctx context.Context, level slog.Level, ev effects.Event) 
 	if ev.Err != nil {
 		attrs = append(attrs, slog.Any(AttrError, ev.Err))
 	}
-	o.logger.LogAttrs(ctx, level, msg, attrs...)
+	logger.LogAttrs(ctx, level, msg, attrs...)
 }
 
 // measureOpts returns the options carrying ev's metric attributes, built

@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"effectively.dev/effects"
+	"effectively.dev/observe/ratelog"
 )
 
 // Span names, one per [effects.Span]: low-cardinality, as OpenTelemetry
@@ -23,8 +24,10 @@ const (
 // Span attribute keys, beside the log and metric ones (effect, step,
 // outcome, key, delivery_id, attempt).
 const (
-	// AttrClass is effects.ClassOf of a span's error: retryable,
-	// permanent, configuration or unclassified.
+	// AttrClass is the class of a span's error, in the words of the log
+	// records' class and of kafka's dead-letter class header
+	// (ratelog.Class): poison, permanent, retryable, configuration or
+	// unclassified.
 	AttrClass = "error.class"
 	// AttrComponent names what reported an event or a span when it is
 	// not an effect or a step ([effects.Event].Component): "kafka.Source",
@@ -45,32 +48,41 @@ var spanNames = map[effects.Span]string{
 // trace its headers carry, read with the Observer's propagator
 // ([WithPropagator]; W3C TraceContext by default), which kafka.Producer
 // and outbox.Enqueue write with ([Observer.Inject]), so one trace runs
-// from the producer through the broker to every effect. The span
+// from the producer through the broker to every effect: the producer's
+// trace id and sampled flag decide the delivery's. With
+// [WithDeliveryLinks], the delivery's span starts a new trace instead,
+// linked to the producer's span. The span
 // ends with the outcome: its status is Error for a failure, with the
-// error recorded and its class (effects.ClassOf) as error.class.
+// error recorded and its class (ratelog.Class: poison for
+// effects.ErrPoison, else effects.ClassOf) as error.class.
 func (o *Observer) Start(ctx context.Context, span effects.Span, ev effects.Event) (context.Context, func(effects.Event)) {
 	if o == nil || o.tracer == nil {
 		return ctx, func(effects.Event) {}
 	}
-	if span == effects.SpanDelivery && len(ev.Headers) > 0 {
-		ctx = o.propagator.Extract(ctx, propagation.MapCarrier(ev.Headers))
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(spanAttrs(ev)...)}
+	if span == effects.SpanDelivery {
+		opts[0] = trace.WithSpanKind(trace.SpanKindConsumer)
+		if len(ev.Headers) > 0 {
+			remote := o.propagator.Extract(ctx, propagation.MapCarrier(ev.Headers))
+			if !o.link {
+				ctx = remote
+			} else if sc := trace.SpanContextFromContext(remote); sc.IsValid() {
+				opts = append(opts, trace.WithNewRoot(), trace.WithLinks(trace.Link{SpanContext: sc}))
+			}
+		}
 	}
 	name, ok := spanNames[span]
 	if !ok {
 		name = "effectively.unknown"
 	}
-	kind := trace.SpanKindInternal
-	if span == effects.SpanDelivery {
-		kind = trace.SpanKindConsumer
-	}
-	ctx, s := o.tracer.Start(ctx, name, trace.WithSpanKind(kind), trace.WithAttributes(spanAttrs(ev)...))
+	ctx, s := o.tracer.Start(ctx, name, opts...)
 	return ctx, func(out effects.Event) {
 		if out.Kind != 0 {
 			s.SetAttributes(attribute.String(AttrOutcome, out.Kind.String()))
 		}
 		if out.Err != nil {
 			s.RecordError(out.Err)
-			s.SetAttributes(attribute.String(AttrClass, effects.ClassOf(out.Err).String()))
+			s.SetAttributes(attribute.String(AttrClass, ratelog.Class(out.Err)))
 			s.SetStatus(codes.Error, out.Kind.String())
 		}
 		s.End()
@@ -113,10 +125,10 @@ func spanAttrs(ev effects.Event) []attribute.KeyValue {
 		attrs = append(attrs, attribute.String(AttrComponent, ev.Component))
 	}
 	if ev.Key != "" {
-		attrs = append(attrs, attribute.String(AttrKey, string(ev.Key)))
+		attrs = append(attrs, attribute.String(AttrKey, ratelog.Bound(string(ev.Key))))
 	}
 	if ev.DeliveryID != "" {
-		attrs = append(attrs, attribute.String(AttrDeliveryID, ev.DeliveryID))
+		attrs = append(attrs, attribute.String(AttrDeliveryID, ratelog.Bound(ev.DeliveryID)))
 	}
 	if ev.Attempt > 0 {
 		attrs = append(attrs, attribute.Int(AttrAttempt, ev.Attempt))

@@ -128,8 +128,8 @@ func TestFailedSpanCarriesTheErrorClass(t *testing.T) {
 	if step.Status().Code != codes.Error {
 		t.Errorf("status %v, want Error", step.Status())
 	}
-	if v, ok := attr(step, observe.AttrClass); !ok || v.AsString() != "permanent" {
-		t.Errorf("%s = %v, want permanent", observe.AttrClass, v)
+	if v, ok := attr(step, observe.AttrClass); !ok || v.AsString() != "poison" {
+		t.Errorf("%s = %v, want poison (the dead-letter class header's word)", observe.AttrClass, v)
 	}
 	if len(step.Events()) == 0 || step.Events()[0].Name != "exception" {
 		t.Errorf("events %v, want the recorded error", step.Events())
@@ -164,5 +164,41 @@ func TestInjectWritesTheSpansTraceContext(t *testing.T) {
 	baggageOnly.Inject(ctx, func(k, v string) { other[k] = v })
 	if _, ok := other["traceparent"]; ok {
 		t.Errorf("a Baggage propagator injected %v, want no traceparent", other)
+	}
+}
+
+// TestDeliveryLinks: by default a delivery's span is a child of the
+// traceparent its headers carry (same trace id); with WithDeliveryLinks it
+// starts its own trace and links to that span.
+func TestDeliveryLinks(t *testing.T) {
+	const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	headers := map[string]string{"traceparent": tp}
+	for _, link := range []bool{false, true} {
+		rec := tracetest.NewSpanRecorder()
+		provider := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+		t.Cleanup(func() { _ = provider.Shutdown(context.Background()) })
+		opts := []observe.Option{observe.WithTracerProvider(provider)}
+		if link {
+			opts = append(opts, observe.WithDeliveryLinks())
+		}
+		obs, err := observe.New(opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, end := obs.Start(context.Background(), effects.SpanDelivery, effects.Event{DeliveryID: "d", Headers: headers})
+		end(effects.Event{Kind: effects.EventApplied})
+		spans := rec.Ended()
+		if len(spans) != 1 {
+			t.Fatalf("link=%v: %d spans", link, len(spans))
+		}
+		s := spans[0]
+		child := s.SpanContext().TraceID().String() == "0af7651916cd43dd8448eb211c80319c" && s.Parent().SpanID().String() == "b7ad6b7169203331"
+		linked := len(s.Links()) == 1 && s.Links()[0].SpanContext.SpanID().String() == "b7ad6b7169203331"
+		if link && (child || !linked || s.Parent().IsValid()) {
+			t.Errorf("with links: trace %s parent %s links %v; want a new root linked to the producer", s.SpanContext().TraceID(), s.Parent().SpanID(), s.Links())
+		}
+		if !link && (!child || linked) {
+			t.Errorf("default: trace %s parent %s links %v; want the producer's child", s.SpanContext().TraceID(), s.Parent().SpanID(), s.Links())
+		}
 	}
 }

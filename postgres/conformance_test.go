@@ -3,6 +3,8 @@ package postgres_test
 import (
 	"context"
 	"crypto/rand"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,7 +19,9 @@ import (
 
 // TestConformance holds the adapter to its declared contract in every
 // scenario of the suite, and requires every field of the contract to be
-// verified (the harness can age the dedup rows, so the horizon is too):
+// verified (the harness can age the dedup rows, so the horizon is too;
+// it restarts and crashes its own cluster, attaches a child process and
+// holds replies late), key-capacity at full size on the default shape:
 // every shape of Apply (New and NewPipelined, each by default, where the
 // key's INSERT finds duplicates, and with WithLookupFirst), so that every
 // round trip of every shape is faulted.
@@ -35,15 +39,28 @@ func TestConformance(t *testing.T) {
 			opts := []conformance.Option{conformance.WithSuccessorProcess(func(ctx context.Context, url string) (conformance.Harness[confCharge], error) {
 				db, err := pgxpool.New(ctx, url) // the test process's database, from a child process
 				return &confHarness{url: url, db: db, pipelined: tc.h.pipelined, lookupFirst: tc.h.lookupFirst}, err
-			})}
+			}), conformance.WithSlowReply(300 * time.Millisecond)} // the adapter sets no deadline of its own: it waits for the held reply
+			// pgx speaks PostgreSQL's protocol to a real server, which the
+			// harness cannot make answer a SQLSTATE on demand.
+			why := []string{"PostgreSQL is reached over its wire protocol, and the harness cannot make it answer an application error (40001, 40P01) on demand"}
+			left := []string{conformance.ScenarioAppFaults}
 			if tc.name != "postgres" {
 				// One dedup table for every shape: key-capacity runs at
 				// full size on the first, smaller here to save CI time.
 				opts = append(opts, conformance.WithCapacity(1000))
+				why = append(why, "one dedup table (effectively_keys) for every shape: key-capacity runs at full size on the default shape")
+				left = append(left, conformance.ScenarioKeyCapacity)
+			}
+			if os.Getenv("DATABASE_URL") != "" {
+				why = append(why, "DATABASE_URL's server is not the test's to restart or crash")
+				left = append(left, conformance.ScenarioRestart, conformance.ScenarioCrashRestart)
+			}
+			if len(why) > 0 {
+				opts = append(opts, conformance.AllowUnverified(strings.Join(why, "; "), left...))
 			}
 			rep := conformance.Run(t, tc.name, func(t testing.TB) conformance.Harness[confCharge] { return newConfHarness(t, tc.h) }, opts...)
 			for _, f := range rep.Fields {
-				if f.Status != conformance.Verified {
+				if f.Status != conformance.Verified && f.Allowed == "" {
 					t.Errorf("contract field %s", f)
 				}
 			}

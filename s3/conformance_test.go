@@ -130,7 +130,26 @@ func writer(opts ...s3.Option) func(*awss3.Client, string, string) (effects.Effe
 
 func TestConformance(t *testing.T) {
 	srv := s3test.Start(t)
-	conformance.Run(t, "s3", maker(srv, writer()), conformance.WithCapacity(2500)) // half the default: versitygw is slow under -race
+	conformance.Run(t, "s3", maker(srv, writer()), conformance.WithCapacity(2500), // half the default: versitygw is slow under -race
+		conformance.WithSlowReply(300*time.Millisecond), allowGateway(srv))
+}
+
+// allowGateway names what this harness does not verify, and why: the
+// bucket keeps every object version (no eviction, so 2,500 keys show what
+// 5,000 would); the harness has no Attacher (a child process would need
+// the gateway's endpoint and credentials, which s3test does not yet hand
+// out) and no CrashRestarter (s3test stops versitygw cleanly only); with
+// S3TEST_ENDPOINT the gateway is not the test's to restart either. The
+// slow replies are held 300 ms: the SDK sets no shorter deadline, so the
+// adapter waits for them.
+func allowGateway(srv *s3test.Server) conformance.Option {
+	left := []string{conformance.ScenarioKeyCapacity, conformance.ScenarioProcess, conformance.ScenarioCrashRestart, conformance.ScenarioAppFaults}
+	if srv.External() {
+		left = append(left, conformance.ScenarioRestart, conformance.ScenarioHorizon)
+	}
+	return conformance.AllowUnverified("the bucket evicts no object, so fewer keys show what 5,000 would; s3test hands a child process "+
+		"no endpoint and credentials (no Attacher) and stops versitygw only cleanly (no CrashRestarter); versitygw cannot be made to answer "+
+		"a 5xx on demand; an external gateway is not the test's to restart or age", left...)
 }
 
 // TestConformanceMultipart runs the suite with every body uploaded as a
@@ -141,5 +160,6 @@ func TestConformance(t *testing.T) {
 func TestConformanceMultipart(t *testing.T) {
 	srv := s3test.Start(t)
 	conformance.Run(t, "s3-multipart", maker(srv, writer(s3.WithMultipartThreshold(16))),
-		conformance.WithStorm(200, 0.95), conformance.WithCapacity(200)) // the bucket keeps the keys, as in TestConformance
+		conformance.WithStorm(200, 0.95), conformance.WithCapacity(200), // the bucket keeps the keys, as in TestConformance
+		conformance.WithSlowReply(300*time.Millisecond), allowGateway(srv))
 }

@@ -104,6 +104,27 @@
 // a configuration error. [NewPaymentIntents] and [NewRefunds] check with
 // their client; give [New] the client with [WithCheckClient].
 //
+// # stripe-go's own logger
+//
+// stripe-go logs on its own, apart from this package's [WithLogger] and
+// [WithObserver]: unless the backend is built with a LeveledLogger, it
+// uses stripe.DefaultLeveledLogger (level Error, to standard error), which
+// prints every error response as "Request error from Stripe (status N):"
+// followed by Stripe's error JSON (message, code, decline code, request
+// id, the parameter at fault), and 402 card errors at Info. That text can
+// carry what your logs should not (customer details echoed in a message)
+// and goes around your log pipeline. This package already returns the
+// same information as errors; build the client with a logger of your
+// choice, or none:
+//
+//	cfg := &stripego.BackendConfig{LeveledLogger: &stripego.LeveledLogger{Level: stripego.LevelNull}}
+//	api := client.New(secretKey, &stripego.Backends{
+//		API:     stripego.GetBackendWithConfig(stripego.APIBackend, cfg),
+//		Uploads: stripego.GetBackendWithConfig(stripego.UploadsBackend, cfg),
+//	})
+//
+// or set stripego.DefaultLeveledLogger before creating clients.
+//
 // # Horizon and the journal
 //
 // Stripe keeps keys for at least 24 hours, so the contract's Horizon is

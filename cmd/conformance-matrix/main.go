@@ -1,9 +1,11 @@
 // Command conformance-matrix merges the conformance reports that tests wrote
 // into a directory (set CONFORMANCE_REPORT=dir when running go test) into
 // Markdown tables: adapter × scenario → effects observed, verdict; per
-// adapter, each field of its declared contract (guarantee, duplicate
-// window, horizon, key reuse) verified, not verified or failed; the
-// journals (conformance.RunJournal) and sources (conformance.RunSource).
+// adapter and field of its declared contract (guarantee, duplicate
+// window, horizon, key reuse), verified, not verified or failed, with the
+// scenarios that verified it and those left out and why; the same for
+// the journals (conformance.RunJournal), sources (conformance.RunSource)
+// and plans (conformance.RunPlan).
 // Counterexamples (reports made by the Evaluate functions) are listed
 // apart, with the scenarios that caught them.
 //
@@ -13,8 +15,9 @@
 //	go run effectively.dev/cmd/conformance-matrix /tmp/conf
 //
 // It exits with status 1 if any scenario of a report held to its contract
-// failed, and 2 if the directory holds no report (a suite that ran nothing
-// is not a pass).
+// failed, or such a report has a field that could not be verified and no
+// reason was given (conformance.Report.Verify), and 2 if the directory
+// holds no report (a suite that ran nothing is not a pass).
 package main
 
 import (

@@ -47,7 +47,7 @@ func TestRedriveCommand(t *testing.T) {
 	if recs, err := kafkatest.ReadAll(ctx, c.Opts(), src); err != nil || len(recs) != 0 {
 		t.Fatalf("source topic after the dry run: %d records, %v", len(recs), err)
 	}
-	out, err = runCmd(t, "redrive", "-brokers", brokers, "-dlq", dlq, "-topic", src, "-class", "poison")
+	out, err = runCmd(t, "redrive", "-brokers", brokers, "-dlq", dlq, "-topic", src, "-class", "poison", "-yes")
 	if err != nil || !strings.Contains(out, "moved 1 of 2 dead letters") {
 		t.Fatalf("redrive: %v\n%s", err, out)
 	}
@@ -73,16 +73,8 @@ func TestRedriveCommand(t *testing.T) {
 
 // TestOutboxCommand lists, dry-runs, retries and drops parked rows.
 func TestOutboxCommand(t *testing.T) {
-	url := pgtest.DB(t)
+	url, pool := outboxDB(t)
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if err := outbox.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -114,6 +106,15 @@ func TestOutboxCommand(t *testing.T) {
 	if err != nil || !strings.Contains(out, "returned 1 parked rows") {
 		t.Fatalf("retry: %v\n%s", err, out)
 	}
+	if out, err := runCmd(t, "outbox", "drop", "-db", url); !errors.Is(err, errUsage) || !strings.Contains(out, "-all") {
+		t.Fatalf("drop without a selection: %v\n%s; want a usage error naming -all", err, out)
+	}
+	if out, err := runCmd(t, "outbox", "retry", "-db", url); !errors.Is(err, errUsage) {
+		t.Fatalf("retry without a selection: %v\n%s; want a usage error", err, out)
+	}
+	if n, _ := outbox.CountParked(ctx, pool, outbox.ParkedFilter{}); n != 1 {
+		t.Fatalf("%d parked after drop and retry without a selection, want 1 (nothing changed)", n)
+	}
 	out, err = runCmd(t, "outbox", "drop", "-db", url, "-class", "permanent")
 	if err != nil || !strings.Contains(out, "dropped 1 parked rows") {
 		t.Fatalf("drop: %v\n%s", err, out)
@@ -136,4 +137,21 @@ func TestOutboxCommand(t *testing.T) {
 	if _, err := runCmd(t, "outbox", "list", "-db", url, "-id", "x"); !errors.Is(err, errUsage) {
 		t.Errorf("-id x: %v, want a usage error", err)
 	}
+}
+
+// outboxDB returns the URL of a fresh database with the outbox's tables,
+// and a pool on it.
+func outboxDB(t *testing.T) (string, *pgxpool.Pool) {
+	t.Helper()
+	url := pgtest.DB(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	return url, pool
 }

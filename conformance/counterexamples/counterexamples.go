@@ -87,7 +87,9 @@
 // [StopsWhenCaughtUp] (published-while-running) and [AckFetchedOnClose]
 // (close-with-prefetched), in sources_more.go.
 // Crash restart, in crash.go: [UnloggedDedup], a dedup table an immediate
-// stop empties (crash-restart; backend-restart passes it). Plans
+// stop empties (crash-restart; backend-restart passes it). Slow replies,
+// in slowreply.go: [OwnDeadline], its own deadline reported as
+// ErrTransient although COMMIT may have landed (slow-reply). Plans
 // (conformance.RunPlan), in plans.go: [SwallowingHandler] (lost-reply,
 // cancel-mid-plan, kill-mid-plan), [OverclaimingHandler] (lost-reply) and
 // [MisnamedWeakest] (plan-contract), over honest [MemStep] effects.

@@ -55,9 +55,9 @@ func memPlanMaker(build func(*effects.Plan[counterexamples.PlanEvent], []counter
 func TestRunPlanPassesAnHonestPlan(t *testing.T) {
 	rep := conformance.RunPlan(t, "honest mem plan", memPlanMaker(func(p *effects.Plan[counterexamples.PlanEvent], _ []counterexamples.MemStep) conformance.PlanRunner[counterexamples.PlanEvent] {
 		return p
-	}))
+	}), conformance.AllowUnverified("the Store has no clock to age (TestRound3JournalsAndPlansCaught runs the horizon on an AgingStore)", conformance.PlanHorizon))
 	for _, row := range rep.Rows {
-		if row.Verdict != conformance.Pass {
+		if row.Verdict != conformance.Pass && row.Scenario != conformance.PlanHorizon {
 			t.Errorf("%s: %s, want pass (%s)", row.Scenario, row.Verdict, row.Skipped)
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,6 +72,18 @@ var (
 	// time limit ([WithAttemptTimeout]). It adds no class: the attempt's
 	// own error (usually context.DeadlineExceeded, retryable) decides.
 	ErrAttemptTimeout = errors.New("attempt ran past its time limit")
+
+	// ErrAttemptOverrun is the error of the [effects.EventFailed] a
+	// consumer reports for an attempt still running well past its time
+	// limit ([WithAttemptTimeout]): a handler that ignores its context,
+	// holding its Ordering and a worker (see [Stats].Overran).
+	ErrAttemptOverrun = errors.New("attempt still running past its time limit: the handler ignores its context")
+
+	// ErrShutdownWait is the error of the [effects.EventFailed] a consumer
+	// reports half a second after its shutdown grace ([WithShutdownGrace])
+	// ended, for each delivery whose handler is still running (a Warn line
+	// naming it, without an observer): Run waits for it.
+	ErrShutdownWait = errors.New("shutdown grace over; Run still waits for this delivery's handler")
 )
 
 // Defaults of a [Consumer], used when the matching option is not given.
@@ -150,7 +161,9 @@ func WithMaxAttempts(n int) Option {
 // all of that ceiling, so deliveries that failed together do not retry in
 // lockstep. Defaults: [DefaultMinBackoff] (100 ms) and [DefaultMaxBackoff]
 // (30 s); with the default 10 attempts a delivery whose errors are
-// retryable is dead-lettered after about 25 to 50 seconds of failures. A
+// retryable is dead-lettered after about 25 to 50 seconds of failures. An
+// error that carries a longer [effects.RetryAfter] (a provider's
+// Retry-After on a 429) is waited out instead, up to [MaxRetryAfter]. A
 // parked delivery (see [WithoutDeadLetter]) is retried every max.
 // 0 < min <= max.
 func WithBackoff(min, max time.Duration) Option {
@@ -345,9 +358,16 @@ type Stats struct {
 	// [effects.ErrInFlight] within [WithInFlightWait], not counted as
 	// attempts.
 	InFlight int64
-	// TimedOut counts handler calls (a batch counts once) cut by their time
-	// limit ([WithAttemptTimeout]).
+	// TimedOut counts handler calls (a batch counts once) that ran past
+	// their time limit ([WithAttemptTimeout]): cut by it, or returning
+	// after it.
 	TimedOut int64
+	// Overran counts handler calls (a batch counts once) still running
+	// well past their time limit (a tenth of it, from 50 ms to 1 s): a
+	// handler that ignores its context. Each is also reported as an
+	// [effects.EventFailed] with [ErrAttemptOverrun] (a rate-limited Warn
+	// line naming the delivery, without an observer).
+	Overran int64
 	// DeadLettered counts deliveries the dead-letter hook took
 	// ([effects.EventDeadLettered]).
 	DeadLettered int64
@@ -415,6 +435,7 @@ type Consumer struct {
 	running                                       atomic.Bool
 	delivered, acked, retried, deadLettered, fail atomic.Int64
 	inFlight, timedOut, released, dropped, parked atomic.Int64
+	overran                                       atomic.Int64
 	log                                           ratelog.Limiter // without an observer
 }
 
@@ -510,6 +531,7 @@ func (c *Consumer) Stats() Stats {
 		Retried:      c.retried.Load(),
 		InFlight:     c.inFlight.Load(),
 		TimedOut:     c.timedOut.Load(),
+		Overran:      c.overran.Load(),
 		DeadLettered: c.deadLettered.Load(),
 		Failed:       c.fail.Load(),
 		Released:     c.released.Load(),
@@ -555,21 +577,27 @@ func (c *Consumer) Run(ctx context.Context) error {
 	hctx, expire := context.WithCancel(context.WithoutCancel(ctx))
 	defer expire()
 
-	r := &run{c: c, ctx: runCtx, stop: stop, hctx: hctx}
+	r := &run{c: c, ctx: runCtx, stop: stop, hctx: hctx, slots: make([]slot, c.cfg.concurrency)}
 	r.s = sched.New(runCtx, sched.Config{
 		MaxPending: c.cfg.maxPending,
 		BatchSize:  c.cfg.batchSize,
 		Linger:     c.cfg.batchLinger,
 		Resume:     r.resume,
 	})
-	for range c.cfg.concurrency {
+	for i := range c.cfg.concurrency {
 		r.workers.Add(1)
 		if c.cfg.batchSet {
-			go r.batchWorker()
+			go r.batchWorker(&r.slots[i])
 		} else {
-			go r.worker()
+			go r.worker(&r.slots[i])
 		}
 	}
+	watchDone := make(chan struct{})
+	watching := r.watchOverruns(watchDone)
+	defer func() {
+		close(watchDone)
+		<-watching
+	}()
 
 	if err := r.fetch(); err != nil {
 		r.halt(err)
@@ -579,6 +607,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	stop()
 	grace := time.AfterFunc(c.cfg.grace, expire)
 	defer grace.Stop()
+	name := time.AfterFunc(c.cfg.grace+nameAfter, r.nameRunning)
+	defer name.Stop()
 	r.workers.Wait()
 	r.s.Stop()
 	c.parked.Store(0) // what was parked stays unacked: delivered again
@@ -594,6 +624,7 @@ type run struct {
 	s    *sched.Scheduler
 
 	workers sync.WaitGroup
+	slots   []slot // per worker, the attempt its handler runs
 
 	haltOnce sync.Once
 	fatal    error // what stopped Run, set once, before stop
@@ -651,14 +682,29 @@ type attempt struct {
 	tasks []*sched.Task
 	errs  []error
 	took  time.Duration
+	end   func(effects.Event) // the delivery span's end, if any (one Handler attempt)
 }
 
+// decide decides about delivery i, and ends its span with the outcome
+// decided, so span and metric outcomes agree.
 func (a *attempt) decide(i int, behind bool) (sched.Outcome, time.Duration) {
-	return a.r.decide(a.tasks[i], a.errs[i], a.took, behind)
+	t := a.tasks[i]
+	attempt := t.Attempt // decide may take a wait's attempt back
+	out, delay, kind := a.r.decide(t, a.errs[i], a.took, behind)
+	if a.end != nil {
+		ev := effects.Event{Kind: kind, DeliveryID: t.Delivery.ID, Attempt: attempt, Duration: a.took, Err: a.errs[i]}
+		if kind == effects.EventApplied {
+			ev.Err = nil
+		}
+		a.end(ev)
+		a.end = nil
+	}
+	return out, delay
 }
 
-// worker hands ready deliveries to the Handler one at a time.
-func (r *run) worker() {
+// worker hands ready deliveries to the Handler one at a time; running
+// holds the attempt that runs.
+func (r *run) worker(running *slot) {
 	defer r.workers.Done()
 	a := &attempt{r: r, tasks: make([]*sched.Task, 1), errs: make([]error, 1)}
 	decide := a.decide
@@ -673,11 +719,13 @@ func (r *run) worker() {
 		if r.ctx.Err() != nil {
 			return // not started: left unacked
 		}
-		a.tasks[0], a.errs[0], a.took = t, errNotOwned, 0
+		a.tasks[0], a.errs[0], a.took, a.end = t, errNotOwned, 0, nil
 		if r.owns(t) {
 			t.Attempt++
 			start := time.Now()
-			a.errs[0] = r.handle(t.Delivery, t.Attempt)
+			running.set(t, t.Attempt, start)
+			a.end, a.errs[0] = r.handle(t.Delivery, t.Attempt)
+			running.clear()
 			a.took = time.Since(start)
 		}
 		next = r.s.Settle(a.tasks, decide)
@@ -685,36 +733,25 @@ func (r *run) worker() {
 }
 
 // handle runs the Handler for attempt number attempt at d, inside a
-// delivery span when the observer is an effects.Tracer.
-func (r *run) handle(d effects.Delivery, attempt int) (err error) {
+// delivery span when the observer is an effects.Tracer; it returns the
+// span's end (nil without a span), which the decision calls with its
+// outcome.
+func (r *run) handle(d effects.Delivery, attempt int) (end func(effects.Event), err error) {
 	ctx, cancel := r.attemptContext()
 	defer cancel()
 	if o := r.c.cfg.observer; o != nil {
-		var end func(effects.Event)
 		ctx, end = effects.StartSpan(ctx, o, effects.SpanDelivery,
 			effects.Event{DeliveryID: d.ID, Attempt: attempt, Headers: d.Headers})
-		start := time.Now()
-		defer func() { end(deliveryOutcome(d, attempt, time.Since(start), err)) }()
 	}
 	defer func() { err = r.cut(ctx, err) }()
 	defer effects.Recover("consume.Handler", &err)
-	return r.c.h(ctx, d)
-}
-
-// deliveryOutcome is the outcome a delivery span ends with: applied
-// (handled) or failed; what follows a failure (a retry, the dead-letter
-// hook) is reported as its own event.
-func deliveryOutcome(d effects.Delivery, attempt int, took time.Duration, err error) effects.Event {
-	kind := effects.EventApplied
-	if err != nil {
-		kind = effects.EventFailed
-	}
-	return effects.Event{Kind: kind, DeliveryID: d.ID, Attempt: attempt, Duration: took, Err: err}
+	return end, r.c.h(ctx, d)
 }
 
 // batchWorker collects batches for the BatchHandler: ready deliveries, each
-// with the run of its lane behind it.
-func (r *run) batchWorker() {
+// with the run of its lane behind it; running holds the batch's first
+// delivery while the batch runs.
+func (r *run) batchWorker(running *slot) {
 	defer r.workers.Done()
 	for {
 		first := r.s.Take()
@@ -739,7 +776,9 @@ func (r *run) batchWorker() {
 		}
 		if len(ds) > 0 {
 			start := time.Now()
+			running.set(batch[owned[0]], batch[owned[0]].Attempt, start)
 			res := r.handleBatch(ds)
+			running.clear()
 			a.took = time.Since(start)
 			for j, i := range owned {
 				a.errs[i] = res[j]
@@ -790,7 +829,7 @@ func (r *run) callBatch(ds []effects.Delivery) (res []error, panicked error) {
 			res[i] = all
 		}
 	}
-	if slices.ContainsFunc(res, func(err error) bool { return err != nil }) && r.timedOut(ctx) {
+	if r.timedOut(ctx) {
 		for i, err := range res {
 			if err != nil {
 				res[i] = r.wrapTimeout(err)
@@ -810,12 +849,112 @@ func (r *run) attemptContext() (context.Context, context.CancelFunc) {
 }
 
 // cut wraps err, an attempt's error, with ErrAttemptTimeout when the
-// attempt under ctx ran past its time limit.
+// attempt under ctx ran past its time limit (and counts it, failed or
+// not).
 func (r *run) cut(ctx context.Context, err error) error {
-	if err == nil || !r.timedOut(ctx) {
+	if !r.timedOut(ctx) || err == nil {
 		return err
 	}
 	return r.wrapTimeout(err)
+}
+
+// overrunAfter is how long past its time limit d an attempt may still run
+// before it is reported as overrunning: a tenth of d, from 50 ms to 1 s.
+func overrunAfter(d time.Duration) time.Duration {
+	return min(max(d/10, 50*time.Millisecond), time.Second)
+}
+
+// slot is what one worker's handler runs now, for the overrun watch and
+// the shutdown report: written by the worker, read by the watch.
+type slot struct {
+	task     atomic.Pointer[sched.Task] // nil: none (a batch: its first)
+	attempt  atomic.Int64
+	start    atomic.Int64 // the attempt's start, Unix nanoseconds
+	reported atomic.Int64 // the start of the attempt reported as overrunning
+}
+
+func (s *slot) set(t *sched.Task, attempt int, start time.Time) {
+	s.attempt.Store(int64(attempt))
+	s.start.Store(start.UnixNano())
+	s.task.Store(t)
+}
+
+func (s *slot) clear() { s.task.Store(nil) }
+
+// load returns the slot's attempt: its delivery id, number and start, and
+// whether there is one.
+func (s *slot) load() (id string, attempt int, start int64, ok bool) {
+	t := s.task.Load()
+	if t == nil {
+		return "", 0, 0, false
+	}
+	attempt, start = int(s.attempt.Load()), s.start.Load()
+	if s.task.Load() != t {
+		return "", 0, 0, false // the worker moved on meanwhile
+	}
+	return t.Delivery.ID, attempt, start, true
+}
+
+// watchOverruns reports, until done is closed, each attempt still running
+// overrunAfter past its time limit: one goroutine per Run, no cost per
+// attempt beyond the slot's stores. The channel it returns is closed when
+// it ended.
+func (r *run) watchOverruns(done <-chan struct{}) <-chan struct{} {
+	ended := make(chan struct{})
+	d := r.c.cfg.attemptTimeout
+	if d <= 0 {
+		close(ended)
+		return ended
+	}
+	after := overrunAfter(d)
+	go func() {
+		defer close(ended)
+		tick := time.NewTicker(after / 2)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-tick.C:
+				r.reportOverruns(now, int64(d+after))
+			}
+		}
+	}()
+	return ended
+}
+
+// reportOverruns reports the attempts that started more than late
+// nanoseconds before now, once each.
+func (r *run) reportOverruns(now time.Time, late int64) {
+	d := r.c.cfg.attemptTimeout
+	for i := range r.slots {
+		s := &r.slots[i]
+		id, attempt, start, ok := s.load()
+		if !ok || now.UnixNano()-start < late || s.reported.Load() == start {
+			continue
+		}
+		s.reported.Store(start)
+		r.c.overran.Add(1)
+		err := fmt.Errorf("%w (limit %v, WithAttemptTimeout)", ErrAttemptOverrun, d)
+		r.reportEvent(effects.Event{Kind: effects.EventFailed, DeliveryID: id, Attempt: attempt, Duration: time.Duration(now.UnixNano() - start), Err: err},
+			slog.LevelWarn, "consume.Consumer: handler still running past its time limit; it ignores its context")
+	}
+}
+
+// nameAfter is how long after the shutdown grace Run names the deliveries
+// whose handlers still run: time for those that honour their context to
+// return.
+const nameAfter = 500 * time.Millisecond
+
+// nameRunning reports the deliveries whose handlers still run after the
+// shutdown grace: Run waits for them.
+func (r *run) nameRunning() {
+	for i := range r.slots {
+		if id, attempt, _, ok := r.slots[i].load(); ok {
+			r.reportEvent(effects.Event{Kind: effects.EventFailed, DeliveryID: id, Attempt: attempt, Err: ErrShutdownWait},
+				slog.LevelWarn, "consume.Consumer: shutdown grace over; still waiting for a handler that ignores its context")
+		}
+	}
 }
 
 // timedOut reports whether the attempt under ctx ran past its time limit
@@ -866,20 +1005,22 @@ func (r *run) resume(t *sched.Task) {
 // decide settles t's attempt that returned err: it acks, drops, retries
 // after a pause, waits for another attempt's lease, dead-letters, parks,
 // or stops the run. behind: an earlier delivery of t's Ordering in the
-// same batch is to be retried.
-func (r *run) decide(t *sched.Task, err error, took time.Duration, behind bool) (sched.Outcome, time.Duration) {
+// same batch is to be retried. kind is the outcome, in the words of the
+// events: applied, retried, in_flight, dead_lettered or failed.
+func (r *run) decide(t *sched.Task, err error, took time.Duration, behind bool) (out sched.Outcome, delay time.Duration, kind effects.EventKind) {
 	c := r.c
 	wasParked := t.Parked
 	t.Parked, t.Waiting = false, false
-	out, delay := sched.Finished, time.Duration(0)
+	out, kind = sched.Finished, effects.EventFailed
 	switch {
 	case err == nil:
+		kind = effects.EventApplied
 		r.ack(t)
 	case err == errNotOwned:
 		c.dropped.Add(1)
 	case effects.IsConfig(err):
 		r.failedLevel(t, took, err, slog.LevelError, "consume.Consumer: configuration error; stopping")
-		r.halt(fmt.Errorf("consume.Consumer: stopped by a configuration error; delivery %q left unacked: %w", t.Delivery.ID, err))
+		r.halt(fmt.Errorf("consume.Consumer: stopped by a configuration error; delivery %q left unacked: %w", ratelog.Bound(t.Delivery.ID), err))
 	case r.ctx.Err() != nil:
 		if !behind {
 			r.failed(t, took, fmt.Errorf("attempt %d failed during shutdown; left unacked for redelivery: %w", t.Attempt, err))
@@ -888,7 +1029,7 @@ func (r *run) decide(t *sched.Task, err error, took time.Duration, behind bool) 
 		t.Attempt-- // not in its turn: this attempt does not count
 		out = sched.Wait
 	default:
-		out, delay = r.failure(t, err, took, wasParked)
+		out, delay, kind = r.failure(t, err, took, wasParked)
 	}
 	switch {
 	case wasParked && !t.Parked:
@@ -896,13 +1037,13 @@ func (r *run) decide(t *sched.Task, err error, took time.Duration, behind bool) 
 	case !wasParked && t.Parked:
 		c.parked.Add(1)
 	}
-	return out, delay
+	return out, delay, kind
 }
 
 // failure decides about t's attempt that failed with err, in its turn
 // and before shutdown: a wait for another attempt's lease, a retry within
 // the budget, or giving up.
-func (r *run) failure(t *sched.Task, err error, took time.Duration, wasParked bool) (sched.Outcome, time.Duration) {
+func (r *run) failure(t *sched.Task, err error, took time.Duration, wasParked bool) (sched.Outcome, time.Duration, effects.EventKind) {
 	c := r.c
 	class := effects.ClassOf(err)
 	if class == effects.ClassRetryable && errors.Is(err, effects.ErrInFlight) {
@@ -911,14 +1052,14 @@ func (r *run) failure(t *sched.Task, err error, took time.Duration, wasParked bo
 			r.report(effects.EventInFlight, t, took, err, slog.LevelInfo, "consume.Consumer: another attempt holds the key; waiting")
 			t.Attempt-- // a wait, not a failed attempt
 			t.Waiting = true
-			return sched.Retry, delay
+			return sched.Retry, delay, effects.EventInFlight
 		}
 	}
 	exhausted := c.cfg.maxAttempts > 0 && t.Attempt >= c.cfg.maxAttempts
 	if class != effects.ClassPermanent && !exhausted {
 		c.retried.Add(1)
 		r.report(effects.EventRetried, t, took, err, slog.LevelInfo, "consume.Consumer: attempt failed; retrying")
-		return sched.Retry, c.cfg.backoff(t.Attempt)
+		return sched.Retry, c.cfg.retryDelay(t.Attempt, err), effects.EventRetried
 	}
 	why := fmt.Sprintf("gave up after %d attempts", t.Attempt)
 	if class == effects.ClassPermanent {
@@ -933,12 +1074,12 @@ func (r *run) failure(t *sched.Task, err error, took time.Duration, wasParked bo
 			c.deadLettered.Add(1)
 			r.report(effects.EventDeadLettered, t, took, err, slog.LevelWarn, "consume.Consumer: delivery dead-lettered")
 			r.ack(t)
-			return sched.Finished, 0
+			return sched.Finished, 0, effects.EventDeadLettered
 		case effects.IsConfig(herr):
 			herr = fmt.Errorf("dead-letter hook: %w", herr)
 			r.failedLevel(t, took, herr, slog.LevelError, "consume.Consumer: configuration error; stopping")
-			r.halt(fmt.Errorf("consume.Consumer: stopped by a configuration error; delivery %q left unacked: %w", t.Delivery.ID, herr))
-			return sched.Finished, 0
+			r.halt(fmt.Errorf("consume.Consumer: stopped by a configuration error; delivery %q left unacked: %w", ratelog.Bound(t.Delivery.ID), herr))
+			return sched.Finished, 0, effects.EventFailed
 		}
 		err = fmt.Errorf("%s, and the dead-letter hook failed (%w); parked, retrying every %v: %w", why, herr, c.cfg.maxBackoff, err)
 	}
@@ -948,7 +1089,7 @@ func (r *run) failure(t *sched.Task, err error, took time.Duration, wasParked bo
 		level, msg = slog.LevelDebug, "consume.Consumer: parked delivery failed again"
 	}
 	r.failedLevel(t, took, err, level, msg)
-	return sched.Retry, c.cfg.backoff(0)
+	return sched.Retry, c.cfg.backoff(0), effects.EventFailed
 }
 
 // inFlightWait returns the pause before the next attempt at t, whose
@@ -1020,15 +1161,23 @@ func (r *run) failedLevel(t *sched.Task, took time.Duration, err error, level sl
 // report reports an event to the observer, or, without one, logs it to
 // slog.Default() (rate-limited) at level with msg.
 func (r *run) report(kind effects.EventKind, t *sched.Task, took time.Duration, err error, level slog.Level, msg string) {
-	ev := effects.Event{Kind: kind, DeliveryID: t.Delivery.ID, Attempt: t.Attempt, Duration: took, Err: err}
+	r.reportEvent(effects.Event{Kind: kind, DeliveryID: t.Delivery.ID, Attempt: t.Attempt, Duration: took, Err: err}, level, msg)
+}
+
+// reportEvent reports ev to the observer, or, without one, logs it
+// (rate-limited) at level with msg: the delivery id bounded
+// (ratelog.Bound), the class in the words of the dead-letter header
+// (ratelog.Class).
+func (r *run) reportEvent(ev effects.Event, level slog.Level, msg string) {
+	err := ev.Err
 	if o := r.c.cfg.observer; o != nil {
 		o.Observe(r.hctx, ev)
 		return
 	}
 	attrs := []slog.Attr{
-		slog.String("delivery_id", ev.DeliveryID),
+		slog.String("delivery_id", ratelog.Bound(ev.DeliveryID)),
 		slog.Int("attempt", ev.Attempt),
-		slog.String("class", effects.ClassOf(err).String()),
+		slog.String("class", ratelog.Class(err)),
 		slog.Any("error", err),
 	}
 	var pe *effects.PanicError
@@ -1036,6 +1185,25 @@ func (r *run) report(kind effects.EventKind, t *sched.Task, took time.Duration, 
 		attrs = append(attrs, slog.String("stack", string(pe.Stack)))
 	}
 	r.c.log.Log(r.hctx, level, msg, attrs...)
+}
+
+// MaxRetryAfter caps the pause an error's [effects.RetryAfter] asks for
+// (a provider's Retry-After): a retryable error that carries one is
+// retried no sooner than it says, up to 5 minutes, so a burst of rate
+// limits does not use up the attempts of [WithMaxAttempts]. An
+// [effects.ErrInFlight]'s RetryAfter is the rest of another attempt's
+// lease, which [WithInFlightWait] governs instead.
+const MaxRetryAfter = 5 * time.Minute
+
+// retryDelay returns the pause after failed attempt number attempt, whose
+// error was err: the backoff, or longer when err asks to wait longer
+// (capped by MaxRetryAfter).
+func (c *config) retryDelay(attempt int, err error) time.Duration {
+	delay := c.backoff(attempt)
+	if wait, ok := effects.RetryAfter(err); ok && !errors.Is(err, effects.ErrInFlight) {
+		delay = max(delay, min(wait, MaxRetryAfter))
+	}
+	return delay
 }
 
 // backoff returns the pause after failed attempt number attempt (from 1);

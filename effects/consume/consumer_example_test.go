@@ -258,5 +258,5 @@ func ExampleWithBatch() {
 	fmt.Printf("%+v\n", c.Stats())
 	// Output:
 	// batch: a-1 a-2 a-3 b-1
-	// {Delivered:4 Acked:4 Retried:0 InFlight:0 TimedOut:0 DeadLettered:0 Failed:0 Released:0 Dropped:0 Parked:0}
+	// {Delivered:4 Acked:4 Retried:0 InFlight:0 TimedOut:0 Overran:0 DeadLettered:0 Failed:0 Released:0 Dropped:0 Parked:0}
 }

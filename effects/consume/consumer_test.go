@@ -975,7 +975,7 @@ func TestConsumerLogsFailuresByDefault(t *testing.T) {
 	for _, want := range []string{
 		`level=INFO msg="consume.Consumer: attempt failed; retrying" delivery_id=down attempt=1 class=unclassified error="database is down"`,
 		`level=WARN msg="consume.Consumer: delivery parked; its Ordering waits" delivery_id=down attempt=2 class=unclassified`,
-		`level=WARN msg="consume.Consumer: delivery parked; its Ordering waits" delivery_id=poison attempt=1 class=permanent`,
+		`level=WARN msg="consume.Consumer: delivery parked; its Ordering waits" delivery_id=poison attempt=1 class=poison`,
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("log lacks %q:\n%s", want, out)

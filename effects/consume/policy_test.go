@@ -598,7 +598,7 @@ func TestConsumerParksWithoutHook(t *testing.T) {
 	}
 	out := buf.String()
 	if n := strings.Count(out, "\n"); n != 1 || !strings.Contains(out,
-		`level=WARN msg="consume.Consumer: delivery parked; its Ordering waits" delivery_id=poison attempt=1 class=permanent error="permanent error, no dead-letter hook (WithoutDeadLetter); parked, retrying every 2ms: poison delivery: retrying cannot succeed: bad JSON"`) {
+		`level=WARN msg="consume.Consumer: delivery parked; its Ordering waits" delivery_id=poison attempt=1 class=poison error="permanent error, no dead-letter hook (WithoutDeadLetter); parked, retrying every 2ms: poison delivery: retrying cannot succeed: bad JSON"`) {
 		t.Errorf("log has %d lines; want the one line saying poison was parked:\n%s", n, out)
 	}
 }

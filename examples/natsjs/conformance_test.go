@@ -26,12 +26,20 @@ import (
 // This harness cannot move the server's clock, so the horizon scenario is
 // not run here (the matrix shows the 2-minute horizon as not verified,
 // with the reason given to AllowUnverified); TestConformanceHorizon
-// verifies the same mechanism on a short window.
+// verifies the same mechanism on a short window. The server runs inside
+// the test process: the harness neither crashes it nor hands a child
+// process its address (no CrashRestarter, no Attacher), which
+// AllowUnverified names too. WithSlowReply holds each reply 1.5 s, past
+// the Publisher's 1 s ack timeout: giving up must be an unknown outcome.
 func TestConformance(t *testing.T) {
 	srv := startServer(t)
 	conformance.Run(t, "natsjs", func(t testing.TB) conformance.Harness[natsjs.Message] {
 		return newHarness(t, srv, jetstream.StreamConfig{})
-	}, conformance.AllowUnverified("nats-server's clock cannot be moved; TestConformanceHorizon verifies the horizon on a 5-second window"))
+	}, conformance.WithSlowReply(1500*time.Millisecond),
+		conformance.AllowUnverified("nats-server's clock cannot be moved (TestConformanceHorizon verifies the horizon on a 5-second window); "+
+			"the server runs inside the test process, and this harness neither crashes it nor attaches a child process to it, "+
+			"nor can make it answer an application error on demand",
+			conformance.ScenarioHorizon, conformance.ScenarioCrashRestart, conformance.ScenarioProcess, conformance.ScenarioAppFaults))
 }
 
 // TestConformanceHorizon runs the horizon scenario on a stream whose
@@ -44,7 +52,8 @@ func TestConformanceHorizon(t *testing.T) {
 	srv := startServer(t)
 	rep := conformance.Run(t, "natsjs (5s duplicate window)", func(t testing.TB) conformance.Harness[natsjs.Message] {
 		return agingHarness{newHarness(t, srv, jetstream.StreamConfig{Duplicates: 5 * time.Second})}
-	}, conformance.Only(conformance.ScenarioRedelivery, conformance.ScenarioHorizon))
+	}, conformance.Only(conformance.ScenarioRedelivery, conformance.ScenarioHorizon),
+		conformance.AllowUnverified("the horizon on a short window: TestConformance runs the other scenarios"))
 	if row, ok := rep.Row(conformance.ScenarioHorizon); !ok || row.Verdict != conformance.Pass {
 		t.Errorf("horizon scenario: %+v, want it run and passed", row)
 	}

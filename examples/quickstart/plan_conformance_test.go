@@ -33,7 +33,8 @@ func TestPlanConformance(t *testing.T) {
 			t.Fatal(err)
 		}
 		return &planHarness{url: url, db: db, stripe: stripetest.Start(t)}
-	})
+	}, conformance.AllowUnverified("the steps' backends (stripetest, the database) keep their own clocks, which this harness does not age together; "+
+		"each step's horizon is verified by its adapter's own suite", conformance.PlanHorizon))
 }
 
 type planHarness struct {

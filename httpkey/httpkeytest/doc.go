@@ -12,9 +12,17 @@
 //	// POST srv.URL+"/objects" with Idempotency-Key: "k" → 201 {"id":"obj_1",...}
 //	// the same again → the same 201 and body; srv.Count("k") == 1
 //
-// It can play each of httpkey's presets ([IETF], [Adyen], [PayPal],
-// [Worldline]): where the key goes, how long it is kept, whether replays
-// are marked and reuse refused. It can also misbehave, so that a test can
+// It can play the provider of each of httpkey's presets ([IETF], [Adyen],
+// [PayPal], [Worldline], [Checkout], [GoCardless], [Mollie], [Square],
+// [RazorpayX], [Braintree]) as its documentation says: where the key goes
+// and what format it must have, how long it is kept, what a request in
+// progress and a reused key get (Adyen's 422 with errorCode 704,
+// GoCardless's 409 idempotent_creation_conflict, Braintree's errors in a
+// 200), whether replays are marked and failures stored. A request whose
+// body holds [DeclineMarker] is declined, as a test card is; [Server.Age]
+// makes its keys older through its own clock (a conformance.Ager that
+// reaches the key store), and [Server.CrashRestart] kills and restarts
+// it. It can also misbehave, so that a test can
 // show what the conformance suite makes of a contract that claims more
 // than the server does: a server without a replay signal
 // ([WithReplayHeader] left out, or [WithoutReplayHeader]) under an effect

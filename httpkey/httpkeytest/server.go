@@ -2,6 +2,7 @@ package httpkeytest
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
@@ -30,8 +31,9 @@ const (
 )
 
 // Option configures a [Server]; see [New]. A nil Option is ignored.
-// Presets ([IETF], [Adyen], [PayPal], [Worldline]) set several values; options after a
-// preset change it.
+// Presets ([IETF], [Adyen], [PayPal], [Worldline], [Checkout],
+// [GoCardless], [Mollie], [Square], [RazorpayX], [Braintree]) set several
+// values; options after a preset change it.
 type Option func(*config)
 
 type placement int
@@ -39,19 +41,40 @@ type placement int
 const (
 	inHeader           placement = iota + 1 // the value as it is
 	inStructuredHeader                      // an RFC 8941 String
-	inField                                 // a top-level member of a JSON object body
+	inField                                 // a member of a JSON object body
+)
+
+// mode is the vendor whose answers the server gives.
+type mode int
+
+const (
+	ietf mode = iota
+	adyen
+	paypal
+	worldline
+	checkout
+	gocardless
+	mollie
+	square
+	razorpayx
+	braintree
 )
 
 type config struct {
+	mode        mode
 	place       placement
 	name        string
+	field       []string // the key's member path, for inField
+	minKeyLen   int
 	maxKeyLen   int
+	alphabet    string // "" : any key the placement allows
 	replayName  string
 	replayValue string
 	replayStamp bool // the replay header holds the first request's time in ms
 	horizon     time.Duration
-	inFlight    int // status while a key's first request is in progress
-	reused      int // status for another payload; 0: replay the stored response
+	inFlight    int  // status while a key's first request is in progress
+	reused      int  // status for another payload; 0: replay the stored response
+	failsKept   bool // failures are stored under the key (false: only 2xx)
 	latency     time.Duration
 	now         func() time.Time
 	token       string
@@ -65,42 +88,57 @@ type config struct {
 // [DefaultHorizon]. It is what [New] does without a preset.
 func IETF() Option {
 	return func(c *config) {
-		c.place, c.name = inStructuredHeader, "Idempotency-Key"
-		c.maxKeyLen = DefaultMaxKeyLen
+		c.mode = ietf
+		c.place, c.name, c.field = inStructuredHeader, "Idempotency-Key", nil
+		c.minKeyLen, c.maxKeyLen, c.alphabet = 1, DefaultMaxKeyLen, ""
 		c.replayName, c.replayValue, c.replayStamp = "", "", false
 		c.horizon = DefaultHorizon
 		c.inFlight, c.reused = http.StatusConflict, http.StatusUnprocessableEntity
+		c.failsKept = true
 	}
 }
 
-// Adyen makes the server behave as httpkey.Adyen expects: the key in the
-// Idempotency-Key header as it is, at most 64 characters, kept for 31 days;
-// no replay signal. Where Adyen's documentation says nothing, the server
-// takes the case that is hardest on an adapter that claims nothing: a key
-// repeated with another payload gets the stored response (key reuse goes
-// unnoticed), and a request while the key's first one is in progress
-// gets 409.
+// vendor starts a vendor's mode from the draft's: the key in header name
+// as it is, another payload answered with the stored response (key reuse
+// goes unnoticed), which is where vendors that document nothing leave it.
+func vendor(c *config, m mode, name string) {
+	IETF()(c)
+	c.mode = m
+	c.place, c.name = inHeader, name
+	c.reused = 0
+}
+
+// Adyen makes the server behave as Adyen documents
+// (https://docs.adyen.com/development-resources/api-idempotency), as
+// httpkey.Adyen expects: the key in the Idempotency-Key header as it is,
+// at most 64 characters, kept for 7 days; no replay signal. A request
+// while the key's first one is in progress gets 422 (409 with
+// [WithInFlightStatus]) with errorCode "704" and the header
+// "transient-error: true". Where Adyen's documentation says nothing, the
+// server takes the case that is hardest on an adapter that claims
+// nothing: a key repeated with another payload gets the stored response
+// (key reuse goes unnoticed). A declined request ([DeclineMarker]) gets
+// 422 with errorCode "010".
 func Adyen() Option {
 	return func(c *config) {
-		IETF()(c)
-		c.place = inHeader
+		vendor(c, adyen, "Idempotency-Key")
 		c.maxKeyLen = 64
-		c.horizon = 31 * 24 * time.Hour
-		c.reused = 0
+		c.horizon = 7 * 24 * time.Hour
+		c.inFlight = http.StatusUnprocessableEntity
 	}
 }
 
 // PayPal makes the server behave as httpkey.PayPal expects: the key in the
-// PayPal-Request-Id header as it is; a repeated key gets the stored
-// response whatever the payload (PayPal "returns the latest status of the
-// previous request"); no replay signal; 409 while the first request is in
-// progress; keys kept for [DefaultHorizon] (PayPal's horizon differs per
-// API; set the one you test with [WithHorizon]).
+// PayPal-Request-Id header as it is, 1 to 108 characters (Orders v2); a
+// repeated key gets the stored response whatever the payload (PayPal
+// "returns the latest status of the previous request"); no replay signal;
+// 409 while the first request is in progress; keys kept for
+// [DefaultHorizon] (PayPal's horizon differs per API; set the one you
+// test with [WithHorizon]).
 func PayPal() Option {
 	return func(c *config) {
-		IETF()(c)
-		c.place, c.name = inHeader, "PayPal-Request-Id"
-		c.reused = 0
+		vendor(c, paypal, "PayPal-Request-Id")
+		c.maxKeyLen = 108
 	}
 }
 
@@ -114,11 +152,99 @@ func PayPal() Option {
 // milliseconds since the Unix epoch.
 func Worldline() Option {
 	return func(c *config) {
-		IETF()(c)
-		c.place, c.name = inHeader, "X-GCS-Idempotence-Key"
+		vendor(c, worldline, "X-GCS-Idempotence-Key")
 		c.maxKeyLen = 40
 		c.replayName, c.replayStamp = "X-GCS-Idempotence-Request-Timestamp", true
-		c.reused = 0
+	}
+}
+
+// Checkout makes the server behave as Checkout.com documents
+// (https://www.checkout.com/docs/payments/manage-payments/idempotency):
+// the key in the Cko-Idempotency-Key header; kept for 24 hours; 409 while
+// the first request is in progress; only a 2xx answer is stored, so a
+// repeat of a request that failed (a 4xx, or a 5xx even after the
+// payment was created: [Server.FailNextAfterCreate]) executes again; a
+// repeat with another payload gets the stored response; no replay signal.
+func Checkout() Option {
+	return func(c *config) {
+		vendor(c, checkout, "Cko-Idempotency-Key")
+		c.failsKept = false
+	}
+}
+
+// GoCardless makes the server behave as GoCardless documents: the key in
+// the Idempotency-Key header; a repeat of a finished creation, whatever
+// its payload, gets 409 with {"error": {"type": "invalid_state", "code":
+// 409, "errors": [{"reason": "idempotent_creation_conflict", "links":
+// {"conflicting_resource_id": <the object's id>}}], "request_id": ...}};
+// a repeat while the first request is in progress gets a plain 409
+// conflict; kept for [DefaultHorizon] (GoCardless publishes no
+// retention; set the one you test with [WithHorizon]).
+func GoCardless() Option {
+	return func(c *config) { vendor(c, gocardless, "Idempotency-Key") }
+}
+
+// Mollie makes the server behave as Mollie documents
+// (https://docs.mollie.com/reference/api-idempotency): the key in the
+// Idempotency-Key header; kept for 24 hours; a repeat gets the stored
+// response with "Idempotent-Replayed: true"; 409 while the first request
+// is in progress; the key with another payload gets 400.
+func Mollie() Option {
+	return func(c *config) {
+		vendor(c, mollie, "Idempotency-Key")
+		c.replayName, c.replayValue = "Idempotent-Replayed", "true"
+		c.reused = http.StatusBadRequest
+	}
+}
+
+// Square makes the server behave as Square documents
+// (https://developer.squareup.com/docs/working-with-apis/idempotency):
+// the key in the JSON body's idempotency_key, at most 45 characters; a
+// repeat gets the stored response; the key with another payload gets 400
+// with the error code IDEMPOTENCY_KEY_REUSED; 409 while the first request
+// is in progress (Square documents none); no replay signal; kept for
+// [DefaultHorizon] (Square publishes no retention).
+func Square() Option {
+	return func(c *config) {
+		vendor(c, square, "")
+		c.place, c.field = inField, []string{"idempotency_key"}
+		c.maxKeyLen = 45
+		c.reused = http.StatusBadRequest
+	}
+}
+
+// RazorpayX makes the server behave as RazorpayX documents for payouts
+// (https://razorpay.com/docs/api/x/payout-idempotency/make-request): the
+// key in the X-Payout-Idempotency header, 4 to 36 characters of letters,
+// digits, space, '-' and '_' (any other key gets 400); a repeat gets the
+// saved response; another payload gets 400 BAD_REQUEST_ERROR naming the
+// header; 409 while the first request is in progress (RazorpayX documents
+// none); no replay signal; kept for [DefaultHorizon].
+func RazorpayX() Option {
+	return func(c *config) {
+		vendor(c, razorpayx, "X-Payout-Idempotency")
+		c.minKeyLen, c.maxKeyLen = 4, 36
+		c.alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 _-"
+		c.reused = http.StatusBadRequest
+	}
+}
+
+// Braintree makes the server behave as Braintree's GraphQL API documents
+// (https://developer.paypal.com/braintree/graphql/integration_guides/idempotency):
+// the key is the mutation input's apiRequestKey, the member
+// variables.input.apiRequestKey of the JSON body; kept for 30 days; every
+// answer is HTTP 200, a success as {"data": <the object>}, an error as
+// {"errors": [{"message": ..., "extensions": {"errorClass": ...}}]}; a
+// request while the key's first one is in progress, and the key with
+// another payload, get an error of class VALIDATION; a repeat gets the
+// first request's result; no replay signal. A declined request
+// ([DeclineMarker]) gets an error of class UNPROCESSABLE.
+func Braintree() Option {
+	return func(c *config) {
+		vendor(c, braintree, "")
+		c.place, c.field = inField, []string{"variables", "input", "apiRequestKey"}
+		c.horizon = 30 * 24 * time.Hour
+		c.reused = http.StatusOK // a VALIDATION error, in a 200
 	}
 }
 
@@ -134,10 +260,12 @@ func WithKeyStructuredHeader(name string) Option {
 	return func(c *config) { c.place, c.name = inStructuredHeader, name }
 }
 
-// WithKeyField makes the server read the key from the string member name
-// of the request's JSON object body.
-func WithKeyField(name string) Option {
-	return func(c *config) { c.place, c.name = inField, name }
+// WithKeyField makes the server read the key from the string member of
+// the request's JSON object body at path (one name for a top-level
+// member).
+func WithKeyField(path ...string) Option {
+	path = append([]string(nil), path...)
+	return func(c *config) { c.place, c.name, c.field = inField, "", path }
 }
 
 // WithMaxKeyLen sets the longest key the server accepts, in bytes (default
@@ -205,7 +333,12 @@ func WithToken(token string) Option { return func(c *config) { c.token = token }
 //     body) gets 422 ([WithReuseStatus]);
 //   - a request with the key and the same payload gets the stored
 //     response, marked as a replay when [WithReplayHeader] says so;
-//   - past the horizon the key is forgotten and a request executes again.
+//   - past the horizon the key is forgotten and a request executes again;
+//   - a request whose body holds [DeclineMarker] is declined (402),
+//     creating nothing; the refusal is stored under the key.
+//
+// A vendor's preset changes what these answers look like as that vendor
+// documents (see each preset).
 //
 // It counts the objects created per key ([Server.Count]): the count a
 // conformance harness's Count needs. Create it with [New] or
@@ -222,6 +355,7 @@ type Server struct {
 	addr string
 
 	mu        sync.Mutex
+	aged      time.Duration // Age's offset to the clock
 	keys      map[string]*entry
 	objects   []object
 	byID      map[string]int
@@ -240,6 +374,7 @@ type entry struct {
 	done    bool
 	status  int
 	body    []byte
+	id      string // the object the request created, if any
 }
 
 type failure struct {
@@ -268,15 +403,17 @@ func New(opts ...Option) (*Server, error) {
 		return &effects.ConfigError{Op: "httpkeytest.New", Option: option, Reason: fmt.Sprintf(format, args...)}
 	}
 	switch {
-	case cfg.name == "":
+	case cfg.place != inField && cfg.name == "":
 		return nil, bad("WithKeyHeader", "empty name")
+	case cfg.place == inField && len(cfg.field) == 0:
+		return nil, bad("WithKeyField", "empty path")
 	case cfg.maxKeyLen <= 0:
 		return nil, bad("WithMaxKeyLen", "%d is not positive", cfg.maxKeyLen)
 	case cfg.horizon <= 0:
 		return nil, bad("WithHorizon", "horizon %v is not positive", cfg.horizon)
 	case cfg.inFlight < 400 || cfg.inFlight > 599:
 		return nil, bad("WithInFlightStatus", "%d is not a 4xx or 5xx status", cfg.inFlight)
-	case cfg.reused != 0 && (cfg.reused < 400 || cfg.reused > 599):
+	case cfg.reused != 0 && (cfg.reused < 400 || cfg.reused > 599) && cfg.mode != braintree:
 		return nil, bad("WithReuseStatus", "%d is neither 0 nor a 4xx or 5xx status", cfg.reused)
 	case cfg.latency < 0:
 		return nil, bad("WithLatency", "latency %v is negative", cfg.latency)
@@ -333,11 +470,25 @@ func (s *Server) Close() {
 // in progress have finished, and starts it again on the same address with
 // the same keys, stored responses and objects, as a deploy of the real API
 // would: clients see their pooled connections closed.
-func (s *Server) Restart() error {
+func (s *Server) Restart() error { return s.restart(false) }
+
+// CrashRestart stops the server at once, cutting every connection with
+// requests in progress (whose clients get no reply), and starts it again
+// on the same address, as a killed API process is restarted. The keys,
+// stored responses and objects stay: they model the vendor's durable key
+// store, which a process crash does not lose; a request cut while it
+// executed keeps its key in progress until it finishes. Its signature is
+// conformance.CrashRestarter's.
+func (s *Server) CrashRestart(context.Context) error { return s.restart(true) }
+
+func (s *Server) restart(crash bool) error {
 	s.life.Lock()
 	defer s.life.Unlock()
 	if s.hs == nil {
 		return fmt.Errorf("httpkeytest: restart of a closed server")
+	}
+	if crash {
+		s.hs.CloseClientConnections()
 	}
 	s.hs.Close()
 	s.hs = nil
@@ -459,6 +610,14 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// DeclineMarker, anywhere in a request's body, makes the server decline
+// the request, as a test card makes a card processor decline a payment:
+// it creates nothing and answers 402 (Adyen: 422 with errorCode "010";
+// Braintree: an UNPROCESSABLE error in a 200), and the answer is stored
+// under the key and replayed, as a vendor's refusal is. A service's test
+// puts it in the input it wants declined.
+const DeclineMarker = "httpkeytest-decline"
+
 // post runs a request through the idempotency layer.
 func (s *Server) post(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(r.Body)
@@ -480,16 +639,17 @@ func (s *Server) post(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusTooManyRequests, "Too many requests", "rate limited before the idempotency layer")
 		return
 	}
-	now := s.cfg.now()
-	if e := s.keys[key]; e != nil && now.Sub(e.first) < s.cfg.horizon {
-		done, status, stored, same, first := e.done, e.status, e.body, e.payload == payload, e.first
+	now := s.now()
+	if e := s.keys[key]; e != nil && now.Sub(e.first) < s.cfg.horizon && (e.stored() || s.cfg.failsKept) {
+		done, status, stored, same, first, id := e.done, e.status, e.body, e.payload == payload, e.first, e.id
 		s.mu.Unlock()
 		switch {
 		case !done:
-			w.Header().Set("Retry-After", "1")
-			writeProblem(w, s.cfg.inFlight, "A request with this key is being processed", "retry later with the same key")
+			s.writeInFlight(w)
 		case !same && s.cfg.reused != 0:
-			writeProblem(w, s.cfg.reused, "Idempotency-Key is already used", "the key was used with another payload")
+			s.writeReused(w)
+		case s.cfg.mode == gocardless && id != "":
+			writeJSON(w, http.StatusConflict, goCardlessConflict(id))
 		default:
 			switch {
 			case s.cfg.replayStamp:
@@ -515,12 +675,29 @@ func (s *Server) post(w http.ResponseWriter, r *http.Request) {
 		held <- struct{}{}
 		<-gate
 	}
-
+	status, out := s.execute(key, body)
 	s.mu.Lock()
+	e.done, e.status, e.body = true, status, out
+	s.mu.Unlock()
+	writeJSON(w, status, out)
+}
+
+// stored reports whether the entry's answer is one a server that stores
+// only 2xx answers keeps: in progress, or a success.
+func (e *entry) stored() bool { return !e.done || e.status >= 200 && e.status <= 299 }
+
+// execute runs a request that the idempotency layer let through: a
+// failure from FailNext, a decline, or an object created.
+func (s *Server) execute(key string, body []byte) (int, []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	var fail *failure
 	if len(s.failNext) > 0 {
 		fail = &s.failNext[0]
 		s.failNext = s.failNext[1:]
+	}
+	if fail == nil && bytes.Contains(body, []byte(DeclineMarker)) {
+		return s.declined()
 	}
 	var out []byte
 	status := http.StatusCreated
@@ -530,14 +707,89 @@ func (s *Server) post(w http.ResponseWriter, r *http.Request) {
 		s.objects = append(s.objects, o)
 		s.created[key]++
 		out, _ = json.Marshal(o) // RawMessage of valid JSON always marshals
+		if e := s.keys[key]; e != nil {
+			e.id = o.ID
+		}
+		if s.cfg.mode == braintree {
+			status = http.StatusOK
+			out, _ = json.Marshal(map[string]json.RawMessage{"data": out})
+		}
 	}
 	if fail != nil {
 		status = fail.status
 		out, _ = json.Marshal(problem{Type: "about:blank", Title: http.StatusText(fail.status), Status: fail.status, Detail: "injected failure"})
 	}
-	e.done, e.status, e.body = true, status, out
-	s.mu.Unlock()
-	writeJSON(w, status, out)
+	return status, out
+}
+
+// declined returns the mode's refusal of a declined request.
+func (s *Server) declined() (int, []byte) {
+	switch s.cfg.mode {
+	case adyen:
+		b, _ := json.Marshal(map[string]any{"status": 422, "errorCode": "010", "message": "Not allowed", "errorType": "validation"})
+		return http.StatusUnprocessableEntity, b
+	case braintree:
+		return http.StatusOK, braintreeError("UNPROCESSABLE", "the payment was declined")
+	}
+	b, _ := json.Marshal(problem{Type: "about:blank", Title: "Payment declined", Status: http.StatusPaymentRequired, Detail: "declined by the test marker"})
+	return http.StatusPaymentRequired, b
+}
+
+// writeInFlight answers a request whose key's first request is in
+// progress, as the mode's vendor does.
+func (s *Server) writeInFlight(w http.ResponseWriter) {
+	w.Header().Set("Retry-After", "1")
+	switch s.cfg.mode {
+	case adyen:
+		w.Header().Set("Transient-Error", "true")
+		b, _ := json.Marshal(map[string]any{"status": s.cfg.inFlight, "errorCode": "704",
+			"message": "request already processed or in progress", "errorType": "validation"})
+		writeJSON(w, s.cfg.inFlight, b)
+	case braintree:
+		writeJSON(w, http.StatusOK, braintreeError("VALIDATION", "a request with this apiRequestKey is being processed"))
+	default:
+		writeProblem(w, s.cfg.inFlight, "A request with this key is being processed", "retry later with the same key")
+	}
+}
+
+// writeReused answers the key with another payload, as the mode's vendor
+// does.
+func (s *Server) writeReused(w http.ResponseWriter) {
+	switch s.cfg.mode {
+	case square:
+		b, _ := json.Marshal(map[string]any{"errors": []map[string]string{{"category": "INVALID_REQUEST_ERROR",
+			"code": "IDEMPOTENCY_KEY_REUSED", "detail": "the idempotency key was used with another request"}}})
+		writeJSON(w, s.cfg.reused, b)
+	case razorpayx:
+		b, _ := json.Marshal(map[string]any{"error": map[string]any{"code": "BAD_REQUEST_ERROR",
+			"description": "Different payload for the same idempotency key", "source": "business", "field": "X-Payout-Idempotency"}})
+		writeJSON(w, s.cfg.reused, b)
+	case braintree:
+		writeJSON(w, http.StatusOK, braintreeError("VALIDATION", "the apiRequestKey was used with another request"))
+	default:
+		writeProblem(w, s.cfg.reused, "Idempotency-Key is already used", "the key was used with another payload")
+	}
+}
+
+// goCardlessConflict is GoCardless's answer to a repeated creation.
+func goCardlessConflict(id string) []byte {
+	b, _ := json.Marshal(map[string]any{"error": map[string]any{
+		"message": "A resource has already been created with this idempotency key",
+		"type":    "invalid_state", "code": 409, "request_id": "req_" + id,
+		"errors": []map[string]any{{"reason": "idempotent_creation_conflict",
+			"message": "A resource has already been created with this idempotency key",
+			"links":   map[string]string{"conflicting_resource_id": id}}},
+	}})
+	return b
+}
+
+// braintreeError is a GraphQL error of class in a Braintree answer.
+func braintreeError(class, message string) []byte {
+	b, _ := json.Marshal(map[string]any{
+		"errors":     []map[string]any{{"message": message, "extensions": map[string]string{"errorClass": class}}},
+		"extensions": map[string]string{"requestId": "req-braintree"},
+	})
+	return b
 }
 
 // key reads the request's key as configured. When it is missing or
@@ -546,16 +798,20 @@ func (s *Server) key(r *http.Request, body []byte) (key, title, detail string) {
 	const missing, invalid = "Idempotency-Key is missing", "Idempotency-Key is invalid"
 	switch s.cfg.place {
 	case inField:
-		var obj map[string]json.RawMessage
-		if json.Unmarshal(body, &obj) != nil {
-			return "", missing, "the body is not a JSON object with a " + s.cfg.name + " member"
-		}
-		raw, ok := obj[s.cfg.name]
-		if !ok {
-			return "", missing, "the body has no " + s.cfg.name + " member"
+		where := strings.Join(s.cfg.field, ".")
+		raw := json.RawMessage(body)
+		for _, name := range s.cfg.field {
+			var obj map[string]json.RawMessage
+			if json.Unmarshal(raw, &obj) != nil {
+				return "", missing, "the body has no JSON object holding " + where
+			}
+			var ok bool
+			if raw, ok = obj[name]; !ok {
+				return "", missing, "the body has no " + where + " member"
+			}
 		}
 		if json.Unmarshal(raw, &key) != nil || key == "" {
-			return "", invalid, "the " + s.cfg.name + " member is not a non-empty string"
+			return "", invalid, "the " + where + " member is not a non-empty string"
 		}
 	default:
 		vals := r.Header.Values(s.cfg.name)
@@ -576,10 +832,35 @@ func (s *Server) key(r *http.Request, body []byte) (key, title, detail string) {
 			return "", missing, "empty " + s.cfg.name
 		}
 	}
-	if len(key) > s.cfg.maxKeyLen {
-		return "", invalid, fmt.Sprintf("the key is %d bytes long, the maximum is %d", len(key), s.cfg.maxKeyLen)
+	if len(key) > s.cfg.maxKeyLen || len(key) < s.cfg.minKeyLen {
+		return "", invalid, fmt.Sprintf("the key is %d bytes long; it must be %d to %d", len(key), s.cfg.minKeyLen, s.cfg.maxKeyLen)
+	}
+	if s.cfg.alphabet != "" {
+		for i := 0; i < len(key); i++ {
+			if strings.IndexByte(s.cfg.alphabet, key[i]) < 0 {
+				return "", invalid, fmt.Sprintf("the key holds %q, which is not allowed", key[i])
+			}
+		}
 	}
 	return key, "", ""
+}
+
+// now is the server's clock: WithClock's, moved by Age. s.mu is held.
+func (s *Server) now() time.Time { return s.cfg.now().Add(s.aged) }
+
+// Age makes every key and stored response d older, as if d more time had
+// passed on the server's clock (on top of [WithClock]'s), so a test sees
+// the server forget keys past its horizon without waiting. Its signature
+// is conformance.Ager's: a harness passes it on, and it reaches the one
+// thing that keeps the keys. d must not be negative.
+func (s *Server) Age(_ context.Context, d time.Duration) error {
+	if d < 0 {
+		return fmt.Errorf("httpkeytest: Age(%v): negative", d)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.aged += d
+	return nil
 }
 
 // parseString parses an RFC 8941 sf-string: DQUOTE *( unescaped / "\"

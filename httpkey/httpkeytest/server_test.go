@@ -152,3 +152,141 @@ func TestHoldAnswersInFlight(t *testing.T) {
 		t.Errorf("%d objects, want 1", n)
 	}
 }
+
+// send posts body to srv with headers and returns the status, the
+// response's headers and its body.
+func send(t *testing.T, srv *httpkeytest.Server, headers map[string]string, body string) (int, http.Header, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/objects", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+// A request holding DeclineMarker is declined, creates nothing, and its
+// refusal is replayed for the key.
+func TestDeclineMarker(t *testing.T) {
+	srv := httpkeytest.Start(t)
+	body := `{"card":"` + httpkeytest.DeclineMarker + `"}`
+	for range 2 {
+		if status, _, _ := send(t, srv, map[string]string{"Idempotency-Key": `"d1"`}, body); status != http.StatusPaymentRequired {
+			t.Errorf("declined request: %d, want 402", status)
+		}
+	}
+	if srv.Total() != 0 {
+		t.Errorf("%d objects created by a declined request", srv.Total())
+	}
+}
+
+// Each vendor mode answers as its provider documents.
+func TestVendorModes(t *testing.T) {
+	hold := func(srv *httpkeytest.Server, hdr map[string]string, body string) (int, http.Header, string) {
+		held, release := srv.Hold()
+		done := make(chan struct{})
+		go func() { defer close(done); send(t, srv, hdr, body) }()
+		<-held
+		status, h, b := send(t, srv, hdr, body)
+		release()
+		<-done
+		return status, h, b
+	}
+	t.Run("Adyen in progress", func(t *testing.T) {
+		srv := httpkeytest.Start(t, httpkeytest.Adyen())
+		status, h, b := hold(srv, map[string]string{"Idempotency-Key": "a1"}, `{}`)
+		if status != 422 || h.Get("Transient-Error") != "true" || !strings.Contains(b, `"errorCode":"704"`) {
+			t.Errorf("%d %v %s, want 422 with errorCode 704 and transient-error: true", status, h, b)
+		}
+	})
+	t.Run("GoCardless conflict", func(t *testing.T) {
+		srv := httpkeytest.Start(t, httpkeytest.GoCardless())
+		hdr := map[string]string{"Idempotency-Key": "g1"}
+		_, _, first := send(t, srv, hdr, `{}`)
+		status, _, b := send(t, srv, hdr, `{"other":1}`)
+		if status != 409 || !strings.Contains(b, "idempotent_creation_conflict") || !strings.Contains(b, `"conflicting_resource_id":"obj_1"`) || !strings.Contains(first, "obj_1") {
+			t.Errorf("%d %s, want 409 idempotent_creation_conflict naming obj_1", status, b)
+		}
+	})
+	t.Run("Mollie", func(t *testing.T) {
+		srv := httpkeytest.Start(t, httpkeytest.Mollie())
+		hdr := map[string]string{"Idempotency-Key": "m1"}
+		send(t, srv, hdr, `{}`)
+		if _, h, _ := send(t, srv, hdr, `{}`); h.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("replay not marked: %v", h)
+		}
+		if status, _, _ := send(t, srv, hdr, `{"x":1}`); status != 400 {
+			t.Errorf("another payload: %d, want 400", status)
+		}
+	})
+	t.Run("Checkout stores only successes", func(t *testing.T) {
+		srv := httpkeytest.Start(t, httpkeytest.Checkout())
+		hdr := map[string]string{"Cko-Idempotency-Key": "c1"}
+		srv.FailNextAfterCreate(1, 500)
+		if status, _, _ := send(t, srv, hdr, `{}`); status != 500 {
+			t.Fatalf("injected failure: %d", status)
+		}
+		if status, _, _ := send(t, srv, hdr, `{}`); status != 201 || srv.Count("c1") != 2 {
+			t.Errorf("a retry after a 5xx: %d and %d objects, want it executed again (2)", status, srv.Count("c1"))
+		}
+	})
+	t.Run("Square", func(t *testing.T) {
+		srv := httpkeytest.Start(t, httpkeytest.Square())
+		send(t, srv, nil, `{"idempotency_key":"s1","amount":1}`)
+		status, _, b := send(t, srv, nil, `{"idempotency_key":"s1","amount":2}`)
+		if status != 400 || !strings.Contains(b, "IDEMPOTENCY_KEY_REUSED") {
+			t.Errorf("another payload: %d %s", status, b)
+		}
+		if status, _, _ := send(t, srv, nil, `{"idempotency_key":"`+strings.Repeat("k", 46)+`"}`); status != 400 {
+			t.Errorf("a 46-character key: %d, want 400", status)
+		}
+	})
+	t.Run("RazorpayX key format", func(t *testing.T) {
+		srv := httpkeytest.Start(t, httpkeytest.RazorpayX())
+		for key, want := range map[string]int{"abc": 400, "abcd": 201, "a:bcd": 400, strings.Repeat("k", 37): 400, "ab c_d-E": 201} {
+			if status, _, _ := send(t, srv, map[string]string{"X-Payout-Idempotency": key}, `{}`); status != want {
+				t.Errorf("key %q: %d, want %d", key, status, want)
+			}
+		}
+	})
+	t.Run("PayPal key length", func(t *testing.T) {
+		srv := httpkeytest.Start(t, httpkeytest.PayPal())
+		for n, want := range map[int]int{108: 201, 109: 400} {
+			if status, _, _ := send(t, srv, map[string]string{"PayPal-Request-Id": strings.Repeat("p", n)}, `{}`); status != want {
+				t.Errorf("a %d-character key: %d, want %d", n, status, want)
+			}
+		}
+	})
+	t.Run("Braintree", func(t *testing.T) {
+		srv := httpkeytest.Start(t, httpkeytest.Braintree())
+		body := func(amount int) string {
+			return `{"query":"mutation","variables":{"input":{"apiRequestKey":"b1","amount":` + strconv.Itoa(amount) + `}}}`
+		}
+		if status, _, b := send(t, srv, nil, body(1)); status != 200 || !strings.Contains(b, `"data"`) {
+			t.Errorf("first: %d %s", status, b)
+		}
+		if status, _, b := send(t, srv, nil, body(2)); status != 200 || !strings.Contains(b, "VALIDATION") {
+			t.Errorf("another payload: %d %s, want a VALIDATION error in a 200", status, b)
+		}
+	})
+	t.Run("Age reaches the key store", func(t *testing.T) {
+		srv := httpkeytest.Start(t)
+		hdr := map[string]string{"Idempotency-Key": `"age"`}
+		send(t, srv, hdr, `{}`)
+		if err := srv.Age(t.Context(), httpkeytest.DefaultHorizon); err != nil {
+			t.Fatal(err)
+		}
+		send(t, srv, hdr, `{}`)
+		if n := srv.Count("age"); n != 2 {
+			t.Errorf("%d objects after aging past the horizon, want 2", n)
+		}
+	})
+}

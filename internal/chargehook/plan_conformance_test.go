@@ -30,7 +30,9 @@ import (
 // trips (its journal's included) lost, cancelled and cut by a killed
 // process, each step counted in its own backend.
 func TestPlanConformance(t *testing.T) {
-	conformance.RunPlan(t, "chargehook", newPlanHarness)
+	conformance.RunPlan(t, "chargehook", newPlanHarness,
+		conformance.AllowUnverified("the steps' kits (stripetest, the database, the bucket, the mail server) keep their own clocks, which this harness "+
+			"does not age together; each step's horizon is verified by its adapter's own suite", conformance.PlanHorizon))
 }
 
 // planHarness runs the demo's plan against the kits: one database, Stripe

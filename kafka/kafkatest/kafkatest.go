@@ -40,6 +40,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -319,4 +320,92 @@ func GroupOpts(group, topic string) []kgo.Opt {
 		kgo.SessionTimeout(3 * time.Second),
 		kgo.RebalanceTimeout(2 * time.Second),
 	}
+}
+
+// SetTopicConfig sets the topic-level config name of topic to value (for
+// instance "max.message.bytes"), failing t if the cluster refuses.
+func (c *Cluster) SetTopicConfig(t testing.TB, topic, name, value string) {
+	t.Helper()
+	cl, err := kgo.NewClient(c.Opts()...)
+	if err != nil {
+		t.Fatalf("kafkatest: new client: %v", err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resps, err := kadm.NewClient(cl).AlterTopicConfigs(ctx,
+		[]kadm.AlterConfig{{Op: kadm.SetConfig, Name: name, Value: &value}}, topic)
+	if err == nil {
+		for _, r := range resps {
+			err = errors.Join(err, r.Err)
+		}
+	}
+	if err != nil {
+		t.Fatalf("kafkatest: setting %s=%s on topic %s: %v", name, value, topic, err)
+	}
+}
+
+// WaitConsumed waits until consumer group group has committed, on every
+// partition of topic, an offset at the partition's end (its last stable
+// offset, read again at each check), that is until the group consumed the
+// topic to its end. It checks every 50 ms; it returns ctx's error, with
+// the end offsets and commits it last saw, when ctx is done first, and
+// any other error at once. A group that does not exist yet has committed
+// nothing.
+func (c *Cluster) WaitConsumed(ctx context.Context, group, topic string) error {
+	cl, err := kgo.NewClient(c.Opts()...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		behind, err := consumedBehind(ctx, adm, group, topic)
+		if err != nil && ctx.Err() == nil {
+			return err
+		}
+		if err == nil && len(behind) == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kafkatest: group %s has not consumed %s to its end (partition: [committed, end) %v): %w", group, topic, behind, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// consumedBehind returns, per partition of topic that group has not
+// consumed to its end, the committed offset and the end.
+func consumedBehind(ctx context.Context, adm *kadm.Client, group, topic string) (map[int32][2]int64, error) {
+	ends, err := adm.ListCommittedOffsets(ctx, topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kafkatest: listing end offsets of %s: %w", topic, err)
+	}
+	commits, err := adm.FetchOffsets(ctx, group)
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		commits, err = kadm.OffsetResponses{}, nil
+	}
+	if err == nil {
+		err = commits.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kafkatest: fetching the offsets of group %s: %w", group, err)
+	}
+	behind := map[int32][2]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		at := int64(-1)
+		if c, ok := commits.Lookup(o.Topic, o.Partition); ok {
+			at = c.At
+		}
+		if o.Offset > 0 && at < o.Offset {
+			behind[o.Partition] = [2]int64{at, o.Offset}
+		}
+	})
+	return behind, nil
 }

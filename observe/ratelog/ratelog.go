@@ -120,7 +120,7 @@ func (r *Reporter) Report(ctx context.Context, ev effects.Event, level slog.Leve
 		return
 	}
 	if ev.Key != "" {
-		attrs = append(attrs, slog.String("key", string(ev.Key)))
+		attrs = append(attrs, slog.String("key", Bound(string(ev.Key))))
 	}
 	if ev.Err != nil {
 		attrs = append(attrs, slog.Any("error", ev.Err))

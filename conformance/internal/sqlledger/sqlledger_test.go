@@ -188,9 +188,11 @@ func (h *harness) Restart(ctx context.Context) error {
 func TestSQLConnectorConformance(t *testing.T) {
 	t.Setenv(conformance.ReportEnv, "") // a test adapter, not a product
 	rep := conformance.Run(t, "sqlledger", func(t testing.TB) conformance.Harness[Entry] { return newHarness(t, false) },
-		conformance.WithLateRedelivery(time.Second))
+		conformance.WithLateRedelivery(time.Second), conformance.WithSlowReply(300*time.Millisecond),
+		conformance.AllowUnverified("a test adapter for SQLConnector's sweeps on the shared cluster: the postgres adapter's harness crashes "+
+			"its own cluster and attaches a child process", conformance.ScenarioCrashRestart, conformance.ScenarioProcess))
 	for _, f := range rep.Fields {
-		if f.Status != conformance.Verified {
+		if f.Status != conformance.Verified && f.Allowed == "" {
 			t.Errorf("field %s", f)
 		}
 	}

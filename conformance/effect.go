@@ -3,8 +3,7 @@ package conformance
 import (
 	"context"
 	"fmt"
-	"slices"
-	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -34,27 +33,62 @@ const (
 )
 
 // effectTable is the effect suite: every scenario, in the order it runs,
-// with the harness capabilities it needs.
+// as one record each.
 func effectTable[In any]() []scenario[Harness[In]] {
 	type s = scene[In]
+	e := func(name, doc string, needs []capability, verifies, options, proofs []string, fn func(*s)) scenario[Harness[In]] {
+		return rec(suiteEffect, name, doc, needs, verifies, options, proofs, effect(fn))
+	}
+	guarantee := list(FieldGuarantee, FieldDuplicateWindow)
+	sweep := list("WithMaxSweep", "WithQuietPeriod")
 	return []scenario[Harness[In]]{
-		{ScenarioRedelivery, nil, effect((*s).redelivery)},
-		{ScenarioLateRedelivery, nil, effect((*s).lateRedelivery)},
-		{ScenarioHorizon, []capability{capAger}, effect((*s).horizon)},
-		{ScenarioConcurrent, nil, effect((*s).concurrent)},
-		{ScenarioLostReply, nil, effect(func(s *s) { s.sweep(DropReply) })},
-		{ScenarioCut, nil, effect(func(s *s) { s.sweep(CutRequest) })},
-		{ScenarioCancel, nil, effect(func(s *s) { s.sweep(CancelAfterSend) })},
-		{ScenarioKeyReuse, nil, effect((*s).keyReuse)},
-		{ScenarioRaceReuse, nil, effect((*s).raceReuse)},
-		{ScenarioInvalidKey, nil, effect((*s).invalidKeys)},
-		{ScenarioDistinctKeys, nil, effect((*s).distinctKeys)},
-		{ScenarioStorm, nil, effect((*s).storm)},
-		{ScenarioKeyCapacity, nil, effect((*s).keyCapacity)},
-		{ScenarioRestart, []capability{capRestarter}, effect((*s).restart)},
-		{ScenarioCrashRestart, []capability{capCrashRestarter}, effect((*s).crashRestart)},
-		{ScenarioProcess, []capability{capAttacher}, effect((*s).successorProcess)},
-		{ScenarioSlowReply, nil, effect((*s).slowReplySweep)},
+		e(ScenarioRedelivery, "apply, then redeliver 3 times and once to a new instance",
+			nil, guarantee, nil, list("BlindWrite", "EmptyFirstRef", "PanicOnReplay", "GroupCommit", "InvertedConflict", "LastRef"), (*s).redelivery),
+		e(ScenarioLateRedelivery, "redeliver to a new instance 5 s later on the wall clock (a broker's visibility timeout)",
+			nil, list(FieldGuarantee, FieldDuplicateWindow, FieldHorizon), list("WithLateRedelivery"), list("ForgetfulDedup"), (*s).lateRedelivery),
+		e(ScenarioHorizon, "age the backend to just inside a non-zero Horizon, or by 400 days for Horizon 0, and redeliver: it must replay (or, with duplicates on any redelivery, still show one effect), and the other payload must still be refused where reuse is detected; then past a non-zero Horizon a redelivery must apply again, or Age did not reach the key store and the Horizon is not verified",
+			[]capability{capAger}, list(FieldHorizon), list("WithLongAge"), list("ForgetfulDedup", "PayloadForgotten"), (*s).horizon),
+		e(ScenarioConcurrent, "16 goroutines apply one key at once, four rounds",
+			nil, guarantee, list("WithConcurrency"), list("TwoTransactions", "BlindWrite", "LockedCheckThenWrite", "MemoryResolved"), (*s).concurrent),
+		e(ScenarioLostReply, "for each round trip of a clean and of a duplicate Apply, lose its reply after the backend processed it; retry on the faulted and on a new instance",
+			nil, guarantee, sweep, list("TwoTransactions", "FreshKeyPerAttempt", "FreshKeyOnRetry", "TransientOnLostReply", "MemoryResolved", "ChattyConstructor", "HangOnFault"),
+			func(s *s) { s.sweep(DropReply) }),
+		e(ScenarioCut, "for each round trip, cut the request in half and close the connection; retry as above",
+			nil, guarantee, sweep, list("AppliedOnCutCommit"), func(s *s) { s.sweep(CutRequest) }),
+		e(ScenarioCancel, "for each round trip, cancel the context right after the request was sent; retry as above",
+			nil, guarantee, sweep, list("CancelIsPermanent"), func(s *s) { s.sweep(CancelAfterSend) }),
+		e(ScenarioAppFaults, "for each round trip of a clean and of a duplicate Apply, the backend answers an application error with the connection up: 40001, 40P01, 55P03, busy, 503 or 409 before applying, a 500 after applying",
+			nil, guarantee, sweep, list("TransientOn5xx", "ReplayedOnSerialization", "DeadlockPermanent", "BusySkipsLookup"), (*s).appFaults),
+		e(ScenarioSchedules, "seeded schedules of 2 to 4 faults of every kind on one key, retried on the same or a new instance; a failure is shrunk to the shortest schedule and printed with its seed",
+			nil, guarantee, list("WithSchedules", "WithScheduleSeed", "WithMaxSweep", "WithQuietPeriod"), list("RotateAfterTwoFailures", "BreakerAssumesDone"), (*s).faultSchedules),
+		e(ScenarioSlowBackend, "for each round trip, the backend takes 2 s over the request before applying it while two other instances apply the key again and again: one effect, one ref",
+			nil, guarantee, list("WithSlowBackend", "WithMaxSweep", "WithQuietPeriod"), list("ShortVendorLock"), (*s).slowBackend),
+		e(ScenarioKeyReuse, "the same key with another payload: ErrKeyReused where the contract detects reuse",
+			nil, list(FieldDetectsKeyReuse), nil, list("MemoryReuseCheck", "UncheckedFingerprint"), (*s).keyReuse),
+		e(ScenarioRaceReuse, "16 writers on one key at once, half with each of two payloads: one applies, its payload's writers replay, the others get ErrKeyReused",
+			nil, list(FieldGuarantee, FieldDuplicateWindow, FieldDetectsKeyReuse), list("WithConcurrency"), list("MemoryResolved"), (*s).raceReuse),
+		e(ScenarioInvalidKey, "empty, too long, NUL, invalid UTF-8, newline: ErrInvalidKey before any round trip, nothing written",
+			nil, guarantee, nil, list("TrimmedKey"), (*s).invalidKeys),
+		e(ScenarioDistinctKeys, "keys that differ only after a long common prefix, in letter case, in Unicode normalization, in escaping or separators, or collide under short hashes: each applies once and replays on its own",
+			nil, guarantee, nil, list("BlindWrite", "ShortHashDedup", "UnescapedPathDedup", "PrefixDedup", "CaseFoldDedup", "LastRef"), (*s).distinctKeys),
+		e(ScenarioHostileKeys, "generated pairs of distinct keys, each in both orders: an invisible rune and nothing, Unicode compatibility and case variants, LIKE and glob wildcards and the literal, path separators and percent-escapes, keys at every length threshold and with the same CRC-32 past it",
+			nil, guarantee, list("WithScheduleSeed"), list("StripInvisible", "WidthFold", "LikeLookup", "GlobLookup", "SlashCollapse", "LongKeyCRC"), (*s).hostileKeys),
+		e(ScenarioStorm, "1,000 keys, 99% applied first: the warm-up and the storm grow the backend by exactly the new keys, every key counted",
+			nil, guarantee, list("WithStorm"), list("BlindWrite", "StormCheat"), (*s).storm),
+		e(ScenarioKeyCapacity, "apply a key, then 5,000 other keys, and redeliver it on the same and on a new instance, then with the other payload",
+			nil, list(FieldGuarantee, FieldDuplicateWindow, FieldHorizon, FieldDetectsKeyReuse), list("WithCapacity"), list("NewestKeysOnly"), (*s).keyCapacity),
+		e(ScenarioKeyBytes, "for a conformance.PayloadSizer: apply a key, then keys of the largest payload past the store budget the harness states, and redeliver it on the same and a new instance, then with the other payload",
+			nil, list(FieldGuarantee, FieldHorizon, FieldDetectsKeyReuse), nil, list("ByteBudget"), (*s).keyBytes),
+		e(ScenarioKeyScope, "for a conformance.KeyScoper: apply a key, then the same key in every other scope the backend could key by (an account, a path, a version): one effect, and ErrKeyReused where reuse is detected",
+			nil, list(FieldGuarantee, FieldDetectsKeyReuse), nil, list("AccountScoped"), (*s).keyScope),
+		e(ScenarioRestart, "apply, restart the backend cleanly, redeliver",
+			[]capability{capRestarter}, guarantee, nil, nil, (*s).restart),
+		e(ScenarioCrashRestart, "apply 4 keys, crash the backend and start it again, count each key before any redelivery, then redeliver",
+			[]capability{capCrashRestarter}, guarantee, nil, list("UnloggedDedup"), (*s).crashRestart),
+		e(ScenarioProcess, "redeliver a key, and retry one whose last reply was lost, in a child process that shares no memory with the test",
+			[]capability{capAttacher}, guarantee, list("WithSuccessorProcess"), list("ProcessScopedDedup"), (*s).successorProcess),
+		e(ScenarioSlowReply, "for each round trip, hold the reply past the adapter's own deadline, the connection up: giving up is an unknown outcome, never ErrTransient",
+			[]capability{capSlowReply}, guarantee, list("WithSlowReply", "WithMaxSweep"), list("OwnDeadline"), (*s).slowReplySweep),
 	}
 }
 
@@ -88,54 +122,7 @@ func runEffect[In any](t *testing.T, op, adapter string, mk Maker[In], strict bo
 	if req := childRequest(); req != nil {
 		return runChild[In](t, adapter, req, opts)
 	}
-	table := effectTable[In]()
-	if !slowReplyAsked(opts) {
-		// An opt-in scenario: left out of the table, and the report.
-		table = slices.DeleteFunc(table, func(sc scenario[Harness[In]]) bool { return sc.name == ScenarioSlowReply })
-	}
-	return runSuite(t, op, suiteEffect, adapter, table, func(tb testing.TB) Harness[In] { return mk(tb) }, opts, strict, func(rep *Report) {
-		t.Helper()
-		for _, row := range rep.Rows {
-			if row.contract != nil {
-				rep.Contract = *row.contract
-				rep.Fields = fields(rep.Contract, rep.Rows)
-				break
-			}
-		}
-		if msg := unverified(rep); msg != "" && strict {
-			t.Errorf("%s", msg)
-		}
-	})
-}
-
-// slowReplyAsked reports whether opts include [WithSlowReply].
-func slowReplyAsked(opts []Option) bool {
-	return applied(opts).slowReplySet
-}
-
-// unverified marks the fields of rep that a scenario could not verify
-// (for want of a capability, or because it skipped itself; not because it
-// was not selected) with the reason given to [AllowUnverified], or, when
-// none was, returns the failure that says so.
-func unverified(rep *Report) string {
-	var lines []string
-	for i := range rep.Fields {
-		f := &rep.Fields[i]
-		if len(f.blocked) == 0 {
-			continue
-		}
-		if rep.Unverified != "" {
-			f.Allowed = rep.Unverified
-			continue
-		}
-		lines = append(lines, fmt.Sprintf("  %s (%s): %s", f.Field, f.Declared, f.Why))
-	}
-	if len(lines) == 0 {
-		return ""
-	}
-	return fmt.Sprintf("conformance: %s: the declared contract cannot be verified, so it is a claim, not a guarantee:\n%s\n"+
-		"give the harness what those scenarios need (see the package doc, \"Writing a harness\"), "+
-		"or say why it cannot with conformance.AllowUnverified(\"reason\")", rep.Adapter, strings.Join(lines, "\n"))
+	return runSuite(t, op, suiteEffect, adapter, effectTable[In](), func(tb testing.TB) Harness[In] { return mk(tb) }, opts, strict)
 }
 
 // effect adapts a scenario function of the effect suite to the table:
@@ -160,6 +147,8 @@ type scene[In any] struct {
 	*checker
 	h        Harness[In]
 	contract effects.Contract
+	gaveUp   *atomic.Int64 // a sweep's faulted Applies that returned an error
+	appCode  string        // the application error the sweep's faults answer (app-faults)
 }
 
 // instance is one adapter instance: a process, to the suite.

@@ -10,8 +10,9 @@ import (
 // ClockSkewer is implemented by a journal harness that can open an
 // instance whose clock runs skew ahead of the other instances' (a
 // journal built with a clock option, a process on a host whose clock is
-// off). The clock-skew scenario runs only when it is implemented, or the
-// harness says why skew cannot matter ([OneClock]).
+// off). The clock-skew scenario runs only when it is implemented; without
+// it the journal's leases are not verified, and [RunJournal] fails unless
+// [AllowUnverified] says why.
 type ClockSkewer interface {
 	// OpenSkewed is [JournalHarness.Open] for an instance whose clock
 	// reads skew ahead of true time.
@@ -21,8 +22,12 @@ type ClockSkewer interface {
 // OneClock is implemented by a journal harness whose leases are judged by
 // one clock whatever clock each instance has: the database server's
 // now(), one journal value in process memory that every instance shares.
-// The clock-skew scenario is then reported as not run, with the reason
-// OneClock returns, which the matrix shows.
+// It is a claim the suite cannot check: without a [ClockSkewer] the
+// clock-skew scenario does not run, its row shows the reason OneClock
+// returns, and the journal's leases are not verified, so [RunJournal]
+// fails unless [AllowUnverified] says why. A harness whose journal reads
+// no clock of its own can implement ClockSkewer by opening an ordinary
+// instance: the scenario then checks that claim against the journal.
 type OneClock interface {
 	OneClock() string
 }
@@ -40,13 +45,7 @@ const clockSkew = 2 * holdLease
 // lease's end), must not take it over. A lease B takes for the short
 // lease must end for A when it expires on the true clock.
 func (s *jscene) clockSkew() {
-	if oc, ok := s.h.(OneClock); ok {
-		s.skip("leases are judged by one clock (the harness says: %s)", oc.OneClock())
-	}
-	sk, ok := s.h.(ClockSkewer)
-	if !ok {
-		s.skip("harness does not implement conformance.ClockSkewer")
-	}
+	sk := s.h.(ClockSkewer) // the table runs it only then
 	a := s.open("A")
 	b := s.openBy("B (clock "+clockSkew.String()+" ahead)", func(ctx context.Context, f *Faults) (journal.Journal, func(), error) {
 		return sk.OpenSkewed(ctx, f, clockSkew)

@@ -119,9 +119,6 @@ func runChild[In any](t *testing.T, adapter string, req *successorRequest, opts 
 // retries it in a child process. The child shares no memory with this
 // process: only the backend can tell it the key was done.
 func (s *scene[In]) successorProcess() {
-	if s.cfg.successor == nil {
-		s.skip("WithSuccessorProcess was not given: the suite has no way to build the harness in a child process")
-	}
 	if _, ok := s.cfg.successor.(func(context.Context, string) (Harness[In], error)); !ok {
 		s.fatalf("WithSuccessorProcess's attach function takes another input type than this Run (%T)", s.cfg.successor)
 	}

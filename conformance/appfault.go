@@ -1,0 +1,270 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Application-level faults: the backend itself fails a request while the
+// connection stays up. They are armed at a round trip like the network
+// faults ([Faults.Arm]), with the error the backend answers set by
+// [Faults.SetAppError].
+const (
+	// AppErrorBefore makes the backend answer the request with an
+	// application error ([AppError]) without applying it: a serialization
+	// failure (SQLSTATE 40001), a deadlock (40P01), a lock timeout
+	// (55P03), a busy database, an HTTP 503 or 409 the server sends before
+	// it does anything.
+	AppErrorBefore FaultKind = 100 + iota
+	// AppErrorAfter makes the backend apply the request and then answer it
+	// with an application error: an HTTP 500 or 502 from a server that
+	// did the work and failed on the way out. An adapter cannot know from
+	// the error that nothing was applied, and must not say so
+	// (ErrTransient); its retry must replay the work, not do it again.
+	AppErrorAfter
+	// SlowBackend makes the backend take the Faults' slow-backend time
+	// ([Faults.SetSlowBackend]) to do the work of the request, before it
+	// applies it: whatever lock or lease the adapter or the backend holds
+	// meanwhile must outlast it, while duplicates arrive.
+	SlowBackend
+)
+
+// DefaultSlowBackend is how long a [SlowBackend] fault makes the backend
+// work when [Faults.SetSlowBackend] was not called.
+const DefaultSlowBackend = 2 * time.Second
+
+// ErrAppFault is what every [AppError] matches with errors.Is.
+var ErrAppFault = errors.New("conformance: injected application error")
+
+// AppError is the application error a backend answers under an
+// [AppErrorBefore] or [AppErrorAfter] fault. Through [Faults.RoundTrip]
+// and [SQLConnector] the adapter receives it as the call's error
+// (SQLConnector then closes the driver connection, so that the
+// transaction it held rolls back as the server's would); a
+// harness whose backend is a server makes the server answer with it (see
+// [Faults.SetAppFaulter]).
+type AppError struct {
+	// Code is what the backend answers: a SQLSTATE ("40001", "40P01",
+	// "55P03"), "busy" (SQLite's SQLITE_BUSY, a driver's "database is
+	// locked"), or an HTTP status ("500", "503", "409").
+	Code string
+	// Applied says whether the backend applied the request before it
+	// answered with the error.
+	Applied bool
+}
+
+// Error describes the fault.
+func (e *AppError) Error() string {
+	how := "before applying the request"
+	if e.Applied {
+		how = "after applying the request"
+	}
+	return fmt.Sprintf("conformance: injected application error %s (%s), %s", e.Code, AppCodeMeaning(e.Code), how)
+}
+
+// Is reports whether target is [ErrAppFault].
+func (e *AppError) Is(target error) bool { return target == ErrAppFault }
+
+// SQLState returns Code when it is a SQLSTATE (five characters), else "":
+// the method database/sql drivers' errors (pgconn.PgError) have, which
+// adapters use to classify.
+func (e *AppError) SQLState() string {
+	if len(e.Code) == 5 {
+		return e.Code
+	}
+	return ""
+}
+
+// HTTPStatus returns Code as an HTTP status, or 0 when it is none.
+func (e *AppError) HTTPStatus() int {
+	if n, err := strconv.Atoi(e.Code); err == nil && n >= 100 && n < 600 {
+		return n
+	}
+	return 0
+}
+
+// Busy reports whether the fault is a busy database ("busy").
+func (e *AppError) Busy() bool { return e.Code == AppBusy }
+
+// Codes of application errors the suite injects.
+const (
+	AppSerialization = "40001" // serialization_failure
+	AppDeadlock      = "40P01" // deadlock_detected
+	AppLockTimeout   = "55P03" // lock_not_available
+	AppBusy          = "busy"  // SQLITE_BUSY, "database is locked"
+	AppHTTP500       = "500"
+	AppHTTP503       = "503"
+	AppHTTP409       = "409" // a concurrent request with the same key is in progress
+)
+
+// AppCodeMeaning names an application error code.
+func AppCodeMeaning(code string) string {
+	switch code {
+	case AppSerialization:
+		return "serialization failure"
+	case AppDeadlock:
+		return "deadlock detected"
+	case AppLockTimeout:
+		return "lock not available"
+	case AppBusy:
+		return "database busy"
+	case AppHTTP500:
+		return "internal server error"
+	case AppHTTP503:
+		return "service unavailable"
+	case AppHTTP409:
+		return "conflict"
+	}
+	return "application error"
+}
+
+// afterApply reports whether code can answer a request that was applied:
+// a server error (5xx) other than 503, which a server or its proxy sends
+// when it will not take the request. A database refuses (40001, 40P01,
+// 55P03, busy) before anything is applied, and a 409 or another 4xx
+// refuses the request.
+func afterApply(code string) bool {
+	s := (&AppError{Code: code}).HTTPStatus()
+	return s >= 500 && s != 503
+}
+
+// SQLAppCodes and HTTPAppCodes are the application errors the suite
+// injects into a database/sql backend and an HTTP backend.
+var (
+	SQLAppCodes  = []string{AppSerialization, AppDeadlock, AppLockTimeout, AppBusy}
+	HTTPAppCodes = []string{AppHTTP500, AppHTTP503, AppHTTP409}
+)
+
+// AppFaulter makes a harness's backend answer its next request with e
+// (applying it first when e.Applied), the connection up. A harness whose
+// adapter reaches a server over a connection (an HTTP kit with switches
+// such as httpkeytest's FailNext and FailNextAfterCreate) registers one
+// with [Faults.SetAppFaulter]; the Faults calls it when the armed round
+// trip starts, before its request is sent. It returns an error when the
+// backend cannot fail that way (the code is not one it knows): the fault
+// then does not fire.
+type AppFaulter func(e *AppError) error
+
+// appState is the part of a Faults that application faults use.
+type appState struct {
+	mu      sync.Mutex
+	code    string
+	slow    time.Duration
+	faulter AppFaulter
+}
+
+func (f *Faults) app() *appState { return &f.appf }
+
+// SetAppError sets the code an [AppErrorBefore] or [AppErrorAfter] fault
+// answers with (default [AppSerialization]).
+func (f *Faults) SetAppError(code string) {
+	s := f.app()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.code = code
+}
+
+// SetSlowBackend sets how long a [SlowBackend] fault makes the backend
+// work (default [DefaultSlowBackend]).
+func (f *Faults) SetSlowBackend(d time.Duration) {
+	s := f.app()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.slow = d
+}
+
+// SetAppFaulter registers the harness's hook that makes a server answer
+// with an application error (see [AppFaulter]). Without one, application
+// faults fire only on round trips made through [Faults.RoundTrip] and
+// [SQLConnector].
+func (f *Faults) SetAppFaulter(fn AppFaulter) {
+	s := f.app()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faulter = fn
+}
+
+func (f *Faults) appSettings() (code string, slow time.Duration, faulter AppFaulter) {
+	s := f.app()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	code, slow, faulter = s.code, s.slow, s.faulter
+	if code == "" {
+		code = AppSerialization
+	}
+	if slow <= 0 {
+		slow = DefaultSlowBackend
+	}
+	return code, slow, faulter
+}
+
+// isApp reports whether k is an application-level fault.
+func (k FaultKind) isApp() bool { return k >= AppErrorBefore && k <= SlowBackend }
+
+func (k FaultKind) appString() string {
+	switch k {
+	case AppErrorBefore:
+		return "application error before apply"
+	case AppErrorAfter:
+		return "application error after apply"
+	case SlowBackend:
+		return "slow backend"
+	}
+	return ""
+}
+
+// appRoundTrip runs fn as a round trip armed with the application fault
+// kind: the backend is in process, so the Faults itself answers with the
+// error, or works slowly.
+func (f *Faults) appRoundTrip(ctx context.Context, kind FaultKind, fn func() error) error {
+	code, slow, _ := f.appSettings()
+	switch kind {
+	case AppErrorBefore:
+		return &AppError{Code: code}
+	case AppErrorAfter:
+		_ = fn()
+		return &AppError{Code: code, Applied: true}
+	case SlowBackend:
+		end := time.Now().Add(slow)
+		t := time.NewTimer(slow)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			// The caller gave up; the backend still does the work when the
+			// time is up, as a server does once a request reached it. The
+			// work runs before this returns: fn writes the caller's
+			// variables (a driver connection, rows), so it must not run
+			// after the caller has moved on.
+			time.Sleep(time.Until(end))
+			_ = fn()
+			return ctx.Err()
+		}
+	}
+	return fn()
+}
+
+// appOverConn fires the application fault kind on a round trip over a
+// connection, through the harness's AppFaulter (a server it controls),
+// and returns how long to hold the request before it is sent (a slow
+// backend, seen from the client). A fault the backend cannot do is
+// marked not fired.
+func (f *Faults) appOverConn(kind FaultKind) (hold time.Duration) {
+	code, slow, faulter := f.appSettings()
+	switch kind {
+	case SlowBackend:
+		return slow
+	case AppErrorBefore, AppErrorAfter:
+		if faulter != nil && faulter(&AppError{Code: code, Applied: kind == AppErrorAfter}) == nil {
+			return 0
+		}
+	}
+	f.mu.Lock()
+	f.fired = false
+	f.mu.Unlock()
+	return 0
+}
