@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,14 +28,25 @@ import (
 // the duplicate sweep puts a duplicate inside a group, and the concurrent
 // scenarios race duplicates across groups in flight together.
 func TestConformanceGrouped(t *testing.T) {
+	why := []string{
+		"PostgreSQL is reached over its wire protocol, and the harness cannot make it answer an application error (40001, 40P01) on demand",
+		"one dedup table (effectively_keys) for every shape: key-capacity runs at full size in TestConformance on postgres.New's default shape, whose Applies run alone there",
+	}
+	left := []string{conformance.ScenarioAppFaults, conformance.ScenarioKeyCapacity}
+	if os.Getenv("DATABASE_URL") != "" {
+		why = append(why, "DATABASE_URL's server is not the test's to restart or crash")
+		left = append(left, conformance.ScenarioRestart, conformance.ScenarioCrashRestart)
+	}
 	rep := conformance.Run(t, "postgres (grouped)", func(t testing.TB) conformance.Harness[confCharge] { return newGroupedHarness(t) },
 		conformance.WithCapacity(1000),
 		conformance.WithSuccessorProcess(func(ctx context.Context, url string) (conformance.Harness[confCharge], error) {
 			db, err := pgxpool.New(ctx, url)
 			return &groupedHarness{confHarness: &confHarness{url: url, db: db}}, err
-		}))
+		}),
+		conformance.WithSlowReply(300*time.Millisecond), // the adapter sets no deadline of its own: it waits for the held reply
+		conformance.AllowUnverified(strings.Join(why, "; "), left...))
 	for _, f := range rep.Fields {
-		if f.Status != conformance.Verified {
+		if f.Status != conformance.Verified && f.Allowed == "" {
 			t.Errorf("contract field %s", f)
 		}
 	}
