@@ -29,6 +29,7 @@ type coalescer[Req, Res any] struct {
 	exec func(ctx context.Context, reqs []Req) []Res // one statement; a Res per Req, in order
 
 	limit int // statements in flight at most; 0 means 1
+	size  int // calls per statement at most; 0 means maxCoalesced
 
 	mu       sync.Mutex
 	inFlight int
@@ -139,7 +140,7 @@ func (c *coalescer[Req, Res]) run(batch []*coalescedCall[Req, Res]) {
 }
 
 // take takes the next statement's calls from the queue (distinct keys, at
-// most maxCoalesced), or returns nil and marks that nothing is in flight.
+// most size), or returns nil and marks that nothing is in flight.
 func (c *coalescer[Req, Res]) take() []*coalescedCall[Req, Res] {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -149,10 +150,14 @@ func (c *coalescer[Req, Res]) take() []*coalescedCall[Req, Res] {
 	}
 	var next []*coalescedCall[Req, Res]
 	seen := make(map[string]bool)
+	size := c.size
+	if size <= 0 {
+		size = maxCoalesced
+	}
 	rest := c.queue[:0]
 	for _, q := range c.queue {
 		k := c.key(q.req)
-		if seen[k] || len(next) == maxCoalesced {
+		if seen[k] || len(next) == size {
 			rest = append(rest, q)
 			continue
 		}

@@ -42,8 +42,9 @@ type WriteFunc[In any] func(ctx context.Context, tx pgx.Tx, in In) (ref string, 
 type Effect[In any] struct {
 	pool        *pgxpool.Pool
 	scope       string
-	write       WriteFunc[In]      // set by New
-	statements  StatementsFunc[In] // set by NewPipelined
+	write       WriteFunc[In]                      // set by New
+	statements  StatementsFunc[In]                 // set by NewPipelined
+	group       *coalescer[groupReq[In], groupRes] // the grouped shape's, if it has it (set by New)
 	fingerprint func(In) ([]byte, error)
 	txOptions   pgx.TxOptions
 	cfg         config
@@ -62,24 +63,27 @@ func New[In any](pool *pgxpool.Pool, scope string, write WriteFunc[In], opts ...
 	if write == nil {
 		return nil, &effects.ConfigError{Op: op, Option: "write", Reason: "nil write function"}
 	}
-	e, err := newEffect[In](op, pool, scope, opts)
+	e, err := newEffect[In](op, pool, scope, opts, optNoGroupCommit)
 	if err != nil {
 		return nil, err
 	}
 	e.write = write
+	if !e.cfg.lookupFirst && !e.cfg.noGroupCommit {
+		e.group = newGroup(e, pool)
+	}
 	return e, nil
 }
 
 // newEffect validates what [New] and [NewPipelined] share and returns an
 // Effect without its writes.
-func newEffect[In any](op string, pool *pgxpool.Pool, scope string, opts []Option) (*Effect[In], error) {
+func newEffect[In any](op string, pool *pgxpool.Pool, scope string, opts []Option, more ...string) (*Effect[In], error) {
 	if pool == nil {
 		return nil, &effects.ConfigError{Op: op, Option: "pool", Reason: "nil"}
 	}
 	if err := validateScope(op, scope); err != nil {
 		return nil, err
 	}
-	cfg, err := newConfig(op, opts, optFingerprint, optMaxRetries, optIsolation, optAsyncCommit, optLookupFirst)
+	cfg, err := newConfig(op, opts, append([]string{optFingerprint, optMaxRetries, optIsolation, optAsyncCommit, optLookupFirst}, more...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -129,9 +133,34 @@ func (e *Effect[In]) Contract() effects.Contract {
 //
 // Apply has one shape per configuration, chosen when the Effect is built
 // and never changed by what earlier calls saw:
-//   - [New], by default: BEGIN in a round trip of its own; the write; the
-//     key's INSERT with COMMIT. Nothing looks the key up before the write:
-//     the key's INSERT finds a duplicate, and a new key pays for no check.
+//   - [New], by default, grouped: an Apply that finds fewer of the
+//     Effect's transactions in flight than the pool has connections
+//     (MaxConns) runs alone, at once, waiting for nothing:
+//     BEGIN in a round trip of its own; the write; the key's INSERT with
+//     COMMIT. Nothing looks the key up before the write: the key's INSERT
+//     finds a duplicate, and a new key pays for no check. The Applies that
+//     arrive while those transactions are in flight wait for one of them to
+//     end and then run together in the next transaction (group commit; up
+//     to 32, with distinct keys): BEGIN with the first member's SAVEPOINT;
+//     for each member, in the order they arrived, its write, then its key's
+//     INSERT with the next member's SAVEPOINT, the last member's with
+//     COMMIT. A member whose write or key's INSERT fails is rolled back to
+//     its savepoint, alone, and its Apply goes on as after a failed write
+//     (a duplicate replays); the others commit. A failure of the
+//     transaction itself (a lost connection, a serialization failure at
+//     COMMIT) is every member's: a lost COMMIT reply makes each
+//     [effects.ErrAmbiguous], and each retries under its own key. A COMMIT
+//     that fails with an ERROR of another kind (a deferred constraint of a
+//     member's write) committed nothing: each member runs again alone,
+//     looking its key up first, so that the error is the Apply's that
+//     caused it. The
+//     write of a member runs with its caller's context values, but ends
+//     only when every member's caller has gone: a caller whose ctx ends
+//     while its group runs gets ErrAmbiguous (the group may commit its
+//     write), and one whose ctx ends while it waits for a group the
+//     context's error (nothing of it was sent).
+//   - [New] with [WithoutGroupCommit]: the lone shape above for every
+//     Apply.
 //   - [New] with [WithLookupFirst]: the lookup of the key travels with
 //     BEGIN, and a duplicate runs no statement of the write at all.
 //   - [NewPipelined], by default: BEGIN, the writes, the key's INSERT and
@@ -139,8 +168,9 @@ func (e *Effect[In]) Contract() effects.Contract {
 //   - [NewPipelined] with [WithLookupFirst]: BEGIN with the lookup; the
 //     writes, the key's INSERT and COMMIT.
 //
-// Cost of a new key, for a write of one statement: three round trips for
-// [New] in either shape (a plain insert transaction's, and one statement
+// Cost of a new key, for a write of one statement: in a group of n, 2n+1
+// round trips and one COMMIT for all; alone, three round trips for
+// [New] with or without the lookup first (a plain insert transaction's, and one statement
 // more, the key's INSERT, which also checks the commit settings; the
 // lookup first is one more statement in BEGIN's round trip). Cost of a
 // duplicate: by default the write, run and rolled back (for New with one
@@ -211,16 +241,20 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (effects
 
 // attemptOnce runs one attempt in the Effect's shape (see Apply): a
 // pipelined Effect's that does not look its key up first is one round
-// trip (attemptPipelined); every other is attempt's.
+// trip (attemptPipelined); a grouped Effect's that does not look first
+// runs alone or in a group (attemptGrouped); every other is attempt's.
 func (e *Effect[In]) attemptOnce(ctx context.Context, key effects.Key, fp []byte, in In, queued *queuedWrites, lookFirst bool) (effects.Result, classified) {
-	if queued != nil && !lookFirst {
+	switch {
+	case queued != nil && !lookFirst:
 		return e.attemptPipelined(ctx, key, fp, queued)
+	case e.group != nil && !lookFirst:
+		return e.attemptGrouped(ctx, key, fp, in)
 	}
 	return e.attempt(ctx, key, fp, in, queued, lookFirst)
 }
 
 // attempt runs one transaction: BEGIN, with the lookup of the key when
-// lookFirst, in a round trip of its own (pgx's Batch.BeginTx); the write
+// lookFirst, in a round trip of its own (begin); the write
 // (or, for a pipelined Effect, which always looks first here, its queued
 // statements, with the key's row); the key's row (with the commit guard
 // unless async commits are allowed) and COMMIT, in one round trip. A
@@ -230,7 +264,7 @@ func (e *Effect[In]) attemptOnce(ctx context.Context, key effects.Key, fp []byte
 //
 // It runs on a connection of its own rather than a pgxpool.Tx so that it
 // can end the transaction with the key's INSERT and COMMIT pipelined in
-// one round trip; the pgx.Tx that BEGIN's batch gave the write is then
+// one round trip; the pgx.Tx that begin gave the write is then
 // abandoned, and Release checks that the connection is idle before pooling
 // it again.
 func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in In, queued *queuedWrites, lookFirst bool) (effects.Result, classified) {
@@ -241,28 +275,19 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 	defer conn.Release() // destroys the connection unless it is idle, outside a transaction
 
 	var (
-		p     probe
-		ref   string
-		batch pgx.Batch
+		p   probe
+		ref string
 	)
-	batch.BeginTx(e.txOptions)
-	if lookFirst {
-		queueProbe(&batch, e.scope, key, &p)
+	tx, err := e.begin(ctx, conn, key, lookFirst, &p)
+	if err != nil {
+		return effects.Result{}, classify(ctx, opApply, key, err, false, conn.Conn().IsClosed())
 	}
-	br := conn.SendBatch(ctx, &batch)
-	tx := br.Tx()
 	ending := false
 	defer func() {
 		if !ending {
-			rollback(ctx, tx) // a no-op if BEGIN failed
+			rollback(ctx, tx)
 		}
 	}()
-	fail := func(err error) (effects.Result, classified) {
-		return effects.Result{}, classify(ctx, opApply, key, err, false, conn.Conn().IsClosed())
-	}
-	if err := br.Close(); err != nil {
-		return fail(err)
-	}
 
 	switch {
 	case p.unsafeCommit() && !e.cfg.allowAsyncCommit:
@@ -292,6 +317,26 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 		return effects.Result{}, c
 	}
 	return effects.Result{Status: effects.Applied, Ref: ref}, classified{}
+}
+
+// begin begins an attempt's transaction: with the lookup of key, read
+// into p, in one round trip (pgx's Batch.BeginTx) when lookFirst; else
+// with pgx's Conn.BeginTx, one simple-protocol BEGIN, which spares the
+// client the batch's pipeline. On an error nothing is left open.
+func (e *Effect[In]) begin(ctx context.Context, conn *pgxpool.Conn, key effects.Key, lookFirst bool, p *probe) (pgx.Tx, error) {
+	if !lookFirst {
+		return conn.BeginTx(ctx, e.txOptions)
+	}
+	var batch pgx.Batch
+	batch.BeginTx(e.txOptions)
+	queueProbe(&batch, e.scope, key, p)
+	br := conn.SendBatch(ctx, &batch)
+	tx := br.Tx()
+	if err := br.Close(); err != nil {
+		rollback(ctx, tx) // a no-op if BEGIN failed
+		return nil, err
+	}
+	return tx, nil
 }
 
 // endFailed classifies err from the batch that ends an attempt with the

@@ -47,3 +47,38 @@ func (c *coalescer[Req, Res]) releaseHeld() {
 		go c.flush(b)
 	}
 }
+
+// HoldGroup makes e's grouped Applies queue as if every transaction slot
+// were taken (e must have the grouped shape). queued reports how many
+// Applies wait; release runs them, as a finished transaction would: the
+// queue as the next group (distinct keys; a key queued twice waits for the
+// group after). Holds may overlap: each release gives back its own slots.
+func HoldGroup[In any](e *Effect[In]) (queued func() int, release func()) {
+	c := e.group
+	n := max(c.limit, 1)
+	c.mu.Lock()
+	c.inFlight += n
+	c.mu.Unlock()
+	queued = func() int {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(c.queue)
+	}
+	release = func() {
+		for range n {
+			if b := c.take(); b != nil {
+				go c.flush(b)
+			}
+		}
+	}
+	return queued, release
+}
+
+// Groups reports how many transactions (or lone attempts) e's grouped
+// Applies ran, and whether e has the grouped shape.
+func Groups[In any](e *Effect[In]) (int64, bool) {
+	if e.group == nil {
+		return 0, false
+	}
+	return e.group.statements.Load(), true
+}

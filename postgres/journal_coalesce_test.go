@@ -14,7 +14,8 @@ import (
 	"effectively.dev/postgres"
 )
 
-// waitQueued waits until n calls are queued behind postgres.HoldJournal.
+// waitQueued waits until n calls are queued behind postgres.HoldJournal
+// or postgres.HoldGroup.
 func waitQueued(t *testing.T, queued func() int, n int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)

@@ -33,12 +33,13 @@ type Option func(*config)
 
 // Names of the options, for ConfigError and for what each function heeds.
 const (
-	optFingerprint = "WithFingerprint"
-	optMaxRetries  = "WithMaxRetries"
-	optIsolation   = "WithIsolation"
-	optAsyncCommit = "AllowAsyncCommit"
-	optPrecheck    = "WithPrecheck"
-	optLookupFirst = "WithLookupFirst"
+	optFingerprint   = "WithFingerprint"
+	optMaxRetries    = "WithMaxRetries"
+	optIsolation     = "WithIsolation"
+	optAsyncCommit   = "AllowAsyncCommit"
+	optPrecheck      = "WithPrecheck"
+	optLookupFirst   = "WithLookupFirst"
+	optNoGroupCommit = "WithoutGroupCommit"
 )
 
 // config is what the options recorded; check validates it once.
@@ -50,6 +51,7 @@ type config struct {
 	allowAsyncCommit bool
 	precheck         KeyFilter
 	lookupFirst      bool
+	noGroupCommit    bool
 }
 
 func (c *config) set(name string) { c.given = append(c.given, name) }
@@ -192,4 +194,17 @@ type KeyFilter interface {
 // Only [ApplyBatch] heeds it.
 func WithPrecheck(filter KeyFilter) Option {
 	return func(c *config) { c.set(optPrecheck); c.precheck = filter }
+}
+
+// WithoutGroupCommit makes [New]'s Effect run every Apply in a
+// transaction of its own, also when other Applies of the Effect run at the
+// same moment: the shape of a lone Apply (see [Effect.Apply]), one COMMIT
+// per Apply. By default concurrent Applies share transactions (group
+// commit), and a member of a group waits for the writes of the members
+// before it and commits with the last. Use it when the writes are slow or
+// hold locks for long, so that each Apply commits as soon as its own write
+// is done. [WithLookupFirst] has no grouped shape either. Only [New] heeds
+// it.
+func WithoutGroupCommit() Option {
+	return func(c *config) { c.set(optNoGroupCommit); c.noGroupCommit = true }
 }

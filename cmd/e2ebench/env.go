@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"runtime/pprof"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,10 +23,6 @@ import (
 	"effectively.dev/postgres"
 	"effectively.dev/postgres/pgtest"
 )
-
-// poolConns is every variant's pgxpool size: more than any variant's
-// concurrency (8), so that the pool is never what limits it.
-const poolConns = 16
 
 // env is what every run shares: the clusters and the commit counter.
 type env struct {
@@ -100,8 +98,52 @@ type result struct {
 	rate    float64 // events/s, first handled event to last
 	commits int     // OffsetCommit requests of the run, the last ones (on close, after the last poll) included
 	// cpu is the machine's busy CPU time per event from the first handled
-	// event to the last (0 where /proc/stat cannot be read).
-	cpu time.Duration
+	// event to the last (0 where /proc/stat cannot be read); procCPU this
+	// process's (kfake included), over the same span.
+	cpu, procCPU time.Duration
+	// Per event, over the whole run: messages the pool's connections wrote
+	// to PostgreSQL (round trips: a pipeline is one), transactions
+	// committed in the run's database, WAL flushes (fsyncs) and WAL bytes
+	// of the cluster.
+	roundTrips, xacts, walSyncs, walBytes float64
+}
+
+// pgStats are the server's counters that result reads per event.
+type pgStats struct{ commits, walSyncs, walBytes int64 }
+
+// readPGStats reads the run's database's commits and the cluster's WAL
+// counters. Backends report them when they go idle or exit; the caller
+// reads after the run's pool closed.
+func readPGStats(ctx context.Context, url string) (pgStats, error) {
+	var s pgStats
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return s, err
+	}
+	defer conn.Close(context.Background())
+	err = conn.QueryRow(ctx, `SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),
+		wal_sync, wal_bytes::bigint FROM pg_stat_wal`).Scan(&s.commits, &s.walSyncs, &s.walBytes)
+	return s, err
+}
+
+// countingConn counts the messages written on a connection to PostgreSQL.
+type countingConn struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c countingConn) Write(p []byte) (int, error) {
+	c.n.Add(1)
+	return c.Conn.Write(p)
+}
+
+// processCPU is the CPU time this process used, user and system.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // runEnv is one run of one variant: its topic, group, tables and scope.
@@ -113,17 +155,19 @@ type runEnv struct {
 	db, url             string // the run's own database
 	pool                *pgxpool.Pool
 	progress            *progress
+	writes              atomic.Int64 // messages written to PostgreSQL by pool
 }
 
 // progress counts handled events and stamps the first and the last, in
 // wall time and in the machine's busy CPU time.
 type progress struct {
-	target            int64
-	n                 atomic.Int64
-	first, last       time.Time
-	cpuFirst, cpuLast time.Duration
-	once              sync.Once
-	done              chan struct{}
+	target              int64
+	n                   atomic.Int64
+	first, last         time.Time
+	cpuFirst, cpuLast   time.Duration
+	procFirst, procLast time.Duration
+	once                sync.Once
+	done                chan struct{}
 }
 
 func newProgress(target int) *progress {
@@ -136,9 +180,9 @@ func (p *progress) handled(k int) {
 		return
 	}
 	now := time.Now()
-	p.once.Do(func() { p.first, p.cpuFirst = now, busyCPU() })
+	p.once.Do(func() { p.first, p.cpuFirst, p.procFirst = now, busyCPU(), processCPU() })
 	if n := p.n.Add(int64(k)); n >= p.target && n-int64(k) < p.target {
-		p.last, p.cpuLast = now, busyCPU()
+		p.last, p.cpuLast, p.procLast = now, busyCPU(), processCPU()
 		close(p.done)
 	}
 }
@@ -172,7 +216,18 @@ func (e *env) runVariant(ctx context.Context, cfg config, name string, round int
 	if err != nil {
 		return result{}, err
 	}
-	pcfg.MaxConns = poolConns
+	pcfg.MaxConns = int32(cfg.pool)
+	pcfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return countingConn{Conn: c, n: &r.writes}, nil
+	}
+	before, err := readPGStats(ctx, r.url)
+	if err != nil {
+		return result{}, err
+	}
 	if r.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
 		return result{}, err
 	}
@@ -198,14 +253,24 @@ func (e *env) runVariant(ctx context.Context, cfg config, name string, round int
 	if err != nil {
 		return result{}, err
 	}
+	writes := r.writes.Load() // before check's queries
 	if err := e.check(ctx, r); err != nil {
 		return result{}, err
 	}
+	r.pool.Close()
+	after, err := readPGStats(ctx, r.url)
+	if err != nil {
+		return result{}, err
+	}
 	el := r.progress.last.Sub(r.progress.first)
-	res := result{rate: float64(cfg.events-1) / el.Seconds(), commits: e.commitsOf(r.group)}
+	n := float64(cfg.events)
+	res := result{rate: float64(cfg.events-1) / el.Seconds(), commits: e.commitsOf(r.group),
+		roundTrips: float64(writes) / n, xacts: float64(after.commits-before.commits) / n,
+		walSyncs: float64(after.walSyncs-before.walSyncs) / n, walBytes: float64(after.walBytes-before.walBytes) / n}
 	if r.progress.cpuFirst > 0 && r.progress.cpuLast > 0 {
 		res.cpu = (r.progress.cpuLast - r.progress.cpuFirst) / time.Duration(cfg.events-1)
 	}
+	res.procCPU = (r.progress.procLast - r.progress.procFirst) / time.Duration(cfg.events-1)
 	return res, nil
 }
 

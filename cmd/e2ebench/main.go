@@ -28,26 +28,38 @@
 //     parallel, each record in its own transaction (BEGIN; INSERT INTO
 //     processed_events … ON CONFLICT DO NOTHING; the ledger INSERT if the
 //     claim was new; COMMIT); the offsets committed after each poll.
+//   - control: hand-written again, the same code under another name: its
+//     ratio to hand-written is the noise of the run, the least a
+//     difference must exceed to mean anything.
 //   - floor: the same loop with a plain autocommitted ledger INSERT and no
 //     dedup at all: what no dedup costs.
+//   - defaults-nogroup (only when named in -variants): defaults with
+//     postgres.WithoutGroupCommit, every Apply in a transaction of its own.
+//
+// Every variant's pgxpool has -pool connections (16 by default, more than
+// any variant's concurrency, 8, so that the pool never limits it; with
+// fewer than 8, postgres.New's Applies share transactions: group commit).
 //
 // Events/s is measured from the first handled event to the last, per
 // variant and round; the table shows the median and range over the
 // rounds, each variant's ratio to the hand-written handler of the same
 // round (median and range), the OffsetCommit requests per event that
 // reached the broker during the run, the final ones included (counted with
-// a kfake control hook), and the CPU time the whole machine spent busy per
-// event between the first handled event and the last (/proc/stat: this
-// process with kfake, and the cluster; a cost that does not depend on how
-// long the disk makes each commit wait, but counts whatever else runs on
-// the machine). After each run
+// a kfake control hook); per event, the messages the pool's connections
+// wrote to PostgreSQL (round trips: a pipeline is one message), the
+// transactions committed in the run's database and the cluster's WAL
+// flushes and bytes (pg_stat_database, pg_stat_wal); and the CPU time this
+// process (with kfake) and the whole machine spent busy per event between
+// the first handled event and the last (getrusage and /proc/stat: the
+// machine's is a cost that does not depend on how long the disk makes each
+// commit wait, but counts whatever else runs on the machine). After each run
 // the ledger must hold every event exactly once and the group's committed
 // offsets must reach the end, or the command fails.
 //
 // Usage:
 //
-//	go run ./cmd/e2ebench [-events 20000] [-partitions 8] [-rounds 3]
-//	    [-variants defaults,pipelined,batch,consumer-sql,hand-written,floor] [-batch 100] [-linger 5ms]
+//	go run ./cmd/e2ebench [-events 20000] [-partitions 8] [-rounds 3] [-pool 16]
+//	    [-variants defaults,pipelined,batch,consumer-sql,hand-written,control,floor] [-batch 100] [-linger 5ms]
 //
 // The table goes to stdout; progress to stderr. Exit status 1 when a run
 // failed or lost or duplicated an event, 2 for bad usage.
@@ -77,6 +89,7 @@ func main() {
 // config is what one invocation measures.
 type config struct {
 	events, partitions, rounds int
+	pool                       int // every variant's pgxpool size
 	variants                   []string
 	batch                      int
 	linger                     time.Duration
@@ -91,6 +104,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.partitions, "partitions", 8, "partitions of each topic")
 	fs.IntVar(&cfg.rounds, "rounds", 3, "rounds (at least 3 for a median and a range worth reading)")
 	variants := fs.String("variants", strings.Join(variantNames(), ","), "variants to run, comma-separated")
+	fs.IntVar(&cfg.pool, "pool", 16, "every variant's pgxpool size (the default, 16, is more than any variant's concurrency, 8: the pool never limits it)")
 	fs.IntVar(&cfg.batch, "batch", 100, "batch size of the batch variant")
 	fs.DurationVar(&cfg.linger, "linger", 5*time.Millisecond, "batch linger of the batch variant")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
@@ -108,8 +122,8 @@ func parse(args []string, stderr io.Writer) (config, error) {
 			errs = append(errs, fmt.Errorf("unknown variant %q (have %s)", v, strings.Join(allVariantNames(), ", ")))
 		}
 	}
-	if cfg.events < 2 || cfg.partitions < 1 || cfg.rounds < 1 || cfg.batch < 1 || cfg.linger < 0 {
-		errs = append(errs, errors.New("need -events >= 2, -partitions >= 1, -rounds >= 1, -batch >= 1, -linger >= 0"))
+	if cfg.events < 2 || cfg.partitions < 1 || cfg.rounds < 1 || cfg.batch < 1 || cfg.linger < 0 || cfg.pool < 1 {
+		errs = append(errs, errors.New("need -events >= 2, -partitions >= 1, -rounds >= 1, -pool >= 1, -batch >= 1, -linger >= 0"))
 	}
 	return cfg, errors.Join(errs...)
 }
@@ -160,7 +174,8 @@ func measure(ctx context.Context, env *env, cfg config, logf func(string, ...any
 			if err != nil {
 				return nil, fmt.Errorf("round %d, %s: %w", round+1, name, err)
 			}
-			logf("round %d %-12s %8.0f events/s  %5d OffsetCommits  %4d µs CPU/event", round+1, name, r.rate, r.commits, r.cpu.Microseconds())
+			logf("round %d %-16s %8.0f events/s  %5d OffsetCommits  %4d µs CPU/event (process %4d µs)  %.2f round trips, %.3f commits, %.3f WAL flushes, %.0f WAL bytes per event",
+				round+1, name, r.rate, r.commits, r.cpu.Microseconds(), r.procCPU.Microseconds(), r.roundTrips, r.xacts, r.walSyncs, r.walBytes)
 			res[name] = append(res[name], r)
 		}
 	}
@@ -169,23 +184,27 @@ func measure(ctx context.Context, env *env, cfg config, logf func(string, ...any
 
 // report prints the table.
 func report(w io.Writer, cfg config, env *env, res map[string][]result) {
-	fmt.Fprintf(w, "%d events on %d partitions per variant and round, %d rounds; PostgreSQL %s (durable: fsync on), kfake in-process\n\n",
-		cfg.events, cfg.partitions, cfg.rounds, env.pgVersion)
-	fmt.Fprintln(w, "| variant | events/s (median) | range | × hand-written (median) | range | OffsetCommit requests per event | machine CPU per event (median) |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintf(w, "%d events on %d partitions per variant and round, %d rounds, pools of %d connections; PostgreSQL %s (durable: fsync on), kfake in-process\n\n",
+		cfg.events, cfg.partitions, cfg.rounds, cfg.pool, env.pgVersion)
+	fmt.Fprintln(w, "| variant | events/s (median) | range | × hand-written (median) | range | OffsetCommit requests per event | PostgreSQL round trips per event | commits per event | WAL flushes per event | WAL bytes per event | process CPU per event (median) | machine CPU per event (median) |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	base, haveBase := res[handWritten]
 	for _, name := range cfg.variants {
 		rs := res[name]
 		rates := make([]float64, len(rs))
 		cpus := make([]float64, 0, len(rs))
-		commits := 0.0
+		procs := make([]float64, len(rs))
+		var commits, rtts, xacts, syncs, wal float64
 		for i, r := range rs {
 			rates[i] = r.rate
 			commits += float64(r.commits) / float64(cfg.events)
+			rtts, xacts, syncs, wal = rtts+r.roundTrips, xacts+r.xacts, syncs+r.walSyncs, wal+r.walBytes
+			procs[i] = float64(r.procCPU.Microseconds())
 			if r.cpu > 0 {
 				cpus = append(cpus, float64(r.cpu.Microseconds()))
 			}
 		}
+		k := float64(len(rs))
 		cpu := "-"
 		if len(cpus) == len(rs) {
 			cpu = fmt.Sprintf("%.0f µs", median(cpus))
@@ -200,8 +219,8 @@ func report(w io.Writer, cfg config, env *env, res map[string][]result) {
 			ratio, ratioRange = fmt.Sprintf("%.2f×", median(ratios)), fmt.Sprintf("%.2f–%.2f", lo, hi)
 		}
 		lo, hi := minMax(rates)
-		fmt.Fprintf(w, "| %s | %.0f | %.0f–%.0f | %s | %s | %.4f | %s |\n",
-			name, median(rates), lo, hi, ratio, ratioRange, commits/float64(len(rs)), cpu)
+		fmt.Fprintf(w, "| %s | %.0f | %.0f–%.0f | %s | %s | %.4f | %.2f | %.3f | %.3f | %.0f | %.0f µs | %s |\n",
+			name, median(rates), lo, hi, ratio, ratioRange, commits/k, rtts/k, xacts/k, syncs/k, wal/k, median(procs), cpu)
 	}
 	fmt.Fprintln(w)
 	for _, name := range cfg.variants {

@@ -25,7 +25,13 @@ const (
 	libBatch    = "batch"
 	consumerSQL = "consumer-sql"
 	handWritten = "hand-written"
-	floor       = "floor"
+	// control is hand-written again, the same code under another name:
+	// its ratio to hand-written is the run's noise.
+	control = "control"
+	floor   = "floor"
+	// noGroup is defaults with postgres.WithoutGroupCommit: every Apply
+	// in a transaction of its own. Not in the default set.
+	noGroup = "defaults-nogroup"
 	// fetchWait100 is consumer-sql with the Source's fetch wait at 100 ms
 	// instead of kafka.DefaultFetchMaxWait (500 ms): a resumed partition
 	// waits for the fetch in flight. Run it with -variants to compare the
@@ -36,7 +42,7 @@ const (
 // variants runs one variant until ctx is done (it returns nil) or it
 // fails.
 var variants = map[string]func(ctx context.Context, r *runEnv) error{
-	libDefaults: runDefaults,
+	libDefaults: func(ctx context.Context, r *runEnv) error { return runDefaults(ctx, r) },
 	pipelined:   runPipelined,
 	libBatch:    runBatch,
 	consumerSQL: runConsumerSQL,
@@ -46,11 +52,15 @@ var variants = map[string]func(ctx context.Context, r *runEnv) error{
 		}, kgo.FetchMaxWait(100*time.Millisecond))
 	},
 	handWritten: func(ctx context.Context, r *runEnv) error { return runByHand(ctx, r, r.essayHandler) },
+	control:     func(ctx context.Context, r *runEnv) error { return runByHand(ctx, r, r.essayHandler) },
+	noGroup:     func(ctx context.Context, r *runEnv) error { return runDefaults(ctx, r, postgres.WithoutGroupCommit()) },
 	floor:       func(ctx context.Context, r *runEnv) error { return runByHand(ctx, r, r.plainInsert) },
 }
 
 var describe = map[string]string{
 	libDefaults:  "kafka.NewSource → consume.New (WithoutDeadLetter only) → postgres.New(...).Apply, ledger INSERT … RETURNING id as the ref",
+	noGroup:      "defaults with postgres.WithoutGroupCommit: every Apply in a transaction of its own",
+	control:      "hand-written again, the same code: its ratio to hand-written is the noise of the run",
 	pipelined:    "defaults with postgres.NewPipelined: the ledger INSERT as a statement, sent with the key's row and COMMIT (the event's id as the ref)",
 	libBatch:     "kafka.NewSource → consume.New(WithBatch) → postgres.ApplyBatch + BatchErrors",
 	consumerSQL:  "kafka.NewSource → consume.New (WithoutDeadLetter only) → the hand-written handler's transaction: the library's consumer alone",
@@ -60,24 +70,24 @@ var describe = map[string]string{
 }
 
 func variantNames() []string {
-	return []string{libDefaults, pipelined, libBatch, consumerSQL, handWritten, floor}
+	return []string{libDefaults, pipelined, libBatch, consumerSQL, handWritten, control, floor}
 }
 
 // allVariantNames adds the variants that run only when named.
-func allVariantNames() []string { return append(variantNames(), fetchWait100) }
+func allVariantNames() []string { return append(variantNames(), fetchWait100, noGroup) }
 
 // variantTag makes a name usable in table and topic names.
 func variantTag(name string) string { return strings.ReplaceAll(name, "-", "") }
 
 const insertLedger = `INSERT INTO %s (event_id, account, cents) VALUES ($1, $2, $3)`
 
-// runDefaults is the README's path with every default.
-func runDefaults(ctx context.Context, r *runEnv) error {
+// runDefaults is the README's path with every default (and opts).
+func runDefaults(ctx context.Context, r *runEnv, opts ...postgres.Option) error {
 	ledger, err := postgres.New(r.pool, r.scope, func(ctx context.Context, tx pgx.Tx, ev event) (string, error) {
 		var id string
 		err := tx.QueryRow(ctx, fmt.Sprintf(insertLedger, r.ledger)+` RETURNING id::text`, ev.ID, ev.Account, ev.Cents).Scan(&id)
 		return id, err
-	})
+	}, opts...)
 	if err != nil {
 		return err
 	}

@@ -120,8 +120,21 @@ func TestSIGKILLTortureAckFirst(t *testing.T) {
 	r.checkSchedule(t)
 }
 
+// TestSIGKILLTortureGrouped is TestSIGKILLTorture with the worker's pool
+// at 4 connections for 8 handlers, so that its postgres.New ledger's
+// Applies share transactions (group commit, a savepoint per member) when
+// the kills land.
+func TestSIGKILLTortureGrouped(t *testing.T) {
+	r := runTorture(t, tortureConfig{poolMaxConns: 4})
+	if vs := r.verdict.Violations(); len(vs) > 0 {
+		t.Errorf("SIGKILL torture, grouped, broke effectively-once: %s", strings.Join(vs, "; "))
+	}
+	r.checkSchedule(t)
+}
+
 type tortureConfig struct {
-	ackFirst bool
+	ackFirst     bool
+	poolMaxConns int // > 0: the worker's pool size (pool_max_conns in its database URL)
 }
 
 // tortureResult is what a run did and what the checker found.
@@ -216,6 +229,13 @@ func runTorture(t *testing.T, cfg tortureConfig) *tortureResult {
 	st := newStream(t, cluster, input, seed)
 	st.produce(ctx, events)
 
+	if cfg.poolMaxConns > 0 {
+		sep := "?"
+		if strings.Contains(dbURL, "?") {
+			sep = "&"
+		}
+		dbURL += sep + "pool_max_conns=" + strconv.Itoa(cfg.poolMaxConns)
+	}
 	args := []string{
 		"-brokers", strings.Join(cluster.Brokers(), ","), "-database-url", dbURL,
 		"-topic", input, "-output", output, "-group", group, "-instance-id", instanceID,
