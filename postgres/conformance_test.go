@@ -3,8 +3,11 @@ package postgres_test
 import (
 	"context"
 	"crypto/rand"
+	"errors"
+	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -40,10 +43,7 @@ func TestConformance(t *testing.T) {
 				db, err := pgxpool.New(ctx, url) // the test process's database, from a child process
 				return &confHarness{url: url, db: db, pipelined: tc.h.pipelined, lookupFirst: tc.h.lookupFirst}, err
 			}), conformance.WithSlowReply(300 * time.Millisecond)} // the adapter sets no deadline of its own: it waits for the held reply
-			// pgx speaks PostgreSQL's protocol to a real server, which the
-			// harness cannot make answer a SQLSTATE on demand.
-			why := []string{"PostgreSQL is reached over its wire protocol, and the harness cannot make it answer an application error (40001, 40P01) on demand"}
-			left := []string{conformance.ScenarioAppFaults}
+			var why, left []string
 			if tc.name != "postgres" {
 				// One dedup table for every shape: key-capacity runs at
 				// full size on the first, smaller here to save CI time.
@@ -78,8 +78,10 @@ type confCharge struct {
 type confHarness struct {
 	url         string
 	db          *pgxpool.Pool
-	pipelined   bool // Make uses NewPipelined
-	lookupFirst bool // with WithLookupFirst
+	pipelined   bool              // Make uses NewPipelined
+	lookupFirst bool              // with WithLookupFirst
+	af          *pgtest.AppFaults // makes the server answer the suite's application faults
+	armed       *atomic.Bool      // an application fault was armed since Count last ran
 }
 
 // newConfHarness returns a harness like shape (its pipelined and
@@ -98,7 +100,11 @@ func newConfHarness(t testing.TB, shape confHarness) conformance.Harness[confCha
 	if _, err := db.Exec(context.Background(), `CREATE TABLE conf_ledger (id bigserial PRIMARY KEY, event_id text NOT NULL, cents bigint NOT NULL, entry text)`); err != nil {
 		t.Fatal(err)
 	}
-	h := &confHarness{url: url, db: db, pipelined: shape.pipelined, lookupFirst: shape.lookupFirst}
+	af, err := pgtest.InstallAppFaults(context.Background(), db, "conf_ledger", "effectively_keys")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &confHarness{url: url, db: db, pipelined: shape.pipelined, lookupFirst: shape.lookupFirst, af: af, armed: new(atomic.Bool)}
 	if restart == nil {
 		return h // DATABASE_URL is set: its server is not ours to restart
 	}
@@ -130,6 +136,9 @@ func (h *confHarness) Make(ctx context.Context, f *conformance.Faults) (effects.
 	if err != nil {
 		return nil, nil, err
 	}
+	if h.af != nil {
+		f.SetAppFaulter(h.appFault)
+	}
 	var opts []postgres.Option
 	if h.lookupFirst {
 		opts = append(opts, postgres.WithLookupFirst())
@@ -153,8 +162,49 @@ func (h *confHarness) Input(key effects.Key, variant int) confCharge {
 	return confCharge{EventID: string(key), Cents: int64(1000 + variant)}
 }
 
-// Count and Total read the backend itself, never the adapter's bookkeeping.
+// AppFaultCodes are the application errors appFault makes the server
+// answer with (conformance.AppFaultCodes).
+func (h *confHarness) AppFaultCodes() []string {
+	return []string{conformance.AppSerialization, conformance.AppDeadlock, conformance.AppLockTimeout}
+}
+
+// appFault makes the real server answer the Apply whose round trip is
+// about to start with e's SQLSTATE (conformance.AppFaulter), through the
+// triggers pgtest.InstallAppFaults put on the ledger and the dedup table:
+// a serialization failure (40001) at the next COMMIT of a transaction
+// that wrote, as SERIALIZABLE reports one; a deadlock (40P01) or a lock
+// timeout (55P03) at the next statement that writes. The server rolls
+// the transaction back either way: PostgreSQL reports no ERROR for a
+// transaction it committed, so a fault after the request was applied
+// (e.Applied) is refused. The fault fires on a later round trip of the
+// same Apply when the armed one writes nothing (BEGIN, a lookup); one
+// that never fires (a duplicate that writes nothing) is disarmed by the
+// next Count, so it cannot fail another Apply than the suite's retry.
+func (h *confHarness) appFault(e *conformance.AppError) error {
+	if e.Applied {
+		return errors.New("PostgreSQL reports no ERROR for a transaction it committed")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	h.armed.Store(true)
+	switch e.Code {
+	case conformance.AppSerialization:
+		return h.af.FailNextCommit(ctx, e.Code)
+	case conformance.AppDeadlock, conformance.AppLockTimeout:
+		return h.af.FailNextWrite(ctx, e.Code)
+	}
+	return fmt.Errorf("PostgreSQL answers SQLSTATEs, not %q", e.Code)
+}
+
+// Count and Total read the backend itself, never the adapter's
+// bookkeeping. Count first disarms an application fault that has not
+// fired (see appFault).
 func (h *confHarness) Count(ctx context.Context, key effects.Key) (n int, err error) {
+	if h.af != nil && h.armed.Swap(false) {
+		if err := h.af.Disarm(ctx); err != nil {
+			return 0, err
+		}
+	}
 	err = h.db.QueryRow(ctx, `SELECT count(*) FROM conf_ledger WHERE event_id = $1`, string(key)).Scan(&n)
 	return n, err
 }
