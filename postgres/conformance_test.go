@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/conformance"
@@ -78,10 +79,11 @@ type confCharge struct {
 type confHarness struct {
 	url         string
 	db          *pgxpool.Pool
-	pipelined   bool              // Make uses NewPipelined
-	lookupFirst bool              // with WithLookupFirst
-	af          *pgtest.AppFaults // makes the server answer the suite's application faults
-	armed       *atomic.Bool      // an application fault was armed since Count last ran
+	pipelined   bool                                                        // Make uses NewPipelined
+	lookupFirst bool                                                        // with WithLookupFirst
+	liar        func(effects.Effect[confCharge]) effects.Effect[confCharge] // wraps the adapter (TestConformanceCatchesAppFaultLiars)
+	af          *pgtest.AppFaults                                           // makes the server answer the suite's application faults
+	armed       *atomic.Bool                                                // an application fault was armed since Count last ran
 }
 
 // newConfHarness returns a harness like shape (its pipelined and
@@ -104,7 +106,7 @@ func newConfHarness(t testing.TB, shape confHarness) conformance.Harness[confCha
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &confHarness{url: url, db: db, pipelined: shape.pipelined, lookupFirst: shape.lookupFirst, af: af, armed: new(atomic.Bool)}
+	h := &confHarness{url: url, db: db, pipelined: shape.pipelined, lookupFirst: shape.lookupFirst, liar: shape.liar, af: af, armed: new(atomic.Bool)}
 	if restart == nil {
 		return h // DATABASE_URL is set: its server is not ours to restart
 	}
@@ -150,11 +152,17 @@ func (h *confHarness) Make(ctx context.Context, f *conformance.Faults) (effects.
 		}, opts...)
 		return eff, pool.Close, err
 	}
+	if h.liar != nil {
+		opts = append(opts, postgres.WithMaxRetries(0)) // the liar sees the server's error
+	}
 	eff, err := postgres.New(pool, "conformance", func(ctx context.Context, tx pgx.Tx, in confCharge) (id string, err error) {
 		err = tx.QueryRow(ctx, `INSERT INTO conf_ledger (event_id, cents) VALUES ($1, $2) RETURNING id::text`, in.EventID, in.Cents).Scan(&id)
 		return id, err
 	}, opts...)
-	return eff, pool.Close, err
+	if err != nil || h.liar == nil {
+		return eff, pool.Close, err
+	}
+	return h.liar(eff), pool.Close, nil
 }
 
 // Input embeds the key so that Count can find the effect; variant 1 changes the payload.
@@ -234,4 +242,64 @@ func (h *confHarness) CountBatch(ctx context.Context, keys []effects.Key) ([]int
 // means the application decides when.
 func (h *confHarness) Age(ctx context.Context, d time.Duration) error {
 	return pgtest.Age(ctx, h.url, d)
+}
+
+// TestConformanceCatchesAppFaultLiars: app-faults, with the real server
+// answering 40001, 40P01 and 55P03, catches a client that misreads them:
+// one that calls a lost race a permanent failure (a consumer dead-letters
+// a message it could have applied), one that takes a serialization
+// failure for a concurrent duplicate that won and reports a replay of an
+// effect that never happened.
+func TestConformanceCatchesAppFaultLiars(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		lie  func(effects.Result, error) (effects.Result, error)
+	}{
+		{"race-lost-permanent", func(res effects.Result, err error) (effects.Result, error) {
+			if sqlstate(err) != "" {
+				return res, fmt.Errorf("postgres: the transaction failed: %v", err) // %v: ErrTransient is lost
+			}
+			return res, err
+		}},
+		{"serialization-failure-replayed", func(res effects.Result, err error) (effects.Result, error) {
+			if sqlstate(err) == conformance.AppSerialization {
+				return effects.Result{Status: effects.Replayed}, nil // "a concurrent duplicate won"
+			}
+			return res, err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			shape := confHarness{liar: func(e effects.Effect[confCharge]) effects.Effect[confCharge] { return lyingEffect{e, tc.lie} }}
+			rep := conformance.Evaluate(t, "postgres/"+tc.name, func(t testing.TB) conformance.Harness[confCharge] { return newConfHarness(t, shape) },
+				conformance.Only(conformance.ScenarioAppFaults))
+			row, _ := rep.Row(conformance.ScenarioAppFaults)
+			if row.Verdict != conformance.Fail {
+				t.Fatalf("app-faults: %s, want FAIL (notes %v)", row.Verdict, row.Notes)
+			}
+			t.Logf("caught: %s", row.Failures[0])
+		})
+	}
+}
+
+// sqlstate returns the SQLSTATE of a lost race in err (40001, 40P01,
+// 55P03), or "".
+func sqlstate(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "40001", "40P01", "55P03":
+			return pgErr.Code
+		}
+	}
+	return ""
+}
+
+// lyingEffect is the adapter with its outcome rewritten by lie.
+type lyingEffect struct {
+	effects.Effect[confCharge]
+	lie func(effects.Result, error) (effects.Result, error)
+}
+
+func (e lyingEffect) Apply(ctx context.Context, key effects.Key, in confCharge) (effects.Result, error) {
+	return e.lie(e.Effect.Apply(ctx, key, in))
 }
