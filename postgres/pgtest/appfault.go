@@ -116,10 +116,8 @@ func (a *AppFaults) FailNextCommit(ctx context.Context, code string) error {
 
 // Disarm removes both faults, fired or not.
 func (a *AppFaults) Disarm(ctx context.Context) error {
-	for _, seq := range []string{appFaultWrite, appFaultCommit} {
-		if _, err := a.db.Exec(ctx, `SELECT setval($1::regclass, 1, false)`, seq); err != nil {
-			return fmt.Errorf("pgtest.AppFaults.Disarm: %w", err)
-		}
+	if _, err := a.db.Exec(ctx, `SELECT setval($1::regclass, 1, false), setval($2::regclass, 1, false)`, appFaultWrite, appFaultCommit); err != nil {
+		return fmt.Errorf("pgtest.AppFaults.Disarm: %w", err)
 	}
 	return nil
 }
