@@ -74,7 +74,7 @@ func (s *scene[In]) appFaults() {
 			arms = append(arms, arm{AppErrorAfter, c})
 		}
 	}
-	s.appFaultsFire()
+	s.appFaultsFire(codes[0])
 	fired := 0
 	for _, a := range arms {
 		for n := 1; n <= trips; n++ {
@@ -102,10 +102,13 @@ func (s *scene[In]) appFaults() {
 	s.notef("%d application faults (codes %s) at each of the %d round trips of a clean and of a duplicate Apply", len(arms), strings.Join(codes, ", "), trips)
 }
 
-// appFaultsFire skips the scenario when an application fault cannot fire
-// on the adapter's first round trip: its backend answers none.
-func (s *scene[In]) appFaultsFire() {
-	probe := s.open(NewFaults())
+// appFaultsFire skips the scenario when an application fault with code
+// (one the backend says it answers) cannot fire on the adapter's first
+// round trip: its backend answers none.
+func (s *scene[In]) appFaultsFire(code string) {
+	f := NewFaults()
+	f.SetAppError(code)
+	probe := s.open(f)
 	defer probe.Close()
 	key := s.key("app-faults", "probe")
 	probe.f.Arm(probe.base+1, AppErrorBefore, nil)
