@@ -30,6 +30,7 @@ import (
 type front struct {
 	url   string
 	proxy *httputil.ReverseProxy
+	tr    *http.Transport // the proxy's, to the gateway
 
 	mu   sync.Mutex
 	next []*conformance.AppError
@@ -41,9 +42,11 @@ func startFront(t testing.TB, endpoint string) *front {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &front{proxy: httputil.NewSingleHostReverseProxy(u)}
+	f := &front{proxy: httputil.NewSingleHostReverseProxy(u), tr: &http.Transport{MaxIdleConnsPerHost: 64}}
+	f.proxy.Transport = f.tr
 	srv := httptest.NewServer(f)
 	t.Cleanup(srv.Close)
+	t.Cleanup(f.tr.CloseIdleConnections)
 	f.url = srv.URL
 	return f
 }

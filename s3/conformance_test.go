@@ -36,7 +36,12 @@ type harness struct {
 // gateway is ours: it can restart it, and age every object it stores.
 type restartable struct{ *harness }
 
-func (h restartable) Restart(ctx context.Context) error { return h.srv.Restart(ctx) }
+// Restart restarts the gateway; the front drops its connections to the
+// old one, as a load balancer does when a backend goes away.
+func (h restartable) Restart(ctx context.Context) error {
+	defer h.front.tr.CloseIdleConnections()
+	return h.srv.Restart(ctx)
+}
 
 // Age makes every object version d older (their Last-Modified). The
 // object's existence is what enforces the key (Horizon 0: until deleted);
