@@ -70,7 +70,9 @@ func buildSender(ctx context.Context, h *harness, f *conformance.Faults) (effect
 	if err != nil {
 		return nil, nil, err
 	}
-	cfg.ConnConfig.DialFunc = f.DialContext
+	cmds := &commands{}
+	f.SetAppFaulter(appFaulter(h.srv, cmds))
+	cfg.ConnConfig.DialFunc = cmds.dial(f.DialContext, false)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, nil, err
@@ -82,7 +84,7 @@ func buildSender(ctx context.Context, h *harness, f *conformance.Faults) (effect
 	}
 	s, err := email.New(j, h.srv.Addr(),
 		email.WithMailOptions(mail.WithTLSPolicy(mail.NoTLS), mail.WithTimeout(5*time.Second)),
-		email.WithDialContext(f.DialContext),
+		email.WithDialContext(cmds.dial(f.DialContext, true)),
 		email.WithLease(conformanceLease),
 		email.WithMessageIDDomain(conformanceDomain),
 	)
@@ -138,17 +140,15 @@ func TestConformance(t *testing.T) {
 		return newHarness(t, nil)
 	}, conformance.WithRetryFor(10*time.Second), conformance.WithCapacity(1000), conformance.WithSlowReply(300*time.Millisecond),
 		conformance.AllowUnverified("smtptest runs in the test process, which a child process cannot reach; the journal is on the shared cluster, "+
-			"not the test's to crash; postgres.Journal keeps keys in a table nothing evicts from but Prune, so 1,000 keys show what 5,000 would; "+
-			"neither smtptest nor PostgreSQL can be made to answer an application error on demand",
-			conformance.ScenarioProcess, conformance.ScenarioCrashRestart, conformance.ScenarioKeyCapacity, conformance.ScenarioAppFaults))
+			"not the test's to crash; postgres.Journal keeps keys in a table nothing evicts from but Prune, so 1,000 keys show what 5,000 would",
+			conformance.ScenarioProcess, conformance.ScenarioCrashRestart, conformance.ScenarioKeyCapacity))
 	for _, row := range rep.Rows {
 		// successor-process needs an Attacher, which this harness (an
 		// smtptest server value in the test process) does not give; no
-		// CrashRestarter: the journal is on the shared cluster; no
-		// application faults (see AllowUnverified); key-scope and key-bytes
-		// do not apply to this harness.
+		// CrashRestarter: the journal is on the shared cluster; key-scope
+		// and key-bytes do not apply to this harness.
 		if row.Verdict != conformance.Pass && !row.NotApplicable && row.Scenario != conformance.ScenarioProcess &&
-			row.Scenario != conformance.ScenarioCrashRestart && row.Scenario != conformance.ScenarioAppFaults {
+			row.Scenario != conformance.ScenarioCrashRestart {
 			t.Errorf("%s: %s, want pass", row.Scenario, row.Verdict)
 		}
 	}

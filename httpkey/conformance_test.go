@@ -2,6 +2,7 @@ package httpkey_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -82,8 +83,36 @@ func (h *harness) effectOpts() []httpkey.Option {
 
 func (h *harness) Make(_ context.Context, f *conformance.Faults) (effects.Effect[Payment], func(), error) {
 	tr := f.Transport(nil)
+	if h.srv != nil {
+		f.SetAppFaulter(h.appFault)
+	}
 	e, err := httpkey.New(&http.Client{Transport: tr}, h.p.builder()(h.url), h.effectOpts()...)
 	return e, tr.CloseIdleConnections, err
+}
+
+// AppFaultCodes are the application errors appFault makes the kit answer
+// (conformance.AppFaultCodes).
+func (h *harness) AppFaultCodes() []string { return conformance.HTTPAppCodes }
+
+// appFault makes the kit answer the request about to be sent
+// (conformance.AppFaulter) as a provider does when the failure is not the
+// key's stored response: a 409 for a concurrent request with the key
+// (httpkeytest's ConflictNext, the preset's in-flight answer), a 5xx
+// from in front of the server before the request reached it
+// (FailNextInFront), or after it executed and stored its response
+// (FailNextReplyInFront). Nothing else is the kit's to answer.
+func (h *harness) appFault(e *conformance.AppError) error {
+	switch st := e.HTTPStatus(); {
+	case st == http.StatusConflict && !e.Applied:
+		h.srv.ConflictNext(1)
+	case st >= 500 && !e.Applied:
+		h.srv.FailNextInFront(1, st)
+	case st >= 500:
+		h.srv.FailNextReplyInFront(1, st)
+	default:
+		return fmt.Errorf("httpkeytest answers no application error %q", e.Code)
+	}
+	return nil
 }
 
 // attached is a harness a successor process can reach: one without a
@@ -194,15 +223,11 @@ var presets = []preset{
 // journal, the journal lives in the test's memory, which a child process
 // cannot reach.
 var (
-	// noAppFaults says why app-faults cannot run: the kit's FailNext
-	// stores the injected failure as the key's response, which every retry
-	// of the key replays.
-	noAppFaults = "httpkeytest stores an injected failure as the key's response, which every retry replays, so the suite's application faults cannot be retried through"
-	allowKit    = conformance.AllowUnverified("httpkeytest and memjournal evict no key, so 1,000 keys show what 5,000 would; "+noAppFaults,
-		conformance.ScenarioKeyCapacity, conformance.ScenarioAppFaults)
+	allowKit = conformance.AllowUnverified("httpkeytest and memjournal evict no key, so 1,000 keys show what 5,000 would",
+		conformance.ScenarioKeyCapacity)
 	allowJournal = conformance.AllowUnverified("httpkeytest and memjournal evict no key, so 1,000 keys show what 5,000 would; "+
-		"memjournal lives in the test's memory, which a successor process cannot reach; "+noAppFaults,
-		conformance.ScenarioKeyCapacity, conformance.ScenarioProcess, conformance.ScenarioAppFaults)
+		"memjournal lives in the test's memory, which a successor process cannot reach",
+		conformance.ScenarioKeyCapacity, conformance.ScenarioProcess)
 )
 
 // TestConformance runs the whole suite on every preset against the kit

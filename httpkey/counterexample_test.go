@@ -2,6 +2,7 @@ package httpkey_test
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -97,6 +98,40 @@ func TestCounterexampleReplaySignalTheServerDoesNotSendFails(t *testing.T) {
 			if row, _ := rep.Row(conformance.ScenarioRedelivery); row.MaxEffects != 1 {
 				t.Errorf("redelivery saw at most %d objects per key, want 1: the server dedups, the effect misreports", row.MaxEffects)
 			}
+		})
+	}
+}
+
+// Configurations that misread an application failure the kit answers
+// with the connection up (httpkeytest's FailNextReplyInFront and
+// ConflictNext): a rule that calls every 5xx Transient promises that
+// nothing was applied, which a gateway's 500 after the server created the
+// object breaks; a rule that calls a 409 a refusal gives up on a key
+// whose concurrent request may still apply it. app-faults catches both.
+func TestCounterexampleAppFaultsMisreadFail(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		rule httpkey.Rule
+		want string
+	}{
+		{"5xx read as Transient", httpkey.Rule{Outcome: httpkey.Transient, Status: []int{500, 502, 503, 504}}, "ErrTransient"},
+		{"409 read as Refused", httpkey.Rule{Outcome: httpkey.Refused, Status: []int{409}}, "Retryable rejects"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			effect := append(effectFor(httpkeytest.DefaultHorizon), httpkey.WithRule(tc.rule))
+			rep := conformance.Evaluate(t, "counterexample: httpkey with a rule: "+tc.name,
+				func(t testing.TB) conformance.Harness[Payment] {
+					return newHarness(t, preset{server: replayed, effect: effect}, false)
+				}, conformance.Only(conformance.ScenarioAppFaults))
+			row, _ := rep.Row(conformance.ScenarioAppFaults)
+			if row.Verdict != conformance.Fail {
+				t.Fatalf("app-faults: %s, want FAIL (notes %v)", row.Verdict, row.Notes)
+			}
+			if !strings.Contains(strings.Join(row.Failures, "\n"), tc.want) {
+				t.Errorf("app-faults failed without %q: %v", tc.want, row.Failures)
+			}
+			t.Logf("caught: %s", row.Failures[0])
 		})
 	}
 }

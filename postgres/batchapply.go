@@ -371,12 +371,12 @@ func (b *applyBatch) commit(ctx context.Context, conn *pgxpool.Conn, tx pgx.Tx, 
 	return classified{}
 }
 
-// raceLost reports whether err is a serialization failure or a deadlock
-// reported as an ERROR: the transaction lost a race and may be retried.
+// raceLost reports whether err is a serialization failure, a deadlock or
+// a lock not available reported as an ERROR: the transaction lost a race
+// and may be retried (lostRace).
 func raceLost(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && isError(pgErr) &&
-		(pgErr.Code == sqlstateSerializationFailure || pgErr.Code == sqlstateDeadlockDetected)
+	return errors.As(err, &pgErr) && isError(pgErr) && lostRace(pgErr.Code)
 }
 
 // BatchErrors turns what [ApplyBatch] returned into the one-error-per-item

@@ -47,6 +47,8 @@ func TestClassify(t *testing.T) {
 		{"40001 before commit is retried", live, pgErr("ERROR", "40001"), false, false, want{true, effects.ErrTransient, nil, true}},
 		{"40P01 before commit is retried", live, pgErr("ERROR", "40P01"), false, false, want{true, effects.ErrTransient, nil, true}},
 		{"40001 at commit is retried", live, pgErr("ERROR", "40001"), true, false, want{true, effects.ErrTransient, nil, true}},
+		{"55P03 (lock_timeout, NOWAIT) before commit is retried", live, pgErr("ERROR", "55P03"), false, false, want{true, effects.ErrTransient, nil, true}},
+		{"55P03 at commit is retried", live, pgErr("ERROR", "55P03"), true, false, want{true, effects.ErrTransient, nil, true}},
 		{"terminated backend before commit is transient", live, pgErr("FATAL", "57P01"), false, false, want{false, effects.ErrTransient, nil, true}},
 		{"terminated backend at commit is ambiguous", live, pgErr("FATAL", "57P01"), true, false, want{false, effects.ErrAmbiguous, nil, true}},
 		{"network error before commit is transient", live, netErr, false, false, want{false, effects.ErrTransient, nil, true}},

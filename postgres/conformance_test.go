@@ -3,12 +3,16 @@ package postgres_test
 import (
 	"context"
 	"crypto/rand"
+	"errors"
+	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/conformance"
@@ -40,10 +44,7 @@ func TestConformance(t *testing.T) {
 				db, err := pgxpool.New(ctx, url) // the test process's database, from a child process
 				return &confHarness{url: url, db: db, pipelined: tc.h.pipelined, lookupFirst: tc.h.lookupFirst}, err
 			}), conformance.WithSlowReply(300 * time.Millisecond)} // the adapter sets no deadline of its own: it waits for the held reply
-			// pgx speaks PostgreSQL's protocol to a real server, which the
-			// harness cannot make answer a SQLSTATE on demand.
-			why := []string{"PostgreSQL is reached over its wire protocol, and the harness cannot make it answer an application error (40001, 40P01) on demand"}
-			left := []string{conformance.ScenarioAppFaults}
+			var why, left []string
 			if tc.name != "postgres" {
 				// One dedup table for every shape: key-capacity runs at
 				// full size on the first, smaller here to save CI time.
@@ -78,8 +79,11 @@ type confCharge struct {
 type confHarness struct {
 	url         string
 	db          *pgxpool.Pool
-	pipelined   bool // Make uses NewPipelined
-	lookupFirst bool // with WithLookupFirst
+	pipelined   bool                                                        // Make uses NewPipelined
+	lookupFirst bool                                                        // with WithLookupFirst
+	liar        func(effects.Effect[confCharge]) effects.Effect[confCharge] // wraps the adapter (TestConformanceCatchesAppFaultLiars)
+	af          *pgtest.AppFaults                                           // makes the server answer the suite's application faults
+	armed       *atomic.Bool                                                // an application fault was armed since Count last ran
 }
 
 // newConfHarness returns a harness like shape (its pipelined and
@@ -98,7 +102,11 @@ func newConfHarness(t testing.TB, shape confHarness) conformance.Harness[confCha
 	if _, err := db.Exec(context.Background(), `CREATE TABLE conf_ledger (id bigserial PRIMARY KEY, event_id text NOT NULL, cents bigint NOT NULL, entry text)`); err != nil {
 		t.Fatal(err)
 	}
-	h := &confHarness{url: url, db: db, pipelined: shape.pipelined, lookupFirst: shape.lookupFirst}
+	af, err := pgtest.InstallAppFaults(context.Background(), db, "conf_ledger", "effectively_keys")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &confHarness{url: url, db: db, pipelined: shape.pipelined, lookupFirst: shape.lookupFirst, liar: shape.liar, af: af, armed: new(atomic.Bool)}
 	if restart == nil {
 		return h // DATABASE_URL is set: its server is not ours to restart
 	}
@@ -130,6 +138,9 @@ func (h *confHarness) Make(ctx context.Context, f *conformance.Faults) (effects.
 	if err != nil {
 		return nil, nil, err
 	}
+	if h.af != nil {
+		f.SetAppFaulter(h.appFault)
+	}
 	var opts []postgres.Option
 	if h.lookupFirst {
 		opts = append(opts, postgres.WithLookupFirst())
@@ -141,11 +152,17 @@ func (h *confHarness) Make(ctx context.Context, f *conformance.Faults) (effects.
 		}, opts...)
 		return eff, pool.Close, err
 	}
+	if h.liar != nil {
+		opts = append(opts, postgres.WithMaxRetries(0)) // the liar sees the server's error
+	}
 	eff, err := postgres.New(pool, "conformance", func(ctx context.Context, tx pgx.Tx, in confCharge) (id string, err error) {
 		err = tx.QueryRow(ctx, `INSERT INTO conf_ledger (event_id, cents) VALUES ($1, $2) RETURNING id::text`, in.EventID, in.Cents).Scan(&id)
 		return id, err
 	}, opts...)
-	return eff, pool.Close, err
+	if err != nil || h.liar == nil {
+		return eff, pool.Close, err
+	}
+	return h.liar(eff), pool.Close, nil
 }
 
 // Input embeds the key so that Count can find the effect; variant 1 changes the payload.
@@ -153,8 +170,49 @@ func (h *confHarness) Input(key effects.Key, variant int) confCharge {
 	return confCharge{EventID: string(key), Cents: int64(1000 + variant)}
 }
 
-// Count and Total read the backend itself, never the adapter's bookkeeping.
+// AppFaultCodes are the application errors appFault makes the server
+// answer with (conformance.AppFaultCodes).
+func (h *confHarness) AppFaultCodes() []string {
+	return []string{conformance.AppSerialization, conformance.AppDeadlock, conformance.AppLockTimeout}
+}
+
+// appFault makes the real server answer the Apply whose round trip is
+// about to start with e's SQLSTATE (conformance.AppFaulter), through the
+// triggers pgtest.InstallAppFaults put on the ledger and the dedup table:
+// a serialization failure (40001) at the next COMMIT of a transaction
+// that wrote, as SERIALIZABLE reports one; a deadlock (40P01) or a lock
+// timeout (55P03) at the next statement that writes. The server rolls
+// the transaction back either way: PostgreSQL reports no ERROR for a
+// transaction it committed, so a fault after the request was applied
+// (e.Applied) is refused. The fault fires on a later round trip of the
+// same Apply when the armed one writes nothing (BEGIN, a lookup); one
+// that never fires (a duplicate that writes nothing) is disarmed by the
+// next Count, so it cannot fail another Apply than the suite's retry.
+func (h *confHarness) appFault(e *conformance.AppError) error {
+	if e.Applied {
+		return errors.New("PostgreSQL reports no ERROR for a transaction it committed")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	h.armed.Store(true)
+	switch e.Code {
+	case conformance.AppSerialization:
+		return h.af.FailNextCommit(ctx, e.Code)
+	case conformance.AppDeadlock, conformance.AppLockTimeout:
+		return h.af.FailNextWrite(ctx, e.Code)
+	}
+	return fmt.Errorf("PostgreSQL answers SQLSTATEs, not %q", e.Code)
+}
+
+// Count and Total read the backend itself, never the adapter's
+// bookkeeping. Count first disarms an application fault that has not
+// fired (see appFault).
 func (h *confHarness) Count(ctx context.Context, key effects.Key) (n int, err error) {
+	if h.af != nil && h.armed.Swap(false) {
+		if err := h.af.Disarm(ctx); err != nil {
+			return 0, err
+		}
+	}
 	err = h.db.QueryRow(ctx, `SELECT count(*) FROM conf_ledger WHERE event_id = $1`, string(key)).Scan(&n)
 	return n, err
 }
@@ -184,4 +242,64 @@ func (h *confHarness) CountBatch(ctx context.Context, keys []effects.Key) ([]int
 // means the application decides when.
 func (h *confHarness) Age(ctx context.Context, d time.Duration) error {
 	return pgtest.Age(ctx, h.url, d)
+}
+
+// TestConformanceCatchesAppFaultLiars: app-faults, with the real server
+// answering 40001, 40P01 and 55P03, catches a client that misreads them:
+// one that calls a lost race a permanent failure (a consumer dead-letters
+// a message it could have applied), one that takes a serialization
+// failure for a concurrent duplicate that won and reports a replay of an
+// effect that never happened.
+func TestConformanceCatchesAppFaultLiars(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		lie  func(effects.Result, error) (effects.Result, error)
+	}{
+		{"race-lost-permanent", func(res effects.Result, err error) (effects.Result, error) {
+			if sqlstate(err) != "" {
+				return res, fmt.Errorf("postgres: the transaction failed: %v", err) // %v: ErrTransient is lost
+			}
+			return res, err
+		}},
+		{"serialization-failure-replayed", func(res effects.Result, err error) (effects.Result, error) {
+			if sqlstate(err) == conformance.AppSerialization {
+				return effects.Result{Status: effects.Replayed}, nil // "a concurrent duplicate won"
+			}
+			return res, err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			shape := confHarness{liar: func(e effects.Effect[confCharge]) effects.Effect[confCharge] { return lyingEffect{e, tc.lie} }}
+			rep := conformance.Evaluate(t, "postgres/"+tc.name, func(t testing.TB) conformance.Harness[confCharge] { return newConfHarness(t, shape) },
+				conformance.Only(conformance.ScenarioAppFaults), conformance.WithMaxSweep(2)) // the first two round trips show either lie
+			row, _ := rep.Row(conformance.ScenarioAppFaults)
+			if row.Verdict != conformance.Fail {
+				t.Fatalf("app-faults: %s, want FAIL (notes %v)", row.Verdict, row.Notes)
+			}
+			t.Logf("caught: %s", row.Failures[0])
+		})
+	}
+}
+
+// sqlstate returns the SQLSTATE of a lost race in err (40001, 40P01,
+// 55P03), or "".
+func sqlstate(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "40001", "40P01", "55P03":
+			return pgErr.Code
+		}
+	}
+	return ""
+}
+
+// lyingEffect is the adapter with its outcome rewritten by lie.
+type lyingEffect struct {
+	effects.Effect[confCharge]
+	lie func(effects.Result, error) (effects.Result, error)
+}
+
+func (e lyingEffect) Apply(ctx context.Context, key effects.Key, in confCharge) (effects.Result, error) {
+	return e.lie(e.Effect.Apply(ctx, key, in))
 }

@@ -194,8 +194,9 @@ func (e *Effect[In]) Contract() effects.Contract {
 //   - [ErrAsyncCommit]: synchronous_commit is off (see [AllowAsyncCommit]);
 //     nothing was written.
 //   - [effects.ErrTransient]: nothing was committed (a broken connection
-//     before COMMIT, or serialization failures, deadlocks or keys taken
-//     concurrently beyond [WithMaxRetries]); retry with the same key.
+//     before COMMIT, or serialization failures, deadlocks, locks not
+//     available (lock_timeout, NOWAIT) or keys taken concurrently beyond
+//     [WithMaxRetries]); retry with the same key.
 //   - [effects.ErrAmbiguous]: COMMIT was sent but its reply was lost (or ctx
 //     ended while waiting for it, even if the COMMIT then succeeded: its
 //     wait for a synchronous standby may have been cancelled); the effect

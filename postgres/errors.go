@@ -39,10 +39,12 @@ var ErrAsyncCommit = errors.New("synchronous_commit is off, so an acknowledged c
 	"set synchronous_commit=on, or use AllowAsyncCommit when the adapter is not used for ack-after-commit")
 
 // SQLSTATEs the server raises when a transaction lost a race and retrying
-// it whole is expected to succeed.
+// it whole is expected to succeed (40001, 40P01, 55P03), and others the
+// package classifies.
 const (
 	sqlstateSerializationFailure = "40001"
 	sqlstateDeadlockDetected     = "40P01"
+	sqlstateLockNotAvailable     = "55P03"
 	sqlstateUndefinedTable       = "42P01"
 	sqlstateUniqueViolation      = "23505"
 )
@@ -82,10 +84,21 @@ func preprocessingFailed(ctx context.Context, op string, key effects.Key, err er
 	return classify(ctx, op, key, err, false, broken), true
 }
 
+// lostRace reports whether SQLSTATE code says the transaction lost a race
+// for a row or a lock and was rolled back: retrying it whole is expected
+// to succeed.
+func lostRace(code string) bool {
+	switch code {
+	case sqlstateSerializationFailure, sqlstateDeadlockDetected, sqlstateLockNotAvailable:
+		return true
+	}
+	return false
+}
+
 // classified is the verdict on an error from one transaction attempt.
 type classified struct {
 	err    error // what to return
-	retry  bool  // the whole transaction may be retried internally (40001, 40P01)
+	retry  bool  // the whole transaction may be retried internally (40001, 40P01, 55P03)
 	lookUp bool  // an attempt that did not look its key up first found it taken: look it up at once
 }
 
@@ -93,9 +106,10 @@ type classified struct {
 // key, to what the caller sees. It is the one place that decides what
 // "retryable" means for this package:
 //
-//   - 40001 serialization_failure and 40P01 deadlock_detected, reported as an
-//     ERROR (so the transaction was rolled back): retry internally; if
-//     retries run out, [effects.Transient].
+//   - 40001 serialization_failure, 40P01 deadlock_detected and 55P03
+//     lock_not_available (lock_timeout, NOWAIT), reported as an ERROR (so
+//     the transaction was rolled back), by a statement or by COMMIT:
+//     retry internally; if retries run out, [effects.Transient].
 //   - committing is true when err came from COMMIT (or from an autocommit
 //     statement, which is its own COMMIT). Unless pgconn reports that nothing
 //     was sent, an error there is [effects.Ambiguous], because the server may
@@ -118,7 +132,7 @@ func classify(ctx context.Context, op string, key effects.Key, err error, commit
 		// Nothing ran: the statement was refused before it started.
 		return classified{err: missingTable(where(op, key), pgErr, err)}
 	}
-	if isPg && isError(pgErr) && (pgErr.Code == sqlstateSerializationFailure || pgErr.Code == sqlstateDeadlockDetected) {
+	if isPg && isError(pgErr) && lostRace(pgErr.Code) {
 		return classified{err: effects.Transient(op, key, err), retry: true}
 	}
 	if committing && !pgconn.SafeToRetry(err) {

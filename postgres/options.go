@@ -116,8 +116,8 @@ func WithFingerprint[In any](f func(In) ([]byte, error)) Option {
 
 // WithMaxRetries sets how many times Apply and ApplyBatch retry the whole
 // transaction, after a short jittered backoff, when it lost a race:
-// PostgreSQL aborted it with a serialization failure (40001) or a deadlock
-// (40P01), or a concurrent transaction committed the same key first (seen
+// PostgreSQL aborted it with a serialization failure (40001), a deadlock
+// (40P01) or a lock not available (55P03: lock_timeout, NOWAIT), or a concurrent transaction committed the same key first (seen
 // at the key's INSERT, or by Apply after its write failed). After the
 // last retry they return an [effects.ErrTransient] error: this call
 // applied nothing, and a retry with the same key replays what the other

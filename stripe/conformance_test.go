@@ -2,6 +2,7 @@ package stripe
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"sync"
 	"testing"
@@ -75,8 +76,39 @@ func newHarness(t testing.TB, newEffect func(api *client.API, now func() time.Ti
 
 func (h *harness) Make(ctx context.Context, f *conformance.Faults) (effects.Effect[PaymentIntent], func(), error) {
 	tr := f.Transport(nil)
+	if h.srv != nil {
+		f.SetAppFaulter(appFaulter(h.srv))
+	}
 	api := stripetest.ClientAt(h.url, &http.Client{Transport: tr})
 	return h.newEffect(api), tr.CloseIdleConnections, nil
+}
+
+// AppFaultCodes are the application errors appFaulter makes the server
+// answer (conformance.AppFaultCodes).
+func (h *harness) AppFaultCodes() []string { return conformance.HTTPAppCodes }
+
+// appFaulter makes srv answer the request about to be sent
+// (conformance.AppFaulter) with a failure Stripe does not store under
+// the idempotency key: 409 idempotency_key_in_use for a concurrent
+// request with the key (ConflictNext), a 5xx from in front of the API
+// before the request reached it (FailNextInFront), or after the API
+// executed it and stored its response (FailNextReplyInFront). A 500 of
+// Stripe's own is stored and replayed to every retry (FailNext), so it is
+// no fault a retry can get through.
+func appFaulter(srv *stripetest.Server) conformance.AppFaulter {
+	return func(e *conformance.AppError) error {
+		switch st := e.HTTPStatus(); {
+		case st == http.StatusConflict && !e.Applied:
+			srv.ConflictNext(1)
+		case st >= 500 && !e.Applied:
+			srv.FailNextInFront(1, st)
+		case st >= 500:
+			srv.FailNextReplyInFront(1, st)
+		default:
+			return fmt.Errorf("stripetest answers no application error %q", e.Code)
+		}
+		return nil
+	}
 }
 
 // Attachment is the server's URL (conformance.Attacher): a successor
@@ -159,8 +191,8 @@ func TestConformanceWithJournal(t *testing.T) {
 // lose that a restart keeps). The slow replies are held 300 ms, far under
 // stripe-go's 80 s timeout: the adapter waits for them.
 var allowStripetest = conformance.AllowUnverified("stripetest stands for Stripe's own key store: it evicts no key, so 1,000 keys show what 5,000 would, "+
-	"and it is a server in the test's memory, with nothing a crash loses that a restart keeps, and no switch to answer a 5xx on demand",
-	conformance.ScenarioKeyCapacity, conformance.ScenarioCrashRestart, conformance.ScenarioAppFaults)
+	"and it is a server in the test's memory, with nothing a crash loses that a restart keeps",
+	conformance.ScenarioKeyCapacity, conformance.ScenarioCrashRestart)
 
 // requireVerified requires every field verified, or left unverified only
 // with the reason the harness gave.

@@ -129,3 +129,55 @@ func TestCounterexampleHorizonWithoutJournalFails(t *testing.T) {
 		t.Errorf("Horizon field: %s, want FAILED", f)
 	}
 }
+
+// newKeyOnConflict takes Stripe's 409 idempotency_key_in_use for a key
+// that is stuck and sends the request again at once under a new key
+// derived from it: when the conflicting request was a duplicate that
+// goes on to create the PaymentIntent (or the suite's redelivery sends
+// the real key), the customer is charged twice.
+type newKeyOnConflict struct {
+	api *client.API
+	e   effect
+}
+
+func (c *newKeyOnConflict) Contract() effects.Contract { return c.e.contract }
+
+func (c *newKeyOnConflict) Apply(ctx context.Context, key effects.Key, in PaymentIntent) (effects.Result, error) {
+	if err := c.e.validate(key); err != nil {
+		return effects.Result{}, err
+	}
+	params := in.params()
+	params.Context = ctx
+	params.SetIdempotencyKey(string(key))
+	pi, err := c.api.PaymentIntents.New(params)
+	var se *stripego.Error
+	if errors.As(err, &se) && se.HTTPStatusCode == 409 {
+		params = in.params()
+		params.Context = ctx
+		params.SetIdempotencyKey(string(key) + ":retry") // the bug
+		pi, err = c.api.PaymentIntents.New(params)
+	}
+	if err != nil {
+		return effects.Result{}, c.e.classify(key, err)
+	}
+	return effects.Result{Status: effects.Applied, Ref: pi.ID}, nil
+}
+
+// app-faults answers an Apply with Stripe's 409 idempotency_key_in_use
+// (stripetest's ConflictNext, nothing stored): the liar creates the
+// PaymentIntent under its new key, and the retry with the real key
+// creates a second one.
+func TestCounterexampleNewKeyOnConflictFails(t *testing.T) {
+	rep := conformance.Evaluate(t, "counterexample: new key on 409", func(t testing.TB) conformance.Harness[PaymentIntent] {
+		h := newHarness(t, func(api *client.API, _ func() time.Time) effects.Effect[PaymentIntent] {
+			return &newKeyOnConflict{api: api, e: must(newEffect("counterexample", "newKeyOnConflict.Apply", nil))}
+		})
+		h.count = func(key effects.Key) int { return h.srv.CreatedWithMetadata("effect_key", string(key)) }
+		return h
+	}, conformance.Only(conformance.ScenarioAppFaults))
+	row, _ := rep.Row(conformance.ScenarioAppFaults)
+	if row.Verdict != conformance.Fail || row.MaxEffects < 2 {
+		t.Fatalf("app-faults: %s with at most %d PaymentIntents per key, want FAIL with a duplicate (notes %v)", row.Verdict, row.MaxEffects, row.Notes)
+	}
+	t.Logf("caught: %s", row.Failures[0])
+}

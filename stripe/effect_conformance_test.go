@@ -31,8 +31,13 @@ var (
 	_ conformance.Ager                              = (*customerHarness)(nil)
 )
 
+// AppFaultCodes are the application errors appFaulter makes the server
+// answer (conformance.AppFaultCodes).
+func (h *customerHarness) AppFaultCodes() []string { return conformance.HTTPAppCodes }
+
 func (h *customerHarness) Make(ctx context.Context, f *conformance.Faults) (effects.Effect[*stripego.CustomerParams], func(), error) {
 	tr := f.Transport(nil)
+	f.SetAppFaulter(appFaulter(h.srv))
 	api := h.srv.Client(&http.Client{Transport: tr})
 	var opts []Option
 	if h.journal != nil {
@@ -83,16 +88,15 @@ func TestConformanceGenericCustomers(t *testing.T) {
 				return h
 			}, conformance.WithCapacity(1000), conformance.WithSlowReply(300*time.Millisecond), // as TestConformance
 				conformance.AllowUnverified("stripetest evicts no key and is a server in the test's memory (see allowStripetest); "+
-					"its clients are built from the server value, which a child process lacks; it has no switch to answer a 5xx on demand",
-					conformance.ScenarioKeyCapacity, conformance.ScenarioCrashRestart, conformance.ScenarioProcess, conformance.ScenarioAppFaults))
+					"its clients are built from the server value, which a child process lacks",
+					conformance.ScenarioKeyCapacity, conformance.ScenarioCrashRestart, conformance.ScenarioProcess))
 			for _, row := range rep.Rows {
 				// successor-process needs an Attacher: stripetest's clients are
 				// built from the server value, which a child process lacks. No
-				// CrashRestarter: stripetest and memjournal live in memory. No
-				// application faults: stripetest has no switch for them.
+				// CrashRestarter: stripetest and memjournal live in memory.
 				// key-scope and key-bytes do not apply to this harness.
 				if row.Verdict != conformance.Pass && !row.NotApplicable && row.Scenario != conformance.ScenarioProcess &&
-					row.Scenario != conformance.ScenarioCrashRestart && row.Scenario != conformance.ScenarioAppFaults {
+					row.Scenario != conformance.ScenarioCrashRestart {
 					t.Errorf("%s: %s, want pass", row.Scenario, row.Verdict)
 				}
 			}

@@ -22,7 +22,12 @@
 // body holds [DeclineMarker] is declined, as a test card is; [Server.Age]
 // makes its keys older through its own clock (a conformance.Ager that
 // reaches the key store), and [Server.CrashRestart] kills and restarts
-// it. It can also misbehave, so that a test can
+// it. Failures can be injected as the key's stored response
+// ([Server.FailNext], [Server.FailNextAfterCreate]) or without touching
+// the key store: a 409 for a concurrent request ([Server.ConflictNext])
+// and a 5xx from in front of the server, before the request reached it
+// ([Server.FailNextInFront]) or after it was executed and its response
+// stored ([Server.FailNextReplyInFront]). It can also misbehave, so that a test can
 // show what the conformance suite makes of a contract that claims more
 // than the server does: a server without a replay signal
 // ([WithReplayHeader] left out, or [WithoutReplayHeader]) under an effect

@@ -363,6 +363,8 @@ type Server struct {
 	requests  int
 	limitNext int
 	failNext  []failure
+	front     []failure       // FailNextInFront's and FailNextReplyInFront's (afterCreate: after the server)
+	conflicts int             // ConflictNext's
 	gate      chan struct{}   // closed by Hold's release; nil: requests execute at once
 	held      chan<- struct{} // told of each request the gate holds
 }
@@ -537,6 +539,46 @@ func (s *Server) FailNextAfterCreate(n int, status int) {
 	}
 }
 
+// FailNextInFront makes the next n requests, of any kind, get status
+// from something in front of the server (a load balancer, a gateway, a
+// proxy that sheds load) without reaching it: nothing executes and
+// nothing is stored under the key, so a retry with the key executes.
+// This is the 5xx a vendor's documentation says to retry with the same
+// key, because the request "never reached" its idempotency layer.
+func (s *Server) FailNextInFront(n int, status int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for range n {
+		s.front = append(s.front, failure{status: status})
+	}
+}
+
+// FailNextReplyInFront makes the next n requests reach the server, which
+// runs each through its idempotency layer as usual (executing it and
+// storing its response under the key), while the client gets status from
+// something in front of the server instead of the response: a gateway
+// that gave up waiting (504) or lost the upstream's reply (502). A retry
+// with the key gets the stored response.
+func (s *Server) FailNextReplyInFront(n int, status int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for range n {
+		s.front = append(s.front, failure{status: status, afterCreate: true})
+	}
+}
+
+// ConflictNext makes the next n requests that carry a valid key get the
+// in-flight answer ([WithInFlightStatus], in the preset's vendor's
+// format), as if another request with the key were executing (a
+// duplicate another process sent at the same moment): nothing executes
+// and nothing is stored, as vendors document for a concurrent request
+// (Stripe's 409 idempotency_key_in_use, the draft's 409).
+func (s *Server) ConflictNext(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.conflicts += n
+}
+
 // Hold makes every request that begins executing from now on wait, its
 // key held in flight (a repeat gets the in-flight status), until release
 // is called; held receives a value as each request begins to wait, so a
@@ -595,7 +637,24 @@ type problem struct {
 func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.requests++
+	var front *failure
+	if len(s.front) > 0 {
+		front = &s.front[0]
+		s.front = s.front[1:]
+	}
 	s.mu.Unlock()
+	if front != nil {
+		if front.afterCreate {
+			s.route(httptest.NewRecorder(), r) // the server answers; the reply is lost in front of it
+		}
+		writeProblem(w, front.status, http.StatusText(front.status), "injected in front of the server")
+		return
+	}
+	s.route(w, r)
+}
+
+// route answers a request that reached the server.
+func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.token != "" && r.Header.Get("Authorization") != "Bearer "+s.cfg.token {
 		writeProblem(w, http.StatusUnauthorized, "Unauthorized", "missing or wrong bearer token")
 		return
@@ -637,6 +696,12 @@ func (s *Server) post(w http.ResponseWriter, r *http.Request) {
 		s.mu.Unlock()
 		w.Header().Set("Retry-After", "1")
 		writeProblem(w, http.StatusTooManyRequests, "Too many requests", "rate limited before the idempotency layer")
+		return
+	}
+	if s.conflicts > 0 {
+		s.conflicts--
+		s.mu.Unlock()
+		s.writeInFlight(w)
 		return
 	}
 	now := s.now()

@@ -290,3 +290,35 @@ func TestVendorModes(t *testing.T) {
 		}
 	})
 }
+
+// TestFailuresNotStored: a failure in front of the server executes
+// nothing and stores nothing; one on the way back stores the server's
+// answer, which the retry replays; a conflict stores nothing.
+func TestFailuresNotStored(t *testing.T) {
+	srv := httpkeytest.Start(t)
+	hdr := func(k string) map[string]string { return map[string]string{"Idempotency-Key": `"` + k + `"`} }
+
+	srv.FailNextInFront(1, 503)
+	if status, _, _ := send(t, srv, hdr("f1"), `{}`); status != 503 || srv.Count("f1") != 0 {
+		t.Fatalf("in front: %d and %d objects, want 503 and none", status, srv.Count("f1"))
+	}
+	if status, _, _ := send(t, srv, hdr("f1"), `{}`); status != 201 || srv.Count("f1") != 1 {
+		t.Errorf("the retry: %d and %d objects, want it executed (201, 1)", status, srv.Count("f1"))
+	}
+
+	srv.FailNextReplyInFront(1, 502)
+	if status, _, _ := send(t, srv, hdr("f2"), `{}`); status != 502 || srv.Count("f2") != 1 {
+		t.Fatalf("reply lost in front: %d and %d objects, want 502 and one", status, srv.Count("f2"))
+	}
+	if status, _, _ := send(t, srv, hdr("f2"), `{}`); status != 201 || srv.Count("f2") != 1 {
+		t.Errorf("the retry: %d and %d objects, want the stored 201 replayed (1)", status, srv.Count("f2"))
+	}
+
+	srv.ConflictNext(1)
+	if status, _, _ := send(t, srv, hdr("f3"), `{}`); status != 409 || srv.Count("f3") != 0 {
+		t.Fatalf("a conflict: %d and %d objects, want 409 and none", status, srv.Count("f3"))
+	}
+	if status, _, _ := send(t, srv, hdr("f3"), `{}`); status != 201 || srv.Count("f3") != 1 {
+		t.Errorf("the retry: %d and %d objects, want it executed (201, 1)", status, srv.Count("f3"))
+	}
+}

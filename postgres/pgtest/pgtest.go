@@ -15,6 +15,9 @@
 //     stallable [Proxy], and [Pair.Failover]; or the parts:
 //     [Cluster.NewStandby], [Cluster.SetSynchronousStandbys], [Failover],
 //     [ReadWriteURL].
+//   - [InstallAppFaults]: triggers that make the server answer a SQLSTATE
+//     (40001, 40P01, 55P03) on demand, the connection up: a conformance
+//     harness's application faults.
 //
 // A package that uses DB, DBWith, DedicatedDB or [Shared] must stop the
 // shared clusters when its tests finish, by having this TestMain:

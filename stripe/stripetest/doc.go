@@ -40,8 +40,11 @@
 // The server counts what it created per idempotency key ([Server.Created],
 // [Server.Total], [Server.CreatedWithMetadata]): that is the backend's own
 // count, which the conformance suite compares with what an adapter
-// claims. Failures can be injected ([Server.FailNext],
-// [Server.FailNextAfterCreate], [Server.RateLimitNext]), requests can be
+// claims. Failures can be injected: Stripe's own, stored under the key
+// ([Server.FailNext], [Server.FailNextAfterCreate]), and those Stripe
+// does not store ([Server.RateLimitNext], [Server.ConflictNext], and a
+// proxy's in front of the API, [Server.FailNextInFront] and
+// [Server.FailNextReplyInFront]); requests can be
 // slowed to create in-flight overlap ([WithLatency]), and the server can
 // be restarted with its state ([Server.Restart]).
 //

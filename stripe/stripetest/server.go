@@ -83,6 +83,8 @@ type Server struct {
 	requests int
 	limits   []time.Duration // requests to answer with 429 before the idempotency layer, with their Retry-After (0: none)
 	failNext []failure       // executing requests to fail
+	front    []failure       // requests to fail in front of the API (FailNextInFront, FailNextReplyInFront)
+	conflict int             // POSTs with a key to answer 409 idempotency_key_in_use (ConflictNext)
 	rng      *rand.Rand
 
 	revoked    map[string]bool   // API keys answered with 401
@@ -264,6 +266,42 @@ func (s *Server) FailNext(n int, status int) {
 	}
 }
 
+// FailNextInFront makes the next n requests, of any kind, get status
+// from something between the client and Stripe's API (a load balancer, an
+// egress proxy) without reaching the API: nothing executes and nothing
+// is stored under the idempotency key, so a retry with the key executes.
+func (s *Server) FailNextInFront(n int, status int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for range n {
+		s.front = append(s.front, failure{status: status})
+	}
+}
+
+// FailNextReplyInFront makes the next n requests reach the API, which
+// runs each as usual (executing it and storing its response under the
+// idempotency key), while the client gets status from something in front
+// of the API instead of the response: a proxy that gave up waiting (504)
+// or lost the reply (502). A retry with the key gets the stored response.
+func (s *Server) FailNextReplyInFront(n int, status int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for range n {
+		s.front = append(s.front, failure{status: status, afterCreate: true})
+	}
+}
+
+// ConflictNext makes the next n POSTs with an idempotency key get 409
+// idempotency_key_in_use, as if another request with the key were in
+// progress (a duplicate another process sent at the same moment):
+// nothing executes and, as Stripe documents for a request that conflicted
+// with a concurrent one, nothing is stored under the key.
+func (s *Server) ConflictNext(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.conflict += n
+}
+
 // RateLimitNext makes the next n POSTs of any kind, replays included, get
 // 429 from the rate limiter with the header "Retry-After" saying
 // retryAfter (in whole seconds, at least 1), before the idempotency layer:
@@ -405,9 +443,8 @@ func (s *Server) handler() http.Handler {
 		writeError(w, &apiError{status: http.StatusNotFound, Type: "invalid_request_error",
 			Message: fmt.Sprintf("Unrecognized request URL (%s: %s).", r.Method, r.URL.Path)})
 	})
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
-		s.requests++
 		id := s.newID("req_")
 		s.mu.Unlock()
 		w.Header().Set("Request-Id", id)
@@ -433,6 +470,25 @@ func (s *Server) handler() http.Handler {
 			return
 		}
 		mux.ServeHTTP(w, r)
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		s.requests++
+		var front *failure
+		if len(s.front) > 0 {
+			front = &s.front[0]
+			s.front = s.front[1:]
+		}
+		s.mu.Unlock()
+		if front == nil {
+			api.ServeHTTP(w, r)
+			return
+		}
+		if front.afterCreate {
+			api.ServeHTTP(httptest.NewRecorder(), r) // the API answers; the reply is lost in front of it
+		}
+		writeError(w, &apiError{status: front.status, Type: "api_error",
+			Message: fmt.Sprintf("%s (injected in front of the API).", http.StatusText(front.status))})
 	})
 }
 
@@ -503,6 +559,12 @@ func (s *Server) post(w http.ResponseWriter, r *http.Request, validate validator
 			Message: "Too many requests hit the API too quickly."})
 		return
 	}
+	if key != "" && s.conflict > 0 {
+		s.conflict--
+		s.mu.Unlock()
+		writeError(w, keyInUse())
+		return
+	}
 	var e *entry
 	if key != "" {
 		if old := s.keys[sk]; old != nil && s.cfg.now().Sub(old.first) < s.cfg.horizon {
@@ -555,6 +617,13 @@ func (s *Server) post(w http.ResponseWriter, r *http.Request, validate validator
 	writeJSON(w, status, b)
 }
 
+// keyInUse is Stripe's answer to a request whose idempotency key another
+// request in progress holds.
+func keyInUse() *apiError {
+	return &apiError{status: http.StatusConflict, Type: "invalid_request_error", Code: "idempotency_key_in_use",
+		Message: "There is currently another in-progress request using this Idempotency-Key. Please try again later."}
+}
+
 // answerKnown answers a request whose key is remembered: 409 while the
 // first request executes, 400 for other parameters, else the replay.
 func (s *Server) answerKnown(w http.ResponseWriter, r *http.Request, e *entry, key, params string) {
@@ -563,8 +632,7 @@ func (s *Server) answerKnown(w http.ResponseWriter, r *http.Request, e *entry, k
 	s.mu.Unlock()
 	switch {
 	case !done:
-		writeError(w, &apiError{status: http.StatusConflict, Type: "invalid_request_error", Code: "idempotency_key_in_use",
-			Message: "There is currently another in-progress request using this Idempotency-Key. Please try again later."})
+		writeError(w, keyInUse())
 	case path != r.URL.Path:
 		writeError(w, &apiError{status: http.StatusBadRequest, Type: "idempotency_error",
 			Message: fmt.Sprintf("Keys for idempotent requests can only be used for the same endpoint they were first used for ('%s' vs '%s'). Try using a key other than '%s' if you meant to execute a different request.", r.URL.Path, path, key)})

@@ -294,6 +294,43 @@ func TestValidationFailureIsNotStored(t *testing.T) {
 	wantCreated(t, srv, "k", 1)
 }
 
+// A failure in front of the API stores nothing and executes nothing; a
+// reply lost in front of it leaves the API's stored response, which the
+// retry replays; a conflict stores nothing.
+func TestFailuresInFrontAndConflictsAreNotStored(t *testing.T) {
+	srv := stripetest.Start(t)
+	api := newClient(t, srv)
+
+	srv.FailNextInFront(1, 503)
+	_, err := api.PaymentIntents.New(piParams("front", 2000))
+	stripeErr(t, err, 503, stripego.ErrorTypeAPI)
+	wantCreated(t, srv, "front", 0)
+	if pi, err := api.PaymentIntents.New(piParams("front", 2000)); err != nil || replayed(pi.LastResponse) {
+		t.Fatalf("retry after a 503 in front: %v, want a fresh success", err)
+	}
+	wantCreated(t, srv, "front", 1)
+
+	srv.FailNextReplyInFront(1, 502)
+	_, err = api.PaymentIntents.New(piParams("lost", 2000))
+	stripeErr(t, err, 502, stripego.ErrorTypeAPI)
+	wantCreated(t, srv, "lost", 1)
+	if pi, err := api.PaymentIntents.New(piParams("lost", 2000)); err != nil || !replayed(pi.LastResponse) {
+		t.Fatalf("retry after a reply lost in front: %v, want the stored response replayed", err)
+	}
+	wantCreated(t, srv, "lost", 1)
+
+	srv.ConflictNext(1)
+	_, err = api.PaymentIntents.New(piParams("busy", 2000))
+	if se := stripeErr(t, err, 409, stripego.ErrorTypeInvalidRequest); se.Code != "idempotency_key_in_use" {
+		t.Errorf("code %q, want idempotency_key_in_use", se.Code)
+	}
+	wantCreated(t, srv, "busy", 0)
+	if pi, err := api.PaymentIntents.New(piParams("busy", 2000)); err != nil || replayed(pi.LastResponse) {
+		t.Fatalf("retry after a conflict: %v, want a fresh success", err)
+	}
+	wantCreated(t, srv, "busy", 1)
+}
+
 type clock struct {
 	mu  sync.Mutex
 	now time.Time

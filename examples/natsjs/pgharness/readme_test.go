@@ -7,6 +7,7 @@ package pgharness_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"testing"
 	"time"
@@ -27,16 +28,14 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 // scenario of the suite, and requires every field of the contract to be
 // verified: the harness ages the dedup rows (the horizon), restarts and
 // crashes its own cluster, lets a child process attach to the database,
-// and the suite holds replies late (the adapter sets no deadline of its
-// own, so it waits for them).
+// makes the server answer application errors (appFault), and the suite
+// holds replies late (the adapter sets no deadline of its own, so it
+// waits for them).
 func TestConformance(t *testing.T) {
 	opts := []conformance.Option{conformance.WithSlowReply(300 * time.Millisecond), conformance.WithSuccessorProcess(attach)}
-	noApp := "PostgreSQL is reached over its wire protocol, and the harness cannot make it answer an application error (40001, 40P01) on demand"
 	if os.Getenv("DATABASE_URL") != "" {
-		opts = append(opts, conformance.AllowUnverified(noApp+"; DATABASE_URL's server is not the test's to restart or crash",
-			conformance.ScenarioAppFaults, conformance.ScenarioRestart, conformance.ScenarioCrashRestart))
-	} else {
-		opts = append(opts, conformance.AllowUnverified(noApp, conformance.ScenarioAppFaults))
+		opts = append(opts, conformance.AllowUnverified("DATABASE_URL's server is not the test's to restart or crash",
+			conformance.ScenarioRestart, conformance.ScenarioCrashRestart))
 	}
 	rep := conformance.Run(t, "postgres", newConfHarness, opts...)
 	for _, f := range rep.Fields {
@@ -66,6 +65,7 @@ type confCharge struct {
 type confHarness struct {
 	url string
 	db  *pgxpool.Pool
+	af  *pgtest.AppFaults // nil in a successor process
 }
 
 func newConfHarness(t testing.TB) conformance.Harness[confCharge] {
@@ -82,7 +82,11 @@ func newConfHarness(t testing.TB) conformance.Harness[confCharge] {
 	if _, err := db.Exec(context.Background(), `CREATE TABLE conf_ledger (id bigserial PRIMARY KEY, event_id text NOT NULL, cents bigint NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	h := &confHarness{url: url, db: db}
+	af, err := pgtest.InstallAppFaults(context.Background(), db, "conf_ledger", "effectively_keys")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &confHarness{url: url, db: db, af: af}
 	if restart == nil {
 		return h // DATABASE_URL is set: its server is not ours to restart
 	}
@@ -110,6 +114,9 @@ func (h *confHarness) Make(ctx context.Context, f *conformance.Faults) (effects.
 	if err != nil {
 		return nil, nil, err
 	}
+	if h.af != nil {
+		f.SetAppFaulter(h.appFault)
+	}
 	eff, err := postgres.New(pool, "conformance", func(ctx context.Context, tx pgx.Tx, in confCharge) (id string, err error) {
 		err = tx.QueryRow(ctx, `INSERT INTO conf_ledger (event_id, cents) VALUES ($1, $2) RETURNING id::text`, in.EventID, in.Cents).Scan(&id)
 		return id, err
@@ -122,8 +129,38 @@ func (h *confHarness) Input(key effects.Key, variant int) confCharge {
 	return confCharge{EventID: string(key), Cents: int64(1000 + variant)}
 }
 
-// Count and Total read the backend itself, never the adapter's bookkeeping.
+// AppFaultCodes are the SQLSTATEs appFault makes the server answer
+// (conformance.AppFaultCodes).
+func (h *confHarness) AppFaultCodes() []string {
+	return []string{conformance.AppSerialization, conformance.AppDeadlock, conformance.AppLockTimeout}
+}
+
+// appFault makes the real server fail the Apply whose round trip is about
+// to start (conformance.AppFaulter): 40001 at the COMMIT of a transaction
+// that wrote, 40P01 and 55P03 at its next write. PostgreSQL rolls the
+// transaction back either way and reports no ERROR for one it committed,
+// so a fault after the request was applied is refused.
+func (h *confHarness) appFault(e *conformance.AppError) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	switch {
+	case e.Applied:
+		return errors.New("PostgreSQL reports no ERROR for a transaction it committed")
+	case e.Code == conformance.AppSerialization:
+		return h.af.FailNextCommit(ctx, e.Code)
+	}
+	return h.af.FailNextWrite(ctx, e.Code)
+}
+
+// Count and Total read the backend itself, never the adapter's
+// bookkeeping. Count first disarms a fault that did not fire (an Apply
+// that wrote nothing), so that it fails no later Apply.
 func (h *confHarness) Count(ctx context.Context, key effects.Key) (n int, err error) {
+	if h.af != nil {
+		if err := h.af.Disarm(ctx); err != nil {
+			return 0, err
+		}
+	}
 	err = h.db.QueryRow(ctx, `SELECT count(*) FROM conf_ledger WHERE event_id = $1`, string(key)).Scan(&n)
 	return n, err
 }
