@@ -29,10 +29,9 @@ import (
 // scenarios race duplicates across groups in flight together.
 func TestConformanceGrouped(t *testing.T) {
 	why := []string{
-		"PostgreSQL is reached over its wire protocol, and the harness cannot make it answer an application error (40001, 40P01) on demand",
 		"one dedup table (effectively_keys) for every shape: key-capacity runs at full size in TestConformance on postgres.New's default shape, whose Applies run alone there",
 	}
-	left := []string{conformance.ScenarioAppFaults, conformance.ScenarioKeyCapacity}
+	left := []string{conformance.ScenarioKeyCapacity}
 	if os.Getenv("DATABASE_URL") != "" {
 		why = append(why, "DATABASE_URL's server is not the test's to restart or crash")
 		left = append(left, conformance.ScenarioRestart, conformance.ScenarioCrashRestart)
@@ -112,6 +111,7 @@ func (h *groupedHarness) Make(ctx context.Context, f *conformance.Faults) (effec
 	if err != nil {
 		return nil, nil, err
 	}
+	f.SetAppFaulter(h.appFault) // the server answers the suite's application faults (see confHarness.appFault)
 	eff, err := postgres.New(pool, "conformance", func(ctx context.Context, tx pgx.Tx, in confCharge) (id string, err error) {
 		table := "conf_ledger"
 		if strings.HasPrefix(in.EventID, companionPrefix) {
