@@ -18,8 +18,8 @@ import (
 	"golang.org/x/time/rate"
 
 	"effectively.dev/effects"
+	"effectively.dev/internal/ratelog"
 	"effectively.dev/kafka/internal/produce"
-	"effectively.dev/observe/ratelog"
 )
 
 // RedriveOption configures [Redrive]: which dead letters move, where, and

@@ -5,7 +5,7 @@ import (
 	"log/slog"
 
 	"effectively.dev/effects"
-	"effectively.dev/observe/ratelog"
+	"effectively.dev/internal/ratelog"
 )
 
 // SourceOption configures a [Source]; see [NewSource]. Options only

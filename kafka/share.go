@@ -12,7 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
-	"effectively.dev/observe/ratelog"
+	"effectively.dev/internal/ratelog"
 )
 
 // ErrLockExpired is returned (wrapped) by [ShareSource.Ack] and

@@ -17,7 +17,7 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/retry"
-	"effectively.dev/observe/ratelog"
+	"effectively.dev/internal/ratelog"
 )
 
 // ErrRevoked is returned (wrapped) by [Source.Ack] for a delivery whose

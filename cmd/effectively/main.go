@@ -77,9 +77,9 @@ import (
 	"golang.org/x/time/rate"
 
 	"effectively.dev/effects"
+	"effectively.dev/internal/ratelog"
 	"effectively.dev/kafka"
 	"effectively.dev/kafka/outbox"
-	"effectively.dev/observe/ratelog"
 )
 
 func main() {

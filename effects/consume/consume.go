@@ -12,7 +12,7 @@ import (
 	"effectively.dev/effects"
 	"effectively.dev/effects/consume/internal/sched"
 	"effectively.dev/effects/retry"
-	"effectively.dev/observe/ratelog"
+	"effectively.dev/internal/ratelog"
 )
 
 // Handler handles one delivery: it does the delivery's side effects, each

@@ -9,7 +9,7 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/retry"
-	"effectively.dev/observe/ratelog"
+	"effectively.dev/internal/ratelog"
 )
 
 // Defaults of a [Journaled], used when the matching option is not given.

@@ -18,8 +18,8 @@ import (
 	"effectively.dev/effects"
 	"effectively.dev/effects/journal"
 	"effectively.dev/effects/retry"
+	"effectively.dev/internal/ratelog"
 	"effectively.dev/kafka/internal/produce"
-	"effectively.dev/observe/ratelog"
 )
 
 // Defaults of a [Relay], used when the matching option is not given.
