@@ -10,6 +10,7 @@ import (
 
 	"effectively.dev/conformance"
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
 	"effectively.dev/effects/journal/memjournal"
 	"effectively.dev/httpkey"
 	"effectively.dev/httpkey/httpkeytest"
@@ -77,7 +78,7 @@ func (h *harness) effectOpts() []httpkey.Option {
 	if h.journal == nil {
 		return opts
 	}
-	return append(opts, httpkey.WithJournal(h.journal), httpkey.WithLease(journalLease))
+	return append(opts, httpkey.WithJournal(h.journal, journal.WithLease(journalLease)))
 }
 
 func (h *harness) Make(_ context.Context, f *conformance.Faults) (effects.Effect[Payment], func(), error) {

@@ -155,7 +155,7 @@
 //     records the ref (then they replay it, as Replayed) or its lease ends.
 //     That is what lets Apply report replays that the server does not
 //     mark, and refuse a reused key the server does not check. A lost
-//     reply costs a lease ([WithLease]): the next attempt sends the request
+//     reply costs a lease ([journal.WithLease]): the next attempt sends the request
 //     again after the lease, and the server answers with the stored
 //     response.
 //

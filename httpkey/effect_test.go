@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
 	"effectively.dev/effects/journal/memjournal"
 	"effectively.dev/httpkey"
 	"effectively.dev/httpkey/httpkeytest"
@@ -680,8 +681,8 @@ func TestNewRefusesBadConfiguration(t *testing.T) {
 		{"WithStatus", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithStatus(httpkey.Outcome(99), 409)}},
 		{"WithStatus", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithStatus(httpkey.Refused)}},
 		{"WithRef", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithRef(nil)}},
-		{"WithLease", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithLease(0)}},
-		{"WithLogger", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithLogger(nil)}},
+		{"WithLease", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithJournal(memjournal.New(nil), journal.WithLease(0))}},
+		{"WithLogger", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithJournal(memjournal.New(nil), journal.WithLogger(nil))}},
 	} {
 		_, err := httpkey.New(tc.client, tc.build, tc.opts...)
 		var ce *effects.ConfigError

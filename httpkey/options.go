@@ -2,11 +2,9 @@ package httpkey
 
 import (
 	"fmt"
-	"log/slog"
 	"net/http"
 	"time"
 
-	"effectively.dev/effects"
 	"effectively.dev/effects/journal"
 )
 
@@ -24,7 +22,7 @@ const (
 	// A longer body is not read past the limit ([WithMaxBody]).
 	DefaultMaxBody = 1 << 20
 	// DefaultTimeout bounds one call without a journal ([WithTimeout]);
-	// with one, the call ends at nine tenths of the lease ([WithLease]).
+	// with one, the call ends at nine tenths of the lease ([journal.WithLease]).
 	DefaultTimeout = 30 * time.Second
 )
 
@@ -126,10 +124,7 @@ type config struct {
 	ref         func(*http.Response, []byte) (string, error)
 	refSet      bool
 	journal     journal.Journal
-	lease       time.Duration
-	logger      *slog.Logger
-	loggerSet   bool
-	observer    effects.Observer
+	jopts       []journal.Option
 }
 
 type assignment struct {
@@ -322,7 +317,7 @@ func WithMaxBody(n int64) Option {
 // WithTimeout bounds each call without a journal (default
 // [DefaultTimeout], 30 s): a request with no answer by then ends with
 // [effects.ErrAmbiguous], and the retry with the key resolves it. With a
-// journal, the call ends at nine tenths of the lease ([WithLease]) and
+// journal, the call ends at nine tenths of the lease ([journal.WithLease]) and
 // this option does nothing. d must be positive; the caller's context and
 // the client's own Timeout still apply.
 func WithTimeout(d time.Duration) Option {
@@ -345,33 +340,11 @@ func WithPathTemplate(path func(p string) string) Option {
 // replay it from there without calling the server, however old it is:
 // the contract becomes effectively-once with Horizon 0 (until j prunes),
 // and Apply reports replays even when the server gives no replay signal.
-// The journal runs [journal.Journaled]'s protocol and policy; see the
-// package doc for how it and the server's key overlap.
-func WithJournal(j journal.Journal) Option {
-	return func(c *config) { c.journal = j }
-}
-
-// WithLease sets how long one attempt holds its key in the journal
-// (default [journal.DefaultLease]); the request ends at nine tenths of it.
-// When the journal's lease gates the call (see the package doc), a retry
-// after an unknown outcome waits for the lease to end. Without
-// [WithJournal] it does nothing. d must be positive.
-func WithLease(d time.Duration) Option {
-	return func(c *config) { c.lease = d }
-}
-
-// WithLogger sets where the effect reports what it cannot return (a
-// response the journal did not record); the default is slog.Default() at
-// the time of the event. l must not be nil.
-func WithLogger(l *slog.Logger) Option {
-	return func(c *config) { c.logger, c.loggerSet = l, true }
-}
-
-// WithObserver sends what the effect cannot return to o as events, in
-// place of log lines: [effects.EventFailed] for a response the journal did not record and for a lease it
-// could not release, [effects.EventInFlight] when another attempt holds
-// the key's lease (see [journal.WithObserver]). Without it (or with a nil
-// o) the failures go to the logger ([WithLogger]), rate-limited.
-func WithObserver(o effects.Observer) Option {
-	return func(c *config) { c.observer = o }
+// opts set the journal's lease, record timeout, observer and logger
+// ([journal.WithLease], [journal.WithRecordTimeout], ...); the request
+// ends at nine tenths of the lease. The journal runs
+// [journal.Journaled]'s protocol and policy; see the package doc for how
+// it and the server's key overlap.
+func WithJournal(j journal.Journal, opts ...journal.Option) Option {
+	return func(c *config) { c.journal, c.jopts = j, opts }
 }

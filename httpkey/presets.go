@@ -3,12 +3,10 @@ package httpkey
 import (
 	"net/http"
 	"time"
-
-	"effectively.dev/effects/journal"
 )
 
 func defaults() config {
-	c := config{lease: journal.DefaultLease, maxBody: DefaultMaxBody, timeout: DefaultTimeout, pathOf: VersionlessPath}
+	c := config{maxBody: DefaultMaxBody, timeout: DefaultTimeout, pathOf: VersionlessPath}
 	IETF()(&c)
 	return c
 }
