@@ -1,7 +1,6 @@
 package kafka
 
 import (
-	"fmt"
 	"io"
 	"log/slog"
 	"time"
@@ -9,6 +8,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"effectively.dev/effects"
+	"effectively.dev/internal/optcheck"
 	"effectively.dev/internal/ratelog"
 )
 
@@ -52,7 +52,7 @@ type common struct {
 // check returns a *effects.ConfigError for an invalid common option.
 func (c *common) check(op string) error {
 	if c.loggerSet && c.logger == nil {
-		return &effects.ConfigError{Op: op, Option: "WithLogger", Reason: "nil logger"}
+		return optcheck.Bad(op, "WithLogger", "nil logger")
 	}
 	return nil
 }
@@ -69,13 +69,16 @@ type consumerCommon struct {
 	maxPoll  int
 }
 
-// check returns a *effects.ConfigError for an invalid consumer option.
-func (c *consumerCommon) check(op string) error {
+// checkConsumer returns a *effects.ConfigError for an invalid option
+// that both sources take.
+func checkConsumer(op string, c *common, cc *consumerCommon) error {
 	switch {
-	case c.idHeader == "":
-		return &effects.ConfigError{Op: op, Option: "WithIDHeader", Reason: "empty header name"}
-	case c.maxPoll < 1:
-		return &effects.ConfigError{Op: op, Option: "WithMaxPoll", Reason: fmt.Sprintf("%d records; need at least 1", c.maxPoll)}
+	case c.loggerSet && c.logger == nil:
+		return optcheck.Bad(op, "WithLogger", "nil logger")
+	case cc.idHeader == "":
+		return optcheck.Bad(op, "WithIDHeader", "empty header name")
+	case cc.maxPoll < 1:
+		return optcheck.Bad(op, "WithMaxPoll", "%d records; need at least 1", cc.maxPoll)
 	}
 	return nil
 }
