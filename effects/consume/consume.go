@@ -12,6 +12,7 @@ import (
 	"effectively.dev/effects"
 	"effectively.dev/effects/consume/internal/sched"
 	"effectively.dev/effects/retry"
+	"effectively.dev/internal/optcheck"
 	"effectively.dev/internal/ratelog"
 )
 
@@ -470,57 +471,88 @@ func New(src effects.Source, h Handler, opts ...Option) (*Consumer, error) {
 			o(&cfg)
 		}
 	}
-	bad := func(option, format string, args ...any) (*Consumer, error) {
-		return nil, &effects.ConfigError{Op: "consume.New", Option: option, Reason: fmt.Sprintf(format, args...)}
+	if err := cfg.check(src, h); err != nil {
+		return nil, err
 	}
+	cfg.setMaxPending()
+	c := &Consumer{src: src, h: h, cfg: cfg}
+	c.log.Logger = cfg.logger
+	return c, nil
+}
+
+const ctor = "consume.New"
+
+// check validates the configuration with New's arguments.
+func (cfg *config) check(src effects.Source, h Handler) error {
 	switch {
 	case src == nil:
-		return bad("source", "nil source")
+		return optcheck.Bad(ctor, "source", "nil source")
 	case cfg.batchSet && cfg.batch == nil:
-		return bad("WithBatch", "nil batch handler")
+		return optcheck.Bad(ctor, "WithBatch", "nil batch handler")
 	case cfg.batchSet && h != nil:
-		return bad("handler", "both a Handler and a WithBatch handler; pass a nil Handler with WithBatch")
+		return optcheck.Bad(ctor, "handler", "both a Handler and a WithBatch handler; pass a nil Handler with WithBatch")
 	case !cfg.batchSet && h == nil:
-		return bad("handler", "nil handler (pass one, or use WithBatch)")
-	case cfg.concurrency < 1:
-		return bad("WithConcurrency", "%d handlers; need at least 1", cfg.concurrency)
-	case cfg.maxAttempts < 0:
-		return bad("WithMaxAttempts", "%d attempts; need 0 (retry forever) or more", cfg.maxAttempts)
-	case cfg.minBackoff <= 0:
-		return bad("WithBackoff", "min %v; need a positive pause", cfg.minBackoff)
-	case cfg.maxBackoff < cfg.minBackoff:
-		return bad("WithBackoff", "max %v is below min %v", cfg.maxBackoff, cfg.minBackoff)
+		return optcheck.Bad(ctor, "handler", "nil handler (pass one, or use WithBatch)")
 	case cfg.loggerSet && cfg.logger == nil:
-		return bad("WithLogger", "nil logger")
+		return optcheck.Bad(ctor, "WithLogger", "nil logger")
+	}
+	if err := cfg.checkPacing(); err != nil {
+		return err
+	}
+	return cfg.checkDeadLetter()
+}
+
+// checkPacing validates the options that bound concurrency, retries,
+// time and batches.
+func (cfg *config) checkPacing() error {
+	switch {
+	case cfg.concurrency < 1:
+		return optcheck.Bad(ctor, "WithConcurrency", "%d handlers; need at least 1", cfg.concurrency)
+	case cfg.maxAttempts < 0:
+		return optcheck.Bad(ctor, "WithMaxAttempts", "%d attempts; need 0 (retry forever) or more", cfg.maxAttempts)
+	case cfg.minBackoff <= 0:
+		return optcheck.Bad(ctor, "WithBackoff", "min %v; need a positive pause", cfg.minBackoff)
+	case cfg.maxBackoff < cfg.minBackoff:
+		return optcheck.Bad(ctor, "WithBackoff", "max %v is below min %v", cfg.maxBackoff, cfg.minBackoff)
 	case cfg.grace < 0:
-		return bad("WithShutdownGrace", "negative grace %v", cfg.grace)
+		return optcheck.Bad(ctor, "WithShutdownGrace", "negative grace %v", cfg.grace)
 	case cfg.attemptTimeout < 0:
-		return bad("WithAttemptTimeout", "negative limit %v (0 sets none)", cfg.attemptTimeout)
+		return optcheck.Bad(ctor, "WithAttemptTimeout", "negative limit %v (0 sets none)", cfg.attemptTimeout)
 	case cfg.inFlightWait < 0:
-		return bad("WithInFlightWait", "negative wait %v", cfg.inFlightWait)
+		return optcheck.Bad(ctor, "WithInFlightWait", "negative wait %v", cfg.inFlightWait)
 	case cfg.maxPendingSet && cfg.maxPending < 1:
-		return bad("WithMaxPending", "%d deliveries; need at least 1", cfg.maxPending)
+		return optcheck.Bad(ctor, "WithMaxPending", "%d deliveries; need at least 1", cfg.maxPending)
 	case cfg.batchSet && cfg.batchSize < 1:
-		return bad("WithBatch", "batch size %d; need at least 1", cfg.batchSize)
+		return optcheck.Bad(ctor, "WithBatch", "batch size %d; need at least 1", cfg.batchSize)
 	case cfg.batchSet && cfg.batchLinger < 0:
-		return bad("WithBatch", "negative linger %v", cfg.batchLinger)
+		return optcheck.Bad(ctor, "WithBatch", "negative linger %v", cfg.batchLinger)
+	}
+	return nil
+}
+
+// checkDeadLetter requires exactly one dead-letter decision.
+func (cfg *config) checkDeadLetter() error {
+	switch {
 	case cfg.deadLetterSet && cfg.deadLetter == nil:
-		return bad("WithDeadLetter", "nil hook (to go without one, say WithoutDeadLetter())")
+		return optcheck.Bad(ctor, "WithDeadLetter", "nil hook (to go without one, say WithoutDeadLetter())")
 	case cfg.deadLetterSet && cfg.noDeadLetter:
-		return bad("WithoutDeadLetter", "given with WithDeadLetter; choose one")
+		return optcheck.Bad(ctor, "WithoutDeadLetter", "given with WithDeadLetter; choose one")
 	case !cfg.deadLetterSet && !cfg.noDeadLetter:
-		return bad("WithDeadLetter", "no dead-letter decision: pass WithDeadLetter(hook) to move the deliveries "+
+		return optcheck.Bad(ctor, "WithDeadLetter", "no dead-letter decision: pass WithDeadLetter(hook) to move the deliveries "+
 			"the consumer gives up on aside, or WithoutDeadLetter() to park them unacked, stalling their Ordering")
 	}
+	return nil
+}
+
+// setMaxPending sets the default bound on pending deliveries when
+// [WithMaxPending] was not given: room for every handler's batch.
+func (cfg *config) setMaxPending() {
 	if !cfg.maxPendingSet {
 		cfg.maxPending = DefaultMaxPending
 		if cfg.batchSet {
 			cfg.maxPending = max(DefaultMaxPending, (cfg.concurrency+1)*cfg.batchSize)
 		}
 	}
-	c := &Consumer{src: src, h: h, cfg: cfg}
-	c.log.Logger = cfg.logger
-	return c, nil
 }
 
 // Stats returns the consumer's counters.

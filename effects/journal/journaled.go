@@ -9,6 +9,7 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/retry"
+	"effectively.dev/internal/optcheck"
 	"effectively.dev/internal/ratelog"
 )
 
@@ -191,18 +192,15 @@ func NewJournaled(op string, j Journal, opts ...Option) (*Journaled, error) {
 			o(&cfg)
 		}
 	}
-	bad := func(option, format string, args ...any) error {
-		return &effects.ConfigError{Op: "journal.NewJournaled", Option: option, Reason: fmt.Sprintf(format, args...)}
-	}
 	switch {
 	case op == "":
-		return nil, bad("op", "empty; name the effect, e.g. \"email.Send\"")
+		return nil, optcheck.Bad("journal.NewJournaled", "op", "empty; name the effect, e.g. \"email.Send\"")
 	case cfg.lease <= 0:
-		return nil, bad("WithLease", "lease %v is not positive", cfg.lease)
+		return nil, optcheck.Bad("journal.NewJournaled", "WithLease", "lease %v is not positive", cfg.lease)
 	case cfg.record <= 0:
-		return nil, bad("WithRecordTimeout", "timeout %v is not positive", cfg.record)
+		return nil, optcheck.Bad("journal.NewJournaled", "WithRecordTimeout", "timeout %v is not positive", cfg.record)
 	case cfg.loggerSet && cfg.logger == nil:
-		return nil, bad("WithLogger", "nil logger")
+		return nil, optcheck.Bad("journal.NewJournaled", "WithLogger", "nil logger")
 	}
 	return &Journaled{
 		op:          op,
