@@ -11,7 +11,7 @@
 // duplicate into that one response.
 //
 //	charges, err := httpkey.New(client, buildCharge, // func(ctx, Charge) (*http.Request, error)
-//		httpkey.IETF(), httpkey.WithHorizon(24*time.Hour),
+//		httpkey.IETF, httpkey.WithHorizon(24*time.Hour),
 //		httpkey.WithRef(httpkey.JSONField("id")),
 //		httpkey.WithJournal(pgJournal)) // effectively-once past the server's 24 h
 //	key, _ := effects.NewKey("billing", event.ID, "charge")

@@ -74,7 +74,7 @@ type Effect[In any] struct {
 //			req.Header.Set("Content-Type", "application/json")
 //			return req, nil
 //		},
-//		httpkey.IETF(), httpkey.WithHorizon(24*time.Hour), httpkey.WithRef(httpkey.JSONField("id")))
+//		httpkey.IETF, httpkey.WithHorizon(24*time.Hour), httpkey.WithRef(httpkey.JSONField("id")))
 //
 // A build error that [effects.ClassOf] does not classify is
 // [effects.ErrPoison] (the input cannot become a request); return a
@@ -84,7 +84,7 @@ func New[In any](client *http.Client, build func(ctx context.Context, in In) (*h
 	cfg := defaults()
 	for _, o := range opts {
 		if o != nil {
-			o(&cfg)
+			o.apply(&cfg)
 		}
 	}
 	if err := cfg.validate(client != nil, build != nil); err != nil {
