@@ -127,7 +127,11 @@ func MessageID(key effects.Key, domain string) string {
 type DialContextFunc func(ctx context.Context, network, addr string) (net.Conn, error)
 
 // Option configures [New]. A nil Option is ignored.
-type Option func(*config)
+type Option interface{ apply(*config) }
+
+type option func(*config)
+
+func (f option) apply(c *config) { f(c) }
 
 type config struct {
 	mailOpts []mail.Option
@@ -150,14 +154,14 @@ type config struct {
 // (use [WithDialContext]) or mail.WithSSL (implicit TLS is not supported,
 // see the package doc). An option go-mail refuses makes New fail.
 func WithMailOptions(opts ...mail.Option) Option {
-	return func(c *config) { c.mailOpts = append(c.mailOpts, opts...) }
+	return option(func(c *config) { c.mailOpts = append(c.mailOpts, opts...) })
 }
 
 // WithDialContext makes the Sender open its connections with dial instead
 // of a net.Dialer, e.g. through conformance.Faults in tests. dial must not
 // be nil.
 func WithDialContext(dial DialContextFunc) Option {
-	return func(c *config) { c.dial, c.dialSet = dial, true }
+	return option(func(c *config) { c.dial, c.dialSet = dial, true })
 }
 
 // WithJournal keeps the Sender's sent-records in j (for example
@@ -169,14 +173,14 @@ func WithDialContext(dial DialContextFunc) Option {
 // [effects.ErrInFlight], a retry after it sends again. Keep it well above
 // the time a send takes.
 func WithJournal(j journal.Journal, opts ...journal.Option) Option {
-	return func(c *config) { c.journal, c.jopts = j, opts }
+	return option(func(c *config) { c.journal, c.jopts = j, opts })
 }
 
 // WithMessageIDDomain sets the domain of every Message-ID (see
 // [MessageID]); by default it is the domain of the message's From address.
 // Fix it when From varies but the Message-ID must be predictable.
 func WithMessageIDDomain(domain string) Option {
-	return func(c *config) { c.domain = domain }
+	return option(func(c *config) { c.domain = domain })
 }
 
 // Sender is an [effects.Effect] that sends a [Message] under a key, keeping
@@ -213,7 +217,7 @@ func New(addr string, opts ...Option) (*Sender, error) {
 	cfg := config{idle: DefaultIdleSessions, idleTimeout: DefaultIdleTimeout}
 	for _, o := range opts {
 		if o != nil {
-			o(&cfg)
+			o.apply(&cfg)
 		}
 	}
 	switch {

@@ -35,7 +35,11 @@ var ErrReplayedServerError = errors.New("stripe replayed a stored server error f
 
 // Option configures an effect built by [New], [NewPaymentIntents] or
 // [NewRefunds]. A nil Option is ignored.
-type Option func(*config)
+type Option interface{ apply(*config) }
+
+type option func(*config)
+
+func (f option) apply(c *config) { f(c) }
 
 type config struct {
 	journal journal.Journal
@@ -54,7 +58,7 @@ type config struct {
 // gate the call. The journal runs [journal.Journaled]'s protocol and
 // policy.
 func WithJournal(j journal.Journal, opts ...journal.Option) Option {
-	return func(c *config) { c.journal, c.jopts = j, opts }
+	return option(func(c *config) { c.journal, c.jopts = j, opts })
 }
 
 // WithCheckClient gives an effect built by [New] the stripe-go client its
@@ -62,7 +66,7 @@ func WithJournal(j journal.Journal, opts ...journal.Option) Option {
 // whose method New was given. [NewPaymentIntents] and [NewRefunds] use
 // their own client and need no such option. api must not be nil.
 func WithCheckClient(api *client.API) Option {
-	return func(c *config) { c.api, c.apiSet = api, true }
+	return option(func(c *config) { c.api, c.apiSet = api, true })
 }
 
 // effect is what every Stripe effect shares: its name, the journaled
@@ -79,7 +83,7 @@ func newEffect(ctor, op string, opts []Option) (effect, error) {
 	var cfg config
 	for _, o := range opts {
 		if o != nil {
-			o(&cfg)
+			o.apply(&cfg)
 		}
 	}
 	if cfg.apiSet && (cfg.api == nil || cfg.api.Balance == nil) {

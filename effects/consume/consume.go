@@ -114,7 +114,11 @@ const (
 )
 
 // Option configures a [Consumer]; see [New].
-type Option func(*config)
+type Option interface{ apply(*config) }
+
+type option func(*config)
+
+func (f option) apply(c *config) { f(c) }
 
 type config struct {
 	concurrency            int
@@ -144,7 +148,7 @@ type config struct {
 // whatever n is, so a Kafka topic with p partitions keeps at most p handlers
 // busy. n must be at least 1.
 func WithConcurrency(n int) Option {
-	return func(c *config) { c.concurrency = n }
+	return option(func(c *config) { c.concurrency = n })
 }
 
 // WithMaxAttempts sets how many times the handler is tried for one
@@ -154,7 +158,7 @@ func WithConcurrency(n int) Option {
 // waits for another attempt's lease ([WithInFlightWait]) do not count. 0
 // retries forever. n must not be negative.
 func WithMaxAttempts(n int) Option {
-	return func(c *config) { c.maxAttempts = n }
+	return option(func(c *config) { c.maxAttempts = n })
 }
 
 // WithBackoff sets the pause between attempts: it starts at min and doubles
@@ -168,7 +172,7 @@ func WithMaxAttempts(n int) Option {
 // parked delivery (see [WithoutDeadLetter]) is retried every max.
 // 0 < min <= max.
 func WithBackoff(min, max time.Duration) Option {
-	return func(c *config) { c.minBackoff, c.maxBackoff = min, max }
+	return option(func(c *config) { c.minBackoff, c.maxBackoff = min, max })
 }
 
 // WithDeadLetter sets the hook that takes a delivery the consumer gives up
@@ -190,7 +194,7 @@ func WithBackoff(min, max time.Duration) Option {
 // [New] requires WithDeadLetter or [WithoutDeadLetter]: where poison goes
 // is a decision.
 func WithDeadLetter(f func(ctx context.Context, d effects.Delivery, err error) error) Option {
-	return func(c *config) { c.deadLetter, c.deadLetterSet = f, true }
+	return option(func(c *config) { c.deadLetter, c.deadLetterSet = f, true })
 }
 
 // WithoutDeadLetter declares that there is no dead-letter hook: a delivery
@@ -210,7 +214,7 @@ func WithDeadLetter(f func(ctx context.Context, d effects.Delivery, err error) e
 // when events must apply in order or not at all, or in tests. Otherwise
 // give a hook ([WithDeadLetter]; kafka.DeadLetterTopic writes one).
 func WithoutDeadLetter() Option {
-	return func(c *config) { c.noDeadLetter = true }
+	return option(func(c *config) { c.noDeadLetter = true })
 }
 
 // WithObserver reports what happens to deliveries to o:
@@ -240,7 +244,7 @@ func WithoutDeadLetter() Option {
 // at Debug. A panic's line also carries its stack. To silence them, pass
 // an observer that does nothing.
 func WithObserver(o effects.Observer) Option {
-	return func(c *config) { c.observer = o }
+	return option(func(c *config) { c.observer = o })
 }
 
 // WithLogger sets the logger the consumer writes its events to when it
@@ -248,7 +252,7 @@ func WithObserver(o effects.Observer) Option {
 // the time of each line. Lines are rate-limited either way. l must not be
 // nil.
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) { c.logger, c.loggerSet = l, true }
+	return option(func(c *config) { c.logger, c.loggerSet = l, true })
 }
 
 // WithShutdownGrace sets how long handlers that are running when Run's
@@ -256,7 +260,7 @@ func WithLogger(l *slog.Logger) Option {
 // [DefaultShutdownGrace], 10 s). Their context is cancelled when the grace
 // expires. 0 cancels it at once. d must not be negative.
 func WithShutdownGrace(d time.Duration) Option {
-	return func(c *config) { c.grace = d }
+	return option(func(c *config) { c.grace = d })
 }
 
 // WithMaxPending bounds how many deliveries the consumer holds: taken
@@ -270,7 +274,7 @@ func WithShutdownGrace(d time.Duration) Option {
 // partition: kafka.WithMaxPendingPerPartition). The cost is memory: n
 // deliveries' bodies. n must be at least 1.
 func WithMaxPending(n int) Option {
-	return func(c *config) { c.maxPending, c.maxPendingSet = n, true }
+	return option(func(c *config) { c.maxPending, c.maxPendingSet = n, true })
 }
 
 // WithAttemptTimeout sets each attempt's time limit (default
@@ -295,7 +299,7 @@ func WithMaxPending(n int) Option {
 // set it above the longest time a healthy attempt takes (the sum of a
 // plan's steps), and [WithInFlightWait] above the longest lease.
 func WithAttemptTimeout(d time.Duration) Option {
-	return func(c *config) { c.attemptTimeout = d }
+	return option(func(c *config) { c.attemptTimeout = d })
 }
 
 // WithInFlightWait sets how long, in all, a delivery may wait for other
@@ -312,7 +316,7 @@ func WithAttemptTimeout(d time.Duration) Option {
 // longest lease of the plan's steps. 0 counts every ErrInFlight as a
 // failed attempt. d must not be negative.
 func WithInFlightWait(d time.Duration) Option {
-	return func(c *config) { c.inFlightWait = d }
+	return option(func(c *config) { c.inFlightWait = d })
 }
 
 // WithBatch makes the consumer hand deliveries to h in batches of up to
@@ -338,9 +342,9 @@ func WithInFlightWait(d time.Duration) Option {
 // joins a later batch when its backoff expires, and is acked or
 // dead-lettered on its own. size must be at least 1, linger not negative.
 func WithBatch(size int, linger time.Duration, h BatchHandler) Option {
-	return func(c *config) {
+	return option(func(c *config) {
 		c.batchSet, c.batchSize, c.batchLinger, c.batch = true, size, linger, h
-	}
+	})
 }
 
 // Stats counts what a [Consumer] did, over all its runs, and how many
@@ -468,7 +472,7 @@ func New(src effects.Source, h Handler, opts ...Option) (*Consumer, error) {
 	}
 	for _, o := range opts {
 		if o != nil {
-			o(&cfg)
+			o.apply(&cfg)
 		}
 	}
 	if err := cfg.check(src, h); err != nil {

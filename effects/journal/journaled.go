@@ -108,7 +108,11 @@ type Journaled struct {
 }
 
 // Option configures a [Journaled]; see [NewJournaled].
-type Option func(*config)
+type Option interface{ apply(*config) }
+
+type option func(*config)
+
+func (f option) apply(c *config) { f(c) }
 
 type config struct {
 	lease      time.Duration
@@ -125,7 +129,7 @@ type config struct {
 // after it, an attempt whose outcome stayed unknown is done again. Keep it
 // well above the time the effect takes. d must be positive.
 func WithLease(d time.Duration) Option {
-	return func(c *config) { c.lease = d }
+	return option(func(c *config) { c.lease = d })
 }
 
 // WithRecordTimeout bounds the journal writes after the effect, Complete
@@ -134,7 +138,7 @@ func WithLease(d time.Duration) Option {
 // effect (or certainly has not), and recording that is what keeps the next
 // attempt honest. d must be positive.
 func WithRecordTimeout(d time.Duration) Option {
-	return func(c *config) { c.record = d }
+	return option(func(c *config) { c.record = d })
 }
 
 // WithNotApplied sets the adapter's classification of a failed call:
@@ -145,7 +149,7 @@ func WithRecordTimeout(d time.Duration) Option {
 // [effects.ErrInvalidKey] and [effects.ErrInvalidConfig]. Return false when unsure: a
 // release after an applied effect lets the next attempt do it again.
 func WithNotApplied(notApplied func(err error) bool) Option {
-	return func(c *config) { c.notApplied = notApplied }
+	return option(func(c *config) { c.notApplied = notApplied })
 }
 
 // WithOwnerIdempotency declares that the owner dedups on the key itself
@@ -154,7 +158,7 @@ func WithNotApplied(notApplied func(err error) bool) Option {
 // [effects.ErrInFlight], since the owner answers in-flight or replays, and records
 // what it replays. A lost reply then costs one retry, not a lease expiry.
 func WithOwnerIdempotency() Option {
-	return func(c *config) { c.ownerKeyed = true }
+	return option(func(c *config) { c.ownerKeyed = true })
 }
 
 // WithObserver reports to o what Apply handles without returning it, as
@@ -168,7 +172,7 @@ func WithOwnerIdempotency() Option {
 // nil o) the failures are logged to the logger ([WithLogger]),
 // rate-limited, and lease waits are only returned.
 func WithObserver(o effects.Observer) Option {
-	return func(c *config) { c.observer = o }
+	return option(func(c *config) { c.observer = o })
 }
 
 // WithLogger sets the logger Apply writes to when it has no observer
@@ -178,7 +182,7 @@ func WithObserver(o effects.Observer) Option {
 // each line. Lines are rate-limited (a burst of 10, then about one a
 // second, with a count of those held back). l must not be nil.
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) { c.logger, c.loggerSet = l, true }
+	return option(func(c *config) { c.logger, c.loggerSet = l, true })
 }
 
 // NewJournaled returns the protocol for the effect named op (e.g.
@@ -189,7 +193,7 @@ func NewJournaled(op string, j Journal, opts ...Option) (*Journaled, error) {
 	cfg := config{lease: DefaultLease, record: DefaultRecordTimeout}
 	for _, o := range opts {
 		if o != nil {
-			o(&cfg)
+			o.apply(&cfg)
 		}
 	}
 	switch {
