@@ -697,11 +697,3 @@ func TestParkedRows(t *testing.T) {
 	}
 }
 
-func mustQuery(t *testing.T, pool *pgxpool.Pool, sql string) pgx.Rows {
-	t.Helper()
-	rows, err := pool.Query(context.Background(), sql)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rows
-}
