@@ -696,4 +696,3 @@ func TestParkedRows(t *testing.T) {
 		t.Errorf("rows %+v; want t2-0 dropped, t1-0..2 sent, t1-3 still parked", states)
 	}
 }
-
