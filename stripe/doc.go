@@ -106,8 +106,8 @@
 //
 // # stripe-go's own logger
 //
-// stripe-go logs on its own, apart from this package's [WithLogger] and
-// [WithObserver]: unless the backend is built with a LeveledLogger, it
+// stripe-go logs on its own, apart from the journal's [journal.WithLogger]
+// and [journal.WithObserver]: unless the backend is built with a LeveledLogger, it
 // uses stripe.DefaultLeveledLogger (level Error, to standard error), which
 // prints every error response as "Request error from Stripe (status N):"
 // followed by Stripe's error JSON (message, code, decline code, request

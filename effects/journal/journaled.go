@@ -16,8 +16,8 @@ import (
 // Defaults of a [Journaled], used when the matching option is not given.
 const (
 	// DefaultLease is how long one attempt of a journaled effect holds its
-	// key ([WithLease]). Every adapter in this module uses it
-	// unless its own lease option says otherwise.
+	// key ([WithLease]), unless the options given with the adapter's
+	// journal say otherwise.
 	DefaultLease = time.Minute
 	// DefaultRecordTimeout bounds the journal writes that follow the
 	// effect, Complete (retried) and Release, which run on a context
@@ -89,8 +89,8 @@ var completeBackoff = retry.Backoff{Min: 10 * time.Millisecond, Max: 100 * time.
 //     it; a failed Release is logged and the lease expires on its own.
 //     Any other failure leaves the record pending: the lease decides
 //     (effects.ErrInFlight within it, a new attempt after it).
-//   - One lease for every adapter, [DefaultLease], unless the adapter's
-//     option says otherwise.
+//   - One lease for every adapter, [DefaultLease], unless the options
+//     given with the adapter's journal say otherwise.
 //
 // With a nil Journal, Apply only validates the key and runs the call: for
 // adapters whose journal is optional.
