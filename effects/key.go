@@ -92,10 +92,11 @@ func NewKey(parts ...string) (Key, error) {
 
 // CheckID returns nil if id, a message id decoded from a text format such
 // as JSON, can identify a message, and otherwise an error wrapping
-// [ErrPoison] (a [Consumer] dead-letters the delivery at once): id is
-// empty, is not valid UTF-8, or holds U+FFFD, the replacement character
-// that encoding/json substitutes for invalid UTF-8 and for lone surrogate
-// escapes (`"\ud800"`). Two events whose ids differed only in such bytes
+// [ErrPoison] (a consumer, [effectively.dev/effects/consume.Consumer],
+// dead-letters the delivery at once): id is empty, is not valid UTF-8,
+// or holds U+FFFD, the replacement character that encoding/json
+// substitutes for invalid UTF-8 and for lone surrogate escapes
+// (`"\ud800"`). Two events whose ids differed only in such bytes
 // decode to the same string; keyed on it, the second would be acked as a
 // replay of the first (or refused with [ErrKeyReused]). An id that really
 // contains U+FFFD is refused too: it cannot be told apart from a damaged

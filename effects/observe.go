@@ -75,7 +75,9 @@ type Event struct {
 	Err error
 	// Component names what reported the event when it is not an effect
 	// or a plan step: "kafka.Source", "kafka.ShareSource",
-	// "outbox.Relay", "journal". Empty for effects and steps.
+	// "outbox.Relay", "journal" (a journaled adapter's protocol), and
+	// "plan " followed by the plan's scope on a [Plan]'s run events.
+	// Empty for effects and steps.
 	Component string
 	// Headers are the delivery's headers, on the start of a
 	// [SpanDelivery]: a [Tracer] continues the trace they carry (a W3C

@@ -24,8 +24,9 @@ type Delivery struct {
 	Headers map[string]string
 	// Attempt is the delivery attempt the source knows this to be, from 1
 	// (a Kafka share group's delivery count), or 0 when the source does not
-	// know. A [Consumer] counts its attempts from it, so WithMaxAttempts
-	// holds across processes and redeliveries.
+	// know. A consumer ([effectively.dev/effects/consume.Consumer]) counts
+	// its attempts from it, so its attempt limit holds across processes
+	// and redeliveries.
 	Attempt int
 
 	// Token is the source's own handle for Ack (e.g. a Kafka record); a
@@ -50,8 +51,8 @@ type Source interface {
 
 // Releaser is implemented by a source that can hand an unacked delivery
 // back to the broker for redelivery, to this consumer or another (a Kafka
-// share group's Release). A [Consumer] releases a delivery whose attempt
-// failed and is to be retried, after the backoff, instead of retrying it in
+// share group's Release). A consumer ([effectively.dev/effects/consume.Consumer])
+// releases a delivery whose attempt failed and is to be retried, after the backoff, instead of retrying it in
 // place, so the retry may run on a healthier member and the attempt counts
 // in the broker's delivery count. If Release fails, the consumer keeps the
 // delivery and retries it in place; a source may refuse to release (for
@@ -64,8 +65,8 @@ type Releaser interface {
 
 // OwnershipChecker is implemented by a source whose deliveries can stop
 // being this consumer's to handle before they are acked: a Kafka partition
-// revoked in a rebalance, an acquisition lock that expired. A [Consumer]
-// asks before each attempt (and each retry) and drops a delivery the source
+// revoked in a rebalance, an acquisition lock that expired. A consumer
+// ([effectively.dev/effects/consume.Consumer]) asks before each attempt (and each retry) and drops a delivery the source
 // no longer owns, without handling, acking or dead-lettering it: the new
 // owner handles it, and running it here would only duplicate that work
 // (safely, since handlers are idempotent, but at a cost).

@@ -12,6 +12,7 @@ import (
 
 	"effectively.dev/conformance"
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
 	"effectively.dev/email"
 	"effectively.dev/email/smtptest"
 	"effectively.dev/postgres"
@@ -82,10 +83,10 @@ func buildSender(ctx context.Context, h *harness, f *conformance.Faults) (effect
 		pool.Close()
 		return nil, nil, err
 	}
-	s, err := email.New(j, h.srv.Addr(),
+	s, err := email.New(h.srv.Addr(),
+		email.WithJournal(j, journal.WithLease(conformanceLease)),
 		email.WithMailOptions(mail.WithTLSPolicy(mail.NoTLS), mail.WithTimeout(5*time.Second)),
 		email.WithDialContext(cmds.dial(f.DialContext, true)),
-		email.WithLease(conformanceLease),
 		email.WithMessageIDDomain(conformanceDomain),
 	)
 	if err != nil {

@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"log/slog"
 	"mime"
 	"net"
 	netmail "net/mail"
@@ -21,6 +20,7 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/journal"
+	"effectively.dev/internal/optcheck"
 )
 
 // op names the operation in the errors Apply returns.
@@ -87,11 +87,9 @@ var reservedHeaders = map[string]bool{
 }
 
 // Fingerprint identifies the message's payload for key-reuse detection:
-// it is what [Sender.Apply] gives its journal's Begin.
-// A message without headers or attachments has the fingerprint it had
-// before they existed ("email/v1" and nine fields), so sent-records of
-// earlier versions still replay; the others add their fields after a
-// marker, with counts, so no two messages share an encoding.
+// it is what [Sender.Apply] gives its journal's Begin. Headers and
+// attachments follow the other fields with their counts, so no two
+// messages share an encoding.
 func (m Message) Fingerprint() []byte {
 	fields := [][]byte{
 		[]byte("email/v1"),
@@ -103,16 +101,14 @@ func (m Message) Fingerprint() []byte {
 		[]byte(m.Subject),
 		[]byte(m.Text),
 		[]byte(m.HTML),
+		[]byte(strconv.Itoa(len(m.Headers))),
 	}
-	if len(m.Headers) > 0 || len(m.Attachments) > 0 {
-		fields = append(fields, []byte("headers+attachments"), []byte(strconv.Itoa(len(m.Headers))))
-		for _, h := range m.Headers {
-			fields = append(fields, []byte(h.Name), []byte(h.Value))
-		}
-		fields = append(fields, []byte(strconv.Itoa(len(m.Attachments))))
-		for _, a := range m.Attachments {
-			fields = append(fields, []byte(a.Filename), []byte(a.ContentType), []byte(strconv.FormatBool(a.Inline)), a.Data)
-		}
+	for _, h := range m.Headers {
+		fields = append(fields, []byte(h.Name), []byte(h.Value))
+	}
+	fields = append(fields, []byte(strconv.Itoa(len(m.Attachments))))
+	for _, a := range m.Attachments {
+		fields = append(fields, []byte(a.Filename), []byte(a.ContentType), []byte(strconv.FormatBool(a.Inline)), a.Data)
 	}
 	return effects.Fingerprint(fields...)
 }
@@ -131,17 +127,19 @@ func MessageID(key effects.Key, domain string) string {
 type DialContextFunc func(ctx context.Context, network, addr string) (net.Conn, error)
 
 // Option configures [New]. A nil Option is ignored.
-type Option func(*config)
+type Option interface{ apply(*config) }
+
+type option func(*config)
+
+func (f option) apply(c *config) { f(c) }
 
 type config struct {
-	mailOpts  []mail.Option
-	dial      DialContextFunc
-	dialSet   bool
-	lease     time.Duration
-	domain    string
-	logger    *slog.Logger
-	loggerSet bool
-	observer  effects.Observer
+	mailOpts []mail.Option
+	dial     DialContextFunc
+	dialSet  bool
+	journal  journal.Journal
+	jopts    []journal.Option
+	domain   string
 
 	idle        int
 	idleTimeout time.Duration
@@ -156,51 +154,33 @@ type config struct {
 // (use [WithDialContext]) or mail.WithSSL (implicit TLS is not supported,
 // see the package doc). An option go-mail refuses makes New fail.
 func WithMailOptions(opts ...mail.Option) Option {
-	return func(c *config) { c.mailOpts = append(c.mailOpts, opts...) }
+	return option(func(c *config) { c.mailOpts = append(c.mailOpts, opts...) })
 }
 
 // WithDialContext makes the Sender open its connections with dial instead
 // of a net.Dialer, e.g. through conformance.Faults in tests. dial must not
 // be nil.
 func WithDialContext(dial DialContextFunc) Option {
-	return func(c *config) { c.dial, c.dialSet = dial, true }
+	return option(func(c *config) { c.dial, c.dialSet = dial, true })
 }
 
-// WithLease sets how long one attempt holds its key in the journal
-// (default [journal.DefaultLease], a minute). The lease also bounds the
-// attempt's SMTP session, which ends at nine tenths of it. It decides what
-// happens after an unknown outcome: a retry within the lease gets
+// WithJournal keeps the Sender's sent-records in j (for example
+// postgres.NewJournal); [New] requires it. opts set the journal's lease,
+// record timeout, observer and logger ([journal.WithLease],
+// [journal.WithRecordTimeout], ...). The lease also bounds the attempt's
+// SMTP session, which ends at nine tenths of it, and decides what happens
+// after an unknown outcome: a retry within the lease gets
 // [effects.ErrInFlight], a retry after it sends again. Keep it well above
-// the time a send takes; shorter leases make the duplicate window
-// reachable sooner, longer ones delay the retry after a crash. d must be
-// positive.
-func WithLease(d time.Duration) Option {
-	return func(c *config) { c.lease = d }
+// the time a send takes.
+func WithJournal(j journal.Journal, opts ...journal.Option) Option {
+	return option(func(c *config) { c.journal, c.jopts = j, opts })
 }
 
 // WithMessageIDDomain sets the domain of every Message-ID (see
 // [MessageID]); by default it is the domain of the message's From address.
 // Fix it when From varies but the Message-ID must be predictable.
 func WithMessageIDDomain(domain string) Option {
-	return func(c *config) { c.domain = domain }
-}
-
-// WithLogger sets where the Sender reports what it cannot return: a
-// sent-record that could not be completed after the server accepted the
-// message, a lease that could not be released, a resend after an unknown
-// outcome. The default is slog.Default() at the time of the event; l must
-// not be nil.
-func WithLogger(l *slog.Logger) Option {
-	return func(c *config) { c.logger, c.loggerSet = l, true }
-}
-
-// WithObserver sends what the effect cannot return to o as events, in
-// place of log lines: [effects.EventFailed] for a message the server accepted whose sent-record did not commit and for a lease it
-// could not release, [effects.EventInFlight] when another attempt holds
-// the key's lease (see [journal.WithObserver]). Without it (or with a nil
-// o) the failures go to the logger ([WithLogger]), rate-limited.
-func WithObserver(o effects.Observer) Option {
-	return func(c *config) { c.observer = o }
+	return option(func(c *config) { c.domain = domain })
 }
 
 // Sender is an [effects.Effect] that sends a [Message] under a key, keeping
@@ -221,50 +201,39 @@ type Sender struct {
 var _ effects.Effect[Message] = (*Sender)(nil)
 
 // New returns a Sender that submits mail to the SMTP server at addr
-// ("host:port", e.g. "smtp.example.com:587") and records each key in j,
-// which is required. New does no I/O. It returns a *[effects.ConfigError]
-// for a missing journal, a bad address or an invalid option.
-func New(j journal.Journal, addr string, opts ...Option) (*Sender, error) {
-	bad := func(option, format string, args ...any) error {
-		return &effects.ConfigError{Op: "email.New", Option: option, Reason: fmt.Sprintf(format, args...)}
-	}
-	if j == nil {
-		return nil, bad("journal", "nil; without a sent-record every redelivery sends again (postgres.NewJournal keeps one)")
-	}
+// ("host:port", e.g. "smtp.example.com:587") and records each key in the
+// journal of [WithJournal], which is required. New does no I/O. It returns
+// a *[effects.ConfigError] for a missing journal, a bad address or an
+// invalid option.
+func New(addr string, opts ...Option) (*Sender, error) {
 	host, portStr, err := net.SplitHostPort(addr)
 	if err != nil {
-		return nil, bad("addr", "%q: %v (want host:port)", addr, err)
+		return nil, optcheck.Bad("email.New", "addr", "%q: %v (want host:port)", addr, err)
 	}
 	port, err := strconv.Atoi(portStr)
 	if err != nil || port < 1 || port > 65535 || host == "" {
-		return nil, bad("addr", "%q: want a host and a port from 1 to 65535", addr)
+		return nil, optcheck.Bad("email.New", "addr", "%q: want a host and a port from 1 to 65535", addr)
 	}
-	cfg := config{lease: journal.DefaultLease, idle: DefaultIdleSessions, idleTimeout: DefaultIdleTimeout}
+	cfg := config{idle: DefaultIdleSessions, idleTimeout: DefaultIdleTimeout}
 	for _, o := range opts {
 		if o != nil {
-			o(&cfg)
+			o.apply(&cfg)
 		}
 	}
 	switch {
-	case cfg.lease <= 0:
-		return nil, bad("WithLease", "lease %v is not positive", cfg.lease)
+	case cfg.journal == nil:
+		return nil, optcheck.Bad("email.New", "WithJournal", "no journal; without a sent-record every redelivery sends again (postgres.NewJournal keeps one)")
 	case cfg.domain != "" && !validDomain(cfg.domain):
-		return nil, bad("WithMessageIDDomain", "%q is not a valid domain", cfg.domain)
+		return nil, optcheck.Bad("email.New", "WithMessageIDDomain", "%q is not a valid domain", cfg.domain)
 	case cfg.dialSet && cfg.dial == nil:
-		return nil, bad("WithDialContext", "nil dial function")
-	case cfg.loggerSet && cfg.logger == nil:
-		return nil, bad("WithLogger", "nil logger")
+		return nil, optcheck.Bad("email.New", "WithDialContext", "nil dial function")
 	case cfg.idle < 0:
-		return nil, bad("WithIdleSessions", "max %d is negative", cfg.idle)
+		return nil, optcheck.Bad("email.New", "WithIdleSessions", "max %d is negative", cfg.idle)
 	case cfg.idleTimeout <= 0:
-		return nil, bad("WithIdleSessions", "timeout %v is not positive", cfg.idleTimeout)
+		return nil, optcheck.Bad("email.New", "WithIdleSessions", "timeout %v is not positive", cfg.idleTimeout)
 	}
-	jopts := []journal.Option{journal.WithLease(cfg.lease), journal.WithNotApplied(notApplied)}
-	if cfg.logger != nil {
-		jopts = append(jopts, journal.WithLogger(cfg.logger))
-	}
-	jopts = append(jopts, journal.WithObserver(cfg.observer))
-	journaled, err := journal.NewJournaled(op, j, jopts...)
+	jopts := append(cfg.jopts[:len(cfg.jopts):len(cfg.jopts)], journal.WithNotApplied(notApplied))
+	journaled, err := journal.NewJournaled(op, cfg.journal, jopts...)
 	if err != nil {
 		return nil, err
 	}
@@ -284,7 +253,7 @@ func New(j journal.Journal, addr string, opts ...Option) (*Sender, error) {
 	mopts = append(mopts, mail.WithDialContextFunc(s.dialContext), mail.WithoutNoop(), mail.WithoutRset())
 	s.client, err = mail.NewClient(host, mopts...)
 	if err != nil {
-		return nil, bad("WithMailOptions", "%v", err)
+		return nil, optcheck.Bad("email.New", "WithMailOptions", "%v", err)
 	}
 	domain := "<the From address's domain>"
 	if s.domain != "" {
@@ -293,7 +262,7 @@ func New(j journal.Journal, addr string, opts ...Option) (*Sender, error) {
 	s.contract = effects.Contract{
 		Guarantee: effects.AtLeastOnce,
 		Enforcer: fmt.Sprintf("sent-record in the journal (%T, lease %v) and Message-ID <sha256(key)@%s>, "+
-			"on which receivers may dedup (most do not)", j, cfg.lease, domain),
+			"on which receivers may dedup (most do not)", cfg.journal, journaled.Lease(), domain),
 		DuplicateWindow: effects.Window{
 			Trigger: effects.AfterUnknownOutcome,
 			Between: "after the SMTP server's 250 to DATA, before the sent-record commits",

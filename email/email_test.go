@@ -81,7 +81,7 @@ func TestRedeliveryReplaysWithoutSending(t *testing.T) {
 
 func TestConcurrentDuplicatesSendOnce(t *testing.T) {
 	e := newEnv(t)
-	s := e.sender(t, email.WithLease(10*time.Second))
+	s := e.sender(t, email.WithJournal(e.journal, journal.WithLease(10*time.Second)))
 	// Hold the winner at the end of DATA so that the other attempts find
 	// the key in flight.
 	e.srv.SetDataDelay(300 * time.Millisecond)
@@ -164,7 +164,7 @@ func TestCutAfterDataIsAmbiguous(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := parent.sub(t)
-			s := e.sender(t, email.WithLease(tc.lease))
+			s := e.sender(t, email.WithJournal(e.journal, journal.WithLease(tc.lease)))
 			key := effects.MustKey("shop", "order-4", "receipt")
 			in := receipt("order 4")
 			tc.cut(e.srv)
@@ -343,7 +343,7 @@ func TestConnectionRefusedIsTransient(t *testing.T) {
 // handed over, the outcome is unknown.
 func TestCancelDuringDataIsAmbiguous(t *testing.T) {
 	e := newEnv(t)
-	s := e.sender(t, email.WithLease(time.Minute))
+	s := e.sender(t, email.WithJournal(e.journal, journal.WithLease(time.Minute)))
 	e.srv.SetDataDelay(10 * time.Second)
 	key := effects.MustKey("shop", "order-8", "receipt")
 	ctx, cancel := context.WithCancel(testCtx(t))
@@ -499,32 +499,31 @@ func TestContract(t *testing.T) {
 func TestNewRefuses(t *testing.T) {
 	e := newEnv(t)
 	for name, tc := range map[string]struct {
-		j      journal.Journal
 		addr   string
 		opts   []email.Option
 		option string
 	}{
-		"no journal":     {nil, "127.0.0.1:25", nil, "journal"},
-		"no port":        {e.journal, "127.0.0.1", nil, "addr"},
-		"bad port":       {e.journal, "127.0.0.1:http", nil, "addr"},
-		"no host":        {e.journal, ":25", nil, "addr"},
-		"zero lease":     {e.journal, "127.0.0.1:25", []email.Option{email.WithLease(0)}, "WithLease"},
-		"bad id domain":  {e.journal, "127.0.0.1:25", []email.Option{email.WithMessageIDDomain("a b")}, "WithMessageIDDomain"},
-		"dotted domain":  {e.journal, "127.0.0.1:25", []email.Option{email.WithMessageIDDomain("a..b")}, "WithMessageIDDomain"},
-		"bracket domain": {e.journal, "127.0.0.1:25", []email.Option{email.WithMessageIDDomain("a>b")}, "WithMessageIDDomain"},
-		"nil dialer":     {e.journal, "127.0.0.1:25", []email.Option{email.WithDialContext(nil)}, "WithDialContext"},
-		"nil logger":     {e.journal, "127.0.0.1:25", []email.Option{email.WithLogger(nil)}, "WithLogger"},
-		"bad go-mail":    {e.journal, "127.0.0.1:25", []email.Option{email.WithMailOptions(mail.WithTimeout(-1))}, "WithMailOptions"},
-		"negative idle":  {e.journal, "127.0.0.1:25", []email.Option{email.WithIdleSessions(-1, time.Minute)}, "WithIdleSessions"},
-		"zero idle time": {e.journal, "127.0.0.1:25", []email.Option{email.WithIdleSessions(4, 0)}, "WithIdleSessions"},
+		"no journal":     {"127.0.0.1:25", nil, "WithJournal"},
+		"no port":        {"127.0.0.1", []email.Option{email.WithJournal(e.journal)}, "addr"},
+		"bad port":       {"127.0.0.1:http", []email.Option{email.WithJournal(e.journal)}, "addr"},
+		"no host":        {":25", []email.Option{email.WithJournal(e.journal)}, "addr"},
+		"zero lease":     {"127.0.0.1:25", []email.Option{email.WithJournal(e.journal, journal.WithLease(0))}, "WithLease"},
+		"bad id domain":  {"127.0.0.1:25", []email.Option{email.WithJournal(e.journal), email.WithMessageIDDomain("a b")}, "WithMessageIDDomain"},
+		"dotted domain":  {"127.0.0.1:25", []email.Option{email.WithJournal(e.journal), email.WithMessageIDDomain("a..b")}, "WithMessageIDDomain"},
+		"bracket domain": {"127.0.0.1:25", []email.Option{email.WithJournal(e.journal), email.WithMessageIDDomain("a>b")}, "WithMessageIDDomain"},
+		"nil dialer":     {"127.0.0.1:25", []email.Option{email.WithJournal(e.journal), email.WithDialContext(nil)}, "WithDialContext"},
+		"nil logger":     {"127.0.0.1:25", []email.Option{email.WithJournal(e.journal, journal.WithLogger(nil))}, "WithLogger"},
+		"bad go-mail":    {"127.0.0.1:25", []email.Option{email.WithJournal(e.journal), email.WithMailOptions(mail.WithTimeout(-1))}, "WithMailOptions"},
+		"negative idle":  {"127.0.0.1:25", []email.Option{email.WithJournal(e.journal), email.WithIdleSessions(-1, time.Minute)}, "WithIdleSessions"},
+		"zero idle time": {"127.0.0.1:25", []email.Option{email.WithJournal(e.journal), email.WithIdleSessions(4, 0)}, "WithIdleSessions"},
 	} {
-		_, err := email.New(tc.j, tc.addr, tc.opts...)
+		_, err := email.New(tc.addr, tc.opts...)
 		var ce *effects.ConfigError
 		if !errors.As(err, &ce) || ce.Option != tc.option {
 			t.Errorf("%s: %v, want a *ConfigError naming %s", name, err, tc.option)
 		}
 	}
-	if _, err := email.New(e.journal, "127.0.0.1:25", nil, email.WithLease(time.Second), nil); err != nil {
+	if _, err := email.New("127.0.0.1:25", nil, email.WithJournal(e.journal, journal.WithLease(time.Second)), nil); err != nil {
 		t.Errorf("nil options: %v, want them ignored", err)
 	}
 }
@@ -536,10 +535,9 @@ func TestUnrecordedSendIsAppliedAndLogged(t *testing.T) {
 	e := newEnv(t)
 	var logs bytes.Buffer
 	j := &failingComplete{Journal: e.journal}
-	s, err := email.New(j, e.srv.Addr(),
+	s, err := email.New(e.srv.Addr(),
 		email.WithMailOptions(mail.WithTLSPolicy(mail.NoTLS)),
-		email.WithLease(testLease),
-		email.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
+		email.WithJournal(j, journal.WithLease(testLease), journal.WithLogger(slog.New(slog.NewTextHandler(&logs, nil)))),
 	)
 	if err != nil {
 		t.Fatal(err)

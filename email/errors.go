@@ -11,6 +11,7 @@ import (
 	"github.com/wneessen/go-mail"
 
 	"effectively.dev/effects"
+	"effectively.dev/internal/optcheck"
 )
 
 var (
@@ -213,12 +214,9 @@ var (
 // a refused TLS handshake or a host that does not exist (Option is the
 // server's address). It unwraps to a *[effects.ConfigError] and to e.
 func (s *Sender) configError(ctx context.Context, op string, e *SMTPError) error {
-	bad := func(option, reason string) error {
-		return fmt.Errorf("%w (no retry fixes this): %w", &effects.ConfigError{Op: op, Option: option, Reason: reason}, e)
-	}
 	const auth = "WithMailOptions (SMTP AUTH: mail.WithSMTPAuth, mail.WithUsername, mail.WithPassword)"
 	if authCodes[e.Code] || authEnhanced[e.EnhancedCode] || (e.Stage == "MAIL" && e.EnhancedCode == "5.7.0") {
-		return bad(auth, fmt.Sprintf("the server at %s refused the login or requires one (%d); check the credentials and the mechanism", s.addr, e.Code))
+		return fatal(op, e, auth, fmt.Sprintf("the server at %s refused the login or requires one (%d); check the credentials and the mechanism", s.addr, e.Code))
 	}
 	if e.Stage != "connect" || e.Code != 0 || ctx.Err() != nil || e.Err == nil {
 		return nil
@@ -226,12 +224,12 @@ func (s *Sender) configError(ctx context.Context, op string, e *SMTPError) error
 	text := e.Err.Error()
 	switch {
 	case strings.Contains(text, "does not support STARTTLS"):
-		return bad(s.addr, "the server does not offer STARTTLS, which go-mail requires by default (mail.WithTLSPolicy(mail.TLSMandatory)); "+
+		return fatal(op, e, s.addr, "the server does not offer STARTTLS, which go-mail requires by default (mail.WithTLSPolicy(mail.TLSMandatory)); "+
 			"use a server or port with STARTTLS, or choose mail.TLSOpportunistic or mail.NoTLS if plain text is acceptable")
 	case strings.Contains(strings.ToUpper(text), "SMTP AUTH"):
 		// go-mail's words for a mechanism the server does not offer, or a
 		// login refused without a reply code (PLAIN over plain text).
-		return bad(auth, fmt.Sprintf("the login to %s cannot be made as configured; check the mechanism against the server's and the TLS policy", s.addr))
+		return fatal(op, e, auth, fmt.Sprintf("the login to %s cannot be made as configured; check the mechanism against the server's and the TLS policy", s.addr))
 	}
 	return effects.Misconfigured(op, s.addr, e)
 }
@@ -250,4 +248,10 @@ func ambiguousError(ctx context.Context, key effects.Key, err error, lease strin
 		"the message was handed to the SMTP server but its reply was not read, so the server may have it; "+
 			"the sent-record stays pending: a retry within the lease (%s) gets ErrInFlight, a retry after it sends again "+
 			"with the same Message-ID: %w", lease, err))
+}
+
+// fatal is the configuration error of configError: a *[effects.ConfigError]
+// of op naming option, wrapping e.
+func fatal(op string, e *SMTPError, option, reason string) error {
+	return fmt.Errorf("%w (no retry fixes this): %w", optcheck.Bad(op, option, "%s", reason), e)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/wneessen/go-mail"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
 	"effectively.dev/effects/journal/memjournal"
 	"effectively.dev/email"
 	"effectively.dev/email/smtptest"
@@ -30,17 +31,17 @@ func ExampleNew() {
 	if err := postgres.Migrate(ctx, pool); err != nil {
 		log.Fatal(err)
 	}
-	journal, err := postgres.NewJournal(pool, "shop")
+	sent, err := postgres.NewJournal(pool, "shop")
 	if err != nil {
 		log.Fatal(err)
 	}
-	receipts, err := email.New(journal, "smtp.example.com:587",
+	receipts, err := email.New("smtp.example.com:587",
+		email.WithJournal(sent, journal.WithLease(2*time.Minute)),
 		email.WithMailOptions(
 			mail.WithSMTPAuth(mail.SMTPAuthPlain),
 			mail.WithUsername("shop"),
 			mail.WithPassword("secret"),
 		),
-		email.WithLease(2*time.Minute),
 		email.WithMessageIDDomain("shop.example.com"),
 	)
 	if err != nil {
@@ -80,7 +81,7 @@ func ExampleSender_Apply() {
 	}
 	defer srv.Close()
 
-	receipts, err := email.New(memjournal.New(nil), srv.Addr(),
+	receipts, err := email.New(srv.Addr(), email.WithJournal(memjournal.New(nil)),
 		email.WithMailOptions(mail.WithTLSPolicy(mail.NoTLS)), // the test server speaks plain SMTP
 	)
 	if err != nil {
@@ -119,9 +120,9 @@ func ExampleSender_Apply_unknownOutcome() {
 	}
 	defer srv.Close()
 	lease := 200 * time.Millisecond
-	receipts, err := email.New(memjournal.New(nil), srv.Addr(),
+	receipts, err := email.New(srv.Addr(),
+		email.WithJournal(memjournal.New(nil), journal.WithLease(lease)),
 		email.WithMailOptions(mail.WithTLSPolicy(mail.NoTLS)),
-		email.WithLease(lease),
 	)
 	if err != nil {
 		log.Fatal(err)
@@ -157,7 +158,7 @@ func ExampleSender_Apply_richMessage() {
 		log.Fatal(err)
 	}
 	defer srv.Close()
-	receipts, err := email.New(memjournal.New(nil), srv.Addr(),
+	receipts, err := email.New(srv.Addr(), email.WithJournal(memjournal.New(nil)),
 		email.WithMailOptions(mail.WithTLSConfig(srv.TLSConfig())), // STARTTLS stays required, go-mail's default
 	)
 	if err != nil {

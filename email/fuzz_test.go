@@ -6,8 +6,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-
-	"effectively.dev/effects"
 )
 
 // FuzzMessageFingerprint: a message's fingerprint, which decides between a
@@ -79,20 +77,4 @@ func nonEmpty(ss ...string) []string {
 		}
 	}
 	return out
-}
-
-// A message without headers or attachments keeps the fingerprint of the
-// version before they existed, so its sent-records still replay.
-func TestFingerprintOfPlainMessagesIsUnchanged(t *testing.T) {
-	m := Message{From: "a@shop.test", To: []string{"b@example.net", "c@example.net"}, Cc: []string{"d@example.net"},
-		ReplyTo: "e@shop.test", Subject: "s", Text: "t", HTML: "<p>h</p>"}
-	v1 := effects.Fingerprint([]byte("email/v1"), []byte(m.From), []byte("b@example.net\nc@example.net"),
-		[]byte("d@example.net"), nil, []byte(m.ReplyTo), []byte(m.Subject), []byte(m.Text), []byte(m.HTML))
-	if !bytes.Equal(m.Fingerprint(), v1) {
-		t.Error("the fingerprint of a message without headers or attachments changed")
-	}
-	m.Headers = []Header{{Name: "X-A", Value: "1"}}
-	if bytes.Equal(m.Fingerprint(), v1) {
-		t.Error("a header does not change the fingerprint")
-	}
 }

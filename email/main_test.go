@@ -85,9 +85,9 @@ func (e *env) sender(t testing.TB, opts ...email.Option) *email.Sender {
 
 func (e *env) senderAt(t testing.TB, addr string, opts ...email.Option) *email.Sender {
 	t.Helper()
-	s, err := email.New(e.journal, addr, append([]email.Option{
+	s, err := email.New(addr, append([]email.Option{
 		email.WithMailOptions(mail.WithTLSPolicy(mail.NoTLS), mail.WithTimeout(5*time.Second)),
-		email.WithLease(testLease),
+		email.WithJournal(e.journal, journal.WithLease(testLease)),
 	}, opts...)...)
 	if err != nil {
 		t.Fatal(err)

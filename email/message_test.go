@@ -245,7 +245,7 @@ func TestTLSRefusalsAreConfigurationErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			j := memjournal.New(nil)
-			s, err := email.New(j, tc.srv.Addr(), email.WithMailOptions(append([]gomail.Option{gomail.WithTimeout(5 * time.Second)}, tc.opts...)...))
+			s, err := email.New(tc.srv.Addr(), email.WithJournal(j), email.WithMailOptions(append([]gomail.Option{gomail.WithTimeout(5 * time.Second)}, tc.opts...)...))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -285,7 +285,7 @@ func TestTLSRefusalsAreConfigurationErrors(t *testing.T) {
 func TestJournalFailureBeforeTheSendIsTransient(t *testing.T) {
 	e := newEnv(t)
 	j := &failingBegin{Journal: e.journal, err: errors.New("journal: connection reset")}
-	s, err := email.New(j, e.srv.Addr(), email.WithMailOptions(gomail.WithTLSPolicy(gomail.NoTLS)))
+	s, err := email.New(e.srv.Addr(), email.WithJournal(j), email.WithMailOptions(gomail.WithTLSPolicy(gomail.NoTLS)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/wneessen/go-mail"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
 	"effectively.dev/email"
 )
 
@@ -23,11 +24,10 @@ func TestUnrecordedSendIsAnObserverEvent(t *testing.T) {
 		evs  []effects.Event
 	)
 	obs := effects.ObserverFunc(func(_ context.Context, ev effects.Event) { mu.Lock(); evs = append(evs, ev); mu.Unlock() })
-	s, err := email.New(&failingComplete{Journal: e.journal}, e.srv.Addr(),
+	s, err := email.New(e.srv.Addr(),
 		email.WithMailOptions(mail.WithTLSPolicy(mail.NoTLS)),
-		email.WithLease(testLease),
-		email.WithObserver(obs),
-		email.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
+		email.WithJournal(&failingComplete{Journal: e.journal}, journal.WithLease(testLease),
+			journal.WithObserver(obs), journal.WithLogger(slog.New(slog.NewTextHandler(&logs, nil)))),
 	)
 	if err != nil {
 		t.Fatal(err)

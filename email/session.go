@@ -33,7 +33,7 @@ const (
 // handed over, so the message is sent on a new session at once: reuse
 // never turns into an error or a duplicate.
 func WithIdleSessions(max int, timeout time.Duration) Option {
-	return func(c *config) { c.idle, c.idleTimeout = max, timeout }
+	return option(func(c *config) { c.idle, c.idleTimeout = max, timeout })
 }
 
 // session is an open SMTP session.

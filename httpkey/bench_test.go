@@ -62,7 +62,7 @@ func rawCall(ctx context.Context, client *http.Client, build func(context.Contex
 // newBenchEffect is the effect the benchmarks measure: the IETF preset
 // with a ref reader, on a client of its own.
 func newBenchEffect(b *testing.B, url string) *httpkey.Effect[Payment] {
-	e, err := httpkey.New(newClient(b), buildPayment(url), httpkey.IETF(), httpkey.WithHorizon(24*time.Hour),
+	e, err := httpkey.New(newClient(b), buildPayment(url), httpkey.IETF, httpkey.WithHorizon(24*time.Hour),
 		httpkey.WithRef(httpkey.JSONField("id")))
 	if err != nil {
 		b.Fatal(err)
@@ -163,7 +163,7 @@ func TestBenchmarkSidesSendTheSameKey(t *testing.T) {
 		_, _ = w.Write([]byte(`{"id":"ch_1"}`))
 	}))
 	defer srv.Close()
-	e, err := httpkey.New(newClient(t), buildPayment(srv.URL), httpkey.IETF(), httpkey.WithHorizon(time.Hour))
+	e, err := httpkey.New(newClient(t), buildPayment(srv.URL), httpkey.IETF, httpkey.WithHorizon(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}

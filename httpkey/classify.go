@@ -54,11 +54,11 @@ type Rule struct {
 // status does (see [Rule]); [New] validates it. Presets set their own
 // rules; rules added after a preset are tried after the preset's.
 func WithRule(r Rule) Option {
-	return func(c *config) {
+	return option(func(c *config) {
 		r.Status = append([]int(nil), r.Status...)
 		r.Field = append([]string(nil), r.Field...)
 		c.rules = append(c.rules, r)
-	}
+	})
 }
 
 // WithErrorsIn2xx makes a 2xx response whose JSON body has a member at

@@ -11,6 +11,7 @@ import (
 
 	"effectively.dev/conformance"
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
 	"effectively.dev/effects/journal/memjournal"
 	"effectively.dev/httpkey"
 	"effectively.dev/httpkey/httpkeytest"
@@ -78,7 +79,7 @@ func (h *harness) effectOpts() []httpkey.Option {
 	if h.journal == nil {
 		return opts
 	}
-	return append(opts, httpkey.WithJournal(h.journal), httpkey.WithLease(journalLease))
+	return append(opts, httpkey.WithJournal(h.journal, journal.WithLease(journalLease)))
 }
 
 func (h *harness) Make(_ context.Context, f *conformance.Faults) (effects.Effect[Payment], func(), error) {
@@ -192,30 +193,30 @@ func (p preset) builder() func(string) func(context.Context, Payment) (*http.Req
 // draft with the replay header most vendors that have one use.
 var presets = []preset{
 	{name: "httpkey.IETF", server: []httpkeytest.Option{httpkeytest.IETF()},
-		effect: []httpkey.Option{httpkey.IETF(), httpkey.WithHorizon(httpkeytest.DefaultHorizon)}},
+		effect: []httpkey.Option{httpkey.IETF, httpkey.WithHorizon(httpkeytest.DefaultHorizon)}},
 	{name: "httpkey.Adyen", server: []httpkeytest.Option{httpkeytest.Adyen()},
-		effect: []httpkey.Option{httpkey.Adyen()}},
+		effect: []httpkey.Option{httpkey.Adyen}},
 	{name: "httpkey.Adyen+409", server: []httpkeytest.Option{httpkeytest.Adyen(), httpkeytest.WithInFlightStatus(http.StatusConflict)},
-		effect: []httpkey.Option{httpkey.Adyen()}},
+		effect: []httpkey.Option{httpkey.Adyen}},
 	{name: "httpkey.PayPal", server: []httpkeytest.Option{httpkeytest.PayPal()},
-		effect: []httpkey.Option{httpkey.PayPal(), httpkey.WithHorizon(httpkeytest.DefaultHorizon)}},
+		effect: []httpkey.Option{httpkey.PayPal, httpkey.WithHorizon(httpkeytest.DefaultHorizon)}},
 	{name: "httpkey.Worldline", server: []httpkeytest.Option{httpkeytest.Worldline()},
-		effect: []httpkey.Option{httpkey.Worldline()}},
+		effect: []httpkey.Option{httpkey.Worldline}},
 	{name: "httpkey.Checkout", server: []httpkeytest.Option{httpkeytest.Checkout()},
-		effect: []httpkey.Option{httpkey.Checkout()}},
+		effect: []httpkey.Option{httpkey.Checkout}},
 	{name: "httpkey.GoCardless", server: []httpkeytest.Option{httpkeytest.GoCardless()},
-		effect: []httpkey.Option{httpkey.GoCardless(), httpkey.WithHorizon(httpkeytest.DefaultHorizon), httpkey.WithRef(httpkey.JSONField("id"))}},
+		effect: []httpkey.Option{httpkey.GoCardless, httpkey.WithHorizon(httpkeytest.DefaultHorizon), httpkey.WithRef(httpkey.JSONField("id"))}},
 	{name: "httpkey.Mollie", server: []httpkeytest.Option{httpkeytest.Mollie()},
-		effect: []httpkey.Option{httpkey.Mollie()}},
+		effect: []httpkey.Option{httpkey.Mollie}},
 	{name: "httpkey.Square", server: []httpkeytest.Option{httpkeytest.Square()},
-		effect: []httpkey.Option{httpkey.Square(), httpkey.WithHorizon(httpkeytest.DefaultHorizon)}},
+		effect: []httpkey.Option{httpkey.Square, httpkey.WithHorizon(httpkeytest.DefaultHorizon)}},
 	{name: "httpkey.RazorpayX", server: []httpkeytest.Option{httpkeytest.RazorpayX()},
-		effect: []httpkey.Option{httpkey.RazorpayX(), httpkey.WithHorizon(httpkeytest.DefaultHorizon)}},
+		effect: []httpkey.Option{httpkey.RazorpayX, httpkey.WithHorizon(httpkeytest.DefaultHorizon)}},
 	{name: "httpkey.Braintree", server: []httpkeytest.Option{httpkeytest.Braintree()}, graphQL: true, journalOnly: true,
-		effect: []httpkey.Option{httpkey.Braintree(), httpkey.WithRef(httpkey.JSONField("data", "id"))}},
+		effect: []httpkey.Option{httpkey.Braintree, httpkey.WithRef(httpkey.JSONField("data", "id"))}},
 	{name: "httpkey.IETF+Idempotent-Replayed",
 		server: []httpkeytest.Option{httpkeytest.IETF(), httpkeytest.WithReplayHeader("Idempotent-Replayed", "true")},
-		effect: []httpkey.Option{httpkey.IETF(), httpkey.WithHorizon(httpkeytest.DefaultHorizon), httpkey.WithReplayHeader("Idempotent-Replayed", "true")}},
+		effect: []httpkey.Option{httpkey.IETF, httpkey.WithHorizon(httpkeytest.DefaultHorizon), httpkey.WithReplayHeader("Idempotent-Replayed", "true")}},
 }
 
 // allowKit names what a harness on httpkeytest cannot verify: the kit and

@@ -17,7 +17,7 @@ var replayed = []httpkeytest.Option{httpkeytest.IETF(), httpkeytest.WithReplayHe
 // effectFor returns the options of an effect that trusts the kit's replay
 // signal and declares horizon.
 func effectFor(horizon time.Duration) []httpkey.Option {
-	return []httpkey.Option{httpkey.IETF(), httpkey.WithHorizon(horizon), httpkey.WithReplayHeader("Idempotent-Replayed", "true")}
+	return []httpkey.Option{httpkey.IETF, httpkey.WithHorizon(horizon), httpkey.WithReplayHeader("Idempotent-Replayed", "true")}
 }
 
 // A configuration that declares a longer horizon than the server keeps:
@@ -79,7 +79,7 @@ func TestCounterexampleReplaySignalTheServerDoesNotSendFails(t *testing.T) {
 		effect []httpkey.Option
 	}{
 		{"Idempotent-Replayed", []httpkeytest.Option{httpkeytest.IETF()}, effectFor(httpkeytest.DefaultHorizon)},
-		{"Worldline", []httpkeytest.Option{httpkeytest.Worldline(), httpkeytest.WithoutReplayHeader()}, []httpkey.Option{httpkey.Worldline()}},
+		{"Worldline", []httpkeytest.Option{httpkeytest.Worldline(), httpkeytest.WithoutReplayHeader()}, []httpkey.Option{httpkey.Worldline}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rep := conformance.Evaluate(t, "counterexample: httpkey trusting a replay signal ("+tc.name+") the server never sends",

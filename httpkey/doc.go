@@ -11,7 +11,7 @@
 // duplicate into that one response.
 //
 //	charges, err := httpkey.New(client, buildCharge, // func(ctx, Charge) (*http.Request, error)
-//		httpkey.IETF(), httpkey.WithHorizon(24*time.Hour),
+//		httpkey.IETF, httpkey.WithHorizon(24*time.Hour),
 //		httpkey.WithRef(httpkey.JSONField("id")),
 //		httpkey.WithJournal(pgJournal)) // effectively-once past the server's 24 h
 //	key, _ := effects.NewKey("billing", event.ID, "charge")
@@ -155,7 +155,7 @@
 //     records the ref (then they replay it, as Replayed) or its lease ends.
 //     That is what lets Apply report replays that the server does not
 //     mark, and refuse a reused key the server does not check. A lost
-//     reply costs a lease ([WithLease]): the next attempt sends the request
+//     reply costs a lease ([journal.WithLease]): the next attempt sends the request
 //     again after the lease, and the server answers with the stored
 //     response.
 //

@@ -74,7 +74,7 @@ type Effect[In any] struct {
 //			req.Header.Set("Content-Type", "application/json")
 //			return req, nil
 //		},
-//		httpkey.IETF(), httpkey.WithHorizon(24*time.Hour), httpkey.WithRef(httpkey.JSONField("id")))
+//		httpkey.IETF, httpkey.WithHorizon(24*time.Hour), httpkey.WithRef(httpkey.JSONField("id")))
 //
 // A build error that [effects.ClassOf] does not classify is
 // [effects.ErrPoison] (the input cannot become a request); return a
@@ -84,7 +84,7 @@ func New[In any](client *http.Client, build func(ctx context.Context, in In) (*h
 	cfg := defaults()
 	for _, o := range opts {
 		if o != nil {
-			o(&cfg)
+			o.apply(&cfg)
 		}
 	}
 	if err := cfg.validate(client != nil, build != nil); err != nil {
@@ -130,10 +130,6 @@ func (cfg *config) validate(client, build bool) error {
 			"from its documentation (WithHorizon), or your estimate where it publishes none (WithAssumedHorizon)", cfg.horizon)
 	case cfg.refSet && cfg.ref == nil:
 		return bad("WithRef", "nil function")
-	case cfg.lease <= 0:
-		return bad("WithLease", "lease %v is not positive", cfg.lease)
-	case cfg.loggerSet && cfg.logger == nil:
-		return bad("WithLogger", "nil logger")
 	case cfg.maxBody <= 0:
 		return bad("WithMaxBody", "%d is not positive", cfg.maxBody)
 	case cfg.timeout <= 0:
@@ -274,10 +270,8 @@ func (e *Effect[In]) signal() bool {
 // journalOptions returns the journal's options: the lease gates the call
 // unless the server's key guards it as Stripe's does.
 func (cfg *config) journalOptions(replayHeader, serverReuse bool) []journal.Option {
-	jopts := []journal.Option{
-		journal.WithLease(cfg.lease),
-		journal.WithNotApplied(func(err error) bool { return errors.Is(err, effects.ErrRefused) }),
-	}
+	jopts := append(cfg.jopts[:len(cfg.jopts):len(cfg.jopts)],
+		journal.WithNotApplied(func(err error) bool { return errors.Is(err, effects.ErrRefused) }))
 	if replayHeader && serverReuse && cfg.failsKept {
 		// The server's key guards the call as Stripe's does: it answers
 		// in-flight while another request executes, replays (and says
@@ -285,10 +279,7 @@ func (cfg *config) journalOptions(replayHeader, serverReuse bool) []journal.Opti
 		// gate the call.
 		jopts = append(jopts, journal.WithOwnerIdempotency())
 	}
-	if cfg.logger != nil {
-		jopts = append(jopts, journal.WithLogger(cfg.logger))
-	}
-	return append(jopts, journal.WithObserver(cfg.observer))
+	return jopts
 }
 
 // contractOf derives the contract from the configuration; see the package

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
 	"effectively.dev/effects/journal/memjournal"
 	"effectively.dev/httpkey"
 	"effectively.dev/httpkey/httpkeytest"
@@ -63,10 +64,10 @@ func TestKeyPlacement(t *testing.T) {
 		server []httpkeytest.Option
 		effect []httpkey.Option
 	}{
-		{"IETF structured header", []httpkeytest.Option{httpkeytest.IETF()}, []httpkey.Option{httpkey.IETF(), httpkey.WithHorizon(time.Hour)}},
-		{"Adyen raw header, 64 bytes", []httpkeytest.Option{httpkeytest.Adyen()}, []httpkey.Option{httpkey.Adyen()}},
-		{"PayPal-Request-Id", []httpkeytest.Option{httpkeytest.PayPal()}, []httpkey.Option{httpkey.PayPal(), httpkey.WithHorizon(time.Hour)}},
-		{"Worldline raw header, 40 bytes", []httpkeytest.Option{httpkeytest.Worldline()}, []httpkey.Option{httpkey.Worldline()}},
+		{"IETF structured header", []httpkeytest.Option{httpkeytest.IETF()}, []httpkey.Option{httpkey.IETF, httpkey.WithHorizon(time.Hour)}},
+		{"Adyen raw header, 64 bytes", []httpkeytest.Option{httpkeytest.Adyen()}, []httpkey.Option{httpkey.Adyen}},
+		{"PayPal-Request-Id", []httpkeytest.Option{httpkeytest.PayPal()}, []httpkey.Option{httpkey.PayPal, httpkey.WithHorizon(time.Hour)}},
+		{"Worldline raw header, 40 bytes", []httpkeytest.Option{httpkeytest.Worldline()}, []httpkey.Option{httpkey.Worldline}},
 		{"JSON body member", []httpkeytest.Option{httpkeytest.WithKeyField("idempotency_key")},
 			[]httpkey.Option{httpkey.WithKeyField("idempotency_key"), httpkey.WithHorizon(time.Hour)}},
 	} {
@@ -212,9 +213,9 @@ func TestStatusClasses(t *testing.T) {
 		{http.StatusInternalServerError, nil, effects.ErrAmbiguous, 0},
 		{http.StatusServiceUnavailable, nil, effects.ErrAmbiguous, 0},
 		{http.StatusUnprocessableEntity, nil, effects.ErrKeyReused, 0},
-		{http.StatusUnprocessableEntity, []httpkey.Option{httpkey.Adyen()}, effects.ErrRefused, 0},
-		{http.StatusUnprocessableEntity, []httpkey.Option{httpkey.PayPal()}, effects.ErrRefused, 0},
-		{http.StatusUnprocessableEntity, []httpkey.Option{httpkey.Worldline()}, effects.ErrRefused, 0},
+		{http.StatusUnprocessableEntity, []httpkey.Option{httpkey.Adyen}, effects.ErrRefused, 0},
+		{http.StatusUnprocessableEntity, []httpkey.Option{httpkey.PayPal}, effects.ErrRefused, 0},
+		{http.StatusUnprocessableEntity, []httpkey.Option{httpkey.Worldline}, effects.ErrRefused, 0},
 		{http.StatusTooEarly, []httpkey.Option{httpkey.WithStatus(httpkey.InFlight, http.StatusTooEarly)}, effects.ErrInFlight, 0},
 		{http.StatusNotFound, []httpkey.Option{httpkey.WithStatus(httpkey.Misconfigured, http.StatusNotFound)}, effects.ErrInvalidConfig, 0},
 		{http.StatusBadGateway, []httpkey.Option{httpkey.WithStatus(httpkey.Transient, http.StatusBadGateway)}, effects.ErrTransient, 0},
@@ -361,7 +362,7 @@ func TestReplayedStatus(t *testing.T) {
 // the signal is what is read.
 func TestWorldlineReplaySignal(t *testing.T) {
 	srv := httpkeytest.Start(t, httpkeytest.Worldline())
-	e := newEffect(t, srv, httpkey.Worldline(), httpkey.WithRef(httpkey.JSONField("id")))
+	e := newEffect(t, srv, httpkey.Worldline, httpkey.WithRef(httpkey.JSONField("id")))
 	first, err := e.Apply(ctx, "wl-1", pay("wl-1"))
 	if err != nil || first.Status != effects.Applied {
 		t.Fatalf("first: %+v, %v", first, err)
@@ -379,7 +380,7 @@ func TestWorldlineReplaySignal(t *testing.T) {
 	}
 
 	quiet := httpkeytest.Start(t, httpkeytest.Worldline(), httpkeytest.WithoutReplayHeader())
-	e = newEffect(t, quiet, httpkey.Worldline(), httpkey.WithRef(httpkey.JSONField("id")))
+	e = newEffect(t, quiet, httpkey.Worldline, httpkey.WithRef(httpkey.JSONField("id")))
 	for i := range 2 {
 		if res, err := e.Apply(ctx, "wl-2", pay("wl-2")); err != nil || res.Status != effects.Applied {
 			t.Errorf("call %d without the header: %+v, %v; want Applied", i, res, err)
@@ -629,13 +630,13 @@ func TestContract(t *testing.T) {
 		detects     bool
 		enforcerHas string
 	}{
-		{"IETF", []httpkey.Option{httpkey.IETF(), httpkey.WithHorizon(24 * time.Hour)}, effects.AtLeastOnce, 24 * time.Hour, true, "Idempotency-Key header (a structured string)"},
+		{"IETF", []httpkey.Option{httpkey.IETF, httpkey.WithHorizon(24 * time.Hour)}, effects.AtLeastOnce, 24 * time.Hour, true, "Idempotency-Key header (a structured string)"},
 		{"IETF with replay header", []httpkey.Option{httpkey.WithHorizon(24 * time.Hour), httpkey.WithReplayHeader("idempotent-replayed", "true")},
 			effects.EffectivelyOnce, 24 * time.Hour, true, "replays marked idempotent-replayed: true"},
-		{"Adyen", []httpkey.Option{httpkey.Adyen()}, effects.AtLeastOnce, httpkey.AdyenHorizon, false, "no replay signal"},
-		{"Worldline", []httpkey.Option{httpkey.Worldline()}, effects.EffectivelyOnce, httpkey.WorldlineHorizon, false,
+		{"Adyen", []httpkey.Option{httpkey.Adyen}, effects.AtLeastOnce, httpkey.Adyen.Horizon(), false, "no replay signal"},
+		{"Worldline", []httpkey.Option{httpkey.Worldline}, effects.EffectivelyOnce, httpkey.Worldline.Horizon(), false,
 			"X-GCS-Idempotence-Key header, kept by the server for 24h0m0s, replays marked by a X-GCS-Idempotence-Request-Timestamp header"},
-		{"PayPal with journal", []httpkey.Option{httpkey.PayPal(), httpkey.WithHorizon(72 * time.Hour), httpkey.WithJournal(j)},
+		{"PayPal with journal", []httpkey.Option{httpkey.PayPal, httpkey.WithHorizon(72 * time.Hour), httpkey.WithJournal(j)},
 			effects.EffectivelyOnce, 0, true, "PayPal-Request-Id header, kept by the server for 72h0m0s, no replay signal, then the journal"},
 		{"body member", []httpkey.Option{httpkey.WithKeyField("idempotency_key"), httpkey.WithHorizon(time.Hour),
 			httpkey.WithStatus(httpkey.Refused, 422)}, effects.AtLeastOnce, time.Hour, false, `JSON body's "idempotency_key"`},
@@ -668,7 +669,7 @@ func TestNewRefusesBadConfiguration(t *testing.T) {
 		{"client", nil, build, []httpkey.Option{h}},
 		{"build", http.DefaultClient, nil, []httpkey.Option{h}},
 		{"WithHorizon", http.DefaultClient, build, nil},
-		{"WithHorizon", http.DefaultClient, build, []httpkey.Option{httpkey.PayPal()}},
+		{"WithHorizon", http.DefaultClient, build, []httpkey.Option{httpkey.PayPal}},
 		{"WithHorizon", http.DefaultClient, build, []httpkey.Option{httpkey.WithHorizon(-time.Second)}},
 		{"WithKeyHeader", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithKeyHeader("Bad Header")}},
 		{"WithKeyHeader", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithKeyStructuredHeader("")}},
@@ -680,8 +681,8 @@ func TestNewRefusesBadConfiguration(t *testing.T) {
 		{"WithStatus", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithStatus(httpkey.Outcome(99), 409)}},
 		{"WithStatus", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithStatus(httpkey.Refused)}},
 		{"WithRef", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithRef(nil)}},
-		{"WithLease", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithLease(0)}},
-		{"WithLogger", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithLogger(nil)}},
+		{"WithLease", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithJournal(memjournal.New(nil), journal.WithLease(0))}},
+		{"WithLogger", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithJournal(memjournal.New(nil), journal.WithLogger(nil))}},
 	} {
 		_, err := httpkey.New(tc.client, tc.build, tc.opts...)
 		var ce *effects.ConfigError

@@ -42,7 +42,7 @@ func Example() {
 			req.Header.Set("Content-Type", "application/json")
 			return req, nil
 		},
-		httpkey.IETF(),
+		httpkey.IETF,
 		httpkey.WithHorizon(24*time.Hour), // from the API's documentation
 		httpkey.WithReplayHeader("Idempotent-Replayed", "true"),
 		httpkey.WithRef(httpkey.JSONField("id")))

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
 	"effectively.dev/effects/journal/memjournal"
 	"effectively.dev/httpkey"
 	"effectively.dev/httpkey/httpkeytest"
@@ -37,8 +38,8 @@ func TestUnrecordedResponseIsAnObserverEvent(t *testing.T) {
 		evs  []effects.Event
 	)
 	obs := effects.ObserverFunc(func(_ context.Context, ev effects.Event) { mu.Lock(); evs = append(evs, ev); mu.Unlock() })
-	e := newEffect(t, srv, httpkey.WithHorizon(time.Hour), httpkey.WithJournal(refusingJournal{memjournal.New(nil)}),
-		httpkey.WithObserver(obs), httpkey.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	e := newEffect(t, srv, httpkey.WithHorizon(time.Hour), httpkey.WithJournal(refusingJournal{memjournal.New(nil)},
+		journal.WithObserver(obs), journal.WithLogger(slog.New(slog.NewTextHandler(&logs, nil)))))
 	key := effects.MustKey("billing", "evt_obs", "charge")
 	if res, err := e.Apply(ctx, key, pay(key)); err != nil || res.Status != effects.Applied {
 		t.Fatalf("Apply = %+v, %v; want applied", res, err)

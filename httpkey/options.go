@@ -2,11 +2,9 @@ package httpkey
 
 import (
 	"fmt"
-	"log/slog"
 	"net/http"
 	"time"
 
-	"effectively.dev/effects"
 	"effectively.dev/effects/journal"
 )
 
@@ -24,7 +22,7 @@ const (
 	// A longer body is not read past the limit ([WithMaxBody]).
 	DefaultMaxBody = 1 << 20
 	// DefaultTimeout bounds one call without a journal ([WithTimeout]);
-	// with one, the call ends at nine tenths of the lease ([WithLease]).
+	// with one, the call ends at nine tenths of the lease ([journal.WithLease]).
 	DefaultTimeout = 30 * time.Second
 )
 
@@ -94,11 +92,14 @@ const (
 
 // Option configures an effect built by [New]. Options record a value; New
 // validates them once and returns a *[effects.ConfigError] naming the
-// first bad one. A nil Option is ignored. Presets ([IETF], [Neutral],
-// [Adyen], [PayPal], [Worldline], [Checkout], [GoCardless], [Mollie],
-// [Square], [RazorpayX], [Braintree]) are Options that set several
-// values; put a preset first and the options that change it after it.
-type Option func(*config)
+// first bad one. A nil Option is ignored. A [Provider] is an Option that
+// sets several values; put it first and the options that change it after
+// it.
+type Option interface{ apply(*config) }
+
+type option func(*config)
+
+func (f option) apply(c *config) { f(c) }
 
 type config struct {
 	preset      string // the preset's name, for messages
@@ -126,10 +127,7 @@ type config struct {
 	ref         func(*http.Response, []byte) (string, error)
 	refSet      bool
 	journal     journal.Journal
-	lease       time.Duration
-	logger      *slog.Logger
-	loggerSet   bool
-	observer    effects.Observer
+	jopts       []journal.Option
 }
 
 type assignment struct {
@@ -142,14 +140,14 @@ type assignment struct {
 // PayPal-Request-Id, Worldline's X-GCS-Idempotence-Key). See
 // [WithMaxKeyLen] for how the key is written.
 func WithKeyHeader(name string) Option {
-	return func(c *config) { c.place, c.name, c.field = inHeader, name, nil }
+	return option(func(c *config) { c.place, c.name, c.field = inHeader, name, nil })
 }
 
 // WithKeyStructuredHeader sends the key in header name as an RFC 8941
 // Structured Field String, in double quotes, as the IETF draft specifies
 // for Idempotency-Key ([IETF] uses it).
 func WithKeyStructuredHeader(name string) Option {
-	return func(c *config) { c.place, c.name, c.field = inStructuredHeader, name, nil }
+	return option(func(c *config) { c.place, c.name, c.field = inStructuredHeader, name, nil })
 }
 
 // WithKeyField sends the key as a string member of the request's JSON
@@ -161,7 +159,7 @@ func WithKeyStructuredHeader(name string) Option {
 // member first in its object, leaving the rest of the body as it is.
 func WithKeyField(path ...string) Option {
 	path = append([]string(nil), path...)
-	return func(c *config) { c.place, c.name, c.field = inField, "", path }
+	return option(func(c *config) { c.place, c.name, c.field = inField, "", path })
 }
 
 // WithMaxKeyLen sets the longest key the server accepts, in bytes
@@ -173,7 +171,7 @@ func WithKeyField(path ...string) Option {
 // server's form of a key is what [Effect.WireKey] returns. It replaces a
 // format set by [WithKeyAlphabet] or [WithKeyUUID].
 func WithMaxKeyLen(n int) Option {
-	return func(c *config) { c.keyFmt = keyFormat{max: n} }
+	return option(func(c *config) { c.keyFmt = keyFormat{max: n} })
 }
 
 // WithKeyAlphabet writes every key with the bytes of alphabet only, in
@@ -187,7 +185,7 @@ func WithMaxKeyLen(n int) Option {
 // never written (HTTP trims them from a header's ends). [New] refuses an
 // alphabet whose digest does not fit in max.
 func WithKeyAlphabet(alphabet string, min, max int) Option {
-	return func(c *config) { c.keyFmt = keyFormat{alphabet: alphabet, min: min, max: max} }
+	return option(func(c *config) { c.keyFmt = keyFormat{alphabet: alphabet, min: min, max: max} })
 }
 
 // WithKeyUUID writes every key as a UUID (RFC 9562 version 5, from a
@@ -195,7 +193,7 @@ func WithKeyAlphabet(alphabet string, min, max int) Option {
 // accepts only UUIDs: deterministic, and distinct for distinct keys (122
 // bits).
 func WithKeyUUID() Option {
-	return func(c *config) { c.keyFmt = keyFormat{uuid: true, max: 36} }
+	return option(func(c *config) { c.keyFmt = keyFormat{uuid: true, max: 36} })
 }
 
 // WithReplayHeader declares the server's replay signal: a response whose
@@ -206,7 +204,7 @@ func WithKeyUUID() Option {
 // conformance suite checks it. A replayed 5xx is
 // [ErrReplayedServerError].
 func WithReplayHeader(name, value string) Option {
-	return func(c *config) { c.replayName, c.replayValue, c.replayAny = name, value, false }
+	return option(func(c *config) { c.replayName, c.replayValue, c.replayAny = name, value, false })
 }
 
 // WithReplayHeaderPresent declares a replay signal that is a header's
@@ -215,7 +213,7 @@ func WithReplayHeader(name, value string) Option {
 // X-GCS-Idempotence-Request-Timestamp, which holds the first request's
 // time). Otherwise as [WithReplayHeader].
 func WithReplayHeaderPresent(name string) Option {
-	return func(c *config) { c.replayName, c.replayValue, c.replayAny = name, "", true }
+	return option(func(c *config) { c.replayName, c.replayValue, c.replayAny = name, "", true })
 }
 
 // WithHorizon declares how long the server keeps a key after its first
@@ -228,7 +226,7 @@ func WithReplayHeaderPresent(name string) Option {
 // says so (effects.Contract.HorizonAssumed), as with
 // [WithAssumedHorizon].
 func WithHorizon(d time.Duration) Option {
-	return func(c *config) { c.horizon, c.assumed = d, false }
+	return option(func(c *config) { c.horizon, c.assumed = d, false })
 }
 
 // WithAssumedHorizon declares a horizon that the API does not publish:
@@ -238,7 +236,7 @@ func WithHorizon(d time.Duration) Option {
 // horizon scenario run against the real API's sandbox with a harness that
 // can wait it out. d must be positive.
 func WithAssumedHorizon(d time.Duration) Option {
-	return func(c *config) { c.horizon, c.assumed = d, true }
+	return option(func(c *config) { c.horizon, c.assumed = d, true })
 }
 
 // WithFailuresNotStored declares that the server stores only its 2xx
@@ -247,7 +245,7 @@ func WithAssumedHorizon(d time.Duration) Option {
 // key. With a journal the contract is then at-least-once, duplicates after
 // an unknown outcome; without one it is at-least-once in any case.
 func WithFailuresNotStored() Option {
-	return func(c *config) { c.failsKept = false }
+	return option(func(c *config) { c.failsKept = false })
 }
 
 // WithStatus assigns the response statuses codes (each 400 to 599) to
@@ -257,9 +255,9 @@ func WithFailuresNotStored() Option {
 //
 //	httpkey.WithStatus(httpkey.InFlight, 425)
 func WithStatus(outcome Outcome, codes ...int) Option {
-	return func(c *config) {
+	return option(func(c *config) {
 		c.assigned = append(c.assigned, assignment{outcome, append([]int(nil), codes...)})
-	}
+	})
 }
 
 // WithRef sets how Apply reads the result's reference from a 2xx response
@@ -270,7 +268,7 @@ func WithStatus(outcome Outcome, codes ...int) Option {
 // request was applied: a retry after the fix replays it); ref must not be
 // nil.
 func WithRef(ref func(resp *http.Response, body []byte) (string, error)) Option {
-	return func(c *config) { c.ref, c.refSet = ref, true }
+	return option(func(c *config) { c.ref, c.refSet = ref, true })
 }
 
 // WithErrorCode reads the vendor's error code from the member of an
@@ -280,7 +278,7 @@ func WithRef(ref func(resp *http.Response, body []byte) (string, error)) Option 
 // else, which might carry a customer's data, is left out.
 func WithErrorCode(path ...string) Option {
 	path = append([]string(nil), path...)
-	return func(c *config) { c.codePath = path }
+	return option(func(c *config) { c.codePath = path })
 }
 
 // WithRequestIDHeader reads the id the vendor gives the request from the
@@ -288,7 +286,7 @@ func WithErrorCode(path ...string) Option {
 // [ResponseError].RequestID, shown in the error's text, kept only when a
 // short identifier as for [WithErrorCode].
 func WithRequestIDHeader(name string) Option {
-	return func(c *config) { c.requestID, c.requestPath = name, nil }
+	return option(func(c *config) { c.requestID, c.requestPath = name, nil })
 }
 
 // WithRequestIDField reads the request's id from the member of an error
@@ -296,7 +294,7 @@ func WithRequestIDHeader(name string) Option {
 // [WithRequestIDHeader] does from a header.
 func WithRequestIDField(path ...string) Option {
 	path = append([]string(nil), path...)
-	return func(c *config) { c.requestPath, c.requestID = path, "" }
+	return option(func(c *config) { c.requestPath, c.requestID = path, "" })
 }
 
 // WithErrorBody keeps the start of an error response's body (at most 64
@@ -306,7 +304,7 @@ func WithRequestIDField(path ...string) Option {
 // an email address) in their errors, and an error reaches logs, spans and
 // dead-letter headers.
 func WithErrorBody() Option {
-	return func(c *config) { c.keepBody = true }
+	return option(func(c *config) { c.keepBody = true })
 }
 
 // WithMaxBody sets the longest 2xx body Apply reads (default
@@ -316,17 +314,17 @@ func WithErrorBody() Option {
 // wrapping [effects.ErrAmbiguous], since the request was applied and a
 // retry after the fix replays it.
 func WithMaxBody(n int64) Option {
-	return func(c *config) { c.maxBody = n }
+	return option(func(c *config) { c.maxBody = n })
 }
 
 // WithTimeout bounds each call without a journal (default
 // [DefaultTimeout], 30 s): a request with no answer by then ends with
 // [effects.ErrAmbiguous], and the retry with the key resolves it. With a
-// journal, the call ends at nine tenths of the lease ([WithLease]) and
+// journal, the call ends at nine tenths of the lease ([journal.WithLease]) and
 // this option does nothing. d must be positive; the caller's context and
 // the client's own Timeout still apply.
 func WithTimeout(d time.Duration) Option {
-	return func(c *config) { c.timeout = d }
+	return option(func(c *config) { c.timeout = d })
 }
 
 // WithPathTemplate sets how the journal's fingerprint of a request reads
@@ -338,40 +336,18 @@ func WithTimeout(d time.Duration) Option {
 // key reused with another payload. Use func(p string) string { return p }
 // for a provider whose keys are scoped to the versioned path.
 func WithPathTemplate(path func(p string) string) Option {
-	return func(c *config) { c.pathOf = path }
+	return option(func(c *config) { c.pathOf = path })
 }
 
 // WithJournal makes the effect keep every response's reference in j and
 // replay it from there without calling the server, however old it is:
 // the contract becomes effectively-once with Horizon 0 (until j prunes),
 // and Apply reports replays even when the server gives no replay signal.
-// The journal runs [journal.Journaled]'s protocol and policy; see the
-// package doc for how it and the server's key overlap.
-func WithJournal(j journal.Journal) Option {
-	return func(c *config) { c.journal = j }
-}
-
-// WithLease sets how long one attempt holds its key in the journal
-// (default [journal.DefaultLease]); the request ends at nine tenths of it.
-// When the journal's lease gates the call (see the package doc), a retry
-// after an unknown outcome waits for the lease to end. Without
-// [WithJournal] it does nothing. d must be positive.
-func WithLease(d time.Duration) Option {
-	return func(c *config) { c.lease = d }
-}
-
-// WithLogger sets where the effect reports what it cannot return (a
-// response the journal did not record); the default is slog.Default() at
-// the time of the event. l must not be nil.
-func WithLogger(l *slog.Logger) Option {
-	return func(c *config) { c.logger, c.loggerSet = l, true }
-}
-
-// WithObserver sends what the effect cannot return to o as events, in
-// place of log lines: [effects.EventFailed] for a response the journal did not record and for a lease it
-// could not release, [effects.EventInFlight] when another attempt holds
-// the key's lease (see [journal.WithObserver]). Without it (or with a nil
-// o) the failures go to the logger ([WithLogger]), rate-limited.
-func WithObserver(o effects.Observer) Option {
-	return func(c *config) { c.observer = o }
+// opts set the journal's lease, record timeout, observer and logger
+// ([journal.WithLease], [journal.WithRecordTimeout], ...); the request
+// ends at nine tenths of the lease. The journal runs
+// [journal.Journaled]'s protocol and policy; see the package doc for how
+// it and the server's key overlap.
+func WithJournal(j journal.Journal, opts ...journal.Option) Option {
+	return option(func(c *config) { c.journal, c.jopts = j, opts })
 }

@@ -33,19 +33,19 @@ func TestPresetContracts(t *testing.T) {
 		assumed   bool
 		detects   bool
 	}{
-		{"IETF", []httpkey.Option{httpkey.IETF(), h}, effects.AtLeastOnce, 48 * time.Hour, false, true},
-		{"Neutral", []httpkey.Option{httpkey.Neutral(), h}, effects.AtLeastOnce, 48 * time.Hour, false, false},
-		{"Neutral, assumed", []httpkey.Option{httpkey.Neutral(), httpkey.WithAssumedHorizon(time.Hour)}, effects.AtLeastOnce, time.Hour, true, false},
-		{"IETF, assumed", []httpkey.Option{httpkey.IETF(), httpkey.WithAssumedHorizon(time.Hour)}, effects.AtLeastOnce, time.Hour, true, true},
-		{"Adyen", []httpkey.Option{httpkey.Adyen()}, effects.AtLeastOnce, 7 * 24 * time.Hour, false, false},
-		{"PayPal", []httpkey.Option{httpkey.PayPal(), h}, effects.AtLeastOnce, 48 * time.Hour, false, false},
-		{"Worldline", []httpkey.Option{httpkey.Worldline()}, effects.EffectivelyOnce, 24 * time.Hour, false, false},
-		{"Checkout", []httpkey.Option{httpkey.Checkout()}, effects.AtLeastOnce, 24 * time.Hour, false, false},
-		{"GoCardless", []httpkey.Option{httpkey.GoCardless(), h}, effects.EffectivelyOnce, 48 * time.Hour, true, false},
-		{"Mollie", []httpkey.Option{httpkey.Mollie()}, effects.EffectivelyOnce, 24 * time.Hour, false, true},
-		{"Square", []httpkey.Option{httpkey.Square(), h}, effects.AtLeastOnce, 48 * time.Hour, true, true},
-		{"RazorpayX", []httpkey.Option{httpkey.RazorpayX(), h}, effects.AtLeastOnce, 48 * time.Hour, true, true},
-		{"Braintree", []httpkey.Option{httpkey.Braintree()}, effects.AtLeastOnce, 30 * 24 * time.Hour, false, false},
+		{"IETF", []httpkey.Option{httpkey.IETF, h}, effects.AtLeastOnce, 48 * time.Hour, false, true},
+		{"Neutral", []httpkey.Option{httpkey.Neutral, h}, effects.AtLeastOnce, 48 * time.Hour, false, false},
+		{"Neutral, assumed", []httpkey.Option{httpkey.Neutral, httpkey.WithAssumedHorizon(time.Hour)}, effects.AtLeastOnce, time.Hour, true, false},
+		{"IETF, assumed", []httpkey.Option{httpkey.IETF, httpkey.WithAssumedHorizon(time.Hour)}, effects.AtLeastOnce, time.Hour, true, true},
+		{"Adyen", []httpkey.Option{httpkey.Adyen}, effects.AtLeastOnce, 7 * 24 * time.Hour, false, false},
+		{"PayPal", []httpkey.Option{httpkey.PayPal, h}, effects.AtLeastOnce, 48 * time.Hour, false, false},
+		{"Worldline", []httpkey.Option{httpkey.Worldline}, effects.EffectivelyOnce, 24 * time.Hour, false, false},
+		{"Checkout", []httpkey.Option{httpkey.Checkout}, effects.AtLeastOnce, 24 * time.Hour, false, false},
+		{"GoCardless", []httpkey.Option{httpkey.GoCardless, h}, effects.EffectivelyOnce, 48 * time.Hour, true, false},
+		{"Mollie", []httpkey.Option{httpkey.Mollie}, effects.EffectivelyOnce, 24 * time.Hour, false, true},
+		{"Square", []httpkey.Option{httpkey.Square, h}, effects.AtLeastOnce, 48 * time.Hour, true, true},
+		{"RazorpayX", []httpkey.Option{httpkey.RazorpayX, h}, effects.AtLeastOnce, 48 * time.Hour, true, true},
+		{"Braintree", []httpkey.Option{httpkey.Braintree}, effects.AtLeastOnce, 30 * 24 * time.Hour, false, false},
 	} {
 		e, err := httpkey.New(http.DefaultClient, buildGraphQL("http://127.0.0.1:1"), tc.opts...)
 		if err != nil {
@@ -59,7 +59,7 @@ func TestPresetContracts(t *testing.T) {
 			t.Errorf("%s: %q does not say whether the horizon is assumed", tc.name, c)
 		}
 	}
-	for _, p := range []httpkey.Option{httpkey.Neutral(), httpkey.GoCardless(), httpkey.Square(), httpkey.RazorpayX(), httpkey.PayPal()} {
+	for _, p := range []httpkey.Option{httpkey.Neutral, httpkey.GoCardless, httpkey.Square, httpkey.RazorpayX, httpkey.PayPal} {
 		var ce *effects.ConfigError
 		if _, err := httpkey.New(http.DefaultClient, buildPayment("http://127.0.0.1:1"), p); !errors.As(err, &ce) || ce.Option != "WithHorizon" {
 			t.Errorf("a preset without a published horizon and none given: %v, want a ConfigError naming WithHorizon", err)
@@ -74,7 +74,7 @@ func TestAdyenInProgressWaits(t *testing.T) {
 	for _, status := range []int{http.StatusUnprocessableEntity, http.StatusConflict} {
 		t.Run(fmt.Sprint(status), func(t *testing.T) {
 			srv := httpkeytest.Start(t, httpkeytest.Adyen(), httpkeytest.WithInFlightStatus(status))
-			e := newEffect(t, srv, httpkey.Adyen())
+			e := newEffect(t, srv, httpkey.Adyen)
 			held, release := srv.Hold()
 			defer release()
 			first := make(chan error, 1)
@@ -95,7 +95,7 @@ func TestAdyenInProgressWaits(t *testing.T) {
 		})
 	}
 	srv := httpkeytest.Start(t, httpkeytest.Adyen())
-	e := newEffect(t, srv, httpkey.Adyen())
+	e := newEffect(t, srv, httpkey.Adyen)
 	declined := pay("adyen-declined")
 	declined.Reference = httpkeytest.DeclineMarker
 	_, err := e.Apply(ctx, "adyen-declined", declined)
@@ -113,7 +113,7 @@ func TestAdyenInProgressWaits(t *testing.T) {
 		_, _ = io.WriteString(w, `{"status":422,"errorCode":"999"}`)
 	}))
 	defer hdr.Close()
-	e2, _ := httpkey.New(newClient(t), buildPayment(hdr.URL), httpkey.Adyen())
+	e2, _ := httpkey.New(newClient(t), buildPayment(hdr.URL), httpkey.Adyen)
 	if _, err := e2.Apply(ctx, "adyen-hdr", pay("adyen-hdr")); !errors.Is(err, effects.ErrInFlight) {
 		t.Errorf("422 with transient-error: true: %v, want ErrInFlight", err)
 	}
@@ -124,7 +124,7 @@ func TestAdyenInProgressWaits(t *testing.T) {
 // conflicting resource's id.
 func TestGoCardlessConflictIsReplay(t *testing.T) {
 	srv := httpkeytest.Start(t, httpkeytest.GoCardless())
-	e := newEffect(t, srv, httpkey.GoCardless(), httpkey.WithHorizon(time.Hour), httpkey.WithRef(httpkey.JSONField("id")))
+	e := newEffect(t, srv, httpkey.GoCardless, httpkey.WithHorizon(time.Hour), httpkey.WithRef(httpkey.JSONField("id")))
 	first, err := e.Apply(ctx, "gc-1", pay("gc-1"))
 	if err != nil || first.Status != effects.Applied || first.Ref == "" {
 		t.Fatalf("first: %+v, %v", first, err)
@@ -150,9 +150,9 @@ func TestProviderKeyFormats(t *testing.T) {
 		opts []httpkey.Option
 		ok   func(string) bool
 	}{
-		{"RazorpayX", []httpkey.Option{httpkey.RazorpayX(), h}, razor.MatchString},
-		{"PayPal", []httpkey.Option{httpkey.PayPal(), h}, func(s string) bool { return len(s) >= 1 && len(s) <= 108 }},
-		{"Square", []httpkey.Option{httpkey.Square(), h}, func(s string) bool { return len(s) >= 1 && len(s) <= 45 }},
+		{"RazorpayX", []httpkey.Option{httpkey.RazorpayX, h}, razor.MatchString},
+		{"PayPal", []httpkey.Option{httpkey.PayPal, h}, func(s string) bool { return len(s) >= 1 && len(s) <= 108 }},
+		{"Square", []httpkey.Option{httpkey.Square, h}, func(s string) bool { return len(s) >= 1 && len(s) <= 45 }},
 		{"UUID", []httpkey.Option{h, httpkey.WithKeyUUID()}, uuid.MatchString},
 		{"digits", []httpkey.Option{h, httpkey.WithKeyAlphabet("0123456789", 30, 60)},
 			regexp.MustCompile(`^[0-9]{30,60}$`).MatchString},
@@ -188,7 +188,7 @@ func TestProviderKeyFormats(t *testing.T) {
 	}
 	// And the kit playing RazorpayX, which checks the format, takes them.
 	srv := httpkeytest.Start(t, httpkeytest.RazorpayX())
-	e := newEffect(t, srv, httpkey.RazorpayX(), h)
+	e := newEffect(t, srv, httpkey.RazorpayX, h)
 	for _, k := range keys[:20] {
 		if _, err := e.Apply(ctx, k, pay(k)); err != nil {
 			t.Errorf("RazorpayX kit, key %q: %v", k, err)
@@ -201,7 +201,7 @@ func TestProviderKeyFormats(t *testing.T) {
 // the key goes in the mutation's input.
 func TestBraintreeErrorsIn200(t *testing.T) {
 	srv := httpkeytest.Start(t, httpkeytest.Braintree())
-	e, err := httpkey.New(newClient(t), buildGraphQL(srv.URL), httpkey.Braintree(), httpkey.WithRef(httpkey.JSONField("data", "id")))
+	e, err := httpkey.New(newClient(t), buildGraphQL(srv.URL), httpkey.Braintree, httpkey.WithRef(httpkey.JSONField("data", "id")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +239,7 @@ func TestRules(t *testing.T) {
 		_, _ = io.WriteString(w, `{"data":null,"errors":[{"message":"no","code":"X1"}]}`)
 	}))
 	defer srv.Close()
-	e, err := httpkey.New(newClient(t), buildPayment(srv.URL), httpkey.Neutral(), httpkey.WithHorizon(time.Hour),
+	e, err := httpkey.New(newClient(t), buildPayment(srv.URL), httpkey.Neutral, httpkey.WithHorizon(time.Hour),
 		httpkey.WithErrorsIn2xx(0, "errors"), httpkey.WithErrorCode("errors", "*", "code"))
 	if err != nil {
 		t.Fatal(err)
@@ -282,7 +282,7 @@ func TestVendorBodyNeverInErrors(t *testing.T) {
 	}))
 	defer srv.Close()
 	for _, keep := range []bool{false, true} {
-		opts := []httpkey.Option{httpkey.Neutral(), httpkey.WithHorizon(time.Hour), httpkey.WithErrorCode("code")}
+		opts := []httpkey.Option{httpkey.Neutral, httpkey.WithHorizon(time.Hour), httpkey.WithErrorCode("code")}
 		if keep {
 			opts = append(opts, httpkey.WithErrorBody())
 		}
@@ -311,7 +311,7 @@ func TestVendorBodyNeverInErrors(t *testing.T) {
 		_, _ = io.WriteString(w, `{"code":"card 4242424242424242 invalid"}`)
 	}))
 	defer srv2.Close()
-	e, _ := httpkey.New(newClient(t), buildPayment(srv2.URL), httpkey.Neutral(), httpkey.WithHorizon(time.Hour), httpkey.WithErrorCode("code"))
+	e, _ := httpkey.New(newClient(t), buildPayment(srv2.URL), httpkey.Neutral, httpkey.WithHorizon(time.Hour), httpkey.WithErrorCode("code"))
 	if _, err := e.Apply(ctx, "pii2", pay("pii2")); strings.Contains(err.Error(), "4242") {
 		t.Errorf("a code with data in it reached the error: %v", err)
 	}
@@ -334,7 +334,7 @@ func TestHugeSuccessBodyIsBounded(t *testing.T) {
 	}))
 	defer srv.Close()
 	for _, withRef := range []bool{true, false} {
-		opts := []httpkey.Option{httpkey.Neutral(), httpkey.WithHorizon(time.Hour)}
+		opts := []httpkey.Option{httpkey.Neutral, httpkey.WithHorizon(time.Hour)}
 		if withRef {
 			opts = append(opts, httpkey.WithRef(httpkey.JSONField("id")))
 		}
@@ -377,7 +377,7 @@ func TestURLsInErrorsRedacted(t *testing.T) {
 			body, _ := json.Marshal(p)
 			return http.NewRequestWithContext(ctx, http.MethodPost, base+"/objects?api_key=sk_live_secret", strings.NewReader(string(body)))
 		}
-		e, err := httpkey.New(newClient(t), build, httpkey.Neutral(), httpkey.WithHorizon(time.Hour))
+		e, err := httpkey.New(newClient(t), build, httpkey.Neutral, httpkey.WithHorizon(time.Hour))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -405,7 +405,7 @@ func TestCallTimeoutWithoutJournal(t *testing.T) {
 	}))
 	defer srv.Close()
 	defer close(stop)
-	e, err := httpkey.New(newClient(t), buildPayment(srv.URL), httpkey.Neutral(), httpkey.WithHorizon(time.Hour), httpkey.WithTimeout(200*time.Millisecond))
+	e, err := httpkey.New(newClient(t), buildPayment(srv.URL), httpkey.Neutral, httpkey.WithHorizon(time.Hour), httpkey.WithTimeout(200*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -429,7 +429,7 @@ func TestFingerprintIgnoresTheAPIVersion(t *testing.T) {
 		e, err := httpkey.New(newClient(t), func(ctx context.Context, p Payment) (*http.Request, error) {
 			req, err := buildPayment(srv.URL+"/"+version)(ctx, p)
 			return req, err
-		}, httpkey.IETF(), httpkey.WithHorizon(time.Hour), httpkey.WithJournal(j))
+		}, httpkey.IETF, httpkey.WithHorizon(time.Hour), httpkey.WithJournal(j))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -460,7 +460,7 @@ func TestSuccessBodyReadOnlyWhenNeeded(t *testing.T) {
 		_, _ = io.WriteString(w, `{"pspReference":"`+strings.Repeat("x", 4096)+`"}`)
 	}))
 	defer srv.Close()
-	e, err := httpkey.New(newClient(t), buildPayment(srv.URL), httpkey.Adyen(), httpkey.WithMaxBody(1024))
+	e, err := httpkey.New(newClient(t), buildPayment(srv.URL), httpkey.Adyen, httpkey.WithMaxBody(1024))
 	if err != nil {
 		t.Fatal(err)
 	}

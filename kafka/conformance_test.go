@@ -11,6 +11,7 @@ import (
 
 	"effectively.dev/conformance"
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
 	"effectively.dev/kafka"
 	"effectively.dev/kafka/kafkatest"
 	"effectively.dev/postgres"
@@ -92,7 +93,7 @@ func (h *producerHarness) Make(ctx context.Context, f *conformance.Faults) (effe
 			pool.Close()
 			return nil, nil, err
 		}
-		opts = append(opts, kafka.WithJournal(j), kafka.WithLease(conformanceLease))
+		opts = append(opts, kafka.WithJournal(j, journal.WithLease(conformanceLease)))
 		close = func() { cl.Close(); pool.Close() }
 	}
 	p, err := kafka.NewProducer(cl, h.topic, opts...)

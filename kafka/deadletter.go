@@ -17,8 +17,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
+	"effectively.dev/internal/ratelog"
 	"effectively.dev/kafka/internal/produce"
-	"effectively.dev/observe/ratelog"
 )
 
 // Headers a dead-letter record carries besides the delivery's own (see
@@ -92,7 +92,7 @@ const (
 	// value is cut and ends in "…".
 	MaxCutHeaderBytes = 256
 	// MinDeadLetterMaxBytes is the smallest size limit
-	// [WithDeadLetterMaxBytes] accepts: room for the dead-letter headers
+	// [WithMaxBytes] accepts: room for the dead-letter headers
 	// of a cut dead letter.
 	MinDeadLetterMaxBytes = 2 << 10
 	// DefaultDeadLetterMaxBytes is the size limit [DeadLetterTopic] uses
@@ -105,20 +105,17 @@ const (
 // take beyond the key, value and headers, with room to spare.
 const deadLetterOverhead = 256
 
-// DeadLetterOption configures [DeadLetterTopic].
-type DeadLetterOption func(*deadLetterOpts)
-
 type deadLetterOpts struct {
 	maxBytes    int
 	maxBytesSet bool
 }
 
-// WithDeadLetterMaxBytes sets the size limit of the dead-letter topic's
+// WithMaxBytes sets the size limit of the dead-letter topic's
 // records instead of reading the topic's max.message.bytes: a dead letter
 // larger than n bytes is cut to fit (see [DeadLetterTopic]). n must be at
 // least [MinDeadLetterMaxBytes].
-func WithDeadLetterMaxBytes(n int) DeadLetterOption {
-	return func(c *deadLetterOpts) { c.maxBytes, c.maxBytesSet = n, true }
+func WithMaxBytes(n int) DeadLetterOption {
+	return deadLetterOpt(func(c *deadLetterOpts) { c.maxBytes, c.maxBytesSet = n, true })
 }
 
 // DeadLetterHook is the function [DeadLetterTopic] returns: the type that
@@ -140,7 +137,7 @@ type DeadLetterHook = func(ctx context.Context, d effects.Delivery, err error) e
 // A dead letter always fits its topic. The size limit is the topic's
 // max.message.bytes, read once with a DescribeConfigs request and cached
 // ([DefaultDeadLetterMaxBytes] when the client may not read it), or
-// [WithDeadLetterMaxBytes]; it is never above the client's
+// [WithMaxBytes]; it is never above the client's
 // kgo.ProducerBatchMaxBytes. A record that would not fit is cut: every
 // header value and the key to [MaxCutHeaderBytes], the body to what room
 // is left, and it carries [HeaderDLQCut] (what was cut),
@@ -168,7 +165,7 @@ func DeadLetterTopic(client *kgo.Client, topic string, opts ...DeadLetterOption)
 	var cfg deadLetterOpts
 	for _, o := range opts {
 		if o != nil {
-			o(&cfg)
+			o.applyDeadLetter(&cfg)
 		}
 	}
 	switch {
@@ -177,7 +174,7 @@ func DeadLetterTopic(client *kgo.Client, topic string, opts ...DeadLetterOption)
 	case topic == "":
 		return nil, &effects.ConfigError{Op: op, Option: "topic", Reason: "empty"}
 	case cfg.maxBytesSet && cfg.maxBytes < MinDeadLetterMaxBytes:
-		return nil, &effects.ConfigError{Op: op, Option: "WithDeadLetterMaxBytes",
+		return nil, &effects.ConfigError{Op: op, Option: "WithMaxBytes",
 			Reason: fmt.Sprintf("%d bytes; need at least %d", cfg.maxBytes, MinDeadLetterMaxBytes)}
 	}
 	if err := produce.CheckClient(client); err != nil {
@@ -195,7 +192,7 @@ type deadLetterer struct {
 	client    *kgo.Client
 	topic     string
 	sync      *produce.Syncer
-	fixed     int // WithDeadLetterMaxBytes; 0: read the topic's
+	fixed     int // WithMaxBytes; 0: read the topic's
 	clientMax int // the client's ProducerBatchMaxBytes
 
 	mu     sync.Mutex

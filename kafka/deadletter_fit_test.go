@@ -113,16 +113,16 @@ func TestDeadLetterIDStoredOnce(t *testing.T) {
 	}
 }
 
-// TestDeadLetterMaxBytesOption: WithDeadLetterMaxBytes caps the dead
+// TestDeadLetterMaxBytesOption: WithMaxBytes caps the dead
 // letter below what the topic allows, and refuses a limit too small for
 // the dead-letter headers.
 func TestDeadLetterMaxBytesOption(t *testing.T) {
 	c := kafkatest.Start(t)
 	dlq := c.Topic(t, "opt-dlq", 1)
-	if _, err := kafka.DeadLetterTopic(c.Client(t), dlq, kafka.WithDeadLetterMaxBytes(100)); !effects.IsConfig(err) {
-		t.Errorf("WithDeadLetterMaxBytes(100): %v, want a configuration error", err)
+	if _, err := kafka.DeadLetterTopic(c.Client(t), dlq, kafka.WithMaxBytes(100)); !effects.IsConfig(err) {
+		t.Errorf("WithMaxBytes(100): %v, want a configuration error", err)
 	}
-	hook, err := kafka.DeadLetterTopic(c.Client(t), dlq, kafka.WithDeadLetterMaxBytes(3000))
+	hook, err := kafka.DeadLetterTopic(c.Client(t), dlq, kafka.WithMaxBytes(3000))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +135,7 @@ func TestDeadLetterMaxBytesOption(t *testing.T) {
 		t.Fatalf("dead letters %d, body %d bytes, cut %q", len(recs), len(recs[0].Value), header(recs[0], kafka.HeaderDLQCut))
 	}
 	// A cut dead letter is for inspection: Redrive does not move it.
-	st, err := kafka.Redrive(context.Background(), c.Client(t), dlq, kafka.WithRedriveTopic("elsewhere"), kafka.WithRedriveDryRun(nil))
+	st, err := kafka.Redrive(context.Background(), c.Client(t), dlq, kafka.WithTopic("elsewhere"), kafka.WithDryRun(nil))
 	if err != nil || st.Moved != 0 || st.Cut != 1 {
 		t.Errorf("Redrive of a cut dead letter: %+v, %v; want 0 moved, 1 cut", st, err)
 	}

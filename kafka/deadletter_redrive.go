@@ -17,15 +17,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/time/rate"
 
-	"effectively.dev/effects"
+	"effectively.dev/internal/optcheck"
+	"effectively.dev/internal/ratelog"
 	"effectively.dev/kafka/internal/produce"
-	"effectively.dev/observe/ratelog"
 )
-
-// RedriveOption configures [Redrive]: which dead letters move, where, and
-// how fast. Options only record their value; Redrive validates them before
-// any I/O and ignores nil options.
-type RedriveOption func(*redriveConfig)
 
 type redriveConfig struct {
 	from, to time.Time
@@ -45,112 +40,84 @@ type redriveConfig struct {
 	group    string
 }
 
-// WithRedriveTimeRange moves only dead letters written in [from, to) (the
-// dead-letter record's timestamp); a zero time leaves that side open.
-func WithRedriveTimeRange(from, to time.Time) RedriveOption {
-	return func(c *redriveConfig) { c.from, c.to = from, to }
+// WithClasses moves only dead letters whose [HeaderDLQClass] is one of
+// classes ("poison", "permanent", "retryable", "unclassified").
+func WithClasses(classes ...string) RedriveOption {
+	return redriveOpt(func(c *redriveConfig) { c.classes = classes })
 }
 
-// WithRedriveClasses moves only dead letters whose [HeaderDLQClass] is one
-// of classes ("poison", "permanent", "retryable", "unclassified").
-func WithRedriveClasses(classes ...string) RedriveOption {
-	return func(c *redriveConfig) { c.classes = classes }
-}
-
-// WithRedriveIDs moves only dead letters whose [HeaderDLQDeliveryID] is
-// one of ids.
-func WithRedriveIDs(ids ...string) RedriveOption {
-	return func(c *redriveConfig) {
+// WithIDs moves only dead letters whose [HeaderDLQDeliveryID] is one of
+// ids.
+func WithIDs(ids ...string) RedriveOption {
+	return redriveOpt(func(c *redriveConfig) {
 		c.idsSet = true
 		c.ids = make(map[string]bool, len(ids))
 		for _, id := range ids {
 			c.ids[id] = true
 		}
-	}
+	})
 }
 
-// WithRedriveLimit stops after n dead letters moved (or, dry, selected).
-// n must be at least 1.
-func WithRedriveLimit(n int) RedriveOption {
-	return func(c *redriveConfig) { c.limit, c.limitSet = n, true }
+// WithLimit stops after n dead letters moved (or, dry, selected). n must
+// be at least 1.
+func WithLimit(n int) RedriveOption {
+	return redriveOpt(func(c *redriveConfig) { c.limit, c.limitSet = n, true })
 }
 
-// WithRedriveTopic produces every moved record to topic instead of its
+// WithTopic produces every moved record to topic instead of its
 // [HeaderDLQTopic]: for dead letters of deliveries that did not come from
 // Kafka, or to move them somewhere else.
-func WithRedriveTopic(topic string) RedriveOption {
-	return func(c *redriveConfig) { c.topic = topic }
+func WithTopic(topic string) RedriveOption {
+	return redriveOpt(func(c *redriveConfig) { c.topic = topic })
 }
 
-// WithRedriveAllowTopics moves dead letters only to topics: a dead letter
-// whose destination ([HeaderDLQTopic], which whoever can write to the
+// WithAllowTopics moves dead letters only to topics: a dead letter whose
+// destination ([HeaderDLQTopic], which whoever can write to the
 // dead-letter topic can forge) is not one of them is skipped and counted
-// in RedriveStats.NotAllowed. The topic of [WithRedriveTopic] is allowed
-// without it. Without this option every destination is allowed.
-func WithRedriveAllowTopics(topics ...string) RedriveOption {
-	return func(c *redriveConfig) {
+// in RedriveStats.NotAllowed. The topic of [WithTopic] is allowed without
+// it. Without this option every destination is allowed.
+func WithAllowTopics(topics ...string) RedriveOption {
+	return redriveOpt(func(c *redriveConfig) {
 		if c.allowed == nil {
 			c.allowed = map[string]bool{}
 		}
 		for _, t := range topics {
 			c.allowed[t] = true
 		}
-	}
+	})
 }
 
-// WithRedriveGroup records the redrive's progress under the consumer group
-// group on the dead-letter topic, so that a redrive stopped part-way
-// (killed, cancelled, or at its [WithRedriveLimit]) and run again with the
-// same group resumes after the last dead letter it moved: it starts at the
-// group's committed offsets, and commits each partition's offset after
-// each dead letter it moved, once the broker acked the moved record, and
-// at the end of the run past every dead letter it read (selected or not:
-// use one group per selection). Each commit made while the run moves
-// records is stamped with its time (the commits at the end of a run that
-// stopped cleanly are not); a run that resumes from a stamped commit first
-// looks in the destination of the partition's next dead letter for a
-// record written since, whose [HeaderRedrivenFrom] names it (moved by a
-// run killed before its commit), and skips it if there is one. A dry run reads from the group's offsets and commits
-// nothing. group must not be a group that consumers of the dead-letter
-// topic use.
-func WithRedriveGroup(group string) RedriveOption {
-	return func(c *redriveConfig) { c.group = group }
+// WithGroup records the redrive's progress under the consumer group group
+// on the dead-letter topic, so that a redrive stopped part-way (killed,
+// cancelled, or at its [WithLimit]) and run again with the same group
+// resumes after the last dead letter it moved: it starts at the group's
+// committed offsets, and commits each partition's offset after each dead
+// letter it moved, once the broker acked the moved record, and at the end
+// of the run past every dead letter it read (selected or not: use one
+// group per selection). Each commit made while the run moves records is
+// stamped with its time (the commits at the end of a run that stopped
+// cleanly are not); a run that resumes from a stamped commit first looks
+// in the destination of the partition's next dead letter for a record
+// written since, whose [HeaderRedrivenFrom] names it (moved by a run
+// killed before its commit), and skips it if there is one. A dry run
+// reads from the group's offsets and commits nothing. group must not be a
+// group that consumers of the dead-letter topic use.
+func WithGroup(group string) RedriveOption {
+	return redriveOpt(func(c *redriveConfig) { c.group = group })
 }
 
-// WithRedriveIDHeader names the header the source reads Delivery.ID from
-// (default [KeyHeader]; see [WithIDHeader]). A dead letter without that
-// header (its delivery id was the record's topic/partition/offset) gets it,
-// set to its [HeaderDLQDeliveryID], so the redriven delivery has the same
-// id, and the handler's effects the same keys. name must not be empty.
-func WithRedriveIDHeader(name string) RedriveOption {
-	return func(c *redriveConfig) { c.idHeader = name }
-}
-
-// WithRedriveDryRun moves nothing: Redrive writes one line per selected
-// dead letter to w (when it was dead-lettered, where it is, its delivery
-// id, class, destination and error; nothing for a nil w) and counts it in
+// WithDryRun moves nothing: Redrive writes one line per selected dead
+// letter to w (when it was dead-lettered, where it is, its delivery id,
+// class, destination and error; nothing for a nil w) and counts it in
 // RedriveStats.Moved; a dead letter it would not move (cut, or to a topic
 // not allowed) gets a line that says so.
-func WithRedriveDryRun(w io.Writer) RedriveOption {
-	return func(c *redriveConfig) {
+func WithDryRun(w io.Writer) RedriveOption {
+	return redriveOpt(func(c *redriveConfig) {
 		c.dry, c.dryRun = true, w
 		if w == nil {
 			c.dryRun = io.Discard
 		}
-	}
-}
-
-// WithRedriveRate moves at most limit records a second, in bursts of up
-// to burst (0: 1); default no limit. limit must not be negative.
-func WithRedriveRate(limit rate.Limit, burst int) RedriveOption {
-	return func(c *redriveConfig) { c.rate, c.burst = limit, burst }
-}
-
-// WithRedriveProgress draws a progress bar of the dead-letter topic's
-// offsets read to w; by default to standard error when it is a terminal,
-// and nowhere otherwise; io.Discard turns it off.
-func WithRedriveProgress(w io.Writer) RedriveOption {
-	return func(c *redriveConfig) { c.progress = w }
+	})
 }
 
 // RedriveStats says what [Redrive] did.
@@ -160,10 +127,10 @@ type RedriveStats struct {
 	// selection left out; Repeated how many were skipped as a delivery id
 	// already moved in this run (a dead letter written twice); NotAllowed
 	// how many were skipped because their destination is not allowed
-	// ([WithRedriveAllowTopics]); Cut how many were skipped because they
+	// ([WithAllowTopics]); Cut how many were skipped because they
 	// were cut to fit the dead-letter topic ([HeaderDLQCut]: their body
 	// or id is not whole); NoDestination how many dead letters without
-	// [HeaderDLQTopic] a dry run listed (without [WithRedriveTopic], such a
+	// [HeaderDLQTopic] a dry run listed (without [WithTopic], such a
 	// dead letter stops a run that moves).
 	Read, Moved, Skipped, Repeated, NotAllowed, Cut, NoDestination int
 	// Moves counts the dead letters moved (or, dry, that would move) per
@@ -215,21 +182,21 @@ var errRedriveDone = errors.New("redrive limit reached")
 // Redrive reads the dead-letter topic dlq (written by [DeadLetterTopic])
 // and produces the selected dead letters back to their source topic
 // ([HeaderDLQTopic]), through client, an idempotent producer as for
-// [NewProducer] (any client for [WithRedriveDryRun]). Each moved record
+// [NewProducer] (any client for [WithDryRun]). Each moved record
 // has the dead letter's key, body and headers, without the headers
 // [DeadLetterTopic] added (those starting with [DeadLetterHeaderPrefix]),
 // and keeps the delivery id header ([HeaderDLQIDHeader], else
-// [WithRedriveIDHeader]): a consumer of the source topic gets a delivery
+// [WithIDHeader]): a consumer of the source topic gets a delivery
 // with the same ID, so the effects its handler completed before the
 // delivery was dead-lettered replay, and only the rest apply. Deploy the
 // fix first: a delivery that fails again is dead-lettered again.
 //
-// It reads the topic from its start (or from [WithRedriveGroup]'s
+// It reads the topic from its start (or from [WithGroup]'s
 // committed offsets) to its end when Redrive starts (see [Replay]), waits
 // for each record's ack before the next, and moves each delivery id once
 // per run (dead letters with an empty id each time). A record whose
 // produce has started is finished even when ctx is cancelled, so a
-// cancelled run knows what it moved. Without [WithRedriveGroup] it is at
+// cancelled run knows what it moved. Without [WithGroup] it is at
 // least once, like the dead letters: a Redrive that fails, or is run
 // twice, moves records again, and the consumers' effects dedup them. With
 // a group, a rerun resumes after the last dead letter moved, and each
@@ -238,7 +205,7 @@ var errRedriveDone = errors.New("redrive limit reached")
 // record in its destination and does not move it again. The dead letters
 // stay in dlq. A dead letter cut to fit ([HeaderDLQCut]) is never moved.
 //
-// A dead letter without [HeaderDLQTopic] and no [WithRedriveTopic] is an
+// A dead letter without [HeaderDLQTopic] and no [WithTopic] is an
 // error that stops the run (with the stats up to it), as is a failed
 // produce or a failed offset commit.
 func Redrive(ctx context.Context, client *kgo.Client, dlq string, opts ...RedriveOption) (RedriveStats, error) {
@@ -249,7 +216,7 @@ func Redrive(ctx context.Context, client *kgo.Client, dlq string, opts ...Redriv
 	}
 	r := &redriver{cfg: cfg, client: client, dlq: dlq, sync: produce.NewSyncer(client),
 		lim: newLimiter(cfg.rate, cfg.burst), seen: map[string]bool{}, next: map[int32]int64{}}
-	rcfg, err := newReplayConfig(op, client, dlq, false, []ReplayOption{WithReplayTimeRange(cfg.from, cfg.to), WithReplayProgress(cfg.progress)})
+	rcfg, err := newReplayConfig(op, client, dlq, false, []ReplayOption{WithTimeRange(cfg.from, cfg.to), WithProgress(cfg.progress)})
 	if err != nil {
 		return r.stats, err
 	}
@@ -279,29 +246,26 @@ func newRedriveConfig(op string, client *kgo.Client, dlq string, opts []RedriveO
 	cfg := redriveConfig{idHeader: KeyHeader}
 	for _, o := range opts {
 		if o != nil {
-			o(&cfg)
+			o.applyRedrive(&cfg)
 		}
-	}
-	bad := func(option, format string, args ...any) (redriveConfig, error) {
-		return cfg, &effects.ConfigError{Op: op, Option: option, Reason: fmt.Sprintf(format, args...)}
 	}
 	switch {
 	case client == nil:
-		return bad("client", "nil")
+		return cfg, optcheck.Bad(op, "client", "nil")
 	case dlq == "":
-		return bad("dlq", "empty topic")
+		return cfg, optcheck.Bad(op, "dlq", "empty topic")
 	case cfg.limitSet && cfg.limit < 1:
-		return bad("WithRedriveLimit", "%d records; need at least 1", cfg.limit)
+		return cfg, optcheck.Bad(op, "WithLimit", "%d records; need at least 1", cfg.limit)
 	case cfg.idHeader == "":
-		return bad("WithRedriveIDHeader", "empty name")
+		return cfg, optcheck.Bad(op, "WithIDHeader", "empty name")
 	case cfg.rate < 0:
-		return bad("WithRedriveRate", "negative limit %v; 0 means no limit", cfg.rate)
+		return cfg, optcheck.Bad(op, "WithRate", "negative limit %v; 0 means no limit", cfg.rate)
 	case cfg.burst < 0:
-		return bad("WithRedriveRate", "negative burst %d", cfg.burst)
+		return cfg, optcheck.Bad(op, "WithRate", "negative burst %d", cfg.burst)
 	case cfg.idsSet && len(cfg.ids) == 0:
-		return bad("WithRedriveIDs", "no ids; leave the option out to move every id")
+		return cfg, optcheck.Bad(op, "WithIDs", "no ids; leave the option out to move every id")
 	case cfg.allowed != nil && len(cfg.allowed) == 0:
-		return bad("WithRedriveAllowTopics", "no topics; leave the option out to allow every destination")
+		return cfg, optcheck.Bad(op, "WithAllowTopics", "no topics; leave the option out to allow every destination")
 	}
 	if cfg.allowed != nil && cfg.topic != "" {
 		cfg.allowed[cfg.topic] = true
@@ -355,7 +319,7 @@ func (r *redriver) take(ctx context.Context, dl *kgo.Record) error {
 	rec, err := r.cfg.redriven(dl, id)
 	if err != nil && r.cfg.dry {
 		r.stats.NoDestination++
-		r.print(dl, &kgo.Record{}, id, class, " (no destination: name one with WithRedriveTopic)")
+		r.print(dl, &kgo.Record{}, id, class, " (no destination: name one with WithTopic)")
 		return nil
 	}
 	if err != nil {
@@ -413,7 +377,7 @@ func (r *redriver) move(ctx context.Context, dl, rec *kgo.Record, id string) err
 
 // HeaderRedrivenFrom is the header [Redrive] adds to each record it
 // moves: where the dead letter was, "TOPIC/PARTITION/OFFSET" of the
-// dead-letter topic. With [WithRedriveGroup], a redrive that resumes after
+// dead-letter topic. With [WithGroup], a redrive that resumes after
 // a kill looks for it to tell whether the dead letter it was moving when
 // it died was moved.
 const HeaderRedrivenFrom = "effectively-redriven-from"
@@ -480,7 +444,7 @@ func (r *redriver) movedSince(ctx context.Context, p int32, off int64, since tim
 			dest = rec.Topic
 		}
 		return nil
-	}, WithReplayPartitions(p), WithReplayOffsetRange(off, off+1), WithReplayProgress(io.Discard))
+	}, WithPartitions(p), WithOffsetRange(off, off+1), WithProgress(io.Discard))
 	if err != nil || dest == "" {
 		return false, err
 	}
@@ -490,7 +454,7 @@ func (r *redriver) movedSince(ctx context.Context, p int32, off int64, since tim
 			return errFound
 		}
 		return nil
-	}, WithReplayTimeRange(since.Add(-time.Second), time.Time{}), WithReplayProgress(io.Discard))
+	}, WithTimeRange(since.Add(-time.Second), time.Time{}), WithProgress(io.Discard))
 	if errors.Is(err, errFound) {
 		return true, nil
 	}
@@ -574,7 +538,7 @@ func (c *redriveConfig) redriven(dl *kgo.Record, id string) (*kgo.Record, error)
 		topic, _ = headerValue(dl, HeaderDLQTopic)
 	}
 	if topic == "" {
-		return nil, fmt.Errorf("dead letter %d/%d (delivery %q) has no %s header; name the topic with WithRedriveTopic",
+		return nil, fmt.Errorf("dead letter %d/%d (delivery %q) has no %s header; name the topic with WithTopic",
 			dl.Partition, dl.Offset, id, HeaderDLQTopic)
 	}
 	rec := &kgo.Record{Topic: topic, Key: dl.Key, Value: dl.Value}

@@ -16,7 +16,7 @@ import (
 
 // TestRedriveAllowTopicsAndGroup: a dead letter whose destination header
 // names a topic that is not allowed is skipped and counted; with a group,
-// WithRedriveLimit moves the next N each run, a cancelled run resumes
+// WithLimit moves the next N each run, a cancelled run resumes
 // where it stopped, and nothing is moved twice.
 func TestRedriveAllowTopicsAndGroup(t *testing.T) {
 	c := kafkatest.Start(t)
@@ -36,17 +36,17 @@ func TestRedriveAllowTopicsAndGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	cl := c.Client(t)
-	allow := kafka.WithRedriveAllowTopics(src)
-	group := kafka.WithRedriveGroup("redrive-" + dlq)
+	allow := kafka.WithAllowTopics(src)
+	group := kafka.WithGroup("redrive-" + dlq)
 
-	st, err := kafka.Redrive(ctx, cl, dlq, allow, kafka.WithRedriveDryRun(nil))
+	st, err := kafka.Redrive(ctx, cl, dlq, allow, kafka.WithDryRun(nil))
 	if err != nil || st.Moved != 9 || st.NotAllowed != 1 || len(st.Moves) != 1 || st.Moves[0].Topic != src || st.Moves[0].Count != 9 ||
 		!st.Moves[0].First.Equal(at) || !st.Moves[0].Last.Equal(at.Add(9*time.Minute)) {
 		t.Fatalf("dry run: %+v, %v; want 9 to %s from %v to %v, 1 not allowed", st, err, src, at, at.Add(9*time.Minute))
 	}
 	moved := 0
 	for run, want := range []int{3, 3} {
-		st, err := kafka.Redrive(ctx, cl, dlq, allow, group, kafka.WithRedriveLimit(3))
+		st, err := kafka.Redrive(ctx, cl, dlq, allow, group, kafka.WithLimit(3))
 		if err != nil || st.Moved != want {
 			t.Fatalf("run %d: %+v, %v; want %d moved", run, st, err, want)
 		}
@@ -55,7 +55,7 @@ func TestRedriveAllowTopicsAndGroup(t *testing.T) {
 	// A run stopped part-way (its context cancelled after a record moved)
 	// commits what it moved.
 	cctx, cancel := context.WithCancel(ctx)
-	st, err = kafka.Redrive(cctx, cl, dlq, allow, group, kafka.WithRedriveDryRun(nil))
+	st, err = kafka.Redrive(cctx, cl, dlq, allow, group, kafka.WithDryRun(nil))
 	cancel()
 	if err != nil || st.Moved != 3 {
 		t.Fatalf("dry run after two runs of 3: %+v, %v; want the 3 left", st, err)

@@ -324,7 +324,7 @@ func TestRedriveAfterFix(t *testing.T) {
 	redrive := func(opts ...kafka.RedriveOption) (kafka.RedriveStats, string) {
 		t.Helper()
 		var out bytes.Buffer
-		st, err := kafka.Redrive(ctx, c.Client(t), dlq, append(opts, kafka.WithRedriveDryRun(&out))...)
+		st, err := kafka.Redrive(ctx, c.Client(t), dlq, append(opts, kafka.WithDryRun(&out))...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -339,10 +339,10 @@ func TestRedriveAfterFix(t *testing.T) {
 		opts  []kafka.RedriveOption
 		moved int
 	}{
-		{"by id", []kafka.RedriveOption{kafka.WithRedriveIDs("id-1")}, 1},
-		{"by count", []kafka.RedriveOption{kafka.WithRedriveLimit(1)}, 1},
-		{"by class", []kafka.RedriveOption{kafka.WithRedriveClasses("permanent", "retryable")}, 0},
-		{"by time", []kafka.RedriveOption{kafka.WithRedriveTimeRange(time.Now().Add(time.Hour), time.Time{})}, 0},
+		{"by id", []kafka.RedriveOption{kafka.WithIDs("id-1")}, 1},
+		{"by count", []kafka.RedriveOption{kafka.WithLimit(1)}, 1},
+		{"by class", []kafka.RedriveOption{kafka.WithClasses("permanent", "retryable")}, 0},
+		{"by time", []kafka.RedriveOption{kafka.WithTimeRange(time.Now().Add(time.Hour), time.Time{})}, 0},
 	} {
 		if st, _ := redrive(tc.opts...); st.Moved != tc.moved {
 			t.Errorf("%s: %+v, want %d moved", tc.name, st, tc.moved)
@@ -352,7 +352,7 @@ func TestRedriveAfterFix(t *testing.T) {
 		t.Fatalf("%d records in the source topic after dry runs, want 5", n)
 	}
 
-	st, err = kafka.Redrive(ctx, c.Client(t), dlq, kafka.WithRedriveClasses("poison"), kafka.WithRedriveRate(100, 1))
+	st, err = kafka.Redrive(ctx, c.Client(t), dlq, kafka.WithClasses("poison"), kafka.WithRate(100, 1))
 	if err != nil || st.Moved != 2 || st.Repeated != 1 {
 		t.Fatalf("Redrive = %+v, %v; want 2 moved, 1 repeated", st, err)
 	}

@@ -65,8 +65,12 @@
 // each of their types, so a misplaced option fails at compile time and
 // names need no prefixes. [Option] ([WithObserver], [WithLogger])
 // configures [NewSource], [NewShareSource] and [NewProducer];
-// [ConsumerOption] ([WithIDHeader], [WithMaxPoll]) both sources;
-// [SourceOption], [ShareOption] and [ProducerOption] one constructor each.
+// [ConsumerOption] ([WithMaxPoll]) both sources; [IDOption]
+// ([WithIDHeader]) both sources and [Redrive]; [ReadOption]
+// ([WithTimeRange], [WithRate], [WithProgress]) [Replay], [ReplayBatch]
+// and [Redrive]; [SourceOption], [ShareOption], [ProducerOption],
+// [ReplayOption], [RedriveOption], [TransformOption] and
+// [DeadLetterOption] one constructor each.
 // What a component handles on its own goes to the observer, or without
 // one to the logger, rate-limited; with an [effects.Propagator] observer
 // a Producer writes trace headers that a consumer's delivery span

@@ -185,7 +185,7 @@ func ExampleReplay() {
 	stats, err := kafka.Replay(ctx, client, "events", func(_ context.Context, r *kgo.Record) error {
 		fmt.Printf("%d: %s\n", r.Offset, r.Value)
 		return nil
-	}, kafka.WithReplayOffsetRange(1, 4), kafka.WithReplayRate(500, 0))
+	}, kafka.WithOffsetRange(1, 4), kafka.WithRate(500, 0))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -199,12 +199,12 @@ func ExampleReplay() {
 
 // Replay from a point in time (e.g. before an incident) to now, at most
 // 200 records a second in bursts of up to 20.
-func ExampleWithReplayTimeRange() {
+func ExampleWithTimeRange() {
 	var client *kgo.Client // your client
 	incident := time.Date(2025, 3, 1, 14, 0, 0, 0, time.UTC)
 	_, err := kafka.Replay(context.Background(), client, "payments", func(ctx context.Context, r *kgo.Record) error {
 		return nil // your idempotent handler
-	}, kafka.WithReplayTimeRange(incident.Add(-10*time.Minute), time.Time{}), kafka.WithReplayRate(200, 20))
+	}, kafka.WithTimeRange(incident.Add(-10*time.Minute), time.Time{}), kafka.WithRate(200, 20))
 	if err != nil {
 		log.Fatal(err)
 	}

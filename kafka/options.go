@@ -1,11 +1,15 @@
 package kafka
 
 import (
-	"fmt"
+	"io"
 	"log/slog"
+	"time"
+
+	"golang.org/x/time/rate"
 
 	"effectively.dev/effects"
-	"effectively.dev/observe/ratelog"
+	"effectively.dev/internal/optcheck"
+	"effectively.dev/internal/ratelog"
 )
 
 // SourceOption configures a [Source]; see [NewSource]. Options only
@@ -48,7 +52,7 @@ type common struct {
 // check returns a *effects.ConfigError for an invalid common option.
 func (c *common) check(op string) error {
 	if c.loggerSet && c.logger == nil {
-		return &effects.ConfigError{Op: op, Option: "WithLogger", Reason: "nil logger"}
+		return optcheck.Bad(op, "WithLogger", "nil logger")
 	}
 	return nil
 }
@@ -65,13 +69,16 @@ type consumerCommon struct {
 	maxPoll  int
 }
 
-// check returns a *effects.ConfigError for an invalid consumer option.
-func (c *consumerCommon) check(op string) error {
+// checkConsumer returns a *effects.ConfigError for an invalid option
+// that both sources take.
+func checkConsumer(op string, c *common, cc *consumerCommon) error {
 	switch {
-	case c.idHeader == "":
-		return &effects.ConfigError{Op: op, Option: "WithIDHeader", Reason: "empty header name"}
-	case c.maxPoll < 1:
-		return &effects.ConfigError{Op: op, Option: "WithMaxPoll", Reason: fmt.Sprintf("%d records; need at least 1", c.maxPoll)}
+	case c.loggerSet && c.logger == nil:
+		return optcheck.Bad(op, "WithLogger", "nil logger")
+	case cc.idHeader == "":
+		return optcheck.Bad(op, "WithIDHeader", "empty header name")
+	case cc.maxPoll < 1:
+		return optcheck.Bad(op, "WithMaxPoll", "%d records; need at least 1", cc.maxPoll)
 	}
 	return nil
 }
@@ -98,6 +105,67 @@ func (f shareOpt) applyShare(c *shareConfig) { f(c) }
 type producerOpt func(*producerConfig)
 
 func (f producerOpt) applyProducer(c *producerConfig) { f(c) }
+
+// ReplayOption configures [Replay] and [ReplayBatch]; see [Replay]. A nil
+// ReplayOption is ignored.
+type ReplayOption interface{ applyReplay(*replayConfig) }
+
+// RedriveOption configures [Redrive]; see [Redrive]. A nil RedriveOption
+// is ignored.
+type RedriveOption interface{ applyRedrive(*redriveConfig) }
+
+// ReadOption configures both readers of a topic's range: it is a
+// [ReplayOption] and a [RedriveOption].
+type ReadOption interface {
+	ReplayOption
+	RedriveOption
+}
+
+// IDOption configures where a delivery's id is read from: it is a
+// [SourceOption], a [ShareOption] and a [RedriveOption].
+type IDOption interface {
+	ConsumerOption
+	RedriveOption
+}
+
+// TransformOption configures [Transform]. A nil TransformOption is
+// ignored.
+type TransformOption interface{ applyTransform(*transformConfig) }
+
+// DeadLetterOption configures [DeadLetterTopic]. A nil DeadLetterOption
+// is ignored.
+type DeadLetterOption interface{ applyDeadLetter(*deadLetterOpts) }
+
+type replayOpt func(*replayConfig)
+
+func (f replayOpt) applyReplay(c *replayConfig) { f(c) }
+
+type redriveOpt func(*redriveConfig)
+
+func (f redriveOpt) applyRedrive(c *redriveConfig) { f(c) }
+
+// readOpt sets the same field in a replay's and a redrive's config.
+type readOpt struct {
+	replay  func(*replayConfig)
+	redrive func(*redriveConfig)
+}
+
+func (o readOpt) applyReplay(c *replayConfig)   { o.replay(c) }
+func (o readOpt) applyRedrive(c *redriveConfig) { o.redrive(c) }
+
+type idOpt string
+
+func (n idOpt) applySource(c *sourceConfig)   { c.consumer.idHeader = string(n) }
+func (n idOpt) applyShare(c *shareConfig)     { c.consumer.idHeader = string(n) }
+func (n idOpt) applyRedrive(c *redriveConfig) { c.idHeader = string(n) }
+
+type transformOpt func(*transformConfig)
+
+func (f transformOpt) applyTransform(c *transformConfig) { f(c) }
+
+type deadLetterOpt func(*deadLetterOpts)
+
+func (f deadLetterOpt) applyDeadLetter(c *deadLetterOpts) { f(c) }
 
 // WithObserver reports what the component handles without returning it
 // to o, as events whose Component is "kafka.Source", "kafka.ShareSource"
@@ -139,9 +207,45 @@ func WithLogger(l *slog.Logger) Option {
 // WithIDHeader names the header Delivery.ID is read from, by a [Source]
 // or a [ShareSource] (default [KeyHeader]). Records without it get
 // "topic/partition/offset"; records with it empty get an empty ID,
-// refused by [effects.NewKey] (see [Source]). name must not be empty.
-func WithIDHeader(name string) ConsumerOption {
-	return consumerOpt(func(c *consumerCommon) { c.idHeader = name })
+// refused by [effects.NewKey] (see [Source]). Given to [Redrive], it is
+// the header its sources read: a dead letter without it (its delivery id
+// was the record's topic/partition/offset) gets it, set to its
+// [HeaderDLQDeliveryID], so the redriven delivery has the same id, and
+// the handler's effects the same keys. name must not be empty.
+func WithIDHeader(name string) IDOption { return idOpt(name) }
+
+// WithTimeRange bounds what [Replay] hands over, or [Redrive] moves, by
+// record timestamp (of the dead letter, for Redrive): [from, to). A zero
+// from or to leaves that side open (for Replay, to [WithOffsetRange]: so
+// WithTimeRange(incident, time.Time{}) replays from the incident to the
+// end). to must not be before a non-zero from.
+func WithTimeRange(from, to time.Time) ReadOption {
+	return readOpt{
+		replay:  func(c *replayConfig) { c.from, c.to = from, to },
+		redrive: func(c *redriveConfig) { c.from, c.to = from, to },
+	}
+}
+
+// WithRate hands over (Replay) or moves (Redrive) at most limit records a
+// second, burst of them at once (0 means 1). limit 0 or rate.Inf means no
+// limit, the default. Neither may be negative; for Replay it does not go
+// with [WithLimiter].
+func WithRate(limit rate.Limit, burst int) ReadOption {
+	return readOpt{
+		replay:  func(c *replayConfig) { c.rate, c.burst, c.rateSet = limit, burst, true },
+		redrive: func(c *redriveConfig) { c.rate, c.burst = limit, burst },
+	}
+}
+
+// WithProgress sends a progress bar of the offsets read to w, redrawn in
+// place at most ten times a second. By default, or when w is nil, the bar
+// goes to standard error when it is a terminal, and nowhere otherwise;
+// io.Discard turns it off.
+func WithProgress(w io.Writer) ReadOption {
+	return readOpt{
+		replay:  func(c *replayConfig) { c.progress = w },
+		redrive: func(c *redriveConfig) { c.progress = w },
+	}
 }
 
 // WithMaxPoll bounds how many records one poll takes. For a [Source], one

@@ -4,12 +4,12 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/journal"
+	"effectively.dev/internal/optcheck"
 	"effectively.dev/kafka/internal/produce"
 )
 
@@ -70,39 +70,22 @@ var _ effects.Effect[Message] = (*Producer)(nil)
 type producerConfig struct {
 	common
 	journal journal.Journal
-	lease   time.Duration
-	finish  time.Duration
+	jopts   []journal.Option
 }
 
 // WithJournal makes the producer record each success in j (for example
-// postgres.NewJournal) and replay recorded keys without producing again.
-// It costs two journal calls per new key (Begin before the produce,
-// Complete after the ack) and one per replay, and it makes the producer
-// detect a key reused with a different message ([effects.ErrKeyReused]):
-// the journal stores a fingerprint of topic, record key, value and headers.
-// The journal runs [journal.Journaled]'s protocol and policy.
-func WithJournal(j journal.Journal) ProducerOption {
-	return producerOpt(func(c *producerConfig) { c.journal = j })
-}
-
-// WithLease sets how long one attempt holds a key in the journal (default
-// [journal.DefaultLease], a minute). While the lease runs, other attempts
-// with the key get [effects.ErrInFlight]; after it expires, a key whose
-// attempt ended with an unknown outcome is produced again. An Apply stops
-// waiting for its record at nine tenths of the lease (ErrAmbiguous; a
-// record acked later is still recorded). Keep it longer than a produce
-// takes. Without a journal it does nothing. d must be positive.
-func WithLease(d time.Duration) ProducerOption {
-	return producerOpt(func(c *producerConfig) { c.lease = d })
-}
-
-// WithJournalTimeout bounds how long the producer keeps trying to record a
-// produced record in the journal, or to release a key after a failure
-// (default [journal.DefaultRecordTimeout], 10 s). These writes run even
-// when the Apply context is done: the record is already in Kafka, and
-// recording it is what prevents a duplicate. d must be positive.
-func WithJournalTimeout(d time.Duration) ProducerOption {
-	return producerOpt(func(c *producerConfig) { c.finish = d })
+// postgres.NewJournal) and replay recorded keys without producing again;
+// opts set the journal's lease, record timeout, observer and logger
+// ([journal.WithLease], [journal.WithRecordTimeout], ...). It costs two
+// journal calls per new key (Begin before the produce, Complete after the
+// ack) and one per replay, and it makes the producer detect a key reused
+// with a different message ([effects.ErrKeyReused]): the journal stores a
+// fingerprint of topic, record key, value and headers. An Apply stops
+// waiting for its record at nine tenths of the lease
+// ([effects.ErrAmbiguous]; a record acked later is still recorded). The
+// journal runs [journal.Journaled]'s protocol and policy.
+func WithJournal(j journal.Journal, opts ...journal.Option) ProducerOption {
+	return producerOpt(func(c *producerConfig) { c.journal, c.jopts = j, opts })
 }
 
 // ErrNotIdempotent is returned by [NewProducer] for a client that is not
@@ -120,19 +103,16 @@ var ErrNotIdempotent = produce.ErrNotIdempotent
 // client, an empty topic or an invalid option is a *[effects.ConfigError].
 func NewProducer(client *kgo.Client, topic string, opts ...ProducerOption) (*Producer, error) {
 	const ctor = "kafka.NewProducer"
-	bad := func(option, format string, args ...any) error {
-		return &effects.ConfigError{Op: ctor, Option: option, Reason: fmt.Sprintf(format, args...)}
-	}
 	if client == nil {
-		return nil, bad("client", "nil")
+		return nil, optcheck.Bad(ctor, "client", "nil")
 	}
 	if topic == "" {
-		return nil, bad("topic", "empty")
+		return nil, optcheck.Bad(ctor, "topic", "empty")
 	}
 	if err := produce.CheckClient(client); err != nil {
 		return nil, fmt.Errorf("%s: %w", ctor, err)
 	}
-	cfg := producerConfig{lease: journal.DefaultLease, finish: journal.DefaultRecordTimeout}
+	var cfg producerConfig
 	for _, o := range opts {
 		if o != nil {
 			o.applyProducer(&cfg)
@@ -141,21 +121,11 @@ func NewProducer(client *kgo.Client, topic string, opts ...ProducerOption) (*Pro
 	if err := cfg.common.check(ctor); err != nil {
 		return nil, err
 	}
-	switch {
-	case cfg.lease <= 0:
-		return nil, bad("WithLease", "lease %v is not positive", cfg.lease)
-	case cfg.finish <= 0:
-		return nil, bad("WithJournalTimeout", "timeout %v is not positive", cfg.finish)
-	}
-	jopts := []journal.Option{
-		journal.WithLease(cfg.lease),
-		journal.WithRecordTimeout(cfg.finish),
-		journal.WithNotApplied(notApplied),
-		journal.WithObserver(cfg.observer),
-	}
+	jopts := []journal.Option{journal.WithObserver(cfg.observer)}
 	if cfg.logger != nil {
 		jopts = append(jopts, journal.WithLogger(cfg.logger))
 	}
+	jopts = append(append(jopts, cfg.jopts...), journal.WithNotApplied(notApplied))
 	j, err := journal.NewJournaled("kafka.Producer.Apply", cfg.journal, jopts...)
 	if err != nil {
 		return nil, err

@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
 	"effectively.dev/effects/journal/memjournal"
 	"effectively.dev/kafka"
 	"effectively.dev/kafka/kafkatest"
@@ -341,7 +342,7 @@ func TestProducerUnrecordedAckIsApplied(t *testing.T) {
 	topic := c.Topic(t, "unrecorded", 1)
 	j := &refusingComplete{Journal: memjournal.New(nil)}
 	var logs bytes.Buffer
-	p, err := kafka.NewProducer(c.Client(t), topic, kafka.WithJournal(j), kafka.WithJournalTimeout(200*time.Millisecond),
+	p, err := kafka.NewProducer(c.Client(t), topic, kafka.WithJournal(j, journal.WithRecordTimeout(200*time.Millisecond)),
 		kafka.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	if err != nil {
 		t.Fatal(err)
@@ -356,7 +357,7 @@ func TestProducerUnrecordedAckIsApplied(t *testing.T) {
 
 	var events []effects.Event
 	logs.Reset()
-	p, err = kafka.NewProducer(c.Client(t), topic, kafka.WithJournal(j), kafka.WithJournalTimeout(200*time.Millisecond),
+	p, err = kafka.NewProducer(c.Client(t), topic, kafka.WithJournal(j, journal.WithRecordTimeout(200*time.Millisecond)),
 		kafka.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
 		kafka.WithObserver(effects.ObserverFunc(func(_ context.Context, ev effects.Event) { events = append(events, ev) })))
 	if err != nil {
@@ -391,8 +392,8 @@ func TestNewProducerRefusesBadConfiguration(t *testing.T) {
 	}{
 		{"nil client", "client", nil, "t", nil},
 		{"empty topic", "topic", cl, "", nil},
-		{"zero lease", "WithLease", cl, "t", []kafka.ProducerOption{kafka.WithLease(0)}},
-		{"zero journal timeout", "WithJournalTimeout", cl, "t", []kafka.ProducerOption{kafka.WithJournalTimeout(-time.Second)}},
+		{"zero lease", "WithLease", cl, "t", []kafka.ProducerOption{kafka.WithJournal(memjournal.New(nil), journal.WithLease(0))}},
+		{"zero record timeout", "WithRecordTimeout", cl, "t", []kafka.ProducerOption{kafka.WithJournal(memjournal.New(nil), journal.WithRecordTimeout(-time.Second))}},
 		{"nil logger", "WithLogger", cl, "t", []kafka.ProducerOption{kafka.WithLogger(nil)}},
 	} {
 		_, err := kafka.NewProducer(tc.client, tc.topic, tc.opts...)
@@ -401,7 +402,7 @@ func TestNewProducerRefusesBadConfiguration(t *testing.T) {
 			t.Errorf("%s: %v, want a *ConfigError naming %s", tc.name, err, tc.option)
 		}
 	}
-	if _, err := kafka.NewProducer(cl, "t", nil, kafka.WithLease(time.Second), nil); err != nil {
+	if _, err := kafka.NewProducer(cl, "t", nil, kafka.WithJournal(nil, journal.WithLease(time.Second)), nil); err != nil {
 		t.Errorf("nil options: %v, want them ignored", err)
 	}
 }

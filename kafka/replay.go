@@ -15,7 +15,7 @@ import (
 	"golang.org/x/term"
 	"golang.org/x/time/rate"
 
-	"effectively.dev/effects"
+	"effectively.dev/internal/optcheck"
 )
 
 // Limiter paces a replay: Replay calls Wait once before handing each
@@ -24,21 +24,6 @@ import (
 type Limiter interface {
 	Wait(ctx context.Context) error
 }
-
-// ReplayOption configures [Replay] and [ReplayBatch]: what they re-feed
-// and how fast. Options only record their value; Replay and ReplayBatch
-// validate them before any I/O, and ignore nil options.
-//
-// The range is chosen per partition. Its start is the first offset at or
-// after the [WithReplayTimeRange] from when it is set, else the
-// [WithReplayOffsetRange] start (default 0: the log start); its end
-// (exclusive) is the first offset at or after the time range's to when it
-// is set, else the offset range's end (default 0: no bound); and it never
-// goes past the partition's last stable offset when Replay starts, so a
-// replay ends even while producers keep writing. Records of aborted
-// transactions and control records are skipped (Replay reads with
-// read_committed).
-type ReplayOption func(*replayConfig)
 
 type replayConfig struct {
 	partitions    []int32 // nil: all
@@ -56,72 +41,48 @@ type replayConfig struct {
 	starts        map[int32]int64 // per partition, a start no earlier than cfg's (Redrive's group offsets)
 }
 
-// WithReplayPartitions limits the replay to partitions ps (default: all
+// WithPartitions limits the replay to partitions ps (default: all
 // partitions of the topic). ps must name at least one partition, none
 // negative; a partition the topic does not have is an error of the replay.
-func WithReplayPartitions(ps ...int32) ReplayOption {
+func WithPartitions(ps ...int32) ReplayOption {
 	ps = slices.Clone(ps)
-	return func(c *replayConfig) { c.partitions, c.partitionsSet = ps, true }
+	return replayOpt(func(c *replayConfig) { c.partitions, c.partitionsSet = ps, true })
 }
 
-// WithReplayOffsetRange bounds the range by offset: [start, end). start 0
-// (the default) means the log start, and an end of 0 or less means no
-// bound (the default). start must not be negative, nor after a positive
-// end. A [WithReplayTimeRange] bound that is set takes the place of the
-// offset bound on its side.
-func WithReplayOffsetRange(start, end int64) ReplayOption {
-	return func(c *replayConfig) { c.start, c.end = start, end }
+// WithOffsetRange bounds the replay by offset: [start, end). start 0 (the
+// default) means the log start, and an end of 0 or less means no bound
+// (the default). start must not be negative, nor after a positive end. A
+// [WithTimeRange] bound that is set takes the place of the offset bound
+// on its side.
+func WithOffsetRange(start, end int64) ReplayOption {
+	return replayOpt(func(c *replayConfig) { c.start, c.end = start, end })
 }
 
-// WithReplayTimeRange bounds the range by record timestamp: [from, to). A
-// zero from or to leaves that side to [WithReplayOffsetRange] (so
-// WithReplayTimeRange(incident, time.Time{}) replays from the incident to
-// the end). to must not be before a non-zero from.
-func WithReplayTimeRange(from, to time.Time) ReplayOption {
-	return func(c *replayConfig) { c.from, c.to = from, to }
+// WithLimiter paces the replay with lim instead of a rate of its own (see
+// [Limiter]), e.g. a *rate.Limiter shared with live traffic. lim must not
+// be nil, and it does not go with [WithRate].
+func WithLimiter(lim Limiter) ReplayOption {
+	return replayOpt(func(c *replayConfig) { c.limiter, c.limiterSet = lim, true })
 }
 
-// WithReplayRate hands the handler at most limit records per second, burst
-// of them at once (0 means [DefaultReplayBurst], 1). limit 0 or rate.Inf
-// means no limit, the default. Neither may be negative, and it does not
-// go with [WithReplayLimiter].
-func WithReplayRate(limit rate.Limit, burst int) ReplayOption {
-	return func(c *replayConfig) { c.rate, c.burst, c.rateSet = limit, burst, true }
-}
-
-// WithReplayLimiter paces the replay with lim instead of a rate of its own
-// (see [Limiter]), e.g. a *rate.Limiter shared with live traffic. lim must
-// not be nil, and it does not go with [WithReplayRate].
-func WithReplayLimiter(lim Limiter) ReplayOption {
-	return func(c *replayConfig) { c.limiter, c.limiterSet = lim, true }
-}
-
-// WithReplayProgress sends a progress bar to w, redrawn in place at most
-// ten times a second. By default, or when w is nil, the bar goes to
-// standard error when it is a terminal, and nowhere otherwise; io.Discard
-// turns it off.
-func WithReplayProgress(w io.Writer) ReplayOption {
-	return func(c *replayConfig) { c.progress = w }
-}
-
-// WithReplayBatchSize sets the most records [ReplayBatch] hands to its
-// handler at once (default [DefaultReplayBatchSize], 1000). n must be at
-// least 1. Only ReplayBatch heeds it: [Replay] refuses it.
-func WithReplayBatchSize(n int) ReplayOption {
-	return func(c *replayConfig) { c.batchSize, c.batchSizeSet = n, true }
+// WithBatchSize sets the most records [ReplayBatch] hands to its handler
+// at once (default [DefaultReplayBatchSize], 1000). n must be at least 1.
+// Only ReplayBatch heeds it: [Replay] refuses it.
+func WithBatchSize(n int) ReplayOption {
+	return replayOpt(func(c *replayConfig) { c.batchSize, c.batchSizeSet = n, true })
 }
 
 // DefaultReplayBatchSize is the batch size of [ReplayBatch] without
-// [WithReplayBatchSize]: large enough that the one query and the one
+// [WithBatchSize]: large enough that the one query and the one
 // commit per batch of postgres.ApplyBatch with a pre-check cost little
 // per record (a storm of 99% seen keys costs about 1/20 of applying record
 // by record; at 100 per batch, about 1/10), small enough that a failed
 // batch is cheap to redo.
 const DefaultReplayBatchSize = 1000
 
-// DefaultReplayBurst is how many records [WithReplayRate] lets go at once
-// when its burst is 0.
-const DefaultReplayBurst = 1
+// replayBurst is how many records [WithRate] lets go at once when its
+// burst is 0.
+const replayBurst = 1
 
 // ReplayHandler handles one replayed record. Returning an error stops the
 // replay.
@@ -141,7 +102,7 @@ type ReplayStats struct {
 	Ranges map[int32]OffsetRange
 	// Next is, per partition, the offset after the last record handled:
 	// a replay of partition p stopped early resumes with
-	// WithReplayPartitions(p) and WithReplayOffsetRange(Next[p], end).
+	// WithPartitions(p) and WithOffsetRange(Next[p], end).
 	Next map[int32]int64
 }
 
@@ -157,7 +118,16 @@ type OffsetRange struct {
 // were done replay, effects that were lost apply. For a replay of mostly
 // handled records, [ReplayBatch] with a batch pre-check is much cheaper.
 // Without options it replays every partition from the log start to the
-// last stable offset, with no rate limit; see [ReplayOption].
+// last stable offset, with no rate limit.
+//
+// The range is chosen per partition. Its start is the first offset at or
+// after the [WithTimeRange] from when it is set, else the
+// [WithOffsetRange] start (default 0: the log start); its end (exclusive)
+// is the first offset at or after the time range's to when it is set,
+// else the offset range's end (default 0: no bound); and it never goes
+// past the partition's last stable offset when Replay starts, so a replay
+// ends even while producers keep writing. Records of aborted transactions
+// and control records are skipped (Replay reads with read_committed).
 //
 // client provides the connection settings (seed brokers, TLS, SASL,
 // dialer) and answers the offset lookups; Replay consumes with a client of
@@ -167,12 +137,12 @@ type OffsetRange struct {
 // the end of its range, when handler fails (the error is returned
 // wrapped, with the stats up to it), or when ctx is done (ctx's error).
 // A missing client, handler or topic, an invalid option, or
-// [WithReplayBatchSize] (which only ReplayBatch heeds) is an
+// [WithBatchSize] (which only ReplayBatch heeds) is an
 // [*effects.ConfigError], returned before any I/O.
 func Replay(ctx context.Context, client *kgo.Client, topic string, handler ReplayHandler, opts ...ReplayOption) (ReplayStats, error) {
 	const op = "kafka.Replay"
 	if handler == nil {
-		return newReplayStats(), &effects.ConfigError{Op: op, Option: "handler", Reason: "nil"}
+		return newReplayStats(), optcheck.Bad(op, "handler", "nil")
 	}
 	cfg, err := newReplayConfig(op, client, topic, false, opts)
 	if err != nil {
@@ -184,7 +154,7 @@ func Replay(ctx context.Context, client *kgo.Client, topic string, handler Repla
 }
 
 // ReplayBatch is [Replay] with a handler that takes up to
-// [WithReplayBatchSize] records at a time (default
+// [WithBatchSize] records at a time (default
 // [DefaultReplayBatchSize]): the form for a handler that does one query or
 // one transaction per batch, such as postgres.ApplyBatch with
 // postgres.WithPrecheck, which replays the records already handled without
@@ -197,7 +167,7 @@ func Replay(ctx context.Context, client *kgo.Client, topic string, handler Repla
 func ReplayBatch(ctx context.Context, client *kgo.Client, topic string, handler ReplayBatchHandler, opts ...ReplayOption) (ReplayStats, error) {
 	const op = "kafka.ReplayBatch"
 	if handler == nil {
-		return newReplayStats(), &effects.ConfigError{Op: op, Option: "handler", Reason: "nil"}
+		return newReplayStats(), optcheck.Bad(op, "handler", "nil")
 	}
 	cfg, err := newReplayConfig(op, client, topic, true, opts)
 	if err != nil {
@@ -216,44 +186,46 @@ func newReplayConfig(op string, client *kgo.Client, topic string, batched bool, 
 	}
 	for _, o := range opts {
 		if o != nil {
-			o(&cfg)
+			o.applyReplay(&cfg)
 		}
 	}
-	bad := func(option, format string, args ...any) (replayConfig, error) {
-		return cfg, &effects.ConfigError{Op: op, Option: option, Reason: fmt.Sprintf(format, args...)}
-	}
+	return cfg, cfg.check(op, client, topic, batched)
+}
+
+// check validates the configuration with client and topic.
+func (cfg *replayConfig) check(op string, client *kgo.Client, topic string, batched bool) error {
 	switch {
 	case client == nil:
-		return bad("client", "nil")
+		return optcheck.Bad(op, "client", "nil")
 	case topic == "":
-		return bad("topic", "empty")
+		return optcheck.Bad(op, "topic", "empty")
 	case cfg.partitionsSet && len(cfg.partitions) == 0:
-		return bad("WithReplayPartitions", "no partitions; leave the option out to replay them all")
+		return optcheck.Bad(op, "WithPartitions", "no partitions; leave the option out to replay them all")
 	case slices.ContainsFunc(cfg.partitions, func(p int32) bool { return p < 0 }):
-		return bad("WithReplayPartitions", "negative partition in %v", cfg.partitions)
+		return optcheck.Bad(op, "WithPartitions", "negative partition in %v", cfg.partitions)
 	case cfg.start < 0:
-		return bad("WithReplayOffsetRange", "negative start %d; 0 means the log start", cfg.start)
+		return optcheck.Bad(op, "WithOffsetRange", "negative start %d; 0 means the log start", cfg.start)
 	case cfg.end > 0 && cfg.end < cfg.start:
-		return bad("WithReplayOffsetRange", "end %d before start %d", cfg.end, cfg.start)
+		return optcheck.Bad(op, "WithOffsetRange", "end %d before start %d", cfg.end, cfg.start)
 	case !cfg.from.IsZero() && !cfg.to.IsZero() && cfg.to.Before(cfg.from):
-		return bad("WithReplayTimeRange", "to %s before from %s", cfg.to.Format(time.RFC3339Nano), cfg.from.Format(time.RFC3339Nano))
+		return optcheck.Bad(op, "WithTimeRange", "to %s before from %s", cfg.to.Format(time.RFC3339Nano), cfg.from.Format(time.RFC3339Nano))
 	case cfg.rate < 0:
-		return bad("WithReplayRate", "negative limit %v; 0 means no limit", cfg.rate)
+		return optcheck.Bad(op, "WithRate", "negative limit %v; 0 means no limit", cfg.rate)
 	case cfg.burst < 0:
-		return bad("WithReplayRate", "negative burst %d; 0 means %d", cfg.burst, DefaultReplayBurst)
+		return optcheck.Bad(op, "WithRate", "negative burst %d; 0 means %d", cfg.burst, replayBurst)
 	case cfg.limiterSet && cfg.limiter == nil:
-		return bad("WithReplayLimiter", "nil; leave the option out for no limit")
+		return optcheck.Bad(op, "WithLimiter", "nil; leave the option out for no limit")
 	case cfg.limiterSet && cfg.rateSet:
-		return bad("WithReplayLimiter", "given with WithReplayRate; the limiter would replace the rate")
+		return optcheck.Bad(op, "WithLimiter", "given with WithRate; the limiter would replace the rate")
 	case cfg.batchSizeSet && !batched:
-		return bad("WithReplayBatchSize", "only ReplayBatch heeds it")
+		return optcheck.Bad(op, "WithBatchSize", "only ReplayBatch heeds it")
 	case cfg.batchSize < 1:
-		return bad("WithReplayBatchSize", "%d records; need at least 1", cfg.batchSize)
+		return optcheck.Bad(op, "WithBatchSize", "%d records; need at least 1", cfg.batchSize)
 	}
 	if vs := client.OptValues(kgo.TransactionalID); len(vs) == 2 && vs[1] == true {
-		return bad("client", "transactional; pass a non-transactional client (Replay builds its consumer from its options)")
+		return optcheck.Bad(op, "client", "transactional; pass a non-transactional client (Replay builds its consumer from its options)")
 	}
-	return cfg, nil
+	return nil
 }
 
 func newReplayStats() ReplayStats {
@@ -504,7 +476,7 @@ func newLimiter(r rate.Limit, b int) Limiter {
 		return rate.NewLimiter(rate.Inf, 1)
 	}
 	if b == 0 {
-		b = DefaultReplayBurst
+		b = replayBurst
 	}
 	return rate.NewLimiter(r, b)
 }

@@ -68,7 +68,7 @@ func TestReplayOffsetRange(t *testing.T) {
 	topic := seedTopic(t, c, 2, 20, time.Now())
 	var h collect
 	st, err := kafka.Replay(context.Background(), c.Client(t), topic, h.handle,
-		kafka.WithReplayOffsetRange(5, 15), kafka.WithReplayProgress(&bytes.Buffer{}))
+		kafka.WithOffsetRange(5, 15), kafka.WithProgress(&bytes.Buffer{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,13 +90,13 @@ func TestReplayOffsetRange(t *testing.T) {
 	// One partition, to the end of the log.
 	h = collect{}
 	if _, err := kafka.Replay(context.Background(), c.Client(t), topic, h.handle,
-		kafka.WithReplayPartitions(1), kafka.WithReplayOffsetRange(18, 0), kafka.WithReplayProgress(&bytes.Buffer{})); err != nil {
+		kafka.WithPartitions(1), kafka.WithOffsetRange(18, 0), kafka.WithProgress(&bytes.Buffer{})); err != nil {
 		t.Fatal(err)
 	}
 	if got := fmt.Sprint(h.seen); got != "map[1:[18 19]]" {
 		t.Errorf("got %s, want partition 1 offsets 18 and 19", got)
 	}
-	if _, err := kafka.Replay(context.Background(), c.Client(t), topic, h.handle, kafka.WithReplayPartitions(7)); err == nil {
+	if _, err := kafka.Replay(context.Background(), c.Client(t), topic, h.handle, kafka.WithPartitions(7)); err == nil {
 		t.Error("replaying a partition that does not exist succeeded")
 	}
 }
@@ -107,7 +107,7 @@ func TestReplayTimeRange(t *testing.T) {
 	topic := seedTopic(t, c, 1, 20, base)
 	var h collect
 	if _, err := kafka.Replay(context.Background(), c.Client(t), topic, h.handle,
-		kafka.WithReplayTimeRange(base.Add(5*time.Second), base.Add(10*time.Second)), kafka.WithReplayProgress(&bytes.Buffer{})); err != nil {
+		kafka.WithTimeRange(base.Add(5*time.Second), base.Add(10*time.Second)), kafka.WithProgress(&bytes.Buffer{})); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := fmt.Sprint(h.seen[0]), fmt.Sprint(span(5, 10)); got != want {
@@ -145,7 +145,7 @@ func TestReplayRateLimit(t *testing.T) {
 		func(context.Context, *kgo.Record) error {
 			events = append(events, "handle")
 			return nil
-		}, kafka.WithReplayLimiter(lim), kafka.WithReplayProgress(&bytes.Buffer{}))
+		}, kafka.WithLimiter(lim), kafka.WithProgress(&bytes.Buffer{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +191,7 @@ func TestReplayEndsOnTransactionMarker(t *testing.T) {
 		func(_ context.Context, r *kgo.Record) error {
 			values = append(values, string(r.Value))
 			return nil
-		}, kafka.WithReplayProgress(&bytes.Buffer{}))
+		}, kafka.WithProgress(&bytes.Buffer{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +210,7 @@ func TestReplayEndsOnTransactionMarker(t *testing.T) {
 				values = append(values, string(r.Value))
 			}
 			return nil
-		}, kafka.WithReplayBatchSize(3), kafka.WithReplayProgress(&bytes.Buffer{}))
+		}, kafka.WithBatchSize(3), kafka.WithProgress(&bytes.Buffer{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +230,7 @@ func TestReplayHandlerErrorStops(t *testing.T) {
 				return boom
 			}
 			return nil
-		}, kafka.WithReplayProgress(&progress), kafka.WithReplayRate(1e6, 0))
+		}, kafka.WithProgress(&progress), kafka.WithRate(1e6, 0))
 	if !errors.Is(err, boom) {
 		t.Fatalf("Replay = %v, want the handler's error", err)
 	}
@@ -247,7 +247,7 @@ func TestReplayProgressBar(t *testing.T) {
 	topic := seedTopic(t, c, 1, 10, time.Now())
 	var progress bytes.Buffer
 	if _, err := kafka.Replay(context.Background(), c.Client(t), topic,
-		func(context.Context, *kgo.Record) error { return nil }, kafka.WithReplayProgress(&progress)); err != nil {
+		func(context.Context, *kgo.Record) error { return nil }, kafka.WithProgress(&progress)); err != nil {
 		t.Fatal(err)
 	}
 	out := progress.String()
@@ -276,7 +276,7 @@ func TestReplayBatch(t *testing.T) {
 				}
 			}
 			return nil
-		}, kafka.WithReplayOffsetRange(3, 0), kafka.WithReplayBatchSize(10), kafka.WithReplayLimiter(lim), kafka.WithReplayProgress(&bytes.Buffer{}))
+		}, kafka.WithOffsetRange(3, 0), kafka.WithBatchSize(10), kafka.WithLimiter(lim), kafka.WithProgress(&bytes.Buffer{}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -303,7 +303,7 @@ func TestReplayBatch(t *testing.T) {
 
 	t.Run("a failed batch is not counted and the replay resumes at its first record", func(t *testing.T) {
 		boom := errors.New("boom")
-		opts := []kafka.ReplayOption{kafka.WithReplayPartitions(0), kafka.WithReplayBatchSize(10), kafka.WithReplayProgress(&bytes.Buffer{})}
+		opts := []kafka.ReplayOption{kafka.WithPartitions(0), kafka.WithBatchSize(10), kafka.WithProgress(&bytes.Buffer{})}
 		calls := 0
 		st, err := kafka.ReplayBatch(context.Background(), c.Client(t), topic, func(_ context.Context, recs []*kgo.Record) error {
 			calls++
@@ -319,7 +319,7 @@ func TestReplayBatch(t *testing.T) {
 			t.Fatalf("records %d next %d, want 10 and 10", st.Records, st.Next[0])
 		}
 		var h collect
-		opts = append(opts, kafka.WithReplayOffsetRange(st.Next[0], 0))
+		opts = append(opts, kafka.WithOffsetRange(st.Next[0], 0))
 		if _, err := kafka.ReplayBatch(context.Background(), c.Client(t), topic, func(ctx context.Context, recs []*kgo.Record) error {
 			for _, r := range recs {
 				_ = h.handle(ctx, r)
@@ -364,23 +364,23 @@ func TestReplayRefusesBadOptions(t *testing.T) {
 		name, option string
 		run          func() error
 	}{
-		{"Replay with a batch size", "WithReplayBatchSize", replay(kafka.WithReplayBatchSize(10))},
-		{"negative batch size", "WithReplayBatchSize", batch(kafka.WithReplayBatchSize(-1))},
-		{"zero batch size", "WithReplayBatchSize", batch(kafka.WithReplayBatchSize(0))},
+		{"Replay with a batch size", "WithBatchSize", replay(kafka.WithBatchSize(10))},
+		{"negative batch size", "WithBatchSize", batch(kafka.WithBatchSize(-1))},
+		{"zero batch size", "WithBatchSize", batch(kafka.WithBatchSize(0))},
 		{"no topic", "topic", func() error { _, err := kafka.ReplayBatch(ctx, client, "", many); return err }},
 		{"no client", "client", func() error { _, err := kafka.Replay(ctx, nil, "t", one); return err }},
 		{"transactional client", "client", func() error { _, err := kafka.Replay(ctx, txn, "t", one); return err }},
 		{"no handler", "handler", func() error { _, err := kafka.ReplayBatch(ctx, client, "t", nil); return err }},
 		{"no handler for Replay", "handler", func() error { _, err := kafka.Replay(ctx, client, "t", nil); return err }},
-		{"negative rate", "WithReplayRate", replay(kafka.WithReplayRate(-1, 0))},
-		{"negative burst", "WithReplayRate", replay(kafka.WithReplayRate(10, -1))},
-		{"no partitions", "WithReplayPartitions", replay(kafka.WithReplayPartitions())},
-		{"negative partition", "WithReplayPartitions", batch(kafka.WithReplayPartitions(0, -1))},
-		{"negative start offset", "WithReplayOffsetRange", replay(kafka.WithReplayOffsetRange(-1, 0))},
-		{"end offset before start", "WithReplayOffsetRange", replay(kafka.WithReplayOffsetRange(10, 5))},
-		{"to before from", "WithReplayTimeRange", batch(kafka.WithReplayTimeRange(at, at.Add(-time.Second)))},
-		{"nil limiter", "WithReplayLimiter", replay(kafka.WithReplayLimiter(nil))},
-		{"limiter and rate", "WithReplayLimiter", replay(kafka.WithReplayRate(10, 1), kafka.WithReplayLimiter(rate.NewLimiter(10, 1)))},
+		{"negative rate", "WithRate", replay(kafka.WithRate(-1, 0))},
+		{"negative burst", "WithRate", replay(kafka.WithRate(10, -1))},
+		{"no partitions", "WithPartitions", replay(kafka.WithPartitions())},
+		{"negative partition", "WithPartitions", batch(kafka.WithPartitions(0, -1))},
+		{"negative start offset", "WithOffsetRange", replay(kafka.WithOffsetRange(-1, 0))},
+		{"end offset before start", "WithOffsetRange", replay(kafka.WithOffsetRange(10, 5))},
+		{"to before from", "WithTimeRange", batch(kafka.WithTimeRange(at, at.Add(-time.Second)))},
+		{"nil limiter", "WithLimiter", replay(kafka.WithLimiter(nil))},
+		{"limiter and rate", "WithLimiter", replay(kafka.WithRate(10, 1), kafka.WithLimiter(rate.NewLimiter(10, 1)))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.run()
@@ -400,7 +400,7 @@ func TestReplayDefaults(t *testing.T) {
 	const n = kafka.DefaultReplayBatchSize + 1
 	topic := seedTopic(t, c, 1, n, time.Now())
 	var h collect
-	st, err := kafka.Replay(context.Background(), c.Client(t), topic, h.handle, nil, kafka.WithReplayProgress(io.Discard), nil)
+	st, err := kafka.Replay(context.Background(), c.Client(t), topic, h.handle, nil, kafka.WithProgress(io.Discard), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -411,7 +411,7 @@ func TestReplayDefaults(t *testing.T) {
 	if _, err := kafka.ReplayBatch(context.Background(), c.Client(t), topic, func(_ context.Context, recs []*kgo.Record) error {
 		sizes = append(sizes, len(recs))
 		return nil
-	}, nil, kafka.WithReplayProgress(io.Discard)); err != nil {
+	}, nil, kafka.WithProgress(io.Discard)); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := fmt.Sprint(sizes), fmt.Sprint([]int{kafka.DefaultReplayBatchSize, 1}); got != want {
@@ -445,7 +445,7 @@ func ExampleReplayBatch() {
 			}
 			fmt.Println()
 			return nil
-		}, kafka.WithReplayBatchSize(2), kafka.WithReplayProgress(io.Discard))
+		}, kafka.WithBatchSize(2), kafka.WithProgress(io.Discard))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -12,7 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
-	"effectively.dev/observe/ratelog"
+	"effectively.dev/internal/optcheck"
+	"effectively.dev/internal/ratelog"
 )
 
 // ErrLockExpired is returned (wrapped) by [ShareSource.Ack] and
@@ -278,23 +279,20 @@ func NewShareSource(clientOpts []kgo.Opt, opts ...ShareOption) (*ShareSource, er
 			o.applyShare(&cfg)
 		}
 	}
-	bad := func(option, format string, args ...any) (*ShareSource, error) {
-		return nil, &effects.ConfigError{Op: ctor, Option: option, Reason: fmt.Sprintf(format, args...)}
-	}
-	if err := errors.Join(cfg.common.check(ctor), cfg.consumer.check(ctor)); err != nil {
+	if err := checkConsumer(ctor, &cfg.common, &cfg.consumer); err != nil {
 		return nil, err
 	}
 	switch {
 	case cfg.members < 1:
-		return bad("WithShareMembers", "%d members; need at least 1", cfg.members)
+		return nil, optcheck.Bad(ctor, "WithShareMembers", "%d members; need at least 1", cfg.members)
 	case cfg.deliveryLimit < 0:
-		return bad("WithDeliveryLimit", "negative limit %d; 0 means no limit", cfg.deliveryLimit)
+		return nil, optcheck.Bad(ctor, "WithDeliveryLimit", "negative limit %d; 0 means no limit", cfg.deliveryLimit)
 	case cfg.renewBefore <= 0:
-		return bad("WithRenewBefore", "%v; need a positive duration", cfg.renewBefore)
+		return nil, optcheck.Bad(ctor, "WithRenewBefore", "%v; need a positive duration", cfg.renewBefore)
 	case cfg.lockMargin < 0:
-		return bad("WithLockMargin", "negative margin %v", cfg.lockMargin)
+		return nil, optcheck.Bad(ctor, "WithLockMargin", "negative margin %v", cfg.lockMargin)
 	case cfg.lockMargin >= cfg.renewBefore:
-		return bad("WithLockMargin", "margin %v is not less than the renew lead %v (WithRenewBefore): locks would lapse before their renewal", cfg.lockMargin, cfg.renewBefore)
+		return nil, optcheck.Bad(ctor, "WithLockMargin", "margin %v is not less than the renew lead %v (WithRenewBefore): locks would lapse before their renewal", cfg.lockMargin, cfg.renewBefore)
 	}
 	s := &ShareSource{cfg: cfg, rep: cfg.reporter(), stop: make(chan struct{}), avail: make(chan struct{}, 1)}
 	s.runCtx, s.cancelRun = context.WithCancel(context.Background())
@@ -303,7 +301,7 @@ func NewShareSource(clientOpts []kgo.Opt, opts ...ShareOption) (*ShareSource, er
 			m.cl.Close()
 		}
 		s.cancelRun()
-		return bad(option, format, args...)
+		return nil, optcheck.Bad(ctor, option, format, args...)
 	}
 	for range cfg.members {
 		all := append([]kgo.Opt{kgo.ShareMaxRecords(int32(min(cfg.consumer.maxPoll, 1<<30))), kgo.ShareMaxRecordsStrict()}, clientOpts...)

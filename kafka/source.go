@@ -17,7 +17,8 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/retry"
-	"effectively.dev/observe/ratelog"
+	"effectively.dev/internal/optcheck"
+	"effectively.dev/internal/ratelog"
 )
 
 // ErrRevoked is returned (wrapped) by [Source.Ack] for a delivery whose
@@ -268,19 +269,16 @@ func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
 			o.applySource(&cfg)
 		}
 	}
-	bad := func(option, format string, args ...any) (*Source, error) {
-		return nil, &effects.ConfigError{Op: ctor, Option: option, Reason: fmt.Sprintf(format, args...)}
-	}
-	if err := errors.Join(cfg.common.check(ctor), cfg.consumer.check(ctor)); err != nil {
+	if err := checkConsumer(ctor, &cfg.common, &cfg.consumer); err != nil {
 		return nil, err
 	}
 	switch {
 	case cfg.maxPerPart < 1:
-		return bad("WithMaxPendingPerPartition", "%d records; need at least 1", cfg.maxPerPart)
+		return nil, optcheck.Bad(ctor, "WithMaxPendingPerPartition", "%d records; need at least 1", cfg.maxPerPart)
 	case cfg.commitInterval < 0:
-		return bad("WithCommitInterval", "negative interval %v", cfg.commitInterval)
+		return nil, optcheck.Bad(ctor, "WithCommitInterval", "negative interval %v", cfg.commitInterval)
 	case cfg.closeTimeout <= 0:
-		return bad("WithCloseTimeout", "%v; need a positive bound", cfg.closeTimeout)
+		return nil, optcheck.Bad(ctor, "WithCloseTimeout", "%v; need a positive bound", cfg.closeTimeout)
 	}
 	s := &Source{
 		cfg:   cfg,
@@ -310,9 +308,9 @@ func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
 		// franz-go refuses the options the Source adds when clientOpts
 		// name no group: say that, in our words.
 		if group, ok := groupOf(clientOpts); ok && group == "" {
-			return bad("clientOpts", "no consumer group (kgo.ConsumerGroup): a Source commits a group's offsets")
+			return nil, optcheck.Bad(ctor, "clientOpts", "no consumer group (kgo.ConsumerGroup): a Source commits a group's offsets")
 		}
-		return bad("clientOpts", "%v", err)
+		return nil, optcheck.Bad(ctor, "clientOpts", "%v", err)
 	}
 	s.group, _ = cl.OptValue(kgo.ConsumerGroup).(string)
 	s.topics, _ = cl.OptValue(kgo.ConsumeTopics).([]string)
@@ -322,9 +320,9 @@ func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
 		s.cancelRun()
 		s.cancelClient()
 		if s.group == "" {
-			return bad("clientOpts", "no consumer group (kgo.ConsumerGroup): a Source commits a group's offsets")
+			return nil, optcheck.Bad(ctor, "clientOpts", "no consumer group (kgo.ConsumerGroup): a Source commits a group's offsets")
 		}
-		return bad("clientOpts", "no topics (kgo.ConsumeTopics): the Source would wait for records for ever")
+		return nil, optcheck.Bad(ctor, "clientOpts", "no topics (kgo.ConsumeTopics): the Source would wait for records for ever")
 	}
 	if id, _ := cl.OptValue(kgo.InstanceID).(string); id != "" {
 		s.instanceID = &id

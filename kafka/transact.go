@@ -22,10 +22,6 @@ type TransformFunc func(ctx context.Context, in *kgo.Record) ([]*kgo.Record, err
 // transaction consumes at most, unless [WithTransactionSize] says otherwise.
 const DefaultTransactionSize = 1000
 
-// TransformOption configures [Transform]. Options only record their value;
-// Transform validates them.
-type TransformOption func(*transformConfig)
-
 type transformConfig struct {
 	maxRecords int
 }
@@ -35,7 +31,7 @@ type transformConfig struct {
 // commit sooner and redo less after an abort; each costs a few round trips
 // to the transaction coordinator. n must be at least 1.
 func WithTransactionSize(n int) TransformOption {
-	return func(c *transformConfig) { c.maxRecords = n }
+	return transformOpt(func(c *transformConfig) { c.maxRecords = n })
 }
 
 // TransformStats counts what one call to [Transform] committed.
@@ -76,7 +72,7 @@ func Transform(ctx context.Context, sess *kgo.GroupTransactSession, fn Transform
 	cfg := transformConfig{maxRecords: DefaultTransactionSize}
 	for _, o := range opts {
 		if o != nil {
-			o(&cfg)
+			o.applyTransform(&cfg)
 		}
 	}
 	var st TransformStats

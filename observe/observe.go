@@ -15,7 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"effectively.dev/effects"
-	"effectively.dev/observe/ratelog"
+	"effectively.dev/internal/ratelog"
 )
 
 // Names of what this package reports, for dashboards, alerts and views.
@@ -116,7 +116,11 @@ type measureOpts struct {
 // Option configures an [Observer]. Options only record their values;
 // [New] validates them all at once and refuses a bad one with an
 // *effects.ConfigError. A nil Option is ignored.
-type Option func(*config)
+type Option interface{ apply(*config) }
+
+type option func(*config)
+
+func (f option) apply(c *config) { f(c) }
 
 type config struct {
 	logger *slog.Logger
@@ -140,7 +144,7 @@ type levelOverride struct {
 // slog.New(slog.DiscardHandler). To add attributes to every record, pass
 // l.With(...).
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) { c.logger = l }
+	return option(func(c *config) { c.logger = l })
 }
 
 // WithMeterProvider records metrics with mp. Without it, or with a nil mp,
@@ -149,7 +153,7 @@ func WithLogger(l *slog.Logger) Option {
 // otel.SetMeterProvider, and costs next to nothing until then. To turn
 // metrics off, pass go.opentelemetry.io/otel/metric/noop.NewMeterProvider().
 func WithMeterProvider(mp metric.MeterProvider) Option {
-	return func(c *config) { c.mp = mp }
+	return option(func(c *config) { c.mp = mp })
 }
 
 // WithTracerProvider starts spans with tp (see [Observer.Start]). Without
@@ -160,7 +164,7 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 // [WithPropagator]'s. To turn tracing off, pass
 // go.opentelemetry.io/otel/trace/noop.NewTracerProvider().
 func WithTracerProvider(tp trace.TracerProvider) Option {
-	return func(c *config) { c.tp = tp }
+	return option(func(c *config) { c.tp = tp })
 }
 
 // WithPropagator reads and writes trace context in message headers with
@@ -172,7 +176,7 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 // global set up; pass otel.GetTextMapPropagator() to use the global one
 // (for instance to carry baggage too).
 func WithPropagator(p propagation.TextMapPropagator) Option {
-	return func(c *config) { c.prop = p }
+	return option(func(c *config) { c.prop = p })
 }
 
 // WithDeliveryLinks makes each delivery's span the root of a trace of its
@@ -186,7 +190,7 @@ func WithPropagator(p propagation.TextMapPropagator) Option {
 // Choose it when producers are outside your control or when one
 // producer's trace would otherwise gather a fan-out of consumers.
 func WithDeliveryLinks() Option {
-	return func(c *config) { c.link = true }
+	return option(func(c *config) { c.link = true })
 }
 
 // WithAttributes adds attrs to every metric point, for instance the name of
@@ -196,7 +200,7 @@ func WithDeliveryLinks() Option {
 // outcome). Log records do not get them: give WithLogger a logger built
 // with slog.Logger.With.
 func WithAttributes(attrs ...attribute.KeyValue) Option {
-	return func(c *config) { c.attrs = append(c.attrs, attrs...) }
+	return option(func(c *config) { c.attrs = append(c.attrs, attrs...) })
 }
 
 // WithLevel logs events of kind at level instead of [DefaultLevel](kind),
@@ -204,7 +208,7 @@ func WithAttributes(attrs ...attribute.KeyValue) Option {
 // Debug where concurrent duplicates are routine. [New] refuses a kind this
 // package does not know.
 func WithLevel(kind effects.EventKind, level slog.Level) Option {
-	return func(c *config) { c.levels = append(c.levels, levelOverride{kind, level}) }
+	return option(func(c *config) { c.levels = append(c.levels, levelOverride{kind, level}) })
 }
 
 // DefaultLevel returns the level an event of kind is logged at unless
@@ -229,7 +233,7 @@ func New(opts ...Option) (*Observer, error) {
 	c := config{}
 	for _, opt := range opts {
 		if opt != nil {
-			opt(&c)
+			opt.apply(&c)
 		}
 	}
 	for _, kv := range c.attrs {

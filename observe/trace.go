@@ -9,7 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"effectively.dev/effects"
-	"effectively.dev/observe/ratelog"
+	"effectively.dev/internal/ratelog"
 )
 
 // Span names, one per [effects.Span]: low-cardinality, as OpenTelemetry

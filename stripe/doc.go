@@ -106,8 +106,8 @@
 //
 // # stripe-go's own logger
 //
-// stripe-go logs on its own, apart from this package's [WithLogger] and
-// [WithObserver]: unless the backend is built with a LeveledLogger, it
+// stripe-go logs on its own, apart from the journal's [journal.WithLogger]
+// and [journal.WithObserver]: unless the backend is built with a LeveledLogger, it
 // uses stripe.DefaultLeveledLogger (level Error, to standard error), which
 // prints every error response as "Request error from Stripe (status N):"
 // followed by Stripe's error JSON (message, code, decline code, request
@@ -160,10 +160,10 @@
 // call is [effects.ErrTransient]; the record of a created object is
 // completed on a context detached from the caller's and retried; if it
 // still does not commit, Apply reports the object as Applied (Stripe has
-// it) and logs it ([WithLogger]), and the next attempt records it from
-// Stripe's replay. With a journal that is not a DoneJournal, Apply takes
-// a lease ([WithLease], default [journal.DefaultLease]), and it does not
-// gate the call. Within Stripe's horizon
+// it) and logs it ([journal.WithLogger]), and the next attempt records it
+// from Stripe's replay. With a journal that is not a DoneJournal, Apply
+// takes a lease ([journal.WithLease], default [journal.DefaultLease]), and
+// it does not gate the call. Within Stripe's horizon
 // Stripe's key is the enforcer, so an attempt that finds the key leased by
 // another attempt ([effects.ErrInFlight] from Begin) calls Stripe anyway:
 // Stripe answers 409 (reported as ErrInFlight) while the other request

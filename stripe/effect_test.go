@@ -18,6 +18,7 @@ import (
 	"github.com/stripe/stripe-go/v76/client"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
 	"effectively.dev/effects/journal/memjournal"
 	"effectively.dev/stripe/stripetest"
 )
@@ -163,8 +164,8 @@ func TestConstructorsRefuseBadConfiguration(t *testing.T) {
 	}{
 		{"nil api", "api", second(NewPaymentIntents(nil))},
 		{"uninitialised api", "api", second(NewRefunds(&client.API{}))},
-		{"zero lease", "WithLease", second(NewPaymentIntents(api, WithLease(0)))},
-		{"nil logger", "WithLogger", second(NewRefunds(api, WithLogger(nil)))},
+		{"zero lease", "WithLease", second(NewPaymentIntents(api, WithJournal(memjournal.New(nil), journal.WithLease(0))))},
+		{"nil logger", "WithLogger", second(NewRefunds(api, WithJournal(memjournal.New(nil), journal.WithLogger(nil))))},
 		{"nil post", "post", second(New(nilPost))},
 		{"object without ID", "post", second(New(func(*stripego.CustomerParams) (*noID, error) { return nil, nil }))},
 		{"object without LastResponse", "post", second(New(func(*stripego.CustomerParams) (*noResponse, error) { return nil, nil }))},
@@ -175,7 +176,7 @@ func TestConstructorsRefuseBadConfiguration(t *testing.T) {
 			t.Errorf("%s: %v, want a *ConfigError naming %s", tc.name, tc.err, tc.option)
 		}
 	}
-	if _, err := NewPaymentIntents(api, nil, WithLease(time.Second), nil); err != nil {
+	if _, err := NewPaymentIntents(api, nil, WithJournal(nil, journal.WithLease(time.Second)), nil); err != nil {
 		t.Errorf("nil options: %v, want them ignored", err)
 	}
 }
@@ -229,7 +230,7 @@ func TestUnrecordedObjectIsAppliedAndRecordedByTheNextAttempt(t *testing.T) {
 	srv := stripetest.Start(t)
 	j := &failingComplete{Journal: memjournal.New(nil), fail: 1000}
 	var logs bytes.Buffer
-	charges := newPI(t, newAPI(t, srv, nil), WithJournal(j), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	charges := newPI(t, newAPI(t, srv, nil), WithJournal(j, journal.WithLogger(slog.New(slog.NewTextHandler(&logs, nil)))))
 	key := effects.MustKey("test", "evt_1", "charge")
 	first, err := charges.Apply(context.Background(), key, order)
 	if err != nil || first.Status != effects.Applied {

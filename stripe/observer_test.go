@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
 	"effectively.dev/effects/journal/memjournal"
 	"effectively.dev/stripe/stripetest"
 )
@@ -24,7 +25,7 @@ func TestUnrecordedObjectIsAnObserverEvent(t *testing.T) {
 		evs  []effects.Event
 	)
 	obs := effects.ObserverFunc(func(_ context.Context, ev effects.Event) { mu.Lock(); evs = append(evs, ev); mu.Unlock() })
-	charges := newPI(t, newAPI(t, srv, nil), WithJournal(j), WithObserver(obs), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	charges := newPI(t, newAPI(t, srv, nil), WithJournal(j, journal.WithObserver(obs), journal.WithLogger(slog.New(slog.NewTextHandler(&logs, nil)))))
 	key := effects.MustKey("test", "evt_obs", "charge")
 	if res, err := charges.Apply(context.Background(), key, order); err != nil || res.Status != effects.Applied {
 		t.Fatalf("Apply = %+v, %v; want applied", res, err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/journal"
+	"effectively.dev/internal/optcheck"
 )
 
 // Horizon is how long Stripe keeps an Idempotency-Key: at least 24 hours.
@@ -35,47 +35,30 @@ var ErrReplayedServerError = errors.New("stripe replayed a stored server error f
 
 // Option configures an effect built by [New], [NewPaymentIntents] or
 // [NewRefunds]. A nil Option is ignored.
-type Option func(*config)
+type Option interface{ apply(*config) }
+
+type option func(*config)
+
+func (f option) apply(c *config) { f(c) }
 
 type config struct {
-	journal   journal.Journal
-	lease     time.Duration
-	logger    *slog.Logger
-	loggerSet bool
-	observer  effects.Observer
-	api       *client.API
-	apiSet    bool
+	journal journal.Journal
+	jopts   []journal.Option
+	api     *client.API
+	apiSet  bool
 }
 
 // WithJournal makes the effect keep the id of every object it created in
 // j, and replay it from there without calling Stripe, so keys stay
 // effective past Stripe's 24 h horizon (the contract's Horizon becomes 0:
-// until j prunes). See the package doc for how the journal and Stripe's
-// key overlap, and why the journal's lease does not gate the call. The
-// journal runs [journal.Journaled]'s protocol and policy.
-func WithJournal(j journal.Journal) Option { return func(c *config) { c.journal = j } }
-
-// WithLease sets how long one attempt holds its key in a journal that
-// takes leases (default [journal.DefaultLease]; a journal that implements
-// [journal.DoneJournal] takes none, see the package doc); it bounds the
-// call too, which ends at nine tenths of it. Without [WithJournal] it
-// does nothing. d must be positive.
-func WithLease(d time.Duration) Option { return func(c *config) { c.lease = d } }
-
-// WithLogger sets where the effect reports what it cannot return (an
-// object the journal did not record); the default is slog.Default() at the
-// time of the event. l must not be nil.
-func WithLogger(l *slog.Logger) Option {
-	return func(c *config) { c.logger, c.loggerSet = l, true }
-}
-
-// WithObserver sends what the effect cannot return to o as events, in
-// place of log lines: [effects.EventFailed] for an object Stripe created that the journal did not record and for a lease it
-// could not release, [effects.EventInFlight] when another attempt holds
-// the key's lease (see [journal.WithObserver]). Without it (or with a nil
-// o) the failures go to the logger ([WithLogger]), rate-limited.
-func WithObserver(o effects.Observer) Option {
-	return func(c *config) { c.observer = o }
+// until j prunes); opts set the journal's lease, record timeout, observer
+// and logger ([journal.WithLease], [journal.WithRecordTimeout], ...). The
+// call ends at nine tenths of the lease. See the package doc for how the
+// journal and Stripe's key overlap, and why the journal's lease does not
+// gate the call. The journal runs [journal.Journaled]'s protocol and
+// policy.
+func WithJournal(j journal.Journal, opts ...journal.Option) Option {
+	return option(func(c *config) { c.journal, c.jopts = j, opts })
 }
 
 // WithCheckClient gives an effect built by [New] the stripe-go client its
@@ -83,7 +66,7 @@ func WithObserver(o effects.Observer) Option {
 // whose method New was given. [NewPaymentIntents] and [NewRefunds] use
 // their own client and need no such option. api must not be nil.
 func WithCheckClient(api *client.API) Option {
-	return func(c *config) { c.api, c.apiSet = api, true }
+	return option(func(c *config) { c.api, c.apiSet = api, true })
 }
 
 // effect is what every Stripe effect shares: its name, the journaled
@@ -97,29 +80,16 @@ type effect struct {
 
 // newEffect validates opts once for the constructor ctor.
 func newEffect(ctor, op string, opts []Option) (effect, error) {
-	cfg := config{lease: journal.DefaultLease}
+	var cfg config
 	for _, o := range opts {
 		if o != nil {
-			o(&cfg)
+			o.apply(&cfg)
 		}
 	}
-	switch {
-	case cfg.lease <= 0:
-		return effect{}, &effects.ConfigError{Op: ctor, Option: "WithLease", Reason: fmt.Sprintf("lease %v is not positive", cfg.lease)}
-	case cfg.loggerSet && cfg.logger == nil:
-		return effect{}, &effects.ConfigError{Op: ctor, Option: "WithLogger", Reason: "nil logger"}
-	case cfg.apiSet && (cfg.api == nil || cfg.api.Balance == nil):
-		return effect{}, &effects.ConfigError{Op: ctor, Option: "WithCheckClient", Reason: "nil or uninitialised *client.API; build it with client.New"}
+	if cfg.apiSet && (cfg.api == nil || cfg.api.Balance == nil) {
+		return effect{}, optcheck.Bad(ctor, "WithCheckClient", "nil or uninitialised *client.API; build it with client.New")
 	}
-	jopts := []journal.Option{
-		journal.WithLease(cfg.lease),
-		journal.WithOwnerIdempotency(),
-		journal.WithNotApplied(notApplied),
-	}
-	if cfg.logger != nil {
-		jopts = append(jopts, journal.WithLogger(cfg.logger))
-	}
-	jopts = append(jopts, journal.WithObserver(cfg.observer))
+	jopts := append(cfg.jopts[:len(cfg.jopts):len(cfg.jopts)], journal.WithOwnerIdempotency(), journal.WithNotApplied(notApplied))
 	j, err := journal.NewJournaled(op, cfg.journal, jopts...)
 	if err != nil {
 		return effect{}, err

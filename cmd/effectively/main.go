@@ -77,9 +77,9 @@ import (
 	"golang.org/x/time/rate"
 
 	"effectively.dev/effects"
+	"effectively.dev/internal/ratelog"
 	"effectively.dev/kafka"
 	"effectively.dev/kafka/outbox"
-	"effectively.dev/observe/ratelog"
 )
 
 func main() {
@@ -422,19 +422,19 @@ func redrive(ctx context.Context, r *redactor, args []string, stdout, stderr io.
 		return err
 	}
 	defer cl.Close()
-	opts = append(opts, kafka.WithRedriveIDHeader(ih), kafka.WithRedriveRate(rate.Limit(perSecond), 1))
+	opts = append(opts, kafka.WithIDHeader(ih), kafka.WithRate(rate.Limit(perSecond), 1))
 	if topic != "" {
-		opts = append(opts, kafka.WithRedriveTopic(topic))
+		opts = append(opts, kafka.WithTopic(topic))
 	}
 	if len(allow) > 0 {
-		opts = append(opts, kafka.WithRedriveAllowTopics(allow...))
+		opts = append(opts, kafka.WithAllowTopics(allow...))
 	}
 	// The plan: a dry run, printed.
 	var list io.Writer
 	if sel.dryRun {
 		list = stdout
 	}
-	plan, err := kafka.Redrive(ctx, cl, kf.dlq, append(opts, kafka.WithRedriveDryRun(list))...)
+	plan, err := kafka.Redrive(ctx, cl, kf.dlq, append(opts, kafka.WithDryRun(list))...)
 	if err != nil {
 		return err
 	}
@@ -496,7 +496,7 @@ func dlqList(ctx context.Context, r *redactor, args []string, stdout, stderr io.
 		return err
 	}
 	defer cl.Close()
-	st, err := kafka.Redrive(ctx, cl, kf.dlq, append(opts, kafka.WithRedriveDryRun(stdout))...)
+	st, err := kafka.Redrive(ctx, cl, kf.dlq, append(opts, kafka.WithDryRun(stdout))...)
 	if err != nil {
 		return err
 	}
@@ -518,18 +518,18 @@ func redriveSelection(sel selection, group string) ([]kafka.RedriveOption, error
 	if err != nil {
 		return nil, err
 	}
-	opts := []kafka.RedriveOption{kafka.WithRedriveTimeRange(from, to)}
+	opts := []kafka.RedriveOption{kafka.WithTimeRange(from, to)}
 	if classes := split(sel.class); len(classes) > 0 {
-		opts = append(opts, kafka.WithRedriveClasses(classes...))
+		opts = append(opts, kafka.WithClasses(classes...))
 	}
 	if ids := split(sel.ids); len(ids) > 0 {
-		opts = append(opts, kafka.WithRedriveIDs(ids...))
+		opts = append(opts, kafka.WithIDs(ids...))
 	}
 	if sel.count > 0 {
-		opts = append(opts, kafka.WithRedriveLimit(sel.count))
+		opts = append(opts, kafka.WithLimit(sel.count))
 	}
 	if group != "" {
-		opts = append(opts, kafka.WithRedriveGroup(group))
+		opts = append(opts, kafka.WithGroup(group))
 	}
 	return opts, nil
 }

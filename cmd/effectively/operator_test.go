@@ -152,7 +152,7 @@ func TestDLQList(t *testing.T) {
 		!strings.Contains(out, "destination "+src+": 2") || !strings.Contains(out, "poison delivery") {
 		t.Fatalf("dlq list: %v\n%s", err, out)
 	}
-	if _, err := kafka.Redrive(context.Background(), c.Client(t), dlq, kafka.WithRedriveDryRun(nil)); err != nil {
+	if _, err := kafka.Redrive(context.Background(), c.Client(t), dlq, kafka.WithDryRun(nil)); err != nil {
 		t.Fatal(err)
 	}
 }

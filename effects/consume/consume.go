@@ -12,7 +12,8 @@ import (
 	"effectively.dev/effects"
 	"effectively.dev/effects/consume/internal/sched"
 	"effectively.dev/effects/retry"
-	"effectively.dev/observe/ratelog"
+	"effectively.dev/internal/optcheck"
+	"effectively.dev/internal/ratelog"
 )
 
 // Handler handles one delivery: it does the delivery's side effects, each
@@ -113,7 +114,11 @@ const (
 )
 
 // Option configures a [Consumer]; see [New].
-type Option func(*config)
+type Option interface{ apply(*config) }
+
+type option func(*config)
+
+func (f option) apply(c *config) { f(c) }
 
 type config struct {
 	concurrency            int
@@ -143,7 +148,7 @@ type config struct {
 // whatever n is, so a Kafka topic with p partitions keeps at most p handlers
 // busy. n must be at least 1.
 func WithConcurrency(n int) Option {
-	return func(c *config) { c.concurrency = n }
+	return option(func(c *config) { c.concurrency = n })
 }
 
 // WithMaxAttempts sets how many times the handler is tried for one
@@ -153,7 +158,7 @@ func WithConcurrency(n int) Option {
 // waits for another attempt's lease ([WithInFlightWait]) do not count. 0
 // retries forever. n must not be negative.
 func WithMaxAttempts(n int) Option {
-	return func(c *config) { c.maxAttempts = n }
+	return option(func(c *config) { c.maxAttempts = n })
 }
 
 // WithBackoff sets the pause between attempts: it starts at min and doubles
@@ -167,7 +172,7 @@ func WithMaxAttempts(n int) Option {
 // parked delivery (see [WithoutDeadLetter]) is retried every max.
 // 0 < min <= max.
 func WithBackoff(min, max time.Duration) Option {
-	return func(c *config) { c.minBackoff, c.maxBackoff = min, max }
+	return option(func(c *config) { c.minBackoff, c.maxBackoff = min, max })
 }
 
 // WithDeadLetter sets the hook that takes a delivery the consumer gives up
@@ -189,7 +194,7 @@ func WithBackoff(min, max time.Duration) Option {
 // [New] requires WithDeadLetter or [WithoutDeadLetter]: where poison goes
 // is a decision.
 func WithDeadLetter(f func(ctx context.Context, d effects.Delivery, err error) error) Option {
-	return func(c *config) { c.deadLetter, c.deadLetterSet = f, true }
+	return option(func(c *config) { c.deadLetter, c.deadLetterSet = f, true })
 }
 
 // WithoutDeadLetter declares that there is no dead-letter hook: a delivery
@@ -209,7 +214,7 @@ func WithDeadLetter(f func(ctx context.Context, d effects.Delivery, err error) e
 // when events must apply in order or not at all, or in tests. Otherwise
 // give a hook ([WithDeadLetter]; kafka.DeadLetterTopic writes one).
 func WithoutDeadLetter() Option {
-	return func(c *config) { c.noDeadLetter = true }
+	return option(func(c *config) { c.noDeadLetter = true })
 }
 
 // WithObserver reports what happens to deliveries to o:
@@ -239,7 +244,7 @@ func WithoutDeadLetter() Option {
 // at Debug. A panic's line also carries its stack. To silence them, pass
 // an observer that does nothing.
 func WithObserver(o effects.Observer) Option {
-	return func(c *config) { c.observer = o }
+	return option(func(c *config) { c.observer = o })
 }
 
 // WithLogger sets the logger the consumer writes its events to when it
@@ -247,7 +252,7 @@ func WithObserver(o effects.Observer) Option {
 // the time of each line. Lines are rate-limited either way. l must not be
 // nil.
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) { c.logger, c.loggerSet = l, true }
+	return option(func(c *config) { c.logger, c.loggerSet = l, true })
 }
 
 // WithShutdownGrace sets how long handlers that are running when Run's
@@ -255,7 +260,7 @@ func WithLogger(l *slog.Logger) Option {
 // [DefaultShutdownGrace], 10 s). Their context is cancelled when the grace
 // expires. 0 cancels it at once. d must not be negative.
 func WithShutdownGrace(d time.Duration) Option {
-	return func(c *config) { c.grace = d }
+	return option(func(c *config) { c.grace = d })
 }
 
 // WithMaxPending bounds how many deliveries the consumer holds: taken
@@ -269,7 +274,7 @@ func WithShutdownGrace(d time.Duration) Option {
 // partition: kafka.WithMaxPendingPerPartition). The cost is memory: n
 // deliveries' bodies. n must be at least 1.
 func WithMaxPending(n int) Option {
-	return func(c *config) { c.maxPending, c.maxPendingSet = n, true }
+	return option(func(c *config) { c.maxPending, c.maxPendingSet = n, true })
 }
 
 // WithAttemptTimeout sets each attempt's time limit (default
@@ -294,7 +299,7 @@ func WithMaxPending(n int) Option {
 // set it above the longest time a healthy attempt takes (the sum of a
 // plan's steps), and [WithInFlightWait] above the longest lease.
 func WithAttemptTimeout(d time.Duration) Option {
-	return func(c *config) { c.attemptTimeout = d }
+	return option(func(c *config) { c.attemptTimeout = d })
 }
 
 // WithInFlightWait sets how long, in all, a delivery may wait for other
@@ -311,7 +316,7 @@ func WithAttemptTimeout(d time.Duration) Option {
 // longest lease of the plan's steps. 0 counts every ErrInFlight as a
 // failed attempt. d must not be negative.
 func WithInFlightWait(d time.Duration) Option {
-	return func(c *config) { c.inFlightWait = d }
+	return option(func(c *config) { c.inFlightWait = d })
 }
 
 // WithBatch makes the consumer hand deliveries to h in batches of up to
@@ -337,9 +342,9 @@ func WithInFlightWait(d time.Duration) Option {
 // joins a later batch when its backoff expires, and is acked or
 // dead-lettered on its own. size must be at least 1, linger not negative.
 func WithBatch(size int, linger time.Duration, h BatchHandler) Option {
-	return func(c *config) {
+	return option(func(c *config) {
 		c.batchSet, c.batchSize, c.batchLinger, c.batch = true, size, linger, h
-	}
+	})
 }
 
 // Stats counts what a [Consumer] did, over all its runs, and how many
@@ -467,60 +472,91 @@ func New(src effects.Source, h Handler, opts ...Option) (*Consumer, error) {
 	}
 	for _, o := range opts {
 		if o != nil {
-			o(&cfg)
+			o.apply(&cfg)
 		}
 	}
-	bad := func(option, format string, args ...any) (*Consumer, error) {
-		return nil, &effects.ConfigError{Op: "consume.New", Option: option, Reason: fmt.Sprintf(format, args...)}
+	if err := cfg.check(src, h); err != nil {
+		return nil, err
 	}
+	cfg.setMaxPending()
+	c := &Consumer{src: src, h: h, cfg: cfg}
+	c.log.Logger = cfg.logger
+	return c, nil
+}
+
+const ctor = "consume.New"
+
+// check validates the configuration with New's arguments.
+func (cfg *config) check(src effects.Source, h Handler) error {
 	switch {
 	case src == nil:
-		return bad("source", "nil source")
+		return optcheck.Bad(ctor, "source", "nil source")
 	case cfg.batchSet && cfg.batch == nil:
-		return bad("WithBatch", "nil batch handler")
+		return optcheck.Bad(ctor, "WithBatch", "nil batch handler")
 	case cfg.batchSet && h != nil:
-		return bad("handler", "both a Handler and a WithBatch handler; pass a nil Handler with WithBatch")
+		return optcheck.Bad(ctor, "handler", "both a Handler and a WithBatch handler; pass a nil Handler with WithBatch")
 	case !cfg.batchSet && h == nil:
-		return bad("handler", "nil handler (pass one, or use WithBatch)")
-	case cfg.concurrency < 1:
-		return bad("WithConcurrency", "%d handlers; need at least 1", cfg.concurrency)
-	case cfg.maxAttempts < 0:
-		return bad("WithMaxAttempts", "%d attempts; need 0 (retry forever) or more", cfg.maxAttempts)
-	case cfg.minBackoff <= 0:
-		return bad("WithBackoff", "min %v; need a positive pause", cfg.minBackoff)
-	case cfg.maxBackoff < cfg.minBackoff:
-		return bad("WithBackoff", "max %v is below min %v", cfg.maxBackoff, cfg.minBackoff)
+		return optcheck.Bad(ctor, "handler", "nil handler (pass one, or use WithBatch)")
 	case cfg.loggerSet && cfg.logger == nil:
-		return bad("WithLogger", "nil logger")
+		return optcheck.Bad(ctor, "WithLogger", "nil logger")
+	}
+	if err := cfg.checkPacing(); err != nil {
+		return err
+	}
+	return cfg.checkDeadLetter()
+}
+
+// checkPacing validates the options that bound concurrency, retries,
+// time and batches.
+func (cfg *config) checkPacing() error {
+	switch {
+	case cfg.concurrency < 1:
+		return optcheck.Bad(ctor, "WithConcurrency", "%d handlers; need at least 1", cfg.concurrency)
+	case cfg.maxAttempts < 0:
+		return optcheck.Bad(ctor, "WithMaxAttempts", "%d attempts; need 0 (retry forever) or more", cfg.maxAttempts)
+	case cfg.minBackoff <= 0:
+		return optcheck.Bad(ctor, "WithBackoff", "min %v; need a positive pause", cfg.minBackoff)
+	case cfg.maxBackoff < cfg.minBackoff:
+		return optcheck.Bad(ctor, "WithBackoff", "max %v is below min %v", cfg.maxBackoff, cfg.minBackoff)
 	case cfg.grace < 0:
-		return bad("WithShutdownGrace", "negative grace %v", cfg.grace)
+		return optcheck.Bad(ctor, "WithShutdownGrace", "negative grace %v", cfg.grace)
 	case cfg.attemptTimeout < 0:
-		return bad("WithAttemptTimeout", "negative limit %v (0 sets none)", cfg.attemptTimeout)
+		return optcheck.Bad(ctor, "WithAttemptTimeout", "negative limit %v (0 sets none)", cfg.attemptTimeout)
 	case cfg.inFlightWait < 0:
-		return bad("WithInFlightWait", "negative wait %v", cfg.inFlightWait)
+		return optcheck.Bad(ctor, "WithInFlightWait", "negative wait %v", cfg.inFlightWait)
 	case cfg.maxPendingSet && cfg.maxPending < 1:
-		return bad("WithMaxPending", "%d deliveries; need at least 1", cfg.maxPending)
+		return optcheck.Bad(ctor, "WithMaxPending", "%d deliveries; need at least 1", cfg.maxPending)
 	case cfg.batchSet && cfg.batchSize < 1:
-		return bad("WithBatch", "batch size %d; need at least 1", cfg.batchSize)
+		return optcheck.Bad(ctor, "WithBatch", "batch size %d; need at least 1", cfg.batchSize)
 	case cfg.batchSet && cfg.batchLinger < 0:
-		return bad("WithBatch", "negative linger %v", cfg.batchLinger)
+		return optcheck.Bad(ctor, "WithBatch", "negative linger %v", cfg.batchLinger)
+	}
+	return nil
+}
+
+// checkDeadLetter requires exactly one dead-letter decision.
+func (cfg *config) checkDeadLetter() error {
+	switch {
 	case cfg.deadLetterSet && cfg.deadLetter == nil:
-		return bad("WithDeadLetter", "nil hook (to go without one, say WithoutDeadLetter())")
+		return optcheck.Bad(ctor, "WithDeadLetter", "nil hook (to go without one, say WithoutDeadLetter())")
 	case cfg.deadLetterSet && cfg.noDeadLetter:
-		return bad("WithoutDeadLetter", "given with WithDeadLetter; choose one")
+		return optcheck.Bad(ctor, "WithoutDeadLetter", "given with WithDeadLetter; choose one")
 	case !cfg.deadLetterSet && !cfg.noDeadLetter:
-		return bad("WithDeadLetter", "no dead-letter decision: pass WithDeadLetter(hook) to move the deliveries "+
+		return optcheck.Bad(ctor, "WithDeadLetter", "no dead-letter decision: pass WithDeadLetter(hook) to move the deliveries "+
 			"the consumer gives up on aside, or WithoutDeadLetter() to park them unacked, stalling their Ordering")
 	}
+	return nil
+}
+
+// setMaxPending sets the default bound on pending deliveries when
+// [WithMaxPending] was not given: room for every handler's batch.
+func (cfg *config) setMaxPending() {
 	if !cfg.maxPendingSet {
 		cfg.maxPending = DefaultMaxPending
 		if cfg.batchSet {
 			cfg.maxPending = max(DefaultMaxPending, (cfg.concurrency+1)*cfg.batchSize)
 		}
 	}
-	c := &Consumer{src: src, h: h, cfg: cfg}
-	c.log.Logger = cfg.logger
-	return c, nil
 }
 
 // Stats returns the consumer's counters.

@@ -26,7 +26,7 @@ func TestConsumerWaitsOutRetryAfter(t *testing.T) {
 	charge, err := httpkey.New(http.DefaultClient, func(ctx context.Context, amount int) (*http.Request, error) {
 		body, _ := json.Marshal(map[string]int{"amount": amount})
 		return http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/charges", bytes.NewReader(body))
-	}, httpkey.IETF(), httpkey.WithHorizon(time.Hour))
+	}, httpkey.IETF, httpkey.WithHorizon(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,14 +9,15 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/retry"
-	"effectively.dev/observe/ratelog"
+	"effectively.dev/internal/optcheck"
+	"effectively.dev/internal/ratelog"
 )
 
 // Defaults of a [Journaled], used when the matching option is not given.
 const (
 	// DefaultLease is how long one attempt of a journaled effect holds its
-	// key ([WithLease]). Every adapter in this module uses it
-	// unless its own lease option says otherwise.
+	// key ([WithLease]), unless the options given with the adapter's
+	// journal say otherwise.
 	DefaultLease = time.Minute
 	// DefaultRecordTimeout bounds the journal writes that follow the
 	// effect, Complete (retried) and Release, which run on a context
@@ -88,8 +89,8 @@ var completeBackoff = retry.Backoff{Min: 10 * time.Millisecond, Max: 100 * time.
 //     it; a failed Release is logged and the lease expires on its own.
 //     Any other failure leaves the record pending: the lease decides
 //     (effects.ErrInFlight within it, a new attempt after it).
-//   - One lease for every adapter, [DefaultLease], unless the adapter's
-//     option says otherwise.
+//   - One lease for every adapter, [DefaultLease], unless the options
+//     given with the adapter's journal say otherwise.
 //
 // With a nil Journal, Apply only validates the key and runs the call: for
 // adapters whose journal is optional.
@@ -107,7 +108,11 @@ type Journaled struct {
 }
 
 // Option configures a [Journaled]; see [NewJournaled].
-type Option func(*config)
+type Option interface{ apply(*config) }
+
+type option func(*config)
+
+func (f option) apply(c *config) { f(c) }
 
 type config struct {
 	lease      time.Duration
@@ -124,7 +129,7 @@ type config struct {
 // after it, an attempt whose outcome stayed unknown is done again. Keep it
 // well above the time the effect takes. d must be positive.
 func WithLease(d time.Duration) Option {
-	return func(c *config) { c.lease = d }
+	return option(func(c *config) { c.lease = d })
 }
 
 // WithRecordTimeout bounds the journal writes after the effect, Complete
@@ -133,7 +138,7 @@ func WithLease(d time.Duration) Option {
 // effect (or certainly has not), and recording that is what keeps the next
 // attempt honest. d must be positive.
 func WithRecordTimeout(d time.Duration) Option {
-	return func(c *config) { c.record = d }
+	return option(func(c *config) { c.record = d })
 }
 
 // WithNotApplied sets the adapter's classification of a failed call:
@@ -144,7 +149,7 @@ func WithRecordTimeout(d time.Duration) Option {
 // [effects.ErrInvalidKey] and [effects.ErrInvalidConfig]. Return false when unsure: a
 // release after an applied effect lets the next attempt do it again.
 func WithNotApplied(notApplied func(err error) bool) Option {
-	return func(c *config) { c.notApplied = notApplied }
+	return option(func(c *config) { c.notApplied = notApplied })
 }
 
 // WithOwnerIdempotency declares that the owner dedups on the key itself
@@ -153,7 +158,7 @@ func WithNotApplied(notApplied func(err error) bool) Option {
 // [effects.ErrInFlight], since the owner answers in-flight or replays, and records
 // what it replays. A lost reply then costs one retry, not a lease expiry.
 func WithOwnerIdempotency() Option {
-	return func(c *config) { c.ownerKeyed = true }
+	return option(func(c *config) { c.ownerKeyed = true })
 }
 
 // WithObserver reports to o what Apply handles without returning it, as
@@ -167,7 +172,7 @@ func WithOwnerIdempotency() Option {
 // nil o) the failures are logged to the logger ([WithLogger]),
 // rate-limited, and lease waits are only returned.
 func WithObserver(o effects.Observer) Option {
-	return func(c *config) { c.observer = o }
+	return option(func(c *config) { c.observer = o })
 }
 
 // WithLogger sets the logger Apply writes to when it has no observer
@@ -177,7 +182,7 @@ func WithObserver(o effects.Observer) Option {
 // each line. Lines are rate-limited (a burst of 10, then about one a
 // second, with a count of those held back). l must not be nil.
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) { c.logger, c.loggerSet = l, true }
+	return option(func(c *config) { c.logger, c.loggerSet = l, true })
 }
 
 // NewJournaled returns the protocol for the effect named op (e.g.
@@ -188,21 +193,18 @@ func NewJournaled(op string, j Journal, opts ...Option) (*Journaled, error) {
 	cfg := config{lease: DefaultLease, record: DefaultRecordTimeout}
 	for _, o := range opts {
 		if o != nil {
-			o(&cfg)
+			o.apply(&cfg)
 		}
-	}
-	bad := func(option, format string, args ...any) error {
-		return &effects.ConfigError{Op: "journal.NewJournaled", Option: option, Reason: fmt.Sprintf(format, args...)}
 	}
 	switch {
 	case op == "":
-		return nil, bad("op", "empty; name the effect, e.g. \"email.Send\"")
+		return nil, optcheck.Bad("journal.NewJournaled", "op", "empty; name the effect, e.g. \"email.Send\"")
 	case cfg.lease <= 0:
-		return nil, bad("WithLease", "lease %v is not positive", cfg.lease)
+		return nil, optcheck.Bad("journal.NewJournaled", "WithLease", "lease %v is not positive", cfg.lease)
 	case cfg.record <= 0:
-		return nil, bad("WithRecordTimeout", "timeout %v is not positive", cfg.record)
+		return nil, optcheck.Bad("journal.NewJournaled", "WithRecordTimeout", "timeout %v is not positive", cfg.record)
 	case cfg.loggerSet && cfg.logger == nil:
-		return nil, bad("WithLogger", "nil logger")
+		return nil, optcheck.Bad("journal.NewJournaled", "WithLogger", "nil logger")
 	}
 	return &Journaled{
 		op:          op,

@@ -25,6 +25,7 @@ import (
 	mail "github.com/wneessen/go-mail"
 
 	"effectively.dev/effects"
+	"effectively.dev/effects/journal"
 	"effectively.dev/email"
 	"effectively.dev/kafka/outbox"
 	"effectively.dev/postgres"
@@ -236,14 +237,14 @@ func newEffectivelyOnce(d deps, mailLog *slog.Logger) (*effectivelyOnce, error) 
 // newEffects makes the plan's four effects over d's clients, without the
 // relay and the plan.
 func newEffects(d deps, mailLog *slog.Logger) (*effectivelyOnce, error) {
-	journal, err := postgres.NewJournal(d.pool, d.scope)
+	jrnl, err := postgres.NewJournal(d.pool, d.scope)
 	if err != nil {
 		return nil, err
 	}
 	h := &effectivelyOnce{deps: d}
 	// With the journal, the PaymentIntent's id outlives Stripe's 24 h key
 	// horizon.
-	if h.charge, err = stripe.NewPaymentIntents(d.stripe, stripe.WithJournal(journal)); err != nil {
+	if h.charge, err = stripe.NewPaymentIntents(d.stripe, stripe.WithJournal(jrnl)); err != nil {
 		return nil, err
 	}
 	// The ledger row and the charged event's outbox row are statements
@@ -275,14 +276,13 @@ func newEffects(d deps, mailLog *slog.Logger) (*effectivelyOnce, error) {
 	}
 	mailOpts := []email.Option{
 		email.WithMailOptions(mail.WithTLSPolicy(mail.NoTLS)),
-		email.WithLease(lease),
+		email.WithJournal(jrnl, journal.WithLease(lease), journal.WithLogger(mailLog)),
 		email.WithMessageIDDomain(mailDomain),
-		email.WithLogger(mailLog),
 	}
 	if d.dial != nil {
 		mailOpts = append(mailOpts, email.WithDialContext(d.dial))
 	}
-	if h.mail, err = email.New(journal, d.smtp, mailOpts...); err != nil {
+	if h.mail, err = email.New(d.smtp, mailOpts...); err != nil {
 		return nil, err
 	}
 	return h, nil

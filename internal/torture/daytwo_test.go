@@ -26,6 +26,7 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/consume"
+	"effectively.dev/effects/journal"
 	"effectively.dev/email"
 	"effectively.dev/email/smtptest"
 	"effectively.dev/internal/torture"
@@ -498,10 +499,10 @@ func (r *dayTwoRig) worker(ctx context.Context, w int, pool *pgxpool.Pool, api *
 		_, err := tx.Exec(ctx, `INSERT INTO ledger (payment_id, cents) VALUES ($1, $2)`, e.ID, e.Cents)
 		return e.ID, err
 	})
-	journal, err2 := postgres.NewJournal(pool, dayTwoScope)
-	charges, err3 := stripe.NewPaymentIntents(api, stripe.WithJournal(journal))
+	jrnl, err2 := postgres.NewJournal(pool, dayTwoScope)
+	charges, err3 := stripe.NewPaymentIntents(api, stripe.WithJournal(jrnl))
 	receipts, err4 := s3.New(objects, r.objects.Bucket, s3.WithObjectKey(func(k effects.Key) string { return "receipts/" + k.String() }))
-	mails, err5 := email.New(journal, r.smtp.Addr(), email.WithLease(lease), email.WithDialContext(cut.dial),
+	mails, err5 := email.New(r.smtp.Addr(), email.WithJournal(jrnl, journal.WithLease(lease)), email.WithDialContext(cut.dial),
 		email.WithMessageIDDomain(dayTwoDomain), email.WithMailOptions(mail.WithTLSPolicy(mail.NoTLS)))
 	if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
 		return err

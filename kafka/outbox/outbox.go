@@ -44,9 +44,7 @@ import (
 	"effectively.dev/postgres"
 )
 
-// Schema is the SQL that [Migrate] runs: the effectively_outbox table,
-// the columns later versions added (ALTER TABLE ... ADD COLUMN IF NOT
-// EXISTS, the upgrade path for a table created by an earlier version), a
+// Schema is the SQL that [Migrate] runs: the effectively_outbox table, a
 // unique index on message_id and partial indexes on pending and on parked
 // rows. It is exported for projects that manage their schema with their
 // own migration tool: copy it into a migration instead of calling Migrate
@@ -72,10 +70,8 @@ type TxBeginner interface {
 }
 
 // Migrate creates the outbox table and its indexes ([Schema]) if they do
-// not exist, in the connection's current schema, and upgrades a table an
-// earlier version created (it adds the claim and parking columns and
-// replaces the index of unsent rows). It is idempotent and safe to run
-// concurrently.
+// not exist, in the connection's current schema. It is idempotent and
+// safe to run concurrently.
 func Migrate(ctx context.Context, db TxBeginner) error {
 	return migrate(ctx, "outbox.Migrate", db, Schema)
 }

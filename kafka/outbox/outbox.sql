@@ -29,14 +29,6 @@ CREATE TABLE IF NOT EXISTS effectively_outbox (
     error_class   text
 );
 
--- The upgrade path: tables created before the relay claimed and parked rows
--- lack these columns. Adding a column without a default is a catalog change
--- only: it does not rewrite the table.
-ALTER TABLE effectively_outbox ADD COLUMN IF NOT EXISTS claimed_until timestamptz;
-ALTER TABLE effectively_outbox ADD COLUMN IF NOT EXISTS claim_token   bigint;
-ALTER TABLE effectively_outbox ADD COLUMN IF NOT EXISTS parked_at     timestamptz;
-ALTER TABLE effectively_outbox ADD COLUMN IF NOT EXISTS error_class   text;
-
 -- A message id is enqueued once: Enqueue of the same id again is a no-op
 -- (or ErrKeyReused with another payload), until the row is pruned.
 CREATE UNIQUE INDEX IF NOT EXISTS effectively_outbox_message_id
@@ -49,6 +41,3 @@ CREATE INDEX IF NOT EXISTS effectively_outbox_pending
 -- Serves ListParked, RetryParked and DropParked.
 CREATE INDEX IF NOT EXISTS effectively_outbox_parked
     ON effectively_outbox (id) WHERE parked_at IS NOT NULL;
-
--- Replaced by effectively_outbox_pending, which leaves parked rows out.
-DROP INDEX IF EXISTS effectively_outbox_unsent;

@@ -18,8 +18,9 @@ import (
 	"effectively.dev/effects"
 	"effectively.dev/effects/journal"
 	"effectively.dev/effects/retry"
+	"effectively.dev/internal/optcheck"
+	"effectively.dev/internal/ratelog"
 	"effectively.dev/kafka/internal/produce"
-	"effectively.dev/observe/ratelog"
 )
 
 // Defaults of a [Relay], used when the matching option is not given.
@@ -199,14 +200,11 @@ func WithDeleteSent() RelayOption {
 // before the first batch.
 func NewRelay(db TxBeginner, client *kgo.Client, opts ...RelayOption) (*Relay, error) {
 	const ctor = "outbox.NewRelay"
-	bad := func(option, format string, args ...any) error {
-		return &effects.ConfigError{Op: ctor, Option: option, Reason: fmt.Sprintf(format, args...)}
-	}
 	switch {
 	case db == nil:
-		return nil, bad("db", "nil")
+		return nil, optcheck.Bad(ctor, "db", "nil")
 	case client == nil:
-		return nil, bad("client", "nil")
+		return nil, optcheck.Bad(ctor, "client", "nil")
 	}
 	if err := produce.CheckClient(client); err != nil {
 		return nil, fmt.Errorf("%s: %w", ctor, err)
@@ -220,15 +218,15 @@ func NewRelay(db TxBeginner, client *kgo.Client, opts ...RelayOption) (*Relay, e
 	}
 	switch {
 	case cfg.batch < 1:
-		return nil, bad("WithBatchSize", "%d rows; need at least 1", cfg.batch)
+		return nil, optcheck.Bad(ctor, "WithBatchSize", "%d rows; need at least 1", cfg.batch)
 	case cfg.interval <= 0:
-		return nil, bad("WithPollInterval", "interval %v is not positive", cfg.interval)
+		return nil, optcheck.Bad(ctor, "WithPollInterval", "interval %v is not positive", cfg.interval)
 	case cfg.timeout <= 0:
-		return nil, bad("WithProduceTimeout", "timeout %v is not positive", cfg.timeout)
+		return nil, optcheck.Bad(ctor, "WithProduceTimeout", "timeout %v is not positive", cfg.timeout)
 	case cfg.maxAttempts < 0:
-		return nil, bad("WithMaxAttempts", "%d attempts; need 0 (park only refused rows) or more", cfg.maxAttempts)
+		return nil, optcheck.Bad(ctor, "WithMaxAttempts", "%d attempts; need 0 (park only refused rows) or more", cfg.maxAttempts)
 	case cfg.loggerSet && cfg.logger == nil:
-		return nil, bad("WithLogger", "nil logger")
+		return nil, optcheck.Bad(ctor, "WithLogger", "nil logger")
 	}
 	return &Relay{db: db, cl: client, sync: produce.NewSyncer(client), batch: cfg.batch, interval: cfg.interval,
 		timeout: cfg.timeout, maxAttempts: cfg.maxAttempts, keyOrder: cfg.keyOrder,

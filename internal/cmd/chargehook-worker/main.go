@@ -55,7 +55,7 @@
 //   - -lease bounds how long a crash during the output step blocks the
 //     event's key: the next attempt gets effects.ErrInFlight, and the
 //     consumer retries it, holding back its partition, until the lease
-//     expires (kafka.WithLease; the adapter's own default is
+//     expires (journal.WithLease; the adapter's own default is
 //     journal.DefaultLease, a minute).
 //   - -session-timeout, -rebalance-timeout and -heartbeat-interval set the
 //     group's timing (franz-go's defaults otherwise); the rebalance torture
@@ -96,6 +96,7 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/consume"
+	"effectively.dev/effects/journal"
 	"effectively.dev/internal/payment"
 	"effectively.dev/kafka"
 	"effectively.dev/postgres"
@@ -364,7 +365,7 @@ type ledgerRow struct {
 }
 
 func newHandler(pool *pgxpool.Pool, producer *kgo.Client, cfg config, tr *tracer) (*handler, error) {
-	journal, err := postgres.NewJournal(pool, cfg.scope)
+	jrnl, err := postgres.NewJournal(pool, cfg.scope)
 	if err != nil {
 		return nil, err
 	}
@@ -376,7 +377,7 @@ func newHandler(pool *pgxpool.Pool, producer *kgo.Client, cfg config, tr *tracer
 	if err != nil {
 		return nil, err
 	}
-	output, err := kafka.NewProducer(producer, cfg.output, kafka.WithJournal(journal), kafka.WithLease(cfg.lease))
+	output, err := kafka.NewProducer(producer, cfg.output, kafka.WithJournal(jrnl, journal.WithLease(cfg.lease)))
 	if err != nil {
 		return nil, err
 	}

@@ -10,7 +10,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"effectively.dev/observe/ratelog"
+	"effectively.dev/internal/ratelog"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -6,7 +6,7 @@ import (
 	"os"
 	"time"
 
-	"effectively.dev/observe/ratelog"
+	"effectively.dev/internal/ratelog"
 )
 
 // A Limiter lets Burst lines through at once, then one per Every; the next
