@@ -282,7 +282,7 @@
 // # Proofs
 //
 // The suite is proven by its own tests: package
-// effectively.dev/conformance/counterexamples holds adapters, journals and
+// effectively.dev/internal/counterexamples holds adapters, journals and
 // sources that claim more than they do, and the suite must fail each in a
 // named scenario.
 //

@@ -45,7 +45,7 @@ type Scenario struct {
 	// Options names the options that tune the scenario.
 	Options []string
 	// Counterexamples names the types of package
-	// effectively.dev/conformance/counterexamples the scenario catches.
+	// effectively.dev/internal/counterexamples the scenario catches.
 	Counterexamples []string
 }
 

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"effectively.dev/conformance"
-	"effectively.dev/conformance/counterexamples"
+	"effectively.dev/internal/counterexamples"
 	"effectively.dev/effects"
 )
 

@@ -10,7 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/conformance"
-	"effectively.dev/conformance/counterexamples"
+	"effectively.dev/internal/counterexamples"
 	"effectively.dev/effects"
 	"effectively.dev/kafka"
 	"effectively.dev/kafka/kafkatest"

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"effectively.dev/conformance"
-	"effectively.dev/conformance/counterexamples"
+	"effectively.dev/internal/counterexamples"
 	"effectively.dev/effects/journal"
 	"effectively.dev/effects/journal/memjournal"
 )

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"effectively.dev/conformance"
-	"effectively.dev/conformance/counterexamples"
+	"effectively.dev/internal/counterexamples"
 	"effectively.dev/effects"
 )
 

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"effectively.dev/conformance"
-	"effectively.dev/conformance/counterexamples"
+	"effectively.dev/internal/counterexamples"
 	"effectively.dev/effects"
 )
 

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/conformance"
-	"effectively.dev/conformance/counterexamples"
+	"effectively.dev/internal/counterexamples"
 	"effectively.dev/effects"
 	"effectively.dev/postgres/pgtest"
 )
