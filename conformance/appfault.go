@@ -33,9 +33,9 @@ const (
 	SlowBackend
 )
 
-// DefaultSlowBackend is how long a [SlowBackend] fault makes the backend
+// defaultSlowBackend is how long a [SlowBackend] fault makes the backend
 // work when [Faults.SetSlowBackend] was not called.
-const DefaultSlowBackend = 2 * time.Second
+const defaultSlowBackend = 2 * time.Second
 
 // ErrAppFault is what every [AppError] matches with errors.Is.
 var ErrAppFault = errors.New("conformance: injected application error")
@@ -169,7 +169,7 @@ func (f *Faults) SetAppError(code string) {
 }
 
 // SetSlowBackend sets how long a [SlowBackend] fault makes the backend
-// work (default [DefaultSlowBackend]).
+// work (default 2s).
 func (f *Faults) SetSlowBackend(d time.Duration) {
 	s := f.app()
 	s.mu.Lock()
@@ -197,7 +197,7 @@ func (f *Faults) appSettings() (code string, slow time.Duration, faulter AppFaul
 		code = AppSerialization
 	}
 	if slow <= 0 {
-		slow = DefaultSlowBackend
+		slow = defaultSlowBackend
 	}
 	return code, slow, faulter
 }

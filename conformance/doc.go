@@ -65,7 +65,7 @@
 //     storm only by the new keys, and every key is counted ([BatchCounter]
 //     counts them in one look).
 //   - backend-restart (needs [Restarter]).
-//   - key-capacity: apply a key, then [DefaultCapacity] other keys
+//   - key-capacity: apply a key, then 5,000 other keys
 //     ([WithCapacity]), and redeliver the first on the same and on a new
 //     instance, then with the other payload: a dedup that keeps only the
 //     newest keys forgets it.
@@ -134,7 +134,7 @@
 // test ([Report.Verify]), naming each scenario left out, why, and what to
 // give the harness, unless [AllowUnverified] says why it cannot. A
 // scenario whose capability is missing, one [Only] left out, and one run
-// reduced ([WithCapacity] below [DefaultCapacity]) all leave their fields
+// reduced ([WithCapacity] below 5,000) all leave their fields
 // unverified; one that does not apply to the declared contract (nothing
 // to check) does not; one go test -run left out makes its fields not
 // verified in the report without failing the run (a developer's local

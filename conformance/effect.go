@@ -103,26 +103,26 @@ var Scenarios = names(effectTable[struct{}]())
 // returns the report; when the CONFORMANCE_REPORT environment variable
 // names a directory, the report is also written there (see
 // [Report.WriteFile]).
-func Run[In any](t *testing.T, adapter string, mk Maker[In], opts ...Option) Report {
+func Run[In any](t *testing.T, adapter string, mk Maker[In], opts ...EffectOption) Report {
 	t.Helper()
-	return runEffect(t, "conformance.Run", adapter, mk, true, opts)
+	return runEffect(t, adapter, mk, true, configure("conformance.Run", opts, EffectOption.effectOption))
 }
 
 // Evaluate runs the scenarios like [Run] but does not fail t when a check
 // fails: it only returns the report. The suite's own tests use it to prove
 // that lying adapters are caught; adapter tests use [Run]. Failures to
 // build the harness, and invalid options, still fail t.
-func Evaluate[In any](t *testing.T, adapter string, mk Maker[In], opts ...Option) Report {
+func Evaluate[In any](t *testing.T, adapter string, mk Maker[In], opts ...EffectOption) Report {
 	t.Helper()
-	return runEffect(t, "conformance.Evaluate", adapter, mk, false, opts)
+	return runEffect(t, adapter, mk, false, configure("conformance.Evaluate", opts, EffectOption.effectOption))
 }
 
-func runEffect[In any](t *testing.T, op, adapter string, mk Maker[In], strict bool, opts []Option) Report {
+func runEffect[In any](t *testing.T, adapter string, mk Maker[In], strict bool, cfg config) Report {
 	t.Helper()
 	if req := childRequest(); req != nil {
-		return runChild[In](t, adapter, req, opts)
+		return runChild[In](t, adapter, req, cfg)
 	}
-	return runSuite(t, op, suiteEffect, adapter, effectTable[In](), func(tb testing.TB) Harness[In] { return mk(tb) }, opts, strict)
+	return runSuite(t, suiteEffect, adapter, effectTable[In](), func(tb testing.TB) Harness[In] { return mk(tb) }, cfg, strict)
 }
 
 // effect adapts a scenario function of the effect suite to the table:

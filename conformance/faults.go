@@ -55,9 +55,9 @@ const (
 	SlowReply
 )
 
-// DefaultSlowReply is how long a [SlowReply] fault holds a reply when
+// defaultSlowReply is how long a [SlowReply] fault holds a reply when
 // [Faults.SetSlowReply] was not called.
-const DefaultSlowReply = time.Second
+const defaultSlowReply = time.Second
 
 // String names the fault.
 func (k FaultKind) String() string {
@@ -106,7 +106,7 @@ type Faults struct {
 	cancel  context.CancelFunc
 	fired   bool
 	delay   time.Duration
-	slow    time.Duration // how long SlowReply holds a reply; 0: DefaultSlowReply
+	slow    time.Duration // how long SlowReply holds a reply; 0: defaultSlowReply
 	conns   map[severable]struct{}
 	severed bool
 
@@ -148,7 +148,7 @@ func (f *Faults) SetDelay(d time.Duration) {
 }
 
 // SetSlowReply sets how long a [SlowReply] fault holds the reply (default
-// [DefaultSlowReply]). Set it above the adapter's own per-call deadline,
+// 1s). Set it above the adapter's own per-call deadline,
 // or the reply arrives before the adapter gives up and only its patience
 // is tested.
 func (f *Faults) SetSlowReply(d time.Duration) {
@@ -162,7 +162,7 @@ func (f *Faults) slowReply() time.Duration {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.slow <= 0 {
-		return DefaultSlowReply
+		return defaultSlowReply
 	}
 	return f.slow
 }

@@ -18,7 +18,7 @@ const (
 	Verified FieldStatus = "verified"
 	// NotVerified: a scenario that verifies the field did not run (the
 	// harness lacks a capability, Only or go test -run left it out), or
-	// ran reduced ([WithCapacity] below [DefaultCapacity]). The
+	// ran reduced ([WithCapacity] below 5,000). The
 	// declaration is a claim, not a checked guarantee.
 	NotVerified FieldStatus = "NOT VERIFIED"
 	// Failed: a scenario that verifies the field failed.

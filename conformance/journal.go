@@ -105,16 +105,16 @@ var JournalScenarios = names(journalTable())
 // [ClockSkewer] harness; not run, with its reason, for a [OneClock] one).
 // Each scenario is a subtest of t; every failed check fails t. The report is returned and,
 // with CONFORMANCE_REPORT set, written for the matrix.
-func RunJournal(t *testing.T, name string, mk JournalMaker, opts ...Option) Report {
+func RunJournal(t *testing.T, name string, mk JournalMaker, opts ...JournalOption) Report {
 	t.Helper()
-	return runSuite(t, "conformance.RunJournal", suiteJournal, name, journalTable(), mk, opts, true)
+	return runSuite(t, suiteJournal, name, journalTable(), mk, configure("conformance.RunJournal", opts, JournalOption.journalOption), true)
 }
 
 // EvaluateJournal is [RunJournal] without failing t when a check fails:
 // the suite's own tests use it on counterexamples.
-func EvaluateJournal(t *testing.T, name string, mk JournalMaker, opts ...Option) Report {
+func EvaluateJournal(t *testing.T, name string, mk JournalMaker, opts ...JournalOption) Report {
 	t.Helper()
-	return runSuite(t, "conformance.EvaluateJournal", suiteJournal, name, journalTable(), mk, opts, false)
+	return runSuite(t, suiteJournal, name, journalTable(), mk, configure("conformance.EvaluateJournal", opts, JournalOption.journalOption), false)
 }
 
 func jscenario(fn func(s *jscene)) func(c *checker, h JournalHarness) {

@@ -160,16 +160,16 @@ var PlanScenarios = names(planTable[struct{}]())
 // returned no error has a result for, and an effect of, every step), and
 // an error must be retryable. Every failed check fails t. The report is
 // returned and, with CONFORMANCE_REPORT set, written for the matrix.
-func RunPlan[E any](t *testing.T, name string, mk PlanMaker[E], opts ...Option) Report {
+func RunPlan[E any](t *testing.T, name string, mk PlanMaker[E], opts ...PlanOption) Report {
 	t.Helper()
-	return runSuite(t, "conformance.RunPlan", suitePlan, name, planTable[E](), func(tb testing.TB) PlanHarness[E] { return mk(tb) }, opts, true)
+	return runSuite(t, suitePlan, name, planTable[E](), func(tb testing.TB) PlanHarness[E] { return mk(tb) }, configure("conformance.RunPlan", opts, PlanOption.planOption), true)
 }
 
 // EvaluatePlan is [RunPlan] without failing t when a check fails: the
 // suite's own tests use it on counterexamples.
-func EvaluatePlan[E any](t *testing.T, name string, mk PlanMaker[E], opts ...Option) Report {
+func EvaluatePlan[E any](t *testing.T, name string, mk PlanMaker[E], opts ...PlanOption) Report {
 	t.Helper()
-	return runSuite(t, "conformance.EvaluatePlan", suitePlan, name, planTable[E](), func(tb testing.TB) PlanHarness[E] { return mk(tb) }, opts, false)
+	return runSuite(t, suitePlan, name, planTable[E](), func(tb testing.TB) PlanHarness[E] { return mk(tb) }, configure("conformance.EvaluatePlan", opts, PlanOption.planOption), false)
 }
 
 // pscene is one plan scenario's run.

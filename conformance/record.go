@@ -2,7 +2,6 @@ package conformance
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 )
 
@@ -172,32 +171,6 @@ var suiteFields = map[string][]string{
 	suiteJournal: {FieldLeases, FieldRecords, FieldDurability},
 	suiteSource:  {FieldDelivery, FieldAcks, FieldOrder},
 	suitePlan:    {FieldPlanContract, FieldSteps},
-}
-
-// commonOptions are the options every suite takes, whatever its scenarios;
-// suiteWide those that tune every scenario of one suite.
-var (
-	commonOptions = []string{"WithTimeout", "WithApplyTimeout", "Only", "AllowUnverified"}
-	suiteWide     = map[string][]string{
-		suiteEffect:  {"WithRetryFor"},
-		suiteJournal: {"WithLease"},
-		suiteSource:  {"WithRedeliveryWait", "WithSourceMessages"},
-		suitePlan:    {"WithRetryFor"},
-	}
-)
-
-// optionsOf returns the options a suite takes: the common ones, the
-// suite's own, and those its records name, each once.
-func optionsOf(suite string, table []Scenario) []string {
-	out := append(slices.Clone(commonOptions), suiteWide[suite]...)
-	for _, r := range table {
-		for _, o := range r.Options {
-			if !slices.Contains(out, o) {
-				out = append(out, o)
-			}
-		}
-	}
-	return out
 }
 
 // ScenarioTable renders the records of suite as the Markdown table that

@@ -83,7 +83,7 @@ type Row struct {
 	// fields rest on the other scenarios.
 	NotApplicable bool `json:",omitempty"`
 	// Reduced says why a scenario that passed ran smaller than the
-	// suite's default ([WithCapacity] below [DefaultCapacity]): the
+	// suite's default ([WithCapacity] below 5,000): the
 	// fields it verifies are not verified.
 	Reduced string `json:",omitempty"`
 	// Unconfirmed says why a scenario that passed verifies none of its

@@ -105,16 +105,16 @@ var SourceScenarios = names(sourceTable())
 // published while an instance runs reaches it; and a graceful close
 // commits nothing fetched but not handed out. Each scenario is a subtest
 // of t; every failed check fails t.
-func RunSource(t *testing.T, name string, mk SourceMaker, opts ...Option) Report {
+func RunSource(t *testing.T, name string, mk SourceMaker, opts ...SourceOption) Report {
 	t.Helper()
-	return runSuite(t, "conformance.RunSource", suiteSource, name, sourceTable(), mk, opts, true)
+	return runSuite(t, suiteSource, name, sourceTable(), mk, configure("conformance.RunSource", opts, SourceOption.sourceOption), true)
 }
 
 // EvaluateSource is [RunSource] without failing t when a check fails: the
 // suite's own tests use it on counterexamples.
-func EvaluateSource(t *testing.T, name string, mk SourceMaker, opts ...Option) Report {
+func EvaluateSource(t *testing.T, name string, mk SourceMaker, opts ...SourceOption) Report {
 	t.Helper()
-	return runSuite(t, "conformance.EvaluateSource", suiteSource, name, sourceTable(), mk, opts, false)
+	return runSuite(t, suiteSource, name, sourceTable(), mk, configure("conformance.EvaluateSource", opts, SourceOption.sourceOption), false)
 }
 
 func source(fn func(s *sscene)) func(c *checker, h SourceHarness) {

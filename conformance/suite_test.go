@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"effectively.dev/conformance"
-	"effectively.dev/internal/counterexamples"
 	"effectively.dev/effects"
+	"effectively.dev/internal/counterexamples"
 )
 
 func ledgerMaker(ttl time.Duration) conformance.Maker[Entry] {

@@ -142,7 +142,7 @@ func TestConformance(t *testing.T) {
 // S3TEST_ENDPOINT the gateway is not the test's to restart either. The
 // slow replies are held 300 ms: the SDK sets no shorter deadline, so the
 // adapter waits for them.
-func allowGateway(srv *s3test.Server) conformance.Option {
+func allowGateway(srv *s3test.Server) conformance.EffectOption {
 	left := []string{conformance.ScenarioKeyCapacity, conformance.ScenarioProcess, conformance.ScenarioCrashRestart, conformance.ScenarioAppFaults}
 	if srv.External() {
 		left = append(left, conformance.ScenarioRestart, conformance.ScenarioHorizon)

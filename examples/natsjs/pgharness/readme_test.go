@@ -30,7 +30,7 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 // and the suite holds replies late (the adapter sets no deadline of its
 // own, so it waits for them).
 func TestConformance(t *testing.T) {
-	opts := []conformance.Option{conformance.WithSlowReply(300 * time.Millisecond), conformance.WithSuccessorProcess(attach)}
+	opts := []conformance.EffectOption{conformance.WithSlowReply(300 * time.Millisecond), conformance.WithSuccessorProcess(attach)}
 	noApp := "PostgreSQL is reached over its wire protocol, and the harness cannot make it answer an application error (40001, 40P01) on demand"
 	if os.Getenv("DATABASE_URL") != "" {
 		opts = append(opts, conformance.AllowUnverified(noApp+"; DATABASE_URL's server is not the test's to restart or crash",
