@@ -18,11 +18,10 @@
 //
 // # Scenarios
 //
-// Every scenario is one record ([Scenario], listed by [Catalog]): its
-// name, what it needs, the fields it verifies, the options that tune it,
-// a line of description and the counterexamples it catches; the fields
-// logic, the options each suite takes and the tables of
-// docs/conformance.md derive from the records. Every scenario is a
+// Every scenario is one record: its name, what it needs, the fields it
+// verifies, a line of description and the counterexamples it catches;
+// the fields logic and the tables of docs/conformance.md derive from the
+// records. Every scenario is a
 // subtest named after it ([Scenarios]); each swept
 // round trip is a subtest of its own (TestConformance/lost-reply/trip-03),
 // so go test -run isolates it. The effect suite runs:

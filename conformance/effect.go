@@ -11,27 +11,6 @@ import (
 	"effectively.dev/effects/retry"
 )
 
-// Scenario names of the effect suite, as they appear in subtest names and
-// the report.
-const (
-	ScenarioRedelivery     = "redelivery"
-	ScenarioLateRedelivery = "late-redelivery"
-	ScenarioHorizon        = "horizon"
-	ScenarioConcurrent     = "concurrent-duplicates"
-	ScenarioLostReply      = "lost-reply"
-	ScenarioCut            = "cut-request"
-	ScenarioCancel         = "cancel-mid-apply"
-	ScenarioKeyReuse       = "key-reuse"
-	ScenarioRaceReuse      = "concurrent-key-reuse"
-	ScenarioInvalidKey     = "invalid-keys"
-	ScenarioDistinctKeys   = "distinct-keys"
-	ScenarioStorm          = "replay-storm"
-	ScenarioRestart        = "backend-restart"
-	ScenarioSlowReply      = "slow-reply"
-	ScenarioKeyCapacity    = "key-capacity"
-	ScenarioProcess        = "successor-process"
-)
-
 // effectTable is the effect suite: every scenario, in the order it runs,
 // as one record each.
 func effectTable[In any]() []scenario[Harness[In]] {
@@ -91,10 +70,6 @@ func effectTable[In any]() []scenario[Harness[In]] {
 			[]capability{capSlowReply}, guarantee, list("WithSlowReply", "WithMaxSweep"), list("OwnDeadline"), (*s).slowReplySweep),
 	}
 }
-
-// Scenarios lists the effect suite's scenarios in the order [Run] runs
-// them.
-var Scenarios = names(effectTable[struct{}]())
 
 // Run runs every scenario of the effect suite against the adapter that mk
 // builds, each as a subtest of t with a fresh Harness, and fails t for

@@ -13,14 +13,22 @@ import (
 	"time"
 )
 
-// ErrInjected is the error a fault returns to the adapter in place of the
-// lost reply or the cut request.
-var ErrInjected = errors.New("conformance: injected fault: connection lost")
-
-// ErrSevered is the error a severed Faults returns for new connections and
-// for every read and write on the ones it cut: the process is gone, as far
-// as the network can tell.
-var ErrSevered = errors.New("conformance: connections severed (a crashed process)")
+// Errors of the suite.
+var (
+	// ErrInjected is the error a fault returns to the adapter in place of
+	// the lost reply or the cut request.
+	ErrInjected = errors.New("conformance: injected fault: connection lost")
+	// ErrSevered is the error a severed Faults returns for new connections
+	// and for every read and write on the ones it cut: the process is
+	// gone, as far as the network can tell.
+	ErrSevered = errors.New("conformance: connections severed (a crashed process)")
+	// ErrAppFault is what every [AppError] matches with errors.Is.
+	ErrAppFault = errors.New("conformance: injected application error")
+	// ErrUnverified is what [Report.Verify] returns (wrapped) when a field
+	// of the declared contract cannot be verified and [AllowUnverified]
+	// gave no reason.
+	ErrUnverified = errors.New("the declared contract cannot be verified")
+)
 
 // FaultKind is a kind of fault the suite injects at one round trip.
 type FaultKind int
@@ -53,6 +61,29 @@ const (
 	// and must say so (ErrAmbiguous, never ErrTransient, never success);
 	// one that waits gets the reply, late.
 	SlowReply
+
+	// Application-level faults: the backend itself fails a request while
+	// the connection stays up. They are armed at a round trip like the
+	// network faults ([Faults.Arm]), with the error the backend answers
+	// set by [Faults.SetAppError].
+
+	// AppErrorBefore makes the backend answer the request with an
+	// application error ([AppError]) without applying it: a serialization
+	// failure (SQLSTATE 40001), a deadlock (40P01), a lock timeout
+	// (55P03), a busy database, an HTTP 503 or 409 the server sends before
+	// it does anything.
+	AppErrorBefore FaultKind = 100
+	// AppErrorAfter makes the backend apply the request and then answer it
+	// with an application error: an HTTP 500 or 502 from a server that
+	// did the work and failed on the way out. An adapter cannot know from
+	// the error that nothing was applied, and must not say so
+	// (ErrTransient); its retry must replay the work, not do it again.
+	AppErrorAfter FaultKind = 101
+	// SlowBackend makes the backend take the Faults' slow-backend time
+	// ([Faults.SetSlowBackend]) to do the work of the request, before it
+	// applies it: whatever lock or lease the adapter or the backend holds
+	// meanwhile must outlast it, while duplicates arrive.
+	SlowBackend FaultKind = 102
 )
 
 // defaultSlowReply is how long a [SlowReply] fault holds a reply when

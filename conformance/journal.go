@@ -30,21 +30,6 @@ type JournalHarness interface {
 // scope in a shared one) for one scenario, cleaning up with t.Cleanup.
 type JournalMaker func(t testing.TB) JournalHarness
 
-// Scenario names of the journal suite.
-const (
-	JournalLease          = "lease"
-	JournalLeaseExpiry    = "lease-expiry"
-	JournalFencing        = "fencing"
-	JournalFirstRef       = "complete-keeps-first-ref"
-	JournalKeyReuse       = "key-reuse"
-	JournalInvalidKeys    = "invalid-keys"
-	JournalDistinctKeys   = "distinct-keys"
-	JournalConcurrent     = "concurrent-begin"
-	JournalCrashedHolder  = "crashed-holder"
-	JournalBackendRestart = "backend-restart"
-	JournalLookupMarkDone = "lookup-mark-done"
-)
-
 // holdLease is the lease the journal suite takes when it must not expire
 // during a scenario.
 const holdLease = time.Minute
@@ -88,10 +73,6 @@ func journalTable() []scenario[JournalHarness] {
 			[]capability{capClockSkewer}, leases, nil, list("InstanceClock"), (*s).clockSkew),
 	}
 }
-
-// JournalScenarios lists the journal suite's scenarios in the order
-// [RunJournal] runs them.
-var JournalScenarios = names(journalTable())
 
 // RunJournal runs the journal suite against the journal that mk's harness
 // opens: a lease and its expiry, fencing by attempt, Complete keeping the

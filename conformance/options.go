@@ -406,7 +406,7 @@ func configure[O any](op string, opts []O, apply func(O, *config)) config {
 
 // check returns the first bad option's error, or the error of a scenario
 // named in Only or AllowUnverified that is not one of table's.
-func (c *config) check(suite string, table []Scenario) error {
+func (c *config) check(suite string, table []scenarioRecord) error {
 	if c.err != nil {
 		return c.err
 	}

@@ -96,15 +96,6 @@ func (p *PlanFaults) trips() map[string]int {
 	return out
 }
 
-// Scenario names of the plan suite.
-const (
-	PlanDeclared   = "plan-contract"
-	PlanRedelivery = "redelivery"
-	PlanLostReply  = "lost-reply"
-	PlanCancel     = "cancel-mid-plan"
-	PlanKill       = "kill-mid-plan"
-)
-
 func planTable[E any]() []scenario[PlanHarness[E]] {
 	type s = pscene[E]
 	p := func(name, doc string, verifies, options, proofs []string, fn func(*s)) scenario[PlanHarness[E]] {
@@ -130,10 +121,6 @@ func planTable[E any]() []scenario[PlanHarness[E]] {
 			[]capability{capAger}, list(FieldPlanContract, FieldSteps), list("WithLongAge"), list("ForgetfulStep"), pscenario((*s).horizon)),
 	}
 }
-
-// PlanScenarios lists the plan suite's scenarios in the order [RunPlan]
-// runs them.
-var PlanScenarios = names(planTable[struct{}]())
 
 // RunPlan holds a composed plan (or a handler built on several effects)
 // to the composite contract it declares, as a subtest of t per scenario

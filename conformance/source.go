@@ -48,17 +48,6 @@ type SourceInstance struct {
 // one scenario, cleaning up with t.Cleanup.
 type SourceMaker func(t testing.TB) SourceHarness
 
-// Scenario names of the source suite.
-const (
-	SourceAckedStayAcked    = "acked-stay-acked"
-	SourceUnackedAfterClose = "unacked-after-close"
-	SourceUnackedAfterCrash = "unacked-after-crash"
-	SourceOutOfOrderAcks    = "out-of-order-acks"
-	SourceNeverAcked        = "never-acked"
-	SourceRevocation        = "revocation"
-	SourceReleased          = "released"
-)
-
 func sourceTable() []scenario[SourceHarness] {
 	type s = sscene
 	src := func(name, doc string, verifies, proofs []string, fn func(*s)) scenario[SourceHarness] {
@@ -88,10 +77,6 @@ func sourceTable() []scenario[SourceHarness] {
 			delivery, list("AckFetchedOnClose"), (*s).closeWithPrefetched),
 	}
 }
-
-// SourceScenarios lists the source suite's scenarios in the order
-// [RunSource] runs them.
-var SourceScenarios = names(sourceTable())
 
 // RunSource runs the source suite against the source that mk's harness
 // opens: every published message is delivered; an acked one is not

@@ -291,7 +291,7 @@ var (
 
 // AppFaultCodes: the in-process vendor answers any code.
 func (h *vendorHarness) AppFaultCodes() []string {
-	return append(append([]string(nil), conformance.SQLAppCodes...), conformance.HTTPAppCodes...)
+	return []string{conformance.AppSerialization, conformance.AppDeadlock, conformance.AppLockTimeout, conformance.AppBusy, conformance.AppHTTP500, conformance.AppHTTP503, conformance.AppHTTP409}
 }
 
 // KeyScopes: the vendor's orders belong to accounts.
