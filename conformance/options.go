@@ -302,7 +302,7 @@ func WithSourceMessages(n int) SourceOption {
 // not run, and the guarantee it verifies is not verified (so [Run] fails
 // unless [AllowUnverified] says why). Make d longer than the adapter's own
 // per-call deadline, if it has one, for the scenario to hold a reply past
-// it: an adapter that gives up waits no longer than its deadline, one
+// it: an adapter that gives up waits at most its deadline, one
 // that waits gets the reply d late, so the scenario takes about d for
 // each faulted Apply.
 func WithSlowReply(d time.Duration) EffectOption {

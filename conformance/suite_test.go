@@ -269,7 +269,7 @@ func TestRunSourceCatchesCounterexamples(t *testing.T) {
 			[]string{conformance.SourceReleased}},
 		{"a header stamped per delivery", memSourceMaker(nil, func(s effects.Source) effects.Source { return counterexamples.NewStampedRedelivery(s) }),
 			[]string{conformance.SourceUnackedAfterClose, conformance.SourceUnackedAfterCrash}},
-		// The red team's (counterexamples/redteam.go).
+		// Those of internal/counterexamples/redteam.go.
 		{"an ack applied at the next ack", memSourceMaker(nil, func(s effects.Source) effects.Source { return counterexamples.NewAckOnNextAck(s) }),
 			[]string{conformance.SourceAckedStayAcked}},
 		{"attempts counted from 0", func(tb testing.TB) conformance.SourceHarness {

@@ -92,7 +92,7 @@ func NewKey(parts ...string) (Key, error) {
 
 // CheckID returns nil if id, a message id decoded from a text format such
 // as JSON, can identify a message, and otherwise an error wrapping
-// [ErrPoison] (a [Consumer] dead-letters the delivery at once): id is
+// [ErrPoison] (a [effectively.dev/effects/consume.Consumer] dead-letters the delivery at once): id is
 // empty, is not valid UTF-8, or holds U+FFFD, the replacement character
 // that encoding/json substitutes for invalid UTF-8 and for lone surrogate
 // escapes (`"\ud800"`). Two events whose ids differed only in such bytes

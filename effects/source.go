@@ -24,7 +24,7 @@ type Delivery struct {
 	Headers map[string]string
 	// Attempt is the delivery attempt the source knows this to be, from 1
 	// (a Kafka share group's delivery count), or 0 when the source does not
-	// know. A [Consumer] counts its attempts from it, so WithMaxAttempts
+	// know. A [effectively.dev/effects/consume.Consumer] counts its attempts from it, so WithMaxAttempts
 	// holds across processes and redeliveries.
 	Attempt int
 
@@ -50,7 +50,7 @@ type Source interface {
 
 // Releaser is implemented by a source that can hand an unacked delivery
 // back to the broker for redelivery, to this consumer or another (a Kafka
-// share group's Release). A [Consumer] releases a delivery whose attempt
+// share group's Release). A [effectively.dev/effects/consume.Consumer] releases a delivery whose attempt
 // failed and is to be retried, after the backoff, instead of retrying it in
 // place, so the retry may run on a healthier member and the attempt counts
 // in the broker's delivery count. If Release fails, the consumer keeps the
@@ -64,9 +64,9 @@ type Releaser interface {
 
 // OwnershipChecker is implemented by a source whose deliveries can stop
 // being this consumer's to handle before they are acked: a Kafka partition
-// revoked in a rebalance, an acquisition lock that expired. A [Consumer]
+// revoked in a rebalance, an acquisition lock that expired. A [effectively.dev/effects/consume.Consumer]
 // asks before each attempt (and each retry) and drops a delivery the source
-// no longer owns, without handling, acking or dead-lettering it: the new
+// has stopped owning, without handling, acking or dead-lettering it: the new
 // owner handles it, and running it here would only duplicate that work
 // (safely, since handlers are idempotent, but at a cost).
 type OwnershipChecker interface {

@@ -88,10 +88,9 @@ var reservedHeaders = map[string]bool{
 
 // Fingerprint identifies the message's payload for key-reuse detection:
 // it is what [Sender.Apply] gives its journal's Begin.
-// A message without headers or attachments has the fingerprint it had
-// before they existed ("email/v1" and nine fields), so sent-records of
-// earlier versions still replay; the others add their fields after a
-// marker, with counts, so no two messages share an encoding.
+// A message without headers or attachments has the fingerprint "email/v1"
+// and nine fields; the others add their fields after a marker, with
+// counts, so no two messages share an encoding.
 func (m Message) Fingerprint() []byte {
 	fields := [][]byte{
 		[]byte("email/v1"),
