@@ -280,10 +280,12 @@
 //
 // # Proofs
 //
-// The suite is proven by its own tests: package
-// effectively.dev/internal/counterexamples holds adapters, journals and
-// sources that claim more than they do, and the suite must fail each in a
-// named scenario.
+// The suite is proven by its own tests: the module's tests hold adapters,
+// journals and sources that claim more than they do, and the suite must
+// fail each in a named scenario. The model of an honest adapter and its
+// harness is this package's harness example (Example_harness): a network
+// backend dialled through [Faults.DialContext], effects counted in the
+// backend, and each error classified by when it happened.
 //
 // The package depends only on package effects and the standard library, so
 // adapters outside this repository can use it.
