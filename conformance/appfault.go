@@ -104,19 +104,29 @@ func afterApply(code string) bool {
 	return s >= 500 && s != 503
 }
 
-// sqlAppCodes and httpAppCodes are the application errors the suite
+// SQLAppCodes and HTTPAppCodes are the application errors the suite
 // injects into a database/sql backend and an HTTP backend.
 var (
-	sqlAppCodes  = []string{AppSerialization, AppDeadlock, AppLockTimeout, AppBusy}
-	httpAppCodes = []string{AppHTTP500, AppHTTP503, AppHTTP409}
+	SQLAppCodes  = []string{AppSerialization, AppDeadlock, AppLockTimeout, AppBusy}
+	HTTPAppCodes = []string{AppHTTP500, AppHTTP503, AppHTTP409}
 )
+
+// AppFaulter makes a harness's backend answer its next request with e
+// (applying it first when e.Applied), the connection up. A harness whose
+// adapter reaches a server over a connection (an HTTP kit with switches
+// such as httpkeytest's FailNext and FailNextAfterCreate) registers one
+// with [Faults.SetAppFaulter]; the Faults calls it when the armed round
+// trip starts, before its request is sent. It returns an error when the
+// backend cannot fail that way (the code is not one it knows): the fault
+// then does not fire.
+type AppFaulter func(e *AppError) error
 
 // appState is the part of a Faults that application faults use.
 type appState struct {
 	mu      sync.Mutex
 	code    string
 	slow    time.Duration
-	faulter func(e *AppError) error
+	faulter AppFaulter
 }
 
 func (f *Faults) app() *appState { return &f.appf }
@@ -139,23 +149,18 @@ func (f *Faults) SetSlowBackend(d time.Duration) {
 	s.slow = d
 }
 
-// SetAppFaulter registers the harness's hook fn that makes its backend
-// answer the next request with e (applying it first when e.Applied), the
-// connection up. A harness whose adapter reaches a server over a
-// connection (an HTTP kit with switches such as httpkeytest's FailNext and
-// FailNextAfterCreate) registers one; the Faults calls it when the armed
-// round trip starts, before its request is sent. fn returns an error when
-// the backend cannot fail that way (the code is not one it knows): the
-// fault then does not fire. Without a hook, application faults fire only
-// on round trips made through [Faults.RoundTrip] and [SQLConnector].
-func (f *Faults) SetAppFaulter(fn func(e *AppError) error) {
+// SetAppFaulter registers the harness's hook that makes a server answer
+// with an application error (see [AppFaulter]). Without one, application
+// faults fire only on round trips made through [Faults.RoundTrip] and
+// [SQLConnector].
+func (f *Faults) SetAppFaulter(fn AppFaulter) {
 	s := f.app()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.faulter = fn
 }
 
-func (f *Faults) appSettings() (code string, slow time.Duration, faulter func(e *AppError) error) {
+func (f *Faults) appSettings() (code string, slow time.Duration, faulter AppFaulter) {
 	s := f.app()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -216,7 +221,7 @@ func (f *Faults) appRoundTrip(ctx context.Context, kind FaultKind, fn func() err
 }
 
 // appOverConn fires the application fault kind on a round trip over a
-// connection, through the harness's SetAppFaulter hook (a server it controls),
+// connection, through the harness's AppFaulter (a server it controls),
 // and returns how long to hold the request before it is sent (a slow
 // backend, seen from the client). A fault the backend cannot do is
 // marked not fired.

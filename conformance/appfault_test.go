@@ -53,7 +53,7 @@ func TestAppFaultsRoundTrip(t *testing.T) {
 }
 
 // TestAppFaultsOverConn: over a connection, an application error fires
-// only through the harness's SetAppFaulter hook, which is called before the armed
+// only through the harness's AppFaulter, which is called before the armed
 // request is sent; without one the fault does not fire.
 func TestAppFaultsOverConn(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -72,13 +72,15 @@ func effectTable[In any]() []scenario[Harness[In]] {
 }
 
 // Run runs every scenario of the effect suite against the adapter that mk
-// builds, each as a subtest of t with a fresh Harness, and fails t for
+// builds, each as a subtest of t with a fresh Harness from mk, and fails t for
 // every check that breaks the adapter's declared contract (in the subtest
 // of the scenario, or of the swept round trip, where it happened). It
 // returns the report; when the CONFORMANCE_REPORT environment variable
 // names a directory, the report is also written there (see
-// [Report.WriteFile]).
-func Run[In any](t *testing.T, adapter string, mk Maker[In], opts ...EffectOption) Report {
+// [Report.WriteFile]). mk starts or connects to the backend and
+// registers its cleanup with t.Cleanup; when the backend cannot be had it
+// fails t (a missing server is a failure, not a skip).
+func Run[In any](t *testing.T, adapter string, mk func(t testing.TB) Harness[In], opts ...EffectOption) Report {
 	t.Helper()
 	return runEffect(t, adapter, mk, true, configure("conformance.Run", opts, EffectOption.effectOption))
 }
@@ -87,17 +89,17 @@ func Run[In any](t *testing.T, adapter string, mk Maker[In], opts ...EffectOptio
 // fails: it only returns the report. The suite's own tests use it to prove
 // that lying adapters are caught; adapter tests use [Run]. Failures to
 // build the harness, and invalid options, still fail t.
-func Evaluate[In any](t *testing.T, adapter string, mk Maker[In], opts ...EffectOption) Report {
+func Evaluate[In any](t *testing.T, adapter string, mk func(t testing.TB) Harness[In], opts ...EffectOption) Report {
 	t.Helper()
 	return runEffect(t, adapter, mk, false, configure("conformance.Evaluate", opts, EffectOption.effectOption))
 }
 
-func runEffect[In any](t *testing.T, adapter string, mk Maker[In], strict bool, cfg config) Report {
+func runEffect[In any](t *testing.T, adapter string, mk func(t testing.TB) Harness[In], strict bool, cfg config) Report {
 	t.Helper()
 	if req := childRequest(); req != nil {
 		return runChild[In](t, adapter, req, cfg)
 	}
-	return runSuite(t, suiteEffect, adapter, effectTable[In](), func(tb testing.TB) Harness[In] { return mk(tb) }, cfg, strict)
+	return runSuite(t, suiteEffect, adapter, effectTable[In](), mk, cfg, strict)
 }
 
 // effect adapts a scenario function of the effect suite to the table:

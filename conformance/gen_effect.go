@@ -47,7 +47,7 @@ func (s *scene[In]) appFaults() {
 		codes = ac.AppFaultCodes()
 	}
 	if len(codes) == 0 {
-		codes = append(append([]string(nil), sqlAppCodes...), httpAppCodes...)
+		codes = append(append([]string(nil), SQLAppCodes...), HTTPAppCodes...)
 	}
 	trips := min(s.cleanTrips(), s.cfg.maxSweep)
 	type arm struct {

@@ -26,10 +26,6 @@ type JournalHarness interface {
 	Open(ctx context.Context, f *Faults) (j journal.Journal, close func(), err error)
 }
 
-// JournalMaker returns a fresh JournalHarness (a fresh backend, or a fresh
-// scope in a shared one) for one scenario, cleaning up with t.Cleanup.
-type JournalMaker func(t testing.TB) JournalHarness
-
 // holdLease is the lease the journal suite takes when it must not expire
 // during a scenario.
 const holdLease = time.Minute
@@ -86,14 +82,16 @@ func journalTable() []scenario[JournalHarness] {
 // [ClockSkewer] harness; not run, with its reason, for a [OneClock] one).
 // Each scenario is a subtest of t; every failed check fails t. The report is returned and,
 // with CONFORMANCE_REPORT set, written for the matrix.
-func RunJournal(t *testing.T, name string, mk JournalMaker, opts ...JournalOption) Report {
+// mk returns a fresh harness (a fresh backend, or a fresh scope in a
+// shared one) for each scenario, cleaning up with t.Cleanup.
+func RunJournal(t *testing.T, name string, mk func(t testing.TB) JournalHarness, opts ...JournalOption) Report {
 	t.Helper()
 	return runSuite(t, suiteJournal, name, journalTable(), mk, configure("conformance.RunJournal", opts, JournalOption.journalOption), true)
 }
 
 // EvaluateJournal is [RunJournal] without failing t when a check fails:
 // the suite's own tests use it on counterexamples.
-func EvaluateJournal(t *testing.T, name string, mk JournalMaker, opts ...JournalOption) Report {
+func EvaluateJournal(t *testing.T, name string, mk func(t testing.TB) JournalHarness, opts ...JournalOption) Report {
 	t.Helper()
 	return runSuite(t, suiteJournal, name, journalTable(), mk, configure("conformance.EvaluateJournal", opts, JournalOption.journalOption), false)
 }

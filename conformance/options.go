@@ -335,7 +335,7 @@ func WithQuietPeriod(d time.Duration) EffectOption {
 // of the test process, so a dedup whose authority is process memory (a
 // package-level cache, a per-process session id) is caught. The harness
 // must implement [Attacher]; in the child, Run calls attach with the
-// harness's Attachment instead of the [Maker], makes one instance, applies
+// harness's Attachment instead of mk, makes one instance, applies
 // the key and returns without running any scenario. attach must not start
 // a backend: it connects to the one the attachment names. attach's In must
 // be Run's.

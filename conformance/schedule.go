@@ -72,7 +72,7 @@ func defaultMenu(trips int, slowReply bool, codes []string) faultMenu {
 		kinds = append(kinds, SlowReply)
 	}
 	if len(codes) == 0 {
-		codes = append(append([]string(nil), sqlAppCodes...), httpAppCodes...)
+		codes = append(append([]string(nil), SQLAppCodes...), HTTPAppCodes...)
 	}
 	return faultMenu{kinds: kinds, codes: codes, trips: trips}
 }

@@ -14,7 +14,7 @@ import (
 // AppFaultCodes is implemented by a Harness that says which application
 // errors its backend can answer with (see [AppError]): the generated
 // schedules and the app-fault sweep draw their codes from it. Without it,
-// they draw from [sqlAppCodes] and [httpAppCodes].
+// they draw from [SQLAppCodes] and [HTTPAppCodes].
 type AppFaultCodes interface {
 	AppFaultCodes() []string
 }

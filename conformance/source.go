@@ -44,10 +44,6 @@ type SourceInstance struct {
 	Crash func()
 }
 
-// SourceMaker returns a fresh SourceHarness (a fresh topic and group) for
-// one scenario, cleaning up with t.Cleanup.
-type SourceMaker func(t testing.TB) SourceHarness
-
 func sourceTable() []scenario[SourceHarness] {
 	type s = sscene
 	src := func(name, doc string, verifies, proofs []string, fn func(*s)) scenario[SourceHarness] {
@@ -90,14 +86,16 @@ func sourceTable() []scenario[SourceHarness] {
 // published while an instance runs reaches it; and a graceful close
 // commits nothing fetched but not handed out. Each scenario is a subtest
 // of t; every failed check fails t.
-func RunSource(t *testing.T, name string, mk SourceMaker, opts ...SourceOption) Report {
+// mk returns a fresh harness (a fresh topic and group) for each
+// scenario, cleaning up with t.Cleanup.
+func RunSource(t *testing.T, name string, mk func(t testing.TB) SourceHarness, opts ...SourceOption) Report {
 	t.Helper()
 	return runSuite(t, suiteSource, name, sourceTable(), mk, configure("conformance.RunSource", opts, SourceOption.sourceOption), true)
 }
 
 // EvaluateSource is [RunSource] without failing t when a check fails: the
 // suite's own tests use it on counterexamples.
-func EvaluateSource(t *testing.T, name string, mk SourceMaker, opts ...SourceOption) Report {
+func EvaluateSource(t *testing.T, name string, mk func(t testing.TB) SourceHarness, opts ...SourceOption) Report {
 	t.Helper()
 	return runSuite(t, suiteSource, name, sourceTable(), mk, configure("conformance.EvaluateSource", opts, SourceOption.sourceOption), false)
 }

@@ -42,9 +42,9 @@ func (h restartable) Restart(ctx context.Context) error { return h.srv.Restart(c
 // nothing is deleted.
 func (h restartable) Age(_ context.Context, d time.Duration) error { return h.srv.Age(d) }
 
-// maker returns a conformance.Maker over srv; build makes the effect under
+// maker returns the harness constructor conformance.Run takes, over srv; build makes the effect under
 // test from a client that goes through the faults.
-func maker(srv *s3test.Server, build func(client *awss3.Client, bucket, prefix string) (effects.Effect[s3.Object], error)) conformance.Maker[s3.Object] {
+func maker(srv *s3test.Server, build func(client *awss3.Client, bucket, prefix string) (effects.Effect[s3.Object], error)) func(testing.TB) conformance.Harness[s3.Object] {
 	return func(t testing.TB) conformance.Harness[s3.Object] {
 		h := &harness{srv: srv, admin: srv.Client(t), prefix: srv.Prefix(t.Name()), build: build}
 		if srv.External() {

@@ -48,7 +48,7 @@ func successor(build func(context.Context, *pgxpool.Pool) effects.Effect[counter
 	})
 }
 
-func maker(build func(context.Context, *pgxpool.Pool) effects.Effect[counterexamples.Payment]) conformance.Maker[counterexamples.Payment] {
+func maker(build func(context.Context, *pgxpool.Pool) effects.Effect[counterexamples.Payment]) func(testing.TB) conformance.Harness[counterexamples.Payment] {
 	return func(t testing.TB) conformance.Harness[counterexamples.Payment] {
 		url := pgtest.DB(t)
 		db, err := pgxpool.New(context.Background(), url)

@@ -28,7 +28,7 @@ var (
 	_ conformance.BatchCounter = (*vendorHarness)(nil)
 )
 
-func vendorMaker(l counterexamples.VendorLiar) conformance.Maker[counterexamples.Order] {
+func vendorMaker(l counterexamples.VendorLiar) func(testing.TB) conformance.Harness[counterexamples.Order] {
 	return func(testing.TB) conformance.Harness[counterexamples.Order] {
 		return &vendorHarness{liar: l, v: l.Vendor()}
 	}
@@ -291,7 +291,7 @@ var (
 
 // AppFaultCodes: the in-process vendor answers any code.
 func (h *vendorHarness) AppFaultCodes() []string {
-	return []string{conformance.AppSerialization, conformance.AppDeadlock, conformance.AppLockTimeout, conformance.AppBusy, conformance.AppHTTP500, conformance.AppHTTP503, conformance.AppHTTP409}
+	return append(append([]string(nil), conformance.SQLAppCodes...), conformance.HTTPAppCodes...)
 }
 
 // KeyScopes: the vendor's orders belong to accounts.
