@@ -2,43 +2,15 @@ package conformance
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync"
 	"time"
 )
 
-// Application-level faults: the backend itself fails a request while the
-// connection stays up. They are armed at a round trip like the network
-// faults ([Faults.Arm]), with the error the backend answers set by
-// [Faults.SetAppError].
-const (
-	// AppErrorBefore makes the backend answer the request with an
-	// application error ([AppError]) without applying it: a serialization
-	// failure (SQLSTATE 40001), a deadlock (40P01), a lock timeout
-	// (55P03), a busy database, an HTTP 503 or 409 the server sends before
-	// it does anything.
-	AppErrorBefore FaultKind = 100 + iota
-	// AppErrorAfter makes the backend apply the request and then answer it
-	// with an application error: an HTTP 500 or 502 from a server that
-	// did the work and failed on the way out. An adapter cannot know from
-	// the error that nothing was applied, and must not say so
-	// (ErrTransient); its retry must replay the work, not do it again.
-	AppErrorAfter
-	// SlowBackend makes the backend take the Faults' slow-backend time
-	// ([Faults.SetSlowBackend]) to do the work of the request, before it
-	// applies it: whatever lock or lease the adapter or the backend holds
-	// meanwhile must outlast it, while duplicates arrive.
-	SlowBackend
-)
-
-// DefaultSlowBackend is how long a [SlowBackend] fault makes the backend
+// defaultSlowBackend is how long a [SlowBackend] fault makes the backend
 // work when [Faults.SetSlowBackend] was not called.
-const DefaultSlowBackend = 2 * time.Second
-
-// ErrAppFault is what every [AppError] matches with errors.Is.
-var ErrAppFault = errors.New("conformance: injected application error")
+const defaultSlowBackend = 2 * time.Second
 
 // AppError is the application error a backend answers under an
 // [AppErrorBefore] or [AppErrorAfter] fault. Through [Faults.RoundTrip]
@@ -63,7 +35,7 @@ func (e *AppError) Error() string {
 	if e.Applied {
 		how = "after applying the request"
 	}
-	return fmt.Sprintf("conformance: injected application error %s (%s), %s", e.Code, AppCodeMeaning(e.Code), how)
+	return fmt.Sprintf("conformance: injected application error %s (%s), %s", e.Code, appCodeMeaning(e.Code), how)
 }
 
 // Is reports whether target is [ErrAppFault].
@@ -101,8 +73,8 @@ const (
 	AppHTTP409       = "409" // a concurrent request with the same key is in progress
 )
 
-// AppCodeMeaning names an application error code.
-func AppCodeMeaning(code string) string {
+// appCodeMeaning names an application error code.
+func appCodeMeaning(code string) string {
 	switch code {
 	case AppSerialization:
 		return "serialization failure"
@@ -169,7 +141,7 @@ func (f *Faults) SetAppError(code string) {
 }
 
 // SetSlowBackend sets how long a [SlowBackend] fault makes the backend
-// work (default [DefaultSlowBackend]).
+// work (default 2s).
 func (f *Faults) SetSlowBackend(d time.Duration) {
 	s := f.app()
 	s.mu.Lock()
@@ -197,7 +169,7 @@ func (f *Faults) appSettings() (code string, slow time.Duration, faulter AppFaul
 		code = AppSerialization
 	}
 	if slow <= 0 {
-		slow = DefaultSlowBackend
+		slow = defaultSlowBackend
 	}
 	return code, slow, faulter
 }

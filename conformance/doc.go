@@ -18,11 +18,10 @@
 //
 // # Scenarios
 //
-// Every scenario is one record ([Scenario], listed by [Catalog]): its
-// name, what it needs, the fields it verifies, the options that tune it,
-// a line of description and the counterexamples it catches; the fields
-// logic, the options each suite takes and the tables of
-// docs/conformance.md derive from the records. Every scenario is a
+// Every scenario is one record: its name, what it needs, the fields it
+// verifies, a line of description and the counterexamples it catches;
+// the fields logic and the tables of docs/conformance.md derive from the
+// records. Every scenario is a
 // subtest named after it ([Scenarios]); each swept
 // round trip is a subtest of its own (TestConformance/lost-reply/trip-03),
 // so go test -run isolates it. The effect suite runs:
@@ -65,7 +64,7 @@
 //     storm only by the new keys, and every key is counted ([BatchCounter]
 //     counts them in one look).
 //   - backend-restart (needs [Restarter]).
-//   - key-capacity: apply a key, then [DefaultCapacity] other keys
+//   - key-capacity: apply a key, then 5,000 other keys
 //     ([WithCapacity]), and redeliver the first on the same and on a new
 //     instance, then with the other payload: a dedup that keeps only the
 //     newest keys forgets it.
@@ -134,7 +133,7 @@
 // test ([Report.Verify]), naming each scenario left out, why, and what to
 // give the harness, unless [AllowUnverified] says why it cannot. A
 // scenario whose capability is missing, one [Only] left out, and one run
-// reduced ([WithCapacity] below [DefaultCapacity]) all leave their fields
+// reduced ([WithCapacity] below 5,000) all leave their fields
 // unverified; one that does not apply to the declared contract (nothing
 // to check) does not; one go test -run left out makes its fields not
 // verified in the report without failing the run (a developer's local
@@ -289,10 +288,12 @@
 //
 // # Proofs
 //
-// The suite is proven by its own tests: package
-// effectively.dev/conformance/counterexamples holds adapters, journals and
-// sources that claim more than they do, and the suite must fail each in a
-// named scenario.
+// The suite is proven by its own tests: the module's tests hold adapters,
+// journals and sources that claim more than they do, and the suite must
+// fail each in a named scenario. The model of an honest adapter and its
+// harness is this package's harness example (Example_harness): a network
+// backend dialled through [Faults.DialContext], effects counted in the
+// backend, and each error classified by when it happened.
 //
 // The package depends only on package effects and the standard library, so
 // adapters outside this repository can use it.

@@ -11,27 +11,6 @@ import (
 	"effectively.dev/effects/retry"
 )
 
-// Scenario names of the effect suite, as they appear in subtest names and
-// the report.
-const (
-	ScenarioRedelivery     = "redelivery"
-	ScenarioLateRedelivery = "late-redelivery"
-	ScenarioHorizon        = "horizon"
-	ScenarioConcurrent     = "concurrent-duplicates"
-	ScenarioLostReply      = "lost-reply"
-	ScenarioCut            = "cut-request"
-	ScenarioCancel         = "cancel-mid-apply"
-	ScenarioKeyReuse       = "key-reuse"
-	ScenarioRaceReuse      = "concurrent-key-reuse"
-	ScenarioInvalidKey     = "invalid-keys"
-	ScenarioDistinctKeys   = "distinct-keys"
-	ScenarioStorm          = "replay-storm"
-	ScenarioRestart        = "backend-restart"
-	ScenarioSlowReply      = "slow-reply"
-	ScenarioKeyCapacity    = "key-capacity"
-	ScenarioProcess        = "successor-process"
-)
-
 // effectTable is the effect suite: every scenario, in the order it runs,
 // as one record each.
 func effectTable[In any]() []scenario[Harness[In]] {
@@ -92,37 +71,35 @@ func effectTable[In any]() []scenario[Harness[In]] {
 	}
 }
 
-// Scenarios lists the effect suite's scenarios in the order [Run] runs
-// them.
-var Scenarios = names(effectTable[struct{}]())
-
 // Run runs every scenario of the effect suite against the adapter that mk
-// builds, each as a subtest of t with a fresh Harness, and fails t for
+// builds, each as a subtest of t with a fresh Harness from mk, and fails t for
 // every check that breaks the adapter's declared contract (in the subtest
 // of the scenario, or of the swept round trip, where it happened). It
 // returns the report; when the CONFORMANCE_REPORT environment variable
 // names a directory, the report is also written there (see
-// [Report.WriteFile]).
-func Run[In any](t *testing.T, adapter string, mk Maker[In], opts ...Option) Report {
+// [Report.WriteFile]). mk starts or connects to the backend and
+// registers its cleanup with t.Cleanup; when the backend cannot be had it
+// fails t (a missing server is a failure, not a skip).
+func Run[In any](t *testing.T, adapter string, mk func(t testing.TB) Harness[In], opts ...EffectOption) Report {
 	t.Helper()
-	return runEffect(t, "conformance.Run", adapter, mk, true, opts)
+	return runEffect(t, adapter, mk, true, configure("conformance.Run", opts, EffectOption.effectOption))
 }
 
 // Evaluate runs the scenarios like [Run] but does not fail t when a check
 // fails: it only returns the report. The suite's own tests use it to prove
 // that lying adapters are caught; adapter tests use [Run]. Failures to
 // build the harness, and invalid options, still fail t.
-func Evaluate[In any](t *testing.T, adapter string, mk Maker[In], opts ...Option) Report {
+func Evaluate[In any](t *testing.T, adapter string, mk func(t testing.TB) Harness[In], opts ...EffectOption) Report {
 	t.Helper()
-	return runEffect(t, "conformance.Evaluate", adapter, mk, false, opts)
+	return runEffect(t, adapter, mk, false, configure("conformance.Evaluate", opts, EffectOption.effectOption))
 }
 
-func runEffect[In any](t *testing.T, op, adapter string, mk Maker[In], strict bool, opts []Option) Report {
+func runEffect[In any](t *testing.T, adapter string, mk func(t testing.TB) Harness[In], strict bool, cfg config) Report {
 	t.Helper()
 	if req := childRequest(); req != nil {
-		return runChild[In](t, adapter, req, opts)
+		return runChild[In](t, adapter, req, cfg)
 	}
-	return runSuite(t, op, suiteEffect, adapter, effectTable[In](), func(tb testing.TB) Harness[In] { return mk(tb) }, opts, strict)
+	return runSuite(t, suiteEffect, adapter, effectTable[In](), mk, cfg, strict)
 }
 
 // effect adapts a scenario function of the effect suite to the table:

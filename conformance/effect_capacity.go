@@ -9,14 +9,19 @@ import (
 
 // WithCapacity sets how many other keys the key-capacity scenario applies
 // between a key's first Apply and its redelivery (default
-// [DefaultCapacity], at least 1). Make it larger than any cache or
+// 5,000, at least 1). Make it larger than any cache or
 // bounded table the adapter keeps keys in: a dedup that remembers only
 // the newest N keys passes every scenario with fewer keys than N. Below
-// DefaultCapacity the scenario runs reduced: the report says so, and the
+// 5,000 the scenario runs reduced: the report says so, and the
 // fields it verifies are not verified, so [Run] fails unless
 // [AllowUnverified] says why a smaller run is enough.
-func WithCapacity(n int) Option {
-	return func(c *config) { c.capacity = n; c.mark("WithCapacity") }
+func WithCapacity(n int) EffectOption {
+	return opt(func(c *config) {
+		if n < 1 {
+			c.bad("WithCapacity", "%d: at least 1", n)
+		}
+		c.capacity = n
+	})
 }
 
 // keyCapacity applies a key, then cfg.capacity other keys, and redelivers
@@ -30,11 +35,11 @@ func (s *scene[In]) keyCapacity() {
 		s.inapplicable("nothing records keys (the contract allows a duplicate on any redelivery)")
 	}
 	n := s.cfg.capacity
-	if n < DefaultCapacity {
+	if n < defaultCapacity {
 		// It runs, and what it checks must hold, but a dedup capped above
 		// n keys passes it: the fields it verifies stay unverified.
-		s.row.Reduced = fmt.Sprintf("WithCapacity(%d) is below DefaultCapacity (%d): a dedup that keeps the newest %d keys passes", n, DefaultCapacity, DefaultCapacity-1)
-		s.row.Fix = fmt.Sprintf("leave WithCapacity out (or give at least %d), or give AllowUnverified the reason a smaller run is enough", DefaultCapacity)
+		s.row.Reduced = fmt.Sprintf("WithCapacity(%d) is below defaultCapacity (%d): a dedup that keeps the newest %d keys passes", n, defaultCapacity, defaultCapacity-1)
+		s.row.Fix = fmt.Sprintf("leave WithCapacity out (or give at least %d), or give AllowUnverified the reason a smaller run is enough", defaultCapacity)
 	}
 	inst := s.open(NewFaults())
 	key := s.key("capacity", "first")

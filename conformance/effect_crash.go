@@ -21,9 +21,6 @@ type CrashRestarter interface {
 	CrashRestart(ctx context.Context) error
 }
 
-// ScenarioCrashRestart is the effect suite's crash restart.
-const ScenarioCrashRestart = "crash-restart"
-
 // crashKeys is how many keys the effect suite applies before the crash.
 const crashKeys = 4
 

@@ -60,7 +60,7 @@ func childRequest() *successorRequest {
 // names, it attaches to the test process's backend, applies the key on one
 // new instance (retrying retryable errors, as a consumer would) and writes
 // the outcome where the request says. Every other Run returns at once.
-func runChild[In any](t *testing.T, adapter string, req *successorRequest, opts []Option) Report {
+func runChild[In any](t *testing.T, adapter string, req *successorRequest, cfg config) Report {
 	rep := Report{Suite: suiteEffect, Adapter: adapter}
 	if adapter != req.Adapter && !strings.HasPrefix(req.Adapter, "\x00") {
 		return rep
@@ -76,7 +76,6 @@ func runChild[In any](t *testing.T, adapter string, req *successorRequest, opts 
 		out.Setup = "reading the request: " + req.Adapter[1:]
 		return rep
 	}
-	cfg := applied(opts)
 	attach, ok := cfg.successor.(func(context.Context, string) (Harness[In], error))
 	if !ok {
 		out.Setup = "WithSuccessorProcess is missing from Run's options in the child, or its input type differs"

@@ -165,8 +165,8 @@ func days(d time.Duration) string {
 // guards nothing), for four keys in turn, so that a race window that
 // connection set-up hid in one round opens in the next.
 func (s *scene[In]) concurrent() {
-	if s.cfg.concurrency < DefaultConcurrency {
-		s.notef("only %d concurrent attempts (the full scenario uses %d)", s.cfg.concurrency, DefaultConcurrency)
+	if s.cfg.concurrency < defaultConcurrency {
+		s.notef("only %d concurrent attempts (the full scenario uses %d)", s.cfg.concurrency, defaultConcurrency)
 	}
 	insts := s.racers()
 	for round := range 4 {

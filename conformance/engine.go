@@ -19,14 +19,14 @@ import (
 // every failed check fails the (sub)test it happened in, and a field that
 // cannot be verified fails t unless [AllowUnverified] says why
 // ([Report.Verify]).
-func runSuite[H any](t *testing.T, op, suite, subject string, table []scenario[H], mk func(testing.TB) H, opts []Option, strict bool) Report {
+func runSuite[H any](t *testing.T, suite, subject string, table []scenario[H], mk func(testing.TB) H, cfg config, strict bool) Report {
 	t.Helper()
 	if childRequest() != nil {
 		// A successor child process runs one Apply of one effect suite
 		// (runChild), never a suite.
 		return Report{Suite: suite, Adapter: subject}
 	}
-	rep := runTable(t, op, suite, subject, table, mk, opts, strict)
+	rep := runTable(t, suite, subject, table, mk, cfg, strict)
 	recs := records(table)
 	if suite == suiteEffect {
 		for _, row := range rep.Rows {
@@ -52,10 +52,9 @@ func runSuite[H any](t *testing.T, op, suite, subject string, table []scenario[H
 	return rep
 }
 
-func runTable[H any](t *testing.T, op, suite, subject string, table []scenario[H], mk func(testing.TB) H, opts []Option, strict bool) Report {
+func runTable[H any](t *testing.T, suite, subject string, table []scenario[H], mk func(testing.TB) H, cfg config, strict bool) Report {
 	t.Helper()
-	cfg, err := newConfig(op, suite, records(table), opts)
-	if err != nil {
+	if err := cfg.check(suite, records(table)); err != nil {
 		t.Fatalf("%v", err)
 	}
 	rep := Report{Suite: suite, Adapter: subject, Evaluated: !strict, Unverified: cfg.unverified, UnverifiedFor: cfg.unverifiedFor}

@@ -13,14 +13,22 @@ import (
 	"time"
 )
 
-// ErrInjected is the error a fault returns to the adapter in place of the
-// lost reply or the cut request.
-var ErrInjected = errors.New("conformance: injected fault: connection lost")
-
-// ErrSevered is the error a severed Faults returns for new connections and
-// for every read and write on the ones it cut: the process is gone, as far
-// as the network can tell.
-var ErrSevered = errors.New("conformance: connections severed (a crashed process)")
+// Errors of the suite.
+var (
+	// ErrInjected is the error a fault returns to the adapter in place of
+	// the lost reply or the cut request.
+	ErrInjected = errors.New("conformance: injected fault: connection lost")
+	// ErrSevered is the error a severed Faults returns for new connections
+	// and for every read and write on the ones it cut: the process is
+	// gone, as far as the network can tell.
+	ErrSevered = errors.New("conformance: connections severed (a crashed process)")
+	// ErrAppFault is what every [AppError] matches with errors.Is.
+	ErrAppFault = errors.New("conformance: injected application error")
+	// ErrUnverified is what [Report.Verify] returns (wrapped) when a field
+	// of the declared contract cannot be verified and [AllowUnverified]
+	// gave no reason.
+	ErrUnverified = errors.New("the declared contract cannot be verified")
+)
 
 // FaultKind is a kind of fault the suite injects at one round trip.
 type FaultKind int
@@ -53,11 +61,34 @@ const (
 	// and must say so (ErrAmbiguous, never ErrTransient, never success);
 	// one that waits gets the reply, late.
 	SlowReply
+
+	// Application-level faults: the backend itself fails a request while
+	// the connection stays up. They are armed at a round trip like the
+	// network faults ([Faults.Arm]), with the error the backend answers
+	// set by [Faults.SetAppError].
+
+	// AppErrorBefore makes the backend answer the request with an
+	// application error ([AppError]) without applying it: a serialization
+	// failure (SQLSTATE 40001), a deadlock (40P01), a lock timeout
+	// (55P03), a busy database, an HTTP 503 or 409 the server sends before
+	// it does anything.
+	AppErrorBefore FaultKind = 100
+	// AppErrorAfter makes the backend apply the request and then answer it
+	// with an application error: an HTTP 500 or 502 from a server that
+	// did the work and failed on the way out. An adapter cannot know from
+	// the error that nothing was applied, and must not say so
+	// (ErrTransient); its retry must replay the work, not do it again.
+	AppErrorAfter FaultKind = 101
+	// SlowBackend makes the backend take the Faults' slow-backend time
+	// ([Faults.SetSlowBackend]) to do the work of the request, before it
+	// applies it: whatever lock or lease the adapter or the backend holds
+	// meanwhile must outlast it, while duplicates arrive.
+	SlowBackend FaultKind = 102
 )
 
-// DefaultSlowReply is how long a [SlowReply] fault holds a reply when
+// defaultSlowReply is how long a [SlowReply] fault holds a reply when
 // [Faults.SetSlowReply] was not called.
-const DefaultSlowReply = time.Second
+const defaultSlowReply = time.Second
 
 // String names the fault.
 func (k FaultKind) String() string {
@@ -106,7 +137,7 @@ type Faults struct {
 	cancel  context.CancelFunc
 	fired   bool
 	delay   time.Duration
-	slow    time.Duration // how long SlowReply holds a reply; 0: DefaultSlowReply
+	slow    time.Duration // how long SlowReply holds a reply; 0: defaultSlowReply
 	conns   map[severable]struct{}
 	severed bool
 
@@ -148,7 +179,7 @@ func (f *Faults) SetDelay(d time.Duration) {
 }
 
 // SetSlowReply sets how long a [SlowReply] fault holds the reply (default
-// [DefaultSlowReply]). Set it above the adapter's own per-call deadline,
+// 1s). Set it above the adapter's own per-call deadline,
 // or the reply arrives before the adapter gives up and only its patience
 // is tested.
 func (f *Faults) SetSlowReply(d time.Duration) {
@@ -162,7 +193,7 @@ func (f *Faults) slowReply() time.Duration {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.slow <= 0 {
-		return DefaultSlowReply
+		return defaultSlowReply
 	}
 	return f.slow
 }

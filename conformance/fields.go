@@ -1,7 +1,6 @@
 package conformance
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -18,7 +17,7 @@ const (
 	Verified FieldStatus = "verified"
 	// NotVerified: a scenario that verifies the field did not run (the
 	// harness lacks a capability, Only or go test -run left it out), or
-	// ran reduced ([WithCapacity] below [DefaultCapacity]). The
+	// ran reduced ([WithCapacity] below 5,000). The
 	// declaration is a claim, not a checked guarantee.
 	NotVerified FieldStatus = "NOT VERIFIED"
 	// Failed: a scenario that verifies the field failed.
@@ -109,7 +108,7 @@ func (f Field) blocked() bool {
 
 // judgeField derives one field's status from the rows of the scenarios
 // whose records say they verify it.
-func judgeField(field, declared string, table []Scenario, byName map[string]Row) Field {
+func judgeField(field, declared string, table []scenarioRecord, byName map[string]Row) Field {
 	f := Field{Field: field, Declared: declared}
 	var failed []string
 	for _, sc := range table {
@@ -163,7 +162,7 @@ func judgeField(field, declared string, table []Scenario, byName map[string]Row)
 
 // effectFields derives, from the rows and the contract, what each field
 // of an effect's contract came to.
-func effectFields(c effects.Contract, table []Scenario, rows []Row) []Field {
+func effectFields(c effects.Contract, table []scenarioRecord, rows []Row) []Field {
 	byName := rowsByName(rows)
 	window := "none"
 	if c.Guarantee == effects.AtLeastOnce {
@@ -221,7 +220,7 @@ func assumedHorizon(c effects.Contract, f Field, byName map[string]Row) Field {
 
 // suiteFieldsOf derives the fields of a journal, source or plan report,
 // each declared as the suite's protocol.
-func suiteFieldsOf(suite string, table []Scenario, rows []Row) []Field {
+func suiteFieldsOf(suite string, table []scenarioRecord, rows []Row) []Field {
 	byName := rowsByName(rows)
 	var out []Field
 	for _, name := range suiteFields[suite] {
@@ -237,11 +236,6 @@ func rowsByName(rows []Row) map[string]Row {
 	}
 	return m
 }
-
-// ErrUnverified is what [Report.Verify] returns (wrapped) when a field of
-// the declared contract cannot be verified and [AllowUnverified] gave no
-// reason.
-var ErrUnverified = errors.New("the declared contract cannot be verified")
 
 // Verify reports whether the report meets the strict rule of the Run
 // functions: every field of the declared contract verified, failed, not

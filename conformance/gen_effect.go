@@ -10,17 +10,6 @@ import (
 	"effectively.dev/effects"
 )
 
-// Scenario names of the generated and application-level scenarios of the
-// effect suite.
-const (
-	ScenarioSchedules   = "fault-schedules"
-	ScenarioAppFaults   = "app-faults"
-	ScenarioSlowBackend = "slow-backend"
-	ScenarioHostileKeys = "hostile-keys"
-	ScenarioKeyScope    = "key-scope"
-	ScenarioKeyBytes    = "key-bytes"
-)
-
 // KeyScoper is implemented by a Harness whose backend could scope keys by
 // something other than the key (an account, a path, an API version): it
 // names those scopes and makes inputs that differ only in them. The

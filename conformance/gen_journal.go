@@ -9,12 +9,6 @@ import (
 	"effectively.dev/effects/journal"
 )
 
-// Scenario names of the journal suite's armed faults and attempt numbers.
-const (
-	JournalTripFaults = "round-trip-faults"
-	JournalAttempts   = "attempt-numbers"
-)
-
 // journalOps are the calls whose round trips round-trip-faults arms.
 var journalOps = []string{"Begin", "Complete", "Release", "Lookup"}
 

@@ -5,14 +5,6 @@ import (
 	"time"
 )
 
-// Scenario names of the plan suite's distinct ids, cut requests and
-// horizon.
-const (
-	PlanDistinctIDs = "distinct-ids"
-	PlanCut         = "cut-request"
-	PlanHorizon     = "horizon"
-)
-
 // planDistinctIDs are event ids that differ only in letter case, in
 // Unicode normalization or width, or in an invisible rune: a handler that
 // folds or normalises ids runs the second as a replay of the first.

@@ -2,15 +2,14 @@ package conformance
 
 import (
 	"context"
-	"testing"
 	"time"
 
 	"effectively.dev/effects"
 )
 
 // Harness connects the effect suite ([Run]) to one adapter and its
-// backend. An adapter's test returns a fresh Harness from its [Maker] for
-// every scenario. Optional capabilities ([Restarter], [Ager],
+// backend. An adapter's test gives [Run] a function that returns a
+// fresh Harness for every scenario. Optional capabilities ([Restarter], [Ager],
 // [BatchCounter], [CrashRestarter], [Attacher]) are further interfaces
 // the same value may implement; a scenario that needs a missing one is
 // reported as not run, and the fields it verifies as not verified, which
@@ -46,11 +45,6 @@ type Harness[In any] interface {
 	// backend's growth.
 	Total(ctx context.Context) (int, error)
 }
-
-// Maker returns a fresh Harness for one scenario. It starts or connects to
-// the backend and registers cleanup with t.Cleanup; if the backend cannot be
-// had it fails t (a missing server is a failure, not a skip).
-type Maker[In any] func(t testing.TB) Harness[In]
 
 // Restarter is implemented by a harness (effect, journal) that can restart
 // its backend with its data, as an operator does: a server is stopped

@@ -13,15 +13,15 @@ import (
 // store that normalises, strips, folds, matches patterns, decodes or
 // truncates would take for one.
 const (
-	HostileInvisible     = "invisible"     // an invisible or non-printing rune, and nothing
-	HostileNormalization = "normalization" // Unicode compatibility, canonical order and case variants
-	HostileWildcard      = "wildcard"      // SQL LIKE, glob and regular expression wildcards, and the literal they match
-	HostilePath          = "path"          // path separators, dot segments and percent-escapes
-	HostileLength        = "length"        // keys near every length limit and hashing threshold
+	hostileInvisible     = "invisible"     // an invisible or non-printing rune, and nothing
+	hostileNormalization = "normalization" // Unicode compatibility, canonical order and case variants
+	hostileWildcard      = "wildcard"      // SQL LIKE, glob and regular expression wildcards, and the literal they match
+	hostilePath          = "path"          // path separators, dot segments and percent-escapes
+	hostileLength        = "length"        // keys near every length limit and hashing threshold
 )
 
-// HostileClasses lists the classes, in the order the pairs are made.
-var HostileClasses = []string{HostileInvisible, HostileNormalization, HostileWildcard, HostilePath, HostileLength}
+// hostileClasses lists the classes, in the order the pairs are made.
+var hostileClasses = []string{hostileInvisible, hostileNormalization, hostileWildcard, hostilePath, hostileLength}
 
 // hostilePair is two distinct valid keys of one class, and why a store
 // might merge them.
@@ -124,24 +124,24 @@ func hostilePairs(base string, seed uint64, count int) []hostilePair {
 	// Invisible runes, inside and at the end of a key, and nothing.
 	for i, r := range invisibleRunes {
 		w := word()
-		add(HostileInvisible, r.name+" inside the key, and nothing", w+string(r.r)+"x", w+"x")
+		add(hostileInvisible, r.name+" inside the key, and nothing", w+string(r.r)+"x", w+"x")
 		if i < count {
 			w := word()
 			at := rng.IntN(len(w) + 1)
-			add(HostileInvisible, r.name+" at a random place, and nothing", w[:at]+string(r.r)+w[at:]+"z", w+"z")
+			add(hostileInvisible, r.name+" at a random place, and nothing", w[:at]+string(r.r)+w[at:]+"z", w+"z")
 		}
 	}
 	for _, v := range variants {
 		w := word()
-		add(HostileNormalization, v.why, w+v.a, w+v.b)
+		add(hostileNormalization, v.why, w+v.a, w+v.b)
 	}
 	for _, v := range wildcards {
 		w := word()
-		add(HostileWildcard, v.why, w+v.a, w+v.b)
+		add(hostileWildcard, v.why, w+v.a, w+v.b)
 	}
 	for _, v := range paths {
 		w := word()
-		add(HostilePath, v.why, w+v.a, w+v.b)
+		add(hostilePath, v.why, w+v.a, w+v.b)
 	}
 	// Keys of each threshold length that differ only in the last byte,
 	// only at the threshold (one byte longer), and, past it, keys whose
@@ -152,16 +152,16 @@ func hostilePairs(base string, seed uint64, count int) []hostilePair {
 			continue
 		}
 		p := pad(l - 1)
-		out = append(out, hostilePair{HostileLength, fmt.Sprintf("%d bytes, only the last byte differs", l), effects.Key(p + "a"), effects.Key(p + "b")})
+		out = append(out, hostilePair{hostileLength, fmt.Sprintf("%d bytes, only the last byte differs", l), effects.Key(p + "a"), effects.Key(p + "b")})
 		if l < effects.MaxKeyLen {
-			out = append(out, hostilePair{HostileLength, fmt.Sprintf("%d and %d bytes, one a prefix of the other", l, l+1), effects.Key(p + "c"), effects.Key(p + "cd")})
+			out = append(out, hostilePair{hostileLength, fmt.Sprintf("%d and %d bytes, one a prefix of the other", l, l+1), effects.Key(p + "c"), effects.Key(p + "cd")})
 		}
 	}
 	for _, l := range []int{64, 128, 200, effects.MaxKeyLen} {
 		prefix := pad(l - collisionWidth)
 		crc := crc32.ChecksumIEEE([]byte(prefix))
 		if a, b, ok := collision(func(x []byte) uint32 { return crc32.Update(crc, crc32.IEEETable, x) }); ok {
-			out = append(out, hostilePair{HostileLength, fmt.Sprintf("%d bytes, the same CRC-32", l), effects.Key(prefix + a), effects.Key(prefix + b)})
+			out = append(out, hostilePair{hostileLength, fmt.Sprintf("%d bytes, the same CRC-32", l), effects.Key(prefix + a), effects.Key(prefix + b)})
 		}
 	}
 	return out

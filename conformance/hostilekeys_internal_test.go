@@ -39,7 +39,7 @@ func TestHostilePairs(t *testing.T) {
 			t.Errorf("%s: %q and %q do not collide", p.why, p.a, p.b)
 		}
 	}
-	for _, c := range HostileClasses {
+	for _, c := range hostileClasses {
 		if classes[c] < 8 {
 			t.Errorf("class %s: %d pairs, want at least 8", c, classes[c])
 		}

@@ -26,25 +26,6 @@ type JournalHarness interface {
 	Open(ctx context.Context, f *Faults) (j journal.Journal, close func(), err error)
 }
 
-// JournalMaker returns a fresh JournalHarness (a fresh backend, or a fresh
-// scope in a shared one) for one scenario, cleaning up with t.Cleanup.
-type JournalMaker func(t testing.TB) JournalHarness
-
-// Scenario names of the journal suite.
-const (
-	JournalLease          = "lease"
-	JournalLeaseExpiry    = "lease-expiry"
-	JournalFencing        = "fencing"
-	JournalFirstRef       = "complete-keeps-first-ref"
-	JournalKeyReuse       = "key-reuse"
-	JournalInvalidKeys    = "invalid-keys"
-	JournalDistinctKeys   = "distinct-keys"
-	JournalConcurrent     = "concurrent-begin"
-	JournalCrashedHolder  = "crashed-holder"
-	JournalBackendRestart = "backend-restart"
-	JournalLookupMarkDone = "lookup-mark-done"
-)
-
 // holdLease is the lease the journal suite takes when it must not expire
 // during a scenario.
 const holdLease = time.Minute
@@ -89,10 +70,6 @@ func journalTable() []scenario[JournalHarness] {
 	}
 }
 
-// JournalScenarios lists the journal suite's scenarios in the order
-// [RunJournal] runs them.
-var JournalScenarios = names(journalTable())
-
 // RunJournal runs the journal suite against the journal that mk's harness
 // opens: a lease and its expiry, fencing by attempt, Complete keeping the
 // first reference and refusing a key never begun, key reuse, invalid and distinct keys, concurrent Begins
@@ -105,16 +82,18 @@ var JournalScenarios = names(journalTable())
 // [ClockSkewer] harness; not run, with its reason, for a [OneClock] one).
 // Each scenario is a subtest of t; every failed check fails t. The report is returned and,
 // with CONFORMANCE_REPORT set, written for the matrix.
-func RunJournal(t *testing.T, name string, mk JournalMaker, opts ...Option) Report {
+// mk returns a fresh harness (a fresh backend, or a fresh scope in a
+// shared one) for each scenario, cleaning up with t.Cleanup.
+func RunJournal(t *testing.T, name string, mk func(t testing.TB) JournalHarness, opts ...JournalOption) Report {
 	t.Helper()
-	return runSuite(t, "conformance.RunJournal", suiteJournal, name, journalTable(), mk, opts, true)
+	return runSuite(t, suiteJournal, name, journalTable(), mk, configure("conformance.RunJournal", opts, JournalOption.journalOption), true)
 }
 
 // EvaluateJournal is [RunJournal] without failing t when a check fails:
 // the suite's own tests use it on counterexamples.
-func EvaluateJournal(t *testing.T, name string, mk JournalMaker, opts ...Option) Report {
+func EvaluateJournal(t *testing.T, name string, mk func(t testing.TB) JournalHarness, opts ...JournalOption) Report {
 	t.Helper()
-	return runSuite(t, "conformance.EvaluateJournal", suiteJournal, name, journalTable(), mk, opts, false)
+	return runSuite(t, suiteJournal, name, journalTable(), mk, configure("conformance.EvaluateJournal", opts, JournalOption.journalOption), false)
 }
 
 func jscenario(fn func(s *jscene)) func(c *checker, h JournalHarness) {

@@ -32,10 +32,6 @@ type OneClock interface {
 	OneClock() string
 }
 
-// JournalClockSkew is the journal scenario for instances whose clocks
-// disagree.
-const JournalClockSkew = "clock-skew"
-
 // clockSkew is how far the skewed instance's clock runs ahead: more than
 // the lease the scenario holds, as a host whose clock jumped would.
 const clockSkew = 2 * holdLease

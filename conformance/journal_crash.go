@@ -7,9 +7,6 @@ import (
 	"effectively.dev/effects/retry"
 )
 
-// JournalCrashRestart is the journal suite's crash restart.
-const JournalCrashRestart = "crash-restart"
-
 // crashRestart completes a key and leases another, crashes the backend
 // and starts it again: the completed key must still be done with its
 // reference, the leased one still held.

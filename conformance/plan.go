@@ -45,10 +45,6 @@ type PlanHarness[E any] interface {
 	Count(ctx context.Context, step, id string) (int, error)
 }
 
-// PlanMaker returns a fresh PlanHarness for one scenario, cleaning up with
-// t.Cleanup; a backend that cannot be had fails t.
-type PlanMaker[E any] func(t testing.TB) PlanHarness[E]
-
 // PlanFaults holds one [Faults] per step of a plan, so that the suite can
 // fault each step's round trips in turn. A zero PlanFaults is not usable;
 // the suite makes them.
@@ -96,15 +92,6 @@ func (p *PlanFaults) trips() map[string]int {
 	return out
 }
 
-// Scenario names of the plan suite.
-const (
-	PlanDeclared   = "plan-contract"
-	PlanRedelivery = "redelivery"
-	PlanLostReply  = "lost-reply"
-	PlanCancel     = "cancel-mid-plan"
-	PlanKill       = "kill-mid-plan"
-)
-
 func planTable[E any]() []scenario[PlanHarness[E]] {
 	type s = pscene[E]
 	p := func(name, doc string, verifies, options, proofs []string, fn func(*s)) scenario[PlanHarness[E]] {
@@ -131,10 +118,6 @@ func planTable[E any]() []scenario[PlanHarness[E]] {
 	}
 }
 
-// PlanScenarios lists the plan suite's scenarios in the order [RunPlan]
-// runs them.
-var PlanScenarios = names(planTable[struct{}]())
-
 // RunPlan holds a composed plan (or a handler built on several effects)
 // to the composite contract it declares, as a subtest of t per scenario
 // ([PlanScenarios]):
@@ -160,16 +143,18 @@ var PlanScenarios = names(planTable[struct{}]())
 // returned no error has a result for, and an effect of, every step), and
 // an error must be retryable. Every failed check fails t. The report is
 // returned and, with CONFORMANCE_REPORT set, written for the matrix.
-func RunPlan[E any](t *testing.T, name string, mk PlanMaker[E], opts ...Option) Report {
+// mk returns a fresh harness for each scenario, cleaning up with
+// t.Cleanup; a backend that cannot be had fails t.
+func RunPlan[E any](t *testing.T, name string, mk func(t testing.TB) PlanHarness[E], opts ...PlanOption) Report {
 	t.Helper()
-	return runSuite(t, "conformance.RunPlan", suitePlan, name, planTable[E](), func(tb testing.TB) PlanHarness[E] { return mk(tb) }, opts, true)
+	return runSuite(t, suitePlan, name, planTable[E](), mk, configure("conformance.RunPlan", opts, PlanOption.planOption), true)
 }
 
 // EvaluatePlan is [RunPlan] without failing t when a check fails: the
 // suite's own tests use it on counterexamples.
-func EvaluatePlan[E any](t *testing.T, name string, mk PlanMaker[E], opts ...Option) Report {
+func EvaluatePlan[E any](t *testing.T, name string, mk func(t testing.TB) PlanHarness[E], opts ...PlanOption) Report {
 	t.Helper()
-	return runSuite(t, "conformance.EvaluatePlan", suitePlan, name, planTable[E](), func(tb testing.TB) PlanHarness[E] { return mk(tb) }, opts, false)
+	return runSuite(t, suitePlan, name, planTable[E](), mk, configure("conformance.EvaluatePlan", opts, PlanOption.planOption), false)
 }
 
 // pscene is one plan scenario's run.

@@ -2,32 +2,23 @@ package conformance
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 )
 
-// The four suites, as they appear in reports and in [Scenario].Suite.
+// The four suites, as they appear in reports ([Report].Suite).
 const (
-	SuiteEffect  = "effect"
-	SuiteJournal = "journal"
-	SuiteSource  = "source"
-	SuitePlan    = "plan"
+	suiteEffect  = "effect"
+	suiteJournal = "journal"
+	suiteSource  = "source"
+	suitePlan    = "plan"
 )
 
-// Short names inside the package.
-const (
-	suiteEffect  = SuiteEffect
-	suiteJournal = SuiteJournal
-	suiteSource  = SuiteSource
-	suitePlan    = SuitePlan
-)
-
-// Scenario is one scenario of a suite, as one record: everything the
+// scenarioRecord is one scenario of a suite, as one record: everything the
 // suite, its report and its documentation know about it. The fields a
 // report verifies, the reasons a scenario did not run, the options a suite
 // accepts and the tables of the package documentation and
-// docs/conformance.md are derived from these records ([Catalog]).
-type Scenario struct {
+// docs/conformance.md are derived from these records (catalog).
+type scenarioRecord struct {
 	// Suite is [SuiteEffect], [SuiteJournal], [SuiteSource] or [SuitePlan].
 	Suite string
 	// Name is the scenario's name: its subtest and its row in the report.
@@ -45,25 +36,25 @@ type Scenario struct {
 	// Options names the options that tune the scenario.
 	Options []string
 	// Counterexamples names the types of package
-	// effectively.dev/conformance/counterexamples the scenario catches.
+	// effectively.dev/internal/counterexamples the scenario catches.
 	Counterexamples []string
 }
 
 // scenario is one row of a suite's scenario table: its record, the
 // capabilities it cannot run without, and what it does.
 type scenario[H any] struct {
-	Scenario
+	scenarioRecord
 	needs []capability
 	run   func(c *checker, h H)
 }
 
 // rec builds a scenario of the table; the record's Needs come from needs.
 func rec[H any](suite, name, doc string, needs []capability, verifies, options, proofs []string, run func(*checker, H)) scenario[H] {
-	r := Scenario{Suite: suite, Name: name, Doc: doc, Verifies: verifies, Options: options, Counterexamples: proofs}
+	r := scenarioRecord{Suite: suite, Name: name, Doc: doc, Verifies: verifies, Options: options, Counterexamples: proofs}
 	for _, c := range needs {
 		r.Needs = append(r.Needs, c.name)
 	}
-	return scenario[H]{Scenario: r, needs: needs, run: run}
+	return scenario[H]{scenarioRecord: r, needs: needs, run: run}
 }
 
 // list is a shorthand for the string lists of a record.
@@ -140,20 +131,20 @@ var (
 		}}
 )
 
-// Catalog returns every scenario of every suite, suite by suite in the
+// catalog returns every scenario of every suite, suite by suite in the
 // order [Run], [RunJournal], [RunSource] and [RunPlan] run them.
-func Catalog() []Scenario {
-	var out []Scenario
-	for _, t := range [][]Scenario{records(effectTable[struct{}]()), records(journalTable()), records(sourceTable()), records(planTable[struct{}]())} {
+func catalog() []scenarioRecord {
+	var out []scenarioRecord
+	for _, t := range [][]scenarioRecord{records(effectTable[struct{}]()), records(journalTable()), records(sourceTable()), records(planTable[struct{}]())} {
 		out = append(out, t...)
 	}
 	return out
 }
 
-func records[H any](table []scenario[H]) []Scenario {
-	out := make([]Scenario, len(table))
+func records[H any](table []scenario[H]) []scenarioRecord {
+	out := make([]scenarioRecord, len(table))
 	for i, sc := range table {
-		out[i] = sc.Scenario
+		out[i] = sc.scenarioRecord
 	}
 	return out
 }
@@ -174,40 +165,14 @@ var suiteFields = map[string][]string{
 	suitePlan:    {FieldPlanContract, FieldSteps},
 }
 
-// commonOptions are the options every suite takes, whatever its scenarios;
-// suiteWide those that tune every scenario of one suite.
-var (
-	commonOptions = []string{"WithTimeout", "WithApplyTimeout", "Only", "AllowUnverified"}
-	suiteWide     = map[string][]string{
-		suiteEffect:  {"WithRetryFor"},
-		suiteJournal: {"WithLease"},
-		suiteSource:  {"WithRedeliveryWait", "WithSourceMessages"},
-		suitePlan:    {"WithRetryFor"},
-	}
-)
-
-// optionsOf returns the options a suite takes: the common ones, the
-// suite's own, and those its records name, each once.
-func optionsOf(suite string, table []Scenario) []string {
-	out := append(slices.Clone(commonOptions), suiteWide[suite]...)
-	for _, r := range table {
-		for _, o := range r.Options {
-			if !slices.Contains(out, o) {
-				out = append(out, o)
-			}
-		}
-	}
-	return out
-}
-
-// ScenarioTable renders the records of suite as the Markdown table that
+// scenarioTable renders the records of suite as the Markdown table that
 // the package documentation and docs/conformance.md show: scenario, what
 // it does, what it needs, what it verifies, the counterexamples it
 // catches. A test keeps the documents equal to it.
-func ScenarioTable(suite string) string {
+func scenarioTable(suite string) string {
 	var b strings.Builder
 	b.WriteString("| scenario | what it does | needs | verifies | catches |\n|---|---|---|---|---|\n")
-	for _, r := range Catalog() {
+	for _, r := range catalog() {
 		if r.Suite != suite {
 			continue
 		}

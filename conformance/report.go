@@ -83,7 +83,7 @@ type Row struct {
 	// fields rest on the other scenarios.
 	NotApplicable bool `json:",omitempty"`
 	// Reduced says why a scenario that passed ran smaller than the
-	// suite's default ([WithCapacity] below [DefaultCapacity]): the
+	// suite's default ([WithCapacity] below 5,000): the
 	// fields it verifies are not verified.
 	Reduced string `json:",omitempty"`
 	// Unconfirmed says why a scenario that passed verifies none of its
@@ -237,18 +237,18 @@ func (r Report) Markdown() string {
 	b.WriteString(header(r.Suite))
 	b.WriteString(r.markdownRows())
 	if len(r.Fields) > 0 {
-		b.WriteString("\n" + FieldsHeader + r.fieldsRows())
+		b.WriteString("\n" + fieldsHeader + r.fieldsRows())
 	}
 	return b.String()
 }
 
-// MatrixHeader is the header of the Markdown matrix of effect adapters.
-const MatrixHeader = "| adapter | contract | scenario | effects observed | verdict | notes |\n|---|---|---|---|---|---|\n"
+// matrixHeader is the header of the Markdown matrix of effect adapters.
+const matrixHeader = "| adapter | contract | scenario | effects observed | verdict | notes |\n|---|---|---|---|---|---|\n"
 
-// FieldsHeader is the header of the Markdown table that says, per subject
+// fieldsHeader is the header of the Markdown table that says, per subject
 // and field of its declared contract, whether the scenarios verified it,
 // which did, and which were left out and why.
-const FieldsHeader = "| subject | field | declared | status | verified by | left out (why) |\n|---|---|---|---|---|---|\n"
+const fieldsHeader = "| subject | field | declared | status | verified by | left out (why) |\n|---|---|---|---|---|---|\n"
 
 // subjectHeader is the header of the journal and source matrices.
 const subjectHeader = "| %s | scenario | checks | verdict | notes |\n|---|---|---|---|---|\n"
@@ -258,7 +258,7 @@ func header(suite string) string {
 	case suiteJournal, suiteSource, suitePlan:
 		return fmt.Sprintf(subjectHeader, suite)
 	}
-	return MatrixHeader
+	return matrixHeader
 }
 
 func (r Report) markdownRows() string {
@@ -349,12 +349,12 @@ func (r Report) WriteFile(dir string) error {
 	return os.WriteFile(filepath.Join(dir, unsafeName.ReplaceAllString(suite+"-"+r.Adapter, "_")+".json"), b, 0o644)
 }
 
-// ReportEnv names the environment variable that, when set to a directory,
+// reportEnv names the environment variable that, when set to a directory,
 // makes the Run functions write each report there.
-const ReportEnv = "CONFORMANCE_REPORT"
+const reportEnv = "CONFORMANCE_REPORT"
 
 func (r Report) writeEnv() error {
-	dir := os.Getenv(ReportEnv)
+	dir := os.Getenv(reportEnv)
 	if dir == "" {
 		return nil
 	}
@@ -412,15 +412,15 @@ func MergeMatrix(dir string) (table string, failed bool, err error) {
 		}
 		b.WriteString("### " + title + "\n\n" + head + body.String())
 	}
-	section("Adapters (held to their declared contract)", suiteEffect, false, Report.markdownRows, MatrixHeader)
-	section("Contract fields: verified or not, per adapter", suiteEffect, false, Report.fieldsRows, FieldsHeader)
+	section("Adapters (held to their declared contract)", suiteEffect, false, Report.markdownRows, matrixHeader)
+	section("Contract fields: verified or not, per adapter", suiteEffect, false, Report.fieldsRows, fieldsHeader)
 	section("Journals (RunJournal)", suiteJournal, false, Report.markdownRows, header(suiteJournal))
-	section("Journal fields", suiteJournal, false, Report.fieldsRows, FieldsHeader)
+	section("Journal fields", suiteJournal, false, Report.fieldsRows, fieldsHeader)
 	section("Sources (RunSource)", suiteSource, false, Report.markdownRows, header(suiteSource))
-	section("Source fields", suiteSource, false, Report.fieldsRows, FieldsHeader)
+	section("Source fields", suiteSource, false, Report.fieldsRows, fieldsHeader)
 	section("Plans (RunPlan)", suitePlan, false, Report.markdownRows, header(suitePlan))
-	section("Plan fields", suitePlan, false, Report.fieldsRows, FieldsHeader)
-	section("Counterexamples (each must FAIL in a named scenario)", suiteEffect, true, Report.markdownRows, MatrixHeader)
+	section("Plan fields", suitePlan, false, Report.fieldsRows, fieldsHeader)
+	section("Counterexamples (each must FAIL in a named scenario)", suiteEffect, true, Report.markdownRows, matrixHeader)
 	section("Counterexample journals (each must FAIL in a named scenario)", suiteJournal, true, Report.markdownRows, header(suiteJournal))
 	section("Counterexample sources (each must FAIL in a named scenario)", suiteSource, true, Report.markdownRows, header(suiteSource))
 	section("Counterexample plans (each must FAIL in a named scenario)", suitePlan, true, Report.markdownRows, header(suitePlan))

@@ -286,7 +286,7 @@ func TestSlowReplyCatchesTimeoutAsTransient(t *testing.T) {
 			}, 0}
 		}
 	}
-	opts := []conformance.Option{conformance.Only(conformance.ScenarioSlowReply), conformance.WithSlowReply(time.Second)}
+	opts := []conformance.EffectOption{conformance.Only(conformance.ScenarioSlowReply), conformance.WithSlowReply(time.Second)}
 	rep := conformance.Evaluate(t, "ledger: its own timeout as ErrTransient", mk(true), opts...)
 	row, _ := rep.Row(conformance.ScenarioSlowReply)
 	if row.Verdict != conformance.Fail || !strings.Contains(strings.Join(row.Failures, "\n"), "promises that nothing was applied") {

@@ -9,9 +9,9 @@ import (
 	"effectively.dev/effects"
 )
 
-// DefaultSchedules is how many generated fault schedules the
+// defaultSchedules is how many generated fault schedules the
 // fault-schedules scenario runs ([WithSchedules]): sized for CI.
-const DefaultSchedules = 8
+const defaultSchedules = 8
 
 // maxScheduleFaults bounds the faults of one generated schedule.
 const maxScheduleFaults = 4

@@ -44,21 +44,6 @@ type SourceInstance struct {
 	Crash func()
 }
 
-// SourceMaker returns a fresh SourceHarness (a fresh topic and group) for
-// one scenario, cleaning up with t.Cleanup.
-type SourceMaker func(t testing.TB) SourceHarness
-
-// Scenario names of the source suite.
-const (
-	SourceAckedStayAcked    = "acked-stay-acked"
-	SourceUnackedAfterClose = "unacked-after-close"
-	SourceUnackedAfterCrash = "unacked-after-crash"
-	SourceOutOfOrderAcks    = "out-of-order-acks"
-	SourceNeverAcked        = "never-acked"
-	SourceRevocation        = "revocation"
-	SourceReleased          = "released"
-)
-
 func sourceTable() []scenario[SourceHarness] {
 	type s = sscene
 	src := func(name, doc string, verifies, proofs []string, fn func(*s)) scenario[SourceHarness] {
@@ -93,10 +78,6 @@ func sourceTable() []scenario[SourceHarness] {
 	}
 }
 
-// SourceScenarios lists the source suite's scenarios in the order
-// [RunSource] runs them.
-var SourceScenarios = names(sourceTable())
-
 // RunSource runs the source suite against the source that mk's harness
 // opens: every published message is delivered; an acked one is not
 // delivered again after a graceful close; an unacked one comes back after
@@ -112,16 +93,18 @@ var SourceScenarios = names(sourceTable())
 // back nothing acked (for an [OrderingPublisher]). Every redelivery's
 // Attempt must count it. Each scenario is a subtest of t; every failed
 // check fails t.
-func RunSource(t *testing.T, name string, mk SourceMaker, opts ...Option) Report {
+// mk returns a fresh harness (a fresh topic and group) for each
+// scenario, cleaning up with t.Cleanup.
+func RunSource(t *testing.T, name string, mk func(t testing.TB) SourceHarness, opts ...SourceOption) Report {
 	t.Helper()
-	return runSuite(t, "conformance.RunSource", suiteSource, name, sourceTable(), mk, opts, true)
+	return runSuite(t, suiteSource, name, sourceTable(), mk, configure("conformance.RunSource", opts, SourceOption.sourceOption), true)
 }
 
 // EvaluateSource is [RunSource] without failing t when a check fails: the
 // suite's own tests use it on counterexamples.
-func EvaluateSource(t *testing.T, name string, mk SourceMaker, opts ...Option) Report {
+func EvaluateSource(t *testing.T, name string, mk func(t testing.TB) SourceHarness, opts ...SourceOption) Report {
 	t.Helper()
-	return runSuite(t, "conformance.EvaluateSource", suiteSource, name, sourceTable(), mk, opts, false)
+	return runSuite(t, suiteSource, name, sourceTable(), mk, configure("conformance.EvaluateSource", opts, SourceOption.sourceOption), false)
 }
 
 func source(fn func(s *sscene)) func(c *checker, h SourceHarness) {

@@ -7,15 +7,6 @@ import (
 	"effectively.dev/effects"
 )
 
-// Scenario names of the source suite's checks of order, of messages
-// published while an instance runs, and of a close with messages fetched
-// but not handed out.
-const (
-	SourcePublishOrder        = "publish-order"
-	SourceLivePublish         = "published-while-running"
-	SourceCloseWithPrefetched = "close-with-prefetched"
-)
-
 // caughtUp is how long the published-while-running scenario lets an
 // instance find nothing new before it publishes more: long enough for a
 // source to have read to the end and idle.

@@ -12,28 +12,28 @@ import (
 	"effectively.dev/effects"
 )
 
-// SourceRebalanceFullBuffers is the source suite's scenario of a
-// rebalance while the instance's fetch buffers are full and some
-// orderings are idle.
-const SourceRebalanceFullBuffers = "rebalance-full-buffers"
-
-// DefaultSourceBacklog is how many messages rebalance-full-buffers
+// defaultSourceBacklog is how many messages rebalance-full-buffers
 // publishes to each ordering it fills ([WithSourceBacklog]): more than a
 // kafka.Source holds fetched per partition by default (256), so that its
 // buffers are full and its fetching paused when the group rebalances.
-const DefaultSourceBacklog = 300
+const defaultSourceBacklog = 300
 
 // WithSourceBacklog sets how many messages rebalance-full-buffers
-// publishes to each ordering it fills (default [DefaultSourceBacklog];
+// publishes to each ordering it fills (default 300;
 // at least 1). Give more than the source fetches ahead of its handlers
 // per ordering, so that its buffers are full when the group rebalances.
-func WithSourceBacklog(n int) Option {
-	return func(c *config) { c.sourceBacklog = n; c.mark("WithSourceBacklog") }
+func WithSourceBacklog(n int) SourceOption {
+	return opt(func(c *config) {
+		if n < 1 {
+			c.bad("WithSourceBacklog", "%d: at least 1", n)
+		}
+		c.sourceBacklog = n
+	})
 }
 
 func (c *config) backlog() int {
 	if c.sourceBacklog <= 0 {
-		return DefaultSourceBacklog
+		return defaultSourceBacklog
 	}
 	return c.sourceBacklog
 }

@@ -130,12 +130,12 @@ func TestOnlyNeverPasses(t *testing.T) {
 	}
 }
 
-// TestReducedCapacityFailsRun: WithCapacity below DefaultCapacity runs
+// TestReducedCapacityFailsRun: WithCapacity below defaultCapacity runs
 // key-capacity reduced: it passes, the report says so, the fields it
 // verifies are not verified, and a strict Run fails naming it.
 func TestReducedCapacityFailsRun(t *testing.T) {
 	out := runStrictChild(t, "capacity")
-	if !strings.Contains(out, "key-capacity: reduced: WithCapacity(1) is below DefaultCapacity (5000)") {
+	if !strings.Contains(out, "key-capacity: reduced: WithCapacity(1) is below defaultCapacity (5000)") {
 		t.Errorf("the failure does not name the reduced capacity:\n%s", out)
 	}
 	offMatrix(t)
@@ -171,12 +171,12 @@ func TestAttacherWithoutOption(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		mk   conformance.Maker[Entry]
-		opts []conformance.Option
+		opts []conformance.EffectOption
 		want conformance.Verdict
 		says string
 	}{
 		{"Attacher without the option", ledgerMaker(0), nil, conformance.Fail, "implements conformance.Attacher but conformance.WithSuccessorProcess was not given"},
-		{"the option without Attacher", hidden, []conformance.Option{conformance.WithSuccessorProcess(attachLedger)}, conformance.Fail,
+		{"the option without Attacher", hidden, []conformance.EffectOption{conformance.WithSuccessorProcess(attachLedger)}, conformance.Fail,
 			"conformance.WithSuccessorProcess was given but the harness does not implement conformance.Attacher"},
 		{"neither", hidden, nil, conformance.NotRun, "implement conformance.Attacher"},
 	} {
@@ -202,7 +202,7 @@ func TestScenarioRecords(t *testing.T) {
 		conformance.SuitePlan:    {conformance.FieldPlanContract, conformance.FieldSteps},
 	}
 	exported := map[string]bool{}
-	pkgs, err := parser.ParseDir(token.NewFileSet(), "counterexamples", func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	pkgs, err := parser.ParseDir(token.NewFileSet(), "../internal/counterexamples", func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

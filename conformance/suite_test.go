@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"effectively.dev/conformance"
-	"effectively.dev/conformance/counterexamples"
 	"effectively.dev/effects"
+	"effectively.dev/internal/counterexamples"
 )
 
 func ledgerMaker(ttl time.Duration) conformance.Maker[Entry] {
@@ -21,7 +21,7 @@ func ledgerMaker(ttl time.Duration) conformance.Maker[Entry] {
 
 // offMatrix keeps a test's reports out of the conformance matrix: the
 // example adapter and the suite's tests of itself are no product.
-func offMatrix(t *testing.T) { t.Setenv(conformance.ReportEnv, "") }
+func offMatrix(t *testing.T) { t.Setenv("CONFORMANCE_REPORT", "") }
 
 // TestLedgerConformance: the example adapter passes every scenario, the
 // ones that need a capability included, and the matrix says every field
@@ -214,7 +214,7 @@ func TestNilErrorMustShowTheEffect(t *testing.T) {
 
 // memSourceMaker gives every scenario a fresh in-memory log of three
 // partitions; wrap changes the sources it opens.
-func memSourceMaker(bug func(*memLog), wrap func(effects.Source) effects.Source) conformance.SourceMaker {
+func memSourceMaker(bug func(*memLog), wrap func(effects.Source) effects.Source) func(testing.TB) conformance.SourceHarness {
 	return func(testing.TB) conformance.SourceHarness {
 		l := newMemLog(3)
 		if bug != nil {
@@ -256,7 +256,7 @@ func TestRunSourceOnMemoryLog(t *testing.T) {
 func TestRunSourceCatchesCounterexamples(t *testing.T) {
 	cases := []struct {
 		name   string
-		mk     conformance.SourceMaker
+		mk     func(testing.TB) conformance.SourceHarness
 		caught []string
 	}{
 		{"ack on next", memSourceMaker(nil, func(s effects.Source) effects.Source { return counterexamples.AckOnNext{Source: s} }),
@@ -269,7 +269,7 @@ func TestRunSourceCatchesCounterexamples(t *testing.T) {
 			[]string{conformance.SourceReleased}},
 		{"a header stamped per delivery", memSourceMaker(nil, func(s effects.Source) effects.Source { return counterexamples.NewStampedRedelivery(s) }),
 			[]string{conformance.SourceUnackedAfterClose, conformance.SourceUnackedAfterCrash}},
-		// The red team's (counterexamples/redteam.go).
+		// Those of internal/counterexamples/redteam.go.
 		{"an ack applied at the next ack", memSourceMaker(nil, func(s effects.Source) effects.Source { return counterexamples.NewAckOnNextAck(s) }),
 			[]string{conformance.SourceAckedStayAcked}},
 		{"attempts counted from 0", func(tb testing.TB) conformance.SourceHarness {

@@ -67,7 +67,7 @@ type Releaser interface {
 // being this consumer's to handle before they are acked: a Kafka partition
 // revoked in a rebalance, an acquisition lock that expired. A consumer
 // ([effectively.dev/effects/consume.Consumer]) asks before each attempt (and each retry) and drops a delivery the source
-// no longer owns, without handling, acking or dead-lettering it: the new
+// has stopped owning, without handling, acking or dead-lettering it: the new
 // owner handles it, and running it here would only duplicate that work
 // (safely, since handlers are idempotent, but at a cost).
 type OwnershipChecker interface {

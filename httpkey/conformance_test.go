@@ -128,7 +128,7 @@ func (h *attached) Attachment() string { return h.url }
 // attach builds the harness of p in a successor process: the effect
 // without a journal (a journal in this process's memory is no successor's
 // to share), calling the test process's kit, which counts.
-func attach(p preset) conformance.Option {
+func attach(p preset) conformance.EffectOption {
 	return conformance.WithSuccessorProcess(func(_ context.Context, url string) (conformance.Harness[Payment], error) {
 		return &harness{url: url, p: p, opts: p.effect}, nil
 	})
@@ -260,9 +260,9 @@ func TestConformance(t *testing.T) {
 				// store, whose real capacity no local test shows) and by
 				// memjournal: key-capacity at a tenth of its default size
 				// keeps CI short.
-				opts := []conformance.Option{conformance.WithCapacity(1000), conformance.WithSlowReply(callTimeout + time.Second), allowKit, attach(p)}
+				opts := []conformance.EffectOption{conformance.WithCapacity(1000), conformance.WithSlowReply(callTimeout + time.Second), allowKit, attach(p)}
 				if withJournal {
-					opts = []conformance.Option{conformance.WithCapacity(1000), conformance.WithSlowReply(journalLease + time.Second), allowJournal}
+					opts = []conformance.EffectOption{conformance.WithCapacity(1000), conformance.WithSlowReply(journalLease + time.Second), allowJournal}
 				}
 				rep := conformance.Run(t, name, func(t testing.TB) conformance.Harness[Payment] {
 					h := newHarness(t, p, withJournal)

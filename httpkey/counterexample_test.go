@@ -52,7 +52,7 @@ func TestCounterexampleLongerHorizonThanTheServerKeepsFails(t *testing.T) {
 // server. (Its report, two scenarios of one configuration, stays out of
 // the matrix.)
 func TestHonestHorizonOnTheSameServerPasses(t *testing.T) {
-	t.Setenv(conformance.ReportEnv, "")
+	t.Setenv("CONFORMANCE_REPORT", "")
 	server := append(slices.Clone(replayed), httpkeytest.WithHorizon(time.Hour))
 	rep := conformance.Run(t, "httpkey declaring 1h against a server keeping 1h",
 		func(t testing.TB) conformance.Harness[Payment] {
@@ -79,7 +79,7 @@ func TestCounterexampleReplaySignalTheServerDoesNotSendFails(t *testing.T) {
 		effect []httpkey.Option
 	}{
 		{"Idempotent-Replayed", []httpkeytest.Option{httpkeytest.IETF()}, effectFor(httpkeytest.DefaultHorizon)},
-		{"Worldline", []httpkeytest.Option{httpkeytest.Worldline(), httpkeytest.WithoutReplayHeader()}, []httpkey.Option{httpkey.Worldline}},
+		{"Worldline", []httpkeytest.Option{httpkeytest.Worldline(), httpkeytest.WithReplayHeader("", "")}, []httpkey.Option{httpkey.Worldline}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rep := conformance.Evaluate(t, "counterexample: httpkey trusting a replay signal ("+tc.name+") the server never sends",

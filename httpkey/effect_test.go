@@ -379,7 +379,7 @@ func TestWorldlineReplaySignal(t *testing.T) {
 		t.Errorf("%d objects, want 1", n)
 	}
 
-	quiet := httpkeytest.Start(t, httpkeytest.Worldline(), httpkeytest.WithoutReplayHeader())
+	quiet := httpkeytest.Start(t, httpkeytest.Worldline(), httpkeytest.WithReplayHeader("", ""))
 	e = newEffect(t, quiet, httpkey.Worldline, httpkey.WithRef(httpkey.JSONField("id")))
 	for i := range 2 {
 		if res, err := e.Apply(ctx, "wl-2", pay("wl-2")); err != nil || res.Status != effects.Applied {

@@ -29,7 +29,7 @@ var noSignal = preset{server: []httpkeytest.Option{httpkeytest.IETF()},
 // caller. Its report stays out of the matrix.
 func evaluateHorizon(t *testing.T, name string, mk func(testing.TB) *harness) conformance.Report {
 	t.Helper()
-	t.Setenv(conformance.ReportEnv, "")
+	t.Setenv("CONFORMANCE_REPORT", "")
 	rep := conformance.Evaluate(t, name, func(t testing.TB) conformance.Harness[Payment] { return mk(t) },
 		conformance.Only(conformance.ScenarioRedelivery, conformance.ScenarioHorizon))
 	t.Logf("%s", rep.Markdown())

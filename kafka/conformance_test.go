@@ -248,7 +248,7 @@ func TestConformance(t *testing.T) {
 // postgres.Journal keeps keys in a table nothing evicts from but Prune,
 // so 1,000 keys show what 5,000 would. The slow replies are held 300 ms,
 // under franz-go's request timeouts: the producer waits for them.
-func allowKfake(journaled bool) conformance.Option {
+func allowKfake(journaled bool) conformance.EffectOption {
 	left := []string{conformance.ScenarioCrashRestart}
 	if journaled {
 		left = append(left, conformance.ScenarioKeyCapacity)

@@ -100,7 +100,7 @@
 // Retries and the delivery limit: with a share group the consumer
 // releases a failed delivery to the broker after its backoff (the retry
 // may run on another member, and the broker's delivery count, which is
-// Delivery.Attempt, keeps [consume.WithMaxAttempts] across processes).
+// Delivery.Attempt, keeps [effectively.dev/effects/consume.WithMaxAttempts] across processes).
 // The broker archives a record after share.delivery.count.limit
 // deliveries (5 by default, at most 10), so the source refuses to
 // release a record on its last allowed delivery ([ErrDeliveryLimit]) and

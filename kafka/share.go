@@ -86,7 +86,7 @@ const shareTick = 200 * time.Millisecond
 // franz-go sends the acknowledgements in the background, batched per
 // partition (at once with the next fetch, else within a second), and Close
 // and every poll flush them first. Delivery.Attempt is the record's
-// delivery count, so [consume.WithMaxAttempts] counts across members and
+// delivery count, so [effectively.dev/effects/consume.WithMaxAttempts] counts across members and
 // processes.
 //
 // Acknowledgements travel in batches per partition: if the broker refuses
@@ -105,7 +105,7 @@ const shareTick = 200 * time.Millisecond
 // which is the duplicate an effectively-once effect absorbs (postgres's
 // claim, Stripe's idempotency key). [ShareSource.Owns] says whether a
 // delivery's lock still holds, so the consumer does not start an attempt
-// on a record it no longer holds, and Ack of such a record returns
+// on a record whose lock it lost, and Ack of such a record returns
 // [ErrLockExpired] instead of sending an acknowledgement the broker
 // refuses.
 //
@@ -113,7 +113,7 @@ const shareTick = 200 * time.Millisecond
 //
 // The broker archives a record after share.delivery.count.limit
 // deliveries (5 by default) without delivering it again. A consumer
-// configured with [consume.WithMaxAttempts] higher than that would never
+// configured with [effectively.dev/effects/consume.WithMaxAttempts] higher than that would never
 // see its dead-letter hook run: the broker would drop the record first.
 // So Release refuses ([ErrDeliveryLimit]) to release a record on its last
 // allowed delivery; the consumer keeps it, retries it in place (renewed

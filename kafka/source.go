@@ -22,8 +22,8 @@ import (
 )
 
 // ErrRevoked is returned (wrapped) by [Source.Ack] for a delivery whose
-// partition was revoked or lost before the ack: its offset can no longer be
-// committed by this member, and the partition's new owner delivers the
+// partition was revoked or lost before the ack: this member cannot commit
+// its offset any more, and the partition's new owner delivers the
 // record again. The effect was done; an idempotent effect replays it.
 var ErrRevoked = errors.New("kafka: partition revoked before the ack; its new owner delivers the record again")
 
@@ -98,8 +98,8 @@ const commitTimeout = 10 * time.Second
 // When the group revokes partitions, the Source commits their marks and
 // forgets the rest (the new owner redelivers it); when partitions are lost
 // (the member was kicked out) it commits nothing. From the revocation on,
-// [Source.Owns] reports the partition's deliveries as no longer owned, so
-// an [consume.Consumer] drops those it still holds instead of running
+// [Source.Owns] reports the partition's deliveries as not owned, so a
+// [effectively.dev/effects/consume.Consumer] drops those it still holds instead of running
 // their handlers for nothing.
 //
 // Failed group commits are retried with a backoff and reported to the
@@ -114,7 +114,7 @@ const commitTimeout = 10 * time.Second
 // empty Delivery.ID, because the position of a resent event differs from
 // the original's, and keying its effects on the position would apply them
 // twice. [effects.NewKey] refuses the empty id with [effects.ErrInvalidKey],
-// which a [consume.Consumer] treats as permanent: the delivery goes to the
+// which a [effectively.dev/effects/consume.Consumer] treats as permanent: the delivery goes to the
 // dead-letter hook at its first attempt. The header's bytes are taken as
 // they are (NewKey escapes bytes that are not UTF-8, so ids that differ
 // only in them stay apart); of several id headers, the first counts.
@@ -210,8 +210,8 @@ type sourceConfig struct {
 // [DefaultMaxPendingPerPartition], 256): Next hands out no more of the
 // partition, and its fetching pauses, until acks bring it down to half.
 // The bound is what a partition stuck behind a failing record can take of
-// a consumer's window ([consume.WithMaxPending]), and it caps a batch's
-// run of one partition ([consume.WithBatch]): keep it at least twice the
+// a consumer's window ([effectively.dev/effects/consume.WithMaxPending]), and it caps a batch's
+// run of one partition ([effectively.dev/effects/consume.WithBatch]): keep it at least twice the
 // batch size. The cost is memory: up to n records per assigned partition.
 // n must be at least 1.
 func WithMaxPendingPerPartition(n int) SourceOption {
@@ -246,7 +246,7 @@ func WithCloseTimeout(d time.Duration) SourceOption {
 // The Source owns the client and sets what its guarantee needs, after
 // clientOpts: kgo.DisableAutoCommit, kgo.BlockRebalanceOnPoll (a rebalance
 // waits until polled records are registered, so it never commits offsets
-// of partitions it no longer owns), and the OnPartitionsRevoked and
+// of partitions it lost), and the OnPartitionsRevoked and
 // OnPartitionsLost callbacks (yours would be replaced). Before clientOpts it
 // sets kgo.FetchIsolationLevel(kgo.ReadCommitted()), so records of aborted
 // transactions are not handed out unless you choose otherwise, and
@@ -573,8 +573,8 @@ func (s *Source) Ack(_ context.Context, d effects.Delivery) error {
 // Owns reports whether d's partition is still assigned to this member in
 // the assignment d was handed out in: false once the group revoked it or
 // it was lost (the member missed its session, a frozen process), also if
-// the group assigned it back since. An [consume.Consumer] asks before
-// every attempt and drops the deliveries this member no longer owns (see
+// the group assigned it back since. A [effectively.dev/effects/consume.Consumer]
+// asks before every attempt and drops the deliveries this member lost (see
 // [effects.OwnershipChecker]): their acks would fail with [ErrRevoked],
 // and the partition's new owner handles them. Owns does not block; it
 // reads one atomic flag. It reports false for a delivery this Source did

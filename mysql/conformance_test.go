@@ -23,7 +23,7 @@ import (
 // SIGKILL of mysqld, a successor process, slow replies and key capacity at
 // full size included.
 func TestConformance(t *testing.T) {
-	opts := []conformance.Option{
+	opts := []conformance.EffectOption{
 		conformance.WithSlowReply(300 * time.Millisecond), // the adapter sets no deadline of its own: it waits for the held reply
 		conformance.WithSuccessorProcess(func(ctx context.Context, dsn string) (conformance.Harness[confCharge], error) {
 			db, err := sql.Open("mysql", dsn) // the test process's database, from a child process

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"effectively.dev/conformance"
 	"effectively.dev/effects"
@@ -23,7 +24,7 @@ const postgresMindedKey = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_ge
 func TestConformanceCatchesCaseInsensitiveKeys(t *testing.T) {
 	rep := conformance.Evaluate(t, "mysql (key VARCHAR utf8mb4_general_ci)", func(t testing.TB) conformance.Harness[confCharge] {
 		return newConfHarness(t, "MODIFY `key` "+postgresMindedKey)
-	}, conformance.Only(conformance.ScenarioDistinctKeys), conformance.WithRetryFor(conformance.DefaultQuietPeriod))
+	}, conformance.Only(conformance.ScenarioDistinctKeys), conformance.WithRetryFor(500*time.Millisecond))
 	row, _ := rep.Row(conformance.ScenarioDistinctKeys)
 	if row.Verdict != conformance.Fail {
 		t.Fatalf("distinct-keys over a case-insensitive key column: %s, want FAIL", row.Verdict)

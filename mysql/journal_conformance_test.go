@@ -42,12 +42,12 @@ func (*journalHarness) OneClock() string { return oneClock }
 // journalAllow says what the journal suite cannot verify here: clock-skew
 // (one clock, see oneClock), and restarts when MYSQL_DSN names a server
 // that is not the test's.
-func journalAllow() []conformance.Option {
+func journalAllow() []conformance.JournalOption {
 	if os.Getenv("MYSQL_DSN") != "" {
-		return []conformance.Option{conformance.AllowUnverified(oneClock+"; MYSQL_DSN's server is not the test's to restart or crash",
+		return []conformance.JournalOption{conformance.AllowUnverified(oneClock+"; MYSQL_DSN's server is not the test's to restart or crash",
 			conformance.JournalClockSkew, conformance.JournalBackendRestart, conformance.JournalCrashRestart)}
 	}
-	return []conformance.Option{conformance.AllowUnverified(oneClock, conformance.JournalClockSkew)}
+	return []conformance.JournalOption{conformance.AllowUnverified(oneClock, conformance.JournalClockSkew)}
 }
 
 // newJournalHarness returns a journal harness on a database of its own,

@@ -40,7 +40,7 @@ func TestConformance(t *testing.T) {
 		{"postgres.NewPipelined (WithLookupFirst)", confHarness{pipelined: true, lookupFirst: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			opts := []conformance.Option{conformance.WithSuccessorProcess(func(ctx context.Context, url string) (conformance.Harness[confCharge], error) {
+			opts := []conformance.EffectOption{conformance.WithSuccessorProcess(func(ctx context.Context, url string) (conformance.Harness[confCharge], error) {
 				db, err := pgxpool.New(ctx, url) // the test process's database, from a child process
 				return &confHarness{url: url, db: db, pipelined: tc.h.pipelined, lookupFirst: tc.h.lookupFirst}, err
 			}), conformance.WithSlowReply(300 * time.Millisecond)} // the adapter sets no deadline of its own: it waits for the held reply

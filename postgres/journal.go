@@ -477,7 +477,7 @@ func (j *Journal) readRow(ctx context.Context, key effects.Key) (journalRow, err
 // takes over at once (with Attempt one higher) instead of waiting for the
 // lease to expire. Call it only after a failure that definitely did not do
 // the effect. Releasing a done or unknown key, or with an attempt that is
-// no longer the latest (its lease expired and another attempt took over),
+// not the latest (its lease expired and another attempt took over),
 // does nothing.
 func (j *Journal) Release(ctx context.Context, key effects.Key, attempt int) error {
 	const op = "postgres.Journal.Release"

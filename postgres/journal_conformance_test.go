@@ -47,12 +47,12 @@ func (*journalHarness) OneClock() string { return oneClock }
 // journalAllow says what the journal suite cannot verify here: clock-skew
 // (one clock, see oneClock), and restarts when DATABASE_URL names a
 // server that is not the test's.
-func journalAllow() []conformance.Option {
+func journalAllow() []conformance.JournalOption {
 	if os.Getenv("DATABASE_URL") != "" {
-		return []conformance.Option{conformance.AllowUnverified(oneClock+"; DATABASE_URL's server is not the test's to restart or crash",
+		return []conformance.JournalOption{conformance.AllowUnverified(oneClock+"; DATABASE_URL's server is not the test's to restart or crash",
 			conformance.JournalClockSkew, conformance.JournalBackendRestart, conformance.JournalCrashRestart)}
 	}
-	return []conformance.Option{conformance.AllowUnverified(oneClock, conformance.JournalClockSkew)}
+	return []conformance.JournalOption{conformance.AllowUnverified(oneClock, conformance.JournalClockSkew)}
 }
 
 // TestJournalConformance holds postgres.Journal to the journal.Journal

@@ -48,9 +48,9 @@ func (h restartable) Restart(ctx context.Context) error {
 // nothing is deleted.
 func (h restartable) Age(_ context.Context, d time.Duration) error { return h.srv.Age(d) }
 
-// maker returns a conformance.Maker over srv; build makes the effect under
+// maker returns the harness constructor conformance.Run takes, over srv; build makes the effect under
 // test from a client that goes through the faults.
-func maker(srv *s3test.Server, build func(client *awss3.Client, bucket, prefix string) (effects.Effect[s3.Object], error)) conformance.Maker[s3.Object] {
+func maker(srv *s3test.Server, build func(client *awss3.Client, bucket, prefix string) (effects.Effect[s3.Object], error)) func(testing.TB) conformance.Harness[s3.Object] {
 	return func(t testing.TB) conformance.Harness[s3.Object] {
 		h := &harness{srv: srv, front: startFront(t, srv.Endpoint), admin: srv.Client(t), prefix: srv.Prefix(t.Name()), build: build}
 		if srv.External() {
@@ -150,7 +150,7 @@ func TestConformance(t *testing.T) {
 // S3TEST_ENDPOINT the gateway is not the test's to restart either. The
 // slow replies are held 300 ms: the SDK sets no shorter deadline, so the
 // adapter waits for them.
-func allowGateway(srv *s3test.Server) conformance.Option {
+func allowGateway(srv *s3test.Server) conformance.EffectOption {
 	left := []string{conformance.ScenarioKeyCapacity, conformance.ScenarioProcess, conformance.ScenarioCrashRestart}
 	if srv.External() {
 		left = append(left, conformance.ScenarioRestart, conformance.ScenarioHorizon)

@@ -118,7 +118,7 @@ func (h *harness) Attachment() string { return h.url }
 // attach builds the harness in a successor process, for the effect
 // newEffect makes, on the wall clock: it calls the test process's
 // server; the test process counts.
-func attach(newEffect func(api *client.API, now func() time.Time) effects.Effect[PaymentIntent]) conformance.Option {
+func attach(newEffect func(api *client.API, now func() time.Time) effects.Effect[PaymentIntent]) conformance.EffectOption {
 	return conformance.WithSuccessorProcess(func(_ context.Context, url string) (conformance.Harness[PaymentIntent], error) {
 		return &harness{url: url, newEffect: func(api *client.API) effects.Effect[PaymentIntent] { return newEffect(api, time.Now) }}, nil
 	})

@@ -108,7 +108,7 @@
 //
 // stripe-go logs on its own, apart from the journal's [journal.WithLogger]
 // and [journal.WithObserver]: unless the backend is built with a LeveledLogger, it
-// uses stripe.DefaultLeveledLogger (level Error, to standard error), which
+// uses stripe-go's DefaultLeveledLogger (level Error, to standard error), which
 // prints every error response as "Request error from Stripe (status N):"
 // followed by Stripe's error JSON (message, code, decline code, request
 // id, the parameter at fault), and 402 card errors at Info. That text can

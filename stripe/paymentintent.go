@@ -84,7 +84,7 @@ var _ effects.Effect[PaymentIntent] = (*PaymentIntents)(nil)
 
 // NewPaymentIntents returns the PaymentIntent effect over api, stripe-go's
 // client with the caller's key and backends. api's network retries
-// (stripe.BackendConfig.MaxNetworkRetries, 2 by default) are safe, since
+// (stripe-go's BackendConfig.MaxNetworkRetries, 2 by default) are safe, since
 // every retry carries the same key, but a call then lasts as long as
 // stripe-go's backoff, and a success after an internal retry reports
 // Replayed. It returns a *[effects.ConfigError] for a nil api or an

@@ -57,7 +57,7 @@ func start(ctx context.Context, logf func(string, ...any)) (*env, error) {
 	}
 	if e.kafka.Fake == nil {
 		e.close()
-		return nil, fmt.Errorf("counting OffsetCommit requests needs kfake; unset %s", kafkatest.BrokersEnv)
+		return nil, fmt.Errorf("counting OffsetCommit requests needs kfake; unset %s", "KAFKA_BROKERS")
 	}
 	e.kafka.Fake.ControlKey(kmsg.OffsetCommit.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		e.kafka.Fake.KeepControl()

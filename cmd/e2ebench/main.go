@@ -21,7 +21,7 @@
 //     consume.WithBatch(size, linger, h), h calling postgres.ApplyBatch and
 //     postgres.BatchErrors.
 //   - consumer-sql: the same Source and Consumer around the hand-written
-//     handler's transaction (below) instead of postgres.Apply: what the
+//     handler's transaction (below) instead of postgres.Effect.Apply: what the
 //     library's consumer costs, or gains, on its own.
 //   - hand-written: the essay's handler with franz-go and pgx: a group
 //     consumer without auto-commit; each poll's partitions handled in

@@ -108,9 +108,9 @@ func (s Stage) String() string {
 	return fmt.Sprintf("Stage(%d)", int(s))
 }
 
-// DefaultReadTimeout is how long the server waits for a client's next
+// defaultReadTimeout is how long the server waits for a client's next
 // command unless [WithReadTimeout] says otherwise.
-const DefaultReadTimeout = 30 * time.Second
+const defaultReadTimeout = 30 * time.Second
 
 // Option configures a [Server]; see [New]. A nil Option is ignored.
 type Option func(*config)
@@ -131,7 +131,7 @@ func WithAuth(username, password string) Option {
 }
 
 // WithReadTimeout sets how long the server waits for a client's next
-// command before it drops the connection (default [DefaultReadTimeout]).
+// command before it drops the connection (default 30s).
 // d must be positive.
 func WithReadTimeout(d time.Duration) Option {
 	return func(c *config) { c.readTimeout = d }
@@ -178,7 +178,7 @@ type Server struct {
 // *[effects.ConfigError] for an option with an invalid value, before
 // listening.
 func New(opts ...Option) (*Server, error) {
-	cfg := config{readTimeout: DefaultReadTimeout}
+	cfg := config{readTimeout: defaultReadTimeout}
 	for _, o := range opts {
 		if o != nil {
 			o(&cfg)

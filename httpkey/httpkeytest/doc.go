@@ -30,7 +30,7 @@
 // stored ([Server.FailNextReplyInFront]). It can also misbehave, so that a test can
 // show what the conformance suite makes of a contract that claims more
 // than the server does: a server without a replay signal
-// ([WithReplayHeader] left out, or [WithoutReplayHeader]) under an effect
+// ([WithReplayHeader] left out, or given an empty name) under an effect
 // that declares one, a server that forgets keys early ([WithHorizon]
 // shorter than the effect declares).
 //

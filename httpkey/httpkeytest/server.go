@@ -19,7 +19,8 @@ import (
 	"effectively.dev/effects"
 )
 
-// Defaults of a [Server], used when no option or preset says otherwise.
+// Defaults of a [Server], used when no option or preset says otherwise,
+// and the marker of a request it declines.
 const (
 	// DefaultHorizon is how long the server keeps a key after its first
 	// request ([WithHorizon]). The draft leaves it to each server; 24
@@ -28,6 +29,13 @@ const (
 	// DefaultMaxKeyLen is the longest key the server accepts
 	// ([WithMaxKeyLen]); a longer one gets 400.
 	DefaultMaxKeyLen = 255
+	// DeclineMarker, anywhere in a request's body, makes the server
+	// decline the request, as a test card makes a card processor decline a
+	// payment: it creates nothing and answers 402 (Adyen: 422 with
+	// errorCode "010"; Braintree: an UNPROCESSABLE error in a 200), and the
+	// answer is stored under the key and replayed, as a vendor's refusal
+	// is. A service's test puts it in the input it wants declined.
+	DeclineMarker = "httpkeytest-decline"
 )
 
 // Option configures a [Server]; see [New]. A nil Option is ignored.
@@ -276,16 +284,11 @@ func WithMaxKeyLen(n int) Option { return func(c *config) { c.maxKeyLen = n } }
 // with header name: value (Stripe's "Idempotent-Replayed: true"). Without
 // it (the draft's case) replays are not marked: a server configured so
 // while the adapter claims a replay signal shows the suite a dishonest
-// contract.
-func WithReplayHeader(name, value string) Option {
-	return func(c *config) { c.replayName, c.replayValue, c.replayStamp = name, value, false }
-}
-
-// WithoutReplayHeader makes the server mark no replay, whatever the
+// contract. An empty name makes the server mark no replay, whatever the
 // preset says: the misbehaviour "no replay marker" for a preset that has
 // one ([Worldline]).
-func WithoutReplayHeader() Option {
-	return func(c *config) { c.replayName, c.replayValue, c.replayStamp = "", "", false }
+func WithReplayHeader(name, value string) Option {
+	return func(c *config) { c.replayName, c.replayValue, c.replayStamp = name, value, false }
 }
 
 // WithHorizon sets how long the server keeps a key after its first request
@@ -668,14 +671,6 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusMethodNotAllowed, "Method not allowed", r.Method+" "+r.URL.Path)
 	}
 }
-
-// DeclineMarker, anywhere in a request's body, makes the server decline
-// the request, as a test card makes a card processor decline a payment:
-// it creates nothing and answers 402 (Adyen: 422 with errorCode "010";
-// Braintree: an UNPROCESSABLE error in a 200), and the answer is stored
-// under the key and replayed, as a vendor's refusal is. A service's test
-// puts it in the input it wants declined.
-const DeclineMarker = "httpkeytest-decline"
 
 // post runs a request through the idempotency layer.
 func (s *Server) post(w http.ResponseWriter, r *http.Request) {

@@ -115,10 +115,10 @@ func TestWorldline(t *testing.T) {
 		t.Errorf("repeat with another payload: HTTP %d, %s %q, body %s; want the stored 201 with %s %s", code, r, marked, again, r, want)
 	}
 
-	quiet := httpkeytest.Start(t, httpkeytest.Worldline(), httpkeytest.WithoutReplayHeader())
+	quiet := httpkeytest.Start(t, httpkeytest.Worldline(), httpkeytest.WithReplayHeader("", ""))
 	post(t, quiet, h, "w1", `{"a":1}`, r)
 	if _, marked, _ := post(t, quiet, h, "w1", `{"a":1}`, r); marked != "" {
-		t.Errorf("WithoutReplayHeader: repeat marked %q", marked)
+		t.Errorf("WithReplayHeader(\"\", \"\"): repeat marked %q", marked)
 	}
 }
 

@@ -45,9 +45,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// BrokersEnv names the environment variable that points tests at a real
+// brokersEnv names the environment variable that points tests at a real
 // cluster instead of kfake.
-const BrokersEnv = "KAFKA_BROKERS"
+const brokersEnv = "KAFKA_BROKERS"
 
 // Cluster is a Kafka cluster for one test or harness.
 type Cluster struct {
@@ -67,7 +67,7 @@ func Real() bool { return len(realBrokers()) > 0 }
 // empty entries dropped.
 func realBrokers() []string {
 	var out []string
-	for _, b := range strings.Split(os.Getenv(BrokersEnv), ",") {
+	for _, b := range strings.Split(os.Getenv(brokersEnv), ",") {
 		if b = strings.TrimSpace(b); b != "" {
 			out = append(out, b)
 		}
@@ -75,9 +75,8 @@ func realBrokers() []string {
 	return out
 }
 
-// New returns a cluster for t: a new single-broker kfake cluster (closed
-// when t ends), or the real cluster named by KAFKA_BROKERS. opts are
-// extra kfake options; they are ignored for a real cluster.
+// Start is [New] for tests: it returns a cluster for t, closed when t
+// ends, and fails t if kfake cannot start.
 func Start(t testing.TB, opts ...kfake.Opt) *Cluster {
 	t.Helper()
 	c, err := New(opts...)
@@ -88,10 +87,11 @@ func Start(t testing.TB, opts ...kfake.Opt) *Cluster {
 	return c
 }
 
-// Start starts a single-broker kfake cluster with three partitions per
-// topic by default and a short minimum group session timeout, on a free
-// 127.0.0.1 port (or returns the real cluster named by KAFKA_BROKERS, and
-// ignores opts). The caller closes it.
+// New starts a single-broker kfake cluster on a free 127.0.0.1 port, with
+// three partitions per topic by default and a 100ms minimum group session
+// timeout; opts are extra kfake options. When KAFKA_BROKERS is set it
+// returns the real cluster it names instead, and ignores opts. The caller
+// closes the cluster.
 func New(opts ...kfake.Opt) (*Cluster, error) {
 	if brokers := realBrokers(); len(brokers) > 0 {
 		return &Cluster{brokers: brokers}, nil
@@ -108,14 +108,15 @@ func New(opts ...kfake.Opt) (*Cluster, error) {
 	return &Cluster{Fake: fake, brokers: fake.ListenAddrs(), opts: all}, nil
 }
 
-// StartRestartable is New for a kfake cluster that keeps its data in a
-// temporary directory, so that [Cluster.Restart] brings it back with its
-// topics, records, groups and producer state. On a real cluster it skips t:
-// tests cannot restart it.
+// StartRestartable is [Start] for a kfake cluster that keeps its data in
+// t's temporary directory, so that [Cluster.Restart] brings it back with
+// its topics, records, groups and producer state. When KAFKA_BROKERS is
+// set it skips t, naming the variable: a test cannot restart a real
+// cluster.
 func StartRestartable(t testing.TB, opts ...kfake.Opt) *Cluster {
 	t.Helper()
 	if Real() {
-		t.Skip("cannot restart the real cluster named by " + BrokersEnv)
+		t.Skip("cannot restart the real cluster named by " + brokersEnv)
 	}
 	dir := t.TempDir()
 	c, err := New(append([]kfake.Opt{kfake.DataDir(dir)}, opts...)...)

@@ -148,7 +148,7 @@ func TestGroupOptsConsume(t *testing.T) {
 func TestKafkaBrokersPointsAtARealCluster(t *testing.T) {
 	real := kafkatest.Start(t)
 	topic := real.Topic(t, "shared", 1)
-	t.Setenv(kafkatest.BrokersEnv, " "+strings.Join(real.Brokers(), ",")+", ")
+	t.Setenv("KAFKA_BROKERS", " "+strings.Join(real.Brokers(), ",")+", ")
 	if !kafkatest.Real() {
 		t.Fatal("Real() is false with KAFKA_BROKERS set")
 	}

@@ -76,14 +76,16 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 )
 
-// Version is the versitygw release the tests run against.
-const Version = "v1.8.0"
-
-// Module is the package path of the versitygw command.
-const Module = "github.com/versity/versitygw/cmd/versitygw"
-
-// Environment variables that point the tests at another endpoint or binary.
+// The versitygw release the tests run against, and the environment
+// variables that point the tests at another endpoint or binary.
 const (
+	// Version is the versitygw release the tests run against.
+	Version = "v1.8.0"
+	// Module is the package path of the versitygw command.
+	Module = "github.com/versity/versitygw/cmd/versitygw"
+	// Environment variables: an endpoint, its credentials, bucket and
+	// region to test against instead of a new gateway, and a versitygw
+	// binary to run instead of building one.
 	EnvEndpoint  = "S3TEST_ENDPOINT"
 	EnvAccessKey = "S3TEST_ACCESS_KEY"
 	EnvSecretKey = "S3TEST_SECRET_KEY"

@@ -21,21 +21,23 @@ import (
 	"effectively.dev/effects"
 )
 
-// APIKey is a secret key the server accepts. Any non-empty bearer token is
-// accepted; each one is its own account, with its own idempotency keys and
-// objects.
-const APIKey = "sk_test_stripetest"
-
-// MaxKeyLen is the longest Idempotency-Key the server accepts, as Stripe.
-const MaxKeyLen = 255
-
-// DefaultHorizon is how long the server keeps an idempotency key unless
-// [WithHorizon] says otherwise: Stripe keeps keys for at least 24 hours.
-const DefaultHorizon = 24 * time.Hour
-
-// DefaultLatency is how long a POST that passed validation takes to
-// execute unless [WithLatency] says otherwise: no time at all.
-const DefaultLatency = time.Duration(0)
+// The server's constants.
+const (
+	// APIKey is a secret key the server accepts. Any non-empty bearer
+	// token is accepted; each one is its own account, with its own
+	// idempotency keys and objects.
+	APIKey = "sk_test_stripetest"
+	// MaxKeyLen is the longest Idempotency-Key the server accepts, as
+	// Stripe.
+	MaxKeyLen = 255
+	// DefaultHorizon is how long the server keeps an idempotency key
+	// unless [WithHorizon] says otherwise: Stripe keeps keys for at least
+	// 24 hours.
+	DefaultHorizon = 24 * time.Hour
+	// DefaultLatency is how long a POST that passed validation takes to
+	// execute unless [WithLatency] says otherwise: no time at all.
+	DefaultLatency = time.Duration(0)
+)
 
 // Option configures a [Server]; see [New]. A nil Option is ignored.
 type Option func(*config)

@@ -186,7 +186,7 @@ func (h *harness) Restart(ctx context.Context) error {
 // is a swept round trip, so the suite verifies every field of the
 // contract with no wire of the harness's own.
 func TestSQLConnectorConformance(t *testing.T) {
-	t.Setenv(conformance.ReportEnv, "") // a test adapter, not a product
+	t.Setenv("CONFORMANCE_REPORT", "") // a test adapter, not a product
 	rep := conformance.Run(t, "sqlledger", func(t testing.TB) conformance.Harness[Entry] { return newHarness(t, false) },
 		conformance.WithLateRedelivery(time.Second), conformance.WithSlowReply(300*time.Millisecond),
 		conformance.AllowUnverified("a test adapter for SQLConnector's sweeps on the shared cluster: the postgres adapter's harness crashes "+
@@ -207,7 +207,7 @@ func TestSQLConnectorConformance(t *testing.T) {
 // TestSQLConnectorCatchesTransientCommit: a failed COMMIT reported as
 // ErrTransient is caught where the COMMIT's reply is lost.
 func TestSQLConnectorCatchesTransientCommit(t *testing.T) {
-	t.Setenv(conformance.ReportEnv, "")
+	t.Setenv("CONFORMANCE_REPORT", "")
 	rep := conformance.Evaluate(t, "sqlledger: failed COMMIT as ErrTransient",
 		func(t testing.TB) conformance.Harness[Entry] { return newHarness(t, true) },
 		conformance.Only(conformance.ScenarioLostReply))

@@ -32,7 +32,7 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 // holds replies late (the adapter sets no deadline of its own, so it
 // waits for them).
 func TestConformance(t *testing.T) {
-	opts := []conformance.Option{conformance.WithSlowReply(300 * time.Millisecond), conformance.WithSuccessorProcess(attach)}
+	opts := []conformance.EffectOption{conformance.WithSlowReply(300 * time.Millisecond), conformance.WithSuccessorProcess(attach)}
 	if os.Getenv("DATABASE_URL") != "" {
 		opts = append(opts, conformance.AllowUnverified("DATABASE_URL's server is not the test's to restart or crash",
 			conformance.ScenarioRestart, conformance.ScenarioCrashRestart))

@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"effectively.dev/conformance"
-	"effectively.dev/conformance/counterexamples"
 	"effectively.dev/effects/journal"
 	"effectively.dev/effects/journal/memjournal"
+	"effectively.dev/internal/counterexamples"
 )
 
 // skewHarness opens instances over one in-memory store; skewed ones
@@ -36,7 +36,7 @@ func (h skewHarness) OpenSkewed(_ context.Context, _ *conformance.Faults, skew t
 // clock-skew; the same store judged by one clock passes it.
 func TestRunJournalCatchesInstanceClock(t *testing.T) {
 	for _, lie := range []bool{false, true} {
-		var opts []conformance.Option
+		var opts []conformance.JournalOption
 		if !lie {
 			opts = append(opts, conformance.Only(conformance.JournalClockSkew)) // the control: the other scenarios are memjournal's
 		}

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"effectively.dev/conformance"
-	"effectively.dev/conformance/counterexamples"
 	"effectively.dev/effects"
+	"effectively.dev/internal/counterexamples"
 )
 
 // fetchLogHarness opens members of one FetchLog of three partitions,
@@ -19,7 +19,7 @@ type fetchLogHarness struct{ log *counterexamples.FetchLog }
 
 var _ conformance.OrderingPublisher = fetchLogHarness{}
 
-func fetchLogMaker(l counterexamples.SourceLiar) conformance.SourceMaker {
+func fetchLogMaker(l counterexamples.SourceLiar) func(testing.TB) conformance.SourceHarness {
 	return func(testing.TB) conformance.SourceHarness { return fetchLogHarness{l.NewLog(3)} }
 }
 
@@ -175,7 +175,7 @@ func TestRound3SourceProbes(t *testing.T) {
 // revocation, which checks Attempt on the deliveries a rebalance moved;
 // the honest fetch log passes every scenario.
 func TestRound3SourcesCaught(t *testing.T) {
-	opts := []conformance.Option{conformance.WithRedeliveryWait(2 * time.Second), conformance.WithSourceBacklog(2 * counterexamples.FetchAhead)}
+	opts := []conformance.SourceOption{conformance.WithRedeliveryWait(2 * time.Second), conformance.WithSourceBacklog(2 * counterexamples.FetchAhead)}
 	also := map[string][]string{
 		// The revoke callback erases the counts of every rebalance,
 		// revocation's included.

@@ -1,15 +1,16 @@
 // Package counterexamples holds code that claims more than it does, to
 // prove the conformance suite: its own tests run the suite on each one and
 // fail unless the suite rejects it in a named scenario. A suite that passes
-// a counterexample is a failing test. Never use these outside tests.
+// a counterexample is a failing test. Only the module's tests use it; the
+// model of an honest harness for adapter authors is the conformance
+// package's Example_harness.
 //
 // Effects (conformance.Run) claim EffectivelyOnce and write a ledger row
-// (the visible effect) into Postgres, in a table without a unique index,
-// as the chargehook handler in the essay did:
+// (the visible effect) into Postgres, in a table without a unique index:
 //
 //   - [TwoTransactions]: check the dedup table, insert the ledger row, mark
-//     the key seen, each in its own transaction (the essay's bug). Caught by
-//     concurrent duplicates and by a lost reply.
+//     the key seen, each in its own transaction. Caught by concurrent
+//     duplicates and by a lost reply.
 //   - [FreshKeyPerAttempt]: a correct same-transaction dedup, but on a
 //     failure it retries internally under a new key per attempt. Caught by a
 //     lost reply.
@@ -17,8 +18,7 @@
 //   - [UncheckedFingerprint]: a correct dedup that claims to detect key
 //     reuse but never compares payloads. Caught by key reuse.
 //
-// and one for each way a lying adapter slipped through earlier versions
-// of the suite:
+// and one for each lie a scenario exists to catch:
 //
 //   - [ForgetfulDedup]: dedup records that vanish after two seconds,
 //     declared "kept until pruned". Caught by horizon and late-redelivery.
@@ -62,16 +62,15 @@
 //     scope): every instance of one process agrees, the next process does
 //     not. Caught by successor-process only.
 //
-// The red team's own, in redteam.go, each a class of mistake no outside
-// round named: [PanicOnReplay] (a panic in the code under test: reported
-// as a failure by redelivery, where it once ended the test binary),
+// In redteam.go: [PanicOnReplay] (a panic in the code under test: reported
+// as a failure by redelivery, without ending the test binary),
 // [GroupCommit] (Applied before COMMIT: redelivery), [InvertedConflict]
 // (Applied and Replayed swapped: redelivery), [LastRef] (a replay returns
 // the instance's last ref: redelivery, distinct-keys), [CancelIsPermanent]
 // (a cancelled context called permanent: cancel-mid-apply); journals
 // [LookupLeasedDone] (lookup-mark-done) and [AttemptPerLease]
 // (lease-expiry, fencing); sources [AckOnNextAck] (acked-stay-acked) and
-// [AttemptFromZero] (unacked-after-close, a check added for it).
+// [AttemptFromZero] (unacked-after-close).
 //
 // Journals (conformance.RunJournal), in journals.go: [TwoLeases],
 // [UnfencedRelease], [NoExpiry], [LastRefWins], [LookupIgnoresFingerprint],
@@ -80,8 +79,7 @@
 // [ShortLease]. Sources (conformance.RunSource), in sources.go:
 // [AckOnNext], [AttemptAlwaysOne], [ReleaseAcks].
 //
-// Each of the following passes every scenario written before it and fails
-// the one written for it: [NewestKeysOnly] (key-capacity) and
+// Each of the following passes every scenario but the one named for it: [NewestKeysOnly] (key-capacity) and
 // [PayloadForgotten] (horizon), in liars_more.go; [InstanceClock]
 // (clock-skew), in journals_more.go; [NewestFirst] (publish-order),
 // [StopsWhenCaughtUp] (published-while-running) and [AckFetchedOnClose]
@@ -189,7 +187,7 @@ func classify(key effects.Key, err error) error {
 	return effects.Ambiguous("counterexample", key, err)
 }
 
-// TwoTransactions is the essay's first chargehook handler: seen? insert;
+// TwoTransactions is a check-then-write handler: seen? insert;
 // mark seen, in separate transactions.
 type TwoTransactions struct{ DB *pgxpool.Pool }
 

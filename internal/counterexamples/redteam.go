@@ -14,9 +14,8 @@ import (
 	"effectively.dev/effects/journal/memjournal"
 )
 
-// The red team's liars: each breaks its contract in a class of mistake
-// the outside rounds did not name, and the suite's own tests prove each
-// is rejected (counterexamples_test.go, journals_test.go and the source
+// More liars: each breaks its contract in a class of mistake of its own,
+// and the suite's own tests prove each is rejected (counterexamples_test.go, journals_test.go and the source
 // cases in package conformance's tests).
 
 // PanicOnReplay dedups correctly but keeps each applied key's ref in the
@@ -189,7 +188,7 @@ func (j LookupLeasedDone) Lookup(ctx context.Context, key effects.Key, fp []byte
 
 // AttemptPerLease numbers attempts per lease instead of per key: a
 // takeover after an expired lease is attempt 1 again. The fencing token
-// then no longer tells the old holder from the new one, and nothing
+// then cannot tell the old holder from the new one, and nothing
 // tells the new holder that an earlier attempt may have done the effect.
 type AttemptPerLease struct{ *memjournal.Journal }
 

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"effectively.dev/conformance"
-	"effectively.dev/conformance/counterexamples"
 	"effectively.dev/effects"
+	"effectively.dev/internal/counterexamples"
 )
 
 // vendorHarness runs a round 3 vendor client against a fresh Vendor, every
@@ -28,7 +28,7 @@ var (
 	_ conformance.BatchCounter = (*vendorHarness)(nil)
 )
 
-func vendorMaker(l counterexamples.VendorLiar) conformance.Maker[counterexamples.Order] {
+func vendorMaker(l counterexamples.VendorLiar) func(testing.TB) conformance.Harness[counterexamples.Order] {
 	return func(testing.TB) conformance.Harness[counterexamples.Order] {
 		return &vendorHarness{liar: l, v: l.Vendor()}
 	}
@@ -339,7 +339,7 @@ func TestRound3Caught(t *testing.T) {
 		counterexamples.AccountScoped.Name:           conformance.ScenarioKeyScope,
 		counterexamples.ByteBudget.Name:              conformance.ScenarioKeyBytes,
 	}
-	opts := []conformance.Option{conformance.WithScheduleSeed(round3Seed), conformance.WithSlowBackend(time.Second)}
+	opts := []conformance.EffectOption{conformance.WithScheduleSeed(round3Seed), conformance.WithSlowBackend(time.Second)}
 	for _, l := range counterexamples.VendorLiars {
 		t.Run(l.Name, func(t *testing.T) {
 			want := caught[l.Name]

@@ -6,9 +6,9 @@ import (
 	"time"
 
 	"effectively.dev/conformance"
-	"effectively.dev/conformance/counterexamples"
 	"effectively.dev/effects"
 	"effectively.dev/effects/journal"
+	"effectively.dev/internal/counterexamples"
 )
 
 // tripJournalHarness opens instances over one AsyncBackend, every call of
@@ -30,7 +30,7 @@ func (h *tripJournalHarness) Open(_ context.Context, f *conformance.Faults) (jou
 
 func (h *tripJournalHarness) CrashRestart(ctx context.Context) error { return h.b.CrashRestart(ctx) }
 
-func tripJournalMaker(wrap func(*counterexamples.AsyncBackend, func(context.Context, func() error) error) journal.Journal) conformance.JournalMaker {
+func tripJournalMaker(wrap func(*counterexamples.AsyncBackend, func(context.Context, func() error) error) journal.Journal) func(testing.TB) conformance.JournalHarness {
 	return func(testing.TB) conformance.JournalHarness {
 		return &tripJournalHarness{b: counterexamples.NewAsyncBackend(), wrap: wrap}
 	}
@@ -91,7 +91,7 @@ func (h *agingPlanHarness) Age(_ context.Context, d time.Duration) error {
 
 type planBuild = func(*effects.Plan[counterexamples.PlanEvent], []counterexamples.AgingStep) conformance.PlanRunner[counterexamples.PlanEvent]
 
-func agingPlanMaker(forget bool, build planBuild) conformance.PlanMaker[counterexamples.PlanEvent] {
+func agingPlanMaker(forget bool, build planBuild) func(testing.TB) conformance.PlanHarness[counterexamples.PlanEvent] {
 	return func(testing.TB) conformance.PlanHarness[counterexamples.PlanEvent] {
 		return &agingPlanHarness{store: counterexamples.NewAgingStore(), forget: forget, build: build}
 	}

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/conformance"
-	"effectively.dev/conformance/counterexamples"
 	"effectively.dev/effects"
+	"effectively.dev/internal/counterexamples"
 	"effectively.dev/postgres/pgtest"
 )
 
@@ -38,7 +38,7 @@ func (h *harness) Attachment() string { return h.url }
 
 // successor lets the suite run build in a child process, attached to the
 // test process's database (conformance.WithSuccessorProcess).
-func successor(build func(context.Context, *pgxpool.Pool) effects.Effect[counterexamples.Payment]) conformance.Option {
+func successor(build func(context.Context, *pgxpool.Pool) effects.Effect[counterexamples.Payment]) conformance.EffectOption {
 	return conformance.WithSuccessorProcess(func(ctx context.Context, url string) (conformance.Harness[counterexamples.Payment], error) {
 		db, err := pgxpool.New(ctx, url)
 		if err != nil {
@@ -48,7 +48,7 @@ func successor(build func(context.Context, *pgxpool.Pool) effects.Effect[counter
 	})
 }
 
-func maker(build func(context.Context, *pgxpool.Pool) effects.Effect[counterexamples.Payment]) conformance.Maker[counterexamples.Payment] {
+func maker(build func(context.Context, *pgxpool.Pool) effects.Effect[counterexamples.Payment]) func(testing.TB) conformance.Harness[counterexamples.Payment] {
 	return func(t testing.TB) conformance.Harness[counterexamples.Payment] {
 		url := pgtest.DB(t)
 		db, err := pgxpool.New(context.Background(), url)
@@ -117,7 +117,7 @@ func TestSuiteCatchesCounterexamples(t *testing.T) {
 		caught []string // scenarios that must fail
 		only   bool     // run just those
 		passes []string // scenarios that must pass (the lie is subtle)
-		opts   []conformance.Option
+		opts   []conformance.EffectOption
 		says   string // a failure must say this
 	}{
 		{
@@ -200,7 +200,7 @@ func TestSuiteCatchesCounterexamples(t *testing.T) {
 			}),
 			caught: []string{conformance.ScenarioHorizon, conformance.ScenarioLateRedelivery},
 			only:   true,
-			opts:   []conformance.Option{conformance.WithLateRedelivery(3 * time.Second)}, // past its 2 s
+			opts:   []conformance.EffectOption{conformance.WithLateRedelivery(3 * time.Second)}, // past its 2 s
 		},
 		{
 			name: "applied-on-cut-commit (nil error, no effect)",
@@ -225,7 +225,7 @@ func TestSuiteCatchesCounterexamples(t *testing.T) {
 			build: simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
 				return counterexamples.NewMemoryResolved(p)
 			}),
-			opts: []conformance.Option{conformance.WithLateRedelivery(2 * time.Second), conformance.WithCapacity(1000)},
+			opts: []conformance.EffectOption{conformance.WithLateRedelivery(2 * time.Second), conformance.WithCapacity(1000)},
 			// Its memory also fails two processes racing on one key.
 			caught: []string{conformance.ScenarioLostReply, conformance.ScenarioConcurrent, conformance.ScenarioRaceReuse},
 			passes: []string{conformance.ScenarioRedelivery, conformance.ScenarioLateRedelivery, conformance.ScenarioHorizon,
@@ -272,7 +272,7 @@ func TestSuiteCatchesCounterexamples(t *testing.T) {
 			build: simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
 				return counterexamples.NewStormCheat(p)
 			}),
-			opts:   []conformance.Option{conformance.WithLateRedelivery(2 * time.Second), conformance.WithCapacity(1000)},
+			opts:   []conformance.EffectOption{conformance.WithLateRedelivery(2 * time.Second), conformance.WithCapacity(1000)},
 			caught: []string{conformance.ScenarioStorm},
 			passes: []string{conformance.ScenarioRedelivery, conformance.ScenarioLateRedelivery, conformance.ScenarioHorizon,
 				conformance.ScenarioConcurrent, conformance.ScenarioLostReply, conformance.ScenarioCut, conformance.ScenarioCancel,
@@ -295,7 +295,7 @@ func TestSuiteCatchesCounterexamples(t *testing.T) {
 			}),
 			caught: []string{conformance.ScenarioLostReply},
 			only:   true,
-			opts:   []conformance.Option{conformance.WithApplyTimeout(time.Second)},
+			opts:   []conformance.EffectOption{conformance.WithApplyTimeout(time.Second)},
 			says:   "hang: Apply(",
 		},
 		{

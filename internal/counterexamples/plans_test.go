@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"effectively.dev/conformance"
-	"effectively.dev/conformance/counterexamples"
 	"effectively.dev/effects"
+	"effectively.dev/internal/counterexamples"
 )
 
 // memPlanHarness runs a plan of MemSteps over one Store shared by every
@@ -44,7 +44,7 @@ func (h *memPlanHarness) Count(_ context.Context, step, id string) (int, error) 
 	return h.store.Count(step, id), nil
 }
 
-func memPlanMaker(build func(*effects.Plan[counterexamples.PlanEvent], []counterexamples.MemStep) conformance.PlanRunner[counterexamples.PlanEvent]) conformance.PlanMaker[counterexamples.PlanEvent] {
+func memPlanMaker(build func(*effects.Plan[counterexamples.PlanEvent], []counterexamples.MemStep) conformance.PlanRunner[counterexamples.PlanEvent]) func(testing.TB) conformance.PlanHarness[counterexamples.PlanEvent] {
 	return func(testing.TB) conformance.PlanHarness[counterexamples.PlanEvent] {
 		return &memPlanHarness{store: counterexamples.NewStore(), build: build}
 	}
