@@ -56,18 +56,17 @@ type BatchResult struct {
 //
 // An error returned by ClaimBatch itself concerns the whole batch: roll back.
 // [effects.ErrTransient] (serialization failure, deadlock, broken
-// connection) means retry the whole transaction. Options: only
-// [AllowAsyncCommit] applies; any other is an [*effects.ConfigError]. An
-// empty batch does nothing.
+// connection) means retry the whole transaction. An empty batch does
+// nothing. Its only [Option] is [AllowAsyncCommit].
 func ClaimBatch(ctx context.Context, tx pgx.Tx, scope string, items []BatchItem, opts ...Option) ([]BatchResult, error) {
 	const op = "postgres.ClaimBatch"
 	if err := validateBatch(op, scope, items); err != nil {
 		return nil, err
 	}
-	cfg, err := newConfig(op, opts, optAsyncCommit)
-	if err != nil || len(items) == 0 {
-		return nil, err
+	if len(items) == 0 {
+		return nil, nil
 	}
+	cfg := newTxConfig(opts)
 	c := newBatchClaim(op, scope, items)
 	if err := c.scan(tx.QueryRow(ctx, batchClaimSQL, c.scope, c.keys, c.fps)); err != nil {
 		return nil, classify(ctx, op, "", err, false, tx.Conn().IsClosed()).err

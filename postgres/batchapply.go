@@ -12,6 +12,7 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/retry"
+	"effectively.dev/internal/optcheck"
 )
 
 // BatchWriteFunc does the writes of items[i] of an [ApplyBatch] call in tx,
@@ -65,21 +66,19 @@ var errBatchAbandoned = fmt.Errorf("not applied: the batch was abandoned after %
 // Ack the messages only after ApplyBatch returned, and only those whose
 // result has no Err.
 //
-// Options: [WithMaxRetries], [WithIsolation], [AllowAsyncCommit] and
-// [WithPrecheck] apply; any other is an [*effects.ConfigError]. An empty
-// batch does nothing.
-func ApplyBatch(ctx context.Context, pool *pgxpool.Pool, scope string, items []BatchItem, write BatchWriteFunc, opts ...Option) ([]BatchResult, error) {
+// An empty batch does nothing.
+func ApplyBatch(ctx context.Context, pool *pgxpool.Pool, scope string, items []BatchItem, write BatchWriteFunc, opts ...BatchOption) ([]BatchResult, error) {
 	const op = "postgres.ApplyBatch"
 	switch {
 	case pool == nil:
-		return nil, &effects.ConfigError{Op: op, Option: "pool", Reason: "nil"}
+		return nil, optcheck.Bad(op, "pool", "nil")
 	case write == nil:
-		return nil, &effects.ConfigError{Op: op, Option: "write", Reason: "nil write function"}
+		return nil, optcheck.Bad(op, "write", "nil write function")
 	}
 	if err := validateBatch(op, scope, items); err != nil {
 		return nil, err
 	}
-	cfg, err := newConfig(op, opts, optMaxRetries, optIsolation, optAsyncCommit, optPrecheck)
+	cfg, err := newBatchConfig(op, opts)
 	if err != nil || len(items) == 0 {
 		return nil, err
 	}
@@ -133,7 +132,7 @@ type applyBatch struct {
 	scope     string
 	items     []BatchItem
 	write     BatchWriteFunc
-	cfg       config
+	cfg       batchConfig
 	txOptions pgx.TxOptions
 	failed    []error // items[i] failed for good with failed[i]; left out of later attempts
 	done      []bool  // items[i] was settled by the pre-check; left out of the transaction
@@ -398,14 +397,6 @@ func BatchErrors(n int, results []BatchResult, err error) []error {
 	return errs
 }
 
-// Querier is what [Seen], [SeenBatch] and [Keys] need: *pgxpool.Pool,
-// *pgx.Conn and pgx.Tx all satisfy it.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
 // Seen is a read-only pre-check: it reports whether key was committed under
 // scope, with one SELECT on the primary key of effectively_keys, no
 // transaction and no WAL. When it was, with the same fingerprint, Seen
@@ -428,9 +419,9 @@ type Querier interface {
 // reports a found key only after the replay barrier (an autocommit
 // statement that writes a few bytes of WAL and waits for the standby; in a
 // pgx.Tx, the caller's COMMIT waits instead, so ack after it), and with
-// unsafe commit settings it returns [ErrAsyncCommit]. Options: only
-// [AllowAsyncCommit] applies; any other is an [*effects.ConfigError].
-func Seen(ctx context.Context, db Querier, scope string, key effects.Key, fingerprint []byte, opts ...Option) (effects.Result, bool, error) {
+// unsafe commit settings it returns [ErrAsyncCommit]. Its only
+// [Option] is [AllowAsyncCommit].
+func Seen(ctx context.Context, db DB, scope string, key effects.Key, fingerprint []byte, opts ...Option) (effects.Result, bool, error) {
 	const op = "postgres.Seen"
 	if err := key.Validate(); err != nil {
 		return effects.Result{}, false, err
@@ -438,13 +429,10 @@ func Seen(ctx context.Context, db Querier, scope string, key effects.Key, finger
 	if err := validateScope(op, scope); err != nil {
 		return effects.Result{}, false, err
 	}
-	cfg, err := newConfig(op, opts, optAsyncCommit)
-	if err != nil {
-		return effects.Result{}, false, err
-	}
+	cfg := newTxConfig(opts)
 	var s stored
 	var settings commitSettings
-	err = db.QueryRow(ctx, seenSQL, scope, string(key)).Scan(&s.fp, &s.ref, &settings.syncCommit, &settings.syncRep)
+	err := db.QueryRow(ctx, seenSQL, scope, string(key)).Scan(&s.fp, &s.ref, &settings.syncCommit, &settings.syncRep)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return effects.Result{}, false, nil
@@ -476,17 +464,17 @@ func Seen(ctx context.Context, db Querier, scope string, key effects.Key, finger
 //
 // Under synchronous replication it passes the replay barrier once for the
 // batch when any key was found (see [Seen]). Keys are validated before any
-// I/O. Options: only [AllowAsyncCommit] applies. [ApplyBatch] with
+// I/O. Its only [Option] is [AllowAsyncCommit]. [ApplyBatch] with
 // [WithPrecheck] runs it for the keys a filter may have seen.
-func SeenBatch(ctx context.Context, db Querier, scope string, items []BatchItem, opts ...Option) ([]BatchResult, error) {
+func SeenBatch(ctx context.Context, db DB, scope string, items []BatchItem, opts ...Option) ([]BatchResult, error) {
 	const op = "postgres.SeenBatch"
 	if err := validateBatch(op, scope, items); err != nil {
 		return nil, err
 	}
-	cfg, err := newConfig(op, opts, optAsyncCommit)
-	if err != nil || len(items) == 0 {
-		return nil, err
+	if len(items) == 0 {
+		return nil, nil
 	}
+	cfg := newTxConfig(opts)
 	found, settings, err := seenBatch(ctx, db, op, scope, items)
 	switch {
 	case err != nil:
@@ -509,7 +497,7 @@ func SeenBatch(ctx context.Context, db Querier, scope string, items []BatchItem,
 
 // seenBatch looks up the distinct keys of items, returning those committed
 // and the session's commit settings (zero when none was found).
-func seenBatch(ctx context.Context, db Querier, op, scope string, items []BatchItem) (map[effects.Key]stored, commitSettings, error) {
+func seenBatch(ctx context.Context, db DB, op, scope string, items []BatchItem) (map[effects.Key]stored, commitSettings, error) {
 	keys := make([]string, 0, len(items))
 	dedup := make(map[effects.Key]bool, len(items))
 	for _, it := range items {
@@ -537,7 +525,7 @@ func seenBatch(ctx context.Context, db Querier, op, scope string, items []BatchI
 // instance to warm a negcache.Filter at startup so that a replay storm of
 // messages handled before the restart finds them. It reads with one
 // streaming query; an error from fn stops it and is returned.
-func Keys(ctx context.Context, db Querier, scope string, since time.Time, fn func(effects.Key) error) error {
+func Keys(ctx context.Context, db DB, scope string, since time.Time, fn func(effects.Key) error) error {
 	const op = "postgres.Keys"
 	if err := validateScope(op, scope); err != nil {
 		return err

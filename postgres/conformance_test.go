@@ -130,7 +130,7 @@ func (h *confHarness) Make(ctx context.Context, f *conformance.Faults) (effects.
 	if err != nil {
 		return nil, nil, err
 	}
-	var opts []postgres.Option
+	var opts []postgres.EffectOption
 	if h.lookupFirst {
 		opts = append(opts, postgres.WithLookupFirst())
 	}

@@ -550,10 +550,10 @@ func check(t *testing.T, ctx context.Context, conn *pgx.Conn, r *failoverResult,
 // every path replays through the barrier.
 func TestFailoverCancelledSyncWait(t *testing.T) {
 	for _, lookupFirst := range []bool{false, true} {
-		var opts []postgres.Option
+		var opts []postgres.EffectOption
 		name := ""
 		if lookupFirst {
-			opts, name = []postgres.Option{postgres.WithLookupFirst()}, " (WithLookupFirst)"
+			opts, name = []postgres.EffectOption{postgres.WithLookupFirst()}, " (WithLookupFirst)"
 		}
 		pipelined := func(pool *pgxpool.Pool) (*postgres.Effect[payment], error) {
 			return postgres.NewPipelined(pool, failoverScope, func(_ context.Context, k effects.Key, p payment) (string, []postgres.Statement, error) {

@@ -283,7 +283,7 @@ func TestPrunerRetriesAfterLostConnection(t *testing.T) {
 	if err := tx.Rollback(testCtx(t)); err != nil {
 		t.Fatal(err)
 	}
-	evs.waitFor(t, "catch-up after the failure", caughtUp(postgres.DefaultPruneBatch))
+	evs.waitFor(t, "catch-up after the failure", caughtUp(1000))
 	got, _ := evs.all()
 	var pgErr *pgconn.PgError
 	if got[0].Kind != effects.EventFailed || !errors.As(got[0].Err, &pgErr) || pgErr.Code != "57P01" {

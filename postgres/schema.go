@@ -28,11 +28,14 @@ var Schema string
 // calls; it spells "effectiv" in ASCII.
 const migrateLockID int64 = 0x6566666563746976
 
-// DB is what [Migrate] and [Prune] need: *pgxpool.Pool, *pgx.Conn and pgx.Tx
-// all satisfy it. Given a pgx.Tx, Begin opens a savepoint, so the work joins
-// the caller's transaction.
+// DB is what the functions that take a database handle need:
+// *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn and pgx.Tx all satisfy it.
+// Given a pgx.Tx, Begin opens a savepoint, so the work joins the caller's
+// transaction.
 type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
