@@ -34,7 +34,7 @@ import (
 type Journal struct {
 	db    *sql.DB
 	scope string
-	cfg   config
+	cfg   durability
 }
 
 var _ journal.DoneJournal = (*Journal)(nil)
@@ -42,8 +42,7 @@ var _ journal.DoneJournal = (*Journal)(nil)
 // NewJournal returns a Journal for keys in scope over db, a *sql.DB of
 // github.com/go-sql-driver/mysql. The table must exist: see [Migrate].
 // It does no I/O. It returns an [*effects.ConfigError] if db is nil, scope
-// is invalid (see [New]), or an option is one it does not heed; it heeds
-// [AllowUnsafeFlush] and [AllowUnsafeBinlogSync], for [Journal.Check].
+// is invalid (see [New]). Its options are for [Journal.Check].
 func NewJournal(db *sql.DB, scope string, opts ...Option) (*Journal, error) {
 	const op = "mysql.NewJournal"
 	if db == nil {
@@ -52,11 +51,7 @@ func NewJournal(db *sql.DB, scope string, opts ...Option) (*Journal, error) {
 	if err := validateScope(op, scope); err != nil {
 		return nil, err
 	}
-	cfg, err := newConfig(op, opts, optUnsafeFlush, optUnsafeBinlogSyn)
-	if err != nil {
-		return nil, err
-	}
-	return &Journal{db: db, scope: scope, cfg: cfg}, nil
+	return &Journal{db: db, scope: scope, cfg: newDurability(opts)}, nil
 }
 
 const (
