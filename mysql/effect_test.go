@@ -375,8 +375,8 @@ func TestNewConfig(t *testing.T) {
 			return err
 		}(),
 		"journal nil db":      func() error { _, err := mysql.NewJournal(nil, "s"); return err }(),
-		"pruner horizon":      func() error { _, err := mysql.NewPruner(db, "s", 0); return err }(),
-		"pruner rate":         func() error { _, err := mysql.NewPruner(db, "s", time.Hour, mysql.WithRate(0)); return err }(),
+		"pruner horizon":      (&mysql.Pruner{DB: db, Scope: "s"}).Run(context.Background()),
+		"pruner rate":         (&mysql.Pruner{DB: db, Scope: "s", Horizon: time.Hour, Rate: -1}).Run(context.Background()),
 		"prune negative size": func() error { _, err := mysql.Prune(context.Background(), db, "s", time.Now(), -1); return err }(),
 		"migrate nil":         mysql.Migrate(context.Background(), (*sql.DB)(nil)),
 	} {

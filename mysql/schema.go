@@ -22,7 +22,7 @@ import (
 //go:embed schema.sql
 var Schema string
 
-// DB is what [Migrate], [Prune] and [NewPruner] need: *sql.DB, *sql.Conn
+// DB is what [Migrate], [Prune] and [Pruner] need: *sql.DB, *sql.Conn
 // and *sql.Tx all satisfy it. MySQL commits the open transaction before
 // a CREATE TABLE, so run Migrate outside one.
 type DB interface {

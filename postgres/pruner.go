@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/optcheck"
 	"effectively.dev/internal/sqlkeys"
 )
 
@@ -20,13 +19,12 @@ const pruneOlderThanSQL = `DELETE FROM effectively_keys WHERE ctid IN (
 	WHERE scope = $1 AND created_at < now() - $2::float8 * interval '1 second' LIMIT $3)`
 
 // Pruner deletes the keys of one scope older than a horizon, in the
-// background and at a bounded rate, so that effectively_keys stays flat
+// background and at a bounded rate (set its fields and call [Pruner.Run]), so that effectively_keys stays flat
 // at steady state: about horizon × insert rate rows, plus what autovacuum
 // has not yet reclaimed. Run one per scope, in one process (two Pruners of
 // a scope share its work but not their rate ceilings).
 //
-// It deletes with statements of its batch size (each its own transaction,
-// as [Prune] does), and paces them so that the deletes never exceed its
+// It deletes with statements of its batch size (each its own transaction, as [Prune] does), and paces them so that the deletes never exceed its
 // rate: a statement that deleted n keys is followed by the next one no
 // sooner than n/rate after it began. An unpaced delete loop competes with
 // Applies for the CPU, the WAL and the disk for as long as it runs; a
@@ -41,84 +39,36 @@ const pruneOlderThanSQL = `DELETE FROM effectively_keys WHERE ctid IN (
 // may run. The cutoff is computed by the server (now() minus the horizon),
 // whose clock wrote created_at, so the Pruner's own clock does not matter.
 type Pruner struct {
-	loop sqlkeys.Pruner
-}
-
-// A PrunerOption configures [NewPruner]. A nil PrunerOption is ignored.
-type PrunerOption interface{ applyPruner(*sqlkeys.PrunerConfig) }
-
-type prunerOpt func(*sqlkeys.PrunerConfig)
-
-func (f prunerOpt) applyPruner(c *sqlkeys.PrunerConfig) { f(c) }
-
-// WithRate sets the Pruner's ceiling in keys deleted per second (default
-// 10000: well above the insert rate of most services, and low enough that
-// the deletes and the vacuum they cause leave concurrent Applies most of
-// the machine). It must be positive. Set it to at least twice the scope's
-// insert rate, so that the Pruner catches up after a pause.
-func WithRate(keysPerSecond float64) PrunerOption {
-	return prunerOpt(func(c *sqlkeys.PrunerConfig) { c.Rate = keysPerSecond })
-}
-
-// WithBatchSize sets how many keys one DELETE statement removes (default
-// 1000). It must be positive. Smaller batches hold locks and write WAL in
-// smaller bursts; larger ones cost fewer statements.
-func WithBatchSize(n int) PrunerOption {
-	return prunerOpt(func(c *sqlkeys.PrunerConfig) { c.Batch = n })
-}
-
-// WithInterval sets how long the Pruner waits after it caught up before
-// it looks for expired keys again (default one minute), and the longest
-// pause after a failure. It must be positive. Keys live up to about
-// horizon + interval.
-func WithInterval(d time.Duration) PrunerOption {
-	return prunerOpt(func(c *sqlkeys.PrunerConfig) { c.Interval = d })
-}
-
-// WithObserver reports every DELETE statement to o, with Component
-// "postgres.Pruner": an [effects.EventPruned] with the keys it deleted in
-// Count and its duration, or an [effects.EventFailed] with its error
-// (which names the scope). With an observer the Pruner logs nothing.
-func WithObserver(o effects.Observer) PrunerOption {
-	return prunerOpt(func(c *sqlkeys.PrunerConfig) { c.Observer = o })
-}
-
-// WithLogger logs the Pruner's failures (warnings) and its stop (info) to
-// l when it has no observer. Without it, or with a nil l, it logs to
-// [slog.Default] as it is when the line is written.
-func WithLogger(l *slog.Logger) PrunerOption {
-	return prunerOpt(func(c *sqlkeys.PrunerConfig) { c.Logger = l })
-}
-
-// NewPruner returns a Pruner of scope's keys older than horizon, which
-// must be positive. It returns an [*effects.ConfigError] if db is nil,
-// scope is empty, not UTF-8 or contains NUL, horizon is not positive, or
-// an option's value is not positive. It does no I/O: start it with
-// [Pruner.Run].
-func NewPruner(db DB, scope string, horizon time.Duration, opts ...PrunerOption) (*Pruner, error) {
-	const op = "postgres.NewPruner"
-	if nilDB(db) {
-		return nil, optcheck.Bad(op, "db", "nil")
-	}
-	if err := validateScope(op, scope); err != nil {
-		return nil, err
-	}
-	cfg := sqlkeys.NewPrunerConfig()
-	for _, o := range opts {
-		if o != nil {
-			o.applyPruner(&cfg)
-		}
-	}
-	if err := sqlkeys.CheckPruner(op, horizon, &cfg); err != nil {
-		return nil, err
-	}
-	return &Pruner{loop: sqlkeys.Pruner{
-		Component: "postgres.Pruner", Scope: scope, Config: cfg, RefusedForGood: refusedForGood,
-		Delete: func(ctx context.Context, limit int) (int64, error) {
-			tag, err := db.Exec(ctx, pruneOlderThanSQL, scope, horizon.Seconds(), limit)
-			return tag.RowsAffected(), err
-		},
-	}}, nil
+	// DB is where the keys are.
+	DB DB
+	// Scope is whose keys it deletes.
+	Scope string
+	// Horizon is the age past which a key is deleted; it must be
+	// positive.
+	Horizon time.Duration
+	// Rate is the ceiling in keys deleted per second (0 means 10000:
+	// well above the insert rate of most services, and low enough that
+	// the deletes and the vacuum they cause leave concurrent Applies most of the
+	// machine). Set it to at least twice the scope's insert rate, so that
+	// the Pruner catches up after a pause.
+	Rate float64
+	// BatchSize is how many keys one DELETE statement removes (0 means
+	// 1000). Smaller batches hold locks and write WAL in smaller bursts;
+	// larger ones cost fewer statements.
+	BatchSize int
+	// Interval is how long the Pruner waits after it caught up before it
+	// looks for expired keys again, and the longest pause after a failure
+	// (0 means one minute). Keys live up to about Horizon + Interval.
+	Interval time.Duration
+	// Observer, if set, gets every DELETE statement, with Component
+	// "postgres.Pruner": an [effects.EventPruned] with the keys it deleted in
+	// Count and its duration, or an [effects.EventFailed] with its error
+	// (which names the scope). With an Observer the Pruner logs nothing.
+	Observer effects.Observer
+	// Logger, without an Observer, gets the failures (warnings) and the
+	// stop (info); nil means [slog.Default] as it is when a line is
+	// written.
+	Logger *slog.Logger
 }
 
 // Run prunes until ctx is done, and then returns nil: a DELETE that ctx
@@ -129,7 +79,26 @@ func NewPruner(db DB, scope string, horizon time.Duration, opts ...PrunerOption)
 // retrying cannot fix (an undefined table: run [Migrate]; a missing
 // privilege) stops Run with an error that unwraps to
 // [effects.ErrInvalidConfig] and the server's error.
-func (p *Pruner) Run(ctx context.Context) error { return p.loop.Run(ctx) }
+// Before any I/O it returns an [*effects.ConfigError] naming the field if
+// DB is nil, Scope is empty, not UTF-8 or contains NUL, Horizon is not
+// positive, or Rate, BatchSize or Interval is negative.
+func (p *Pruner) Run(ctx context.Context) error {
+	const op = "postgres.Pruner.Run"
+	cfg := sqlkeys.PrunerConfig{Rate: p.Rate, Batch: p.BatchSize, Interval: p.Interval, Observer: p.Observer, Logger: p.Logger}
+	if err := cfg.Resolve(op, nilDB(p.DB), p.Horizon); err != nil {
+		return err
+	}
+	if err := validateScope(op, p.Scope); err != nil {
+		return err
+	}
+	loop := sqlkeys.Pruner{Component: "postgres.Pruner", Scope: p.Scope, Config: cfg, RefusedForGood: refusedForGood,
+		Delete: func(ctx context.Context, limit int) (int64, error) {
+			tag, err := p.DB.Exec(ctx, pruneOlderThanSQL, p.Scope, p.Horizon.Seconds(), limit)
+			return tag.RowsAffected(), err
+		},
+	}
+	return loop.Run(ctx)
+}
 
 // refusedForGood reports whether the server refused the statement for a
 // reason a retry cannot fix: SQLSTATE class 42 (an undefined table or

@@ -86,39 +86,43 @@ const (
 // interval.
 var prunerBackoff = retry.Backoff{Min: time.Second, Max: DefaultPruneInterval}
 
-// PrunerConfig is what a Pruner's options set.
+// PrunerConfig is a Pruner's pacing and where it reports: the exported
+// fields of an adapter's Pruner.
 type PrunerConfig struct {
-	Rate     float64 // keys deleted per second at most
-	Batch    int     // keys per statement
+	Rate     float64 // keys deleted per second at most; 0: DefaultPruneRate
+	Batch    int     // keys per statement; 0: DefaultPruneBatch
 	Interval time.Duration
 	Observer effects.Observer
 	Logger   *slog.Logger // nil: slog.Default() when it logs
 }
 
-// NewPrunerConfig returns the defaults.
-func NewPrunerConfig() PrunerConfig {
-	return PrunerConfig{Rate: DefaultPruneRate, Batch: DefaultPruneBatch, Interval: DefaultPruneInterval}
-}
-
-// Check returns a ConfigError of op for a value that is not positive.
-func (c *PrunerConfig) Check(op string) error {
+// Resolve checks an adapter Pruner's fields for op (a Pruner's Run) and
+// replaces the zero values with the defaults. It returns a
+// *effects.ConfigError naming the field (DB, Horizon, Rate, BatchSize,
+// Interval) for a nil db or a negative value (NaN for Rate).
+func (c *PrunerConfig) Resolve(op string, nilDB bool, horizon time.Duration) error {
 	switch {
-	case !(c.Rate > 0): // also NaN
-		return optcheck.Bad(op, "WithRate", "%v keys/s: not positive", c.Rate)
-	case c.Batch <= 0:
-		return optcheck.Bad(op, "WithBatchSize", "%d: not positive", c.Batch)
-	case c.Interval <= 0:
-		return optcheck.Bad(op, "WithInterval", "%v: not positive", c.Interval)
+	case nilDB:
+		return optcheck.Bad(op, "DB", "nil")
+	case horizon <= 0:
+		return optcheck.Bad(op, "Horizon", "%v: not positive", horizon)
+	case !(c.Rate >= 0): // also NaN
+		return optcheck.Bad(op, "Rate", "%v keys/s: negative; 0 means %d", c.Rate, DefaultPruneRate)
+	case c.Batch < 0:
+		return optcheck.Bad(op, "BatchSize", "%d: negative; 0 means %d", c.Batch, DefaultPruneBatch)
+	case c.Interval < 0:
+		return optcheck.Bad(op, "Interval", "%v: negative; 0 means %v", c.Interval, DefaultPruneInterval)
+	}
+	if c.Rate == 0 {
+		c.Rate = DefaultPruneRate
+	}
+	if c.Batch == 0 {
+		c.Batch = DefaultPruneBatch
+	}
+	if c.Interval == 0 {
+		c.Interval = DefaultPruneInterval
 	}
 	return nil
-}
-
-// CheckPruner checks NewPruner's arguments other than db.
-func CheckPruner(op string, horizon time.Duration, c *PrunerConfig) error {
-	if horizon <= 0 {
-		return optcheck.Bad(op, "horizon", "%v: not positive", horizon)
-	}
-	return c.Check(op)
 }
 
 // Pruner is the loop of an adapter's Pruner: Delete runs one statement
