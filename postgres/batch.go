@@ -17,15 +17,14 @@ type BatchItem struct {
 	Fingerprint []byte // nil is stored as empty
 }
 
-// BatchResult is what [ClaimBatch], [ApplyBatch] or [SeenBatch] found for
-// the [BatchItem] at the same index.
+// BatchResult is what [ClaimBatch] or [ApplyBatch] found for the
+// [BatchItem] at the same index.
 type BatchResult struct {
 	// Status is [effects.Applied] when the key was new and is now claimed in
 	// the transaction: do this item's effect in it. It is
 	// [effects.Replayed] when the key was committed earlier with the same
 	// fingerprint (or appeared earlier in the same batch): do nothing. It is
-	// zero when Err is set, and, from [SeenBatch] only, for a key that is not
-	// committed.
+	// zero when Err is set.
 	Status effects.Status
 	// Ref is the stored reference of a replayed key; empty for a key new in
 	// this batch (see [SetRef]).

@@ -15,14 +15,6 @@ import (
 	"effectively.dev/internal/optcheck"
 )
 
-// BatchWriteFunc does the writes of items[i] of an [ApplyBatch] call in tx,
-// the transaction that holds the claims of the whole batch, and returns a
-// reference to what it wrote (a ledger row id) or "". Like a [WriteFunc] it
-// must write only through tx and must not commit or roll back; it may run
-// more than once for the same i, in a new transaction, when ApplyBatch
-// retries.
-type BatchWriteFunc func(ctx context.Context, tx pgx.Tx, i int) (ref string, err error)
-
 // errBatchAbandoned is the cause of the items ApplyBatch did not apply
 // because too many writes failed.
 var errBatchAbandoned = fmt.Errorf("not applied: the batch was abandoned after %d failing writes of other items", maxFailedWrites)
@@ -33,11 +25,11 @@ var errBatchAbandoned = fmt.Errorf("not applied: the batch was abandoned after %
 // item whose key is new, in index order and in the same transaction, stores
 // the non-empty refs and commits (one round trip for both). Items whose key
 // was committed before are Replayed with their stored ref, and write is not
-// called for them. It is the natural body of an consume.BatchHandler; see
+// called for them. It is the natural body of a consume.BatchHandler; see
 // [BatchErrors].
 //
 // With [WithPrecheck], the keys a filter may have seen are first looked up
-// with one read-only query ([SeenBatch]): those committed replay without a
+// with one read-only query: those committed replay without a
 // transaction, and only the rest are claimed. That is the cheap path for a
 // replay storm, where most keys of a batch were applied before.
 //
@@ -66,8 +58,13 @@ var errBatchAbandoned = fmt.Errorf("not applied: the batch was abandoned after %
 // Ack the messages only after ApplyBatch returned, and only those whose
 // result has no Err.
 //
-// An empty batch does nothing.
-func ApplyBatch(ctx context.Context, pool *pgxpool.Pool, scope string, items []BatchItem, write BatchWriteFunc, opts ...BatchOption) ([]BatchResult, error) {
+// write does the writes of items[i] in tx, the transaction that holds the
+// claims of the whole batch, and returns a reference to what it wrote (a
+// ledger row id) or "". Like a [WriteFunc] it must write only through tx
+// and must not commit or roll back; it may run more than once for the same
+// i, in a new transaction, when ApplyBatch retries. An empty batch does
+// nothing.
+func ApplyBatch(ctx context.Context, pool *pgxpool.Pool, scope string, items []BatchItem, write func(ctx context.Context, tx pgx.Tx, i int) (ref string, err error), opts ...BatchOption) ([]BatchResult, error) {
 	const op = "postgres.ApplyBatch"
 	switch {
 	case pool == nil:
@@ -131,7 +128,7 @@ type applyBatch struct {
 	pool      *pgxpool.Pool
 	scope     string
 	items     []BatchItem
-	write     BatchWriteFunc
+	write     func(ctx context.Context, tx pgx.Tx, i int) (string, error)
 	cfg       batchConfig
 	txOptions pgx.TxOptions
 	failed    []error // items[i] failed for good with failed[i]; left out of later attempts
@@ -379,7 +376,7 @@ func raceLost(err error) bool {
 }
 
 // BatchErrors turns what [ApplyBatch] returned into the one-error-per-item
-// slice an consume.BatchHandler returns: err for every item when err is not
+// slice a consume.BatchHandler returns: err for every item when err is not
 // nil (nothing, or an unknown part, was committed: every item must be
 // retried), else each result's Err.
 func BatchErrors(n int, results []BatchResult, err error) []error {
@@ -411,7 +408,8 @@ func BatchErrors(n int, results []BatchResult, err error) []error {
 // seen, and the Apply that follows waits for it and replays; Seen can never
 // make a write be skipped that should happen. It costs a wasted round trip
 // for every new key: package negcache keeps a Bloom filter that lets new
-// keys skip it; for many keys at once, use [SeenBatch]. fingerprint must be
+// keys skip it; for many keys at once, use [ApplyBatch] with
+// [WithPrecheck]. fingerprint must be
 // computed as the effect computes it (the default is
 // effects.FingerprintJSON of the input).
 //
@@ -451,48 +449,6 @@ func Seen(ctx context.Context, db DB, scope string, key effects.Key, fingerprint
 		}
 	}
 	return effects.Result{Status: r.Status, Ref: r.Ref}, true, nil
-}
-
-// SeenBatch is [Seen] for many keys with one query (WHERE key = ANY(...)),
-// no transaction and no WAL: the batch pre-check of a replay storm. The
-// results are in the order of items: Status [effects.Replayed] with the
-// stored Ref for an item whose key was committed with the same fingerprint,
-// Err wrapping [effects.ErrKeyReused] when it was committed with another,
-// and a zero BatchResult (Status 0, no Err) when it was not committed: apply
-// those, with [ApplyBatch] or [Effect.Apply]. Every occurrence of a key
-// repeated in items is compared with the stored fingerprint.
-//
-// Under synchronous replication it passes the replay barrier once for the
-// batch when any key was found (see [Seen]). Keys are validated before any
-// I/O. Its only [Option] is [AllowAsyncCommit]. [ApplyBatch] with
-// [WithPrecheck] runs it for the keys a filter may have seen.
-func SeenBatch(ctx context.Context, db DB, scope string, items []BatchItem, opts ...Option) ([]BatchResult, error) {
-	const op = "postgres.SeenBatch"
-	if err := validateBatch(op, scope, items); err != nil {
-		return nil, err
-	}
-	if len(items) == 0 {
-		return nil, nil
-	}
-	cfg := newTxConfig(opts)
-	found, settings, err := seenBatch(ctx, db, op, scope, items)
-	switch {
-	case err != nil:
-		return nil, err
-	case len(found) > 0 && settings.unsafeCommit() && !cfg.allowAsyncCommit:
-		return nil, fmt.Errorf("%s: %w", op, ErrAsyncCommit)
-	case len(found) > 0 && settings.replayNeedsBarrier():
-		if _, err := db.Exec(ctx, replayBarrierSQL); err != nil {
-			return nil, classify(ctx, op, "", err, false, false).err
-		}
-	}
-	results := make([]BatchResult, len(items))
-	for i, it := range items {
-		if s, ok := found[it.Key]; ok {
-			results[i] = s.result(op, it)
-		}
-	}
-	return results, nil
 }
 
 // seenBatch looks up the distinct keys of items, returning those committed

@@ -26,8 +26,8 @@
 //   - For replay storms, where most deliveries were handled before:
 //     [ApplyBatch] with [WithPrecheck] looks up, with one query, the keys a
 //     filter (package negcache) may have seen, replays those committed
-//     without a transaction and claims only the rest; [SeenBatch] and
-//     [Seen] are that pre-check on its own.
+//     without a transaction and claims only the rest; [Seen] is that
+//     pre-check on its own, for one key.
 //   - [Journal] implements journal.Journal, the sent-record for effects
 //     outside the database (email, an API call): at-least-once with a
 //     declared window, not effectively once.

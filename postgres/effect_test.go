@@ -16,7 +16,6 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/postgres"
-	"effectively.dev/postgres/pgtest"
 )
 
 // ledgerEffect returns the tests' effect on pool, counting write calls.
@@ -684,7 +683,7 @@ func applyBehind(t *testing.T, ctx context.Context, watch *pgx.Conn, other pgx.T
 		res, err := apply()
 		done <- applyResult{res, err}
 	}()
-	pgtest.WaitFor(t, ctx, watch, `SELECT count(*)::text FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`, "1")
+	pollUntil(t, ctx, watch, `SELECT count(*)::text FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`, "1")
 	var err error
 	if commit {
 		err = other.Commit(ctx)

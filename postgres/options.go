@@ -26,7 +26,7 @@ const rollbackTimeout = 5 * time.Second
 // An Option configures every function of this package that takes
 // options: it is an [EffectOption] (for [New] and [NewPipelined]), a
 // [BatchOption] (for [ApplyBatch]), and configures [Claim], [ClaimBatch],
-// [Seen] and [SeenBatch]. A nil Option is ignored.
+// and [Seen]. A nil Option is ignored.
 type Option interface {
 	EffectOption
 	BatchOption
@@ -212,7 +212,7 @@ type KeyFilter interface {
 
 // WithPrecheck makes [ApplyBatch] run a read-only pre-check first, gated by
 // filter: the items whose key filter says it may have seen are looked up
-// with one query ([SeenBatch]); those found committed with the same
+// with one query; those found committed with the same
 // fingerprint replay without a transaction, those found with another
 // fingerprint get [effects.ErrKeyReused], and only the rest (the keys the
 // filter has never seen, and its false positives) go through the claiming

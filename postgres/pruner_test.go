@@ -224,7 +224,7 @@ func TestPrunerStopsOnCancelDuringAStatement(t *testing.T) {
 // lock.
 func waitForLockWait(t *testing.T, conn *pgx.Conn) {
 	t.Helper()
-	pgtest.WaitFor(t, testCtx(t), conn, `SELECT (count(*) > 0)::text FROM pg_stat_activity
+	pollUntil(t, testCtx(t), conn, `SELECT (count(*) > 0)::text FROM pg_stat_activity
 		WHERE datname = current_database() AND wait_event_type = 'Lock'`, "true")
 }
 

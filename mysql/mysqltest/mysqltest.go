@@ -4,25 +4,26 @@
 //
 //   - [DB]: the DSN of a brand-new empty database on a server shared by the
 //     whole test binary, dropped when the test ends. Most tests need only
-//     this. [DBWith] picks the server's [Options] (Durable for benchmarks).
+//     this.
 //   - [DedicatedDB]: a fresh database on a server of the top-level test's
 //     own, with a [RestartFunc] that restarts it cleanly, and
 //     [DedicatedCrash], whose [CrashRestartFunc] kills it with SIGKILL and
 //     starts it again (InnoDB crash recovery): a conformance harness's
 //     backend-restart and crash-restart capabilities.
-//   - [Start] (or [New]): a server of one's own, to stop, kill
-//     ([Server.Kill]) or restart ([Server.Restart]).
+//   - [Start]: a server of one's own, with its [Options] (Durable for
+//     benchmarks), to stop, kill ([Server.Kill]) or restart
+//     ([Server.Restart]).
 //
-// A package that uses DB, DBWith or DedicatedDB must stop the shared
+// A package that uses DB, DedicatedDB or [Shared] must stop the shared
 // servers when its tests finish, by having this TestMain:
 //
 //	func TestMain(m *testing.M) { os.Exit(mysqltest.Main(m)) }
 //
 // If MYSQL_DSN is set (a go-sql-driver DSN of a user that may CREATE
-// DATABASE, e.g. root@tcp(127.0.0.1:3306)/), DB, DBWith and DedicatedDB
+// DATABASE, e.g. root@tcp(127.0.0.1:3306)/), DB and DedicatedDB
 // create their databases on that server instead of starting one, and
 // DedicatedDB and DedicatedCrash return no restart or crash function: that
-// server is not the test's to restart. Start and New ignore it.
+// server is not the test's to restart. Start ignores it.
 //
 // Costs: the first server of a test binary runs mariadb-install-db (about
 // six seconds, most of it the system tables' bootstrap); later servers copy
@@ -77,7 +78,7 @@ var errNotFound = errors.New("mysqltest: MariaDB/MySQL server binaries (mariadbd
 // errPortTaken reports that the server could not bind its port.
 var errPortTaken = errors.New("mysqltest: port already in use")
 
-// Options configures a server started by [New]. The zero value is a fast,
+// Options configures a server started by [Start]. The zero value is a fast,
 // non-durable server, right for most tests.
 type Options struct {
 	// Durable keeps InnoDB's durable defaults. When false (and the server
@@ -97,7 +98,7 @@ type Options struct {
 }
 
 // A Server is a running MariaDB or MySQL server whose data lives in a
-// temporary directory, started by [New]. It accepts connections as root
+// temporary directory, started by [Start]. It accepts connections as root
 // without a password on 127.0.0.1. Its methods are safe for concurrent
 // use. Call [Server.Stop] when done.
 type Server struct {
@@ -113,10 +114,10 @@ type Server struct {
 	removed bool
 }
 
-// New initializes a new server in a temporary directory and starts it on a
+// newServer initializes a new server in a temporary directory and starts it on a
 // free loopback port, waiting until it accepts connections. On failure the
 // error includes the tail of the server log, and nothing is left behind.
-func New(opts Options) (*Server, error) {
+func newServer(opts Options) (*Server, error) {
 	bins, err := findBinaries()
 	if err != nil {
 		return nil, err
@@ -155,11 +156,13 @@ const initSQL = `CREATE USER IF NOT EXISTS 'root'@'127.0.0.1';
 GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;
 `
 
-// Start is [New] for a test: it fails t when the server cannot start and
-// stops it when t ends.
+// Start initializes a new server in a temporary directory and starts it
+// on a free loopback port, waiting until it accepts connections; it stops
+// the server when t ends. It fails t when the server cannot start, with
+// the tail of the server log, leaving nothing behind.
 func Start(t testing.TB, opts Options) *Server {
 	t.Helper()
-	s, err := New(opts)
+	s, err := newServer(opts)
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
@@ -443,7 +446,7 @@ var (
 )
 
 // template returns the path of an initialized data directory, creating it
-// on first use; [Shutdown] removes it.
+// on first use; shutdown removes it.
 func template(bins binaries) (string, error) {
 	tmplMu.Lock()
 	defer tmplMu.Unlock()

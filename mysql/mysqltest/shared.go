@@ -18,7 +18,7 @@ import (
 	"go.uber.org/goleak"
 )
 
-// sharedServer is a server started on first use and stopped by Shutdown.
+// sharedServer is a server started on first use and stopped by shutdown.
 type sharedServer struct {
 	once sync.Once
 	s    *Server
@@ -42,11 +42,11 @@ func (o Options) key() string { return fmt.Sprintf("%t %q", o.Durable, o.Setting
 
 // Shared returns the test binary's shared default (non-durable) server,
 // starting it on first use; it is the one DB uses. It ignores MYSQL_DSN.
-// Do not stop it: [Shutdown] (via [Main]) does.
+// Do not stop it: [Main] does.
 func Shared() (*Server, error) { return registered(Options{}.key(), Options{}) }
 
 // registered returns the server registered under key, starting it with
-// opts on first use; Shutdown stops it. Concurrent first callers wait for
+// opts on first use; shutdown stops it. Concurrent first callers wait for
 // one start; a failed start is not retried.
 func registered(key string, opts Options) (*Server, error) {
 	sharedMu.Lock()
@@ -56,21 +56,21 @@ func registered(key string, opts Options) (*Server, error) {
 		shared[key] = s
 	}
 	sharedMu.Unlock()
-	s.once.Do(func() { s.s, s.err = New(opts) })
+	s.once.Do(func() { s.s, s.err = newServer(opts) })
 	return s.s, s.err
 }
 
-// Shutdown stops the shared servers started by DB, DBWith, Shared and
+// shutdown stops the shared servers started by DB, dbWith, Shared and
 // DedicatedDB, waiting for any that are still starting, and removes the
 // initialized data directory they were copied from. Stop errors are
 // printed to stderr. [Main] calls it.
-func Shutdown() {
+func shutdown() {
 	sharedMu.Lock()
 	all := shared
 	shared = map[string]*sharedServer{}
 	sharedMu.Unlock()
 	for _, s := range all {
-		s.once.Do(func() { s.err = errors.New("mysqltest: shared server used during Shutdown") })
+		s.once.Do(func() { s.err = errors.New("mysqltest: shared server used during shutdown") })
 		if s.s != nil {
 			if err := s.s.Stop(); err != nil {
 				fmt.Fprintln(os.Stderr, err)
@@ -88,13 +88,13 @@ func Shutdown() {
 // Main runs the tests, stops the shared servers, and then, if the tests
 // passed, checks with goleak that no goroutine outlived them (leakOpts
 // excuse known long-lived goroutines). It returns the exit code for
-// os.Exit. Every package that uses DB, DBWith, DedicatedDB or Shared
+// os.Exit. Every package that uses DB, DedicatedDB or Shared
 // should have
 //
 //	func TestMain(m *testing.M) { os.Exit(mysqltest.Main(m)) }
 func Main(m *testing.M, leakOpts ...goleak.Option) int {
 	code := m.Run()
-	Shutdown()
+	shutdown()
 	if code == 0 {
 		if err := goleak.Find(leakOpts...); err != nil {
 			fmt.Fprintln(os.Stderr, "mysqltest: goroutines leaked:", err)
@@ -112,14 +112,14 @@ func Main(m *testing.M, leakOpts ...goleak.Option) int {
 // error that says what to install.
 func DB(t testing.TB) string {
 	t.Helper()
-	return DBWith(t, Options{})
+	return dbWith(t, Options{})
 }
 
-// DBWith is DB on a shared server started with opts, such as
+// dbWith is DB on a shared server started with opts, such as
 // Options{Durable: true} for benchmarks. The test binary starts one such
 // server per distinct Durable and Settings and shares it. With MYSQL_DSN
 // set, opts are ignored.
-func DBWith(t testing.TB, opts Options) string {
+func dbWith(t testing.TB, opts Options) string {
 	t.Helper()
 	admin := os.Getenv("MYSQL_DSN")
 	if admin == "" {
@@ -154,7 +154,7 @@ func (f CrashRestartFunc) CrashRestart(ctx context.Context) error { return f(ctx
 // survives). The server is started on the top-level test's first call and
 // is shared by its subtests, each getting a fresh database on it, so
 // subtests that restart it must not run in parallel with subtests that use
-// it; other tests never see it. [Shutdown] (via [Main]) stops it.
+// it; other tests never see it. [Main] stops it.
 //
 // If MYSQL_DSN is set, the database is created on that server, as DB
 // does, and restart is nil: that server is not the test's to restart.

@@ -9,25 +9,26 @@
 //   - [DedicatedDB]: a fresh database on a cluster of the top-level test's
 //     own, with a [RestartFunc] that restarts it: a conformance harness's
 //     backend-restart capability.
-//   - [Start] (or [New]): a cluster of one's own, to stop, crash
-//     ([Cluster.StopImmediate]) or restart ([Cluster.Restart]).
-//   - [StartPair]: a primary and a synchronous standby streaming through a
-//     stallable [Proxy], and [Pair.Failover]; or the parts:
-//     [Cluster.NewStandby], [Cluster.SetSynchronousStandbys], [Failover],
-//     [ReadWriteURL].
+//   - [Start] (or [New], without a test): a cluster of one's own, to stop,
+//     crash ([Cluster.StopImmediate]) or restart ([Cluster.Restart]).
+//   - A failover: [Cluster.NewStandby] (a standby streaming from a
+//     cluster, directly or through a TCP proxy that the test can stall,
+//     given as [Options].Upstream),
+//     [Cluster.SetSynchronousStandbys], [Cluster.StopImmediate] and
+//     [Cluster.Promote].
 //
-// A package that uses DB, DBWith, DedicatedDB or [Shared] must stop the
-// shared clusters when its tests finish, by having this TestMain:
+// A package that uses DB, DBWith, DedicatedDB or [Shared] must stop the shared
+// clusters when its tests finish, by having this TestMain:
 //
 //	func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 //
-// Clusters from Start and StartPair are stopped by t.Cleanup.
+// Clusters from Start and NewStandby are stopped by t.Cleanup.
 //
 // If DATABASE_URL is set (a server that allows CREATE DATABASE), DB, DBWith
 // and DedicatedDB create their databases on it instead of starting a
-// cluster, and DedicatedDB returns no restart function. Start, StartPair
-// and Start ignore it: a test that asks for a cluster of its own wants to
-// stop, crash or restart it.
+// cluster, and DedicatedDB returns no restart function. New and Start
+// ignore it: a test that asks for a cluster of its own wants to stop, crash
+// or restart it.
 //
 // Costs: starting a cluster runs initdb and a postmaster, which takes one to
 // two seconds and 40 MB of disk in a temporary directory, and leaves a handful
@@ -109,7 +110,7 @@ type Options struct {
 
 	// Upstream is the "host:port" a standby started by
 	// [Cluster.StartStandby] streams WAL from, instead of its primary's own
-	// address: typically a [Proxy] the test controls, to delay or cut
+	// address: typically a TCP proxy the test controls, to delay or cut
 	// replication. pg_basebackup still copies from the primary directly.
 	// Start ignores it.
 	Upstream string
@@ -137,8 +138,10 @@ type Cluster struct {
 	removed bool
 }
 
-// Start initializes a new cluster in a temporary directory and starts its
-// server on a free loopback port, waiting until it accepts connections.
+// New initializes a new cluster in a temporary directory and starts its
+// server on a free loopback port, waiting until it accepts connections,
+// for a program or a test that stops it itself ([Cluster.Stop]); a test
+// calls [Start] instead.
 // It takes one to two seconds, mostly initdb. The cluster is configured to
 // be a replication primary; see [Cluster.StartStandby]. On failure the error
 // includes the tail of the server log, and nothing is left behind.

@@ -17,7 +17,7 @@ import (
 	"go.uber.org/goleak"
 )
 
-// sharedCluster is a cluster started on first use and stopped by Shutdown.
+// sharedCluster is a cluster started on first use and stopped by shutdown.
 type sharedCluster struct {
 	once sync.Once
 	c    *Cluster
@@ -40,15 +40,16 @@ var (
 func (o Options) key() string { return fmt.Sprintf("%t %q", o.Durable, o.Settings) }
 
 // Shared returns the test binary's shared default (non-durable) cluster,
-// starting it on first use (one to two seconds); it is the one DB uses. It
-// ignores DATABASE_URL. Do not stop it: [Shutdown] (via [Main]) does.
+// starting it on first use (one to two seconds); it is the one DB uses,
+// for code that has no testing.TB (an Example). It ignores DATABASE_URL.
+// Do not stop it: [Main] does.
 func Shared() (*Cluster, error) { return sharedWith(Options{}) }
 
 // sharedWith returns the shared cluster for opts, starting it if needed.
 func sharedWith(opts Options) (*Cluster, error) { return registered(opts.key(), opts) }
 
 // registered returns the cluster registered under key, starting it with
-// opts on first use; Shutdown stops it. Concurrent first callers wait for
+// opts on first use; shutdown stops it. Concurrent first callers wait for
 // one start; a failed start is not retried.
 func registered(key string, opts Options) (*Cluster, error) {
 	sharedMu.Lock()
@@ -62,16 +63,16 @@ func registered(key string, opts Options) (*Cluster, error) {
 	return s.c, s.err
 }
 
-// Shutdown stops the shared clusters started by DB, DBWith, Shared and DedicatedDB,
+// shutdown stops the shared clusters started by DB, DBWith, shared and DedicatedDB,
 // waiting for any that are still starting. Stop errors are printed to
 // stderr. A later DB call starts a new cluster. [Main] calls it.
-func Shutdown() {
+func shutdown() {
 	sharedMu.Lock()
 	all := shared
 	shared = map[string]*sharedCluster{}
 	sharedMu.Unlock()
 	for _, s := range all {
-		s.once.Do(func() { s.err = errors.New("pgtest: shared cluster used during Shutdown") })
+		s.once.Do(func() { s.err = errors.New("pgtest: shared cluster used during shutdown") })
 		if s.c != nil {
 			if err := s.c.Stop(); err != nil {
 				fmt.Fprintln(os.Stderr, err)
@@ -84,7 +85,7 @@ func Shutdown() {
 // passed, checks with goleak that no goroutine outlived them (leakOpts, such
 // as goleak.IgnoreTopFunction, excuse known long-lived goroutines). It
 // returns the exit code for os.Exit. Every package that uses DB, DBWith or
-// Shared should have
+// DedicatedDB should have
 //
 //	func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 //
@@ -92,7 +93,7 @@ func Shutdown() {
 // SIGQUIT from the kernel, leaving their temporary directories behind).
 func Main(m *testing.M, leakOpts ...goleak.Option) int {
 	code := m.Run()
-	Shutdown()
+	shutdown()
 	if code == 0 {
 		if err := goleak.Find(leakOpts...); err != nil {
 			fmt.Fprintln(os.Stderr, "pgtest: goroutines leaked:", err)
@@ -145,7 +146,7 @@ func (f RestartFunc) Restart(ctx context.Context) error { return f(ctx) }
 // The cluster is started on the top-level test's first call (one to two
 // seconds) and is shared by its subtests, each getting a fresh database on
 // it, so subtests that restart it must not run in parallel with subtests
-// that use it; other tests never see it. [Shutdown] (via [Main]) stops it.
+// that use it; other tests never see it. shutdown (via [Main]) stops it.
 //
 // If DATABASE_URL is set, the database is created on that server, as DB
 // does, and restart is nil: that server is not the test's to restart.
@@ -224,23 +225,4 @@ func withDatabase(admin, name string) (string, error) {
 	}
 	u.Path, u.RawPath = "/"+name, ""
 	return u.String(), nil
-}
-
-// WaitFor polls sql on conn every 20 ms until it returns want (as text), and
-// fails t if ctx ends first: for states that settle asynchronously, such as
-// a standby's replication state.
-func WaitFor(t testing.TB, ctx context.Context, conn *pgx.Conn, sql, want string) {
-	t.Helper()
-	var got string
-	for {
-		err := conn.QueryRow(ctx, sql).Scan(&got)
-		if err == nil && got == want {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: got %q (err %v), want %q", sql, got, err, want)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
 }
