@@ -4,14 +4,13 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
-	"strings"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/effects"
+	"effectively.dev/internal/sqlkeys"
 )
 
 // Schema is the SQL that [Migrate] runs: CREATE TABLE IF NOT EXISTS for
@@ -71,20 +70,7 @@ func Migrate(ctx context.Context, db DB) error {
 // validateScope checks what PostgreSQL text can hold and what keeps
 // operators sane: non-empty, valid UTF-8, no NUL byte. A bad scope is an
 // *effects.ConfigError.
-func validateScope(op, scope string) error {
-	var why string
-	switch {
-	case scope == "":
-		why = "empty"
-	case !utf8.ValidString(scope):
-		why = "not valid UTF-8"
-	case strings.IndexByte(scope, 0) >= 0:
-		why = "contains a NUL byte"
-	default:
-		return nil
-	}
-	return &effects.ConfigError{Op: op, Option: "scope", Reason: fmt.Sprintf("%q: %s", scope, why)}
-}
+func validateScope(op, scope string) error { return sqlkeys.Scope(op, scope, 0) }
 
 // nilDB reports whether db is nil, or a nil pool, connection or
 // transaction of pgx's.

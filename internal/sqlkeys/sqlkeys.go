@@ -8,7 +8,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/retry"
@@ -39,6 +41,26 @@ func Fingerprint[In any](op string) (func(In) ([]byte, error), error) {
 		}
 		return effects.FingerprintJSON(v)
 	}, nil
+}
+
+// Scope returns a *effects.ConfigError of op for a scope that is empty,
+// longer than maxLen bytes (0: any length), not valid UTF-8 or holds a NUL
+// byte.
+func Scope(op, scope string, maxLen int) error {
+	var why string
+	switch {
+	case scope == "":
+		why = "empty"
+	case maxLen > 0 && len(scope) > maxLen:
+		why = fmt.Sprintf("%d bytes, longer than %d", len(scope), maxLen)
+	case !utf8.ValidString(scope):
+		why = "not valid UTF-8"
+	case strings.IndexByte(scope, 0) >= 0:
+		why = "contains a NUL byte"
+	default:
+		return nil
+	}
+	return optcheck.Bad(op, "scope", "%q: %s", scope, why)
 }
 
 // MaxRetries checks the WithMaxRetries option of op.
