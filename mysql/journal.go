@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"effectively.dev/effects"
+	"effectively.dev/internal/optcheck"
 	"effectively.dev/effects/journal"
 )
 
@@ -46,7 +47,7 @@ var _ journal.DoneJournal = (*Journal)(nil)
 func NewJournal(db *sql.DB, scope string, opts ...Option) (*Journal, error) {
 	const op = "mysql.NewJournal"
 	if db == nil {
-		return nil, &effects.ConfigError{Op: op, Option: "db", Reason: "nil"}
+		return nil, optcheck.Bad(op, "db", "nil")
 	}
 	if err := validateScope(op, scope); err != nil {
 		return nil, err

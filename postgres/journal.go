@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/effects"
+	"effectively.dev/internal/optcheck"
 	"effectively.dev/effects/journal"
 )
 
@@ -61,7 +62,7 @@ var _ journal.DoneJournal = (*Journal)(nil)
 func NewJournal(pool *pgxpool.Pool, scope string) (*Journal, error) {
 	const op = "postgres.NewJournal"
 	if pool == nil {
-		return nil, &effects.ConfigError{Op: op, Option: "pool", Reason: "nil"}
+		return nil, optcheck.Bad(op, "pool", "nil")
 	}
 	if err := validateScope(op, scope); err != nil {
 		return nil, err
