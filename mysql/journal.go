@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/optcheck"
 	"effectively.dev/effects/journal"
+	"effectively.dev/internal/optcheck"
 )
 
 // Journal is a [journal.DoneJournal] in the effectively_journal table: the

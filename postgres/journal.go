@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/optcheck"
 	"effectively.dev/effects/journal"
+	"effectively.dev/internal/optcheck"
 )
 
 // statementsInFlight is how many statements of one kind (Begin,
