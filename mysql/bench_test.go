@@ -45,7 +45,7 @@ func benchKey() effects.Key {
 // (<variant>-ms) and the ratio of its median to plain_insert's
 // (<variant>-x).
 func BenchmarkApplyPaired(b *testing.B) {
-	dsn := mysqltest.DBWith(b, mysqltest.Options{Durable: true})
+	dsn := createDB(b, mysqltest.Start(b, mysqltest.Options{Durable: true}))
 	db := openMigrated(b, dsn)
 	ctx := context.Background()
 	eff, err := mysql.New(db, "billing", writeLedger)

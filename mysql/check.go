@@ -38,7 +38,7 @@ var ErrUnsafeDurability = errors.New("the server's settings let an acknowledged 
 // A server it cannot reach is retryable. The write's own tables are not
 // checked. Run it at start-up, with [effects.Plan.Check].
 func (e *Effect[In]) Check(ctx context.Context) error {
-	return check(ctx, e.db, "effectively_keys", e.cfg)
+	return check(ctx, e.db, "effectively_keys", e.cfg.durability)
 }
 
 // Check reports whether the Journal can keep its records, as
@@ -48,7 +48,7 @@ func (j *Journal) Check(ctx context.Context) error {
 }
 
 // check runs checkSQL for table.
-func check(ctx context.Context, db *sql.DB, table string, cfg config) error {
+func check(ctx context.Context, db *sql.DB, table string, cfg durability) error {
 	var (
 		engine, notBinary sql.NullString
 		flush, syncBinlog int64

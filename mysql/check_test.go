@@ -93,7 +93,7 @@ func wantConfig(t *testing.T, err error, option, why string, unsafe bool) {
 }
 
 // createDB creates a database on s and returns its DSN.
-func createDB(t *testing.T, s *mysqltest.Server) string {
+func createDB(t testing.TB, s *mysqltest.Server) string {
 	t.Helper()
 	if err := s.CreateDatabase(testCtx(t), "app"); err != nil {
 		t.Fatal(err)

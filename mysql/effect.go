@@ -9,6 +9,8 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/retry"
+	"effectively.dev/internal/optcheck"
+	"effectively.dev/internal/sqlkeys"
 )
 
 // WriteFunc does an effect's writes in tx, the transaction that also
@@ -43,7 +45,7 @@ type Effect[In any] struct {
 	write       WriteFunc[In]
 	fingerprint func(In) ([]byte, error)
 	txOptions   *sql.TxOptions
-	cfg         config
+	cfg         effectConfig
 }
 
 var _ effects.Effect[struct{}] = (*Effect[struct{}])(nil)
@@ -52,46 +54,35 @@ var _ effects.Effect[struct{}] = (*Effect[struct{}])(nil)
 // application or tenant name, at most 255 bytes; keys are unique per
 // scope). db is a *sql.DB of github.com/go-sql-driver/mysql (any DSN
 // options). The tables must exist: see [Migrate]. New does no I/O; run
-// [Effect.Check] at start-up. It returns an [*effects.ConfigError] if db
-// or write is nil, scope is empty, longer than 255 bytes, not UTF-8 or
-// contains NUL, or an option is invalid: a [WithFingerprint] for another
-// input type, a negative [WithMaxRetries], a [WithIsolation] level MySQL
-// does not have, or an option New does not heed. New heeds
-// WithFingerprint, WithMaxRetries, WithIsolation, and, for Check,
-// AllowUnsafeFlush and AllowUnsafeBinlogSync.
-func New[In any](db *sql.DB, scope string, write WriteFunc[In], opts ...Option) (*Effect[In], error) {
+// [Effect.Check] at start-up. Apply fingerprints its input with the
+// input's method Fingerprint() ([]byte, error) when In has one, else with
+// [effects.FingerprintJSON]: fingerprint only what identifies the request,
+// and deterministically, or every redelivery is [effects.ErrKeyReused].
+// New returns an [*effects.ConfigError] if db or write is nil, scope is
+// empty, longer than 255 bytes, not UTF-8 or contains NUL, only *In has
+// the Fingerprint method, or an option's value is invalid.
+func New[In any](db *sql.DB, scope string, write WriteFunc[In], opts ...EffectOption) (*Effect[In], error) {
 	const op = "mysql.New"
 	switch {
 	case db == nil:
-		return nil, &effects.ConfigError{Op: op, Option: "db", Reason: "nil"}
+		return nil, optcheck.Bad(op, "db", "nil")
 	case write == nil:
-		return nil, &effects.ConfigError{Op: op, Option: "write", Reason: "nil write function"}
+		return nil, optcheck.Bad(op, "write", "nil write function")
 	}
 	if err := validateScope(op, scope); err != nil {
 		return nil, err
 	}
-	cfg, err := newConfig(op, opts, optFingerprint, optMaxRetries, optIsolation, optUnsafeFlush, optUnsafeBinlogSyn)
+	cfg, err := newEffectConfig(op, opts)
 	if err != nil {
 		return nil, err
 	}
-	e := &Effect[In]{
-		db:          db,
-		scope:       scope,
-		write:       write,
-		fingerprint: func(in In) ([]byte, error) { return effects.FingerprintJSON(in) },
-		cfg:         cfg,
+	fingerprint, err := sqlkeys.Fingerprint[In](op)
+	if err != nil {
+		return nil, err
 	}
+	e := &Effect[In]{db: db, scope: scope, write: write, fingerprint: fingerprint, cfg: cfg}
 	if cfg.isolation != sql.LevelDefault {
 		e.txOptions = &sql.TxOptions{Isolation: cfg.isolation}
-	}
-	if cfg.fingerprint != nil {
-		f, ok := cfg.fingerprint.(func(In) ([]byte, error))
-		if !ok {
-			var zero In
-			return nil, &effects.ConfigError{Op: op, Option: optFingerprint,
-				Reason: fmt.Sprintf("got %T, want func(%T) ([]byte, error)", cfg.fingerprint, zero)}
-		}
-		e.fingerprint = f
 	}
 	return e, nil
 }

@@ -104,7 +104,7 @@ func TestConcurrentDuplicates(t *testing.T) {
 // both apply once. Without retries the victim is ErrTransient, with
 // nothing written.
 func TestDeadlockRetried(t *testing.T) {
-	for _, retries := range []int{mysql.DefaultMaxRetries, 0} {
+	for _, retries := range []int{5, 0} {
 		t.Run(fmt.Sprintf("retries=%d", retries), func(t *testing.T) {
 			db, _ := newDB(t)
 			ctx := testCtx(t)
@@ -370,14 +370,13 @@ func TestNewConfig(t *testing.T) {
 			_, err := mysql.New(db, "s", writeLedger, mysql.WithIsolation(sql.LevelSnapshot))
 			return err
 		}(),
-		"fingerprint type": func() error {
-			_, err := mysql.New(db, "s", writeLedger, mysql.WithFingerprint(func(string) ([]byte, error) { return nil, nil }))
+		"Fingerprint on *In only": func() error {
+			_, err := mysql.New(db, "s", func(context.Context, *sql.Tx, ptrFingerprinted) (string, error) { return "", nil })
 			return err
 		}(),
-		"journal retries":     func() error { _, err := mysql.NewJournal(db, "s", mysql.WithMaxRetries(1)); return err }(),
 		"journal nil db":      func() error { _, err := mysql.NewJournal(nil, "s"); return err }(),
-		"pruner horizon":      func() error { _, err := mysql.NewPruner(db, "s", 0); return err }(),
-		"pruner rate":         func() error { _, err := mysql.NewPruner(db, "s", time.Hour, mysql.WithRate(0)); return err }(),
+		"pruner horizon":      (&mysql.Pruner{DB: db, Scope: "s"}).Run(context.Background()),
+		"pruner rate":         (&mysql.Pruner{DB: db, Scope: "s", Horizon: time.Hour, Rate: -1}).Run(context.Background()),
 		"prune negative size": func() error { _, err := mysql.Prune(context.Background(), db, "s", time.Now(), -1); return err }(),
 		"migrate nil":         mysql.Migrate(context.Background(), (*sql.DB)(nil)),
 	} {
@@ -386,6 +385,12 @@ func TestNewConfig(t *testing.T) {
 		}
 	}
 }
+
+// ptrFingerprinted has a Fingerprint method on its pointer only, which an
+// Effect of ptrFingerprinted values would never call.
+type ptrFingerprinted struct{}
+
+func (*ptrFingerprinted) Fingerprint() ([]byte, error) { return nil, nil }
 
 // TestLostCommitReplyAmbiguous: when COMMIT's reply is lost (the server
 // committed; the connection dropped before the client read the answer),

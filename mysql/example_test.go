@@ -112,13 +112,10 @@ func ExampleNewJournal() {
 
 // A Pruner keeps effectively_keys flat: keys older than the horizon are
 // deleted at a bounded rate, in the background.
-func ExampleNewPruner() {
+func ExamplePruner() {
 	db := exampleDB()
 	defer db.Close()
-	p, err := mysql.NewPruner(db, "billing", 30*24*time.Hour, mysql.WithRate(2000))
-	if err != nil {
-		log.Fatal(err)
-	}
+	p := &mysql.Pruner{DB: db, Scope: "billing", Horizon: 30 * 24 * time.Hour, Rate: 2000}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // in a service: cancelled at shutdown
 	fmt.Println(p.Run(ctx))

@@ -12,6 +12,7 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/journal"
+	"effectively.dev/internal/optcheck"
 )
 
 // Journal is a [journal.DoneJournal] in the effectively_journal table: the
@@ -34,7 +35,7 @@ import (
 type Journal struct {
 	db    *sql.DB
 	scope string
-	cfg   config
+	cfg   durability
 }
 
 var _ journal.DoneJournal = (*Journal)(nil)
@@ -42,21 +43,16 @@ var _ journal.DoneJournal = (*Journal)(nil)
 // NewJournal returns a Journal for keys in scope over db, a *sql.DB of
 // github.com/go-sql-driver/mysql. The table must exist: see [Migrate].
 // It does no I/O. It returns an [*effects.ConfigError] if db is nil, scope
-// is invalid (see [New]), or an option is one it does not heed; it heeds
-// [AllowUnsafeFlush] and [AllowUnsafeBinlogSync], for [Journal.Check].
+// is invalid (see [New]). Its options are for [Journal.Check].
 func NewJournal(db *sql.DB, scope string, opts ...Option) (*Journal, error) {
 	const op = "mysql.NewJournal"
 	if db == nil {
-		return nil, &effects.ConfigError{Op: op, Option: "db", Reason: "nil"}
+		return nil, optcheck.Bad(op, "db", "nil")
 	}
 	if err := validateScope(op, scope); err != nil {
 		return nil, err
 	}
-	cfg, err := newConfig(op, opts, optUnsafeFlush, optUnsafeBinlogSyn)
-	if err != nil {
-		return nil, err
-	}
-	return &Journal{db: db, scope: scope, cfg: cfg}, nil
+	return &Journal{db: db, scope: scope, cfg: newDurability(opts)}, nil
 }
 
 const (

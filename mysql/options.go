@@ -2,18 +2,16 @@ package mysql
 
 import (
 	"database/sql"
-	"slices"
-	"strings"
 	"time"
 
-	"effectively.dev/effects"
 	"effectively.dev/effects/retry"
+	"effectively.dev/internal/optcheck"
+	"effectively.dev/internal/sqlkeys"
 )
 
-// DefaultMaxRetries is how often Apply retries a transaction that lost a
-// race (a deadlock, a lock wait timeout, or a key taken concurrently and
-// gone again when looked up) before it gives up; see [WithMaxRetries].
-const DefaultMaxRetries = 5
+// defaultMaxRetries is how often Apply retries a transaction that lost a
+// race; see [WithMaxRetries].
+const defaultMaxRetries = 5
 
 // retryBackoff spaces those retries: a random pause between half and all
 // of a ceiling that doubles from 2 ms up to 100 ms.
@@ -23,56 +21,64 @@ var retryBackoff = retry.Backoff{Min: 2 * time.Millisecond, Max: 100 * time.Mill
 // context is done so that a healthy connection goes back to the pool.
 const rollbackTimeout = 5 * time.Second
 
-// An Option configures [New], [Effect.Check] and [NewJournal]; each says
-// which options it heeds and returns an [*effects.ConfigError] for any
-// other, so that a setting is never ignored silently. A nil Option is
-// ignored.
-type Option func(*config)
+// An Option configures [New] and [NewJournal]: it is an [EffectOption]
+// too. A nil Option is ignored.
+type Option interface {
+	EffectOption
+	applyJournal(*durability)
+}
 
-// Names of the options, for ConfigError and for what each function heeds.
-const (
-	optFingerprint     = "WithFingerprint"
-	optMaxRetries      = "WithMaxRetries"
-	optIsolation       = "WithIsolation"
-	optUnsafeFlush     = "AllowUnsafeFlush"
-	optUnsafeBinlogSyn = "AllowUnsafeBinlogSync"
-)
+// An EffectOption configures [New]. A nil EffectOption is ignored.
+type EffectOption interface{ applyEffect(*effectConfig) }
 
-// config is what the options recorded; newConfig validates it once.
-type config struct {
-	given             []string // names of the options given, in order
-	fingerprint       any      // func(In) ([]byte, error), checked by New
-	maxRetries        int
-	isolation         sql.IsolationLevel
+// durability is what Check accepts; an [Option] sets it.
+type durability struct {
 	allowUnsafeFlush  bool
 	allowUnsafeBinlog bool
 }
 
-func (c *config) set(name string) { c.given = append(c.given, name) }
+// effectConfig is what New heeds.
+type effectConfig struct {
+	durability
+	maxRetries int
+	isolation  sql.IsolationLevel
+}
 
-// newConfig records opts and validates them for op, which heeds only the
-// options named in heeds.
-func newConfig(op string, opts []Option, heeds ...string) (config, error) {
-	c := config{maxRetries: DefaultMaxRetries}
+type allOpt func(*durability)
+
+func (f allOpt) applyJournal(c *durability)  { f(c) }
+func (f allOpt) applyEffect(c *effectConfig) { f(&c.durability) }
+
+type effectOpt func(*effectConfig)
+
+func (f effectOpt) applyEffect(c *effectConfig) { f(c) }
+
+// newEffectConfig applies opts and validates them for op.
+func newEffectConfig(op string, opts []EffectOption) (effectConfig, error) {
+	c := effectConfig{maxRetries: defaultMaxRetries}
 	for _, o := range opts {
 		if o != nil {
-			o(&c)
+			o.applyEffect(&c)
 		}
 	}
-	for _, name := range c.given {
-		if !slices.Contains(heeds, name) {
-			return c, &effects.ConfigError{Op: op, Option: name, Reason: "does not apply here; " + op + " heeds only " + strings.Join(heeds, ", ")}
-		}
+	if err := sqlkeys.MaxRetries(op, c.maxRetries); err != nil {
+		return c, err
 	}
-	switch {
-	case c.maxRetries < 0:
-		return c, &effects.ConfigError{Op: op, Option: optMaxRetries, Reason: "negative; 0 disables retries"}
-	case !validIsolation(c.isolation):
-		return c, &effects.ConfigError{Op: op, Option: optIsolation, Reason: "isolation level " + c.isolation.String() + " is not one MySQL has"}
-	case slices.Contains(c.given, optFingerprint) && c.fingerprint == nil:
-		return c, &effects.ConfigError{Op: op, Option: optFingerprint, Reason: "nil function"}
+	if !validIsolation(c.isolation) {
+		return c, optcheck.Bad(op, "WithIsolation", "isolation level %s is not one MySQL has", c.isolation)
 	}
 	return c, nil
+}
+
+// newDurability applies opts.
+func newDurability(opts []Option) durability {
+	var c durability
+	for _, o := range opts {
+		if o != nil {
+			o.applyJournal(&c)
+		}
+	}
+	return c
 }
 
 func validIsolation(l sql.IsolationLevel) bool {
@@ -83,32 +89,16 @@ func validIsolation(l sql.IsolationLevel) bool {
 	return false
 }
 
-// WithFingerprint sets how Apply fingerprints its input to detect a key
-// reused with a different payload ([effects.ErrKeyReused]). The default is
-// [effects.FingerprintJSON]. Fingerprint only what identifies the request,
-// and make it deterministic: a field that changes between deliveries of the
-// same message (a receive timestamp, a delivery count) turns every
-// redelivery into ErrKeyReused. In must be the Effect's input type and f
-// must not be nil, or New fails. [New] heeds it.
-func WithFingerprint[In any](f func(In) ([]byte, error)) Option {
-	return func(c *config) {
-		c.set(optFingerprint)
-		if f != nil {
-			c.fingerprint = f
-		}
-	}
-}
-
 // WithMaxRetries sets how many times Apply retries the whole transaction,
 // after a short jittered backoff, when it lost a race: InnoDB chose it as
 // a deadlock victim (1213), its lock wait timed out (1205), or the key's
 // INSERT found the key taken and the lookup that followed found it gone.
 // After the last retry Apply returns an [effects.ErrTransient] error: this
-// call applied nothing. Default [DefaultMaxRetries]; 0 disables retries; a
-// negative n is a ConfigError. The write function runs once per attempt,
-// so it must do nothing outside the transaction. [New] heeds it.
-func WithMaxRetries(n int) Option {
-	return func(c *config) { c.set(optMaxRetries); c.maxRetries = n }
+// call applied nothing. Default 5; 0 disables retries; a negative n is a
+// ConfigError. The write function runs once per attempt, so it must do
+// nothing outside the transaction.
+func WithMaxRetries(n int) EffectOption {
+	return effectOpt(func(c *effectConfig) { c.maxRetries = n })
 }
 
 // WithIsolation sets the isolation level of Apply's transactions, e.g.
@@ -117,10 +107,10 @@ func WithMaxRetries(n int) Option {
 // LEVEL). The default is the server's (REPEATABLE READ unless configured),
 // which is enough for the key itself: the primary key decides between
 // concurrent duplicates at any level, and Apply looks a taken key up
-// outside the transaction. [New] heeds it; a level MySQL does not have
-// (snapshot, linearizable) is a ConfigError.
-func WithIsolation(level sql.IsolationLevel) Option {
-	return func(c *config) { c.set(optIsolation); c.isolation = level }
+// outside the transaction. A level MySQL does not have (snapshot,
+// linearizable) is a ConfigError.
+func WithIsolation(level sql.IsolationLevel) EffectOption {
+	return effectOpt(func(c *effectConfig) { c.isolation = level })
 }
 
 // AllowUnsafeFlush makes Check accept innodb_flush_log_at_trx_commit set
@@ -131,10 +121,9 @@ func WithIsolation(level sql.IsolationLevel) Option {
 // a crash of the server loses them too. A message acked after such a
 // commit is gone, and so is its effect. Use it only when nothing is
 // acknowledged on the strength of the commit (a backfill that can be
-// re-run). [Effect.Check] and [Journal.Check] heed it, through [New] and
-// [NewJournal].
+// re-run). [Effect.Check] and [Journal.Check] heed it.
 func AllowUnsafeFlush() Option {
-	return func(c *config) { c.set(optUnsafeFlush); c.allowUnsafeFlush = true }
+	return allOpt(func(c *durability) { c.allowUnsafeFlush = true })
 }
 
 // AllowUnsafeBinlogSync makes Check accept sync_binlog other than 1 while
@@ -143,8 +132,7 @@ func AllowUnsafeFlush() Option {
 // that InnoDB committed: replicas never get them, and a failover to one
 // loses acknowledged effects (the old primary, recovered, may even roll
 // them back). Use it only when no replica is ever promoted and OS crashes
-// are accepted. [Effect.Check] and [Journal.Check] heed it, through [New]
-// and [NewJournal].
+// are accepted. [Effect.Check] and [Journal.Check] heed it.
 func AllowUnsafeBinlogSync() Option {
-	return func(c *config) { c.set(optUnsafeBinlogSyn); c.allowUnsafeBinlog = true }
+	return allOpt(func(c *durability) { c.allowUnsafeBinlog = true })
 }

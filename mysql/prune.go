@@ -2,21 +2,17 @@ package mysql
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 	"time"
 
-	"effectively.dev/effects"
+	"effectively.dev/internal/optcheck"
+	"effectively.dev/internal/sqlkeys"
 )
-
-// DefaultPruneBatch is the batch size [Prune] and [Journal.Prune] use when
-// given 0, and a [Pruner]'s default.
-const DefaultPruneBatch = 1000
 
 // Prune deletes the keys of scope created before olderThan, batchSize rows
 // per statement (DELETE ... LIMIT; each its own transaction when db is a
 // *sql.DB or a *sql.Conn in autocommit mode), until a statement deletes
-// fewer than batchSize (0 means [DefaultPruneBatch]; a negative size, or a
+// fewer than batchSize (0 means 1000; a negative size, or a
 // nil db, is an [*effects.ConfigError]). Small batches keep locks and redo
 // bursts short next to live traffic. It returns how many keys it deleted,
 // also when it stops early on an error or a done ctx.
@@ -28,7 +24,7 @@ const DefaultPruneBatch = 1000
 func Prune(ctx context.Context, db DB, scope string, olderThan time.Time, batchSize int) (int64, error) {
 	const op = "mysql.Prune"
 	if nilDB(db) {
-		return 0, &effects.ConfigError{Op: op, Option: "db", Reason: "nil"}
+		return 0, optcheck.Bad(op, "db", "nil")
 	}
 	if err := validateScope(op, scope); err != nil {
 		return 0, err
@@ -51,26 +47,12 @@ func (j *Journal) Prune(ctx context.Context, olderThan time.Time, batchSize int)
 // pruneBatches runs the DELETE query (parameters scope, olderThan as Unix
 // seconds, limit) until a statement deletes fewer than batchSize rows.
 func pruneBatches(ctx context.Context, db DB, op, query, scope string, olderThan time.Time, batchSize int) (int64, error) {
-	switch {
-	case batchSize < 0:
-		return 0, &effects.ConfigError{Op: op, Option: "batchSize", Reason: "negative; 0 means DefaultPruneBatch"}
-	case batchSize == 0:
-		batchSize = DefaultPruneBatch
-	}
 	cutoff := strconv.FormatFloat(float64(olderThan.UnixMicro())/1e6, 'f', 6, 64)
-	var deleted int64
-	for {
-		res, err := db.ExecContext(ctx, query, []byte(scope), cutoff, batchSize)
+	return sqlkeys.PruneBatches(ctx, op, batchSize, func(ctx context.Context, limit int) (int64, error) {
+		res, err := db.ExecContext(ctx, query, []byte(scope), cutoff, limit)
 		if err != nil {
-			return deleted, fmt.Errorf("%s: %w", op, err)
+			return 0, err
 		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return deleted, fmt.Errorf("%s: %w", op, err)
-		}
-		deleted += n
-		if n < int64(batchSize) {
-			return deleted, nil
-		}
-	}
+		return res.RowsAffected()
+	})
 }

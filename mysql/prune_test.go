@@ -68,10 +68,7 @@ func TestPruner(t *testing.T) {
 		t.Fatal(err)
 	}
 	applyKeys(t, eff, "fresh", 2)
-	p, err := mysql.NewPruner(db, "s", time.Hour, mysql.WithBatchSize(3), mysql.WithInterval(20*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := &mysql.Pruner{DB: db, Scope: "s", Horizon: time.Hour, BatchSize: 3, Interval: 20 * time.Millisecond}
 	ctx, cancel := context.WithCancel(testCtx(t))
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
@@ -88,7 +85,7 @@ func TestPruner(t *testing.T) {
 	}
 
 	bare := openPlain(t, mysqltest.DB(t))
-	p, _ = mysql.NewPruner(bare, "s", time.Hour)
+	p = &mysql.Pruner{DB: bare, Scope: "s", Horizon: time.Hour}
 	if err := p.Run(testCtx(t)); !errors.Is(err, effects.ErrInvalidConfig) {
 		t.Errorf("Run without the table: %v, want ErrInvalidConfig", err)
 	}

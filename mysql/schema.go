@@ -6,9 +6,9 @@ import (
 	_ "embed"
 	"fmt"
 	"strings"
-	"unicode/utf8"
 
-	"effectively.dev/effects"
+	"effectively.dev/internal/optcheck"
+	"effectively.dev/internal/sqlkeys"
 )
 
 // Schema is the SQL that [Migrate] runs: CREATE TABLE IF NOT EXISTS for
@@ -22,7 +22,7 @@ import (
 //go:embed schema.sql
 var Schema string
 
-// DB is what [Migrate], [Prune] and [NewPruner] need: *sql.DB, *sql.Conn
+// DB is what [Migrate], [Prune] and [Pruner] need: *sql.DB, *sql.Conn
 // and *sql.Tx all satisfy it. MySQL commits the open transaction before
 // a CREATE TABLE, so run Migrate outside one.
 type DB interface {
@@ -37,7 +37,7 @@ type DB interface {
 func Migrate(ctx context.Context, db DB) error {
 	const op = "mysql.Migrate"
 	if nilDB(db) {
-		return &effects.ConfigError{Op: op, Option: "db", Reason: "nil"}
+		return optcheck.Bad(op, "db", "nil")
 	}
 	for _, stmt := range statements(Schema) {
 		if _, err := db.ExecContext(ctx, stmt); err != nil {
@@ -71,22 +71,7 @@ const maxScopeLen = 255
 // validateScope checks what the scope column holds and what keeps
 // operators sane: non-empty, at most 255 bytes, valid UTF-8, no NUL byte.
 // A bad scope is an *effects.ConfigError.
-func validateScope(op, scope string) error {
-	var why string
-	switch {
-	case scope == "":
-		why = "empty"
-	case len(scope) > maxScopeLen:
-		why = fmt.Sprintf("%d bytes, longer than %d", len(scope), maxScopeLen)
-	case !utf8.ValidString(scope):
-		why = "not valid UTF-8"
-	case strings.IndexByte(scope, 0) >= 0:
-		why = "contains a NUL byte"
-	default:
-		return nil
-	}
-	return &effects.ConfigError{Op: op, Option: "scope", Reason: fmt.Sprintf("%q: %s", scope, why)}
-}
+func validateScope(op, scope string) error { return sqlkeys.Scope(op, scope, maxScopeLen) }
 
 // nilDB reports whether db is nil, or a nil *sql.DB, *sql.Conn or *sql.Tx.
 func nilDB(db DB) bool {

@@ -143,7 +143,7 @@ func (e *env) batched(b *testing.B, size int, precheck bool) stormRun {
 				fp, _ := effects.FingerprintJSON(s.pays[lo+i])
 				items[i] = postgres.BatchItem{Key: s.keys[lo+i], Fingerprint: fp}
 			}
-			var opts []postgres.Option
+			var opts []postgres.BatchOption
 			if precheck {
 				opts = append(opts, postgres.WithPrecheck(s.filter))
 			}

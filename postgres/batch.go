@@ -17,15 +17,14 @@ type BatchItem struct {
 	Fingerprint []byte // nil is stored as empty
 }
 
-// BatchResult is what [ClaimBatch], [ApplyBatch] or [SeenBatch] found for
-// the [BatchItem] at the same index.
+// BatchResult is what [ClaimBatch] or [ApplyBatch] found for the
+// [BatchItem] at the same index.
 type BatchResult struct {
 	// Status is [effects.Applied] when the key was new and is now claimed in
 	// the transaction: do this item's effect in it. It is
 	// [effects.Replayed] when the key was committed earlier with the same
 	// fingerprint (or appeared earlier in the same batch): do nothing. It is
-	// zero when Err is set, and, from [SeenBatch] only, for a key that is not
-	// committed.
+	// zero when Err is set.
 	Status effects.Status
 	// Ref is the stored reference of a replayed key; empty for a key new in
 	// this batch (see [SetRef]).
@@ -56,18 +55,17 @@ type BatchResult struct {
 //
 // An error returned by ClaimBatch itself concerns the whole batch: roll back.
 // [effects.ErrTransient] (serialization failure, deadlock, broken
-// connection) means retry the whole transaction. Options: only
-// [AllowAsyncCommit] applies; any other is an [*effects.ConfigError]. An
-// empty batch does nothing.
+// connection) means retry the whole transaction. An empty batch does
+// nothing. Its only [Option] is [AllowAsyncCommit].
 func ClaimBatch(ctx context.Context, tx pgx.Tx, scope string, items []BatchItem, opts ...Option) ([]BatchResult, error) {
 	const op = "postgres.ClaimBatch"
 	if err := validateBatch(op, scope, items); err != nil {
 		return nil, err
 	}
-	cfg, err := newConfig(op, opts, optAsyncCommit)
-	if err != nil || len(items) == 0 {
-		return nil, err
+	if len(items) == 0 {
+		return nil, nil
 	}
+	cfg := newTxConfig(opts)
 	c := newBatchClaim(op, scope, items)
 	if err := c.scan(tx.QueryRow(ctx, batchClaimSQL, c.scope, c.keys, c.fps)); err != nil {
 		return nil, classify(ctx, op, "", err, false, tx.Conn().IsClosed()).err

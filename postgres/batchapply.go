@@ -12,15 +12,8 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/retry"
+	"effectively.dev/internal/optcheck"
 )
-
-// BatchWriteFunc does the writes of items[i] of an [ApplyBatch] call in tx,
-// the transaction that holds the claims of the whole batch, and returns a
-// reference to what it wrote (a ledger row id) or "". Like a [WriteFunc] it
-// must write only through tx and must not commit or roll back; it may run
-// more than once for the same i, in a new transaction, when ApplyBatch
-// retries.
-type BatchWriteFunc func(ctx context.Context, tx pgx.Tx, i int) (ref string, err error)
 
 // errBatchAbandoned is the cause of the items ApplyBatch did not apply
 // because too many writes failed.
@@ -32,11 +25,11 @@ var errBatchAbandoned = fmt.Errorf("not applied: the batch was abandoned after %
 // item whose key is new, in index order and in the same transaction, stores
 // the non-empty refs and commits (one round trip for both). Items whose key
 // was committed before are Replayed with their stored ref, and write is not
-// called for them. It is the natural body of an consume.BatchHandler; see
+// called for them. It is the natural body of a consume.BatchHandler; see
 // [BatchErrors].
 //
 // With [WithPrecheck], the keys a filter may have seen are first looked up
-// with one read-only query ([SeenBatch]): those committed replay without a
+// with one read-only query: those committed replay without a
 // transaction, and only the rest are claimed. That is the cheap path for a
 // replay storm, where most keys of a batch were applied before.
 //
@@ -65,21 +58,24 @@ var errBatchAbandoned = fmt.Errorf("not applied: the batch was abandoned after %
 // Ack the messages only after ApplyBatch returned, and only those whose
 // result has no Err.
 //
-// Options: [WithMaxRetries], [WithIsolation], [AllowAsyncCommit] and
-// [WithPrecheck] apply; any other is an [*effects.ConfigError]. An empty
-// batch does nothing.
-func ApplyBatch(ctx context.Context, pool *pgxpool.Pool, scope string, items []BatchItem, write BatchWriteFunc, opts ...Option) ([]BatchResult, error) {
+// write does the writes of items[i] in tx, the transaction that holds the
+// claims of the whole batch, and returns a reference to what it wrote (a
+// ledger row id) or "". Like a [WriteFunc] it must write only through tx
+// and must not commit or roll back; it may run more than once for the same
+// i, in a new transaction, when ApplyBatch retries. An empty batch does
+// nothing.
+func ApplyBatch(ctx context.Context, pool *pgxpool.Pool, scope string, items []BatchItem, write func(ctx context.Context, tx pgx.Tx, i int) (ref string, err error), opts ...BatchOption) ([]BatchResult, error) {
 	const op = "postgres.ApplyBatch"
 	switch {
 	case pool == nil:
-		return nil, &effects.ConfigError{Op: op, Option: "pool", Reason: "nil"}
+		return nil, optcheck.Bad(op, "pool", "nil")
 	case write == nil:
-		return nil, &effects.ConfigError{Op: op, Option: "write", Reason: "nil write function"}
+		return nil, optcheck.Bad(op, "write", "nil write function")
 	}
 	if err := validateBatch(op, scope, items); err != nil {
 		return nil, err
 	}
-	cfg, err := newConfig(op, opts, optMaxRetries, optIsolation, optAsyncCommit, optPrecheck)
+	cfg, err := newBatchConfig(op, opts)
 	if err != nil || len(items) == 0 {
 		return nil, err
 	}
@@ -132,8 +128,8 @@ type applyBatch struct {
 	pool      *pgxpool.Pool
 	scope     string
 	items     []BatchItem
-	write     BatchWriteFunc
-	cfg       config
+	write     func(ctx context.Context, tx pgx.Tx, i int) (string, error)
+	cfg       batchConfig
 	txOptions pgx.TxOptions
 	failed    []error // items[i] failed for good with failed[i]; left out of later attempts
 	done      []bool  // items[i] was settled by the pre-check; left out of the transaction
@@ -380,7 +376,7 @@ func raceLost(err error) bool {
 }
 
 // BatchErrors turns what [ApplyBatch] returned into the one-error-per-item
-// slice an consume.BatchHandler returns: err for every item when err is not
+// slice a consume.BatchHandler returns: err for every item when err is not
 // nil (nothing, or an unknown part, was committed: every item must be
 // retried), else each result's Err.
 func BatchErrors(n int, results []BatchResult, err error) []error {
@@ -398,14 +394,6 @@ func BatchErrors(n int, results []BatchResult, err error) []error {
 	return errs
 }
 
-// Querier is what [Seen], [SeenBatch] and [Keys] need: *pgxpool.Pool,
-// *pgx.Conn and pgx.Tx all satisfy it.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
 // Seen is a read-only pre-check: it reports whether key was committed under
 // scope, with one SELECT on the primary key of effectively_keys, no
 // transaction and no WAL. When it was, with the same fingerprint, Seen
@@ -420,7 +408,8 @@ type Querier interface {
 // seen, and the Apply that follows waits for it and replays; Seen can never
 // make a write be skipped that should happen. It costs a wasted round trip
 // for every new key: package negcache keeps a Bloom filter that lets new
-// keys skip it; for many keys at once, use [SeenBatch]. fingerprint must be
+// keys skip it; for many keys at once, use [ApplyBatch] with
+// [WithPrecheck]. fingerprint must be
 // computed as the effect computes it (the default is
 // effects.FingerprintJSON of the input).
 //
@@ -428,9 +417,9 @@ type Querier interface {
 // reports a found key only after the replay barrier (an autocommit
 // statement that writes a few bytes of WAL and waits for the standby; in a
 // pgx.Tx, the caller's COMMIT waits instead, so ack after it), and with
-// unsafe commit settings it returns [ErrAsyncCommit]. Options: only
-// [AllowAsyncCommit] applies; any other is an [*effects.ConfigError].
-func Seen(ctx context.Context, db Querier, scope string, key effects.Key, fingerprint []byte, opts ...Option) (effects.Result, bool, error) {
+// unsafe commit settings it returns [ErrAsyncCommit]. Its only
+// [Option] is [AllowAsyncCommit].
+func Seen(ctx context.Context, db DB, scope string, key effects.Key, fingerprint []byte, opts ...Option) (effects.Result, bool, error) {
 	const op = "postgres.Seen"
 	if err := key.Validate(); err != nil {
 		return effects.Result{}, false, err
@@ -438,13 +427,10 @@ func Seen(ctx context.Context, db Querier, scope string, key effects.Key, finger
 	if err := validateScope(op, scope); err != nil {
 		return effects.Result{}, false, err
 	}
-	cfg, err := newConfig(op, opts, optAsyncCommit)
-	if err != nil {
-		return effects.Result{}, false, err
-	}
+	cfg := newTxConfig(opts)
 	var s stored
 	var settings commitSettings
-	err = db.QueryRow(ctx, seenSQL, scope, string(key)).Scan(&s.fp, &s.ref, &settings.syncCommit, &settings.syncRep)
+	err := db.QueryRow(ctx, seenSQL, scope, string(key)).Scan(&s.fp, &s.ref, &settings.syncCommit, &settings.syncRep)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return effects.Result{}, false, nil
@@ -465,51 +451,9 @@ func Seen(ctx context.Context, db Querier, scope string, key effects.Key, finger
 	return effects.Result{Status: r.Status, Ref: r.Ref}, true, nil
 }
 
-// SeenBatch is [Seen] for many keys with one query (WHERE key = ANY(...)),
-// no transaction and no WAL: the batch pre-check of a replay storm. The
-// results are in the order of items: Status [effects.Replayed] with the
-// stored Ref for an item whose key was committed with the same fingerprint,
-// Err wrapping [effects.ErrKeyReused] when it was committed with another,
-// and a zero BatchResult (Status 0, no Err) when it was not committed: apply
-// those, with [ApplyBatch] or [Effect.Apply]. Every occurrence of a key
-// repeated in items is compared with the stored fingerprint.
-//
-// Under synchronous replication it passes the replay barrier once for the
-// batch when any key was found (see [Seen]). Keys are validated before any
-// I/O. Options: only [AllowAsyncCommit] applies. [ApplyBatch] with
-// [WithPrecheck] runs it for the keys a filter may have seen.
-func SeenBatch(ctx context.Context, db Querier, scope string, items []BatchItem, opts ...Option) ([]BatchResult, error) {
-	const op = "postgres.SeenBatch"
-	if err := validateBatch(op, scope, items); err != nil {
-		return nil, err
-	}
-	cfg, err := newConfig(op, opts, optAsyncCommit)
-	if err != nil || len(items) == 0 {
-		return nil, err
-	}
-	found, settings, err := seenBatch(ctx, db, op, scope, items)
-	switch {
-	case err != nil:
-		return nil, err
-	case len(found) > 0 && settings.unsafeCommit() && !cfg.allowAsyncCommit:
-		return nil, fmt.Errorf("%s: %w", op, ErrAsyncCommit)
-	case len(found) > 0 && settings.replayNeedsBarrier():
-		if _, err := db.Exec(ctx, replayBarrierSQL); err != nil {
-			return nil, classify(ctx, op, "", err, false, false).err
-		}
-	}
-	results := make([]BatchResult, len(items))
-	for i, it := range items {
-		if s, ok := found[it.Key]; ok {
-			results[i] = s.result(op, it)
-		}
-	}
-	return results, nil
-}
-
 // seenBatch looks up the distinct keys of items, returning those committed
 // and the session's commit settings (zero when none was found).
-func seenBatch(ctx context.Context, db Querier, op, scope string, items []BatchItem) (map[effects.Key]stored, commitSettings, error) {
+func seenBatch(ctx context.Context, db DB, op, scope string, items []BatchItem) (map[effects.Key]stored, commitSettings, error) {
 	keys := make([]string, 0, len(items))
 	dedup := make(map[effects.Key]bool, len(items))
 	for _, it := range items {
@@ -537,7 +481,7 @@ func seenBatch(ctx context.Context, db Querier, op, scope string, items []BatchI
 // instance to warm a negcache.Filter at startup so that a replay storm of
 // messages handled before the restart finds them. It reads with one
 // streaming query; an error from fn stops it and is returned.
-func Keys(ctx context.Context, db Querier, scope string, since time.Time, fn func(effects.Key) error) error {
+func Keys(ctx context.Context, db DB, scope string, since time.Time, fn func(effects.Key) error) error {
 	const op = "postgres.Keys"
 	if err := validateScope(op, scope); err != nil {
 		return err

@@ -91,9 +91,10 @@ func asyncCommit(op string, key effects.Key) error {
 // the guarantee of [Effect.Apply] for code that already has a transaction
 // (several effects in one transaction, a framework that hands you a
 // pgx.Tx). It inserts the key first, with ON CONFLICT DO NOTHING, so that a
-// concurrent duplicate waits on the primary key from the start; Apply,
-// which owns its transaction, looks the key up first and writes the key
-// row once, with its ref, in the round trip of COMMIT.
+// concurrent duplicate waits on the primary key from the start. (Apply,
+// which owns its transaction, inserts the key last, with its ref, in the
+// round trip of COMMIT, and looks it up only after a failed attempt or
+// with [WithLookupFirst]; see [Effect.Apply].)
 //
 // It returns Status [effects.Applied] when the key is new and now claimed in
 // tx: do the effect in tx, optionally [SetRef], then commit. "Applied" takes
@@ -120,8 +121,8 @@ func asyncCommit(op string, key effects.Key) error {
 // READ or SERIALIZABLE, a duplicate that commits while Claim waits for it
 // makes Claim fail with 40001 (ErrTransient), and the retry replays.
 //
-// A nil fingerprint is stored as an empty one. Options: only
-// [AllowAsyncCommit] applies; any other is an [*effects.ConfigError].
+// A nil fingerprint is stored as an empty one. Its only
+// [Option] is [AllowAsyncCommit].
 func Claim(ctx context.Context, tx pgx.Tx, scope string, key effects.Key, fingerprint []byte, opts ...Option) (effects.Result, error) {
 	const op = "postgres.Claim"
 	if err := key.Validate(); err != nil {
@@ -130,10 +131,7 @@ func Claim(ctx context.Context, tx pgx.Tx, scope string, key effects.Key, finger
 	if err := validateScope(op, scope); err != nil {
 		return effects.Result{}, err
 	}
-	cfg, err := newConfig(op, opts, optAsyncCommit)
-	if err != nil {
-		return effects.Result{}, err
-	}
+	cfg := newTxConfig(opts)
 	out, err := claimKey(ctx, tx, op, scope, key, nonNil(fingerprint))
 	switch {
 	case errors.Is(err, effects.ErrKeyReused):

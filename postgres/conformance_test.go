@@ -141,7 +141,7 @@ func (h *confHarness) Make(ctx context.Context, f *conformance.Faults) (effects.
 	if h.af != nil {
 		f.SetAppFaulter(h.appFault)
 	}
-	var opts []postgres.Option
+	var opts []postgres.EffectOption
 	if h.lookupFirst {
 		opts = append(opts, postgres.WithLookupFirst())
 	}

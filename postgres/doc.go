@@ -26,8 +26,8 @@
 //   - For replay storms, where most deliveries were handled before:
 //     [ApplyBatch] with [WithPrecheck] looks up, with one query, the keys a
 //     filter (package negcache) may have seen, replays those committed
-//     without a transaction and claims only the rest; [SeenBatch] and
-//     [Seen] are that pre-check on its own.
+//     without a transaction and claims only the rest; [Seen] is that
+//     pre-check on its own, for one key.
 //   - [Journal] implements journal.Journal, the sent-record for effects
 //     outside the database (email, an API call): at-least-once with a
 //     declared window, not effectively once.
@@ -45,12 +45,15 @@
 // write and writes no WAL: the shape for replays. BENCHMARKS.md has the
 // measurements.
 //
-// Options follow the module's convention: each function validates the
-// options it is given once, before any I/O, and returns an
-// [*effects.ConfigError] for a bad value or for an option it does not heed.
+// Options are scoped by type: [New] and [NewPipelined] take an
+// [EffectOption], [ApplyBatch] a [BatchOption], and [Claim], [ClaimBatch]
+// and [Seen] an [Option], so an option a function does not use does not
+// compile there. Each function validates its options once, before any I/O, and
+// returns an [*effects.ConfigError] for a bad value. The [Pruner] is
+// configured by its fields.
 //
-// Run [Migrate] once (or copy [Schema] into your migrations), and [Prune]
-// old keys periodically, keeping them longer than the broker's retention
+// Run [Migrate] once (or copy [Schema] into your migrations), and prune
+// old keys ([Pruner], or [Prune] periodically), keeping them longer than the broker's retention
 // plus the longest replay.
 //
 // The guarantee rests on three rules the package enforces or documents: the

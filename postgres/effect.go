@@ -10,6 +10,8 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/retry"
+	"effectively.dev/internal/optcheck"
+	"effectively.dev/internal/sqlkeys"
 )
 
 // WriteFunc does an effect's writes in tx, the transaction that also holds
@@ -47,23 +49,26 @@ type Effect[In any] struct {
 	group       *coalescer[groupReq[In], groupRes] // the grouped shape's, if it has it (set by New)
 	fingerprint func(In) ([]byte, error)
 	txOptions   pgx.TxOptions
-	cfg         config
+	cfg         effectConfig
 }
 
 var _ effects.Effect[struct{}] = (*Effect[struct{}])(nil)
 
 // New returns an Effect that runs write under keys in scope (an application
 // or tenant name; keys are unique per scope). The tables must exist: see
-// [Migrate]. It returns an [*effects.ConfigError] if pool or write is nil,
-// scope is empty, not UTF-8 or contains NUL, or an option is invalid: a
-// [WithFingerprint] for another input type, a negative [WithMaxRetries], an
-// unknown [WithIsolation] level, or an option New does not heed.
-func New[In any](pool *pgxpool.Pool, scope string, write WriteFunc[In], opts ...Option) (*Effect[In], error) {
+// [Migrate]. Apply fingerprints its input with the input's method
+// Fingerprint() ([]byte, error) when In has one, else with
+// [effects.FingerprintJSON]: fingerprint only what identifies the request,
+// and deterministically, or every redelivery is [effects.ErrKeyReused].
+// New returns an [*effects.ConfigError] if pool or write is nil, scope is
+// empty, not UTF-8 or contains NUL, only *In has the Fingerprint method,
+// or an option's value is invalid.
+func New[In any](pool *pgxpool.Pool, scope string, write WriteFunc[In], opts ...EffectOption) (*Effect[In], error) {
 	const op = "postgres.New"
 	if write == nil {
-		return nil, &effects.ConfigError{Op: op, Option: "write", Reason: "nil write function"}
+		return nil, optcheck.Bad(op, "write", "nil write function")
 	}
-	e, err := newEffect[In](op, pool, scope, opts, optNoGroupCommit)
+	e, err := newEffect[In](op, pool, scope, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -76,34 +81,28 @@ func New[In any](pool *pgxpool.Pool, scope string, write WriteFunc[In], opts ...
 
 // newEffect validates what [New] and [NewPipelined] share and returns an
 // Effect without its writes.
-func newEffect[In any](op string, pool *pgxpool.Pool, scope string, opts []Option, more ...string) (*Effect[In], error) {
+func newEffect[In any](op string, pool *pgxpool.Pool, scope string, opts []EffectOption) (*Effect[In], error) {
 	if pool == nil {
-		return nil, &effects.ConfigError{Op: op, Option: "pool", Reason: "nil"}
+		return nil, optcheck.Bad(op, "pool", "nil")
 	}
 	if err := validateScope(op, scope); err != nil {
 		return nil, err
 	}
-	cfg, err := newConfig(op, opts, append([]string{optFingerprint, optMaxRetries, optIsolation, optAsyncCommit, optLookupFirst}, more...)...)
+	cfg, err := newEffectConfig(op, opts)
 	if err != nil {
 		return nil, err
 	}
-	e := &Effect[In]{
+	fingerprint, err := sqlkeys.Fingerprint[In](op)
+	if err != nil {
+		return nil, err
+	}
+	return &Effect[In]{
 		pool:        pool,
 		scope:       scope,
-		fingerprint: func(in In) ([]byte, error) { return effects.FingerprintJSON(in) },
+		fingerprint: fingerprint,
 		txOptions:   pgx.TxOptions{IsoLevel: cfg.isolation},
 		cfg:         cfg,
-	}
-	if cfg.fingerprint != nil {
-		f, ok := cfg.fingerprint.(func(In) ([]byte, error))
-		if !ok {
-			var zero In
-			return nil, &effects.ConfigError{Op: op, Option: optFingerprint,
-				Reason: fmt.Sprintf("got %T, want func(%T) ([]byte, error)", cfg.fingerprint, zero)}
-		}
-		e.fingerprint = f
-	}
-	return e, nil
+	}, nil
 }
 
 // Contract declares effectively-once, enforced by the primary key of
@@ -276,7 +275,7 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 	defer conn.Release() // destroys the connection unless it is idle, outside a transaction
 
 	var (
-		p   probe
+		p   keyLookup
 		ref string
 	)
 	tx, err := e.begin(ctx, conn, key, lookFirst, &p)
@@ -324,13 +323,13 @@ func (e *Effect[In]) attempt(ctx context.Context, key effects.Key, fp []byte, in
 // into p, in one round trip (pgx's Batch.BeginTx) when lookFirst; else
 // with pgx's Conn.BeginTx, one simple-protocol BEGIN, which spares the
 // client the batch's pipeline. On an error nothing is left open.
-func (e *Effect[In]) begin(ctx context.Context, conn *pgxpool.Conn, key effects.Key, lookFirst bool, p *probe) (pgx.Tx, error) {
+func (e *Effect[In]) begin(ctx context.Context, conn *pgxpool.Conn, key effects.Key, lookFirst bool, p *keyLookup) (pgx.Tx, error) {
 	if !lookFirst {
 		return conn.BeginTx(ctx, e.txOptions)
 	}
 	var batch pgx.Batch
 	batch.BeginTx(e.txOptions)
-	queueProbe(&batch, e.scope, key, p)
+	queueLookup(&batch, e.scope, key, p)
 	br := conn.SendBatch(ctx, &batch)
 	tx := br.Tx()
 	if err := br.Close(); err != nil {
@@ -394,7 +393,7 @@ func (e *Effect[In]) failedBeforeCommit(ctx context.Context, conn *pgx.Conn, end
 }
 
 // replayIfCommitted ends the transaction of an attempt that failed before
-// COMMIT (with end) and looks its key up (probeSQL): if the key has been
+// COMMIT (with end) and looks its key up (keyLookupSQL): if the key has been
 // committed, before the attempt or concurrently with it, it replays it
 // (replayFound, after the same check of the commit settings as a lookup
 // first: a replay acked under unsafe settings could ack a commit that a
@@ -410,20 +409,20 @@ func (e *Effect[In]) replayIfCommitted(ctx context.Context, conn *pgx.Conn, end 
 	if inTx(conn) { // not after a COMMIT that failed: that ended it
 		end()
 	}
-	var p probe
-	if p.scan(conn.QueryRow(ctx, probeSQL, e.scope, string(key))) != nil || !p.found {
+	var p keyLookup
+	if p.scan(conn.QueryRow(ctx, keyLookupSQL, e.scope, string(key))) != nil || !p.found {
 		return effects.Result{}, classified{}, false
 	}
 	res, c := e.replay(ctx, conn, key, fp, &p)
 	return res, c, true
 }
 
-// replay replays key, found committed by p (a probe or a lookup): it
+// replay replays key, found committed by p (a lookup first or after a failed attempt): it
 // refuses with ErrAsyncCommit instead when the session's commit settings
 // make acknowledging unsafe (a replay acked under them could ack a commit
 // that a crash or a failover loses; AllowAsyncCommit allows it), and
 // otherwise replays (replayFound).
-func (e *Effect[In]) replay(ctx context.Context, conn *pgx.Conn, key effects.Key, fp []byte, p *probe) (effects.Result, classified) {
+func (e *Effect[In]) replay(ctx context.Context, conn *pgx.Conn, key effects.Key, fp []byte, p *keyLookup) (effects.Result, classified) {
 	if p.unsafeCommit() && !e.cfg.allowAsyncCommit {
 		if inTx(conn) {
 			rollbackConn(ctx, conn)

@@ -16,11 +16,10 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/postgres"
-	"effectively.dev/postgres/pgtest"
 )
 
 // ledgerEffect returns the tests' effect on pool, counting write calls.
-func ledgerEffect(t testing.TB, pool *pgxpool.Pool, calls *atomic.Int64, opts ...postgres.Option) *postgres.Effect[payment] {
+func ledgerEffect(t testing.TB, pool *pgxpool.Pool, calls *atomic.Int64, opts ...postgres.EffectOption) *postgres.Effect[payment] {
 	t.Helper()
 	fx, err := postgres.New(pool, "billing", func(ctx context.Context, tx pgx.Tx, p payment) (string, error) {
 		if calls != nil {
@@ -57,6 +56,19 @@ func TestEffectContract(t *testing.T) {
 	}
 }
 
+// eventFingerprinted is a payment whose fingerprint is its event id only.
+type eventFingerprinted payment
+
+func (p eventFingerprinted) Fingerprint() ([]byte, error) {
+	return effects.Fingerprint([]byte(p.EventID)), nil
+}
+
+// ptrFingerprinted has a Fingerprint method on its pointer only, which an
+// Effect of ptrFingerprinted values would never call.
+type ptrFingerprinted struct{}
+
+func (*ptrFingerprinted) Fingerprint() ([]byte, error) { return nil, nil }
+
 func TestNewRefusesBadArguments(t *testing.T) {
 	pool := newPool(t, newDB(t), nil)
 	write := func(ctx context.Context, tx pgx.Tx, p payment) (string, error) { return "", nil }
@@ -68,12 +80,8 @@ func TestNewRefusesBadArguments(t *testing.T) {
 		"nil write":    {"write", func() error { _, err := postgres.New[payment](pool, "s", nil); return err }},
 		"empty scope":  {"scope", func() error { _, err := postgres.New(pool, "", write); return err }},
 		"NUL in scope": {"scope", func() error { _, err := postgres.New(pool, "a\x00b", write); return err }},
-		"fingerprint for another type": {"WithFingerprint", func() error {
-			_, err := postgres.New(pool, "s", write, postgres.WithFingerprint(func(s string) ([]byte, error) { return nil, nil }))
-			return err
-		}},
-		"nil fingerprint": {"WithFingerprint", func() error {
-			_, err := postgres.New(pool, "s", write, postgres.WithFingerprint[payment](nil))
+		"Fingerprint declared on *In only": {"Fingerprint", func() error {
+			_, err := postgres.New(pool, "s", func(context.Context, pgx.Tx, ptrFingerprinted) (string, error) { return "", nil })
 			return err
 		}},
 		"negative retries": {"WithMaxRetries", func() error {
@@ -84,19 +92,10 @@ func TestNewRefusesBadArguments(t *testing.T) {
 			_, err := postgres.New(pool, "s", write, postgres.WithIsolation("snapshot"))
 			return err
 		}},
-		"an option New does not heed": {"WithPrecheck", func() error {
-			_, err := postgres.New(pool, "s", write, postgres.WithPrecheck(new(keySet)))
-			return err
-		}},
-		"an option Claim does not heed": {"WithMaxRetries", func() error {
-			return inTx(t, pool, func(tx pgx.Tx) error {
-				_, err := postgres.Claim(testCtx(t), tx, "s", "k", nil, postgres.WithMaxRetries(3))
-				return err
-			})
-		}},
-		"an option ApplyBatch does not heed": {"WithFingerprint", func() error {
-			_, err := postgres.ApplyBatch(testCtx(t), pool, "s", nil, func(context.Context, pgx.Tx, int) (string, error) { return "", nil },
-				postgres.WithFingerprint(func(payment) ([]byte, error) { return nil, nil }))
+		"NewPipelined without group commit": {"WithoutGroupCommit", func() error {
+			_, err := postgres.NewPipelined(pool, "s", func(context.Context, effects.Key, payment) (string, []postgres.Statement, error) {
+				return "", nil, nil
+			}, postgres.WithoutGroupCommit())
 			return err
 		}},
 		"nil precheck filter": {"WithPrecheck", func() error {
@@ -124,7 +123,7 @@ func TestNewRefusesBadArguments(t *testing.T) {
 	}
 	// A nil option is ignored, and every option New heeds is accepted.
 	if _, err := postgres.New(pool, "s", write, nil, postgres.WithMaxRetries(0), postgres.WithIsolation(pgx.Serializable),
-		postgres.AllowAsyncCommit(), postgres.WithLookupFirst(), postgres.WithFingerprint(func(payment) ([]byte, error) { return nil, nil })); err != nil {
+		postgres.AllowAsyncCommit(), postgres.WithLookupFirst(), postgres.WithoutGroupCommit()); err != nil {
 		t.Fatalf("New with valid options: %v", err)
 	}
 }
@@ -136,11 +135,11 @@ func TestApply(t *testing.T) {
 	// By default a rare duplicate runs its write in a transaction that
 	// rolls back (the key's INSERT finds it); looked up first, it does not.
 	for name, tc := range map[string]struct {
-		opts   []postgres.Option
+		opts   []postgres.EffectOption
 		writes int64
 	}{
 		"":                   {nil, 4},
-		" (WithLookupFirst)": {[]postgres.Option{postgres.WithLookupFirst()}, 1},
+		" (WithLookupFirst)": {[]postgres.EffectOption{postgres.WithLookupFirst()}, 1},
 	} {
 		t.Run("redelivery after commit replays with the same ref"+name, func(t *testing.T) {
 			ctx := testCtx(t)
@@ -169,7 +168,7 @@ func TestApply(t *testing.T) {
 		ctx := testCtx(t)
 		for _, lookupFirst := range []bool{false, true} {
 			var calls atomic.Int64
-			var opts []postgres.Option
+			var opts []postgres.EffectOption
 			if lookupFirst {
 				opts = append(opts, postgres.WithLookupFirst())
 			}
@@ -255,14 +254,17 @@ func TestApply(t *testing.T) {
 
 	t.Run("custom fingerprint decides what counts as the same payload", func(t *testing.T) {
 		ctx := testCtx(t)
-		fx := ledgerEffect(t, pool, nil, postgres.WithFingerprint(func(p payment) ([]byte, error) {
-			return effects.Fingerprint([]byte(p.EventID)), nil
-		}))
-		key := effects.MustKey("evt_fp", "ledger")
-		if _, err := fx.Apply(ctx, key, payment{EventID: "evt_fp", Amount: 1}); err != nil {
+		fx, err := postgres.New(pool, "billing", func(ctx context.Context, tx pgx.Tx, p eventFingerprinted) (string, error) {
+			return writeLedger(ctx, tx, payment(p))
+		})
+		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := fx.Apply(ctx, key, payment{EventID: "evt_fp", Amount: 2})
+		key := effects.MustKey("evt_fp", "ledger")
+		if _, err := fx.Apply(ctx, key, eventFingerprinted{EventID: "evt_fp", Amount: 1}); err != nil {
+			t.Fatal(err)
+		}
+		res, err := fx.Apply(ctx, key, eventFingerprinted{EventID: "evt_fp", Amount: 2})
 		if err != nil || res.Status != effects.Replayed {
 			t.Fatalf("Apply = %+v, %v; want replayed (amount is not fingerprinted)", res, err)
 		}
@@ -462,7 +464,7 @@ func TestApplyLostReplyAtEveryRoundTrip(t *testing.T) {
 	t.Run("WithLookupFirst", func(t *testing.T) { testApplyLostReplyAtEveryRoundTrip(t, postgres.WithLookupFirst()) })
 }
 
-func testApplyLostReplyAtEveryRoundTrip(t *testing.T, opts ...postgres.Option) {
+func testApplyLostReplyAtEveryRoundTrip(t *testing.T, opts ...postgres.EffectOption) {
 	var f faults
 	pool := newPool(t, newDB(t), func(c *pgxpool.Config) { f.configure(c); c.MaxConns = 1 })
 	ctx := testCtx(t)
@@ -681,7 +683,7 @@ func applyBehind(t *testing.T, ctx context.Context, watch *pgx.Conn, other pgx.T
 		res, err := apply()
 		done <- applyResult{res, err}
 	}()
-	pgtest.WaitFor(t, ctx, watch, `SELECT count(*)::text FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`, "1")
+	pollUntil(t, ctx, watch, `SELECT count(*)::text FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`, "1")
 	var err error
 	if commit {
 		err = other.Commit(ctx)

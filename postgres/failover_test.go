@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/effects"
+	"effectively.dev/internal/testserver"
 	"effectively.dev/postgres"
 	"effectively.dev/postgres/pgtest"
 )
@@ -415,7 +416,7 @@ const failoverDB = "failover"
 // primary.
 type failoverPair struct {
 	primary, standby *pgtest.Cluster
-	link             *pgtest.Proxy
+	link             *testserver.Proxy
 	admin            *pgx.Conn
 }
 
@@ -441,7 +442,7 @@ func startFailoverPair(t *testing.T, ctx context.Context, sync bool) *failoverPa
 		t.Fatal(err)
 	}
 	mustExec(t, admin, ledgerDDL)
-	link, err := pgtest.NewProxy(fmt.Sprintf("127.0.0.1:%d", primary.Port()))
+	link, err := testserver.NewProxy(fmt.Sprintf("127.0.0.1:%d", primary.Port()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -457,7 +458,7 @@ func startFailoverPair(t *testing.T, ctx context.Context, sync bool) *failoverPa
 		mustExec(t, admin, "SELECT pg_reload_conf()")
 		wantState = "sync"
 	}
-	pgtest.WaitFor(t, ctx, admin, "SELECT coalesce(max(sync_state), '') FROM pg_stat_replication WHERE application_name = '"+standbyName+"' AND state = 'streaming'", wantState)
+	pollUntil(t, ctx, admin, "SELECT coalesce(max(sync_state), '') FROM pg_stat_replication WHERE application_name = '"+standbyName+"' AND state = 'streaming'", wantState)
 	var syncCommit string
 	if err := admin.QueryRow(ctx, "SHOW synchronous_commit").Scan(&syncCommit); err != nil || syncCommit != "on" {
 		t.Fatalf("synchronous_commit = %q (%v), want on", syncCommit, err)
@@ -550,10 +551,10 @@ func check(t *testing.T, ctx context.Context, conn *pgx.Conn, r *failoverResult,
 // every path replays through the barrier.
 func TestFailoverCancelledSyncWait(t *testing.T) {
 	for _, lookupFirst := range []bool{false, true} {
-		var opts []postgres.Option
+		var opts []postgres.EffectOption
 		name := ""
 		if lookupFirst {
-			opts, name = []postgres.Option{postgres.WithLookupFirst()}, " (WithLookupFirst)"
+			opts, name = []postgres.EffectOption{postgres.WithLookupFirst()}, " (WithLookupFirst)"
 		}
 		pipelined := func(pool *pgxpool.Pool) (*postgres.Effect[payment], error) {
 			return postgres.NewPipelined(pool, failoverScope, func(_ context.Context, k effects.Key, p payment) (string, []postgres.Statement, error) {

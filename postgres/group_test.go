@@ -110,7 +110,7 @@ func TestApplyGroupCommitsOnce(t *testing.T) {
 
 func TestApplyWithoutGroupCommit(t *testing.T) {
 	pool := newPool(t, newDB(t), nil)
-	for _, opt := range []postgres.Option{postgres.WithoutGroupCommit(), postgres.WithLookupFirst()} {
+	for _, opt := range []postgres.EffectOption{postgres.WithoutGroupCommit(), postgres.WithLookupFirst()} {
 		fx := ledgerEffect(t, pool, nil, opt)
 		if _, grouped := postgres.Groups(fx); grouped {
 			t.Fatalf("an Effect with %T has the grouped shape", opt)

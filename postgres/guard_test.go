@@ -30,7 +30,7 @@ func TestApplyCommitGuardEverywhere(t *testing.T) {
 		"exec":            pgx.QueryExecModeExec,
 		"simple":          pgx.QueryExecModeSimpleProtocol,
 	}
-	shapes := map[string][]postgres.Option{"default": nil, "lookupfirst": {postgres.WithLookupFirst()}}
+	shapes := map[string][]postgres.EffectOption{"default": nil, "lookupfirst": {postgres.WithLookupFirst()}}
 	n := 0
 	for mname, mode := range modes {
 		for _, plan := range []string{"auto", "force_generic_plan"} {
@@ -45,7 +45,7 @@ func TestApplyCommitGuardEverywhere(t *testing.T) {
 								c.ConnConfig.DefaultQueryExecMode = mode
 								c.ConnConfig.RuntimeParams["plan_cache_mode"] = plan
 							})
-							fx := guardEffect(t, pool, kind, append([]postgres.Option{postgres.WithIsolation(iso)}, shape...)...)
+							fx := guardEffect(t, pool, kind, append([]postgres.EffectOption{postgres.WithIsolation(iso)}, shape...)...)
 							ctx := testCtx(t)
 							prefix := fmt.Sprintf("guard%d_", n)
 							for i := 0; i < 8; i++ { // past the 5 custom plans
@@ -95,7 +95,7 @@ func TestApplyCommitGuardEverywhere(t *testing.T) {
 // guardEffect is the Effect of kind that TestApplyCommitGuardEverywhere
 // runs: a write that turns synchronous_commit off for its transaction
 // when the amount is negative.
-func guardEffect(t *testing.T, pool *pgxpool.Pool, kind string, opts ...postgres.Option) *postgres.Effect[payment] {
+func guardEffect(t *testing.T, pool *pgxpool.Pool, kind string, opts ...postgres.EffectOption) *postgres.Effect[payment] {
 	t.Helper()
 	const setOff = `SET LOCAL synchronous_commit = off`
 	var (

@@ -204,3 +204,21 @@ func exampleDB() *pgxpool.Pool {
 	}
 	return pool
 }
+
+// pollUntil polls sql on conn every 20 ms until it returns want (as text),
+// and fails t if ctx ends first: for states that settle asynchronously.
+func pollUntil(t testing.TB, ctx context.Context, conn *pgx.Conn, sql, want string) {
+	t.Helper()
+	var got string
+	for {
+		err := conn.QueryRow(ctx, sql).Scan(&got)
+		if err == nil && got == want {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: got %q (err %v), want %q", sql, got, err, want)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}

@@ -1,21 +1,19 @@
 package postgres
 
 import (
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/retry"
+	"effectively.dev/internal/optcheck"
+	"effectively.dev/internal/sqlkeys"
 )
 
-// DefaultMaxRetries is how often Apply and ApplyBatch retry a transaction
-// that lost a race (a serialization failure, a deadlock, a key taken
-// concurrently, or a write that failed while a concurrent Apply committed
-// its key) before they give up; see [WithMaxRetries].
-const DefaultMaxRetries = 5
+// defaultMaxRetries is how often Apply and ApplyBatch retry a transaction
+// that lost a race; see [WithMaxRetries].
+const defaultMaxRetries = 5
 
 // retryBackoff spaces those retries: a random pause between half and all
 // of a ceiling that doubles from 2 ms up to 100 ms.
@@ -25,69 +23,121 @@ var retryBackoff = retry.Backoff{Min: 2 * time.Millisecond, Max: 100 * time.Mill
 // context is done so that a healthy connection goes back to the pool.
 const rollbackTimeout = 5 * time.Second
 
-// An Option configures [New], [ApplyBatch], [Claim], [ClaimBatch], [Seen]
-// and [SeenBatch]; each says which options it heeds and returns an
-// [*effects.ConfigError] for any other, so that a setting is never ignored
-// silently. A nil Option is ignored.
-type Option func(*config)
-
-// Names of the options, for ConfigError and for what each function heeds.
-const (
-	optFingerprint   = "WithFingerprint"
-	optMaxRetries    = "WithMaxRetries"
-	optIsolation     = "WithIsolation"
-	optAsyncCommit   = "AllowAsyncCommit"
-	optPrecheck      = "WithPrecheck"
-	optLookupFirst   = "WithLookupFirst"
-	optNoGroupCommit = "WithoutGroupCommit"
-)
-
-// config is what the options recorded; check validates it once.
-type config struct {
-	given            []string // names of the options given, in order
-	fingerprint      any      // func(In) ([]byte, error), checked by New
-	maxRetries       int
-	isolation        pgx.TxIsoLevel
-	allowAsyncCommit bool
-	precheck         KeyFilter
-	lookupFirst      bool
-	noGroupCommit    bool
+// An Option configures every function of this package that takes
+// options: it is an [EffectOption] (for [New] and [NewPipelined]), a
+// [BatchOption] (for [ApplyBatch]), and configures [Claim], [ClaimBatch],
+// and [Seen]. A nil Option is ignored.
+type Option interface {
+	EffectOption
+	BatchOption
+	applyTx(*txConfig)
 }
 
-func (c *config) set(name string) { c.given = append(c.given, name) }
+// An EffectOption configures [New] and [NewPipelined]. A nil EffectOption
+// is ignored.
+type EffectOption interface{ applyEffect(*effectConfig) }
 
-// newConfig records opts and validates them for op, which heeds only the
-// options named in heeds.
-func newConfig(op string, opts []Option, heeds ...string) (config, error) {
-	c := config{maxRetries: DefaultMaxRetries}
+// A BatchOption configures [ApplyBatch]. A nil BatchOption is ignored.
+type BatchOption interface{ applyBatch(*batchConfig) }
+
+// A TxOption configures the transactions of [New], [NewPipelined] and
+// [ApplyBatch]: it is an [EffectOption] and a [BatchOption].
+type TxOption interface {
+	EffectOption
+	BatchOption
+}
+
+// txConfig is what every function that writes or reads keys heeds.
+type txConfig struct {
+	allowAsyncCommit bool
+}
+
+// retryConfig is what a [TxOption] sets.
+type retryConfig struct {
+	maxRetries int
+	isolation  pgx.TxIsoLevel
+}
+
+// check returns a *effects.ConfigError of op for an invalid value.
+func (c *retryConfig) check(op string) error {
+	if err := sqlkeys.MaxRetries(op, c.maxRetries); err != nil {
+		return err
+	}
+	if !validIsolation(c.isolation) {
+		return optcheck.Bad(op, "WithIsolation", "unknown isolation level %q", c.isolation)
+	}
+	return nil
+}
+
+// effectConfig is what New and NewPipelined heed.
+type effectConfig struct {
+	txConfig
+	retryConfig
+	lookupFirst   bool
+	noGroupCommit bool
+}
+
+// batchConfig is what ApplyBatch heeds.
+type batchConfig struct {
+	txConfig
+	retryConfig
+	precheck    KeyFilter
+	precheckSet bool
+}
+
+type allOpt func(*txConfig)
+
+func (f allOpt) applyTx(c *txConfig)         { f(c) }
+func (f allOpt) applyEffect(c *effectConfig) { f(&c.txConfig) }
+func (f allOpt) applyBatch(c *batchConfig)   { f(&c.txConfig) }
+
+type retryOpt func(*retryConfig)
+
+func (f retryOpt) applyEffect(c *effectConfig) { f(&c.retryConfig) }
+func (f retryOpt) applyBatch(c *batchConfig)   { f(&c.retryConfig) }
+
+type effectOpt func(*effectConfig)
+
+func (f effectOpt) applyEffect(c *effectConfig) { f(c) }
+
+type batchOpt func(*batchConfig)
+
+func (f batchOpt) applyBatch(c *batchConfig) { f(c) }
+
+// newEffectConfig applies opts for op.
+func newEffectConfig(op string, opts []EffectOption) (effectConfig, error) {
+	c := effectConfig{retryConfig: retryConfig{maxRetries: defaultMaxRetries}}
 	for _, o := range opts {
 		if o != nil {
-			o(&c)
+			o.applyEffect(&c)
 		}
 	}
-	for _, name := range c.given {
-		if !slices.Contains(heeds, name) {
-			return c, &effects.ConfigError{Op: op, Option: name, Reason: "does not apply here; " + op + " heeds only " + heedsList(heeds)}
-		}
-	}
-	switch {
-	case c.maxRetries < 0:
-		return c, &effects.ConfigError{Op: op, Option: optMaxRetries, Reason: "negative; 0 disables retries"}
-	case !validIsolation(c.isolation):
-		return c, &effects.ConfigError{Op: op, Option: optIsolation, Reason: "unknown isolation level " + string(c.isolation)}
-	case slices.Contains(c.given, optPrecheck) && c.precheck == nil:
-		return c, &effects.ConfigError{Op: op, Option: optPrecheck, Reason: "nil filter"}
-	case slices.Contains(c.given, optFingerprint) && c.fingerprint == nil:
-		return c, &effects.ConfigError{Op: op, Option: optFingerprint, Reason: "nil function"}
-	}
-	return c, nil
+	return c, c.check(op)
 }
 
-func heedsList(names []string) string {
-	if len(names) == 0 {
-		return "no options"
+// newBatchConfig applies opts for op.
+func newBatchConfig(op string, opts []BatchOption) (batchConfig, error) {
+	c := batchConfig{retryConfig: retryConfig{maxRetries: defaultMaxRetries}}
+	for _, o := range opts {
+		if o != nil {
+			o.applyBatch(&c)
+		}
 	}
-	return strings.Join(names, ", ")
+	if c.precheckSet && c.precheck == nil {
+		return c, optcheck.Bad(op, "WithPrecheck", "nil filter")
+	}
+	return c, c.check(op)
+}
+
+// newTxConfig applies opts.
+func newTxConfig(opts []Option) txConfig {
+	var c txConfig
+	for _, o := range opts {
+		if o != nil {
+			o.applyTx(&c)
+		}
+	}
+	return c
 }
 
 func validIsolation(l pgx.TxIsoLevel) bool {
@@ -98,22 +148,6 @@ func validIsolation(l pgx.TxIsoLevel) bool {
 	return false
 }
 
-// WithFingerprint sets how Apply fingerprints its input to detect a key
-// reused with a different payload ([effects.ErrKeyReused]). The default is
-// [effects.FingerprintJSON]. Fingerprint only what identifies the request,
-// and make it deterministic: a field that changes between deliveries of the
-// same message (a receive timestamp, a delivery count) turns every
-// redelivery into ErrKeyReused. In must be the Effect's input type and f
-// must not be nil, or New fails. [New] and [NewPipelined] heed it.
-func WithFingerprint[In any](f func(In) ([]byte, error)) Option {
-	return func(c *config) {
-		c.set(optFingerprint)
-		if f != nil {
-			c.fingerprint = f
-		}
-	}
-}
-
 // WithMaxRetries sets how many times Apply and ApplyBatch retry the whole
 // transaction, after a short jittered backoff, when it lost a race:
 // PostgreSQL aborted it with a serialization failure (40001), a deadlock
@@ -122,11 +156,11 @@ func WithFingerprint[In any](f func(In) ([]byte, error)) Option {
 // last retry they return an [effects.ErrTransient] error: this call
 // applied nothing, and a retry with the same key replays what the other
 // one committed. Default
-// [DefaultMaxRetries]; 0 disables retries; a negative n is a ConfigError.
+// 5; 0 disables retries; a negative n is a ConfigError.
 // The write function runs once per attempt, so it must do nothing outside
-// the transaction. [New] and [ApplyBatch] heed it.
-func WithMaxRetries(n int) Option {
-	return func(c *config) { c.set(optMaxRetries); c.maxRetries = n }
+// the transaction.
+func WithMaxRetries(n int) TxOption {
+	return retryOpt(func(c *retryConfig) { c.maxRetries = n })
 }
 
 // WithIsolation sets the isolation level of the transactions of Apply and
@@ -137,10 +171,9 @@ func WithMaxRetries(n int) Option {
 // SERIALIZABLE a duplicate that commits while Apply waits for it is not in
 // Apply's snapshot: Apply's own insert of the key then fails (23505 or
 // 40001), the attempt rolls back and is retried, and the retry replays.
-// [New] and [ApplyBatch] heed it; a level pgx does not define is a
-// ConfigError.
-func WithIsolation(level pgx.TxIsoLevel) Option {
-	return func(c *config) { c.set(optIsolation); c.isolation = level }
+// A level pgx does not define is a ConfigError.
+func WithIsolation(level pgx.TxIsoLevel) TxOption {
+	return retryOpt(func(c *retryConfig) { c.isolation = level })
 }
 
 // AllowAsyncCommit lets claims and replays run with synchronous_commit =
@@ -150,7 +183,7 @@ func WithIsolation(level pgx.TxIsoLevel) Option {
 // are gone, so an acked message would have lost its effect. Every function
 // that takes options heeds it.
 func AllowAsyncCommit() Option {
-	return func(c *config) { c.set(optAsyncCommit); c.allowAsyncCommit = true }
+	return allOpt(func(c *txConfig) { c.allowAsyncCommit = true })
 }
 
 // WithLookupFirst makes [Effect.Apply] look every key up before it runs
@@ -161,10 +194,9 @@ func AllowAsyncCommit() Option {
 // [NewPipelined], one round trip more). Use it when duplicates are
 // frequent (a worker that replays a topic with kafka.Replay, a redrive of
 // dead letters), when the write is expensive, or when a duplicate's
-// rolled-back write must not happen at all. [New] and [NewPipelined] heed
-// it.
-func WithLookupFirst() Option {
-	return func(c *config) { c.set(optLookupFirst); c.lookupFirst = true }
+// rolled-back write must not happen at all.
+func WithLookupFirst() EffectOption {
+	return effectOpt(func(c *effectConfig) { c.lookupFirst = true })
 }
 
 // KeyFilter is what [WithPrecheck] needs: a set of keys known to be
@@ -180,7 +212,7 @@ type KeyFilter interface {
 
 // WithPrecheck makes [ApplyBatch] run a read-only pre-check first, gated by
 // filter: the items whose key filter says it may have seen are looked up
-// with one query ([SeenBatch]); those found committed with the same
+// with one query; those found committed with the same
 // fingerprint replay without a transaction, those found with another
 // fingerprint get [effects.ErrKeyReused], and only the rest (the keys the
 // filter has never seen, and its false positives) go through the claiming
@@ -191,9 +223,8 @@ type KeyFilter interface {
 // that fails is not an error: the transaction, which is the authority,
 // then decides for every item. Under synchronous replication the replays
 // wait for the standby, as Apply's do (see [Seen]). filter must not be nil.
-// Only [ApplyBatch] heeds it.
-func WithPrecheck(filter KeyFilter) Option {
-	return func(c *config) { c.set(optPrecheck); c.precheck = filter }
+func WithPrecheck(filter KeyFilter) BatchOption {
+	return batchOpt(func(c *batchConfig) { c.precheck, c.precheckSet = filter, true })
 }
 
 // WithoutGroupCommit makes [New]'s Effect run every Apply in a
@@ -203,8 +234,8 @@ func WithPrecheck(filter KeyFilter) Option {
 // commit), and a member of a group waits for the writes of the members
 // before it and commits with the last. Use it when the writes are slow or
 // hold locks for long, so that each Apply commits as soon as its own write
-// is done. [WithLookupFirst] has no grouped shape either. Only [New] heeds
-// it.
-func WithoutGroupCommit() Option {
-	return func(c *config) { c.set(optNoGroupCommit); c.noGroupCommit = true }
+// is done. [WithLookupFirst] has no grouped shape either. [NewPipelined]
+// has no grouped shape: it returns an [*effects.ConfigError] for it.
+func WithoutGroupCommit() EffectOption {
+	return effectOpt(func(c *effectConfig) { c.noGroupCommit = true })
 }

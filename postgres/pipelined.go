@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/effects"
+	"effectively.dev/internal/optcheck"
 )
 
 // Statement is one SQL statement and its arguments, as pgx takes them.
@@ -45,17 +46,21 @@ type StatementsFunc[In any] func(ctx context.Context, key effects.Key, in In) (r
 // before the writes run (statements returns it). A statement that fails
 // on the server fails the whole transaction and nothing is committed: put
 // checks in SQL (a constraint, a statement that raises), since nothing
-// can read a result before COMMIT. Everything else, the options, the errors, duplicates and
-// retries, is as for [New]. It returns an [*effects.ConfigError] where New
-// does, and if statements is nil.
-func NewPipelined[In any](pool *pgxpool.Pool, scope string, statements StatementsFunc[In], opts ...Option) (*Effect[In], error) {
+// can read a result before COMMIT. Everything else, the options, the
+// fingerprint, the errors, duplicates and retries, is as for [New]. It
+// returns an [*effects.ConfigError] where New does, if statements is nil,
+// and for [WithoutGroupCommit]: a pipelined Effect has no grouped shape.
+func NewPipelined[In any](pool *pgxpool.Pool, scope string, statements StatementsFunc[In], opts ...EffectOption) (*Effect[In], error) {
 	const op = "postgres.NewPipelined"
 	if statements == nil {
-		return nil, &effects.ConfigError{Op: op, Option: "statements", Reason: "nil statements function"}
+		return nil, optcheck.Bad(op, "statements", "nil statements function")
 	}
 	e, err := newEffect[In](op, pool, scope, opts)
 	if err != nil {
 		return nil, err
+	}
+	if e.cfg.noGroupCommit {
+		return nil, optcheck.Bad(op, "WithoutGroupCommit", "a pipelined Effect has no grouped shape; leave it out")
 	}
 	e.statements = statements
 	return e, nil

@@ -20,7 +20,7 @@ import (
 // pipelinedLedger is the tests' pipelined effect: a ledger row and an
 // audit row, the ref made before they run (the event's id, numbered by a
 // counter so that every Apply makes a new one).
-func pipelinedLedger(t testing.TB, pool *pgxpool.Pool, calls *atomic.Int64, opts ...postgres.Option) *postgres.Effect[payment] {
+func pipelinedLedger(t testing.TB, pool *pgxpool.Pool, calls *atomic.Int64, opts ...postgres.EffectOption) *postgres.Effect[payment] {
 	t.Helper()
 	fx, err := postgres.NewPipelined(pool, "billing", func(_ context.Context, key effects.Key, p payment) (string, []postgres.Statement, error) {
 		n := calls.Add(1)
@@ -254,7 +254,7 @@ func TestNewPipelinedRefusesAsyncCommit(t *testing.T) {
 // nothing is written.
 func TestNewPipelinedStatementThatCannotBeEncoded(t *testing.T) {
 	pool := newPool(t, newDB(t), nil)
-	for _, opts := range [][]postgres.Option{nil, {postgres.WithLookupFirst()}} {
+	for _, opts := range [][]postgres.EffectOption{nil, {postgres.WithLookupFirst()}} {
 		fx, err := postgres.NewPipelined(pool, "billing", func(context.Context, effects.Key, payment) (string, []postgres.Statement, error) {
 			return "r", []postgres.Statement{{SQL: `INSERT INTO ledger (event_id, amount) VALUES ($1, $2)`, Args: []any{"evt", make(chan int)}}}, nil
 		}, opts...)

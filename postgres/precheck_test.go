@@ -63,43 +63,6 @@ func (s *keySet) Add(k effects.Key) {
 	s.keys[k] = true
 }
 
-func TestSeenBatch(t *testing.T) {
-	pool := newPool(t, newDB(t), nil)
-	ctx := testCtx(t)
-	items, pays := batchOf(t, []string{"sb-1", "sb-2", "sb-3"})
-	applied, err := postgres.ApplyBatch(ctx, pool, "billing", items[:2], func(ctx context.Context, tx pgx.Tx, i int) (string, error) {
-		return writeLedger(ctx, tx, pays[i])
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reusedItem := postgres.BatchItem{Key: items[1].Key, Fingerprint: effects.Fingerprint([]byte("another payload"))}
-	// committed, committed with another payload, never committed, a repeat.
-	query := []postgres.BatchItem{items[0], reusedItem, items[2], items[0]}
-	res, err := postgres.SeenBatch(ctx, pool, "billing", query)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res[0] != (postgres.BatchResult{Status: effects.Replayed, Ref: applied[0].Ref}) || res[3] != res[0] {
-		t.Errorf("committed key: %+v and its repeat %+v, want replayed with %q", res[0], res[3], applied[0].Ref)
-	}
-	if !errors.Is(res[1].Err, effects.ErrKeyReused) || res[1].Status != 0 {
-		t.Errorf("key committed with another payload: %+v, want ErrKeyReused", res[1])
-	}
-	if res[2] != (postgres.BatchResult{}) {
-		t.Errorf("key never committed: %+v, want the zero result", res[2])
-	}
-	if res, err := postgres.SeenBatch(ctx, pool, "other-scope", items[:1]); err != nil || res[0] != (postgres.BatchResult{}) {
-		t.Errorf("SeenBatch in another scope = %+v, %v; want not seen", res, err)
-	}
-	if _, err := postgres.SeenBatch(ctx, pool, "billing", []postgres.BatchItem{items[0], {Key: "bad\x00key"}}); !errors.Is(err, effects.ErrInvalidKey) {
-		t.Errorf("SeenBatch with an invalid key: %v, want ErrInvalidKey", err)
-	}
-	if res, err := postgres.SeenBatch(ctx, pool, "billing", nil); res != nil || err != nil {
-		t.Errorf("SeenBatch of nothing = %v, %v", res, err)
-	}
-}
-
 // TestApplyBatchPrecheck: with WithPrecheck, the keys the filter holds are
 // looked up with one query and replayed without a transaction; only the
 // rest are claimed, in one transaction, and added to the filter once it
@@ -211,7 +174,7 @@ func TestApplyBatchPrecheck(t *testing.T) {
 }
 
 // TestPrecheckReplayBarrier: under synchronous replication a key found by
-// the pre-check (Seen, SeenBatch, ApplyBatch with WithPrecheck) is reported
+// the pre-check (Seen, ApplyBatch with WithPrecheck) is reported
 // only once the standby has it, as Apply's replays are: while the standby
 // link is stalled the key is visible on the primary, yet none of them
 // reports it; once the link resumes, all do.
@@ -236,13 +199,6 @@ func TestPrecheckReplayBarrier(t *testing.T) {
 				err = errors.New("not found")
 			}
 			return res, err
-		},
-		"SeenBatch": func(ctx context.Context) (effects.Result, error) {
-			res, err := postgres.SeenBatch(ctx, pool, failoverScope, items)
-			if err != nil {
-				return effects.Result{}, err
-			}
-			return effects.Result{Status: res[0].Status, Ref: res[0].Ref}, res[0].Err
 		},
 		"ApplyBatch with WithPrecheck": func(ctx context.Context) (effects.Result, error) {
 			res, err := postgres.ApplyBatch(ctx, pool, failoverScope, items, func(context.Context, pgx.Tx, int) (string, error) {

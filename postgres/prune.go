@@ -2,16 +2,16 @@ package postgres
 
 import (
 	"context"
-	"fmt"
 	"time"
 
-	"effectively.dev/effects"
+	"effectively.dev/internal/optcheck"
+	"effectively.dev/internal/sqlkeys"
 )
 
 // Prune deletes the keys of scope created before olderThan, batchSize rows
 // per statement (each its own transaction when db is a pool or a
 // connection), until a statement deletes fewer than batchSize (0 means
-// [DefaultPruneBatch]; a negative size, or a nil db, is an
+// 1000; a negative size, or a nil db, is an
 // [*effects.ConfigError]). Small
 // batches keep locks and WAL bursts short next to live traffic. It returns how many
 // keys it deleted, also when it stops early on an error or a done ctx.
@@ -24,7 +24,7 @@ import (
 func Prune(ctx context.Context, db DB, scope string, olderThan time.Time, batchSize int) (int64, error) {
 	const op = "postgres.Prune"
 	if nilDB(db) {
-		return 0, &effects.ConfigError{Op: op, Option: "db", Reason: "nil"}
+		return 0, optcheck.Bad(op, "db", "nil")
 	}
 	if err := validateScope(op, scope); err != nil {
 		return 0, err
@@ -47,25 +47,8 @@ func (j *Journal) Prune(ctx context.Context, olderThan time.Time, batchSize int)
 // pruneBatches runs the DELETE sql (parameters scope, olderThan, limit)
 // until a statement deletes fewer than batchSize rows.
 func pruneBatches(ctx context.Context, db DB, op, sql, scope string, olderThan time.Time, batchSize int) (int64, error) {
-	switch {
-	case batchSize < 0:
-		return 0, &effects.ConfigError{Op: op, Option: "batchSize", Reason: "negative; 0 means DefaultPruneBatch"}
-	case batchSize == 0:
-		batchSize = DefaultPruneBatch
-	}
-	var deleted int64
-	for {
-		tag, err := db.Exec(ctx, sql, scope, olderThan, batchSize)
-		if err != nil {
-			return deleted, fmt.Errorf("%s: %w", op, err)
-		}
-		deleted += tag.RowsAffected()
-		if tag.RowsAffected() < int64(batchSize) {
-			return deleted, nil
-		}
-	}
+	return sqlkeys.PruneBatches(ctx, op, batchSize, func(ctx context.Context, limit int) (int64, error) {
+		tag, err := db.Exec(ctx, sql, scope, olderThan, limit)
+		return tag.RowsAffected(), err
+	})
 }
-
-// DefaultPruneBatch is the batch size [Prune] and [Journal.Prune] use when
-// given 0.
-const DefaultPruneBatch = 1000

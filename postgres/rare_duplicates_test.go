@@ -92,7 +92,7 @@ func TestApplyRareDuplicateOfAWriteThatIgnoresAnError(t *testing.T) {
 	}
 	ctx := testCtx(t)
 	key := effects.MustKey("evt_ignored", "receipt")
-	for i, shape := range [][]postgres.Option{nil, {postgres.WithLookupFirst()}} {
+	for i, shape := range [][]postgres.EffectOption{nil, {postgres.WithLookupFirst()}} {
 		fx, err := postgres.New(pool, "billing", write, shape...)
 		if err != nil {
 			t.Fatal(err)

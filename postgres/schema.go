@@ -4,14 +4,13 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
-	"strings"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"effectively.dev/effects"
+	"effectively.dev/internal/optcheck"
+	"effectively.dev/internal/sqlkeys"
 )
 
 // Schema is the SQL that [Migrate] runs: CREATE TABLE IF NOT EXISTS for
@@ -28,11 +27,14 @@ var Schema string
 // calls; it spells "effectiv" in ASCII.
 const migrateLockID int64 = 0x6566666563746976
 
-// DB is what [Migrate] and [Prune] need: *pgxpool.Pool, *pgx.Conn and pgx.Tx
-// all satisfy it. Given a pgx.Tx, Begin opens a savepoint, so the work joins
-// the caller's transaction.
+// DB is what the functions that take a database handle need:
+// *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn and pgx.Tx all satisfy it.
+// Given a pgx.Tx, Begin opens a savepoint, so the work joins the caller's
+// transaction.
 type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
@@ -44,7 +46,7 @@ type DB interface {
 // A nil db is an [*effects.ConfigError].
 func Migrate(ctx context.Context, db DB) error {
 	if nilDB(db) {
-		return &effects.ConfigError{Op: "postgres.Migrate", Option: "db", Reason: "nil"}
+		return optcheck.Bad("postgres.Migrate", "db", "nil")
 	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
@@ -68,20 +70,7 @@ func Migrate(ctx context.Context, db DB) error {
 // validateScope checks what PostgreSQL text can hold and what keeps
 // operators sane: non-empty, valid UTF-8, no NUL byte. A bad scope is an
 // *effects.ConfigError.
-func validateScope(op, scope string) error {
-	var why string
-	switch {
-	case scope == "":
-		why = "empty"
-	case !utf8.ValidString(scope):
-		why = "not valid UTF-8"
-	case strings.IndexByte(scope, 0) >= 0:
-		why = "contains a NUL byte"
-	default:
-		return nil
-	}
-	return &effects.ConfigError{Op: op, Option: "scope", Reason: fmt.Sprintf("%q: %s", scope, why)}
-}
+func validateScope(op, scope string) error { return sqlkeys.Scope(op, scope, 0) }
 
 // nilDB reports whether db is nil, or a nil pool, connection or
 // transaction of pgx's.

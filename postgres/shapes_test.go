@@ -45,12 +45,12 @@ var (
 // applyShapes are every shape of Apply: New and NewPipelined, each as it
 // is built by default and WithLookupFirst.
 func applyShapes() []applyShape {
-	newFx := func(opts ...postgres.Option) func(t *testing.T, pool *pgxpool.Pool, calls *atomic.Int64) *postgres.Effect[payment] {
+	newFx := func(opts ...postgres.EffectOption) func(t *testing.T, pool *pgxpool.Pool, calls *atomic.Int64) *postgres.Effect[payment] {
 		return func(t *testing.T, pool *pgxpool.Pool, calls *atomic.Int64) *postgres.Effect[payment] {
 			return ledgerEffect(t, pool, calls, opts...)
 		}
 	}
-	pipelined := func(opts ...postgres.Option) func(t *testing.T, pool *pgxpool.Pool, calls *atomic.Int64) *postgres.Effect[payment] {
+	pipelined := func(opts ...postgres.EffectOption) func(t *testing.T, pool *pgxpool.Pool, calls *atomic.Int64) *postgres.Effect[payment] {
 		return func(t *testing.T, pool *pgxpool.Pool, calls *atomic.Int64) *postgres.Effect[payment] {
 			t.Helper()
 			fx, err := postgres.NewPipelined(pool, "billing", func(_ context.Context, _ effects.Key, p payment) (string, []postgres.Statement, error) {
@@ -143,7 +143,7 @@ func TestApplyShapes(t *testing.T) {
 // statement still commits its key, in every shape of New.
 func TestApplyShapeOfAWriteThatRunsNothing(t *testing.T) {
 	pool := newPool(t, newDB(t), nil)
-	for _, opts := range [][]postgres.Option{nil, {postgres.WithLookupFirst()}} {
+	for _, opts := range [][]postgres.EffectOption{nil, {postgres.WithLookupFirst()}} {
 		fx, err := postgres.New(pool, "billing", func(context.Context, pgx.Tx, payment) (string, error) { return "nothing", nil }, opts...)
 		if err != nil {
 			t.Fatal(err)

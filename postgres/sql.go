@@ -178,13 +178,13 @@ const commitGuardExpr = `CASE WHEN current_setting('synchronous_commit') = 'off'
 
 const commitGuardMarker = "refused by effectively.dev: "
 
-// probeSQL looks the key up with the settings that decide whether a replay
+// keyLookupSQL looks the key up with the settings that decide whether a replay
 // may be acknowledged, in one statement that always returns one row (found
 // false for a new key). Sent with BEGIN, it is the lookup of an attempt
 // that looks first; after a failed attempt, the lookup that replays a
 // duplicate. It takes no lock: a concurrent Apply of the same key that it
 // did not see is settled by the key's INSERT (see insertKeySQL).
-const probeSQL = `SELECT k.key IS NOT NULL, k.fingerprint, k.ref, s.sync_commit, s.sync_rep
+const keyLookupSQL = `SELECT k.key IS NOT NULL, k.fingerprint, k.ref, s.sync_commit, s.sync_rep
 FROM (SELECT current_setting('synchronous_commit') AS sync_commit,
 		current_setting('synchronous_standby_names') <> '' AS sync_rep) AS s
 	LEFT JOIN effectively_keys AS k ON k.scope = $1 AND k.key = $2`

@@ -82,7 +82,7 @@ func variantTag(name string) string { return strings.ReplaceAll(name, "-", "") }
 const insertLedger = `INSERT INTO %s (event_id, account, cents) VALUES ($1, $2, $3)`
 
 // runDefaults is the README's path with every default (and opts).
-func runDefaults(ctx context.Context, r *runEnv, opts ...postgres.Option) error {
+func runDefaults(ctx context.Context, r *runEnv, opts ...postgres.EffectOption) error {
 	ledger, err := postgres.New(r.pool, r.scope, func(ctx context.Context, tx pgx.Tx, ev event) (string, error) {
 		var id string
 		err := tx.QueryRow(ctx, fmt.Sprintf(insertLedger, r.ledger)+` RETURNING id::text`, ev.ID, ev.Account, ev.Cents).Scan(&id)

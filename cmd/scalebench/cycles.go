@@ -101,9 +101,7 @@ func runCycles(ctx context.Context, e *env, cfg config, w io.Writer) (err error)
 		}()
 		go func() {
 			defer wg.Done()
-			p, err := postgres.NewPruner(t.d.pool, scope, cfg.horizon, postgres.WithRate(2*float64(cfg.cycleRate)),
-				postgres.WithBatchSize(cfg.pruneBatch), postgres.WithInterval(max(cfg.horizon/20, 10*time.Millisecond)),
-				postgres.WithLogger(cfg.logger), postgres.WithObserver(countPruned(&t.pruned)))
+			p := &postgres.Pruner{DB: t.d.pool, Scope: scope, Horizon: cfg.horizon, Rate: 2 * float64(cfg.cycleRate), BatchSize: cfg.pruneBatch, Interval: max(cfg.horizon/20, 10*time.Millisecond), Logger: cfg.logger, Observer: countPruned(&t.pruned)}
 			if err == nil {
 				err = p.Run(rctx)
 			}

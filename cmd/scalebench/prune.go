@@ -137,7 +137,7 @@ func pruneRounds(ctx context.Context, e *env, cfg config, expired int64, w io.Wr
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "none, none-2: Apply alone (none-2 is the control: the same mode run twice per round)")
-	fmt.Fprintln(w, "pruner:      postgres.NewPruner(pool, scope, 24h, WithRate(rate), WithBatchSize(batch)).Run")
+	fmt.Fprintln(w, "pruner:      (&postgres.Pruner{DB: pool, Scope: scope, Horizon: 24h, Rate: rate, BatchSize: batch}).Run")
 	fmt.Fprintln(w, "prune-all:   postgres.Prune(ctx, pool, scope, now-24h, batch) back to back, unpaced, as a cron job runs it")
 	fmt.Fprintln(w, "VACUUM running: share of 250 ms samples of pg_stat_progress_vacuum that saw a (auto)vacuum of the database")
 	fmt.Fprintln(w)
@@ -188,15 +188,14 @@ func pruneWindow(ctx context.Context, d *db, a *applier, cfg config, mode string
 		defer func() { pruneTime = time.Since(began) }()
 		switch mode {
 		case modePruner:
-			p, err := postgres.NewPruner(d.pool, scope, horizon, postgres.WithRate(rate), postgres.WithBatchSize(cfg.pruneBatch),
-				postgres.WithInterval(cfg.window), postgres.WithLogger(cfg.logger), postgres.WithObserver(effects.ObserverFunc(func(_ context.Context, ev effects.Event) {
-					if ev.Kind == effects.EventPruned {
-						pruned.Add(ev.Count)
-						if ev.Count < int64(cfg.pruneBatch) {
-							exhausted = true
-						}
+			p := &postgres.Pruner{DB: d.pool, Scope: scope, Horizon: horizon, Rate: rate, BatchSize: cfg.pruneBatch, Interval: cfg.window, Logger: cfg.logger, Observer: effects.ObserverFunc(func(_ context.Context, ev effects.Event) {
+				if ev.Kind == effects.EventPruned {
+					pruned.Add(ev.Count)
+					if ev.Count < int64(cfg.pruneBatch) {
+						exhausted = true
 					}
-				})))
+				}
+			})}
 			if err == nil {
 				err = p.Run(wctx)
 			}

@@ -4,25 +4,26 @@
 //
 //   - [DB]: the DSN of a brand-new empty database on a server shared by the
 //     whole test binary, dropped when the test ends. Most tests need only
-//     this. [DBWith] picks the server's [Options] (Durable for benchmarks).
+//     this.
 //   - [DedicatedDB]: a fresh database on a server of the top-level test's
 //     own, with a [RestartFunc] that restarts it cleanly, and
 //     [DedicatedCrash], whose [CrashRestartFunc] kills it with SIGKILL and
 //     starts it again (InnoDB crash recovery): a conformance harness's
 //     backend-restart and crash-restart capabilities.
-//   - [Start] (or [New]): a server of one's own, to stop, kill
-//     ([Server.Kill]) or restart ([Server.Restart]).
+//   - [Start]: a server of one's own, with its [Options] (Durable for
+//     benchmarks), to stop, kill ([Server.Kill]) or restart
+//     ([Server.Restart]).
 //
-// A package that uses DB, DBWith or DedicatedDB must stop the shared
+// A package that uses DB, DedicatedDB or [Shared] must stop the shared
 // servers when its tests finish, by having this TestMain:
 //
 //	func TestMain(m *testing.M) { os.Exit(mysqltest.Main(m)) }
 //
 // If MYSQL_DSN is set (a go-sql-driver DSN of a user that may CREATE
-// DATABASE, e.g. root@tcp(127.0.0.1:3306)/), DB, DBWith and DedicatedDB
+// DATABASE, e.g. root@tcp(127.0.0.1:3306)/), DB and DedicatedDB
 // create their databases on that server instead of starting one, and
 // DedicatedDB and DedicatedCrash return no restart or crash function: that
-// server is not the test's to restart. Start and New ignore it.
+// server is not the test's to restart. Start ignores it.
 //
 // Costs: the first server of a test binary runs mariadb-install-db (about
 // six seconds, most of it the system tables' bootstrap); later servers copy
@@ -40,7 +41,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"net"
 	"os"
@@ -55,13 +55,13 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"effectively.dev/internal/testserver"
 )
 
 const (
 	startTimeout = 60 * time.Second // how long mariadbd may take to accept connections (crash recovery included)
 	stopTimeout  = 30 * time.Second // how long a shutdown may take before we SIGKILL
-	portAttempts = 5                // tries with a fresh port when the chosen one got taken
-	logTailLines = 40               // server log lines quoted in errors
 	logName      = "mysqld.log"
 	dataDirName  = "data"
 	socketName   = "mysqld.sock"
@@ -74,10 +74,7 @@ var errNotFound = errors.New("mysqltest: MariaDB/MySQL server binaries (mariadbd
 	"install them with `apt-get install -y mariadb-server` or set MYSQLTEST_BIN to their directory, " +
 	"or set MYSQL_DSN to an existing server")
 
-// errPortTaken reports that the server could not bind its port.
-var errPortTaken = errors.New("mysqltest: port already in use")
-
-// Options configures a server started by [New]. The zero value is a fast,
+// Options configures a server started by [Start]. The zero value is a fast,
 // non-durable server, right for most tests.
 type Options struct {
 	// Durable keeps InnoDB's durable defaults. When false (and the server
@@ -97,7 +94,7 @@ type Options struct {
 }
 
 // A Server is a running MariaDB or MySQL server whose data lives in a
-// temporary directory, started by [New]. It accepts connections as root
+// temporary directory, started by [Start]. It accepts connections as root
 // without a password on 127.0.0.1. Its methods are safe for concurrent
 // use. Call [Server.Stop] when done.
 type Server struct {
@@ -106,17 +103,15 @@ type Server struct {
 	dir  string
 	port int
 
-	mu      sync.Mutex // serializes Stop, Kill and Restart
-	cmd     *exec.Cmd
-	exited  chan struct{} // closed once the server has been reaped
-	waitErr error         // its exit status; read only after exited is closed
+	mu      sync.Mutex       // serializes Stop, Kill and Restart
+	proc    *testserver.Proc // the server; nil before its first start
 	removed bool
 }
 
-// New initializes a new server in a temporary directory and starts it on a
+// newServer initializes a new server in a temporary directory and starts it on a
 // free loopback port, waiting until it accepts connections. On failure the
 // error includes the tail of the server log, and nothing is left behind.
-func New(opts Options) (*Server, error) {
+func newServer(opts Options) (*Server, error) {
 	bins, err := findBinaries()
 	if err != nil {
 		return nil, err
@@ -155,11 +150,13 @@ const initSQL = `CREATE USER IF NOT EXISTS 'root'@'127.0.0.1';
 GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;
 `
 
-// Start is [New] for a test: it fails t when the server cannot start and
-// stops it when t ends.
+// Start initializes a new server in a temporary directory and starts it
+// on a free loopback port, waiting until it accepts connections; it stops
+// the server when t ends. It fails t when the server cannot start, with
+// the tail of the server log, leaving nothing behind.
 func Start(t testing.TB, opts Options) *Server {
 	t.Helper()
-	s, err := New(opts)
+	s, err := newServer(opts)
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
@@ -255,29 +252,7 @@ func (s *Server) Crash() error {
 
 // halt sends sig to the server, if it is still running, and waits for it to
 // exit, killing its process group after stopTimeout.
-func (s *Server) halt(sig syscall.Signal) error {
-	if s.cmd == nil {
-		return nil
-	}
-	select {
-	case <-s.exited:
-		return nil
-	default:
-	}
-	if err := s.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("mysqltest: signal the server: %w", err)
-	}
-	timer := time.NewTimer(stopTimeout)
-	defer timer.Stop()
-	select {
-	case <-s.exited:
-		return nil
-	case <-timer.C:
-	}
-	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
-	<-s.exited
-	return fmt.Errorf("mysqltest: the server did not shut down within %v, killed it; log:\n%s", stopTimeout, s.logTail())
-}
+func (s *Server) halt(sig syscall.Signal) error { return s.proc.Halt(sig) }
 
 func (s *Server) dataDir() string { return filepath.Join(s.dir, dataDirName) }
 
@@ -286,17 +261,7 @@ func (s *Server) logPath() string { return filepath.Join(s.dir, logName) }
 // launch starts the server on a free port, retrying with another port if
 // the chosen one is taken before the server binds it.
 func (s *Server) launch() error {
-	var err error
-	for range portAttempts {
-		var port int
-		if port, err = freePort(); err != nil {
-			return err
-		}
-		if err = s.launchOn(port, true); !errors.Is(err, errPortTaken) {
-			return err
-		}
-	}
-	return fmt.Errorf("mysqltest: no free port after %d attempts: %w", portAttempts, err)
+	return testserver.OnFreePort("mysqltest", func(port int) error { return s.launchOn(port, true) })
 }
 
 // args returns the server's command line for port.
@@ -352,87 +317,37 @@ func (s *Server) args(port int) []string {
 // log, so that errors quote this attempt's; a restart appends to it.
 func (s *Server) launchOn(port int, fresh bool) error {
 	s.port = port
-	if fresh {
-		if err := os.WriteFile(s.logPath(), nil, 0o644); err != nil {
-			return fmt.Errorf("mysqltest: %w", err)
-		}
-	}
 	cmd := exec.Command(s.bins.server, s.args(port)...)
 	cmd.Dir = s.dir
-	cmd.SysProcAttr = sysProcAttr()
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("mysqltest: start %s: %w", s.bins.server, err)
-	}
-	s.cmd, s.exited = cmd, make(chan struct{})
-	go func(exited chan struct{}) {
-		s.waitErr = cmd.Wait()
-		close(exited)
-	}(s.exited)
-
-	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-	defer cancel()
-	err := s.waitReady(ctx)
-	if err == nil {
-		return nil
-	}
-	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-	<-s.exited
-	return err
-}
-
-// waitReady polls until the server accepts connections, it exits, or ctx
-// is done. The datadir check makes sure the server that answered is ours,
-// not one that took our port.
-func (s *Server) waitReady(ctx context.Context) error {
-	for {
-		err := func() error {
-			attempt, cancel := context.WithTimeout(ctx, time.Second)
-			defer cancel()
-			db, err := sql.Open("mysql", s.DSN(""))
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			var dir string
-			if err := db.QueryRowContext(attempt, "SELECT @@datadir").Scan(&dir); err != nil {
-				return err
-			}
-			if filepath.Clean(dir) != filepath.Clean(s.dataDir()) {
-				return errPortTaken
-			}
-			return nil
-		}()
-		if err == nil || errors.Is(err, errPortTaken) {
-			return err
-		}
-		select {
-		case <-s.exited:
-			tail := s.logTail()
-			if strings.Contains(tail, "Address already in use") || strings.Contains(tail, "Do you already have another") {
-				return errPortTaken
-			}
-			return fmt.Errorf("mysqltest: the server exited during startup (%v); log:\n%s", s.waitErr, tail)
-		case <-ctx.Done():
-			return fmt.Errorf("mysqltest: the server is not ready after %v (%v); log:\n%s", startTimeout, err, s.logTail())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
-
-// logTail returns the last lines of the server log.
-func (s *Server) logTail() string {
-	f, err := os.Open(s.logPath())
+	cmd.SysProcAttr = testserver.SysProcAttr(nil, syscall.SIGKILL)
+	proc, err := testserver.Launch("mysqltest", s.bins.server, s.logPath(), testserver.Timeouts{Start: startTimeout, Stop: stopTimeout},
+		cmd, fresh, false, s.ready, func(tail string) bool {
+			return strings.Contains(tail, "Address already in use") || strings.Contains(tail, "Do you already have another")
+		})
 	if err != nil {
-		return err.Error()
+		return err
 	}
-	defer f.Close()
-	const window = 64 << 10
-	if fi, err := f.Stat(); err == nil && fi.Size() > window {
-		_, _ = f.Seek(-window, io.SeekEnd)
+	s.proc = proc
+	return nil
+}
+
+// ready reports whether the server accepts connections. The datadir check
+// makes sure the server that answered is ours, not one that took our port
+// (testserver.ErrPortTaken).
+func (s *Server) ready(ctx context.Context) error {
+	db, err := sql.Open("mysql", s.DSN(""))
+	if err != nil {
+		return err
 	}
-	b, _ := io.ReadAll(f)
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-logTailLines):], "\n")
+	defer db.Close()
+	var dir string
+	if err := db.QueryRowContext(ctx, "SELECT @@datadir").Scan(&dir); err != nil {
+		return err
+	}
+	if filepath.Clean(dir) != filepath.Clean(s.dataDir()) {
+		return testserver.ErrPortTaken
+	}
+	return nil
 }
 
 // The initialized data directory every server of the test binary copies:
@@ -443,7 +358,7 @@ var (
 )
 
 // template returns the path of an initialized data directory, creating it
-// on first use; [Shutdown] removes it.
+// on first use; shutdown removes it.
 func template(bins binaries) (string, error) {
 	tmplMu.Lock()
 	defer tmplMu.Unlock()
@@ -510,7 +425,7 @@ func findBinaries() (binaries, error) {
 	find := func(names ...string) string {
 		for _, d := range dirs {
 			for _, n := range names {
-				if p := filepath.Join(d, n); isExecutable(p) {
+				if p := filepath.Join(d, n); testserver.IsExecutable(p) {
 					return p
 				}
 			}
@@ -533,20 +448,6 @@ func findBinaries() (binaries, error) {
 		return binaries{}, errNotFound
 	}
 	return b, nil
-}
-
-func isExecutable(path string) bool {
-	fi, err := os.Stat(path)
-	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("mysqltest: find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // quoteIdent quotes a MySQL identifier.

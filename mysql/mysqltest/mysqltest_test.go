@@ -95,7 +95,7 @@ func TestRestartAndCrash(t *testing.T) {
 // install.
 func TestBinariesNotFound(t *testing.T) {
 	t.Setenv("MYSQLTEST_BIN", t.TempDir())
-	_, err := mysqltest.New(mysqltest.Options{})
+	_, err := mysqltest.NewServer(mysqltest.Options{})
 	if err == nil || !strings.Contains(err.Error(), "apt-get install -y mariadb-server") {
 		t.Errorf("New without binaries: %v, want an install hint", err)
 	}

@@ -3,80 +3,42 @@ package mysqltest
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 	"go.uber.org/goleak"
+
+	"effectively.dev/internal/testserver"
 )
 
-// sharedServer is a server started on first use and stopped by Shutdown.
-type sharedServer struct {
-	once sync.Once
-	s    *Server
-	err  error
-}
-
-var (
-	sharedMu sync.Mutex
-	shared   = map[string]*sharedServer{} // by Options.key, and "dedicated " + top-level test name
-)
-
-var (
-	dbSeq atomic.Int64
-	// dbTag tells apart databases of test binaries that run at the same
-	// time against one MYSQL_DSN server (go test runs packages in parallel).
-	dbTag = fmt.Sprintf("%06x", rand.Uint32()&0xffffff)
-)
+// shared holds the test binary's shared servers: by Options.key, and by
+// testserver.DedicatedKey.
+var shared = testserver.Registry[*Server]{Kit: "mysqltest"}
 
 // key identifies the options that matter for a shared server.
 func (o Options) key() string { return fmt.Sprintf("%t %q", o.Durable, o.Settings) }
 
 // Shared returns the test binary's shared default (non-durable) server,
 // starting it on first use; it is the one DB uses. It ignores MYSQL_DSN.
-// Do not stop it: [Shutdown] (via [Main]) does.
+// Do not stop it: [Main] does.
 func Shared() (*Server, error) { return registered(Options{}.key(), Options{}) }
 
 // registered returns the server registered under key, starting it with
-// opts on first use; Shutdown stops it. Concurrent first callers wait for
-// one start; a failed start is not retried.
+// opts on first use; shutdown stops it.
 func registered(key string, opts Options) (*Server, error) {
-	sharedMu.Lock()
-	s := shared[key]
-	if s == nil {
-		s = &sharedServer{}
-		shared[key] = s
-	}
-	sharedMu.Unlock()
-	s.once.Do(func() { s.s, s.err = New(opts) })
-	return s.s, s.err
+	return shared.Get(key, func() (*Server, error) { return newServer(opts) })
 }
 
-// Shutdown stops the shared servers started by DB, DBWith, Shared and
+// shutdown stops the shared servers started by DB, dbWith, Shared and
 // DedicatedDB, waiting for any that are still starting, and removes the
 // initialized data directory they were copied from. Stop errors are
 // printed to stderr. [Main] calls it.
-func Shutdown() {
-	sharedMu.Lock()
-	all := shared
-	shared = map[string]*sharedServer{}
-	sharedMu.Unlock()
-	for _, s := range all {
-		s.once.Do(func() { s.err = errors.New("mysqltest: shared server used during Shutdown") })
-		if s.s != nil {
-			if err := s.s.Stop(); err != nil {
-				fmt.Fprintln(os.Stderr, err)
-			}
-		}
-	}
+func shutdown() {
+	shared.StopAll()
 	tmplMu.Lock()
 	defer tmplMu.Unlock()
 	if tmplDir != "" {
@@ -88,20 +50,12 @@ func Shutdown() {
 // Main runs the tests, stops the shared servers, and then, if the tests
 // passed, checks with goleak that no goroutine outlived them (leakOpts
 // excuse known long-lived goroutines). It returns the exit code for
-// os.Exit. Every package that uses DB, DBWith, DedicatedDB or Shared
+// os.Exit. Every package that uses DB, DedicatedDB or Shared
 // should have
 //
 //	func TestMain(m *testing.M) { os.Exit(mysqltest.Main(m)) }
 func Main(m *testing.M, leakOpts ...goleak.Option) int {
-	code := m.Run()
-	Shutdown()
-	if code == 0 {
-		if err := goleak.Find(leakOpts...); err != nil {
-			fmt.Fprintln(os.Stderr, "mysqltest: goroutines leaked:", err)
-			code = 1
-		}
-	}
-	return code
+	return testserver.Main(m, "mysqltest", shutdown, leakOpts...)
 }
 
 // DB creates a brand-new empty database for t and returns its DSN; it is
@@ -112,14 +66,14 @@ func Main(m *testing.M, leakOpts ...goleak.Option) int {
 // error that says what to install.
 func DB(t testing.TB) string {
 	t.Helper()
-	return DBWith(t, Options{})
+	return dbWith(t, Options{})
 }
 
-// DBWith is DB on a shared server started with opts, such as
+// dbWith is DB on a shared server started with opts, such as
 // Options{Durable: true} for benchmarks. The test binary starts one such
 // server per distinct Durable and Settings and shares it. With MYSQL_DSN
 // set, opts are ignored.
-func DBWith(t testing.TB, opts Options) string {
+func dbWith(t testing.TB, opts Options) string {
 	t.Helper()
 	admin := os.Getenv("MYSQL_DSN")
 	if admin == "" {
@@ -154,7 +108,7 @@ func (f CrashRestartFunc) CrashRestart(ctx context.Context) error { return f(ctx
 // survives). The server is started on the top-level test's first call and
 // is shared by its subtests, each getting a fresh database on it, so
 // subtests that restart it must not run in parallel with subtests that use
-// it; other tests never see it. [Shutdown] (via [Main]) stops it.
+// it; other tests never see it. [Main] stops it.
 //
 // If MYSQL_DSN is set, the database is created on that server, as DB
 // does, and restart is nil: that server is not the test's to restart.
@@ -164,13 +118,7 @@ func DedicatedDB(t testing.TB) (dsn string, restart RestartFunc) {
 		return createDB(t, admin), nil
 	}
 	s := dedicated(t)
-	restart = func(ctx context.Context) error {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		return s.Restart()
-	}
-	return createDB(t, s.DSN("")), restart
+	return createDB(t, s.DSN("")), testserver.Bound(s.Restart)
 }
 
 // DedicatedCrash returns the function that crashes the server of t's
@@ -182,21 +130,14 @@ func DedicatedCrash(t testing.TB) CrashRestartFunc {
 	if os.Getenv("MYSQL_DSN") != "" {
 		return nil
 	}
-	s := dedicated(t)
-	return func(ctx context.Context) error {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		return s.Crash()
-	}
+	return CrashRestartFunc(testserver.Bound(dedicated(t).Crash))
 }
 
 // dedicated returns the server of t's top-level test, starting it on first
 // use, or fails t.
 func dedicated(t testing.TB) *Server {
 	t.Helper()
-	top, _, _ := strings.Cut(t.Name(), "/")
-	s, err := registered("dedicated "+top, Options{})
+	s, err := registered(testserver.DedicatedKey(t), Options{})
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
@@ -211,40 +152,14 @@ func createDB(t testing.TB, admin string) string {
 	if err != nil {
 		t.Fatalf("mysqltest: MYSQL_DSN: %v", err)
 	}
-	name := dbName(t.Name())
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := execAdmin(ctx, admin, "CREATE DATABASE "+quoteIdent(name)); err != nil {
-		t.Fatalf("%v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := execAdmin(ctx, admin, "DROP DATABASE IF EXISTS "+quoteIdent(name)); err != nil {
-			t.Errorf("%v", err)
-		}
-	})
+	name := testserver.DBName(t.Name(), 64)
+	testserver.CreateDB(t,
+		func(ctx context.Context) error { return execAdmin(ctx, admin, "CREATE DATABASE "+quoteIdent(name)) },
+		func(ctx context.Context) error {
+			return execAdmin(ctx, admin, "DROP DATABASE IF EXISTS "+quoteIdent(name))
+		})
 	cfg.DBName = name
 	return cfg.FormatDSN()
-}
-
-// dbName makes a database name, at most 64 characters, from a test name.
-func dbName(testName string) string {
-	suffix := fmt.Sprintf("_%s_%d", dbTag, dbSeq.Add(1))
-	var b strings.Builder
-	for _, r := range strings.ToLower(testName) {
-		if 'a' <= r && r <= 'z' || '0' <= r && r <= '9' {
-			b.WriteRune(r)
-		} else if s := b.String(); s != "" && !strings.HasSuffix(s, "_") {
-			b.WriteByte('_')
-		}
-	}
-	base := b.String()
-	base = strings.TrimRight(base[:min(len(base), 64-len(suffix))], "_")
-	if base == "" {
-		base = "db"
-	}
-	return base + suffix
 }
 
 // Age makes every record in the effectively tables of the database at dsn

@@ -3,8 +3,9 @@ package pgtest
 import (
 	"context"
 	"os"
-	"strings"
 	"testing"
+
+	"effectively.dev/internal/testserver"
 )
 
 // CrashRestartFunc crashes the server of a database made by [DedicatedDB]
@@ -26,18 +27,14 @@ func DedicatedCrash(t testing.TB) CrashRestartFunc {
 	if os.Getenv("DATABASE_URL") != "" {
 		return nil
 	}
-	top, _, _ := strings.Cut(t.Name(), "/")
-	c, err := registered("dedicated "+top, Options{})
+	c, err := registered(testserver.DedicatedKey(t), Options{})
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
-	return func(ctx context.Context) error {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
+	return CrashRestartFunc(testserver.Bound(func() error {
 		if err := c.StopImmediate(); err != nil {
 			return err
 		}
 		return c.Restart()
-	}
+	}))
 }

@@ -36,10 +36,9 @@ func ExampleNew() {
 	// Output: fsync off synchronous_commit on
 }
 
-// A failover to a synchronous standby keeps every acknowledged commit. In a
-// test, pgtest.StartPair(t, opts) sets this up (with a stallable link) and
-// stops it when the test ends.
-func ExampleFailover() {
+// A failover to a synchronous standby keeps every acknowledged commit: the
+// primary crashes (an immediate shutdown) and the standby is promoted.
+func ExampleCluster_Promote() {
 	primary, err := pgtest.New(pgtest.Options{})
 	if err != nil {
 		log.Fatal(err)
@@ -64,10 +63,13 @@ func ExampleFailover() {
 	}
 	conn.Close(ctx)
 
-	if err := pgtest.Failover(ctx, primary, standby); err != nil {
+	if err := primary.StopImmediate(); err != nil {
 		log.Fatal(err)
 	}
-	conn, err = pgx.Connect(ctx, pgtest.ReadWriteURL("postgres", primary, standby)) // finds the new primary
+	if err := standby.Promote(ctx); err != nil {
+		log.Fatal(err)
+	}
+	conn, err = pgx.Connect(ctx, standby.URL("postgres"))
 	if err != nil {
 		log.Fatal(err)
 	}

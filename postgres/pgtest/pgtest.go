@@ -9,28 +9,29 @@
 //   - [DedicatedDB]: a fresh database on a cluster of the top-level test's
 //     own, with a [RestartFunc] that restarts it: a conformance harness's
 //     backend-restart capability.
-//   - [Start] (or [New]): a cluster of one's own, to stop, crash
-//     ([Cluster.StopImmediate]) or restart ([Cluster.Restart]).
-//   - [StartPair]: a primary and a synchronous standby streaming through a
-//     stallable [Proxy], and [Pair.Failover]; or the parts:
-//     [Cluster.NewStandby], [Cluster.SetSynchronousStandbys], [Failover],
-//     [ReadWriteURL].
+//   - [Start] (or [New], without a test): a cluster of one's own, to stop,
+//     crash ([Cluster.StopImmediate]) or restart ([Cluster.Restart]).
+//   - A failover: [Cluster.NewStandby] (a standby streaming from a
+//     cluster, directly or through a TCP proxy that the test can stall,
+//     given as [Options].Upstream),
+//     [Cluster.SetSynchronousStandbys], [Cluster.StopImmediate] and
+//     [Cluster.Promote].
 //   - [InstallAppFaults]: triggers that make the server answer a SQLSTATE
 //     (40001, 40P01, 55P03) on demand, the connection up: a conformance
 //     harness's application faults.
 //
-// A package that uses DB, DBWith, DedicatedDB or [Shared] must stop the
-// shared clusters when its tests finish, by having this TestMain:
+// A package that uses DB, DBWith, DedicatedDB or [Shared] must stop the shared
+// clusters when its tests finish, by having this TestMain:
 //
 //	func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 //
-// Clusters from Start and StartPair are stopped by t.Cleanup.
+// Clusters from Start and NewStandby are stopped by t.Cleanup.
 //
 // If DATABASE_URL is set (a server that allows CREATE DATABASE), DB, DBWith
 // and DedicatedDB create their databases on it instead of starting a
-// cluster, and DedicatedDB returns no restart function. Start, StartPair
-// and Start ignore it: a test that asks for a cluster of its own wants to
-// stop, crash or restart it.
+// cluster, and DedicatedDB returns no restart function. New and Start
+// ignore it: a test that asks for a cluster of its own wants to stop, crash
+// or restart it.
 //
 // Costs: starting a cluster runs initdb and a postmaster, which takes one to
 // two seconds and 40 MB of disk in a temporary directory, and leaves a handful
@@ -47,7 +48,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"net"
 	"net/url"
@@ -63,13 +63,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"effectively.dev/internal/testserver"
 )
 
 const (
 	startTimeout = 30 * time.Second // how long a postmaster may take to accept connections
 	stopTimeout  = 10 * time.Second // how long a shutdown may take before we SIGKILL
-	portAttempts = 5                // tries with a fresh port when the chosen one got taken
-	logTailLines = 40               // server log lines quoted in errors
 	superuser    = "postgres"
 	systemUser   = "postgres"
 	standbyName  = "standby"
@@ -81,9 +81,6 @@ const (
 var errNotFound = errors.New("pgtest: PostgreSQL server binaries (initdb, postgres) not found: " +
 	"install them with `apt-get install -y postgresql` or set PGTEST_BIN to their directory, " +
 	"or set DATABASE_URL to an existing server")
-
-// errPortTaken reports that the postmaster could not bind its port.
-var errPortTaken = errors.New("pgtest: port already in use")
 
 // Options configures a cluster started by [New] or [Cluster.StartStandby].
 // The zero value is a fast, non-durable cluster, right for most tests.
@@ -112,7 +109,7 @@ type Options struct {
 
 	// Upstream is the "host:port" a standby started by
 	// [Cluster.StartStandby] streams WAL from, instead of its primary's own
-	// address: typically a [Proxy] the test controls, to delay or cut
+	// address: typically a TCP proxy the test controls, to delay or cut
 	// replication. pg_basebackup still copies from the primary directly.
 	// Start ignores it.
 	Upstream string
@@ -132,16 +129,16 @@ type Cluster struct {
 	port  int
 	extra map[string]string // settings that override opts.Settings (primary_conninfo)
 
-	cmd     *exec.Cmd
-	exited  chan struct{} // closed once the postmaster has been reaped
-	waitErr error         // its exit status; read only after exited is closed
+	proc *testserver.Proc // the postmaster; nil before its first start
 
 	mu      sync.Mutex // serializes Stop and StopImmediate
 	removed bool
 }
 
-// Start initializes a new cluster in a temporary directory and starts its
-// server on a free loopback port, waiting until it accepts connections.
+// New initializes a new cluster in a temporary directory and starts its
+// server on a free loopback port, waiting until it accepts connections,
+// for a program or a test that stops it itself ([Cluster.Stop]); a test
+// calls [Start] instead.
 // It takes one to two seconds, mostly initdb. The cluster is configured to
 // be a replication primary; see [Cluster.StartStandby]. On failure the error
 // includes the tail of the server log, and nothing is left behind.
@@ -308,26 +305,7 @@ func (c *Cluster) Restart() error {
 
 // halt sends sig to the postmaster, if it is still running, and waits for it
 // to exit, killing its whole process group after stopTimeout.
-func (c *Cluster) halt(sig syscall.Signal) error {
-	select {
-	case <-c.exited:
-		return nil
-	default:
-	}
-	if err := c.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("pgtest: signal postgres: %w", err)
-	}
-	timer := time.NewTimer(stopTimeout)
-	defer timer.Stop()
-	select {
-	case <-c.exited:
-		return nil
-	case <-timer.C:
-	}
-	_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL) // postmaster leads its own process group
-	<-c.exited
-	return fmt.Errorf("pgtest: postgres did not shut down within %v, killed it; log:\n%s", stopTimeout, c.logTail())
-}
+func (c *Cluster) halt(sig syscall.Signal) error { return c.proc.Halt(sig) }
 
 // newCluster makes the temporary directory for a cluster, owned by the user
 // the server will run as.
@@ -360,7 +338,7 @@ func (c *Cluster) removeDir() { os.RemoveAll(c.dir) }
 // inherited PG* variables that could redirect it.
 func (c *Cluster) prepare(cmd *exec.Cmd) {
 	cmd.Dir = c.dir // the server user may not be able to access our working directory
-	cmd.SysProcAttr = sysProcAttr(c.cred)
+	cmd.SysProcAttr = testserver.SysProcAttr(c.cred, syscall.SIGQUIT)
 	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "PG") })
 }
 
@@ -373,17 +351,7 @@ func (c *Cluster) run(cmd *exec.Cmd) ([]byte, error) {
 // launch starts the postmaster on a free port, retrying with another port
 // if the chosen one is taken before the server binds it.
 func (c *Cluster) launch() error {
-	var err error
-	for range portAttempts {
-		var port int
-		if port, err = freePort(); err != nil {
-			return err
-		}
-		if err = c.launchOn(port, true); !errors.Is(err, errPortTaken) {
-			return err
-		}
-	}
-	return fmt.Errorf("pgtest: no free port after %d attempts: %w", portAttempts, err)
+	return testserver.OnFreePort("pgtest", func(port int) error { return c.launchOn(port, true) })
 }
 
 // launchOn starts the postmaster on port. A fresh start truncates the
@@ -415,95 +383,38 @@ func (c *Cluster) launchOn(port int, fresh bool) error {
 		args = append(args, "-c", k+"="+settings[k])
 	}
 
-	flags := os.O_CREATE | os.O_WRONLY | os.O_APPEND
-	if fresh {
-		flags |= os.O_TRUNC
-	}
-	logFile, err := os.OpenFile(c.logPath(), flags, 0o644)
-	if err != nil {
-		return fmt.Errorf("pgtest: %w", err)
-	}
 	cmd := exec.Command(c.bins.postgres, args...)
 	c.prepare(cmd)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	err = cmd.Start()
-	logFile.Close() // the server has its own copy
+	proc, err := testserver.Launch("pgtest", "postgres", c.logPath(), testserver.Timeouts{Start: startTimeout, Stop: stopTimeout},
+		cmd, fresh, true, func(ctx context.Context) error { return c.ready(ctx, clusterName) },
+		func(tail string) bool { return strings.Contains(tail, "Address already in use") })
 	if err != nil {
-		return fmt.Errorf("pgtest: start postgres: %w", err)
+		return err
 	}
-	c.cmd, c.exited = cmd, make(chan struct{})
-	go func(exited chan struct{}) {
-		c.waitErr = cmd.Wait()
-		close(exited)
-	}(c.exited)
-
-	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-	defer cancel()
-	err = c.waitReady(ctx, clusterName)
-	if err == nil {
-		return nil
-	}
-	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-	<-c.exited
-	return err
+	c.proc = proc
+	return nil
 }
 
-// waitReady polls until the server accepts connections, it exits, or ctx is
-// done. The cluster_name check makes sure the server that answered is ours,
-// not one that took our port.
-func (c *Cluster) waitReady(ctx context.Context, clusterName string) error {
-	for {
-		err := func() error {
-			attempt, cancel := context.WithTimeout(ctx, time.Second)
-			defer cancel()
-			conn, err := pgx.Connect(attempt, c.URL("postgres"))
-			if err != nil {
-				return err
-			}
-			defer conn.Close(context.Background())
-			var name string
-			if err := conn.QueryRow(attempt, "SELECT current_setting('cluster_name')").Scan(&name); err != nil {
-				return err
-			}
-			if name != clusterName {
-				return errPortTaken
-			}
-			return nil
-		}()
-		if err == nil || errors.Is(err, errPortTaken) {
-			return err
-		}
-		select {
-		case <-c.exited:
-			tail := c.logTail()
-			if strings.Contains(tail, "Address already in use") {
-				return errPortTaken
-			}
-			return fmt.Errorf("pgtest: postgres exited during startup (%v); log:\n%s", c.waitErr, tail)
-		case <-ctx.Done():
-			return fmt.Errorf("pgtest: postgres not ready after %v (%v); log:\n%s", startTimeout, err, c.logTail())
-		case <-time.After(20 * time.Millisecond):
-		}
+// ready reports whether the server accepts connections. The cluster_name
+// check makes sure the server that answered is ours, not one that took our
+// port (testserver.ErrPortTaken).
+func (c *Cluster) ready(ctx context.Context, clusterName string) error {
+	conn, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		return err
 	}
+	defer conn.Close(context.Background())
+	var name string
+	if err := conn.QueryRow(ctx, "SELECT current_setting('cluster_name')").Scan(&name); err != nil {
+		return err
+	}
+	if name != clusterName {
+		return testserver.ErrPortTaken
+	}
+	return nil
 }
 
 func (c *Cluster) logPath() string { return filepath.Join(c.dir, logName) }
-
-// logTail returns the last lines of the server log.
-func (c *Cluster) logTail() string {
-	f, err := os.Open(c.logPath())
-	if err != nil {
-		return err.Error()
-	}
-	defer f.Close()
-	const window = 64 << 10 // enough for logTailLines lines
-	if fi, err := f.Stat(); err == nil && fi.Size() > window {
-		_, _ = f.Seek(-window, io.SeekEnd)
-	}
-	b, _ := io.ReadAll(f)
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-logTailLines):], "\n")
-}
 
 // serverCredential returns the credential to run server programs with: nil
 // normally, the postgres system user's when we are root.
@@ -522,15 +433,6 @@ func serverCredential() (*syscall.Credential, error) {
 		return nil, fmt.Errorf("pgtest: user %s: %w", systemUser, err)
 	}
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("pgtest: find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // quoteConninfo quotes a libpq connection-string value.
@@ -581,7 +483,7 @@ func findBinaries() (binaries, error) {
 		return binaries{}, errNotFound
 	}
 	b := binaries{initdb: initdb, postgres: postgres}
-	if b.basebackup = filepath.Join(filepath.Dir(postgres), "pg_basebackup"); !isExecutable(b.basebackup) {
+	if b.basebackup = filepath.Join(filepath.Dir(postgres), "pg_basebackup"); !testserver.IsExecutable(b.basebackup) {
 		b.basebackup, _ = exec.LookPath("pg_basebackup")
 	}
 	return b, nil
@@ -593,15 +495,10 @@ func binariesIn(dir string) (binaries, bool) {
 		postgres:   filepath.Join(dir, "postgres"),
 		basebackup: filepath.Join(dir, "pg_basebackup"),
 	}
-	if !isExecutable(b.basebackup) {
+	if !testserver.IsExecutable(b.basebackup) {
 		b.basebackup = ""
 	}
-	return b, isExecutable(b.initdb) && isExecutable(b.postgres)
-}
-
-func isExecutable(path string) bool {
-	fi, err := os.Stat(path)
-	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
+	return b, testserver.IsExecutable(b.initdb) && testserver.IsExecutable(b.postgres)
 }
 
 // compareVersions compares dotted version strings such as "9.6" and "15"

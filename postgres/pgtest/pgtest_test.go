@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"effectively.dev/internal/testserver"
 	"effectively.dev/postgres/pgtest"
 )
 
@@ -335,7 +336,7 @@ func TestStandbyThroughProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer primary.Stop()
-	proxy, err := pgtest.NewProxy(fmt.Sprintf("127.0.0.1:%d", primary.Port()))
+	proxy, err := testserver.NewProxy(fmt.Sprintf("127.0.0.1:%d", primary.Port()))
 	if err != nil {
 		t.Fatal(err)
 	}

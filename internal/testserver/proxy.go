@@ -1,4 +1,4 @@
-package pgtest
+package testserver
 
 import (
 	"errors"
@@ -9,7 +9,7 @@ import (
 
 // A Proxy forwards TCP connections from a loopback port to a target
 // address, and can stall them: a network link the test controls. Put one
-// between a primary and its standby ([Options.Upstream]) to hold back WAL
+// between a primary and its standby (pgtest.Options.Upstream) to hold back WAL
 // the primary has committed, and then crash the primary: what the standby
 // never received is lost in the failover, which is how asynchronous
 // replication loses acknowledged commits.
@@ -32,7 +32,7 @@ type Proxy struct {
 func NewProxy(target string) (*Proxy, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, fmt.Errorf("pgtest: proxy: %w", err)
+		return nil, fmt.Errorf("testserver: proxy: %w", err)
 	}
 	p := &Proxy{target: target, l: l, done: make(chan struct{}), conns: map[net.Conn]struct{}{}}
 	p.wg.Add(1)

@@ -10,16 +10,16 @@ import (
 	"effectively.dev/effects"
 )
 
-// probe is what probeSQL found.
-type probe struct {
+// keyLookup is what keyLookupSQL found.
+type keyLookup struct {
 	found bool   // the key was committed before
 	fp    []byte // its fingerprint, if found
 	ref   string // its ref, if found
 	commitSettings
 }
 
-// scan reads the probe's row.
-func (p *probe) scan(row pgx.Row) error {
+// scan reads the lookup's row.
+func (p *keyLookup) scan(row pgx.Row) error {
 	var ref *string
 	if err := row.Scan(&p.found, &p.fp, &ref, &p.syncCommit, &p.syncRep); err != nil {
 		return err
@@ -30,10 +30,10 @@ func (p *probe) scan(row pgx.Row) error {
 	return nil
 }
 
-// queueProbe queues the probe of key on b, read into p when b's results
+// queueLookup queues the lookup of key on b, read into p when b's results
 // are closed: the lookup of an attempt that looks its key up first.
-func queueProbe(b *pgx.Batch, scope string, key effects.Key, p *probe) {
-	b.Queue(probeSQL, scope, string(key)).Fn = func(br pgx.BatchResults) error {
+func queueLookup(b *pgx.Batch, scope string, key effects.Key, p *keyLookup) {
+	b.Queue(keyLookupSQL, scope, string(key)).Fn = func(br pgx.BatchResults) error {
 		return p.scan(br.QueryRow())
 	}
 }
@@ -57,7 +57,7 @@ func queueKeyInsert(b *pgx.Batch, scope string, key effects.Key, fp []byte, ref 
 // one simple-protocol query, whose statements run one after the other, so
 // that BEGIN is parsed only once ROLLBACK has ended a failed transaction
 // (in which PostgreSQL would refuse to prepare it).
-func replayFound(ctx context.Context, conn *pgx.Conn, key effects.Key, fp []byte, p *probe) (effects.Result, classified) {
+func replayFound(ctx context.Context, conn *pgx.Conn, key effects.Key, fp []byte, p *keyLookup) (effects.Result, classified) {
 	inTx := inTx(conn)
 	switch {
 	case !bytes.Equal(p.fp, fp):

@@ -1,0 +1,5 @@
+package mysqltest
+
+// NewServer is the constructor Start wraps, for the test of its error
+// without binaries.
+var NewServer = newServer
