@@ -102,10 +102,7 @@ func runCycles(ctx context.Context, e *env, cfg config, w io.Writer) (err error)
 		go func() {
 			defer wg.Done()
 			p := &postgres.Pruner{DB: t.d.pool, Scope: scope, Horizon: cfg.horizon, Rate: 2 * float64(cfg.cycleRate), BatchSize: cfg.pruneBatch, Interval: max(cfg.horizon/20, 10*time.Millisecond), Logger: cfg.logger, Observer: countPruned(&t.pruned)}
-			if err == nil {
-				err = p.Run(rctx)
-			}
-			errs[2*i+1] = err
+			errs[2*i+1] = p.Run(rctx)
 		}()
 	}
 	began := time.Now()

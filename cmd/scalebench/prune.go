@@ -196,10 +196,7 @@ func pruneWindow(ctx context.Context, d *db, a *applier, cfg config, mode string
 					}
 				}
 			})}
-			if err == nil {
-				err = p.Run(wctx)
-			}
-			pruneErr = err
+			pruneErr = p.Run(wctx)
 		case modeLoop:
 			n, err := postgres.Prune(wctx, d.pool, scope, time.Now().Add(-horizon), cfg.pruneBatch)
 			pruned.Add(n)
