@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"effectively.dev/internal/optcheck"
+	"effectively.dev/effects"
 )
 
 // Defaults of the suite's options.
@@ -136,7 +136,7 @@ type config struct {
 // bad records the error of a bad option; the first one wins.
 func (c *config) bad(option, format string, args ...any) {
 	if c.err == nil {
-		c.err = optcheck.Bad(c.op, option, format, args...)
+		c.err = effects.ConfigErrorf(c.op, option, format, args...)
 	}
 }
 
@@ -417,12 +417,12 @@ func (c *config) check(suite string, table []scenarioRecord) error {
 	}
 	for _, n := range c.only {
 		if !slices.Contains(scenarios, n) {
-			return optcheck.Bad(c.op, "Only", "unknown scenario %q for the %s suite (its scenarios: %s)", n, suite, strings.Join(scenarios, ", "))
+			return effects.ConfigErrorf(c.op, "Only", "unknown scenario %q for the %s suite (its scenarios: %s)", n, suite, strings.Join(scenarios, ", "))
 		}
 	}
 	for _, n := range c.unverifiedFor {
 		if !slices.Contains(scenarios, n) {
-			return optcheck.Bad(c.op, "AllowUnverified", "unknown scenario %q for the %s suite (its scenarios: %s)", n, suite, strings.Join(scenarios, ", "))
+			return effects.ConfigErrorf(c.op, "AllowUnverified", "unknown scenario %q for the %s suite (its scenarios: %s)", n, suite, strings.Join(scenarios, ", "))
 		}
 	}
 	return nil

@@ -1,6 +1,9 @@
 package effects
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // ErrInvalidConfig is what every *[ConfigError] unwraps to: a constructor
 // was given a missing argument or an option with a value it cannot use.
@@ -35,3 +38,10 @@ func (e *ConfigError) Error() string {
 
 // Unwrap returns [ErrInvalidConfig].
 func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
+
+// ConfigErrorf returns the *[ConfigError] of constructor op for option (an
+// option's name, such as "WithLease", or an argument's, such as "pool"),
+// its reason formatted from format and args.
+func ConfigErrorf(op, option, format string, args ...any) error {
+	return &ConfigError{Op: op, Option: option, Reason: fmt.Sprintf(format, args...)}
+}

@@ -16,3 +16,14 @@ func TestConfigErrorUnwrapsToErrInvalidConfig(t *testing.T) {
 		t.Errorf("Error() = %q, want %q", got, want)
 	}
 }
+
+func TestConfigErrorf(t *testing.T) {
+	err := effects.ConfigErrorf("kafka.NewSource", "WithMaxPoll", "%d records; need at least 1", 0)
+	var ce *effects.ConfigError
+	if !errors.As(err, &ce) || !errors.Is(err, effects.ErrInvalidConfig) {
+		t.Fatalf("ConfigErrorf = %#v, want a *effects.ConfigError unwrapping to ErrInvalidConfig", err)
+	}
+	if got, want := err.Error(), "kafka.NewSource: WithMaxPoll: 0 records; need at least 1"; got != want {
+		t.Fatalf("Error() = %q, want %q", got, want)
+	}
+}

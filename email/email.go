@@ -20,7 +20,6 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/journal"
-	"effectively.dev/internal/optcheck"
 )
 
 // op names the operation in the errors Apply returns.
@@ -208,11 +207,11 @@ var _ effects.Effect[Message] = (*Sender)(nil)
 func New(addr string, opts ...Option) (*Sender, error) {
 	host, portStr, err := net.SplitHostPort(addr)
 	if err != nil {
-		return nil, optcheck.Bad("email.New", "addr", "%q: %v (want host:port)", addr, err)
+		return nil, effects.ConfigErrorf("email.New", "addr", "%q: %v (want host:port)", addr, err)
 	}
 	port, err := strconv.Atoi(portStr)
 	if err != nil || port < 1 || port > 65535 || host == "" {
-		return nil, optcheck.Bad("email.New", "addr", "%q: want a host and a port from 1 to 65535", addr)
+		return nil, effects.ConfigErrorf("email.New", "addr", "%q: want a host and a port from 1 to 65535", addr)
 	}
 	cfg := config{idle: DefaultIdleSessions, idleTimeout: DefaultIdleTimeout}
 	for _, o := range opts {
@@ -222,15 +221,15 @@ func New(addr string, opts ...Option) (*Sender, error) {
 	}
 	switch {
 	case cfg.journal == nil:
-		return nil, optcheck.Bad("email.New", "WithJournal", "no journal; without a sent-record every redelivery sends again (postgres.NewJournal keeps one)")
+		return nil, effects.ConfigErrorf("email.New", "WithJournal", "no journal; without a sent-record every redelivery sends again (postgres.NewJournal keeps one)")
 	case cfg.domain != "" && !validDomain(cfg.domain):
-		return nil, optcheck.Bad("email.New", "WithMessageIDDomain", "%q is not a valid domain", cfg.domain)
+		return nil, effects.ConfigErrorf("email.New", "WithMessageIDDomain", "%q is not a valid domain", cfg.domain)
 	case cfg.dialSet && cfg.dial == nil:
-		return nil, optcheck.Bad("email.New", "WithDialContext", "nil dial function")
+		return nil, effects.ConfigErrorf("email.New", "WithDialContext", "nil dial function")
 	case cfg.idle < 0:
-		return nil, optcheck.Bad("email.New", "WithIdleSessions", "max %d is negative", cfg.idle)
+		return nil, effects.ConfigErrorf("email.New", "WithIdleSessions", "max %d is negative", cfg.idle)
 	case cfg.idleTimeout <= 0:
-		return nil, optcheck.Bad("email.New", "WithIdleSessions", "timeout %v is not positive", cfg.idleTimeout)
+		return nil, effects.ConfigErrorf("email.New", "WithIdleSessions", "timeout %v is not positive", cfg.idleTimeout)
 	}
 	jopts := append(cfg.jopts[:len(cfg.jopts):len(cfg.jopts)], journal.WithNotApplied(notApplied))
 	journaled, err := journal.NewJournaled(op, cfg.journal, jopts...)
@@ -253,7 +252,7 @@ func New(addr string, opts ...Option) (*Sender, error) {
 	mopts = append(mopts, mail.WithDialContextFunc(s.dialContext), mail.WithoutNoop(), mail.WithoutRset())
 	s.client, err = mail.NewClient(host, mopts...)
 	if err != nil {
-		return nil, optcheck.Bad("email.New", "WithMailOptions", "%v", err)
+		return nil, effects.ConfigErrorf("email.New", "WithMailOptions", "%v", err)
 	}
 	domain := "<the From address's domain>"
 	if s.domain != "" {

@@ -11,7 +11,6 @@ import (
 	"github.com/wneessen/go-mail"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/optcheck"
 )
 
 var (
@@ -253,5 +252,5 @@ func ambiguousError(ctx context.Context, key effects.Key, err error, lease strin
 // fatal is the configuration error of configError: a *[effects.ConfigError]
 // of op naming option, wrapping e.
 func fatal(op string, e *SMTPError, option, reason string) error {
-	return fmt.Errorf("%w (no retry fixes this): %w", optcheck.Bad(op, option, "%s", reason), e)
+	return fmt.Errorf("%w (no retry fixes this): %w", effects.ConfigErrorf(op, option, "%s", reason), e)
 }

@@ -17,7 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/time/rate"
 
-	"effectively.dev/internal/optcheck"
+	"effectively.dev/effects"
 	"effectively.dev/internal/ratelog"
 	"effectively.dev/kafka/internal/produce"
 )
@@ -251,21 +251,21 @@ func newRedriveConfig(op string, client *kgo.Client, dlq string, opts []RedriveO
 	}
 	switch {
 	case client == nil:
-		return cfg, optcheck.Bad(op, "client", "nil")
+		return cfg, effects.ConfigErrorf(op, "client", "nil")
 	case dlq == "":
-		return cfg, optcheck.Bad(op, "dlq", "empty topic")
+		return cfg, effects.ConfigErrorf(op, "dlq", "empty topic")
 	case cfg.limitSet && cfg.limit < 1:
-		return cfg, optcheck.Bad(op, "WithLimit", "%d records; need at least 1", cfg.limit)
+		return cfg, effects.ConfigErrorf(op, "WithLimit", "%d records; need at least 1", cfg.limit)
 	case cfg.idHeader == "":
-		return cfg, optcheck.Bad(op, "WithIDHeader", "empty name")
+		return cfg, effects.ConfigErrorf(op, "WithIDHeader", "empty name")
 	case cfg.rate < 0:
-		return cfg, optcheck.Bad(op, "WithRate", "negative limit %v; 0 means no limit", cfg.rate)
+		return cfg, effects.ConfigErrorf(op, "WithRate", "negative limit %v; 0 means no limit", cfg.rate)
 	case cfg.burst < 0:
-		return cfg, optcheck.Bad(op, "WithRate", "negative burst %d", cfg.burst)
+		return cfg, effects.ConfigErrorf(op, "WithRate", "negative burst %d", cfg.burst)
 	case cfg.idsSet && len(cfg.ids) == 0:
-		return cfg, optcheck.Bad(op, "WithIDs", "no ids; leave the option out to move every id")
+		return cfg, effects.ConfigErrorf(op, "WithIDs", "no ids; leave the option out to move every id")
 	case cfg.allowed != nil && len(cfg.allowed) == 0:
-		return cfg, optcheck.Bad(op, "WithAllowTopics", "no topics; leave the option out to allow every destination")
+		return cfg, effects.ConfigErrorf(op, "WithAllowTopics", "no topics; leave the option out to allow every destination")
 	}
 	if cfg.allowed != nil && cfg.topic != "" {
 		cfg.allowed[cfg.topic] = true

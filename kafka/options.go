@@ -8,7 +8,6 @@ import (
 	"golang.org/x/time/rate"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/optcheck"
 	"effectively.dev/internal/ratelog"
 )
 
@@ -52,7 +51,7 @@ type common struct {
 // check returns a *effects.ConfigError for an invalid common option.
 func (c *common) check(op string) error {
 	if c.loggerSet && c.logger == nil {
-		return optcheck.Bad(op, "WithLogger", "nil logger")
+		return effects.ConfigErrorf(op, "WithLogger", "nil logger")
 	}
 	return nil
 }
@@ -74,11 +73,11 @@ type consumerCommon struct {
 func checkConsumer(op string, c *common, cc *consumerCommon) error {
 	switch {
 	case c.loggerSet && c.logger == nil:
-		return optcheck.Bad(op, "WithLogger", "nil logger")
+		return effects.ConfigErrorf(op, "WithLogger", "nil logger")
 	case cc.idHeader == "":
-		return optcheck.Bad(op, "WithIDHeader", "empty header name")
+		return effects.ConfigErrorf(op, "WithIDHeader", "empty header name")
 	case cc.maxPoll < 1:
-		return optcheck.Bad(op, "WithMaxPoll", "%d records; need at least 1", cc.maxPoll)
+		return effects.ConfigErrorf(op, "WithMaxPoll", "%d records; need at least 1", cc.maxPoll)
 	}
 	return nil
 }

@@ -9,7 +9,6 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/journal"
-	"effectively.dev/internal/optcheck"
 	"effectively.dev/kafka/internal/produce"
 )
 
@@ -104,10 +103,10 @@ var ErrNotIdempotent = produce.ErrNotIdempotent
 func NewProducer(client *kgo.Client, topic string, opts ...ProducerOption) (*Producer, error) {
 	const ctor = "kafka.NewProducer"
 	if client == nil {
-		return nil, optcheck.Bad(ctor, "client", "nil")
+		return nil, effects.ConfigErrorf(ctor, "client", "nil")
 	}
 	if topic == "" {
-		return nil, optcheck.Bad(ctor, "topic", "empty")
+		return nil, effects.ConfigErrorf(ctor, "topic", "empty")
 	}
 	if err := produce.CheckClient(client); err != nil {
 		return nil, fmt.Errorf("%s: %w", ctor, err)

@@ -15,7 +15,7 @@ import (
 	"golang.org/x/term"
 	"golang.org/x/time/rate"
 
-	"effectively.dev/internal/optcheck"
+	"effectively.dev/effects"
 )
 
 // Limiter paces a replay: Replay calls Wait once before handing each
@@ -142,7 +142,7 @@ type OffsetRange struct {
 func Replay(ctx context.Context, client *kgo.Client, topic string, handler ReplayHandler, opts ...ReplayOption) (ReplayStats, error) {
 	const op = "kafka.Replay"
 	if handler == nil {
-		return newReplayStats(), optcheck.Bad(op, "handler", "nil")
+		return newReplayStats(), effects.ConfigErrorf(op, "handler", "nil")
 	}
 	cfg, err := newReplayConfig(op, client, topic, false, opts)
 	if err != nil {
@@ -167,7 +167,7 @@ func Replay(ctx context.Context, client *kgo.Client, topic string, handler Repla
 func ReplayBatch(ctx context.Context, client *kgo.Client, topic string, handler ReplayBatchHandler, opts ...ReplayOption) (ReplayStats, error) {
 	const op = "kafka.ReplayBatch"
 	if handler == nil {
-		return newReplayStats(), optcheck.Bad(op, "handler", "nil")
+		return newReplayStats(), effects.ConfigErrorf(op, "handler", "nil")
 	}
 	cfg, err := newReplayConfig(op, client, topic, true, opts)
 	if err != nil {
@@ -196,34 +196,34 @@ func newReplayConfig(op string, client *kgo.Client, topic string, batched bool, 
 func (cfg *replayConfig) check(op string, client *kgo.Client, topic string, batched bool) error {
 	switch {
 	case client == nil:
-		return optcheck.Bad(op, "client", "nil")
+		return effects.ConfigErrorf(op, "client", "nil")
 	case topic == "":
-		return optcheck.Bad(op, "topic", "empty")
+		return effects.ConfigErrorf(op, "topic", "empty")
 	case cfg.partitionsSet && len(cfg.partitions) == 0:
-		return optcheck.Bad(op, "WithPartitions", "no partitions; leave the option out to replay them all")
+		return effects.ConfigErrorf(op, "WithPartitions", "no partitions; leave the option out to replay them all")
 	case slices.ContainsFunc(cfg.partitions, func(p int32) bool { return p < 0 }):
-		return optcheck.Bad(op, "WithPartitions", "negative partition in %v", cfg.partitions)
+		return effects.ConfigErrorf(op, "WithPartitions", "negative partition in %v", cfg.partitions)
 	case cfg.start < 0:
-		return optcheck.Bad(op, "WithOffsetRange", "negative start %d; 0 means the log start", cfg.start)
+		return effects.ConfigErrorf(op, "WithOffsetRange", "negative start %d; 0 means the log start", cfg.start)
 	case cfg.end > 0 && cfg.end < cfg.start:
-		return optcheck.Bad(op, "WithOffsetRange", "end %d before start %d", cfg.end, cfg.start)
+		return effects.ConfigErrorf(op, "WithOffsetRange", "end %d before start %d", cfg.end, cfg.start)
 	case !cfg.from.IsZero() && !cfg.to.IsZero() && cfg.to.Before(cfg.from):
-		return optcheck.Bad(op, "WithTimeRange", "to %s before from %s", cfg.to.Format(time.RFC3339Nano), cfg.from.Format(time.RFC3339Nano))
+		return effects.ConfigErrorf(op, "WithTimeRange", "to %s before from %s", cfg.to.Format(time.RFC3339Nano), cfg.from.Format(time.RFC3339Nano))
 	case cfg.rate < 0:
-		return optcheck.Bad(op, "WithRate", "negative limit %v; 0 means no limit", cfg.rate)
+		return effects.ConfigErrorf(op, "WithRate", "negative limit %v; 0 means no limit", cfg.rate)
 	case cfg.burst < 0:
-		return optcheck.Bad(op, "WithRate", "negative burst %d; 0 means %d", cfg.burst, replayBurst)
+		return effects.ConfigErrorf(op, "WithRate", "negative burst %d; 0 means %d", cfg.burst, replayBurst)
 	case cfg.limiterSet && cfg.limiter == nil:
-		return optcheck.Bad(op, "WithLimiter", "nil; leave the option out for no limit")
+		return effects.ConfigErrorf(op, "WithLimiter", "nil; leave the option out for no limit")
 	case cfg.limiterSet && cfg.rateSet:
-		return optcheck.Bad(op, "WithLimiter", "given with WithRate; the limiter would replace the rate")
+		return effects.ConfigErrorf(op, "WithLimiter", "given with WithRate; the limiter would replace the rate")
 	case cfg.batchSizeSet && !batched:
-		return optcheck.Bad(op, "WithBatchSize", "only ReplayBatch heeds it")
+		return effects.ConfigErrorf(op, "WithBatchSize", "only ReplayBatch heeds it")
 	case cfg.batchSize < 1:
-		return optcheck.Bad(op, "WithBatchSize", "%d records; need at least 1", cfg.batchSize)
+		return effects.ConfigErrorf(op, "WithBatchSize", "%d records; need at least 1", cfg.batchSize)
 	}
 	if vs := client.OptValues(kgo.TransactionalID); len(vs) == 2 && vs[1] == true {
-		return optcheck.Bad(op, "client", "transactional; pass a non-transactional client (Replay builds its consumer from its options)")
+		return effects.ConfigErrorf(op, "client", "transactional; pass a non-transactional client (Replay builds its consumer from its options)")
 	}
 	return nil
 }

@@ -12,7 +12,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/optcheck"
 	"effectively.dev/internal/ratelog"
 )
 
@@ -284,15 +283,15 @@ func NewShareSource(clientOpts []kgo.Opt, opts ...ShareOption) (*ShareSource, er
 	}
 	switch {
 	case cfg.members < 1:
-		return nil, optcheck.Bad(ctor, "WithShareMembers", "%d members; need at least 1", cfg.members)
+		return nil, effects.ConfigErrorf(ctor, "WithShareMembers", "%d members; need at least 1", cfg.members)
 	case cfg.deliveryLimit < 0:
-		return nil, optcheck.Bad(ctor, "WithDeliveryLimit", "negative limit %d; 0 means no limit", cfg.deliveryLimit)
+		return nil, effects.ConfigErrorf(ctor, "WithDeliveryLimit", "negative limit %d; 0 means no limit", cfg.deliveryLimit)
 	case cfg.renewBefore <= 0:
-		return nil, optcheck.Bad(ctor, "WithRenewBefore", "%v; need a positive duration", cfg.renewBefore)
+		return nil, effects.ConfigErrorf(ctor, "WithRenewBefore", "%v; need a positive duration", cfg.renewBefore)
 	case cfg.lockMargin < 0:
-		return nil, optcheck.Bad(ctor, "WithLockMargin", "negative margin %v", cfg.lockMargin)
+		return nil, effects.ConfigErrorf(ctor, "WithLockMargin", "negative margin %v", cfg.lockMargin)
 	case cfg.lockMargin >= cfg.renewBefore:
-		return nil, optcheck.Bad(ctor, "WithLockMargin", "margin %v is not less than the renew lead %v (WithRenewBefore): locks would lapse before their renewal", cfg.lockMargin, cfg.renewBefore)
+		return nil, effects.ConfigErrorf(ctor, "WithLockMargin", "margin %v is not less than the renew lead %v (WithRenewBefore): locks would lapse before their renewal", cfg.lockMargin, cfg.renewBefore)
 	}
 	s := &ShareSource{cfg: cfg, rep: cfg.reporter(), stop: make(chan struct{}), avail: make(chan struct{}, 1)}
 	s.runCtx, s.cancelRun = context.WithCancel(context.Background())
@@ -301,7 +300,7 @@ func NewShareSource(clientOpts []kgo.Opt, opts ...ShareOption) (*ShareSource, er
 			m.cl.Close()
 		}
 		s.cancelRun()
-		return nil, optcheck.Bad(ctor, option, format, args...)
+		return nil, effects.ConfigErrorf(ctor, option, format, args...)
 	}
 	for range cfg.members {
 		all := append([]kgo.Opt{kgo.ShareMaxRecords(int32(min(cfg.consumer.maxPoll, 1<<30))), kgo.ShareMaxRecordsStrict()}, clientOpts...)

@@ -17,7 +17,6 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/retry"
-	"effectively.dev/internal/optcheck"
 	"effectively.dev/internal/ratelog"
 )
 
@@ -274,11 +273,11 @@ func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
 	}
 	switch {
 	case cfg.maxPerPart < 1:
-		return nil, optcheck.Bad(ctor, "WithMaxPendingPerPartition", "%d records; need at least 1", cfg.maxPerPart)
+		return nil, effects.ConfigErrorf(ctor, "WithMaxPendingPerPartition", "%d records; need at least 1", cfg.maxPerPart)
 	case cfg.commitInterval < 0:
-		return nil, optcheck.Bad(ctor, "WithCommitInterval", "negative interval %v", cfg.commitInterval)
+		return nil, effects.ConfigErrorf(ctor, "WithCommitInterval", "negative interval %v", cfg.commitInterval)
 	case cfg.closeTimeout <= 0:
-		return nil, optcheck.Bad(ctor, "WithCloseTimeout", "%v; need a positive bound", cfg.closeTimeout)
+		return nil, effects.ConfigErrorf(ctor, "WithCloseTimeout", "%v; need a positive bound", cfg.closeTimeout)
 	}
 	s := &Source{
 		cfg:   cfg,
@@ -308,9 +307,9 @@ func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
 		// franz-go refuses the options the Source adds when clientOpts
 		// name no group: say that, in our words.
 		if group, ok := groupOf(clientOpts); ok && group == "" {
-			return nil, optcheck.Bad(ctor, "clientOpts", "no consumer group (kgo.ConsumerGroup): a Source commits a group's offsets")
+			return nil, effects.ConfigErrorf(ctor, "clientOpts", "no consumer group (kgo.ConsumerGroup): a Source commits a group's offsets")
 		}
-		return nil, optcheck.Bad(ctor, "clientOpts", "%v", err)
+		return nil, effects.ConfigErrorf(ctor, "clientOpts", "%v", err)
 	}
 	s.group, _ = cl.OptValue(kgo.ConsumerGroup).(string)
 	s.topics, _ = cl.OptValue(kgo.ConsumeTopics).([]string)
@@ -320,9 +319,9 @@ func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
 		s.cancelRun()
 		s.cancelClient()
 		if s.group == "" {
-			return nil, optcheck.Bad(ctor, "clientOpts", "no consumer group (kgo.ConsumerGroup): a Source commits a group's offsets")
+			return nil, effects.ConfigErrorf(ctor, "clientOpts", "no consumer group (kgo.ConsumerGroup): a Source commits a group's offsets")
 		}
-		return nil, optcheck.Bad(ctor, "clientOpts", "no topics (kgo.ConsumeTopics): the Source would wait for records for ever")
+		return nil, effects.ConfigErrorf(ctor, "clientOpts", "no topics (kgo.ConsumeTopics): the Source would wait for records for ever")
 	}
 	if id, _ := cl.OptValue(kgo.InstanceID).(string); id != "" {
 		s.instanceID = &id

@@ -9,7 +9,6 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/retry"
-	"effectively.dev/internal/optcheck"
 	"effectively.dev/internal/sqlkeys"
 )
 
@@ -65,9 +64,9 @@ func New[In any](db *sql.DB, scope string, write WriteFunc[In], opts ...EffectOp
 	const op = "mysql.New"
 	switch {
 	case db == nil:
-		return nil, optcheck.Bad(op, "db", "nil")
+		return nil, effects.ConfigErrorf(op, "db", "nil")
 	case write == nil:
-		return nil, optcheck.Bad(op, "write", "nil write function")
+		return nil, effects.ConfigErrorf(op, "write", "nil write function")
 	}
 	if err := validateScope(op, scope); err != nil {
 		return nil, err

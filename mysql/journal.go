@@ -12,7 +12,6 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/journal"
-	"effectively.dev/internal/optcheck"
 )
 
 // Journal is a [journal.DoneJournal] in the effectively_journal table: the
@@ -47,7 +46,7 @@ var _ journal.DoneJournal = (*Journal)(nil)
 func NewJournal(db *sql.DB, scope string, opts ...Option) (*Journal, error) {
 	const op = "mysql.NewJournal"
 	if db == nil {
-		return nil, optcheck.Bad(op, "db", "nil")
+		return nil, effects.ConfigErrorf(op, "db", "nil")
 	}
 	if err := validateScope(op, scope); err != nil {
 		return nil, err

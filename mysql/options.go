@@ -4,8 +4,8 @@ import (
 	"database/sql"
 	"time"
 
+	"effectively.dev/effects"
 	"effectively.dev/effects/retry"
-	"effectively.dev/internal/optcheck"
 	"effectively.dev/internal/sqlkeys"
 )
 
@@ -65,7 +65,7 @@ func newEffectConfig(op string, opts []EffectOption) (effectConfig, error) {
 		return c, err
 	}
 	if !validIsolation(c.isolation) {
-		return c, optcheck.Bad(op, "WithIsolation", "isolation level %s is not one MySQL has", c.isolation)
+		return c, effects.ConfigErrorf(op, "WithIsolation", "isolation level %s is not one MySQL has", c.isolation)
 	}
 	return c, nil
 }

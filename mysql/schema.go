@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"strings"
 
-	"effectively.dev/internal/optcheck"
+	"effectively.dev/effects"
 	"effectively.dev/internal/sqlkeys"
 )
 
@@ -37,7 +37,7 @@ type DB interface {
 func Migrate(ctx context.Context, db DB) error {
 	const op = "mysql.Migrate"
 	if nilDB(db) {
-		return optcheck.Bad(op, "db", "nil")
+		return effects.ConfigErrorf(op, "db", "nil")
 	}
 	for _, stmt := range statements(Schema) {
 		if _, err := db.ExecContext(ctx, stmt); err != nil {

@@ -12,7 +12,6 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/retry"
-	"effectively.dev/internal/optcheck"
 )
 
 // errBatchAbandoned is the cause of the items ApplyBatch did not apply
@@ -68,9 +67,9 @@ func ApplyBatch(ctx context.Context, pool *pgxpool.Pool, scope string, items []B
 	const op = "postgres.ApplyBatch"
 	switch {
 	case pool == nil:
-		return nil, optcheck.Bad(op, "pool", "nil")
+		return nil, effects.ConfigErrorf(op, "pool", "nil")
 	case write == nil:
-		return nil, optcheck.Bad(op, "write", "nil write function")
+		return nil, effects.ConfigErrorf(op, "write", "nil write function")
 	}
 	if err := validateBatch(op, scope, items); err != nil {
 		return nil, err

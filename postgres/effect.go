@@ -10,7 +10,6 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/retry"
-	"effectively.dev/internal/optcheck"
 	"effectively.dev/internal/sqlkeys"
 )
 
@@ -66,7 +65,7 @@ var _ effects.Effect[struct{}] = (*Effect[struct{}])(nil)
 func New[In any](pool *pgxpool.Pool, scope string, write WriteFunc[In], opts ...EffectOption) (*Effect[In], error) {
 	const op = "postgres.New"
 	if write == nil {
-		return nil, optcheck.Bad(op, "write", "nil write function")
+		return nil, effects.ConfigErrorf(op, "write", "nil write function")
 	}
 	e, err := newEffect[In](op, pool, scope, opts)
 	if err != nil {
@@ -83,7 +82,7 @@ func New[In any](pool *pgxpool.Pool, scope string, write WriteFunc[In], opts ...
 // Effect without its writes.
 func newEffect[In any](op string, pool *pgxpool.Pool, scope string, opts []EffectOption) (*Effect[In], error) {
 	if pool == nil {
-		return nil, optcheck.Bad(op, "pool", "nil")
+		return nil, effects.ConfigErrorf(op, "pool", "nil")
 	}
 	if err := validateScope(op, scope); err != nil {
 		return nil, err

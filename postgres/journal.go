@@ -15,7 +15,6 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/journal"
-	"effectively.dev/internal/optcheck"
 )
 
 // statementsInFlight is how many statements of one kind (Begin,
@@ -62,7 +61,7 @@ var _ journal.DoneJournal = (*Journal)(nil)
 func NewJournal(pool *pgxpool.Pool, scope string) (*Journal, error) {
 	const op = "postgres.NewJournal"
 	if pool == nil {
-		return nil, optcheck.Bad(op, "pool", "nil")
+		return nil, effects.ConfigErrorf(op, "pool", "nil")
 	}
 	if err := validateScope(op, scope); err != nil {
 		return nil, err

@@ -7,7 +7,6 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/retry"
-	"effectively.dev/internal/optcheck"
 	"effectively.dev/internal/sqlkeys"
 )
 
@@ -64,7 +63,7 @@ func (c *retryConfig) check(op string) error {
 		return err
 	}
 	if !validIsolation(c.isolation) {
-		return optcheck.Bad(op, "WithIsolation", "unknown isolation level %q", c.isolation)
+		return effects.ConfigErrorf(op, "WithIsolation", "unknown isolation level %q", c.isolation)
 	}
 	return nil
 }
@@ -124,7 +123,7 @@ func newBatchConfig(op string, opts []BatchOption) (batchConfig, error) {
 		}
 	}
 	if c.precheckSet && c.precheck == nil {
-		return c, optcheck.Bad(op, "WithPrecheck", "nil filter")
+		return c, effects.ConfigErrorf(op, "WithPrecheck", "nil filter")
 	}
 	return c, c.check(op)
 }

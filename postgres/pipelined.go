@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/optcheck"
 )
 
 // Statement is one SQL statement and its arguments, as pgx takes them.
@@ -53,14 +52,14 @@ type StatementsFunc[In any] func(ctx context.Context, key effects.Key, in In) (r
 func NewPipelined[In any](pool *pgxpool.Pool, scope string, statements StatementsFunc[In], opts ...EffectOption) (*Effect[In], error) {
 	const op = "postgres.NewPipelined"
 	if statements == nil {
-		return nil, optcheck.Bad(op, "statements", "nil statements function")
+		return nil, effects.ConfigErrorf(op, "statements", "nil statements function")
 	}
 	e, err := newEffect[In](op, pool, scope, opts)
 	if err != nil {
 		return nil, err
 	}
 	if e.cfg.noGroupCommit {
-		return nil, optcheck.Bad(op, "WithoutGroupCommit", "a pipelined Effect has no grouped shape; leave it out")
+		return nil, effects.ConfigErrorf(op, "WithoutGroupCommit", "a pipelined Effect has no grouped shape; leave it out")
 	}
 	e.statements = statements
 	return e, nil

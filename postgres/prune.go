@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"effectively.dev/internal/optcheck"
+	"effectively.dev/effects"
 	"effectively.dev/internal/sqlkeys"
 )
 
@@ -24,7 +24,7 @@ import (
 func Prune(ctx context.Context, db DB, scope string, olderThan time.Time, batchSize int) (int64, error) {
 	const op = "postgres.Prune"
 	if nilDB(db) {
-		return 0, optcheck.Bad(op, "db", "nil")
+		return 0, effects.ConfigErrorf(op, "db", "nil")
 	}
 	if err := validateScope(op, scope); err != nil {
 		return 0, err

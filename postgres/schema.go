@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"effectively.dev/internal/optcheck"
+	"effectively.dev/effects"
 	"effectively.dev/internal/sqlkeys"
 )
 
@@ -46,7 +46,7 @@ type DB interface {
 // A nil db is an [*effects.ConfigError].
 func Migrate(ctx context.Context, db DB) error {
 	if nilDB(db) {
-		return optcheck.Bad("postgres.Migrate", "db", "nil")
+		return effects.ConfigErrorf("postgres.Migrate", "db", "nil")
 	}
 	tx, err := db.Begin(ctx)
 	if err != nil {

@@ -7,7 +7,6 @@ import (
 	stripego "github.com/stripe/stripe-go/v76"
 
 	"effectively.dev/effects"
-	"effectively.dev/internal/optcheck"
 )
 
 // Effect is an [effects.Effect] over one stripe-go POST: Customers,
@@ -68,22 +67,22 @@ func New[P stripego.ParamsContainer, O any](post func(P) (O, error), opts ...Opt
 // newGeneric is New with the constructor's and the operation's names.
 func newGeneric[P stripego.ParamsContainer, O any](ctor, op string, post func(P) (O, error), opts []Option) (*Effect[P], error) {
 	if post == nil {
-		return nil, optcheck.Bad(ctor, "post", "nil; pass a stripe-go method such as api.Customers.New")
+		return nil, effects.ConfigErrorf(ctor, "post", "nil; pass a stripe-go method such as api.Customers.New")
 	}
 	pt, ot := reflect.TypeFor[P](), reflect.TypeFor[O]()
 	if pt.Kind() != reflect.Pointer || pt.Elem().Kind() != reflect.Struct {
-		return nil, optcheck.Bad(ctor, "post", "its parameter %s is not a pointer to a stripe-go params struct", pt)
+		return nil, effects.ConfigErrorf(ctor, "post", "its parameter %s is not a pointer to a stripe-go params struct", pt)
 	}
 	if ot.Kind() != reflect.Pointer || ot.Elem().Kind() != reflect.Struct {
-		return nil, optcheck.Bad(ctor, "post", "its result %s is not a pointer to a stripe-go object", ot)
+		return nil, effects.ConfigErrorf(ctor, "post", "its result %s is not a pointer to a stripe-go object", ot)
 	}
 	idField, ok := ot.Elem().FieldByName("ID")
 	if !ok || idField.Type.Kind() != reflect.String {
-		return nil, optcheck.Bad(ctor, "post", "its result %s has no string ID", ot)
+		return nil, effects.ConfigErrorf(ctor, "post", "its result %s has no string ID", ot)
 	}
 	respField, ok := ot.Elem().FieldByName("LastResponse")
 	if !ok || respField.Type != reflect.TypeFor[*stripego.APIResponse]() {
-		return nil, optcheck.Bad(ctor, "post", "its result %s has no LastResponse (stripe-go's APIResource)", ot)
+		return nil, effects.ConfigErrorf(ctor, "post", "its result %s has no LastResponse (stripe-go's APIResource)", ot)
 	}
 	e, err := newEffect(ctor, op, opts)
 	if err != nil {

@@ -12,7 +12,6 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/journal"
-	"effectively.dev/internal/optcheck"
 )
 
 // Horizon is how long Stripe keeps an Idempotency-Key: at least 24 hours.
@@ -87,7 +86,7 @@ func newEffect(ctor, op string, opts []Option) (effect, error) {
 		}
 	}
 	if cfg.apiSet && (cfg.api == nil || cfg.api.Balance == nil) {
-		return effect{}, optcheck.Bad(ctor, "WithCheckClient", "nil or uninitialised *client.API; build it with client.New")
+		return effect{}, effects.ConfigErrorf(ctor, "WithCheckClient", "nil or uninitialised *client.API; build it with client.New")
 	}
 	jopts := append(cfg.jopts[:len(cfg.jopts):len(cfg.jopts)], journal.WithOwnerIdempotency(), journal.WithNotApplied(notApplied))
 	j, err := journal.NewJournaled(op, cfg.journal, jopts...)

@@ -12,7 +12,6 @@ import (
 	"effectively.dev/effects"
 	"effectively.dev/effects/consume/internal/sched"
 	"effectively.dev/effects/retry"
-	"effectively.dev/internal/optcheck"
 	"effectively.dev/internal/ratelog"
 )
 
@@ -490,15 +489,15 @@ const ctor = "consume.New"
 func (cfg *config) check(src effects.Source, h Handler) error {
 	switch {
 	case src == nil:
-		return optcheck.Bad(ctor, "source", "nil source")
+		return effects.ConfigErrorf(ctor, "source", "nil source")
 	case cfg.batchSet && cfg.batch == nil:
-		return optcheck.Bad(ctor, "WithBatch", "nil batch handler")
+		return effects.ConfigErrorf(ctor, "WithBatch", "nil batch handler")
 	case cfg.batchSet && h != nil:
-		return optcheck.Bad(ctor, "handler", "both a Handler and a WithBatch handler; pass a nil Handler with WithBatch")
+		return effects.ConfigErrorf(ctor, "handler", "both a Handler and a WithBatch handler; pass a nil Handler with WithBatch")
 	case !cfg.batchSet && h == nil:
-		return optcheck.Bad(ctor, "handler", "nil handler (pass one, or use WithBatch)")
+		return effects.ConfigErrorf(ctor, "handler", "nil handler (pass one, or use WithBatch)")
 	case cfg.loggerSet && cfg.logger == nil:
-		return optcheck.Bad(ctor, "WithLogger", "nil logger")
+		return effects.ConfigErrorf(ctor, "WithLogger", "nil logger")
 	}
 	if err := cfg.checkPacing(); err != nil {
 		return err
@@ -511,25 +510,25 @@ func (cfg *config) check(src effects.Source, h Handler) error {
 func (cfg *config) checkPacing() error {
 	switch {
 	case cfg.concurrency < 1:
-		return optcheck.Bad(ctor, "WithConcurrency", "%d handlers; need at least 1", cfg.concurrency)
+		return effects.ConfigErrorf(ctor, "WithConcurrency", "%d handlers; need at least 1", cfg.concurrency)
 	case cfg.maxAttempts < 0:
-		return optcheck.Bad(ctor, "WithMaxAttempts", "%d attempts; need 0 (retry forever) or more", cfg.maxAttempts)
+		return effects.ConfigErrorf(ctor, "WithMaxAttempts", "%d attempts; need 0 (retry forever) or more", cfg.maxAttempts)
 	case cfg.minBackoff <= 0:
-		return optcheck.Bad(ctor, "WithBackoff", "min %v; need a positive pause", cfg.minBackoff)
+		return effects.ConfigErrorf(ctor, "WithBackoff", "min %v; need a positive pause", cfg.minBackoff)
 	case cfg.maxBackoff < cfg.minBackoff:
-		return optcheck.Bad(ctor, "WithBackoff", "max %v is below min %v", cfg.maxBackoff, cfg.minBackoff)
+		return effects.ConfigErrorf(ctor, "WithBackoff", "max %v is below min %v", cfg.maxBackoff, cfg.minBackoff)
 	case cfg.grace < 0:
-		return optcheck.Bad(ctor, "WithShutdownGrace", "negative grace %v", cfg.grace)
+		return effects.ConfigErrorf(ctor, "WithShutdownGrace", "negative grace %v", cfg.grace)
 	case cfg.attemptTimeout < 0:
-		return optcheck.Bad(ctor, "WithAttemptTimeout", "negative limit %v (0 sets none)", cfg.attemptTimeout)
+		return effects.ConfigErrorf(ctor, "WithAttemptTimeout", "negative limit %v (0 sets none)", cfg.attemptTimeout)
 	case cfg.inFlightWait < 0:
-		return optcheck.Bad(ctor, "WithInFlightWait", "negative wait %v", cfg.inFlightWait)
+		return effects.ConfigErrorf(ctor, "WithInFlightWait", "negative wait %v", cfg.inFlightWait)
 	case cfg.maxPendingSet && cfg.maxPending < 1:
-		return optcheck.Bad(ctor, "WithMaxPending", "%d deliveries; need at least 1", cfg.maxPending)
+		return effects.ConfigErrorf(ctor, "WithMaxPending", "%d deliveries; need at least 1", cfg.maxPending)
 	case cfg.batchSet && cfg.batchSize < 1:
-		return optcheck.Bad(ctor, "WithBatch", "batch size %d; need at least 1", cfg.batchSize)
+		return effects.ConfigErrorf(ctor, "WithBatch", "batch size %d; need at least 1", cfg.batchSize)
 	case cfg.batchSet && cfg.batchLinger < 0:
-		return optcheck.Bad(ctor, "WithBatch", "negative linger %v", cfg.batchLinger)
+		return effects.ConfigErrorf(ctor, "WithBatch", "negative linger %v", cfg.batchLinger)
 	}
 	return nil
 }
@@ -538,11 +537,11 @@ func (cfg *config) checkPacing() error {
 func (cfg *config) checkDeadLetter() error {
 	switch {
 	case cfg.deadLetterSet && cfg.deadLetter == nil:
-		return optcheck.Bad(ctor, "WithDeadLetter", "nil hook (to go without one, say WithoutDeadLetter())")
+		return effects.ConfigErrorf(ctor, "WithDeadLetter", "nil hook (to go without one, say WithoutDeadLetter())")
 	case cfg.deadLetterSet && cfg.noDeadLetter:
-		return optcheck.Bad(ctor, "WithoutDeadLetter", "given with WithDeadLetter; choose one")
+		return effects.ConfigErrorf(ctor, "WithoutDeadLetter", "given with WithDeadLetter; choose one")
 	case !cfg.deadLetterSet && !cfg.noDeadLetter:
-		return optcheck.Bad(ctor, "WithDeadLetter", "no dead-letter decision: pass WithDeadLetter(hook) to move the deliveries "+
+		return effects.ConfigErrorf(ctor, "WithDeadLetter", "no dead-letter decision: pass WithDeadLetter(hook) to move the deliveries "+
 			"the consumer gives up on aside, or WithoutDeadLetter() to park them unacked, stalling their Ordering")
 	}
 	return nil

@@ -9,7 +9,6 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/retry"
-	"effectively.dev/internal/optcheck"
 	"effectively.dev/internal/ratelog"
 )
 
@@ -198,13 +197,13 @@ func NewJournaled(op string, j Journal, opts ...Option) (*Journaled, error) {
 	}
 	switch {
 	case op == "":
-		return nil, optcheck.Bad("journal.NewJournaled", "op", "empty; name the effect, e.g. \"email.Send\"")
+		return nil, effects.ConfigErrorf("journal.NewJournaled", "op", "empty; name the effect, e.g. \"email.Send\"")
 	case cfg.lease <= 0:
-		return nil, optcheck.Bad("journal.NewJournaled", "WithLease", "lease %v is not positive", cfg.lease)
+		return nil, effects.ConfigErrorf("journal.NewJournaled", "WithLease", "lease %v is not positive", cfg.lease)
 	case cfg.record <= 0:
-		return nil, optcheck.Bad("journal.NewJournaled", "WithRecordTimeout", "timeout %v is not positive", cfg.record)
+		return nil, effects.ConfigErrorf("journal.NewJournaled", "WithRecordTimeout", "timeout %v is not positive", cfg.record)
 	case cfg.loggerSet && cfg.logger == nil:
-		return nil, optcheck.Bad("journal.NewJournaled", "WithLogger", "nil logger")
+		return nil, effects.ConfigErrorf("journal.NewJournaled", "WithLogger", "nil logger")
 	}
 	return &Journaled{
 		op:          op,

@@ -14,7 +14,6 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/retry"
-	"effectively.dev/internal/optcheck"
 )
 
 // Fingerprinter is what an Effect's input implements to choose its own
@@ -31,7 +30,7 @@ func Fingerprint[In any](op string) (func(In) ([]byte, error), error) {
 	var zero In
 	if _, ok := any(&zero).(Fingerprinter); ok {
 		if _, ok := any(zero).(Fingerprinter); !ok {
-			return nil, optcheck.Bad(op, "Fingerprint", "%T has a pointer-receiver Fingerprint method; declare it on %T", &zero, zero)
+			return nil, effects.ConfigErrorf(op, "Fingerprint", "%T has a pointer-receiver Fingerprint method; declare it on %T", &zero, zero)
 		}
 	}
 	return func(in In) ([]byte, error) {
@@ -60,13 +59,13 @@ func Scope(op, scope string, maxLen int) error {
 	default:
 		return nil
 	}
-	return optcheck.Bad(op, "scope", "%q: %s", scope, why)
+	return effects.ConfigErrorf(op, "scope", "%q: %s", scope, why)
 }
 
 // MaxRetries checks the WithMaxRetries option of op.
 func MaxRetries(op string, n int) error {
 	if n < 0 {
-		return optcheck.Bad(op, "WithMaxRetries", "%d: negative; 0 disables retries", n)
+		return effects.ConfigErrorf(op, "WithMaxRetries", "%d: negative; 0 disables retries", n)
 	}
 	return nil
 }
@@ -81,7 +80,7 @@ const DefaultPruneBatch = 1000
 func PruneBatches(ctx context.Context, op string, batchSize int, del func(ctx context.Context, limit int) (int64, error)) (int64, error) {
 	switch {
 	case batchSize < 0:
-		return 0, optcheck.Bad(op, "batchSize", "%d: negative; 0 means %d", batchSize, DefaultPruneBatch)
+		return 0, effects.ConfigErrorf(op, "batchSize", "%d: negative; 0 means %d", batchSize, DefaultPruneBatch)
 	case batchSize == 0:
 		batchSize = DefaultPruneBatch
 	}
@@ -125,15 +124,15 @@ type PrunerConfig struct {
 func (c *PrunerConfig) Resolve(op string, nilDB bool, horizon time.Duration) error {
 	switch {
 	case nilDB:
-		return optcheck.Bad(op, "DB", "nil")
+		return effects.ConfigErrorf(op, "DB", "nil")
 	case horizon <= 0:
-		return optcheck.Bad(op, "Horizon", "%v: not positive", horizon)
+		return effects.ConfigErrorf(op, "Horizon", "%v: not positive", horizon)
 	case !(c.Rate >= 0): // also NaN
-		return optcheck.Bad(op, "Rate", "%v keys/s: negative; 0 means %d", c.Rate, DefaultPruneRate)
+		return effects.ConfigErrorf(op, "Rate", "%v keys/s: negative; 0 means %d", c.Rate, DefaultPruneRate)
 	case c.Batch < 0:
-		return optcheck.Bad(op, "BatchSize", "%d: negative; 0 means %d", c.Batch, DefaultPruneBatch)
+		return effects.ConfigErrorf(op, "BatchSize", "%d: negative; 0 means %d", c.Batch, DefaultPruneBatch)
 	case c.Interval < 0:
-		return optcheck.Bad(op, "Interval", "%v: negative; 0 means %v", c.Interval, DefaultPruneInterval)
+		return effects.ConfigErrorf(op, "Interval", "%v: negative; 0 means %v", c.Interval, DefaultPruneInterval)
 	}
 	if c.Rate == 0 {
 		c.Rate = DefaultPruneRate

@@ -18,7 +18,6 @@ import (
 	"effectively.dev/effects"
 	"effectively.dev/effects/journal"
 	"effectively.dev/effects/retry"
-	"effectively.dev/internal/optcheck"
 	"effectively.dev/internal/ratelog"
 	"effectively.dev/kafka/internal/produce"
 )
@@ -202,9 +201,9 @@ func NewRelay(db TxBeginner, client *kgo.Client, opts ...RelayOption) (*Relay, e
 	const ctor = "outbox.NewRelay"
 	switch {
 	case db == nil:
-		return nil, optcheck.Bad(ctor, "db", "nil")
+		return nil, effects.ConfigErrorf(ctor, "db", "nil")
 	case client == nil:
-		return nil, optcheck.Bad(ctor, "client", "nil")
+		return nil, effects.ConfigErrorf(ctor, "client", "nil")
 	}
 	if err := produce.CheckClient(client); err != nil {
 		return nil, fmt.Errorf("%s: %w", ctor, err)
@@ -218,15 +217,15 @@ func NewRelay(db TxBeginner, client *kgo.Client, opts ...RelayOption) (*Relay, e
 	}
 	switch {
 	case cfg.batch < 1:
-		return nil, optcheck.Bad(ctor, "WithBatchSize", "%d rows; need at least 1", cfg.batch)
+		return nil, effects.ConfigErrorf(ctor, "WithBatchSize", "%d rows; need at least 1", cfg.batch)
 	case cfg.interval <= 0:
-		return nil, optcheck.Bad(ctor, "WithPollInterval", "interval %v is not positive", cfg.interval)
+		return nil, effects.ConfigErrorf(ctor, "WithPollInterval", "interval %v is not positive", cfg.interval)
 	case cfg.timeout <= 0:
-		return nil, optcheck.Bad(ctor, "WithProduceTimeout", "timeout %v is not positive", cfg.timeout)
+		return nil, effects.ConfigErrorf(ctor, "WithProduceTimeout", "timeout %v is not positive", cfg.timeout)
 	case cfg.maxAttempts < 0:
-		return nil, optcheck.Bad(ctor, "WithMaxAttempts", "%d attempts; need 0 (park only refused rows) or more", cfg.maxAttempts)
+		return nil, effects.ConfigErrorf(ctor, "WithMaxAttempts", "%d attempts; need 0 (park only refused rows) or more", cfg.maxAttempts)
 	case cfg.loggerSet && cfg.logger == nil:
-		return nil, optcheck.Bad(ctor, "WithLogger", "nil logger")
+		return nil, effects.ConfigErrorf(ctor, "WithLogger", "nil logger")
 	}
 	return &Relay{db: db, cl: client, sync: produce.NewSyncer(client), batch: cfg.batch, interval: cfg.interval,
 		timeout: cfg.timeout, maxAttempts: cfg.maxAttempts, keyOrder: cfg.keyOrder,
