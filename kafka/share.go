@@ -34,22 +34,22 @@ var ErrDeliveryLimit = fmt.Errorf("kafka: record on its share group's last allow
 
 // Defaults of a [ShareSource], used when the matching option is not given.
 const (
-	// DefaultShareMembers is how many share-group members (clients) one
+	// defaultShareMembers is how many share-group members (clients) one
 	// ShareSource runs.
-	DefaultShareMembers = 4
-	// DefaultShareMaxPoll is how many records one member fetches at a time.
-	DefaultShareMaxPoll = 32
-	// DefaultDeliveryLimit is Kafka's default share.delivery.count.limit:
+	defaultShareMembers = 4
+	// defaultShareMaxPoll is how many records one member fetches at a time.
+	defaultShareMaxPoll = 32
+	// defaultDeliveryLimit is Kafka's default share.delivery.count.limit:
 	// the broker archives a record after this many deliveries.
-	DefaultDeliveryLimit = 5
-	// DefaultRenewBefore is how long before its acquisition deadline a held
+	defaultDeliveryLimit = 5
+	// defaultRenewBefore is how long before its acquisition deadline a held
 	// record's lock is renewed (at most half the lock).
-	DefaultRenewBefore = 10 * time.Second
-	// DefaultLockMargin is how long before its acquisition deadline a
+	defaultRenewBefore = 10 * time.Second
+	// defaultLockMargin is how long before its acquisition deadline a
 	// record stops being this source's to start handling (at most a
 	// quarter of the lock): the deadline is the client's estimate, and an
 	// attempt started at the last moment would mostly run unowned.
-	DefaultLockMargin = 2 * time.Second
+	defaultLockMargin = 2 * time.Second
 )
 
 // shareCloseTimeout bounds Close's flushing of acks and leaving the group.
@@ -217,35 +217,34 @@ type shareConfig struct {
 }
 
 // WithShareMembers sets how many share-group members (kgo clients, each
-// with its own connections and heartbeat) the source runs (default
-// [DefaultShareMembers], 4). A record stuck in a handler holds back one
-// member's polls: n is how many stuck records the source absorbs before
-// it stops taking new ones. n must be at least 1.
+// with its own connections and heartbeat) the source runs (default 4). A
+// record stuck in a handler holds back one member's polls: n is how many
+// stuck records the source absorbs before it stops taking new ones. n must
+// be at least 1.
 func WithShareMembers(n int) ShareOption {
 	return shareOpt(func(c *shareConfig) { c.members = n })
 }
 
-// WithDeliveryLimit tells the source the group's
-// share.delivery.count.limit (default [DefaultDeliveryLimit], Kafka's
-// default, 5): Release refuses a delivery whose delivery count reached it
-// ([ErrDeliveryLimit]), so the broker does not archive it unseen. 0 lets
-// Release release every delivery (the broker's limit then decides). n
-// must not be negative.
+// WithDeliveryLimit tells the source the group's share.delivery.count.limit
+// (default 5, Kafka's default): Release refuses a delivery whose delivery
+// count reached it ([ErrDeliveryLimit]), so the broker does not archive it
+// unseen. 0 lets Release release every delivery (the broker's limit then
+// decides). n must not be negative.
 func WithDeliveryLimit(n int) ShareOption {
 	return shareOpt(func(c *shareConfig) { c.deliveryLimit = n })
 }
 
-// WithRenewBefore sets how long before a held record's acquisition
-// deadline the source renews its lock (default [DefaultRenewBefore],
-// 10 s; at most half the lock is used). d must be positive.
+// WithRenewBefore sets how long before a held record's acquisition deadline
+// the source renews its lock (default 10 s; at most half the lock is used).
+// d must be positive.
 func WithRenewBefore(d time.Duration) ShareOption {
 	return shareOpt(func(c *shareConfig) { c.renewBefore = d })
 }
 
 // WithLockMargin sets how long before its acquisition deadline a record
-// stops being owned ([ShareSource.Owns]; default [DefaultLockMargin],
-// 2 s; at most a quarter of the lock is used). d must not be negative and
-// must be less than the renew lead ([WithRenewBefore]).
+// stops being owned ([ShareSource.Owns]; default 2 s; at most a quarter of
+// the lock is used). d must not be negative and must be less than the renew
+// lead ([WithRenewBefore]).
 func WithLockMargin(d time.Duration) ShareOption {
 	return shareOpt(func(c *shareConfig) { c.lockMargin = d })
 }
@@ -267,11 +266,11 @@ func WithLockMargin(d time.Duration) ShareOption {
 func NewShareSource(clientOpts []kgo.Opt, opts ...ShareOption) (*ShareSource, error) {
 	const ctor = "kafka.NewShareSource"
 	cfg := shareConfig{
-		consumer:      consumerCommon{idHeader: KeyHeader, maxPoll: DefaultShareMaxPoll},
-		members:       DefaultShareMembers,
-		deliveryLimit: DefaultDeliveryLimit,
-		renewBefore:   DefaultRenewBefore,
-		lockMargin:    DefaultLockMargin,
+		consumer:      consumerCommon{idHeader: KeyHeader, maxPoll: defaultShareMaxPoll},
+		members:       defaultShareMembers,
+		deliveryLimit: defaultDeliveryLimit,
+		renewBefore:   defaultRenewBefore,
+		lockMargin:    defaultLockMargin,
 	}
 	for _, o := range opts {
 		if o != nil {

@@ -40,7 +40,7 @@ func newSession(t *testing.T, c *kafkatest.Cluster, txnID, group, topic string) 
 
 // upper is the transform under test: one output per input, carrying the
 // input's id.
-func upper(out string) kafka.TransformFunc {
+func upper(out string) func(context.Context, *kgo.Record) ([]*kgo.Record, error) {
 	return func(_ context.Context, in *kgo.Record) ([]*kgo.Record, error) {
 		id, _ := kafkatest.Header(in, "id")
 		return []*kgo.Record{{
