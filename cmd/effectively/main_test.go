@@ -99,7 +99,7 @@ func TestOutboxCommand(t *testing.T) {
 	if err != nil || !strings.Contains(out, "would retry 1 parked rows") {
 		t.Fatalf("retry -dry-run: %v\n%s", err, out)
 	}
-	if n, _ := outbox.CountParked(ctx, pool, outbox.ParkedFilter{}); n != 2 {
+	if n, _ := (outbox.ParkedFilter{}).Count(ctx, pool); n != 2 {
 		t.Fatalf("%d parked after a dry run, want 2", n)
 	}
 	out, err = runCmd(t, "outbox", "retry", "-db", url, "-message-id", "m-1")
@@ -112,7 +112,7 @@ func TestOutboxCommand(t *testing.T) {
 	if out, err := runCmd(t, "outbox", "retry", "-db", url); !errors.Is(err, errUsage) {
 		t.Fatalf("retry without a selection: %v\n%s; want a usage error", err, out)
 	}
-	if n, _ := outbox.CountParked(ctx, pool, outbox.ParkedFilter{}); n != 1 {
+	if n, _ := (outbox.ParkedFilter{}).Count(ctx, pool); n != 1 {
 		t.Fatalf("%d parked after drop and retry without a selection, want 1 (nothing changed)", n)
 	}
 	out, err = runCmd(t, "outbox", "drop", "-db", url, "-class", "permanent")
