@@ -43,7 +43,7 @@ func poisonHandler(_ context.Context, d effects.Delivery) error {
 
 func readTopic(t *testing.T, c *kafkatest.Cluster, topic string) []*kgo.Record {
 	t.Helper()
-	recs, err := kafkatest.ReadAll(context.Background(), c.Opts(), topic)
+	recs, err := c.ReadAll(context.Background(), topic)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,14 +44,14 @@ func TestRedriveCommand(t *testing.T) {
 	if err != nil || !strings.Contains(out, "would move 1 of 2 dead letters") || !strings.Contains(out, `delivery "a" class poison`) {
 		t.Fatalf("dry run: %v\n%s", err, out)
 	}
-	if recs, err := kafkatest.ReadAll(ctx, c.Opts(), src); err != nil || len(recs) != 0 {
+	if recs, err := c.ReadAll(ctx, src); err != nil || len(recs) != 0 {
 		t.Fatalf("source topic after the dry run: %d records, %v", len(recs), err)
 	}
 	out, err = runCmd(t, "redrive", "-brokers", brokers, "-dlq", dlq, "-topic", src, "-class", "poison", "-yes")
 	if err != nil || !strings.Contains(out, "moved 1 of 2 dead letters") {
 		t.Fatalf("redrive: %v\n%s", err, out)
 	}
-	recs, err := kafkatest.ReadAll(ctx, c.Opts(), src)
+	recs, err := c.ReadAll(ctx, src)
 	if err != nil || len(recs) != 1 {
 		t.Fatalf("source topic: %d records, %v", len(recs), err)
 	}

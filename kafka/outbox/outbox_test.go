@@ -258,7 +258,7 @@ func testTwoRelays(t *testing.T, deleteSent bool) {
 	if err := pool.QueryRow(ctx, `SELECT message_id, ref FROM effectively_outbox ORDER BY id LIMIT 1`).Scan(&id, &ref); err != nil {
 		t.Fatal(err)
 	}
-	recs, err := kafkatest.ReadAll(ctx, c.Opts(), topic)
+	recs, err := c.ReadAll(ctx, topic)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -573,7 +573,7 @@ func TestRelayKeyOrder(t *testing.T) {
 			}
 			drain()
 			order := func() []string {
-				recs, err := kafkatest.ReadAll(ctx, c.Opts(), topic)
+				recs, err := c.ReadAll(ctx, topic)
 				if err != nil {
 					t.Fatal(err)
 				}
