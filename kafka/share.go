@@ -265,32 +265,9 @@ func WithLockMargin(d time.Duration) ShareOption {
 // Fetching starts with the first call to Next.
 func NewShareSource(clientOpts []kgo.Opt, opts ...ShareOption) (*ShareSource, error) {
 	const ctor = "kafka.NewShareSource"
-	cfg := shareConfig{
-		consumer:      consumerCommon{idHeader: KeyHeader, maxPoll: defaultShareMaxPoll},
-		members:       defaultShareMembers,
-		deliveryLimit: defaultDeliveryLimit,
-		renewBefore:   defaultRenewBefore,
-		lockMargin:    defaultLockMargin,
-	}
-	for _, o := range opts {
-		if o != nil {
-			o.applyShare(&cfg)
-		}
-	}
-	if err := checkConsumer(ctor, &cfg.common, &cfg.consumer); err != nil {
+	cfg, err := newShareConfig(ctor, opts)
+	if err != nil {
 		return nil, err
-	}
-	switch {
-	case cfg.members < 1:
-		return nil, effects.ConfigErrorf(ctor, "WithShareMembers", "%d members; need at least 1", cfg.members)
-	case cfg.deliveryLimit < 0:
-		return nil, effects.ConfigErrorf(ctor, "WithDeliveryLimit", "negative limit %d; 0 means no limit", cfg.deliveryLimit)
-	case cfg.renewBefore <= 0:
-		return nil, effects.ConfigErrorf(ctor, "WithRenewBefore", "%v; need a positive duration", cfg.renewBefore)
-	case cfg.lockMargin < 0:
-		return nil, effects.ConfigErrorf(ctor, "WithLockMargin", "negative margin %v", cfg.lockMargin)
-	case cfg.lockMargin >= cfg.renewBefore:
-		return nil, effects.ConfigErrorf(ctor, "WithLockMargin", "margin %v is not less than the renew lead %v (WithRenewBefore): locks would lapse before their renewal", cfg.lockMargin, cfg.renewBefore)
 	}
 	s := &ShareSource{cfg: cfg, rep: cfg.reporter(), stop: make(chan struct{}), avail: make(chan struct{}, 1)}
 	s.runCtx, s.cancelRun = context.WithCancel(context.Background())
@@ -320,6 +297,38 @@ func NewShareSource(clientOpts []kgo.Opt, opts ...ShareOption) (*ShareSource, er
 		}
 	}
 	return s, nil
+}
+
+// newShareConfig applies opts over the defaults and validates them.
+func newShareConfig(ctor string, opts []ShareOption) (shareConfig, error) {
+	cfg := shareConfig{
+		consumer:      consumerCommon{idHeader: KeyHeader, maxPoll: defaultShareMaxPoll},
+		members:       defaultShareMembers,
+		deliveryLimit: defaultDeliveryLimit,
+		renewBefore:   defaultRenewBefore,
+		lockMargin:    defaultLockMargin,
+	}
+	for _, o := range opts {
+		if o != nil {
+			o.applyShare(&cfg)
+		}
+	}
+	if err := checkConsumer(ctor, &cfg.common, &cfg.consumer); err != nil {
+		return cfg, err
+	}
+	switch {
+	case cfg.members < 1:
+		return cfg, effects.ConfigErrorf(ctor, "WithShareMembers", "%d members; need at least 1", cfg.members)
+	case cfg.deliveryLimit < 0:
+		return cfg, effects.ConfigErrorf(ctor, "WithDeliveryLimit", "negative limit %d; 0 means no limit", cfg.deliveryLimit)
+	case cfg.renewBefore <= 0:
+		return cfg, effects.ConfigErrorf(ctor, "WithRenewBefore", "%v; need a positive duration", cfg.renewBefore)
+	case cfg.lockMargin < 0:
+		return cfg, effects.ConfigErrorf(ctor, "WithLockMargin", "negative margin %v", cfg.lockMargin)
+	case cfg.lockMargin >= cfg.renewBefore:
+		return cfg, effects.ConfigErrorf(ctor, "WithLockMargin", "margin %v is not less than the renew lead %v (WithRenewBefore): locks would lapse before their renewal", cfg.lockMargin, cfg.renewBefore)
+	}
+	return cfg, nil
 }
 
 // Clients returns the source's clients, one per member, e.g. for kadm. Do

@@ -258,27 +258,9 @@ func WithCloseTimeout(d time.Duration) SourceOption {
 // Fetching starts with the first call to Next.
 func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
 	const ctor = "kafka.NewSource"
-	cfg := sourceConfig{
-		consumer:       consumerCommon{idHeader: KeyHeader, maxPoll: defaultMaxPoll},
-		maxPerPart:     defaultMaxPendingPerPartition,
-		commitInterval: defaultCommitInterval,
-		closeTimeout:   defaultCloseTimeout,
-	}
-	for _, o := range opts {
-		if o != nil {
-			o.applySource(&cfg)
-		}
-	}
-	if err := checkConsumer(ctor, &cfg.common, &cfg.consumer); err != nil {
+	cfg, err := newSourceConfig(ctor, opts)
+	if err != nil {
 		return nil, err
-	}
-	switch {
-	case cfg.maxPerPart < 1:
-		return nil, effects.ConfigErrorf(ctor, "WithMaxPendingPerPartition", "%d records; need at least 1", cfg.maxPerPart)
-	case cfg.commitInterval < 0:
-		return nil, effects.ConfigErrorf(ctor, "WithCommitInterval", "negative interval %v", cfg.commitInterval)
-	case cfg.closeTimeout <= 0:
-		return nil, effects.ConfigErrorf(ctor, "WithCloseTimeout", "%v; need a positive bound", cfg.closeTimeout)
 	}
 	s := &Source{
 		cfg:   cfg,
@@ -329,6 +311,33 @@ func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
 	}
 	s.cl = cl
 	return s, nil
+}
+
+// newSourceConfig applies opts over the defaults and validates them.
+func newSourceConfig(ctor string, opts []SourceOption) (sourceConfig, error) {
+	cfg := sourceConfig{
+		consumer:       consumerCommon{idHeader: KeyHeader, maxPoll: defaultMaxPoll},
+		maxPerPart:     defaultMaxPendingPerPartition,
+		commitInterval: defaultCommitInterval,
+		closeTimeout:   defaultCloseTimeout,
+	}
+	for _, o := range opts {
+		if o != nil {
+			o.applySource(&cfg)
+		}
+	}
+	if err := checkConsumer(ctor, &cfg.common, &cfg.consumer); err != nil {
+		return cfg, err
+	}
+	switch {
+	case cfg.maxPerPart < 1:
+		return cfg, effects.ConfigErrorf(ctor, "WithMaxPendingPerPartition", "%d records; need at least 1", cfg.maxPerPart)
+	case cfg.commitInterval < 0:
+		return cfg, effects.ConfigErrorf(ctor, "WithCommitInterval", "negative interval %v", cfg.commitInterval)
+	case cfg.closeTimeout <= 0:
+		return cfg, effects.ConfigErrorf(ctor, "WithCloseTimeout", "%v; need a positive bound", cfg.closeTimeout)
+	}
+	return cfg, nil
 }
 
 // Client returns the underlying client, e.g. for kadm. Do not poll,
