@@ -28,8 +28,8 @@ const (
 	// DeadLetterHeaderPrefix starts the name of every header
 	// [DeadLetterTopic] adds.
 	DeadLetterHeaderPrefix = "effectively-dlq-"
-	// HeaderDLQError is the last attempt's error text, cut to
-	// 4 KiB (ending in "…" when cut).
+	// HeaderDLQError is the last attempt's error text, cut to 4 KiB
+	// (ending in "…" when cut).
 	HeaderDLQError = DeadLetterHeaderPrefix + "error"
 	// HeaderDLQClass is the error's class: "poison" (it matches
 	// [effects.ErrPoison]), else [effects.ClassOf]'s name: "permanent",
