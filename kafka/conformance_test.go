@@ -114,7 +114,7 @@ func (h *producerHarness) Input(key effects.Key, variant int) kafka.Message {
 // records reads the topic from the start with a fresh client, under
 // read_committed.
 func (h *producerHarness) records(ctx context.Context) ([]*kgo.Record, error) {
-	return kafkatest.ReadAll(ctx, h.cluster.Opts(), h.topic)
+	return h.cluster.ReadAll(ctx, h.topic)
 }
 
 func (h *producerHarness) Count(ctx context.Context, key effects.Key) (int, error) {

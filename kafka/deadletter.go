@@ -28,8 +28,8 @@ const (
 	// DeadLetterHeaderPrefix starts the name of every header
 	// [DeadLetterTopic] adds.
 	DeadLetterHeaderPrefix = "effectively-dlq-"
-	// HeaderDLQError is the last attempt's error text, cut to
-	// [MaxDeadLetterErrorBytes].
+	// HeaderDLQError is the last attempt's error text, cut to 4 KiB
+	// (ending in "…" when cut).
 	HeaderDLQError = DeadLetterHeaderPrefix + "error"
 	// HeaderDLQClass is the error's class: "poison" (it matches
 	// [effects.ErrPoison]), else [effects.ClassOf]'s name: "permanent",
@@ -54,7 +54,7 @@ const (
 	// or one that did not come from Kafka). When a header of the record
 	// carries the id (the source's [WithIDHeader]), the dead letter keeps
 	// that header as it was and names it in [HeaderDLQIDHeader] instead:
-	// the id is stored once. [DeadLetterID] reads it either way.
+	// the id is stored once. [ParseDeadLetter] reads it either way.
 	HeaderDLQDeliveryID = DeadLetterHeaderPrefix + "delivery-id"
 	// HeaderDLQIDHeader names the record's header that carries the
 	// delivery id (see [HeaderDLQDeliveryID]); [Redrive] writes the id back
@@ -80,25 +80,25 @@ const (
 	HeaderDLQTime = DeadLetterHeaderPrefix + "time"
 )
 
-// MaxDeadLetterErrorBytes is the most bytes of error text
+// maxDeadLetterErrorBytes is the most bytes of error text
 // [HeaderDLQError] holds; a longer text is cut and ends in "…".
-const MaxDeadLetterErrorBytes = 4 << 10
+const maxDeadLetterErrorBytes = 4 << 10
 
 // Size limits of a dead letter that would not fit its topic whole (see
 // [DeadLetterTopic]).
 const (
-	// MaxCutHeaderBytes is the most bytes a header value (the delivery id
+	// maxCutHeaderBytes is the most bytes a header value (the delivery id
 	// included) or the record key keeps in a cut dead letter; a longer
 	// value is cut and ends in "…".
-	MaxCutHeaderBytes = 256
-	// MinDeadLetterMaxBytes is the smallest size limit
+	maxCutHeaderBytes = 256
+	// minDeadLetterMaxBytes is the smallest size limit
 	// [WithMaxBytes] accepts: room for the dead-letter headers
 	// of a cut dead letter.
-	MinDeadLetterMaxBytes = 2 << 10
-	// DefaultDeadLetterMaxBytes is the size limit [DeadLetterTopic] uses
+	minDeadLetterMaxBytes = 2 << 10
+	// defaultDeadLetterMaxBytes is the size limit [DeadLetterTopic] uses
 	// when it cannot read the topic's max.message.bytes (the client may
 	// not describe configs): Kafka's default, 1,048,588 bytes.
-	DefaultDeadLetterMaxBytes = 1048588
+	defaultDeadLetterMaxBytes = 1048588
 )
 
 // deadLetterOverhead is what a record's framing and its batch's header
@@ -110,17 +110,13 @@ type deadLetterOpts struct {
 	maxBytesSet bool
 }
 
-// WithMaxBytes sets the size limit of the dead-letter topic's
-// records instead of reading the topic's max.message.bytes: a dead letter
-// larger than n bytes is cut to fit (see [DeadLetterTopic]). n must be at
-// least [MinDeadLetterMaxBytes].
+// WithMaxBytes sets the size limit of the dead-letter topic's records
+// instead of reading the topic's max.message.bytes: a dead letter larger
+// than n bytes is cut to fit (see [DeadLetterTopic]). n must be at least
+// 2048 (room for the dead-letter headers of a cut dead letter).
 func WithMaxBytes(n int) DeadLetterOption {
 	return deadLetterOpt(func(c *deadLetterOpts) { c.maxBytes, c.maxBytesSet = n, true })
 }
-
-// DeadLetterHook is the function [DeadLetterTopic] returns: the type that
-// effectively.dev/effects/consume.WithDeadLetter takes.
-type DeadLetterHook = func(ctx context.Context, d effects.Delivery, err error) error
 
 // DeadLetterTopic returns a dead-letter hook (for
 // effectively.dev/effects/consume.WithDeadLetter) that produces each
@@ -136,15 +132,15 @@ type DeadLetterHook = func(ctx context.Context, d effects.Delivery, err error) e
 //
 // A dead letter always fits its topic. The size limit is the topic's
 // max.message.bytes, read once with a DescribeConfigs request and cached
-// ([DefaultDeadLetterMaxBytes] when the client may not read it), or
+// (Kafka's default, 1,048,588 bytes, when the client may not read it), or
 // [WithMaxBytes]; it is never above the client's
 // kgo.ProducerBatchMaxBytes. A record that would not fit is cut: every
-// header value and the key to [MaxCutHeaderBytes], the body to what room
+// header value and the key to 256 bytes, the body to what room
 // is left, and it carries [HeaderDLQCut] (what was cut),
 // [HeaderDLQOriginalSize] and [HeaderDLQBodySHA256]. If the broker still
 // refuses it as too large (MESSAGE_TOO_LARGE: the limit changed), the hook
 // reads the limit again and cuts it to half the size, and so on down to
-// [MinDeadLetterMaxBytes]; so a delivery's own size never parks its
+// 2048 bytes; so a delivery's own size never parks its
 // partition.
 //
 // The hook returns only once the broker acked the record (or ctx is done,
@@ -160,7 +156,7 @@ type DeadLetterHook = func(ctx context.Context, d effects.Delivery, err error) e
 //
 // A nil client, an empty topic, a client that is not an idempotent
 // producer, or an invalid option is an error, returned at once.
-func DeadLetterTopic(client *kgo.Client, topic string, opts ...DeadLetterOption) (DeadLetterHook, error) {
+func DeadLetterTopic(client *kgo.Client, topic string, opts ...DeadLetterOption) (func(ctx context.Context, d effects.Delivery, err error) error, error) {
 	const op = "kafka.DeadLetterTopic"
 	var cfg deadLetterOpts
 	for _, o := range opts {
@@ -173,9 +169,9 @@ func DeadLetterTopic(client *kgo.Client, topic string, opts ...DeadLetterOption)
 		return nil, &effects.ConfigError{Op: op, Option: "client", Reason: "nil"}
 	case topic == "":
 		return nil, &effects.ConfigError{Op: op, Option: "topic", Reason: "empty"}
-	case cfg.maxBytesSet && cfg.maxBytes < MinDeadLetterMaxBytes:
+	case cfg.maxBytesSet && cfg.maxBytes < minDeadLetterMaxBytes:
 		return nil, &effects.ConfigError{Op: op, Option: "WithMaxBytes",
-			Reason: fmt.Sprintf("%d bytes; need at least %d", cfg.maxBytes, MinDeadLetterMaxBytes)}
+			Reason: fmt.Sprintf("%d bytes; need at least %d", cfg.maxBytes, minDeadLetterMaxBytes)}
 	}
 	if err := produce.CheckClient(client); err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
@@ -220,10 +216,10 @@ func (dl *deadLetterer) hook(ctx context.Context, d effects.Delivery, cause erro
 		case deadLetterRefused(err):
 			return fmt.Errorf("%s: delivery %q to topic %q: %w: %w", op, id, dl.topic,
 				&effects.ConfigError{Op: op, Option: "topic", Reason: "the broker refuses records for it (missing, or not writable by this client)"}, err)
-		case tooLarge(err) && limit > MinDeadLetterMaxBytes:
+		case tooLarge(err) && limit > minDeadLetterMaxBytes:
 			// The limit changed, or the estimate was short: read it again,
 			// and never try the same size twice.
-			limit = max(MinDeadLetterMaxBytes, min(dl.limit(ctx, true), recordBytes(rec)/2))
+			limit = max(minDeadLetterMaxBytes, min(dl.limit(ctx, true), recordBytes(rec)/2))
 			rec = orig
 			continue
 		}
@@ -244,7 +240,7 @@ func (dl *deadLetterer) limit(ctx context.Context, fresh bool) int {
 		if n, err := topicMaxBytes(ctx, dl.client, dl.topic); err == nil {
 			dl.cached = n
 		} else if dl.cached == 0 {
-			return min(DefaultDeadLetterMaxBytes, dl.clientMax) // not cached: asked again next time
+			return min(defaultDeadLetterMaxBytes, dl.clientMax) // not cached: asked again next time
 		}
 	}
 	return min(dl.cached, dl.clientMax)
@@ -271,7 +267,7 @@ func topicMaxBytes(ctx context.Context, client *kgo.Client, topic string) (int, 
 			if err != nil || n < 1 {
 				return 0, fmt.Errorf("max.message.bytes %q", *c.Value)
 			}
-			return max(n, MinDeadLetterMaxBytes), nil
+			return max(n, minDeadLetterMaxBytes), nil
 		}
 	}
 	return 0, errors.New("no max.message.bytes in the topic's configs")
@@ -309,18 +305,18 @@ func recordBytes(r *kgo.Record) int {
 func cutDeadLetter(rec *kgo.Record, budget int) *kgo.Record {
 	var cut []string
 	out := &kgo.Record{Topic: rec.Topic, Key: rec.Key}
-	if len(out.Key) > MaxCutHeaderBytes {
-		out.Key = []byte(cutText(string(out.Key), MaxCutHeaderBytes))
+	if len(out.Key) > maxCutHeaderBytes {
+		out.Key = []byte(cutText(string(out.Key), maxCutHeaderBytes))
 		cut = append(cut, "key")
 	}
 	var own, dlq []kgo.RecordHeader // the record's own headers, and ours
 	for _, h := range rec.Headers {
-		limit := MaxCutHeaderBytes
+		limit := maxCutHeaderBytes
 		if h.Key == HeaderDLQError {
 			limit = 1 << 10
 		}
-		if len(h.Key) > MaxCutHeaderBytes {
-			h.Key = cutText(h.Key, MaxCutHeaderBytes)
+		if len(h.Key) > maxCutHeaderBytes {
+			h.Key = cutText(h.Key, maxCutHeaderBytes)
 		}
 		if len(h.Value) > limit {
 			h.Value = []byte(cutText(string(h.Value), limit))
@@ -419,8 +415,8 @@ func DeadLetterRecord(topic string, d effects.Delivery, cause error, now time.Ti
 	if cause != nil {
 		text = cause.Error()
 	}
-	add(HeaderDLQError, cutText(text, MaxDeadLetterErrorBytes))
-	add(HeaderDLQClass, DeadLetterClass(cause))
+	add(HeaderDLQError, cutText(text, maxDeadLetterErrorBytes))
+	add(HeaderDLQClass, ratelog.Class(cause))
 	if d.Attempt > 0 {
 		add(HeaderDLQAttempts, strconv.Itoa(d.Attempt))
 	}
@@ -438,23 +434,54 @@ func DeadLetterRecord(topic string, d effects.Delivery, cause error, now time.Ti
 	return rec
 }
 
-// DeadLetterID returns the delivery id a dead letter written by
-// [DeadLetterRecord] carries: [HeaderDLQDeliveryID], or the value of the
-// header [HeaderDLQIDHeader] names. It returns "" for a record that has
-// neither.
-func DeadLetterID(r *kgo.Record) string {
-	if id, ok := headerValue(r, HeaderDLQDeliveryID); ok {
-		return id
-	}
-	if name, ok := headerValue(r, HeaderDLQIDHeader); ok {
-		id, _ := headerValue(r, name)
-		return id
-	}
-	return ""
+// DeadLetter is what a dead-letter record written by [DeadLetterTopic]
+// (or built by [DeadLetterRecord]) says about the delivery it holds: its
+// headers, parsed by [ParseDeadLetter].
+type DeadLetter struct {
+	// ID is the delivery id: [HeaderDLQDeliveryID], or the value of the
+	// header [HeaderDLQIDHeader] names; "" when the record has neither.
+	ID string
+	// Class is [HeaderDLQClass]: "poison", "permanent", "retryable",
+	// "unclassified" or "configuration".
+	Class string
+	// Error is the last attempt's error text ([HeaderDLQError]).
+	Error string
+	// Attempts is [HeaderDLQAttempts]; 0 when the count is unknown.
+	Attempts int
+	// Topic, Partition and Offset are where the delivery's record was
+	// ([HeaderDLQTopic], [HeaderDLQPartition], [HeaderDLQOffset]); Topic
+	// is "" for a delivery that did not come from Kafka.
+	Topic     string
+	Partition int32
+	Offset    int64
+	// Time is when the delivery was dead-lettered: [HeaderDLQTime], else
+	// the record's timestamp.
+	Time time.Time
+	// Cut says the dead letter was cut to fit its topic ([HeaderDLQCut]):
+	// its key, body, headers or id are not whole.
+	Cut bool
 }
 
-// DeadLetterClass is the [HeaderDLQClass] value for err: "poison" when it
-// matches [effects.ErrPoison], otherwise the name of [effects.ClassOf].
-func DeadLetterClass(err error) string {
-	return ratelog.Class(err)
+// ParseDeadLetter reads the dead-letter headers of r. It reports false,
+// with what it could read, for a record without [HeaderDLQClass]: not a
+// dead letter of [DeadLetterTopic].
+func ParseDeadLetter(r *kgo.Record) (DeadLetter, bool) {
+	get := func(name string) string { v, _ := headerValue(r, name); return v }
+	d := DeadLetter{Time: r.Timestamp, Error: get(HeaderDLQError), Topic: get(HeaderDLQTopic)}
+	class, ok := headerValue(r, HeaderDLQClass)
+	d.Class = class
+	d.Attempts, _ = strconv.Atoi(get(HeaderDLQAttempts))
+	p, _ := strconv.ParseInt(get(HeaderDLQPartition), 10, 32)
+	d.Partition = int32(p)
+	d.Offset, _ = strconv.ParseInt(get(HeaderDLQOffset), 10, 64)
+	if t, err := time.Parse(time.RFC3339Nano, get(HeaderDLQTime)); err == nil {
+		d.Time = t
+	}
+	_, d.Cut = headerValue(r, HeaderDLQCut)
+	if id, has := headerValue(r, HeaderDLQDeliveryID); has {
+		d.ID = id
+	} else if name, has := headerValue(r, HeaderDLQIDHeader); has {
+		d.ID = get(name)
+	}
+	return d, ok
 }

@@ -93,7 +93,7 @@ func TestDeadLetterFitsTopic(t *testing.T) {
 // TestDeadLetterIDStoredOnce: a delivery whose id came from a header
 // keeps that header, names it in HeaderDLQIDHeader, and has no second
 // copy of the id; a delivery keyed on its position gets
-// HeaderDLQDeliveryID. DeadLetterID reads both.
+// HeaderDLQDeliveryID. ParseDeadLetter reads both.
 func TestDeadLetterIDStoredOnce(t *testing.T) {
 	now := time.Now()
 	fromHeader := effects.Delivery{ID: "evt-7", Body: []byte("b"), Headers: map[string]string{kafka.KeyHeader: "evt-7", "type": "x"}}
@@ -104,12 +104,17 @@ func TestDeadLetterIDStoredOnce(t *testing.T) {
 			n++
 		}
 	}
-	if n != 1 || header(r, kafka.HeaderDLQIDHeader) != kafka.KeyHeader || kafka.DeadLetterID(r) != "evt-7" {
-		t.Errorf("id from a header: %d copies, id-header %q, DeadLetterID %q; want 1, %s, evt-7", n, header(r, kafka.HeaderDLQIDHeader), kafka.DeadLetterID(r), kafka.KeyHeader)
+	if n != 1 || header(r, kafka.HeaderDLQIDHeader) != kafka.KeyHeader || deadLetterID(r) != "evt-7" {
+		t.Errorf("id from a header: %d copies, id-header %q, ParseDeadLetter's ID %q; want 1, %s, evt-7", n, header(r, kafka.HeaderDLQIDHeader), deadLetterID(r), kafka.KeyHeader)
 	}
 	r = kafka.DeadLetterRecord("dlq", effects.Delivery{ID: "t/0/3"}, effects.ErrPoison, now)
-	if header(r, kafka.HeaderDLQDeliveryID) != "t/0/3" || kafka.DeadLetterID(r) != "t/0/3" {
-		t.Errorf("positional id: header %q, DeadLetterID %q", header(r, kafka.HeaderDLQDeliveryID), kafka.DeadLetterID(r))
+	if header(r, kafka.HeaderDLQDeliveryID) != "t/0/3" || deadLetterID(r) != "t/0/3" {
+		t.Errorf("positional id: header %q, ParseDeadLetter's ID %q", header(r, kafka.HeaderDLQDeliveryID), deadLetterID(r))
+	}
+	// A record without the dead-letter headers is not a dead letter.
+	plain := &kgo.Record{Timestamp: now, Headers: []kgo.RecordHeader{{Key: kafka.KeyHeader, Value: []byte("evt-8")}}}
+	if d, ok := kafka.ParseDeadLetter(plain); ok || d != (kafka.DeadLetter{Time: now}) {
+		t.Errorf("ParseDeadLetter(a plain record) = %+v, %t; want only its timestamp, false", d, ok)
 	}
 }
 

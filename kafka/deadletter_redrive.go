@@ -98,7 +98,7 @@ func WithAllowTopics(topics ...string) RedriveOption {
 // stamped with its time (the commits at the end of a run that stopped
 // cleanly are not); a run that resumes from a stamped commit first looks
 // in the destination of the partition's next dead letter for a record
-// written since, whose [HeaderRedrivenFrom] names it (moved by a run
+// written since, whose effectively-redriven-from header names it (moved by a run
 // killed before its commit), and skips it if there is one. A dry run
 // reads from the group's offsets and commits nothing. group must not be a
 // group that consumers of the dead-letter topic use.
@@ -165,17 +165,6 @@ func (s *RedriveStats) count(topic, class string, at time.Time) {
 	}
 }
 
-// DeadLetterTime is when dead letter r was dead-lettered: its
-// [HeaderDLQTime], else its record timestamp.
-func DeadLetterTime(r *kgo.Record) time.Time {
-	if v, ok := headerValue(r, HeaderDLQTime); ok {
-		if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
-			return t
-		}
-	}
-	return r.Timestamp
-}
-
 // errRedriveDone stops the replay once the limit is reached.
 var errRedriveDone = errors.New("redrive limit reached")
 
@@ -200,7 +189,8 @@ var errRedriveDone = errors.New("redrive limit reached")
 // least once, like the dead letters: a Redrive that fails, or is run
 // twice, moves records again, and the consumers' effects dedup them. With
 // a group, a rerun resumes after the last dead letter moved, and each
-// moved record carries [HeaderRedrivenFrom], so that a rerun after a
+// moved record carries the header effectively-redriven-from
+// ("TOPIC/PARTITION/OFFSET" of the dead letter), so that a rerun after a
 // process killed between a record's ack and its offset commit finds that
 // record in its destination and does not move it again. The dead letters
 // stay in dlq. A dead letter cut to fit ([HeaderDLQCut]) is never moved.
@@ -216,7 +206,7 @@ func Redrive(ctx context.Context, client *kgo.Client, dlq string, opts ...Redriv
 	}
 	r := &redriver{cfg: cfg, client: client, dlq: dlq, sync: produce.NewSyncer(client),
 		lim: newLimiter(cfg.rate, cfg.burst), seen: map[string]bool{}, next: map[int32]int64{}}
-	rcfg, err := newReplayConfig(op, client, dlq, false, []ReplayOption{WithTimeRange(cfg.from, cfg.to), WithProgress(cfg.progress)})
+	rcfg, err := newReplayConfig(op, client, dlq, []ReplayOption{WithTimeRange(cfg.from, cfg.to), WithProgress(cfg.progress)})
 	if err != nil {
 		return r.stats, err
 	}
@@ -306,58 +296,56 @@ func (r *redriver) handle(ctx context.Context, dl *kgo.Record) error {
 // take counts, skips or moves one dead letter.
 func (r *redriver) take(ctx context.Context, dl *kgo.Record) error {
 	r.stats.Read++
-	id := DeadLetterID(dl)
-	class, _ := headerValue(dl, HeaderDLQClass)
+	d, _ := ParseDeadLetter(dl)
 	switch {
-	case !r.cfg.selects(dl, id, class):
+	case !r.cfg.selects(d):
 		r.stats.Skipped++
 		return nil
-	case id != "" && r.seen[id]: // an empty id (refused by effects.NewKey) names no delivery
+	case d.ID != "" && r.seen[d.ID]: // an empty id (refused by effects.NewKey) names no delivery
 		r.stats.Repeated++
 		return nil
 	}
-	rec, err := r.cfg.redriven(dl, id)
+	rec, err := r.cfg.redriven(dl, d)
 	if err != nil && r.cfg.dry {
 		r.stats.NoDestination++
-		r.print(dl, &kgo.Record{}, id, class, " (no destination: name one with WithTopic)")
+		r.print(dl, d, &kgo.Record{}, " (no destination: name one with WithTopic)")
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	_, cut := headerValue(dl, HeaderDLQCut)
 	switch {
-	case cut:
+	case d.Cut:
 		r.stats.Cut++
-		r.print(dl, rec, id, class, " (cut to fit the dead-letter topic: not moved)")
+		r.print(dl, d, rec, " (cut to fit the dead-letter topic: not moved)")
 		return nil
 	case r.cfg.allowed != nil && !r.cfg.allowed[rec.Topic]:
 		r.stats.NotAllowed++
-		r.print(dl, rec, id, class, " (destination not allowed: not moved)")
+		r.print(dl, d, rec, " (destination not allowed: not moved)")
 		return nil
 	}
 	if r.cfg.dry {
-		r.print(dl, rec, id, class, "")
-	} else if err := r.move(ctx, dl, rec, id); err != nil {
+		r.print(dl, d, rec, "")
+	} else if err := r.move(ctx, dl, rec, d.ID); err != nil {
 		return err
 	}
-	r.seen[id] = true
+	r.seen[d.ID] = true
 	r.stats.Moved++
-	r.stats.count(rec.Topic, class, DeadLetterTime(dl))
+	r.stats.count(rec.Topic, d.Class, d.Time)
 	if r.cfg.limitSet && r.stats.Moved >= r.cfg.limit {
 		return errRedriveDone
 	}
 	return nil
 }
 
-// print writes a dry run's line for dl, redriven as rec, with note.
-func (r *redriver) print(dl, rec *kgo.Record, id, class, note string) {
+// print writes a dry run's line for dl (parsed as d), redriven as rec,
+// with note.
+func (r *redriver) print(dl *kgo.Record, d DeadLetter, rec *kgo.Record, note string) {
 	if !r.cfg.dry {
 		return
 	}
-	reason, _ := headerValue(dl, HeaderDLQError)
 	fmt.Fprintf(r.cfg.dryRun, "%s %s/%d/%d delivery %q class %s -> %s%s: %s\n",
-		DeadLetterTime(dl).UTC().Format(time.RFC3339), dl.Topic, dl.Partition, dl.Offset, ratelog.Bound(id), class, rec.Topic, note, reason)
+		d.Time.UTC().Format(time.RFC3339), dl.Topic, dl.Partition, dl.Offset, ratelog.Bound(d.ID), d.Class, rec.Topic, note, d.Error)
 }
 
 // move produces rec, the redriven form of dl, and records the progress.
@@ -375,12 +363,12 @@ func (r *redriver) move(ctx context.Context, dl, rec *kgo.Record, id string) err
 	return r.commitAt(pctx, map[int32]int64{dl.Partition: dl.Offset + 1}, false)
 }
 
-// HeaderRedrivenFrom is the header [Redrive] adds to each record it
+// headerRedrivenFrom is the header [Redrive] adds to each record it
 // moves: where the dead letter was, "TOPIC/PARTITION/OFFSET" of the
 // dead-letter topic. With [WithGroup], a redrive that resumes after
 // a kill looks for it to tell whether the dead letter it was moving when
 // it died was moved.
-const HeaderRedrivenFrom = "effectively-redriven-from"
+const headerRedrivenFrom = "effectively-redriven-from"
 
 // committed returns the group's committed offsets on the dead-letter
 // topic, per partition, after making sure of the one dead letter per
@@ -436,11 +424,12 @@ var errFound = errors.New("found")
 
 // movedSince reports whether the dead letter at offset off of partition p
 // was moved at or after since: whether its destination holds a record
-// whose HeaderRedrivenFrom names it, written since then.
+// whose headerRedrivenFrom names it, written since then.
 func (r *redriver) movedSince(ctx context.Context, p int32, off int64, since time.Time) (bool, error) {
 	var dest string
-	_, err := Replay(ctx, r.client, r.dlq, func(_ context.Context, dl *kgo.Record) error {
-		if rec, err := r.cfg.redriven(dl, DeadLetterID(dl)); err == nil {
+	_, err := Replay(ctx, r.client, r.dlq, func(_ context.Context, dls []*kgo.Record) error {
+		d, _ := ParseDeadLetter(dls[0])
+		if rec, err := r.cfg.redriven(dls[0], d); err == nil {
 			dest = rec.Topic
 		}
 		return nil
@@ -449,8 +438,8 @@ func (r *redriver) movedSince(ctx context.Context, p int32, off int64, since tim
 		return false, err
 	}
 	from := fmt.Sprintf("%s/%d/%d", r.dlq, p, off)
-	_, err = Replay(ctx, r.client, dest, func(_ context.Context, rec *kgo.Record) error {
-		if v, _ := headerValue(rec, HeaderRedrivenFrom); v == from {
+	_, err = Replay(ctx, r.client, dest, func(_ context.Context, recs []*kgo.Record) error {
+		if v, _ := headerValue(recs[0], headerRedrivenFrom); v == from {
 			return errFound
 		}
 		return nil
@@ -520,26 +509,24 @@ func (r *redriver) commitAt(ctx context.Context, next map[int32]int64, all bool)
 	return nil
 }
 
-// selects reports whether the selection takes dead letter dl.
-func (c *redriveConfig) selects(dl *kgo.Record, id, class string) bool {
-	if len(c.classes) > 0 && !slices.Contains(c.classes, class) {
+// selects reports whether the selection takes dead letter d.
+func (c *redriveConfig) selects(d DeadLetter) bool {
+	if len(c.classes) > 0 && !slices.Contains(c.classes, d.Class) {
 		return false
 	}
-	if c.idsSet && !c.ids[id] {
+	if c.idsSet && !c.ids[d.ID] {
 		return false
 	}
 	return true
 }
 
-// redriven builds the record that moves dl back to its source topic.
-func (c *redriveConfig) redriven(dl *kgo.Record, id string) (*kgo.Record, error) {
-	topic := c.topic
-	if topic == "" {
-		topic, _ = headerValue(dl, HeaderDLQTopic)
-	}
+// redriven builds the record that moves dl (parsed as d) back to its
+// source topic.
+func (c *redriveConfig) redriven(dl *kgo.Record, d DeadLetter) (*kgo.Record, error) {
+	topic := cmp.Or(c.topic, d.Topic)
 	if topic == "" {
 		return nil, fmt.Errorf("dead letter %d/%d (delivery %q) has no %s header; name the topic with WithTopic",
-			dl.Partition, dl.Offset, id, HeaderDLQTopic)
+			dl.Partition, dl.Offset, d.ID, HeaderDLQTopic)
 	}
 	rec := &kgo.Record{Topic: topic, Key: dl.Key, Value: dl.Value}
 	named, _ := headerValue(dl, HeaderDLQIDHeader)
@@ -548,16 +535,16 @@ func (c *redriveConfig) redriven(dl *kgo.Record, id string) (*kgo.Record, error)
 		if strings.HasPrefix(h.Key, DeadLetterHeaderPrefix) {
 			continue
 		}
-		if h.Key == HeaderRedrivenFrom {
+		if h.Key == headerRedrivenFrom {
 			continue // an earlier redrive's
 		}
 		hasID = hasID || h.Key == c.idHeader || (named != "" && h.Key == named)
 		rec.Headers = append(rec.Headers, h)
 	}
-	if !hasID && id != "" {
-		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: c.idHeader, Value: []byte(id)})
+	if !hasID && d.ID != "" {
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: c.idHeader, Value: []byte(d.ID)})
 	}
-	rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: HeaderRedrivenFrom,
+	rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: headerRedrivenFrom,
 		Value: []byte(fmt.Sprintf("%s/%d/%d", dl.Topic, dl.Partition, dl.Offset))})
 	return rec, nil
 }

@@ -43,11 +43,17 @@ func poisonHandler(_ context.Context, d effects.Delivery) error {
 
 func readTopic(t *testing.T, c *kafkatest.Cluster, topic string) []*kgo.Record {
 	t.Helper()
-	recs, err := kafkatest.ReadAll(context.Background(), c.Opts(), topic)
+	recs, err := c.ReadAll(context.Background(), topic)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return recs
+}
+
+// deadLetterID is the delivery id dead letter r carries.
+func deadLetterID(r *kgo.Record) string {
+	d, _ := kafka.ParseDeadLetter(r)
+	return d.ID
 }
 
 func header(r *kgo.Record, name string) string {
@@ -114,7 +120,7 @@ func TestDeadLetterTopic(t *testing.T) {
 			if p, o := header(r, kafka.HeaderDLQPartition), header(r, kafka.HeaderDLQOffset); p != "1" || o != "0" {
 				t.Errorf("partition/offset headers %s/%s, want 1/0", p, o)
 			}
-			if got, in := kafka.DeadLetterID(r), header(r, kafka.HeaderDLQIDHeader); got != "id-poison" || in != kafka.KeyHeader {
+			if got, in := deadLetterID(r), header(r, kafka.HeaderDLQIDHeader); got != "id-poison" || in != kafka.KeyHeader {
 				t.Errorf("delivery id %q in header %q, want id-poison in %s", got, in, kafka.KeyHeader)
 			}
 			if _, twice := kafkatest.Header(r, kafka.HeaderDLQDeliveryID); twice {
@@ -128,6 +134,11 @@ func TestDeadLetterTopic(t *testing.T) {
 			// whichever source delivered it.
 			if attempts, _ := kafkatest.Header(r, kafka.HeaderDLQAttempts); attempts != "1" {
 				t.Errorf("attempts header %q, want 1 (poison goes at its first attempt)", attempts)
+			}
+			want := kafka.DeadLetter{ID: "id-poison", Class: "poison", Error: header(r, kafka.HeaderDLQError),
+				Attempts: 1, Topic: topic, Partition: 1, Offset: 0, Time: at}
+			if d, ok := kafka.ParseDeadLetter(r); !ok || d != want {
+				t.Errorf("ParseDeadLetter = %+v, %t; want %+v, true", d, ok, want)
 			}
 		})
 	}
@@ -305,7 +316,7 @@ func TestRedriveAfterFix(t *testing.T) {
 	ids := map[string]bool{}
 	var id3 string // poison-3's delivery id: topic/partition/offset
 	for _, r := range dead {
-		id := kafka.DeadLetterID(r)
+		id := deadLetterID(r)
 		ids[id] = true
 		if id != "id-1" {
 			id3 = id

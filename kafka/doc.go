@@ -67,10 +67,10 @@
 // configures [NewSource], [NewShareSource] and [NewProducer];
 // [ConsumerOption] ([WithMaxPoll]) both sources; [IDOption]
 // ([WithIDHeader]) both sources and [Redrive]; [ReadOption]
-// ([WithTimeRange], [WithRate], [WithProgress]) [Replay], [ReplayBatch]
-// and [Redrive]; [SourceOption], [ShareOption], [ProducerOption],
-// [ReplayOption], [RedriveOption], [TransformOption] and
-// [DeadLetterOption] one constructor each.
+// ([WithTimeRange], [WithRate], [WithProgress]) [Replay] and [Redrive];
+// [SourceOption], [ShareOption], [ProducerOption], [ReplayOption],
+// [RedriveOption], [TransformOption] and [DeadLetterOption] one
+// constructor each.
 // What a component handles on its own goes to the observer, or without
 // one to the logger, rate-limited; with an [effects.Propagator] observer
 // a Producer writes trace headers that a consumer's delivery span

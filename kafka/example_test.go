@@ -182,7 +182,8 @@ func ExampleReplay() {
 		}
 	}
 
-	stats, err := kafka.Replay(ctx, client, "events", func(_ context.Context, r *kgo.Record) error {
+	stats, err := kafka.Replay(ctx, client, "events", func(_ context.Context, recs []*kgo.Record) error {
+		r := recs[0] // one record at a time without WithBatchSize
 		fmt.Printf("%d: %s\n", r.Offset, r.Value)
 		return nil
 	}, kafka.WithOffsetRange(1, 4), kafka.WithRate(500, 0))
@@ -202,7 +203,7 @@ func ExampleReplay() {
 func ExampleWithTimeRange() {
 	var client *kgo.Client // your client
 	incident := time.Date(2025, 3, 1, 14, 0, 0, 0, time.UTC)
-	_, err := kafka.Replay(context.Background(), client, "payments", func(ctx context.Context, r *kgo.Record) error {
+	_, err := kafka.Replay(context.Background(), client, "payments", func(ctx context.Context, recs []*kgo.Record) error {
 		return nil // your idempotent handler
 	}, kafka.WithTimeRange(incident.Add(-10*time.Minute), time.Time{}), kafka.WithRate(200, 20))
 	if err != nil {

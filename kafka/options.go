@@ -105,8 +105,7 @@ type producerOpt func(*producerConfig)
 
 func (f producerOpt) applyProducer(c *producerConfig) { f(c) }
 
-// ReplayOption configures [Replay] and [ReplayBatch]; see [Replay]. A nil
-// ReplayOption is ignored.
+// ReplayOption configures [Replay]. A nil ReplayOption is ignored.
 type ReplayOption interface{ applyReplay(*replayConfig) }
 
 // RedriveOption configures [Redrive]; see [Redrive]. A nil RedriveOption
@@ -248,12 +247,11 @@ func WithProgress(w io.Writer) ReadOption {
 }
 
 // WithMaxPoll bounds how many records one poll takes. For a [Source], one
-// poll of its client (default [DefaultMaxPoll], 500). For a
-// [ShareSource], one fetch of each member (kgo.ShareMaxRecords, strict;
-// default [DefaultShareMaxPoll], 32), and a member polls only while fewer
-// than n records wait to be handed out: a larger n takes more records per
-// round trip, a smaller one leaves fewer records waiting behind a stuck
-// one. n must be at least 1.
+// poll of its client (default 500). For a [ShareSource], one fetch of each
+// member (kgo.ShareMaxRecords, strict; default 32), and a member polls only
+// while fewer than n records wait to be handed out: a larger n takes more
+// records per round trip, a smaller one leaves fewer records waiting behind
+// a stuck one. n must be at least 1.
 func WithMaxPoll(n int) ConsumerOption {
 	return consumerOpt(func(c *consumerCommon) { c.maxPoll = n })
 }

@@ -56,7 +56,7 @@ func TestProducerRecord(t *testing.T) {
 	if res.Status != effects.Applied {
 		t.Errorf("status %s, want applied", res.Status)
 	}
-	recs, err := kafkatest.ReadAll(ctx, c.Opts(), topic)
+	recs, err := c.ReadAll(ctx, topic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestProducerRecord(t *testing.T) {
 	if _, err := p.Apply(ctx, key2, kafka.Message{Key: []byte("account-7"), Value: []byte("v")}); err != nil {
 		t.Fatal(err)
 	}
-	recs, _ = kafkatest.ReadAll(ctx, c.Opts(), topic)
+	recs, _ = c.ReadAll(ctx, topic)
 	for _, r := range recs {
 		if h, _ := kafkatest.Header(r, kafka.KeyHeader); h == string(key2) && string(r.Key) != "account-7" {
 			t.Errorf("record key %q, want the caller's account-7", r.Key)

@@ -18,8 +18,8 @@ import (
 	"effectively.dev/effects"
 )
 
-// Limiter paces a replay: Replay calls Wait once before handing each
-// record to the handler. *rate.Limiter satisfies it, so one limiter can be
+// Limiter paces a replay: Replay calls Wait once before each record joins
+// a batch for the handler. *rate.Limiter satisfies it, so one limiter can be
 // shared by several replays, or with live traffic.
 type Limiter interface {
 	Wait(ctx context.Context) error
@@ -37,7 +37,6 @@ type replayConfig struct {
 	limiterSet    bool
 	progress      io.Writer
 	batchSize     int
-	batchSizeSet  bool
 	starts        map[int32]int64 // per partition, a start no earlier than cfg's (Redrive's group offsets)
 }
 
@@ -65,34 +64,21 @@ func WithLimiter(lim Limiter) ReplayOption {
 	return replayOpt(func(c *replayConfig) { c.limiter, c.limiterSet = lim, true })
 }
 
-// WithBatchSize sets the most records [ReplayBatch] hands to its handler
-// at once (default [DefaultReplayBatchSize], 1000). n must be at least 1.
-// Only ReplayBatch heeds it: [Replay] refuses it.
+// WithBatchSize sets the most records [Replay] hands to its handler at
+// once (default 1). A batch is handed over when it is full or when the
+// range is exhausted. A handler that does one query or one transaction
+// per batch, such as postgres.ApplyBatch with postgres.WithPrecheck
+// (which replays the records already handled without a transaction),
+// wants a large batch: at 1000 records, a storm of 99% seen keys costs
+// about 1/20 of handling record by record (at 100, about 1/10), and a
+// failed batch is still cheap to redo. n must be at least 1.
 func WithBatchSize(n int) ReplayOption {
-	return replayOpt(func(c *replayConfig) { c.batchSize, c.batchSizeSet = n, true })
+	return replayOpt(func(c *replayConfig) { c.batchSize = n })
 }
-
-// DefaultReplayBatchSize is the batch size of [ReplayBatch] without
-// [WithBatchSize]: large enough that the one query and the one
-// commit per batch of postgres.ApplyBatch with a pre-check cost little
-// per record (a storm of 99% seen keys costs about 1/20 of applying record
-// by record; at 100 per batch, about 1/10), small enough that a failed
-// batch is cheap to redo.
-const DefaultReplayBatchSize = 1000
 
 // replayBurst is how many records [WithRate] lets go at once when its
 // burst is 0.
 const replayBurst = 1
-
-// ReplayHandler handles one replayed record. Returning an error stops the
-// replay.
-type ReplayHandler func(ctx context.Context, r *kgo.Record) error
-
-// ReplayBatchHandler handles a batch of replayed records, in offset order
-// per partition (records of several partitions may share a batch). It must
-// not keep recs after it returns. Returning an error stops the replay, and
-// no record of the batch counts as handled.
-type ReplayBatchHandler func(ctx context.Context, recs []*kgo.Record) error
 
 // ReplayStats says what a replay did.
 type ReplayStats struct {
@@ -111,14 +97,14 @@ type OffsetRange struct {
 	Start, End int64
 }
 
-// Replay re-feeds a range of topic through handler, one record at a
-// time in offset order per partition, waiting on the rate limiter before
-// each record so the replay does not starve live traffic. It is the tool
-// for re-running idempotent consumers over past records: effects that
-// were done replay, effects that were lost apply. For a replay of mostly
-// handled records, [ReplayBatch] with a batch pre-check is much cheaper.
-// Without options it replays every partition from the log start to the
-// last stable offset, with no rate limit.
+// Replay re-feeds a range of topic through handler, in offset order per
+// partition, one record per call or up to [WithBatchSize] records at a
+// time, waiting on the rate limiter before each record joins a batch so
+// the replay does not starve live traffic. It is the tool for re-running
+// idempotent consumers over past records: effects that were done replay,
+// effects that were lost apply. Without options it replays every
+// partition from the log start to the last stable offset, one record at
+// a time, with no rate limit.
 //
 // The range is chosen per partition. Its start is the first offset at or
 // after the [WithTimeRange] from when it is set, else the
@@ -129,6 +115,12 @@ type OffsetRange struct {
 // ends even while producers keep writing. Records of aborted transactions
 // and control records are skipped (Replay reads with read_committed).
 //
+// handler gets the records in offset order per partition (records of
+// several partitions may share a batch) and must not keep recs after it
+// returns. Stats count a batch's records, and advance Next past them,
+// only once the handler returned nil, so a replay that stopped resumes at
+// the first record of the failed batch.
+//
 // client provides the connection settings (seed brokers, TLS, SASL,
 // dialer) and answers the offset lookups; Replay consumes with a client of
 // its own built from client.Opts(), so client is not changed and may be a
@@ -136,64 +128,34 @@ type OffsetRange struct {
 // would be shared). Replay returns when every partition reached
 // the end of its range, when handler fails (the error is returned
 // wrapped, with the stats up to it), or when ctx is done (ctx's error).
-// A missing client, handler or topic, an invalid option, or
-// [WithBatchSize] (which only ReplayBatch heeds) is an
+// A missing client, handler or topic, or an invalid option, is an
 // [*effects.ConfigError], returned before any I/O.
-func Replay(ctx context.Context, client *kgo.Client, topic string, handler ReplayHandler, opts ...ReplayOption) (ReplayStats, error) {
+func Replay(ctx context.Context, client *kgo.Client, topic string, handler func(ctx context.Context, recs []*kgo.Record) error, opts ...ReplayOption) (ReplayStats, error) {
 	const op = "kafka.Replay"
 	if handler == nil {
 		return newReplayStats(), effects.ConfigErrorf(op, "handler", "nil")
 	}
-	cfg, err := newReplayConfig(op, client, topic, false, opts)
-	if err != nil {
-		return newReplayStats(), err
-	}
-	return replay(ctx, op, client, topic, cfg, func(ctx context.Context, recs []*kgo.Record) error {
-		return handler(ctx, recs[0])
-	})
-}
-
-// ReplayBatch is [Replay] with a handler that takes up to
-// [WithBatchSize] records at a time (default
-// [DefaultReplayBatchSize]): the form for a handler that does one query or
-// one transaction per batch, such as postgres.ApplyBatch with
-// postgres.WithPrecheck, which replays the records already handled without
-// a transaction. A batch is handed over when it is full or when the range
-// is exhausted; the limiter is waited on once per record as it joins the
-// batch. Stats count a batch's records, and advance Next past them, only
-// once the handler returned nil, so a replay that stopped resumes at the
-// first record of the failed batch. Bad arguments and options are an
-// [*effects.ConfigError] before any I/O, as for Replay.
-func ReplayBatch(ctx context.Context, client *kgo.Client, topic string, handler ReplayBatchHandler, opts ...ReplayOption) (ReplayStats, error) {
-	const op = "kafka.ReplayBatch"
-	if handler == nil {
-		return newReplayStats(), effects.ConfigErrorf(op, "handler", "nil")
-	}
-	cfg, err := newReplayConfig(op, client, topic, true, opts)
+	cfg, err := newReplayConfig(op, client, topic, opts)
 	if err != nil {
 		return newReplayStats(), err
 	}
 	return replay(ctx, op, client, topic, cfg, handler)
 }
 
-// newReplayConfig applies opts and validates them with client and topic;
-// batched says whether the caller is ReplayBatch, the only one that takes
-// a batch size. It does no I/O.
-func newReplayConfig(op string, client *kgo.Client, topic string, batched bool, opts []ReplayOption) (replayConfig, error) {
+// newReplayConfig applies opts and validates them with client and topic.
+// It does no I/O.
+func newReplayConfig(op string, client *kgo.Client, topic string, opts []ReplayOption) (replayConfig, error) {
 	cfg := replayConfig{batchSize: 1}
-	if batched {
-		cfg.batchSize = DefaultReplayBatchSize
-	}
 	for _, o := range opts {
 		if o != nil {
 			o.applyReplay(&cfg)
 		}
 	}
-	return cfg, cfg.check(op, client, topic, batched)
+	return cfg, cfg.check(op, client, topic)
 }
 
 // check validates the configuration with client and topic.
-func (cfg *replayConfig) check(op string, client *kgo.Client, topic string, batched bool) error {
+func (cfg *replayConfig) check(op string, client *kgo.Client, topic string) error {
 	switch {
 	case client == nil:
 		return effects.ConfigErrorf(op, "client", "nil")
@@ -217,8 +179,6 @@ func (cfg *replayConfig) check(op string, client *kgo.Client, topic string, batc
 		return effects.ConfigErrorf(op, "WithLimiter", "nil; leave the option out for no limit")
 	case cfg.limiterSet && cfg.rateSet:
 		return effects.ConfigErrorf(op, "WithLimiter", "given with WithRate; the limiter would replace the rate")
-	case cfg.batchSizeSet && !batched:
-		return effects.ConfigErrorf(op, "WithBatchSize", "only ReplayBatch heeds it")
 	case cfg.batchSize < 1:
 		return effects.ConfigErrorf(op, "WithBatchSize", "%d records; need at least 1", cfg.batchSize)
 	}
@@ -232,10 +192,10 @@ func newReplayStats() ReplayStats {
 	return ReplayStats{Ranges: map[int32]OffsetRange{}, Next: map[int32]int64{}}
 }
 
-// replay runs Replay and ReplayBatch: it resolves the ranges, then hands
+// replay runs Replay: it resolves the ranges, then hands
 // handler batches of up to cfg.batchSize records from a consumer of its
 // own until every partition reached its range's end.
-func replay(ctx context.Context, op string, client *kgo.Client, topic string, cfg replayConfig, handler ReplayBatchHandler) (ReplayStats, error) {
+func replay(ctx context.Context, op string, client *kgo.Client, topic string, cfg replayConfig, handler func(context.Context, []*kgo.Record) error) (ReplayStats, error) {
 	stats := newReplayStats()
 	ranges, err := replayRanges(ctx, kadm.NewClient(client), topic, cfg)
 	if err != nil {
@@ -296,7 +256,7 @@ func replayStarts(ranges map[int32]OffsetRange, stats *ReplayStats) (map[int32]k
 type replayRun struct {
 	op, topic string
 	ranges    map[int32]OffsetRange
-	handler   ReplayBatchHandler
+	handler   func(context.Context, []*kgo.Record) error
 	lim       Limiter
 	stats     *ReplayStats
 	bar       *progress

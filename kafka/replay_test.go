@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -45,13 +46,15 @@ type collect struct {
 	seen map[int32][]int64
 }
 
-func (h *collect) handle(_ context.Context, r *kgo.Record) error {
+func (h *collect) handle(_ context.Context, recs []*kgo.Record) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.seen == nil {
 		h.seen = map[int32][]int64{}
 	}
-	h.seen[r.Partition] = append(h.seen[r.Partition], r.Offset)
+	for _, r := range recs {
+		h.seen[r.Partition] = append(h.seen[r.Partition], r.Offset)
+	}
 	return nil
 }
 
@@ -142,7 +145,7 @@ func TestReplayRateLimit(t *testing.T) {
 	start := time.Unix(1_000_000, 0)
 	lim := &virtualLimiter{lim: rate.NewLimiter(10, 1), now: start, events: &events}
 	st, err := kafka.Replay(context.Background(), c.Client(t), topic,
-		func(context.Context, *kgo.Record) error {
+		func(context.Context, []*kgo.Record) error {
 			events = append(events, "handle")
 			return nil
 		}, kafka.WithLimiter(lim), kafka.WithProgress(&bytes.Buffer{}))
@@ -188,8 +191,8 @@ func TestReplayEndsOnTransactionMarker(t *testing.T) {
 	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	st, err := kafka.Replay(rctx, c.Client(t), topic,
-		func(_ context.Context, r *kgo.Record) error {
-			values = append(values, string(r.Value))
+		func(_ context.Context, recs []*kgo.Record) error {
+			values = append(values, string(recs[0].Value))
 			return nil
 		}, kafka.WithProgress(&bytes.Buffer{}))
 	if err != nil {
@@ -204,7 +207,7 @@ func TestReplayEndsOnTransactionMarker(t *testing.T) {
 
 	// The same in batches: the range still ends, and Next passes the marker.
 	values = nil
-	st, err = kafka.ReplayBatch(rctx, c.Client(t), topic,
+	st, err = kafka.Replay(rctx, c.Client(t), topic,
 		func(_ context.Context, recs []*kgo.Record) error {
 			for _, r := range recs {
 				values = append(values, string(r.Value))
@@ -225,8 +228,8 @@ func TestReplayHandlerErrorStops(t *testing.T) {
 	boom := errors.New("boom")
 	var progress bytes.Buffer
 	st, err := kafka.Replay(context.Background(), c.Client(t), topic,
-		func(_ context.Context, r *kgo.Record) error {
-			if r.Offset == 4 {
+		func(_ context.Context, recs []*kgo.Record) error {
+			if recs[0].Offset == 4 {
 				return boom
 			}
 			return nil
@@ -247,7 +250,7 @@ func TestReplayProgressBar(t *testing.T) {
 	topic := seedTopic(t, c, 1, 10, time.Now())
 	var progress bytes.Buffer
 	if _, err := kafka.Replay(context.Background(), c.Client(t), topic,
-		func(context.Context, *kgo.Record) error { return nil }, kafka.WithProgress(&progress)); err != nil {
+		func(context.Context, []*kgo.Record) error { return nil }, kafka.WithProgress(&progress)); err != nil {
 		t.Fatal(err)
 	}
 	out := progress.String()
@@ -256,9 +259,9 @@ func TestReplayProgressBar(t *testing.T) {
 	}
 }
 
-// TestReplayBatch: ReplayBatch hands every record of the range once, in
-// offset order per partition, in batches of at most BatchSize, and counts
-// a batch only once its handler returned nil.
+// TestReplayBatch: with WithBatchSize, Replay hands every record of the
+// range once, in offset order per partition, in batches of at most the
+// batch size, and counts a batch only once its handler returned nil.
 func TestReplayBatch(t *testing.T) {
 	c := kafkatest.Start(t)
 	topic := seedTopic(t, c, 2, 25, time.Now())
@@ -268,14 +271,9 @@ func TestReplayBatch(t *testing.T) {
 		var sizes []int
 		var events []string
 		lim := &virtualLimiter{lim: rate.NewLimiter(rate.Inf, 1), now: time.Unix(0, 0), events: &events}
-		st, err := kafka.ReplayBatch(context.Background(), c.Client(t), topic, func(ctx context.Context, recs []*kgo.Record) error {
+		st, err := kafka.Replay(context.Background(), c.Client(t), topic, func(ctx context.Context, recs []*kgo.Record) error {
 			sizes = append(sizes, len(recs))
-			for _, r := range recs {
-				if err := h.handle(ctx, r); err != nil {
-					return err
-				}
-			}
-			return nil
+			return h.handle(ctx, recs)
 		}, kafka.WithOffsetRange(3, 0), kafka.WithBatchSize(10), kafka.WithLimiter(lim), kafka.WithProgress(&bytes.Buffer{}))
 		if err != nil {
 			t.Fatal(err)
@@ -305,7 +303,7 @@ func TestReplayBatch(t *testing.T) {
 		boom := errors.New("boom")
 		opts := []kafka.ReplayOption{kafka.WithPartitions(0), kafka.WithBatchSize(10), kafka.WithProgress(&bytes.Buffer{})}
 		calls := 0
-		st, err := kafka.ReplayBatch(context.Background(), c.Client(t), topic, func(_ context.Context, recs []*kgo.Record) error {
+		st, err := kafka.Replay(context.Background(), c.Client(t), topic, func(_ context.Context, recs []*kgo.Record) error {
 			calls++
 			if calls == 2 {
 				return boom
@@ -313,19 +311,14 @@ func TestReplayBatch(t *testing.T) {
 			return nil
 		}, opts...)
 		if !errors.Is(err, boom) || !strings.Contains(err.Error(), "a batch of 10 records from 0/10") {
-			t.Fatalf("ReplayBatch = %v, want the handler's error naming the batch", err)
+			t.Fatalf("Replay = %v, want the handler's error naming the batch", err)
 		}
 		if st.Records != 10 || st.Next[0] != 10 {
 			t.Fatalf("records %d next %d, want 10 and 10", st.Records, st.Next[0])
 		}
 		var h collect
 		opts = append(opts, kafka.WithOffsetRange(st.Next[0], 0))
-		if _, err := kafka.ReplayBatch(context.Background(), c.Client(t), topic, func(ctx context.Context, recs []*kgo.Record) error {
-			for _, r := range recs {
-				_ = h.handle(ctx, r)
-			}
-			return nil
-		}, opts...); err != nil {
+		if _, err := kafka.Replay(context.Background(), c.Client(t), topic, h.handle, opts...); err != nil {
 			t.Fatal(err)
 		}
 		if got, want := fmt.Sprint(h.seen[0]), fmt.Sprint(span(10, 25)); got != want {
@@ -351,34 +344,28 @@ func TestReplayRefusesBadOptions(t *testing.T) {
 	// this deadline and fail with something else than a ConfigError.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	one := func(context.Context, *kgo.Record) error { return nil }
-	many := func(context.Context, []*kgo.Record) error { return nil }
+	one := func(context.Context, []*kgo.Record) error { return nil }
 	replay := func(opts ...kafka.ReplayOption) func() error {
 		return func() error { _, err := kafka.Replay(ctx, client, "t", one, opts...); return err }
-	}
-	batch := func(opts ...kafka.ReplayOption) func() error {
-		return func() error { _, err := kafka.ReplayBatch(ctx, client, "t", many, opts...); return err }
 	}
 	at := time.Date(2025, 3, 1, 14, 0, 0, 0, time.UTC)
 	for _, tc := range []struct {
 		name, option string
 		run          func() error
 	}{
-		{"Replay with a batch size", "WithBatchSize", replay(kafka.WithBatchSize(10))},
-		{"negative batch size", "WithBatchSize", batch(kafka.WithBatchSize(-1))},
-		{"zero batch size", "WithBatchSize", batch(kafka.WithBatchSize(0))},
-		{"no topic", "topic", func() error { _, err := kafka.ReplayBatch(ctx, client, "", many); return err }},
+		{"negative batch size", "WithBatchSize", replay(kafka.WithBatchSize(-1))},
+		{"zero batch size", "WithBatchSize", replay(kafka.WithBatchSize(0))},
+		{"no topic", "topic", func() error { _, err := kafka.Replay(ctx, client, "", one); return err }},
 		{"no client", "client", func() error { _, err := kafka.Replay(ctx, nil, "t", one); return err }},
 		{"transactional client", "client", func() error { _, err := kafka.Replay(ctx, txn, "t", one); return err }},
-		{"no handler", "handler", func() error { _, err := kafka.ReplayBatch(ctx, client, "t", nil); return err }},
-		{"no handler for Replay", "handler", func() error { _, err := kafka.Replay(ctx, client, "t", nil); return err }},
+		{"no handler", "handler", func() error { _, err := kafka.Replay(ctx, client, "t", nil); return err }},
 		{"negative rate", "WithRate", replay(kafka.WithRate(-1, 0))},
 		{"negative burst", "WithRate", replay(kafka.WithRate(10, -1))},
 		{"no partitions", "WithPartitions", replay(kafka.WithPartitions())},
-		{"negative partition", "WithPartitions", batch(kafka.WithPartitions(0, -1))},
+		{"negative partition", "WithPartitions", replay(kafka.WithPartitions(0, -1))},
 		{"negative start offset", "WithOffsetRange", replay(kafka.WithOffsetRange(-1, 0))},
 		{"end offset before start", "WithOffsetRange", replay(kafka.WithOffsetRange(10, 5))},
-		{"to before from", "WithTimeRange", batch(kafka.WithTimeRange(at, at.Add(-time.Second)))},
+		{"to before from", "WithTimeRange", replay(kafka.WithTimeRange(at, at.Add(-time.Second)))},
 		{"nil limiter", "WithLimiter", replay(kafka.WithLimiter(nil))},
 		{"limiter and rate", "WithLimiter", replay(kafka.WithRate(10, 1), kafka.WithLimiter(rate.NewLimiter(10, 1)))},
 	} {
@@ -393,36 +380,32 @@ func TestReplayRefusesBadOptions(t *testing.T) {
 }
 
 // TestReplayDefaults: without options (nil ones are ignored) Replay
-// re-feeds every record of every partition, and ReplayBatch hands them
-// over DefaultReplayBatchSize at a time.
+// re-feeds every record of every partition, one at a time.
 func TestReplayDefaults(t *testing.T) {
 	c := kafkatest.Start(t)
-	const n = kafka.DefaultReplayBatchSize + 1
+	const n = 30
 	topic := seedTopic(t, c, 1, n, time.Now())
 	var h collect
-	st, err := kafka.Replay(context.Background(), c.Client(t), topic, h.handle, nil, kafka.WithProgress(io.Discard), nil)
+	var sizes []int
+	st, err := kafka.Replay(context.Background(), c.Client(t), topic, func(ctx context.Context, recs []*kgo.Record) error {
+		sizes = append(sizes, len(recs))
+		return h.handle(ctx, recs)
+	}, nil, kafka.WithProgress(io.Discard), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got, want := fmt.Sprint(h.seen[0]), fmt.Sprint(span(0, n)); got != want || st.Records != n || st.Next[0] != n {
 		t.Errorf("replayed %d records, next %d, in order %v; want every offset of [0, %d) once", st.Records, st.Next[0], got == want, n)
 	}
-	var sizes []int
-	if _, err := kafka.ReplayBatch(context.Background(), c.Client(t), topic, func(_ context.Context, recs []*kgo.Record) error {
-		sizes = append(sizes, len(recs))
-		return nil
-	}, nil, kafka.WithProgress(io.Discard)); err != nil {
-		t.Fatal(err)
-	}
-	if got, want := fmt.Sprint(sizes), fmt.Sprint([]int{kafka.DefaultReplayBatchSize, 1}); got != want {
-		t.Errorf("batch sizes %s, want %s", got, want)
+	if len(sizes) != n || slices.Max(sizes) != 1 {
+		t.Errorf("batch sizes %v, want %d batches of one record", sizes, n)
 	}
 }
 
 // Re-feed a topic to a batch handler, 2 records at a time; a handler that
 // uses postgres.ApplyBatch with postgres.WithPrecheck replays the records
 // already handled with one query per batch.
-func ExampleReplayBatch() {
+func ExampleWithBatchSize() {
 	cluster, stop := exampleCluster("orders")
 	defer stop()
 	client, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
@@ -437,7 +420,7 @@ func ExampleReplayBatch() {
 		}
 	}
 
-	stats, err := kafka.ReplayBatch(ctx, client, "orders",
+	stats, err := kafka.Replay(ctx, client, "orders",
 		func(_ context.Context, recs []*kgo.Record) error {
 			fmt.Printf("batch of %d:", len(recs))
 			for _, r := range recs {

@@ -34,22 +34,22 @@ var ErrDeliveryLimit = fmt.Errorf("kafka: record on its share group's last allow
 
 // Defaults of a [ShareSource], used when the matching option is not given.
 const (
-	// DefaultShareMembers is how many share-group members (clients) one
+	// defaultShareMembers is how many share-group members (clients) one
 	// ShareSource runs.
-	DefaultShareMembers = 4
-	// DefaultShareMaxPoll is how many records one member fetches at a time.
-	DefaultShareMaxPoll = 32
-	// DefaultDeliveryLimit is Kafka's default share.delivery.count.limit:
+	defaultShareMembers = 4
+	// defaultShareMaxPoll is how many records one member fetches at a time.
+	defaultShareMaxPoll = 32
+	// defaultDeliveryLimit is Kafka's default share.delivery.count.limit:
 	// the broker archives a record after this many deliveries.
-	DefaultDeliveryLimit = 5
-	// DefaultRenewBefore is how long before its acquisition deadline a held
+	defaultDeliveryLimit = 5
+	// defaultRenewBefore is how long before its acquisition deadline a held
 	// record's lock is renewed (at most half the lock).
-	DefaultRenewBefore = 10 * time.Second
-	// DefaultLockMargin is how long before its acquisition deadline a
+	defaultRenewBefore = 10 * time.Second
+	// defaultLockMargin is how long before its acquisition deadline a
 	// record stops being this source's to start handling (at most a
 	// quarter of the lock): the deadline is the client's estimate, and an
 	// attempt started at the last moment would mostly run unowned.
-	DefaultLockMargin = 2 * time.Second
+	defaultLockMargin = 2 * time.Second
 )
 
 // shareCloseTimeout bounds Close's flushing of acks and leaving the group.
@@ -217,35 +217,34 @@ type shareConfig struct {
 }
 
 // WithShareMembers sets how many share-group members (kgo clients, each
-// with its own connections and heartbeat) the source runs (default
-// [DefaultShareMembers], 4). A record stuck in a handler holds back one
-// member's polls: n is how many stuck records the source absorbs before
-// it stops taking new ones. n must be at least 1.
+// with its own connections and heartbeat) the source runs (default 4). A
+// record stuck in a handler holds back one member's polls: n is how many
+// stuck records the source absorbs before it stops taking new ones. n must
+// be at least 1.
 func WithShareMembers(n int) ShareOption {
 	return shareOpt(func(c *shareConfig) { c.members = n })
 }
 
-// WithDeliveryLimit tells the source the group's
-// share.delivery.count.limit (default [DefaultDeliveryLimit], Kafka's
-// default, 5): Release refuses a delivery whose delivery count reached it
-// ([ErrDeliveryLimit]), so the broker does not archive it unseen. 0 lets
-// Release release every delivery (the broker's limit then decides). n
-// must not be negative.
+// WithDeliveryLimit tells the source the group's share.delivery.count.limit
+// (default 5, Kafka's default): Release refuses a delivery whose delivery
+// count reached it ([ErrDeliveryLimit]), so the broker does not archive it
+// unseen. 0 lets Release release every delivery (the broker's limit then
+// decides). n must not be negative.
 func WithDeliveryLimit(n int) ShareOption {
 	return shareOpt(func(c *shareConfig) { c.deliveryLimit = n })
 }
 
-// WithRenewBefore sets how long before a held record's acquisition
-// deadline the source renews its lock (default [DefaultRenewBefore],
-// 10 s; at most half the lock is used). d must be positive.
+// WithRenewBefore sets how long before a held record's acquisition deadline
+// the source renews its lock (default 10 s; at most half the lock is used).
+// d must be positive.
 func WithRenewBefore(d time.Duration) ShareOption {
 	return shareOpt(func(c *shareConfig) { c.renewBefore = d })
 }
 
 // WithLockMargin sets how long before its acquisition deadline a record
-// stops being owned ([ShareSource.Owns]; default [DefaultLockMargin],
-// 2 s; at most a quarter of the lock is used). d must not be negative and
-// must be less than the renew lead ([WithRenewBefore]).
+// stops being owned ([ShareSource.Owns]; default 2 s; at most a quarter of
+// the lock is used). d must not be negative and must be less than the renew
+// lead ([WithRenewBefore]).
 func WithLockMargin(d time.Duration) ShareOption {
 	return shareOpt(func(c *shareConfig) { c.lockMargin = d })
 }
@@ -266,32 +265,9 @@ func WithLockMargin(d time.Duration) ShareOption {
 // Fetching starts with the first call to Next.
 func NewShareSource(clientOpts []kgo.Opt, opts ...ShareOption) (*ShareSource, error) {
 	const ctor = "kafka.NewShareSource"
-	cfg := shareConfig{
-		consumer:      consumerCommon{idHeader: KeyHeader, maxPoll: DefaultShareMaxPoll},
-		members:       DefaultShareMembers,
-		deliveryLimit: DefaultDeliveryLimit,
-		renewBefore:   DefaultRenewBefore,
-		lockMargin:    DefaultLockMargin,
-	}
-	for _, o := range opts {
-		if o != nil {
-			o.applyShare(&cfg)
-		}
-	}
-	if err := checkConsumer(ctor, &cfg.common, &cfg.consumer); err != nil {
+	cfg, err := newShareConfig(ctor, opts)
+	if err != nil {
 		return nil, err
-	}
-	switch {
-	case cfg.members < 1:
-		return nil, effects.ConfigErrorf(ctor, "WithShareMembers", "%d members; need at least 1", cfg.members)
-	case cfg.deliveryLimit < 0:
-		return nil, effects.ConfigErrorf(ctor, "WithDeliveryLimit", "negative limit %d; 0 means no limit", cfg.deliveryLimit)
-	case cfg.renewBefore <= 0:
-		return nil, effects.ConfigErrorf(ctor, "WithRenewBefore", "%v; need a positive duration", cfg.renewBefore)
-	case cfg.lockMargin < 0:
-		return nil, effects.ConfigErrorf(ctor, "WithLockMargin", "negative margin %v", cfg.lockMargin)
-	case cfg.lockMargin >= cfg.renewBefore:
-		return nil, effects.ConfigErrorf(ctor, "WithLockMargin", "margin %v is not less than the renew lead %v (WithRenewBefore): locks would lapse before their renewal", cfg.lockMargin, cfg.renewBefore)
 	}
 	s := &ShareSource{cfg: cfg, rep: cfg.reporter(), stop: make(chan struct{}), avail: make(chan struct{}, 1)}
 	s.runCtx, s.cancelRun = context.WithCancel(context.Background())
@@ -321,6 +297,38 @@ func NewShareSource(clientOpts []kgo.Opt, opts ...ShareOption) (*ShareSource, er
 		}
 	}
 	return s, nil
+}
+
+// newShareConfig applies opts over the defaults and validates them.
+func newShareConfig(ctor string, opts []ShareOption) (shareConfig, error) {
+	cfg := shareConfig{
+		consumer:      consumerCommon{idHeader: KeyHeader, maxPoll: defaultShareMaxPoll},
+		members:       defaultShareMembers,
+		deliveryLimit: defaultDeliveryLimit,
+		renewBefore:   defaultRenewBefore,
+		lockMargin:    defaultLockMargin,
+	}
+	for _, o := range opts {
+		if o != nil {
+			o.applyShare(&cfg)
+		}
+	}
+	if err := checkConsumer(ctor, &cfg.common, &cfg.consumer); err != nil {
+		return cfg, err
+	}
+	switch {
+	case cfg.members < 1:
+		return cfg, effects.ConfigErrorf(ctor, "WithShareMembers", "%d members; need at least 1", cfg.members)
+	case cfg.deliveryLimit < 0:
+		return cfg, effects.ConfigErrorf(ctor, "WithDeliveryLimit", "negative limit %d; 0 means no limit", cfg.deliveryLimit)
+	case cfg.renewBefore <= 0:
+		return cfg, effects.ConfigErrorf(ctor, "WithRenewBefore", "%v; need a positive duration", cfg.renewBefore)
+	case cfg.lockMargin < 0:
+		return cfg, effects.ConfigErrorf(ctor, "WithLockMargin", "negative margin %v", cfg.lockMargin)
+	case cfg.lockMargin >= cfg.renewBefore:
+		return cfg, effects.ConfigErrorf(ctor, "WithLockMargin", "margin %v is not less than the renew lead %v (WithRenewBefore): locks would lapse before their renewal", cfg.lockMargin, cfg.renewBefore)
+	}
+	return cfg, nil
 }
 
 // Clients returns the source's clients, one per member, e.g. for kadm. Do

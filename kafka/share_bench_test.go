@@ -122,7 +122,7 @@ func benchShareRun(b *testing.B, c *kafkatest.Cluster, share, stuck bool) time.D
 		if err := c.SetShareFromEarliest(ctx, group); err != nil {
 			b.Fatal(err)
 		}
-		s, err := kafka.NewShareSource(c.Opts(kafkatest.ShareGroupOpts(group, topic)...))
+		s, err := kafka.NewShareSource(c.Opts(kgo.ShareGroup(group), kgo.ConsumeTopics(topic)))
 		if err != nil {
 			b.Fatal(err)
 		}

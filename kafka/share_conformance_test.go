@@ -31,7 +31,7 @@ func newShareHarness(t testing.TB) conformance.SourceHarness {
 
 // Open starts a share-group member (a ShareSource of two clients).
 func (h *shareHarness) Open(_ context.Context, f *conformance.Faults) (conformance.SourceInstance, error) {
-	src, err := kafka.NewShareSource(h.cluster.Opts(append(kafkatest.ShareGroupOpts(h.group, h.topic), kgo.Dialer(f.DialContext))...),
+	src, err := kafka.NewShareSource(h.cluster.Opts(kgo.ShareGroup(h.group), kgo.ConsumeTopics(h.topic), kgo.Dialer(f.DialContext)),
 		kafka.WithShareMembers(2))
 	if err != nil {
 		return conformance.SourceInstance{}, err

@@ -32,7 +32,7 @@ func shareCluster(t *testing.T, parts int32, lock time.Duration, limit int) (c *
 
 func newShareSource(t *testing.T, c *kafkatest.Cluster, group, topic string, opts ...kafka.ShareOption) *kafka.ShareSource {
 	t.Helper()
-	s, err := kafka.NewShareSource(c.Opts(kafkatest.ShareGroupOpts(group, topic)...), opts...)
+	s, err := kafka.NewShareSource(c.Opts(kgo.ShareGroup(group), kgo.ConsumeTopics(topic)), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,23 +32,23 @@ var ErrSourceClosed = errors.New("kafka: source closed")
 
 // Defaults of a [Source], used when the matching option is not given.
 const (
-	// DefaultMaxPoll is how many records one poll of the client takes.
-	DefaultMaxPoll = 500
-	// DefaultMaxPendingPerPartition bounds, per partition, the records
+	// defaultMaxPoll is how many records one poll of the client takes.
+	defaultMaxPoll = 500
+	// defaultMaxPendingPerPartition bounds, per partition, the records
 	// fetched and not yet acked.
-	DefaultMaxPendingPerPartition = 256
-	// DefaultCommitInterval is the shortest time between the starts of two
+	defaultMaxPendingPerPartition = 256
+	// defaultCommitInterval is the shortest time between the starts of two
 	// group commits.
-	DefaultCommitInterval = 100 * time.Millisecond
-	// DefaultFetchMaxWait is the kgo.FetchMaxWait a Source sets unless the
+	defaultCommitInterval = 100 * time.Millisecond
+	// defaultFetchMaxWait is the kgo.FetchMaxWait a Source sets unless the
 	// client options set another: Kafka's own consumer default, instead of
 	// franz-go's 5 s, because a partition the Source resumes waits for the
 	// fetch in flight.
-	DefaultFetchMaxWait = 500 * time.Millisecond
-	// DefaultCloseTimeout bounds [Source.Close]: the final commit and
-	// leaving the group. It matches consume.DefaultShutdownGrace, so a
+	defaultFetchMaxWait = 500 * time.Millisecond
+	// defaultCloseTimeout bounds [Source.Close]: the final commit and
+	// leaving the group. It matches the consumer's default shutdown grace, so a
 	// process that got SIGTERM stops within about twice that.
-	DefaultCloseTimeout = 10 * time.Second
+	defaultCloseTimeout = 10 * time.Second
 )
 
 // commitTimeout bounds the commit of a revocation and of Close, and each
@@ -205,32 +205,31 @@ type sourceConfig struct {
 }
 
 // WithMaxPendingPerPartition bounds how many records of one partition the
-// Source holds fetched and not yet acked (default
-// [DefaultMaxPendingPerPartition], 256): Next hands out no more of the
-// partition, and its fetching pauses, until acks bring it down to half.
-// The bound is what a partition stuck behind a failing record can take of
-// a consumer's window ([effectively.dev/effects/consume.WithMaxPending]), and it caps a batch's
-// run of one partition ([effectively.dev/effects/consume.WithBatch]): keep it at least twice the
-// batch size. The cost is memory: up to n records per assigned partition.
-// n must be at least 1.
+// Source holds fetched and not yet acked (default 256): Next hands out no
+// more of the partition, and its fetching pauses, until acks bring it down
+// to half. The bound is what a partition stuck behind a failing record can
+// take of a consumer's window
+// ([effectively.dev/effects/consume.WithMaxPending]), and it caps a batch's
+// run of one partition ([effectively.dev/effects/consume.WithBatch]): keep
+// it at least twice the batch size. The cost is memory: up to n records per
+// assigned partition. n must be at least 1.
 func WithMaxPendingPerPartition(n int) SourceOption {
 	return sourceOpt(func(c *sourceConfig) { c.maxPerPart = n })
 }
 
-// WithCommitInterval sets the shortest time between the starts of two
-// group commits (default [DefaultCommitInterval], 100 ms). A commit is sent
-// only when a mark advanced and the previous commit returned; 0 sends the
-// next one as soon as the previous returned. Longer intervals send fewer
-// OffsetCommit requests and redeliver more after a crash. d must not be
-// negative.
+// WithCommitInterval sets the shortest time between the starts of two group
+// commits (default 100 ms). A commit is sent only when a mark advanced and
+// the previous commit returned; 0 sends the next one as soon as the
+// previous returned. Longer intervals send fewer OffsetCommit requests and
+// redeliver more after a crash. d must not be negative.
 func WithCommitInterval(d time.Duration) SourceOption {
 	return sourceOpt(func(c *sourceConfig) { c.commitInterval = d })
 }
 
-// WithCloseTimeout bounds [Source.Close] (default [DefaultCloseTimeout]):
-// the final commit of the acked offsets and leaving the group, which
-// otherwise waits for a rebalance in progress to finish (up to the group's
-// rebalance timeout, a minute by default). d must be positive.
+// WithCloseTimeout bounds [Source.Close] (default 10 s): the final commit
+// of the acked offsets and leaving the group, which otherwise waits for a
+// rebalance in progress to finish (up to the group's rebalance timeout, a
+// minute by default). d must be positive.
 func WithCloseTimeout(d time.Duration) SourceOption {
 	return sourceOpt(func(c *sourceConfig) { c.closeTimeout = d })
 }
@@ -249,7 +248,9 @@ func WithCloseTimeout(d time.Duration) SourceOption {
 // OnPartitionsLost callbacks (yours would be replaced). Before clientOpts it
 // sets kgo.FetchIsolationLevel(kgo.ReadCommitted()), so records of aborted
 // transactions are not handed out unless you choose otherwise, and
-// kgo.FetchMaxWait([DefaultFetchMaxWait]).
+// kgo.FetchMaxWait(500 * time.Millisecond), Kafka's own consumer default
+// (franz-go's is 5 s), because a partition the Source resumes waits for
+// the fetch in flight.
 //
 // It also sets kgo.WithContext, after clientOpts (yours would be replaced),
 // with a context that only [Source.Close] cancels, when its bound expires.
@@ -257,27 +258,9 @@ func WithCloseTimeout(d time.Duration) SourceOption {
 // Fetching starts with the first call to Next.
 func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
 	const ctor = "kafka.NewSource"
-	cfg := sourceConfig{
-		consumer:       consumerCommon{idHeader: KeyHeader, maxPoll: DefaultMaxPoll},
-		maxPerPart:     DefaultMaxPendingPerPartition,
-		commitInterval: DefaultCommitInterval,
-		closeTimeout:   DefaultCloseTimeout,
-	}
-	for _, o := range opts {
-		if o != nil {
-			o.applySource(&cfg)
-		}
-	}
-	if err := checkConsumer(ctor, &cfg.common, &cfg.consumer); err != nil {
+	cfg, err := newSourceConfig(ctor, opts)
+	if err != nil {
 		return nil, err
-	}
-	switch {
-	case cfg.maxPerPart < 1:
-		return nil, effects.ConfigErrorf(ctor, "WithMaxPendingPerPartition", "%d records; need at least 1", cfg.maxPerPart)
-	case cfg.commitInterval < 0:
-		return nil, effects.ConfigErrorf(ctor, "WithCommitInterval", "negative interval %v", cfg.commitInterval)
-	case cfg.closeTimeout <= 0:
-		return nil, effects.ConfigErrorf(ctor, "WithCloseTimeout", "%v; need a positive bound", cfg.closeTimeout)
 	}
 	s := &Source{
 		cfg:   cfg,
@@ -291,7 +274,7 @@ func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
 	s.clientCtx, s.cancelClient = context.WithCancel(context.Background())
 	all := append([]kgo.Opt{
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.FetchMaxWait(DefaultFetchMaxWait),
+		kgo.FetchMaxWait(defaultFetchMaxWait),
 	}, clientOpts...)
 	all = append(all,
 		kgo.DisableAutoCommit(),
@@ -328,6 +311,33 @@ func NewSource(clientOpts []kgo.Opt, opts ...SourceOption) (*Source, error) {
 	}
 	s.cl = cl
 	return s, nil
+}
+
+// newSourceConfig applies opts over the defaults and validates them.
+func newSourceConfig(ctor string, opts []SourceOption) (sourceConfig, error) {
+	cfg := sourceConfig{
+		consumer:       consumerCommon{idHeader: KeyHeader, maxPoll: defaultMaxPoll},
+		maxPerPart:     defaultMaxPendingPerPartition,
+		commitInterval: defaultCommitInterval,
+		closeTimeout:   defaultCloseTimeout,
+	}
+	for _, o := range opts {
+		if o != nil {
+			o.applySource(&cfg)
+		}
+	}
+	if err := checkConsumer(ctor, &cfg.common, &cfg.consumer); err != nil {
+		return cfg, err
+	}
+	switch {
+	case cfg.maxPerPart < 1:
+		return cfg, effects.ConfigErrorf(ctor, "WithMaxPendingPerPartition", "%d records; need at least 1", cfg.maxPerPart)
+	case cfg.commitInterval < 0:
+		return cfg, effects.ConfigErrorf(ctor, "WithCommitInterval", "negative interval %v", cfg.commitInterval)
+	case cfg.closeTimeout <= 0:
+		return cfg, effects.ConfigErrorf(ctor, "WithCloseTimeout", "%v; need a positive bound", cfg.closeTimeout)
+	}
+	return cfg, nil
 }
 
 // Client returns the underlying client, e.g. for kadm. Do not poll,
@@ -864,10 +874,9 @@ func (s *Source) forget(parts map[string][]int32) {
 }
 
 // Close stops fetching, commits the marks, leaves the group and closes the
-// client, within [WithCloseTimeout]'s bound (default
-// [DefaultCloseTimeout]). Unacked deliveries are delivered again to the
-// group's next owner of their partitions. Next, Ack and Flush return
-// [ErrSourceClosed] afterwards.
+// client, within [WithCloseTimeout]'s bound (default 10 s). Unacked
+// deliveries are delivered again to the group's next owner of their
+// partitions. Next, Ack and Flush return [ErrSourceClosed] afterwards.
 //
 // The commit and the leave can each wait for a rebalance in progress (the
 // broker parks the member's JoinGroup until every member rejoined or the

@@ -73,7 +73,7 @@ func TestTransformValidates(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		sess   *kgo.GroupTransactSession
-		fn     kafka.TransformFunc
+		fn     func(context.Context, *kgo.Record) ([]*kgo.Record, error)
 		opts   []kafka.TransformOption
 		option string
 	}{

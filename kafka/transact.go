@@ -11,25 +11,18 @@ import (
 	"effectively.dev/effects"
 )
 
-// TransformFunc maps one input record to the records to produce for it
-// (none, one or many). It runs inside a Kafka transaction, so it must not
-// have effects outside Kafka: they would not roll back with the
-// transaction and would repeat when the input is processed again.
-// Output records without a Topic go to the client's kgo.DefaultProduceTopic.
-type TransformFunc func(ctx context.Context, in *kgo.Record) ([]*kgo.Record, error)
-
-// DefaultTransactionSize is how many input records one [Transform]
+// defaultTransactionSize is how many input records one [Transform]
 // transaction consumes at most, unless [WithTransactionSize] says otherwise.
-const DefaultTransactionSize = 1000
+const defaultTransactionSize = 1000
 
 type transformConfig struct {
 	maxRecords int
 }
 
 // WithTransactionSize bounds how many input records one transaction
-// consumes (default [DefaultTransactionSize], 1000). Smaller transactions
-// commit sooner and redo less after an abort; each costs a few round trips
-// to the transaction coordinator. n must be at least 1.
+// consumes (default 1000). Smaller transactions commit sooner and redo less
+// after an abort; each costs a few round trips to the transaction
+// coordinator. n must be at least 1.
 func WithTransactionSize(n int) TransformOption {
 	return transformOpt(func(c *transformConfig) { c.maxRecords = n })
 }
@@ -49,7 +42,12 @@ type TransformStats struct {
 
 // Transform runs consume-transform-produce over sess until ctx is done:
 // each poll's records are transformed by fn, and the outputs and the
-// input offsets are committed in one Kafka transaction. Inside Kafka this
+// input offsets are committed in one Kafka transaction. fn maps one input
+// record to the records to produce for it (none, one or many; without a
+// Topic they go to the client's kgo.DefaultProduceTopic). It runs inside
+// the transaction, so it must not have effects outside Kafka: they would
+// not roll back with the transaction and would repeat when the input is
+// processed again. Inside Kafka this
 // is effectively once: the output of every input record becomes visible
 // exactly once to readers that use
 // kgo.FetchIsolationLevel(kgo.ReadCommitted()) (the default,
@@ -68,8 +66,8 @@ type TransformStats struct {
 // Transform returns nil when ctx is done between transactions, and does
 // not close sess. A nil sess or fn, or an invalid option, is a
 // *[effects.ConfigError], returned before any I/O. It must be the only user of sess while it runs.
-func Transform(ctx context.Context, sess *kgo.GroupTransactSession, fn TransformFunc, opts ...TransformOption) (TransformStats, error) {
-	cfg := transformConfig{maxRecords: DefaultTransactionSize}
+func Transform(ctx context.Context, sess *kgo.GroupTransactSession, fn func(ctx context.Context, in *kgo.Record) ([]*kgo.Record, error), opts ...TransformOption) (TransformStats, error) {
+	cfg := transformConfig{maxRecords: defaultTransactionSize}
 	for _, o := range opts {
 		if o != nil {
 			o.applyTransform(&cfg)
@@ -110,7 +108,7 @@ func Transform(ctx context.Context, sess *kgo.GroupTransactSession, fn Transform
 }
 
 // transactOnce runs one transaction over in.
-func transactOnce(ctx context.Context, sess *kgo.GroupTransactSession, in []*kgo.Record, fn TransformFunc) (committed bool, outputs int, err error) {
+func transactOnce(ctx context.Context, sess *kgo.GroupTransactSession, in []*kgo.Record, fn func(context.Context, *kgo.Record) ([]*kgo.Record, error)) (committed bool, outputs int, err error) {
 	if err := sess.Begin(); err != nil {
 		return false, 0, fmt.Errorf("kafka.Transform: begin: %w", err)
 	}

@@ -40,7 +40,7 @@ func newSession(t *testing.T, c *kafkatest.Cluster, txnID, group, topic string) 
 
 // upper is the transform under test: one output per input, carrying the
 // input's id.
-func upper(out string) kafka.TransformFunc {
+func upper(out string) func(context.Context, *kgo.Record) ([]*kgo.Record, error) {
 	return func(_ context.Context, in *kgo.Record) ([]*kgo.Record, error) {
 		id, _ := kafkatest.Header(in, "id")
 		return []*kgo.Record{{
@@ -233,7 +233,7 @@ func readCounts(t *testing.T, c *kafkatest.Cluster, topic, header string) map[st
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	recs, err := kafkatest.ReadAll(ctx, c.Opts(), topic)
+	recs, err := c.ReadAll(ctx, topic)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,9 +39,9 @@
 // pre-check too: postgres.ApplyBatch with postgres.WithPrecheck(filter)
 // looks up all the keys of a batch that the filter may have seen with one
 // query, replays those found without a transaction, and claims only the
-// rest (a *Filter is a postgres.KeyFilter); kafka.ReplayBatch hands a
-// replay to it N records at a time. See the benchmark in this package's
-// tests for what each way costs.
+// rest (a *Filter is a postgres.KeyFilter); kafka.Replay with
+// kafka.WithBatchSize hands a replay to it N records at a time. See the
+// benchmark in this package's tests for what each way costs.
 //
 // Sizing: New(n, fp) sizes the filter for n keys at a false-positive rate
 // fp (about 1.2 MB for a million keys at 1%). Past n keys the rate climbs

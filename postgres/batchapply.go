@@ -24,7 +24,7 @@ var errBatchAbandoned = fmt.Errorf("not applied: the batch was abandoned after %
 // item whose key is new, in index order and in the same transaction, stores
 // the non-empty refs and commits (one round trip for both). Items whose key
 // was committed before are Replayed with their stored ref, and write is not
-// called for them. It is the natural body of a consume.BatchHandler; see
+// called for them. It is the natural body of a consume.WithBatch handler; see
 // [BatchErrors].
 //
 // With [WithPrecheck], the keys a filter may have seen are first looked up
@@ -375,7 +375,7 @@ func raceLost(err error) bool {
 }
 
 // BatchErrors turns what [ApplyBatch] returned into the one-error-per-item
-// slice a consume.BatchHandler returns: err for every item when err is not
+// slice a consume.WithBatch handler returns: err for every item when err is not
 // nil (nothing, or an unknown part, was committed: every item must be
 // retried), else each result's Err.
 func BatchErrors(n int, results []BatchResult, err error) []error {

@@ -207,7 +207,7 @@ func ExampleClaimBatch() {
 	// evt_a key reused: true
 }
 
-// A replay storm: a batch handler (for kafka.ReplayBatch, say) whose
+// A replay storm: a batch handler (for kafka.Replay with kafka.WithBatchSize, say) whose
 // batches are mostly events handled before. WithPrecheck looks up the keys
 // the filter may have seen with one query; those replay without a
 // transaction, and only the rest are claimed and written.

@@ -33,7 +33,7 @@ const (
 	// in a transaction of its own. Not in the default set.
 	noGroup = "defaults-nogroup"
 	// fetchWait100 is consumer-sql with the Source's fetch wait at 100 ms
-	// instead of kafka.DefaultFetchMaxWait (500 ms): a resumed partition
+	// instead of the Source's default (500 ms): a resumed partition
 	// waits for the fetch in flight. Run it with -variants to compare the
 	// two in one run. Not in the default set.
 	fetchWait100 = "consumer-sql-wait100"

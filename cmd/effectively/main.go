@@ -32,7 +32,8 @@
 //
 // outbox manages the rows an outbox relay parked
 // (effectively.dev/kafka/outbox): list prints them, retry returns them to
-// the relays (outbox.RetryParked), drop deletes them (outbox.DropParked).
+// the relays (outbox.ParkedFilter.Retry), drop deletes them
+// (outbox.ParkedFilter.Drop).
 // Selection: -from and -to (the parking time), -class (permanent or
 // retryable), -topic, -id (comma-separated row ids), -message-id
 // (comma-separated message ids), -count. retry and drop refuse to run
@@ -597,7 +598,7 @@ func outboxCmd(ctx context.Context, r *redactor, verb string, args []string, std
 	}
 	defer pool.Close()
 	if verb == "list" || sel.dryRun {
-		ps, err := outbox.ListParked(ctx, pool, f)
+		ps, err := f.List(ctx, pool)
 		if err != nil {
 			return err
 		}
@@ -615,10 +616,10 @@ func outboxCmd(ctx context.Context, r *redactor, verb string, args []string, std
 	}
 	var n int64
 	if verb == "retry" {
-		n, err = outbox.RetryParked(ctx, pool, f)
+		n, err = f.Retry(ctx, pool)
 		fmt.Fprintf(stdout, "returned %d parked rows to the relays\n", n)
 	} else {
-		n, err = outbox.DropParked(ctx, pool, f)
+		n, err = f.Drop(ctx, pool)
 		fmt.Fprintf(stdout, "dropped %d parked rows\n", n)
 	}
 	return err

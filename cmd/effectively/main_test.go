@@ -44,14 +44,14 @@ func TestRedriveCommand(t *testing.T) {
 	if err != nil || !strings.Contains(out, "would move 1 of 2 dead letters") || !strings.Contains(out, `delivery "a" class poison`) {
 		t.Fatalf("dry run: %v\n%s", err, out)
 	}
-	if recs, err := kafkatest.ReadAll(ctx, c.Opts(), src); err != nil || len(recs) != 0 {
+	if recs, err := c.ReadAll(ctx, src); err != nil || len(recs) != 0 {
 		t.Fatalf("source topic after the dry run: %d records, %v", len(recs), err)
 	}
 	out, err = runCmd(t, "redrive", "-brokers", brokers, "-dlq", dlq, "-topic", src, "-class", "poison", "-yes")
 	if err != nil || !strings.Contains(out, "moved 1 of 2 dead letters") {
 		t.Fatalf("redrive: %v\n%s", err, out)
 	}
-	recs, err := kafkatest.ReadAll(ctx, c.Opts(), src)
+	recs, err := c.ReadAll(ctx, src)
 	if err != nil || len(recs) != 1 {
 		t.Fatalf("source topic: %d records, %v", len(recs), err)
 	}
@@ -99,7 +99,7 @@ func TestOutboxCommand(t *testing.T) {
 	if err != nil || !strings.Contains(out, "would retry 1 parked rows") {
 		t.Fatalf("retry -dry-run: %v\n%s", err, out)
 	}
-	if n, _ := outbox.CountParked(ctx, pool, outbox.ParkedFilter{}); n != 2 {
+	if n, _ := (outbox.ParkedFilter{}).Count(ctx, pool); n != 2 {
 		t.Fatalf("%d parked after a dry run, want 2", n)
 	}
 	out, err = runCmd(t, "outbox", "retry", "-db", url, "-message-id", "m-1")
@@ -112,7 +112,7 @@ func TestOutboxCommand(t *testing.T) {
 	if out, err := runCmd(t, "outbox", "retry", "-db", url); !errors.Is(err, errUsage) {
 		t.Fatalf("retry without a selection: %v\n%s; want a usage error", err, out)
 	}
-	if n, _ := outbox.CountParked(ctx, pool, outbox.ParkedFilter{}); n != 1 {
+	if n, _ := (outbox.ParkedFilter{}).Count(ctx, pool); n != 1 {
 		t.Fatalf("%d parked after drop and retry without a selection, want 1 (nothing changed)", n)
 	}
 	out, err = runCmd(t, "outbox", "drop", "-db", url, "-class", "permanent")

@@ -44,7 +44,7 @@ func deadLetters(t *testing.T, c *kafkatest.Cluster, dlq, src, other string, n i
 
 func ids(t *testing.T, c *kafkatest.Cluster, topic string) map[string]int {
 	t.Helper()
-	recs, err := kafkatest.ReadAll(context.Background(), c.Opts(), topic)
+	recs, err := c.ReadAll(context.Background(), topic)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,36 +32,11 @@ import (
 // panic in it is recovered as a *[effects.PanicError].
 type Handler func(ctx context.Context, d effects.Delivery) error
 
-// BatchHandler handles several deliveries at once (see [WithBatch]), for
-// example by claiming all their keys and writing all their effects in one
-// database transaction. It returns one error per delivery, in the order of
-// ds: nil means that delivery's effects are done and it may be acked; a
-// non-nil error is classified and handled exactly as a [Handler]'s error
-// would be. A slice of the wrong length fails every delivery of the batch
-// with [ErrBatchResults].
-//
-// ds may hold a run of consecutive deliveries with the same non-empty
-// Ordering (all of a Kafka partition's records that are waiting, up to the
-// batch size); they are in their Ordering's order in ds, though not
-// necessarily next to each other, so a handler that applies ds in order, or
-// commits it all at once, keeps that order. In package postgres, ApplyBatch
-// (one transaction claims and writes the whole batch, in order) and
-// BatchErrors make the body of one. When a delivery fails and another of
-// its Ordering after it in ds succeeded, the later one's effects are done
-// and it is acked; if the order of effects matters even then, fail the
-// rest of the run too: those deliveries are tried again after the failed
-// one, and these attempts do not count against their budget.
-//
-// A panic in a batch handler is recovered; the consumer then hands each
-// delivery of the batch to it alone, in order, so that only the
-// deliveries that panic on their own get the *[effects.PanicError] and the
-// others go on.
-type BatchHandler func(ctx context.Context, ds []effects.Delivery) []error
-
 // Consumer errors.
 var (
-	// ErrBatchResults is the error every delivery of a batch gets when a
-	// [BatchHandler] returned a slice whose length differs from the batch's.
+	// ErrBatchResults is the error every delivery of a batch gets when the
+	// batch handler ([WithBatch]) returned a slice whose length differs
+	// from the batch's.
 	ErrBatchResults = errors.New("batch handler returned the wrong number of results")
 
 	// ErrRunning is returned by [Consumer.Run] while another Run
@@ -88,28 +63,28 @@ var (
 
 // Defaults of a [Consumer], used when the matching option is not given.
 const (
-	// DefaultConcurrency is how many handlers run at once.
-	DefaultConcurrency = 8
-	// DefaultMaxAttempts is how many attempts precede the dead-letter hook
+	// defaultConcurrency is how many handlers run at once.
+	defaultConcurrency = 8
+	// defaultMaxAttempts is how many attempts precede the dead-letter hook
 	// for an error that is not permanent.
-	DefaultMaxAttempts = 10
-	// DefaultMinBackoff is the first pause between attempts.
-	DefaultMinBackoff = 100 * time.Millisecond
-	// DefaultMaxBackoff is the longest pause between attempts.
-	DefaultMaxBackoff = 30 * time.Second
-	// DefaultShutdownGrace is how long running handlers may finish after
+	defaultMaxAttempts = 10
+	// defaultMinBackoff is the first pause between attempts.
+	defaultMinBackoff = 100 * time.Millisecond
+	// defaultMaxBackoff is the longest pause between attempts.
+	defaultMaxBackoff = 30 * time.Second
+	// defaultShutdownGrace is how long running handlers may finish after
 	// Run's context is cancelled.
-	DefaultShutdownGrace = 10 * time.Second
-	// DefaultMaxPending bounds the deliveries taken and not yet finished.
-	DefaultMaxPending = 1024
-	// DefaultAttemptTimeout is each attempt's time limit: one
+	defaultShutdownGrace = 10 * time.Second
+	// defaultMaxPending bounds the deliveries taken and not yet finished.
+	defaultMaxPending = 1024
+	// defaultAttemptTimeout is each attempt's time limit: one
 	// journal.DefaultLease, the longest a journaled step's lease lets one
 	// attempt at a key run (see [WithAttemptTimeout]).
-	DefaultAttemptTimeout = time.Minute
-	// DefaultInFlightWait is how long a delivery may wait in all for other
+	defaultAttemptTimeout = time.Minute
+	// defaultInFlightWait is how long a delivery may wait in all for other
 	// attempts that hold its keys before [effects.ErrInFlight] counts as a
 	// failed attempt: five default leases (see [WithInFlightWait]).
-	DefaultInFlightWait = 5 * time.Minute
+	defaultInFlightWait = 5 * time.Minute
 )
 
 // Option configures a [Consumer]; see [New].
@@ -138,24 +113,24 @@ type config struct {
 	batchSet    bool
 	batchSize   int
 	batchLinger time.Duration
-	batch       BatchHandler
+	batch       func(context.Context, []effects.Delivery) []error
 }
 
-// WithConcurrency sets how many handlers run at the same time (default
-// [DefaultConcurrency], 8). With [WithBatch], it is how many batches run at
-// the same time. Deliveries with the same Ordering never run concurrently
-// whatever n is, so a Kafka topic with p partitions keeps at most p handlers
-// busy. n must be at least 1.
+// WithConcurrency sets how many handlers run at the same time (default 8).
+// With [WithBatch], it is how many batches run at the same time. Deliveries
+// with the same Ordering never run concurrently whatever n is, so a Kafka
+// topic with p partitions keeps at most p handlers busy. n must be at least
+// 1.
 func WithConcurrency(n int) Option {
 	return option(func(c *config) { c.concurrency = n })
 }
 
-// WithMaxAttempts sets how many times the handler is tried for one
-// delivery whose error is retryable or unclassified before the delivery
-// goes to the dead-letter hook (default [DefaultMaxAttempts], 10).
-// Permanent errors go to the hook at the first attempt whatever n is;
-// waits for another attempt's lease ([WithInFlightWait]) do not count. 0
-// retries forever. n must not be negative.
+// WithMaxAttempts sets how many times the handler is tried for one delivery
+// whose error is retryable or unclassified before the delivery goes to the
+// dead-letter hook (default 10). Permanent errors go to the hook at the
+// first attempt whatever n is; waits for another attempt's lease
+// ([WithInFlightWait]) do not count. 0 retries forever. n must not be
+// negative.
 func WithMaxAttempts(n int) Option {
 	return option(func(c *config) { c.maxAttempts = n })
 }
@@ -163,13 +138,15 @@ func WithMaxAttempts(n int) Option {
 // WithBackoff sets the pause between attempts: it starts at min and doubles
 // per attempt up to max, and each pause is drawn at random between half and
 // all of that ceiling, so deliveries that failed together do not retry in
-// lockstep. Defaults: [DefaultMinBackoff] (100 ms) and [DefaultMaxBackoff]
-// (30 s); with the default 10 attempts a delivery whose errors are
-// retryable is dead-lettered after about 25 to 50 seconds of failures. An
-// error that carries a longer [effects.RetryAfter] (a provider's
-// Retry-After on a 429) is waited out instead, up to [MaxRetryAfter]. A
-// parked delivery (see [WithoutDeadLetter]) is retried every max.
-// 0 < min <= max.
+// lockstep. Defaults: 100 ms and 30 s; with the default 10 attempts a
+// delivery whose errors are retryable is dead-lettered after about 25 to 50
+// seconds of failures. An error that carries a longer [effects.RetryAfter]
+// (a provider's Retry-After on a 429) is waited out instead, up to 5
+// minutes, so a burst of rate limits does not use up the attempts of
+// [WithMaxAttempts] (an [effects.ErrInFlight]'s RetryAfter is the rest of
+// another attempt's lease, which [WithInFlightWait] governs instead). A
+// parked delivery (see [WithoutDeadLetter]) is retried every max. 0 < min
+// <= max.
 func WithBackoff(min, max time.Duration) Option {
 	return option(func(c *config) { c.minBackoff, c.maxBackoff = min, max })
 }
@@ -255,9 +232,9 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 // WithShutdownGrace sets how long handlers that are running when Run's
-// context is cancelled may take to finish (default
-// [DefaultShutdownGrace], 10 s). Their context is cancelled when the grace
-// expires. 0 cancels it at once. d must not be negative.
+// context is cancelled may take to finish (default 10 s). Their context is
+// cancelled when the grace expires. 0 cancels it at once. d must not be
+// negative.
 func WithShutdownGrace(d time.Duration) Option {
 	return option(func(c *config) { c.grace = d })
 }
@@ -266,7 +243,7 @@ func WithShutdownGrace(d time.Duration) Option {
 // from the source and not yet acked or given up, whether running, waiting
 // for a worker, waiting for a retry, or queued behind an earlier delivery
 // with the same Ordering. When n are held, it stops calling Next until one
-// finishes. The default, [DefaultMaxPending] (1024, or more with
+// finishes. The default, 1024 (or more with
 // [WithBatch]: enough for every worker to fill a batch), lets the other
 // Orderings go on while some are stuck behind a failing delivery, as long
 // as the source bounds what one Ordering may hold (kafka.Source does, per
@@ -276,59 +253,74 @@ func WithMaxPending(n int) Option {
 	return option(func(c *config) { c.maxPending, c.maxPendingSet = n, true })
 }
 
-// WithAttemptTimeout sets each attempt's time limit (default
-// [DefaultAttemptTimeout], one minute): the handler's context (a batch
-// handler's, for the whole batch) gets this deadline, and so does the
-// dead-letter hook's. A handler that honours its context returns when the
-// deadline passes; the consumer wraps its error with [ErrAttemptTimeout]
-// and counts it in [Stats].TimedOut, and the error's class decides as for
-// any failed attempt (a cut call is usually retryable). 0 sets no limit.
-// d must not be negative.
+// WithAttemptTimeout sets each attempt's time limit (default one minute,
+// one journal.DefaultLease): the handler's context (a batch handler's, for
+// the whole batch) gets this deadline, and so does the dead-letter hook's.
+// A handler that honours its context returns when the deadline passes; the
+// consumer wraps its error with [ErrAttemptTimeout] and counts it in
+// [Stats].TimedOut, and the error's class decides as for any failed attempt
+// (a cut call is usually retryable). 0 sets no limit. d must not be
+// negative.
 //
-// A limit frees an Ordering held by a call stuck on a dead connection
-// (the kernel would take many minutes to give up). What it leaves behind
-// is an unknown outcome, which the retry resolves with the same key. With
+// A limit frees an Ordering held by a call stuck on a dead connection (the
+// kernel would take many minutes to give up). What it leaves behind is an
+// unknown outcome, which the retry resolves with the same key. With
 // journal-backed steps (effects/journal): a journaled step bounds its own
 // call at nine tenths of its lease (journal.DefaultLease, one minute), and
-// keeps the lease after an outcome it cannot rule out; the retry then
-// meets [effects.ErrInFlight] until the lease expires, waits it out
-// without spending attempts ([WithInFlightWait]), and takes the key over:
-// it replays what the owner recorded, or does the effect. So a limit below
-// the lease cuts hung calls sooner at the cost of waiting for the lease;
-// set it above the longest time a healthy attempt takes (the sum of a
-// plan's steps), and [WithInFlightWait] above the longest lease.
+// keeps the lease after an outcome it cannot rule out; the retry then meets
+// [effects.ErrInFlight] until the lease expires, waits it out without
+// spending attempts ([WithInFlightWait]), and takes the key over: it
+// replays what the owner recorded, or does the effect. So a limit below the
+// lease cuts hung calls sooner at the cost of waiting for the lease; set it
+// above the longest time a healthy attempt takes (the sum of a plan's
+// steps), and [WithInFlightWait] above the longest lease.
 func WithAttemptTimeout(d time.Duration) Option {
 	return option(func(c *config) { c.attemptTimeout = d })
 }
 
 // WithInFlightWait sets how long, in all, a delivery may wait for other
-// attempts that hold its keys (default [DefaultInFlightWait], five
-// minutes), counted from the first attempt that answered
-// [effects.ErrInFlight]. Within it, an ErrInFlight is not a failed attempt:
-// it spends no attempt of [WithMaxAttempts] and is never dead-lettered; the
-// consumer waits, with the backoff's growing pauses, but never past the
-// rest of the other attempt's lease when the error reports it
-// ([effects.RetryAfter]), so a key freed by an expired lease is taken over
-// at once. After it, ErrInFlight counts as a failed attempt like any
-// retryable error: an adapter that answers in flight for ever ends in the
-// dead-letter hook (or parked), never loops for ever. Set it above the
-// longest lease of the plan's steps. 0 counts every ErrInFlight as a
-// failed attempt. d must not be negative.
+// attempts that hold its keys (default five minutes, five default leases),
+// counted from the first attempt that answered [effects.ErrInFlight].
+// Within it, an ErrInFlight is not a failed attempt: it spends no attempt
+// of [WithMaxAttempts] and is never dead-lettered; the consumer waits, with
+// the backoff's growing pauses, but never past the rest of the other
+// attempt's lease when the error reports it ([effects.RetryAfter]), so a
+// key freed by an expired lease is taken over at once. After it,
+// ErrInFlight counts as a failed attempt like any retryable error: an
+// adapter that answers in flight for ever ends in the dead-letter hook (or
+// parked), never loops for ever. Set it above the longest lease of the
+// plan's steps. 0 counts every ErrInFlight as a failed attempt. d must not
+// be negative.
 func WithInFlightWait(d time.Duration) Option {
 	return option(func(c *config) { c.inFlightWait = d })
 }
 
 // WithBatch makes the consumer hand deliveries to h in batches of up to
 // size, instead of one by one to a [Handler] (pass a nil Handler to
-// [New]).
+// [New]): for a handler that claims all their keys and writes all their
+// effects in one database transaction (in package postgres, ApplyBatch and
+// BatchErrors make the body of one). h returns one error per delivery, in
+// the order of ds: nil means that delivery's effects are done and it may
+// be acked; a non-nil error is classified and handled exactly as a
+// Handler's error would be. A slice of the wrong length fails every
+// delivery of the batch with [ErrBatchResults]. A panic in h is recovered;
+// the consumer then hands each delivery of the batch to h alone, in
+// order, so that only the deliveries that panic on their own get the
+// *[effects.PanicError] and the others go on.
 //
 // Order: a batch takes the deliveries whose turn it is, each with the run
 // of deliveries of its Ordering waiting behind it (consecutive, in order,
 // as many as fit), so a Kafka partition's records are batched together and
-// in offset order; see [BatchHandler] for what the handler must keep.
-// Per-Ordering order holds as with a Handler: a delivery is in a batch only
-// with, or after, every earlier delivery of its Ordering; deliveries
-// without an Ordering batch freely.
+// in offset order. They are in their Ordering's order in ds, though not
+// necessarily next to each other, so a handler that applies ds in order,
+// or commits it all at once, keeps that order. Per-Ordering order holds as
+// with a Handler: a delivery is in a batch only with, or after, every
+// earlier delivery of its Ordering; deliveries without an Ordering batch
+// freely. When a delivery fails and another of its Ordering after it in ds
+// succeeded, the later one's effects are done and it is acked; if the
+// order of effects matters even then, fail the rest of the run too: those
+// deliveries are tried again after the failed one, and these attempts do
+// not count against their budget.
 //
 // Linger: when fewer than size deliveries are waiting, a batch waits at
 // most linger for more (0: it takes only what is waiting), for deliveries
@@ -340,7 +332,7 @@ func WithInFlightWait(d time.Duration) Option {
 // Each delivery keeps its own attempt count and backoff; a failed delivery
 // joins a later batch when its backoff expires, and is acked or
 // dead-lettered on its own. size must be at least 1, linger not negative.
-func WithBatch(size int, linger time.Duration, h BatchHandler) Option {
+func WithBatch(size int, linger time.Duration, h func(ctx context.Context, ds []effects.Delivery) []error) Option {
 	return option(func(c *config) {
 		c.batchSet, c.batchSize, c.batchLinger, c.batch = true, size, linger, h
 	})
@@ -397,7 +389,7 @@ type Stats struct {
 }
 
 // Consumer takes deliveries from an [effects.Source], hands each to a
-// [Handler] (or batches to a [BatchHandler]), and acks it only after the
+// [Handler] (or batches to a [WithBatch] handler), and acks it only after the
 // handler returned nil: side effect first, then ack. A failed delivery is
 // never acked by the handler's path; what happens to it depends on its
 // error's class, as the package documentation describes: retried in place
@@ -461,13 +453,13 @@ type Consumer struct {
 // shutdown grace, 1024 pending deliveries.
 func New(src effects.Source, h Handler, opts ...Option) (*Consumer, error) {
 	cfg := config{
-		concurrency:    DefaultConcurrency,
-		maxAttempts:    DefaultMaxAttempts,
-		minBackoff:     DefaultMinBackoff,
-		maxBackoff:     DefaultMaxBackoff,
-		grace:          DefaultShutdownGrace,
-		attemptTimeout: DefaultAttemptTimeout,
-		inFlightWait:   DefaultInFlightWait,
+		concurrency:    defaultConcurrency,
+		maxAttempts:    defaultMaxAttempts,
+		minBackoff:     defaultMinBackoff,
+		maxBackoff:     defaultMaxBackoff,
+		grace:          defaultShutdownGrace,
+		attemptTimeout: defaultAttemptTimeout,
+		inFlightWait:   defaultInFlightWait,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -551,9 +543,9 @@ func (cfg *config) checkDeadLetter() error {
 // [WithMaxPending] was not given: room for every handler's batch.
 func (cfg *config) setMaxPending() {
 	if !cfg.maxPendingSet {
-		cfg.maxPending = DefaultMaxPending
+		cfg.maxPending = defaultMaxPending
 		if cfg.batchSet {
-			cfg.maxPending = max(DefaultMaxPending, (cfg.concurrency+1)*cfg.batchSize)
+			cfg.maxPending = max(defaultMaxPending, (cfg.concurrency+1)*cfg.batchSize)
 		}
 	}
 }
@@ -783,7 +775,7 @@ func (r *run) handle(d effects.Delivery, attempt int) (end func(effects.Event), 
 	return end, r.c.h(ctx, d)
 }
 
-// batchWorker collects batches for the BatchHandler: ready deliveries, each
+// batchWorker collects batches for the batch handler: ready deliveries, each
 // with the run of its lane behind it; running holds the batch's first
 // delivery while the batch runs.
 func (r *run) batchWorker(running *slot) {
@@ -825,7 +817,7 @@ func (r *run) batchWorker(running *slot) {
 	}
 }
 
-// handleBatch runs the BatchHandler for one attempt at ds and returns one
+// handleBatch runs the batch handler for one attempt at ds and returns one
 // error per delivery. After a panic it runs each delivery alone, so that
 // only those that panic by themselves fail with it.
 func (r *run) handleBatch(ds []effects.Delivery) []error {
@@ -841,14 +833,14 @@ func (r *run) handleBatch(ds []effects.Delivery) []error {
 	return res
 }
 
-// callBatch calls the BatchHandler once. It returns one error per
+// callBatch calls the batch handler once. It returns one error per
 // delivery; panicked is the recovered panic, if any (then every delivery
 // has it).
 func (r *run) callBatch(ds []effects.Delivery) (res []error, panicked error) {
 	ctx, cancel := r.attemptContext()
 	defer cancel()
 	func() {
-		defer effects.Recover("consume.BatchHandler", &panicked)
+		defer effects.Recover("consume batch handler", &panicked)
 		res = r.c.cfg.batch(ctx, ds)
 	}()
 	var all error
@@ -1222,21 +1214,17 @@ func (r *run) reportEvent(ev effects.Event, level slog.Level, msg string) {
 	r.c.log.Log(r.hctx, level, msg, attrs...)
 }
 
-// MaxRetryAfter caps the pause an error's [effects.RetryAfter] asks for
-// (a provider's Retry-After): a retryable error that carries one is
-// retried no sooner than it says, up to 5 minutes, so a burst of rate
-// limits does not use up the attempts of [WithMaxAttempts]. An
-// [effects.ErrInFlight]'s RetryAfter is the rest of another attempt's
-// lease, which [WithInFlightWait] governs instead.
-const MaxRetryAfter = 5 * time.Minute
+// maxRetryAfter caps the pause an error's [effects.RetryAfter] asks for
+// (see [WithBackoff]).
+const maxRetryAfter = 5 * time.Minute
 
 // retryDelay returns the pause after failed attempt number attempt, whose
 // error was err: the backoff, or longer when err asks to wait longer
-// (capped by MaxRetryAfter).
+// (capped by maxRetryAfter).
 func (c *config) retryDelay(attempt int, err error) time.Duration {
 	delay := c.backoff(attempt)
 	if wait, ok := effects.RetryAfter(err); ok && !errors.Is(err, effects.ErrInFlight) {
-		delay = max(delay, min(wait, MaxRetryAfter))
+		delay = max(delay, min(wait, maxRetryAfter))
 	}
 	return delay
 }

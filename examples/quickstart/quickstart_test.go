@@ -225,7 +225,7 @@ func TestQuickStart(t *testing.T) {
 	}
 	check("after the resend")
 
-	dead, err := kafkatest.ReadAll(context.Background(), k.kafka.Opts(), "payments-dlq")
+	dead, err := k.kafka.ReadAll(context.Background(), "payments-dlq")
 	if err != nil {
 		t.Fatal(err)
 	}

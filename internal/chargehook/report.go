@@ -332,7 +332,7 @@ func (c *counter) count(ctx context.Context, events []Event, s *Side) error {
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	recs, err := kafkatest.ReadAll(ctx, c.kafka.Opts(), c.topic)
+	recs, err := c.kafka.ReadAll(ctx, c.topic)
 	if err != nil {
 		return err
 	}

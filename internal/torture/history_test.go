@@ -59,7 +59,7 @@ func readHistory(t *testing.T, ctx context.Context, c *kafkatest.Cluster, fake *
 	t.Helper()
 	h.Committed = committed(fake, group, input)
 
-	in, err := kafkatest.ReadAll(ctx, c.Opts(), input)
+	in, err := c.ReadAll(ctx, input)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func readHistory(t *testing.T, ctx context.Context, c *kafkatest.Cluster, fake *
 		id, _ := kafkatest.Header(r, "event-id")
 		h.Input = append(h.Input, torture.InputRecord{Partition: r.Partition, Offset: r.Offset, EventID: id})
 	}
-	out, err := kafkatest.ReadAll(ctx, c.Opts(), output)
+	out, err := c.ReadAll(ctx, output)
 	if err != nil {
 		t.Fatal(err)
 	}

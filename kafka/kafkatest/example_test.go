@@ -34,7 +34,7 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 
-	recs, err := kafkatest.ReadAll(ctx, c.Opts(), topic)
+	recs, err := c.ReadAll(ctx, topic)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -6,10 +6,10 @@
 // the test process: there is no binary to install and nothing to download
 // at run time.
 //
-//	c := kafkatest.Start(t)                           // closed when t ends
-//	topic := c.Topic(t, "payments", 3)              // a fresh, uniquely named topic
+//	c := kafkatest.Start(t)            // closed when t ends
+//	topic := c.Topic(t, "payments", 3) // a fresh, uniquely named topic
 //	client := c.Client(t, kgo.DefaultProduceTopic(topic))
-//	recs, err := kafkatest.ReadAll(ctx, c.Opts(), topic) // what a read_committed reader sees
+//	recs, err := c.ReadAll(ctx, topic) // what a read_committed reader sees
 //
 // Every helper that takes a testing.TB cleans up with t.Cleanup: clusters
 // and clients are closed when the test ends, so goleak finds nothing left
@@ -229,9 +229,10 @@ func (c *Cluster) CreateTopic(ctx context.Context, prefix string, partitions int
 
 // ReadAll reads every record of topic that a read_committed consumer sees,
 // from the start of each partition up to its last stable offset at the
-// time of the call, with a fresh client built from opts. Control records
-// (transaction markers) are left out.
-func ReadAll(ctx context.Context, opts []kgo.Opt, topic string) ([]*kgo.Record, error) {
+// time of the call, with a fresh client. Control records (transaction
+// markers) are left out.
+func (c *Cluster) ReadAll(ctx context.Context, topic string) ([]*kgo.Record, error) {
+	opts := c.Opts()
 	adm, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, err

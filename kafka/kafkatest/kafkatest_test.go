@@ -27,7 +27,7 @@ func readAll(t *testing.T, c *kafkatest.Cluster, topic string) []*kgo.Record {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	recs, err := kafkatest.ReadAll(ctx, c.Opts(), topic)
+	recs, err := c.ReadAll(ctx, topic)
 	if err != nil {
 		t.Fatalf("ReadAll: %v", err)
 	}
@@ -87,10 +87,12 @@ func TestReadAllSeesOnlyCommittedRecords(t *testing.T) {
 
 // ReadAll fails, rather than hangs, on a cluster that is not there.
 func TestReadAllFailsOnADeadCluster(t *testing.T) {
+	c := kafkatest.Start(t)
+	c.RequireFake(t).Close() // the cluster stops listening
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	start := time.Now()
-	_, err := kafkatest.ReadAll(ctx, []kgo.Opt{kgo.SeedBrokers("127.0.0.1:1")}, "nowhere")
+	_, err := c.ReadAll(ctx, "nowhere")
 	if err == nil || !strings.Contains(err.Error(), "nowhere") {
 		t.Fatalf("ReadAll from a dead address = %v, want an error naming the topic", err)
 	}

@@ -33,12 +33,6 @@ func ShareBrokerConfigs(lock time.Duration, deliveryLimit int) kfake.Opt {
 	return kfake.BrokerConfigs(cfg)
 }
 
-// ShareGroupOpts returns share-group options for tests: join the share
-// group and consume topic.
-func ShareGroupOpts(group, topic string) []kgo.Opt {
-	return []kgo.Opt{kgo.ShareGroup(group), kgo.ConsumeTopics(topic)}
-}
-
 // ShareFromEarliest sets the share group's share.auto.offset.reset to
 // "earliest", so that records produced before the group first consumed are
 // delivered (the default, "latest", skips them). Call it before any member

@@ -24,7 +24,7 @@ func published(t *testing.T, c *kafkatest.Cluster, topic string) map[string]int 
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	recs, err := kafkatest.ReadAll(ctx, c.Opts(), topic)
+	recs, err := c.ReadAll(ctx, topic)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,9 +11,9 @@
 // large, an invalid record, a topic that does not exist or that the
 // client may not write), or that keeps failing, is parked: kept with its
 // error and attempt count, never claimed again, reported, and out of the
-// way of the rows behind it. [ListParked], [RetryParked] and [DropParked]
-// manage parked rows (the effectively command's "outbox" subcommands run
-// them).
+// way of the rows behind it. [ParkedFilter] lists, counts, retries and
+// drops parked rows (the effectively command's "outbox" subcommands run
+// it).
 //
 // It lives apart from package effectively.dev/kafka so that a program that
 // only produces or consumes does not pull in pgx: the outbox table is in
@@ -44,46 +44,50 @@ import (
 	"effectively.dev/postgres"
 )
 
-// Schema is the SQL that [Migrate] runs: the effectively_outbox table, a
-// unique index on message_id and partial indexes on pending and on parked
-// rows. It is exported for projects that manage their schema with their
-// own migration tool: copy it into a migration instead of calling Migrate
-// (on a large table, create its indexes CONCURRENTLY there).
+// schema is the outbox table and the indexes every relay needs.
 //
 //go:embed outbox.sql
-var Schema string
+var schema string
 
-// KeyOrderSchema is the SQL that [MigrateKeyOrder] runs: the index a relay
-// [WithKeyOrder] claims rows by. Only key-ordered relays need it.
+// keyOrderSchema is the index a relay [WithKeyOrder] claims rows by.
 //
 //go:embed keyorder.sql
-var KeyOrderSchema string
+var keyOrderSchema string
+
+// Schema returns the SQL that [Migrate] runs for relays configured with
+// opts: the effectively_outbox table, a unique index on message_id and
+// partial indexes on pending and on parked rows; with [WithKeyOrder], also
+// the index a key-ordered relay claims rows by (it costs [Enqueue] one
+// more index entry per row, so it is only created for those relays).
+// Options other than WithKeyOrder change nothing. It is for projects that
+// manage their schema with their own migration tool: copy it into a
+// migration instead of calling Migrate (on a large table, create its
+// indexes CONCURRENTLY there).
+func Schema(opts ...RelayOption) string {
+	var cfg relayConfig
+	for _, o := range opts {
+		if o != nil {
+			o.applyRelay(&cfg)
+		}
+	}
+	if cfg.keyOrder {
+		return schema + "\n" + keyOrderSchema
+	}
+	return schema
+}
 
 // lockID is the pg_advisory_xact_lock key that serializes Migrate calls;
 // it spells "effoutbx" in ASCII.
 const lockID int64 = 0x6566666f75746278
 
-// TxBeginner starts transactions: *pgxpool.Pool, *pgx.Conn and pgx.Tx
-// (which opens a savepoint) all satisfy it.
-type TxBeginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
-// Migrate creates the outbox table and its indexes ([Schema]) if they do
-// not exist, in the connection's current schema. It is idempotent and
-// safe to run concurrently.
-func Migrate(ctx context.Context, db TxBeginner) error {
-	return migrate(ctx, "outbox.Migrate", db, Schema)
-}
-
-// MigrateKeyOrder creates the index ([KeyOrderSchema]) that a relay
-// [WithKeyOrder] needs, after [Migrate]. It is idempotent and safe to run
-// concurrently.
-func MigrateKeyOrder(ctx context.Context, db TxBeginner) error {
-	return migrate(ctx, "outbox.MigrateKeyOrder", db, KeyOrderSchema)
-}
-
-func migrate(ctx context.Context, op string, db TxBeginner, schema string) error {
+// Migrate creates what relays configured with opts need ([Schema]: the
+// outbox table and its indexes, and with [WithKeyOrder] the key-order
+// index) if it does not exist, in the connection's current schema. Pass
+// it the relays' options, or just WithKeyOrder() when they use it. It is
+// idempotent and safe to run concurrently. A nil db is an
+// *[effects.ConfigError].
+func Migrate(ctx context.Context, db postgres.DB, opts ...RelayOption) error {
+	const op = "outbox.Migrate"
 	if db == nil {
 		return &effects.ConfigError{Op: op, Option: "db", Reason: "nil"}
 	}
@@ -97,7 +101,7 @@ func migrate(ctx context.Context, op string, db TxBeginner, schema string) error
 	}
 	// Without arguments pgx uses the simple protocol: one round trip for
 	// all statements.
-	if _, err := tx.Exec(ctx, schema); err != nil {
+	if _, err := tx.Exec(ctx, Schema(opts...)); err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -139,21 +143,15 @@ func recordSize(r *kgo.Record) int {
 	return n
 }
 
-// DefaultMaxMessageBytes is the largest [Message.Size] that [Enqueue] and
-// [EnqueueStatement] accept without [WithMaxMessageBytes]: 960 KiB, which
-// leaves room for the record's framing below franz-go's default
-// kgo.ProducerBatchMaxBytes (1,000,012 bytes) and Kafka's default
-// max.message.bytes (1,048,588).
-const DefaultMaxMessageBytes = 960 << 10
-
-// ErrTooLarge is what a *[TooLargeError] matches with errors.Is.
-var ErrTooLarge = errors.New("outbox: message larger than the maximum")
+// defaultMaxMessageBytes is the largest [Message.Size] that [Enqueue] and
+// [EnqueueStatement] accept without [WithMaxMessageBytes].
+const defaultMaxMessageBytes = 960 << 10
 
 // TooLargeError is the error [Enqueue] and [EnqueueStatement] return for a
 // message over the maximum size: nothing was written, and the caller's
-// transaction can go on (or roll back). It matches [ErrTooLarge] and
-// [effects.ErrRefused] (permanent: the same message is refused again), so
-// a consumer whose handler enqueues it dead-letters the delivery at once.
+// transaction can go on (or roll back). It matches [effects.ErrRefused]
+// (permanent: the same message is refused again), so a consumer whose
+// handler enqueues it dead-letters the delivery at once.
 type TooLargeError struct {
 	// ID and Topic are the message's.
 	ID    effects.Key
@@ -168,16 +166,18 @@ func (e *TooLargeError) Error() string {
 		string(e.ID), e.Topic, e.Size, e.Max)
 }
 
-// Unwrap returns [ErrTooLarge] and [effects.ErrRefused].
-func (e *TooLargeError) Unwrap() []error { return []error{ErrTooLarge, effects.ErrRefused} }
+// Unwrap returns [effects.ErrRefused].
+func (e *TooLargeError) Unwrap() error { return effects.ErrRefused }
 
 type enqueueConfig struct {
 	maxBytes int
 	observer effects.Observer // for trace headers
 }
 
-// WithMaxMessageBytes sets the largest [Message.Size] accepted (default
-// [DefaultMaxMessageBytes]). Raise it together with the relay's
+// WithMaxMessageBytes sets the largest [Message.Size] accepted (default 960
+// KiB, which leaves room for the record's framing below franz-go's default
+// kgo.ProducerBatchMaxBytes, 1,000,012 bytes, and Kafka's default
+// max.message.bytes, 1,048,588). Raise it together with the relay's
 // kgo.ProducerBatchMaxBytes and the topic's max.message.bytes: a row the
 // broker refuses is parked, not published. n must be at least 1.
 func WithMaxMessageBytes(n int) EnqueueOption {
@@ -242,7 +242,7 @@ func EnqueueStatement(m Message, opts ...EnqueueOption) (postgres.Statement, err
 // suffix) and its fingerprint. The row's headers carry ctx's trace
 // ([WithObserver]); the fingerprint does not.
 func insert(ctx context.Context, op string, m Message, suffix string, opts []EnqueueOption) (postgres.Statement, []byte, error) {
-	cfg := enqueueConfig{maxBytes: DefaultMaxMessageBytes}
+	cfg := enqueueConfig{maxBytes: defaultMaxMessageBytes}
 	for _, o := range opts {
 		if o != nil {
 			o.applyEnqueue(&cfg)
@@ -302,8 +302,8 @@ func nonNilBytes(b []byte) []byte {
 // returns how many it deleted. A pruned message id can be enqueued again,
 // so keep rows longer than a business event can be redelivered. limit must
 // be at least 1. Parked rows are never pruned: retry or drop them
-// ([RetryParked], [DropParked]).
-func Prune(ctx context.Context, db TxBeginner, olderThan time.Time, limit int) (int64, error) {
+// ([ParkedFilter.Retry], [ParkedFilter.Drop]).
+func Prune(ctx context.Context, db postgres.DB, olderThan time.Time, limit int) (int64, error) {
 	const op = "outbox.Prune"
 	switch {
 	case db == nil:
@@ -324,7 +324,7 @@ func Prune(ctx context.Context, db TxBeginner, olderThan time.Time, limit int) (
 }
 
 // inTx runs f in a transaction of db and commits.
-func inTx(ctx context.Context, db TxBeginner, f func(tx pgx.Tx) error) error {
+func inTx(ctx context.Context, db postgres.DB, f func(tx pgx.Tx) error) error {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return err

@@ -8,7 +8,7 @@
 -- sets sent_at and ref ("partition/offset") in a second short transaction
 -- after the broker's ack. A row the broker refuses for good, or that
 -- failed the relay's attempt limit, is parked (parked_at, error_class,
--- last_error): kept, and never claimed again until RetryParked.
+-- last_error): kept, and never claimed again until ParkedFilter.Retry.
 CREATE TABLE IF NOT EXISTS effectively_outbox (
     id            bigserial   PRIMARY KEY,
     message_id    text        NOT NULL,
@@ -38,6 +38,6 @@ CREATE UNIQUE INDEX IF NOT EXISTS effectively_outbox_message_id
 CREATE INDEX IF NOT EXISTS effectively_outbox_pending
     ON effectively_outbox (id) WHERE sent_at IS NULL AND parked_at IS NULL;
 
--- Serves ListParked, RetryParked and DropParked.
+-- Serves the ParkedFilter methods.
 CREATE INDEX IF NOT EXISTS effectively_outbox_parked
     ON effectively_outbox (id) WHERE parked_at IS NOT NULL;

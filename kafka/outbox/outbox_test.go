@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -31,6 +32,39 @@ func outboxPool(t *testing.T) *pgxpool.Pool {
 		t.Fatal(err)
 	}
 	return pool
+}
+
+// TestMigrateKeyOrder: Migrate creates the key-order index only when given
+// WithKeyOrder (it costs every Enqueue an index entry), again idempotently,
+// and Schema returns the SQL Migrate runs for the same options.
+func TestMigrateKeyOrder(t *testing.T) {
+	pool := outboxPool(t) // migrated without options
+	ctx := context.Background()
+	hasIndex := func() bool {
+		t.Helper()
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE indexname = 'effectively_outbox_unsent_key'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}
+	if hasIndex() {
+		t.Fatal("Migrate without WithKeyOrder created the key-order index")
+	}
+	for range 2 {
+		if err := outbox.Migrate(ctx, pool, outbox.WithBatchSize(5), outbox.WithKeyOrder(), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !hasIndex() {
+		t.Fatal("Migrate with WithKeyOrder did not create the key-order index")
+	}
+	plain, keyed := outbox.Schema(), outbox.Schema(outbox.WithKeyOrder())
+	if strings.Contains(plain, "effectively_outbox_unsent_key") || !strings.Contains(keyed, "effectively_outbox_unsent_key") ||
+		!strings.HasPrefix(keyed, plain) || outbox.Schema(outbox.WithBatchSize(5)) != plain {
+		t.Errorf("Schema() has the key-order index: %t; Schema(WithKeyOrder()) has it: %t, extends Schema(): %t; want false, true, true",
+			strings.Contains(plain, "effectively_outbox_unsent_key"), strings.Contains(keyed, "effectively_outbox_unsent_key"), strings.HasPrefix(keyed, plain))
+	}
 }
 
 // inTx runs f in a transaction and commits, or rolls back if rollback.
@@ -224,7 +258,7 @@ func testTwoRelays(t *testing.T, deleteSent bool) {
 	if err := pool.QueryRow(ctx, `SELECT message_id, ref FROM effectively_outbox ORDER BY id LIMIT 1`).Scan(&id, &ref); err != nil {
 		t.Fatal(err)
 	}
-	recs, err := kafkatest.ReadAll(ctx, c.Opts(), topic)
+	recs, err := c.ReadAll(ctx, topic)
 	if err != nil {
 		t.Fatal(err)
 	}

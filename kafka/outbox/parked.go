@@ -9,11 +9,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
+	"effectively.dev/postgres"
 )
 
 // Parked is a row a relay parked: refused by the broker for good, or
 // failed its attempt limit (see [Relay]). It stays in the outbox,
-// unpublished, until [RetryParked] or [DropParked].
+// unpublished, until [ParkedFilter.Retry] or [ParkedFilter.Drop].
 type Parked struct {
 	// ID is the row's id.
 	ID int64
@@ -35,8 +36,10 @@ type Parked struct {
 	Class string
 }
 
-// ParkedFilter selects parked rows. Its zero value selects every parked
-// row; each field that is set narrows the selection.
+// ParkedFilter selects parked rows, which its methods list, count, return
+// to the relays or delete. Its zero value selects every parked row; each
+// field that is set narrows the selection. A negative Limit, or a To
+// before From, is an *[effects.ConfigError], as is a nil db.
 type ParkedFilter struct {
 	// IDs selects rows by id; MessageIDs by message id.
 	IDs        []int64
@@ -92,9 +95,9 @@ func (f ParkedFilter) args(op string) ([]any, error) {
 	return args, nil
 }
 
-// ListParked returns the parked rows f selects, in id order.
-func ListParked(ctx context.Context, db TxBeginner, f ParkedFilter) ([]Parked, error) {
-	const op = "outbox.ListParked"
+// List returns the parked rows f selects, in id order.
+func (f ParkedFilter) List(ctx context.Context, db postgres.DB) ([]Parked, error) {
+	const op = "outbox.ParkedFilter.List"
 	args, err := parkedArgs(op, db, f)
 	if err != nil {
 		return nil, err
@@ -128,30 +131,30 @@ func ListParked(ctx context.Context, db TxBeginner, f ParkedFilter) ([]Parked, e
 	return out, nil
 }
 
-// CountParked returns how many parked rows f selects (up to its Limit):
-// a number to alert on.
-func CountParked(ctx context.Context, db TxBeginner, f ParkedFilter) (int64, error) {
-	return parkedExec(ctx, "outbox.CountParked", db, f, sqlCountParked, true)
+// Count returns how many parked rows f selects (up to its Limit): a
+// number to alert on.
+func (f ParkedFilter) Count(ctx context.Context, db postgres.DB) (int64, error) {
+	return parkedExec(ctx, "outbox.ParkedFilter.Count", db, f, sqlCountParked, true)
 }
 
-// RetryParked returns the parked rows f selects to the relays, with a
-// fresh attempt budget, and returns how many. They are published like
+// Retry returns the parked rows f selects to the relays, with a fresh
+// attempt budget, and returns how many. They are published like
 // new rows (after the rows ahead of them in id order that are pending),
 // at least once. Fix the cause first: a row the broker refused is
 // refused again, and parked again.
-func RetryParked(ctx context.Context, db TxBeginner, f ParkedFilter) (int64, error) {
-	return parkedExec(ctx, "outbox.RetryParked", db, f, sqlRetryParked, false)
+func (f ParkedFilter) Retry(ctx context.Context, db postgres.DB) (int64, error) {
+	return parkedExec(ctx, "outbox.ParkedFilter.Retry", db, f, sqlRetryParked, false)
 }
 
-// DropParked deletes the parked rows f selects, and returns how many: they
-// are never published. A dropped row's message id can be enqueued again.
-func DropParked(ctx context.Context, db TxBeginner, f ParkedFilter) (int64, error) {
-	return parkedExec(ctx, "outbox.DropParked", db, f, sqlDropParked, false)
+// Drop deletes the parked rows f selects, and returns how many: they are
+// never published. A dropped row's message id can be enqueued again.
+func (f ParkedFilter) Drop(ctx context.Context, db postgres.DB) (int64, error) {
+	return parkedExec(ctx, "outbox.ParkedFilter.Drop", db, f, sqlDropParked, false)
 }
 
 // parkedExec runs a statement over the parked rows f selects, in a
 // transaction: a count (query) or an update (rows affected).
-func parkedExec(ctx context.Context, op string, db TxBeginner, f ParkedFilter, sql string, query bool) (int64, error) {
+func parkedExec(ctx context.Context, op string, db postgres.DB, f ParkedFilter, sql string, query bool) (int64, error) {
 	args, err := parkedArgs(op, db, f)
 	if err != nil {
 		return 0, err
@@ -171,7 +174,7 @@ func parkedExec(ctx context.Context, op string, db TxBeginner, f ParkedFilter, s
 	return n, nil
 }
 
-func parkedArgs(op string, db TxBeginner, f ParkedFilter) ([]any, error) {
+func parkedArgs(op string, db postgres.DB, f ParkedFilter) ([]any, error) {
 	if db == nil {
 		return nil, &effects.ConfigError{Op: op, Option: "db", Reason: "nil"}
 	}

@@ -20,20 +20,21 @@ import (
 	"effectively.dev/effects/retry"
 	"effectively.dev/internal/ratelog"
 	"effectively.dev/kafka/internal/produce"
+	"effectively.dev/postgres"
 )
 
 // Defaults of a [Relay], used when the matching option is not given.
 const (
-	// DefaultBatchSize is how many rows one batch claims.
-	DefaultBatchSize = 100
-	// DefaultPollInterval is how long Run waits after a batch that claimed
+	// defaultBatchSize is how many rows one batch claims.
+	defaultBatchSize = 100
+	// defaultPollInterval is how long Run waits after a batch that claimed
 	// fewer rows than the batch size, and after an error.
-	DefaultPollInterval = 200 * time.Millisecond
-	// DefaultProduceTimeout bounds how long a batch waits for the broker's
+	defaultPollInterval = 200 * time.Millisecond
+	// defaultProduceTimeout bounds how long a batch waits for the broker's
 	// acks.
-	DefaultProduceTimeout = 10 * time.Second
-	// DefaultMaxAttempts is how many counted failed attempts park a row.
-	DefaultMaxAttempts = 10
+	defaultProduceTimeout = 10 * time.Second
+	// defaultMaxAttempts is how many counted failed attempts park a row.
+	defaultMaxAttempts = 10
 )
 
 // maxRetryDelay caps how long a row that failed waits before it can be
@@ -86,7 +87,7 @@ const pingTimeout = 2 * time.Second
 // without parking.) A parked row keeps its error, attempt count and class
 // ("permanent" or "retryable"), is never claimed again, is counted in
 // [Relay.Stats] and reported as a *[ParkedError] (logged by default); see
-// [ListParked], [RetryParked] and [DropParked].
+// [ParkedFilter.List], [ParkedFilter.Retry] and [ParkedFilter.Drop].
 //
 // Order. By default a relay publishes in id order, but a row that fails is
 // retried after the rows behind it, and a parked row is skipped: later
@@ -106,7 +107,7 @@ const pingTimeout = 2 * time.Second
 //
 // A Relay is safe for concurrent use.
 type Relay struct {
-	db          TxBeginner
+	db          postgres.DB
 	cl          *kgo.Client
 	sync        *produce.Syncer
 	batch       int
@@ -136,21 +137,21 @@ type relayConfig struct {
 	loggerSet   bool
 }
 
-// WithBatchSize sets how many rows one batch claims (default
-// [DefaultBatchSize]). n must be at least 1.
+// WithBatchSize sets how many rows one batch claims (default 100). n must
+// be at least 1.
 func WithBatchSize(n int) RelayOption {
 	return relayOpt(func(c *relayConfig) { c.batch = n })
 }
 
 // WithPollInterval sets how long [Relay.Run] waits after a batch that
 // claimed fewer rows than the batch size, and after an error (default
-// [DefaultPollInterval]). d must be positive.
+// 200 ms). d must be positive.
 func WithPollInterval(d time.Duration) RelayOption {
 	return relayOpt(func(c *relayConfig) { c.interval = d })
 }
 
 // WithProduceTimeout bounds how long a batch waits for the broker's acks
-// (default [DefaultProduceTimeout]); rows not acked by then failed this
+// (default 10 s); rows not acked by then failed this
 // attempt. A claim lasts twice as long, so a relay that dies holds its
 // rows that long before another relay takes them. d must be positive.
 func WithProduceTimeout(d time.Duration) RelayOption {
@@ -158,7 +159,7 @@ func WithProduceTimeout(d time.Duration) RelayOption {
 }
 
 // WithMaxAttempts parks a row after n counted failed attempts (default
-// [DefaultMaxAttempts]; see [Relay] for which attempts count). 0 parks
+// 10; see [Relay] for which attempts count). 0 parks
 // only the rows the broker refuses for good. n must not be negative.
 func WithMaxAttempts(n int) RelayOption {
 	return relayOpt(func(c *relayConfig) { c.maxAttempts = n })
@@ -170,8 +171,8 @@ func WithMaxAttempts(n int) RelayOption {
 // until it is retried and sent, or dropped. Use it when consumers apply a
 // key's events in order and a missing one would be worse than a late one.
 // The cost: a key's rows go out one per batch, and a poison row stops its
-// key. It needs the index [MigrateKeyOrder] creates (without it each claim
-// scans every unsent row).
+// key. It needs an index that [Migrate] creates when given this option
+// (without it each claim scans every unsent row).
 func WithKeyOrder() RelayOption {
 	return relayOpt(func(c *relayConfig) { c.keyOrder = true })
 }
@@ -197,7 +198,7 @@ func WithDeleteSent() RelayOption {
 // effectively.dev/kafka.ErrNotIdempotent otherwise). A nil db or client,
 // or an invalid option, is a *[effects.ConfigError]. Nothing is sent
 // before the first batch.
-func NewRelay(db TxBeginner, client *kgo.Client, opts ...RelayOption) (*Relay, error) {
+func NewRelay(db postgres.DB, client *kgo.Client, opts ...RelayOption) (*Relay, error) {
 	const ctor = "outbox.NewRelay"
 	switch {
 	case db == nil:
@@ -208,8 +209,8 @@ func NewRelay(db TxBeginner, client *kgo.Client, opts ...RelayOption) (*Relay, e
 	if err := produce.CheckClient(client); err != nil {
 		return nil, fmt.Errorf("%s: %w", ctor, err)
 	}
-	cfg := relayConfig{batch: DefaultBatchSize, interval: DefaultPollInterval,
-		timeout: DefaultProduceTimeout, maxAttempts: DefaultMaxAttempts}
+	cfg := relayConfig{batch: defaultBatchSize, interval: defaultPollInterval,
+		timeout: defaultProduceTimeout, maxAttempts: defaultMaxAttempts}
 	for _, o := range opts {
 		if o != nil {
 			o.applyRelay(&cfg)
@@ -258,8 +259,8 @@ func (r *Relay) Stats() RelayStats {
 }
 
 // ParkedError reports a row the relay parked: it will not be published
-// until [RetryParked] returns it to the relay. It unwraps to the produce
-// error.
+// until [ParkedFilter.Retry] returns it to the relay. It unwraps to the
+// produce error.
 type ParkedError struct {
 	// ID is the row's id; MessageID and Topic are its message's.
 	ID        int64
@@ -277,7 +278,7 @@ type ParkedError struct {
 
 // Error says which row was parked, why, and what to do.
 func (e *ParkedError) Error() string {
-	return fmt.Sprintf("outbox: row %d (message %q, topic %q) parked after %d attempts (%s): %v; it is not published until retried (outbox.RetryParked, or effectively outbox retry)",
+	return fmt.Sprintf("outbox: row %d (message %q, topic %q) parked after %d attempts (%s): %v; it is not published until retried (outbox.ParkedFilter.Retry, or effectively outbox retry)",
 		e.ID, string(e.MessageID), e.Topic, e.Attempts, e.Class, e.Err)
 }
 

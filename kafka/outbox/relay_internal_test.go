@@ -87,7 +87,7 @@ func TestRelayCrashAfterAck(t *testing.T) {
 		t.Fatalf("Run = %v", err)
 	}
 
-	recs, err := kafkatest.ReadAll(ctx, c.Opts(), topic)
+	recs, err := c.ReadAll(ctx, topic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +229,7 @@ func TestRelayTorture(t *testing.T) {
 	cancel()
 	wg.Wait()
 
-	recs, err := kafkatest.ReadAll(ctx, c.Opts(), topic)
+	recs, err := c.ReadAll(ctx, topic)
 	if err != nil {
 		t.Fatal(err)
 	}

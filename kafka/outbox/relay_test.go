@@ -501,20 +501,21 @@ func TestRelayProducesOutsideTransactions(t *testing.T) {
 func TestEnqueueRefusesTooLarge(t *testing.T) {
 	pool := outboxPool(t)
 	ctx := context.Background()
-	big := msg("big", "orders", "", outbox.DefaultMaxMessageBytes)
+	const defaultMax = 960 << 10 // WithMaxMessageBytes's default
+	big := msg("big", "orders", "", defaultMax)
 	err := inTx(t, pool, false, func(tx pgx.Tx) error {
 		_, err := outbox.Enqueue(ctx, tx, big)
 		var tl *outbox.TooLargeError
-		if !errors.As(err, &tl) || !errors.Is(err, outbox.ErrTooLarge) || !effects.Permanent(err) ||
-			tl.Size != big.Size() || tl.Max != outbox.DefaultMaxMessageBytes || tl.ID != "big" {
+		if !errors.As(err, &tl) || !effects.Permanent(err) ||
+			tl.Size != big.Size() || tl.Max != defaultMax || tl.ID != "big" {
 			t.Errorf("Enqueue(too large) = %v; want a permanent *TooLargeError with its size and the maximum", err)
 		}
 		// A larger limit takes it; a smaller one refuses a small message.
-		if ok, err := outbox.Enqueue(ctx, tx, big, outbox.WithMaxMessageBytes(2*outbox.DefaultMaxMessageBytes)); !ok || err != nil {
+		if ok, err := outbox.Enqueue(ctx, tx, big, outbox.WithMaxMessageBytes(2*defaultMax)); !ok || err != nil {
 			t.Errorf("Enqueue with a larger limit = %v, %v", ok, err)
 		}
-		if _, err := outbox.Enqueue(ctx, tx, msg("small", "orders", "", 100), outbox.WithMaxMessageBytes(50)); !errors.Is(err, outbox.ErrTooLarge) {
-			t.Errorf("Enqueue over a 50-byte limit = %v, want ErrTooLarge", err)
+		if _, err := outbox.Enqueue(ctx, tx, msg("small", "orders", "", 100), outbox.WithMaxMessageBytes(50)); !errors.As(err, new(*outbox.TooLargeError)) {
+			t.Errorf("Enqueue over a 50-byte limit = %v, want a *TooLargeError", err)
 		}
 		if _, err := outbox.Enqueue(ctx, tx, msg("small", "orders", "", 1), outbox.WithMaxMessageBytes(0)); !effects.IsConfig(err) {
 			t.Errorf("WithMaxMessageBytes(0) = %v, want a configuration error", err)
@@ -525,8 +526,8 @@ func TestEnqueueRefusesTooLarge(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the business transaction after the refusal: %v", err)
 	}
-	if _, err := outbox.EnqueueStatement(big); !errors.Is(err, outbox.ErrTooLarge) {
-		t.Errorf("EnqueueStatement(too large) = %v, want ErrTooLarge", err)
+	if _, err := outbox.EnqueueStatement(big); !errors.As(err, new(*outbox.TooLargeError)) {
+		t.Errorf("EnqueueStatement(too large) = %v, want a *TooLargeError", err)
 	}
 	states := rowStates(t, pool)
 	if len(states) != 2 {
@@ -545,7 +546,7 @@ func TestRelayKeyOrder(t *testing.T) {
 			pool := outboxPool(t)
 			ctx := context.Background()
 			if keyOrder {
-				if err := outbox.MigrateKeyOrder(ctx, pool); err != nil {
+				if err := outbox.Migrate(ctx, pool, outbox.WithKeyOrder()); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -572,7 +573,7 @@ func TestRelayKeyOrder(t *testing.T) {
 			}
 			drain()
 			order := func() []string {
-				recs, err := kafkatest.ReadAll(ctx, c.Opts(), topic)
+				recs, err := c.ReadAll(ctx, topic)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -592,8 +593,8 @@ func TestRelayKeyOrder(t *testing.T) {
 			}
 			// The fix: the topic takes larger records; retry the parked row.
 			setMaxMessageBytes(t, c, topic, 64<<10)
-			if n, err := outbox.RetryParked(ctx, pool, outbox.ParkedFilter{MessageIDs: []effects.Key{"a-1"}}); n != 1 || err != nil {
-				t.Fatalf("RetryParked = %d, %v", n, err)
+			if n, err := (outbox.ParkedFilter{MessageIDs: []effects.Key{"a-1"}}).Retry(ctx, pool); n != 1 || err != nil {
+				t.Fatalf("Retry = %d, %v", n, err)
 			}
 			drain()
 			want = append(want, "a-1")
@@ -639,18 +640,18 @@ func TestParkedRows(t *testing.T) {
 	}
 	list := func(f outbox.ParkedFilter) []string {
 		t.Helper()
-		ps, err := outbox.ListParked(ctx, pool, f)
+		ps, err := f.List(ctx, pool)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return ids(ps)
 	}
-	all, err := outbox.ListParked(ctx, pool, outbox.ParkedFilter{})
+	all, err := outbox.ParkedFilter{}.List(ctx, pool)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := ids(all); !slices.Equal(got, []string{"t1-0", "t1-1", "t1-2", "t1-3", "t2-0"}) {
-		t.Fatalf("ListParked = %v", got)
+		t.Fatalf("List = %v", got)
 	}
 	p := all[0]
 	if p.Topic != t1 || len(p.Value) != 2<<10 || string(p.Key) != "t1-0" || p.Attempts != 1 || p.Class != "permanent" ||
@@ -675,18 +676,18 @@ func TestParkedRows(t *testing.T) {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}
-	if n, err := outbox.CountParked(ctx, pool, outbox.ParkedFilter{Topic: t1}); n != 4 || err != nil {
-		t.Errorf("CountParked(t1) = %d, %v; want 4", n, err)
+	if n, err := (outbox.ParkedFilter{Topic: t1}).Count(ctx, pool); n != 4 || err != nil {
+		t.Errorf("Count(t1) = %d, %v; want 4", n, err)
 	}
-	if _, err := outbox.ListParked(ctx, pool, outbox.ParkedFilter{Limit: -1}); !effects.IsConfig(err) {
+	if _, err := (outbox.ParkedFilter{Limit: -1}).List(ctx, pool); !effects.IsConfig(err) {
 		t.Errorf("Limit -1: %v, want a configuration error", err)
 	}
-	if n, err := outbox.DropParked(ctx, pool, outbox.ParkedFilter{Topic: t2}); n != 1 || err != nil {
-		t.Errorf("DropParked(t2) = %d, %v", n, err)
+	if n, err := (outbox.ParkedFilter{Topic: t2}).Drop(ctx, pool); n != 1 || err != nil {
+		t.Errorf("Drop(t2) = %d, %v", n, err)
 	}
 	setMaxMessageBytes(t, c, t1, 64<<10)
-	if n, err := outbox.RetryParked(ctx, pool, outbox.ParkedFilter{Limit: 3}); n != 3 || err != nil {
-		t.Errorf("RetryParked(limit 3) = %d, %v", n, err)
+	if n, err := (outbox.ParkedFilter{Limit: 3}).Retry(ctx, pool); n != 3 || err != nil {
+		t.Errorf("Retry(limit 3) = %d, %v", n, err)
 	}
 	if n, err := relay.RelayBatch(ctx); n != 3 || err != nil {
 		t.Errorf("RelayBatch after the retry = %d, %v; want the 3 retried rows", n, err)

@@ -1,7 +1,7 @@
 package outbox
 
 // Every statement the package sends, in one place. The schema itself is in
-// outbox.sql ([Schema]) and keyorder.sql ([KeyOrderSchema]).
+// outbox.sql and keyorder.sql ([Schema]).
 
 const (
 	// sqlMigrateLock serializes Migrate calls (pg_advisory_xact_lock on
@@ -102,28 +102,29 @@ RETURNING o.id`
   AND id > $7`
 
 	// sqlParkedIDs is the first $8 parked rows of a filter (all for a NULL
-	// $8), locked for RetryParked and DropParked.
+	// $8), locked for ParkedFilter.Retry and ParkedFilter.Drop.
 	sqlParkedIDs = `SELECT id FROM effectively_outbox WHERE ` + sqlParkedWhere + `
 ORDER BY id LIMIT $8 FOR UPDATE`
 
-	// sqlListParked reads the parked rows of a filter. Used by ListParked.
+	// sqlListParked reads the parked rows of a filter. Used by
+	// ParkedFilter.List.
 	sqlListParked = `SELECT id, message_id, topic, key, value, header_keys, header_values,
 	created_at, parked_at, attempts, coalesce(last_error, ''), coalesce(error_class, '')
 FROM effectively_outbox WHERE ` + sqlParkedWhere + `
 ORDER BY id LIMIT $8`
 
 	// sqlCountParked counts the parked rows of a filter (its limit
-	// ignored). Used by CountParked.
+	// ignored). Used by ParkedFilter.Count.
 	sqlCountParked = `SELECT count(*) FROM (SELECT 1 FROM effectively_outbox WHERE ` + sqlParkedWhere + `
 LIMIT $8) AS p`
 
 	// sqlRetryParked returns the parked rows of a filter to the relay with
-	// a fresh attempt budget. Used by RetryParked.
+	// a fresh attempt budget. Used by ParkedFilter.Retry.
 	sqlRetryParked = `UPDATE effectively_outbox
 SET parked_at = NULL, error_class = NULL, attempts = 0, claimed_until = NULL, claim_token = NULL
 WHERE id IN (` + sqlParkedIDs + `)`
 
 	// sqlDropParked deletes the parked rows of a filter. Used by
-	// DropParked.
+	// ParkedFilter.Drop.
 	sqlDropParked = `DELETE FROM effectively_outbox WHERE id IN (` + sqlParkedIDs + `)`
 )

@@ -105,7 +105,7 @@ func TestTraceCrossesTheOutbox(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	recs, err := kafkatest.ReadAll(ctx, c.Opts(), topic)
+	recs, err := c.ReadAll(ctx, topic)
 	if err != nil || len(recs) != 1 {
 		t.Fatalf("read %d records, %v; want 1", len(recs), err)
 	}

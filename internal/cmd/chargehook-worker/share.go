@@ -55,9 +55,9 @@ func runShare(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("chargehook-worker share", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addCommonFlags(fs, &cfg.config, "share group", "handlers running at once")
-	fs.IntVar(&cfg.members, "members", kafka.DefaultShareMembers, "share-group members (clients) of the source")
-	fs.IntVar(&cfg.maxPoll, "max-poll", kafka.DefaultShareMaxPoll, "records one member takes per poll")
-	fs.IntVar(&cfg.deliveryLimit, "delivery-limit", kafka.DefaultDeliveryLimit, "the group's share.delivery.count.limit")
+	fs.IntVar(&cfg.members, "members", 0, "share-group members (clients) of the source (0: kafka.WithShareMembers's default)")
+	fs.IntVar(&cfg.maxPoll, "max-poll", 0, "records one member takes per poll (0: kafka.WithMaxPoll's default)")
+	fs.IntVar(&cfg.deliveryLimit, "delivery-limit", 5, "the group's share.delivery.count.limit (Kafka's default: 5)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -89,9 +89,14 @@ func workShare(ctx context.Context, cfg shareConfig, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
-	src, err := kafka.NewShareSource([]kgo.Opt{brokers, kgo.ShareGroup(cfg.group), kgo.ConsumeTopics(cfg.topic)},
-		kafka.WithShareMembers(cfg.members), kafka.WithMaxPoll(cfg.maxPoll), kafka.WithDeliveryLimit(cfg.deliveryLimit),
-		kafka.WithLogger(stderrLogger(stderr, "chargehook-worker share")))
+	opts := []kafka.ShareOption{kafka.WithDeliveryLimit(cfg.deliveryLimit), kafka.WithLogger(stderrLogger(stderr, "chargehook-worker share"))}
+	if cfg.members > 0 {
+		opts = append(opts, kafka.WithShareMembers(cfg.members))
+	}
+	if cfg.maxPoll > 0 {
+		opts = append(opts, kafka.WithMaxPoll(cfg.maxPoll))
+	}
+	src, err := kafka.NewShareSource([]kgo.Opt{brokers, kgo.ShareGroup(cfg.group), kgo.ConsumeTopics(cfg.topic)}, opts...)
 	if err != nil {
 		return err
 	}
