@@ -104,6 +104,32 @@ func TestRedriveIsAimedByTheOperator(t *testing.T) {
 	}
 }
 
+// cancelOnFirst calls cancel once topic holds a record, or when ctx ends.
+func cancelOnFirst(ctx context.Context, c *kafkatest.Cluster, topic string, cancel func()) error {
+	defer cancel()
+	cl, err := kgo.NewClient(c.Opts()...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	for ctx.Err() == nil {
+		ends, err := adm.ListEndOffsets(ctx, topic)
+		if err == nil {
+			moved := false
+			ends.Each(func(o kadm.ListedOffset) { moved = moved || o.Offset > 0 })
+			if moved {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
 // TestRedriveResumesAfterInterrupt: a redrive whose context is cancelled
 // part-way (SIGINT or SIGTERM) stops, says what it moved, and a rerun with
 // the same group moves the rest: none lost, none twice.
@@ -113,12 +139,18 @@ func TestRedriveResumesAfterInterrupt(t *testing.T) {
 	const n = 40
 	deadLetters(t, c, dlq, src, "", n)
 	args := []string{"redrive", "-brokers", strings.Join(c.Brokers(), ","), "-dlq", dlq, "-allow-topic", src,
-		"-group", "g-" + dlq, "-yes", "-rate", "50"}
+		"-group", "g-" + dlq, "-yes", "-rate", "10"}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	time.AfterFunc(300*time.Millisecond, cancel) // as SIGTERM does
+	// As SIGTERM does, once the first record is moved (10 a second: the
+	// run needs 4 s for all 40, far longer than the watch's poll).
+	watched := make(chan error, 1)
+	go func() { watched <- cancelOnFirst(ctx, c, src, cancel) }()
 	var out strings.Builder
 	err := run(ctx, args, &out, &out)
+	if werr := <-watched; werr != nil {
+		t.Fatal(werr)
+	}
 	if err == nil || !strings.Contains(out.String(), "moved ") || !strings.Contains(err.Error(), "interrupted") {
 		t.Fatalf("interrupted run: %v\n%s", err, out.String())
 	}

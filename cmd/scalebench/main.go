@@ -170,7 +170,9 @@ func parse(args []string, stderr io.Writer) (config, error) {
 		cfg.fills = []int64{1000, 20000}
 		cfg.keys, cfg.workers, cfg.batch, cfg.rounds = 120, 4, 20, 2
 		cfg.pruneSizes = []int64{5000, 20000}
-		cfg.window = 600 * time.Millisecond
+		// Windows long enough, and prune batches small enough, that a loaded
+		// machine still ends a batch in each window.
+		cfg.window, cfg.pruneBatch = time.Second, 250
 		cfg.cycles, cfg.cycleRate, cfg.horizon = 2, 400, time.Second
 	}
 	if cfg.keys < 1 || cfg.workers < 1 || cfg.batch < 1 || cfg.rounds < 1 || cfg.pruneBatch < 1 || cfg.pruneRate < 0 ||

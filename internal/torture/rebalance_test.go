@@ -140,7 +140,17 @@ func TestRebalanceTorture(t *testing.T) {
 		"-heartbeat-interval", rbHeartbeat.String(), "-trace",
 	}
 	f := &fleet{t: t, bin: bin, args: args}
-	f.start(append(slices.Clone(args), "-migrate")) // the first creates the tables
+	// The first worker creates the tables; the others start once it
+	// handles its first delivery (a worker that finds no table stops with
+	// a configuration error, as it should).
+	first := f.start(append(slices.Clone(args), "-migrate"))
+	select {
+	case <-f.traces[0].begun():
+	case <-first.exited:
+		t.Fatalf("worker exited on its own (%v) before its first delivery:\n%s", first.err, first.stderrTail())
+	case <-time.After(firstDelivery):
+		t.Fatalf("worker handled nothing in %v after its start:\n%s", firstDelivery, first.stderrTail())
+	}
 	for range rbWorkers - 1 {
 		f.start(args)
 	}
