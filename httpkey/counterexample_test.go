@@ -12,7 +12,7 @@ import (
 )
 
 // replayed is the replay signal of the configurations below.
-var replayed = []httpkeytest.Option{httpkeytest.IETF(), httpkeytest.WithReplayHeader("Idempotent-Replayed", "true")}
+var replayed = []httpkeytest.Option{httpkeytest.As(httpkey.IETF), httpkeytest.WithReplayHeader("Idempotent-Replayed", "true")}
 
 // effectFor returns the options of an effect that trusts the kit's replay
 // signal and declares horizon.
@@ -78,8 +78,8 @@ func TestCounterexampleReplaySignalTheServerDoesNotSendFails(t *testing.T) {
 		server []httpkeytest.Option
 		effect []httpkey.Option
 	}{
-		{"Idempotent-Replayed", []httpkeytest.Option{httpkeytest.IETF()}, effectFor(httpkeytest.DefaultHorizon)},
-		{"Worldline", []httpkeytest.Option{httpkeytest.Worldline(), httpkeytest.WithReplayHeader("", "")}, []httpkey.Option{httpkey.Worldline}},
+		{"Idempotent-Replayed", []httpkeytest.Option{httpkeytest.As(httpkey.IETF)}, effectFor(24 * time.Hour)},
+		{"Worldline", []httpkeytest.Option{httpkeytest.As(httpkey.Worldline), httpkeytest.WithReplayHeader("", "")}, []httpkey.Option{httpkey.Worldline}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rep := conformance.Evaluate(t, "counterexample: httpkey trusting a replay signal ("+tc.name+") the server never sends",
@@ -119,7 +119,7 @@ func TestCounterexampleAppFaultsMisreadFail(t *testing.T) {
 		{"409 read as Refused", httpkey.Rule{Outcome: httpkey.Refused, Status: []int{409}}, "Retryable rejects"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			effect := append(effectFor(httpkeytest.DefaultHorizon), httpkey.WithRule(tc.rule))
+			effect := append(effectFor(24*time.Hour), httpkey.WithRule(tc.rule))
 			rep := conformance.Evaluate(t, "counterexample: httpkey with a rule: "+tc.name,
 				func(t testing.TB) conformance.Harness[Payment] {
 					return newHarness(t, preset{server: replayed, effect: effect}, false)

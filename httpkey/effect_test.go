@@ -64,10 +64,10 @@ func TestKeyPlacement(t *testing.T) {
 		server []httpkeytest.Option
 		effect []httpkey.Option
 	}{
-		{"IETF structured header", []httpkeytest.Option{httpkeytest.IETF()}, []httpkey.Option{httpkey.IETF, httpkey.WithHorizon(time.Hour)}},
-		{"Adyen raw header, 64 bytes", []httpkeytest.Option{httpkeytest.Adyen()}, []httpkey.Option{httpkey.Adyen}},
-		{"PayPal-Request-Id", []httpkeytest.Option{httpkeytest.PayPal()}, []httpkey.Option{httpkey.PayPal, httpkey.WithHorizon(time.Hour)}},
-		{"Worldline raw header, 40 bytes", []httpkeytest.Option{httpkeytest.Worldline()}, []httpkey.Option{httpkey.Worldline}},
+		{"IETF structured header", []httpkeytest.Option{httpkeytest.As(httpkey.IETF)}, []httpkey.Option{httpkey.IETF, httpkey.WithHorizon(time.Hour)}},
+		{"Adyen raw header, 64 bytes", []httpkeytest.Option{httpkeytest.As(httpkey.Adyen)}, []httpkey.Option{httpkey.Adyen}},
+		{"PayPal-Request-Id", []httpkeytest.Option{httpkeytest.As(httpkey.PayPal)}, []httpkey.Option{httpkey.PayPal, httpkey.WithHorizon(time.Hour)}},
+		{"Worldline raw header, 40 bytes", []httpkeytest.Option{httpkeytest.As(httpkey.Worldline)}, []httpkey.Option{httpkey.Worldline}},
 		{"JSON body member", []httpkeytest.Option{httpkeytest.WithKeyField("idempotency_key")},
 			[]httpkey.Option{httpkey.WithKeyField("idempotency_key"), httpkey.WithHorizon(time.Hour)}},
 	} {
@@ -221,7 +221,7 @@ func TestStatusClasses(t *testing.T) {
 		{http.StatusBadGateway, []httpkey.Option{httpkey.WithStatus(httpkey.Transient, http.StatusBadGateway)}, effects.ErrTransient, 0},
 	} {
 		t.Run(fmt.Sprintf("%d%s", tc.status, optsName(tc.opts)), func(t *testing.T) {
-			srv := httpkeytest.Start(t, httpkeytest.WithKeyHeader("Idempotency-Key"))
+			srv := httpkeytest.Start(t, httpkeytest.As(httpkey.Neutral))
 			opts := append(append([]httpkey.Option{}, tc.opts...), httpkey.WithKeyHeader("Idempotency-Key"), httpkey.WithHorizon(time.Hour))
 			e := newEffect(t, srv, opts...)
 			srv.FailNext(1, tc.status)
@@ -361,7 +361,7 @@ func TestReplayedStatus(t *testing.T) {
 // effect against a server that sends no such header reports Applied, so
 // the signal is what is read.
 func TestWorldlineReplaySignal(t *testing.T) {
-	srv := httpkeytest.Start(t, httpkeytest.Worldline())
+	srv := httpkeytest.Start(t, httpkeytest.As(httpkey.Worldline))
 	e := newEffect(t, srv, httpkey.Worldline, httpkey.WithRef(httpkey.JSONField("id")))
 	first, err := e.Apply(ctx, "wl-1", pay("wl-1"))
 	if err != nil || first.Status != effects.Applied {
@@ -379,7 +379,7 @@ func TestWorldlineReplaySignal(t *testing.T) {
 		t.Errorf("%d objects, want 1", n)
 	}
 
-	quiet := httpkeytest.Start(t, httpkeytest.Worldline(), httpkeytest.WithReplayHeader("", ""))
+	quiet := httpkeytest.Start(t, httpkeytest.As(httpkey.Worldline), httpkeytest.WithReplayHeader("", ""))
 	e = newEffect(t, quiet, httpkey.Worldline, httpkey.WithRef(httpkey.JSONField("id")))
 	for i := range 2 {
 		if res, err := e.Apply(ctx, "wl-2", pay("wl-2")); err != nil || res.Status != effects.Applied {
