@@ -96,7 +96,7 @@ func (h *harness) Make(_ context.Context, f *conformance.Faults) (effects.Effect
 func (h *harness) AppFaultCodes() []string { return conformance.HTTPAppCodes }
 
 // appFault makes the kit answer the request about to be sent
-// (conformance.AppFaulter) as a provider does when the failure is not the
+// (conformance.Faults.SetAppFaulter) as a provider does when the failure is not the
 // key's stored response: a 409 for a concurrent request with the key
 // (httpkeytest's ConflictNext, the preset's in-flight answer), a 5xx
 // from in front of the server before the request reached it

@@ -30,8 +30,8 @@ var noSignal = preset{server: []httpkeytest.Option{httpkeytest.As(httpkey.IETF)}
 func evaluateHorizon(t *testing.T, name string, mk func(testing.TB) *harness) conformance.Report {
 	t.Helper()
 	t.Setenv("CONFORMANCE_REPORT", "")
-	rep := conformance.Evaluate(t, name, func(t testing.TB) conformance.Harness[Payment] { return mk(t) },
-		conformance.Only(conformance.ScenarioRedelivery, conformance.ScenarioHorizon))
+	rep := conformance.Run(t, name, func(t testing.TB) conformance.Harness[Payment] { return mk(t) },
+		conformance.Only(conformance.ScenarioRedelivery, conformance.ScenarioHorizon), conformance.ReportOnly())
 	t.Logf("%s", rep.Markdown())
 	return rep
 }

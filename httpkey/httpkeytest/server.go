@@ -225,11 +225,6 @@ func As(p httpkey.Provider) Option {
 	return set
 }
 
-// WithKeyHeader makes the server read the key from header name, as it is.
-func WithKeyHeader(name string) Option {
-	return func(c *config) { c.place, c.name = inHeader, name }
-}
-
 // WithKeyField makes the server read the key from the string member of
 // the request's JSON object body at path (one name for a top-level
 // member).
@@ -362,8 +357,6 @@ func New(opts ...Option) (*Server, error) {
 	switch {
 	case cfg.unknown != "":
 		return nil, bad("As", "no server for provider %s", cfg.unknown)
-	case cfg.place != inField && cfg.name == "":
-		return nil, bad("WithKeyHeader", "empty name")
 	case cfg.place == inField && len(cfg.field) == 0:
 		return nil, bad("WithKeyField", "empty path")
 	case cfg.horizon <= 0:
