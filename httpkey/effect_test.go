@@ -68,8 +68,7 @@ func TestKeyPlacement(t *testing.T) {
 		{"Adyen raw header, 64 bytes", []httpkeytest.Option{httpkeytest.As(httpkey.Adyen)}, []httpkey.Option{httpkey.Adyen}},
 		{"PayPal-Request-Id", []httpkeytest.Option{httpkeytest.As(httpkey.PayPal)}, []httpkey.Option{httpkey.PayPal, httpkey.WithHorizon(time.Hour)}},
 		{"Worldline raw header, 40 bytes", []httpkeytest.Option{httpkeytest.As(httpkey.Worldline)}, []httpkey.Option{httpkey.Worldline}},
-		{"JSON body member", []httpkeytest.Option{httpkeytest.WithKeyField("idempotency_key")},
-			[]httpkey.Option{httpkey.WithKeyField("idempotency_key"), httpkey.WithHorizon(time.Hour)}},
+		{"Square JSON body member, 45 bytes", []httpkeytest.Option{httpkeytest.As(httpkey.Square)}, []httpkey.Option{httpkey.Square, httpkey.WithHorizon(time.Hour)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := httpkeytest.Start(t, tc.server...)
@@ -443,7 +442,7 @@ func TestBadRequestsMakeNoRequest(t *testing.T) {
 // An empty body takes the key member as the only one, and a body with
 // white space and members keeps them byte for byte after it.
 func TestKeyFieldKeepsTheBody(t *testing.T) {
-	srv := httpkeytest.Start(t, httpkeytest.WithKeyField("idempotency_key"))
+	srv := httpkeytest.Start(t, httpkeytest.As(httpkey.Square)) // the key in the body's idempotency_key
 	for _, body := range []string{`{}`, " {\n \"amount\": 1.50, \"meta\": {\"a\": [1, 2]}\n}"} {
 		e, err := httpkey.New(newClient(t), func(ctx context.Context, _ Payment) (*http.Request, error) {
 			return http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/objects", strings.NewReader(body))

@@ -8,9 +8,10 @@
 // without a key gets 400. It counts the objects created per key, which is
 // what a conformance harness counts.
 //
-//	srv := httpkeytest.Start(t, httpkeytest.WithClock(clock.Now))
+//	srv := httpkeytest.Start(t)
 //	// POST srv.URL+"/objects" with Idempotency-Key: "k" → 201 {"id":"obj_1",...}
 //	// the same again → the same 201 and body; srv.Count("k") == 1
+//	srv.Age(ctx, 25*time.Hour) // past the horizon: the key executes again
 //
 // It can play the provider of each of httpkey's Provider values ([As]) as
 // its documentation says: where the key goes and what format it must have,

@@ -225,14 +225,6 @@ func As(p httpkey.Provider) Option {
 	return set
 }
 
-// WithKeyField makes the server read the key from the string member of
-// the request's JSON object body at path (one name for a top-level
-// member).
-func WithKeyField(path ...string) Option {
-	path = append([]string(nil), path...)
-	return func(c *config) { c.place, c.name, c.field = inField, "", path }
-}
-
 // WithReplayHeader makes the server mark every stored response it replays
 // with header name: value (Stripe's "Idempotent-Replayed: true"). Without
 // it (the draft's case) replays are not marked: a server configured so
@@ -258,10 +250,6 @@ func WithInFlightStatus(code int) Option { return func(c *config) { c.inFlight =
 // held, so concurrent requests with the key overlap and get the in-flight
 // status (default 0). d must not be negative.
 func WithLatency(d time.Duration) Option { return func(c *config) { c.latency = d } }
-
-// WithClock makes the server read the time from now, so a test can move
-// past the horizon without waiting (default time.Now); now must not be nil.
-func WithClock(now func() time.Time) Option { return func(c *config) { c.now = now } }
 
 // WithToken makes the server require "Authorization: Bearer token" and
 // answer 401 without it (default: no credentials needed).
@@ -357,16 +345,12 @@ func New(opts ...Option) (*Server, error) {
 	switch {
 	case cfg.unknown != "":
 		return nil, bad("As", "no server for provider %s", cfg.unknown)
-	case cfg.place == inField && len(cfg.field) == 0:
-		return nil, bad("WithKeyField", "empty path")
 	case cfg.horizon <= 0:
 		return nil, bad("WithHorizon", "horizon %v is not positive", cfg.horizon)
 	case cfg.inFlight < 400 || cfg.inFlight > 599:
 		return nil, bad("WithInFlightStatus", "%d is not a 4xx or 5xx status", cfg.inFlight)
 	case cfg.latency < 0:
 		return nil, bad("WithLatency", "latency %v is negative", cfg.latency)
-	case cfg.now == nil:
-		return nil, bad("WithClock", "nil clock")
 	}
 	s := &Server{
 		cfg:     cfg,
@@ -848,11 +832,11 @@ func (s *Server) key(r *http.Request, body []byte) (key, title, detail string) {
 	return key, "", ""
 }
 
-// now is the server's clock: WithClock's, moved by Age. s.mu is held.
+// now is the server's clock: the wall clock, moved by Age. s.mu is held.
 func (s *Server) now() time.Time { return s.cfg.now().Add(s.aged) }
 
 // Age makes every key and stored response d older, as if d more time had
-// passed on the server's clock (on top of [WithClock]'s), so a test sees
+// passed on the server's clock, so a test sees
 // the server forget keys past its horizon without waiting. Its signature
 // is conformance.Ager's: a harness passes it on, and it reaches the one
 // thing that keeps the keys. d must not be negative.

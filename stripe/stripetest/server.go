@@ -21,46 +21,34 @@ import (
 	"effectively.dev/effects"
 )
 
-// The server's constants.
-const (
-	// APIKey is a secret key the server accepts. Any non-empty bearer
-	// token is accepted; each one is its own account, with its own
-	// idempotency keys and objects.
-	APIKey = "sk_test_stripetest"
-	// MaxKeyLen is the longest Idempotency-Key the server accepts, as
-	// Stripe.
-	MaxKeyLen = 255
-	// DefaultHorizon is how long the server keeps an idempotency key
-	// unless [WithHorizon] says otherwise: Stripe keeps keys for at least
-	// 24 hours.
-	DefaultHorizon = 24 * time.Hour
-	// DefaultLatency is how long a POST that passed validation takes to
-	// execute unless [WithLatency] says otherwise: no time at all.
-	DefaultLatency = time.Duration(0)
-)
+// APIKey is a secret key the server accepts. Any non-empty bearer token
+// is accepted; each one is its own account, with its own idempotency keys
+// and objects.
+const APIKey = "sk_test_stripetest"
+
+// maxKeyLen is the longest Idempotency-Key the server accepts, as Stripe.
+const maxKeyLen = 255
+
+// horizon is how long the server keeps an idempotency key after its first
+// request, as Stripe: 24 hours.
+const horizon = 24 * time.Hour
 
 // Option configures a [Server]; see [New]. A nil Option is ignored.
 type Option func(*config)
 
 type config struct {
-	horizon time.Duration
 	now     func() time.Time
 	latency time.Duration
 }
 
-// WithHorizon sets how long an idempotency key is remembered after its
-// first request (default [DefaultHorizon]). A request with an expired key
-// executes again, as at Stripe once a key was pruned. d must be positive.
-func WithHorizon(d time.Duration) Option { return func(c *config) { c.horizon = d } }
-
 // WithClock makes the server read the time from now, so a test can move
-// past the horizon without waiting. The default is time.Now; now must not
+// past the 24-hour horizon without waiting. The default is time.Now; now must not
 // be nil.
 func WithClock(now func() time.Time) Option { return func(c *config) { c.now = now } }
 
 // WithLatency makes every POST that passes validation take d to execute
 // while its idempotency key is held, so concurrent requests with the key
-// overlap and get 409 idempotency_key_in_use (default [DefaultLatency]). d
+// overlap and get 409 idempotency_key_in_use (default 0). d
 // must not be negative.
 func WithLatency(d time.Duration) Option { return func(c *config) { c.latency = d } }
 
@@ -128,7 +116,7 @@ type object struct {
 // It returns a *[effects.ConfigError] for an option with an invalid value,
 // before listening.
 func New(opts ...Option) (*Server, error) {
-	cfg := config{horizon: DefaultHorizon, now: time.Now, latency: DefaultLatency}
+	cfg := config{now: time.Now}
 	for _, o := range opts {
 		if o != nil {
 			o(&cfg)
@@ -138,8 +126,6 @@ func New(opts ...Option) (*Server, error) {
 		return &effects.ConfigError{Op: "stripetest.New", Option: option, Reason: reason}
 	}
 	switch {
-	case cfg.horizon <= 0:
-		return nil, bad("WithHorizon", fmt.Sprintf("horizon %v is not positive", cfg.horizon))
 	case cfg.now == nil:
 		return nil, bad("WithClock", "nil clock")
 	case cfg.latency < 0:
@@ -540,9 +526,9 @@ func (s *Server) post(w http.ResponseWriter, r *http.Request, validate validator
 	if key != "" {
 		w.Header().Set("Idempotency-Key", key)
 	}
-	if len(key) > MaxKeyLen {
+	if len(key) > maxKeyLen {
 		writeError(w, &apiError{status: http.StatusBadRequest, Type: "invalid_request_error",
-			Message: fmt.Sprintf("Invalid Idempotency-Key: it is %d characters long, the maximum is %d.", len(key), MaxKeyLen)})
+			Message: fmt.Sprintf("Invalid Idempotency-Key: it is %d characters long, the maximum is %d.", len(key), maxKeyLen)})
 		return
 	}
 	acct := s.account(r)
@@ -569,7 +555,7 @@ func (s *Server) post(w http.ResponseWriter, r *http.Request, validate validator
 	}
 	var e *entry
 	if key != "" {
-		if old := s.keys[sk]; old != nil && s.cfg.now().Sub(old.first) < s.cfg.horizon {
+		if old := s.keys[sk]; old != nil && s.cfg.now().Sub(old.first) < horizon {
 			s.mu.Unlock()
 			s.answerKnown(w, r, old, key, params)
 			return
