@@ -7,9 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +16,7 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/httpkey"
+	"effectively.dev/internal/testserver"
 )
 
 // DeclineMarker, anywhere in a request's body, makes the server decline
@@ -287,10 +286,7 @@ type Server struct {
 	URL string
 
 	cfg config
-
-	life sync.Mutex // serializes Restart and Close
-	hs   *httptest.Server
-	addr string
+	hs  *testserver.HTTP // the listener, its restarts and the failures in front of the server
 
 	mu        sync.Mutex
 	aged      time.Duration // Age's offset to the clock
@@ -298,10 +294,8 @@ type Server struct {
 	objects   []object
 	byID      map[string]int
 	created   map[string]int // objects per key
-	requests  int
 	limitNext int
 	failNext  []failure
-	front     []failure       // FailNextInFront's and FailNextReplyInFront's (afterCreate: after the server)
 	conflicts int             // ConflictNext's
 	gate      chan struct{}   // closed by Hold's release; nil: requests execute at once
 	held      chan<- struct{} // told of each request the gate holds
@@ -358,13 +352,13 @@ func New(opts ...Option) (*Server, error) {
 		byID:    map[string]int{},
 		created: map[string]int{},
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	h, err := testserver.NewHTTP("httpkeytest", http.HandlerFunc(s.route), func(w http.ResponseWriter, status int) {
+		writeProblem(w, status, http.StatusText(status), "injected in front of the server")
+	})
 	if err != nil {
-		return nil, fmt.Errorf("httpkeytest: listen: %w", err)
+		return nil, err
 	}
-	s.addr = ln.Addr().String()
-	s.URL = "http://" + s.addr
-	s.serve(ln)
+	s.hs, s.URL = h, h.URL
 	return s, nil
 }
 
@@ -380,29 +374,14 @@ func Start(tb testing.TB, opts ...Option) *Server {
 	return s
 }
 
-func (s *Server) serve(ln net.Listener) {
-	hs := httptest.NewUnstartedServer(http.HandlerFunc(s.handle))
-	hs.Listener.Close()
-	hs.Listener = ln
-	hs.Start()
-	s.hs = hs
-}
-
 // Close stops the server after the requests in progress have finished.
-func (s *Server) Close() {
-	s.life.Lock()
-	defer s.life.Unlock()
-	if s.hs != nil {
-		s.hs.Close()
-		s.hs = nil
-	}
-}
+func (s *Server) Close() { s.hs.Close() }
 
 // Restart stops the server, dropping every connection once the requests
 // in progress have finished, and starts it again on the same address with
 // the same keys, stored responses and objects, as a deploy of the real API
 // would: clients see their pooled connections closed.
-func (s *Server) Restart() error { return s.restart(false) }
+func (s *Server) Restart() error { return s.hs.Restart(false) }
 
 // CrashRestart stops the server at once, cutting every connection with
 // requests in progress (whose clients get no reply), and starts it again
@@ -411,35 +390,7 @@ func (s *Server) Restart() error { return s.restart(false) }
 // store, which a process crash does not lose; a request cut while it
 // executed keeps its key in progress until it finishes. Its signature is
 // conformance.CrashRestarter's.
-func (s *Server) CrashRestart(context.Context) error { return s.restart(true) }
-
-func (s *Server) restart(crash bool) error {
-	s.life.Lock()
-	defer s.life.Unlock()
-	if s.hs == nil {
-		return fmt.Errorf("httpkeytest: restart of a closed server")
-	}
-	if crash {
-		s.hs.CloseClientConnections()
-	}
-	s.hs.Close()
-	s.hs = nil
-	var (
-		ln  net.Listener
-		err error
-	)
-	for range 50 {
-		if ln, err = net.Listen("tcp", s.addr); err == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil {
-		return fmt.Errorf("httpkeytest: restart: %w", err)
-	}
-	s.serve(ln)
-	return nil
-}
+func (s *Server) CrashRestart(context.Context) error { return s.hs.Restart(true) }
 
 // FailNext makes the next n requests that execute fail with status before
 // creating anything. The failure is the key's first response: stored and
@@ -475,13 +426,7 @@ func (s *Server) FailNextAfterCreate(n int, status int) {
 // nothing is stored under the key, so a retry with the key executes.
 // This is the 5xx a vendor's documentation says to retry with the same
 // key, because the request "never reached" its idempotency layer.
-func (s *Server) FailNextInFront(n int, status int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for range n {
-		s.front = append(s.front, failure{status: status})
-	}
-}
+func (s *Server) FailNextInFront(n int, status int) { s.hs.FailInFront(n, status, false) }
 
 // FailNextReplyInFront makes the next n requests reach the server, which
 // runs each through its idempotency layer as usual (executing it and
@@ -489,13 +434,7 @@ func (s *Server) FailNextInFront(n int, status int) {
 // something in front of the server instead of the response: a gateway
 // that gave up waiting (504) or lost the upstream's reply (502). A retry
 // with the key gets the stored response.
-func (s *Server) FailNextReplyInFront(n int, status int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for range n {
-		s.front = append(s.front, failure{status: status, afterCreate: true})
-	}
-}
+func (s *Server) FailNextReplyInFront(n int, status int) { s.hs.FailInFront(n, status, true) }
 
 // ConflictNext makes the next n requests that carry a valid key get the
 // in-flight answer ([WithInFlightStatus], in the format of the
@@ -550,11 +489,7 @@ func (s *Server) Total() int {
 
 // Requests returns how many HTTP requests reached the server, so a test
 // can prove that a call made none.
-func (s *Server) Requests() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.requests
-}
+func (s *Server) Requests() int { return s.hs.Requests() }
 
 // problem is an RFC 9457 problem detail, the draft's error format.
 type problem struct {
@@ -562,25 +497,6 @@ type problem struct {
 	Title  string `json:"title"`
 	Status int    `json:"status"`
 	Detail string `json:"detail,omitempty"`
-}
-
-func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
-	s.mu.Lock()
-	s.requests++
-	var front *failure
-	if len(s.front) > 0 {
-		front = &s.front[0]
-		s.front = s.front[1:]
-	}
-	s.mu.Unlock()
-	if front != nil {
-		if front.afterCreate {
-			s.route(httptest.NewRecorder(), r) // the server answers; the reply is lost in front of it
-		}
-		writeProblem(w, front.status, http.StatusText(front.status), "injected in front of the server")
-		return
-	}
-	s.route(w, r)
 }
 
 // route answers a request that reached the server.
