@@ -36,7 +36,7 @@ type scenarioRecord struct {
 	// Options names the options that tune the scenario.
 	Options []string
 	// Counterexamples names the types of package
-	// effectively.dev/internal/counterexamples the scenario catches.
+	// effectively.dev/conformance/internal/counterexamples the scenario catches.
 	Counterexamples []string
 }
 

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"effectively.dev/conformance"
+	"effectively.dev/conformance/internal/counterexamples"
 	"effectively.dev/effects"
-	"effectively.dev/internal/counterexamples"
 )
 
 // closingSource is the memory log with its sources wrapped; a wrapper with

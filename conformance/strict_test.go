@@ -202,7 +202,7 @@ func TestScenarioRecords(t *testing.T) {
 		conformance.SuitePlan:    {conformance.FieldPlanContract, conformance.FieldSteps},
 	}
 	exported := map[string]bool{}
-	pkgs, err := parser.ParseDir(token.NewFileSet(), "../internal/counterexamples", func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	pkgs, err := parser.ParseDir(token.NewFileSet(), "internal/counterexamples", func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"effectively.dev/conformance"
+	"effectively.dev/conformance/internal/counterexamples"
 	"effectively.dev/effects"
-	"effectively.dev/internal/counterexamples"
 )
 
 func ledgerMaker(ttl time.Duration) conformance.Maker[Entry] {
@@ -269,7 +269,7 @@ func TestRunSourceCatchesCounterexamples(t *testing.T) {
 			[]string{conformance.SourceReleased}},
 		{"a header stamped per delivery", memSourceMaker(nil, func(s effects.Source) effects.Source { return counterexamples.NewStampedRedelivery(s) }),
 			[]string{conformance.SourceUnackedAfterClose, conformance.SourceUnackedAfterCrash}},
-		// Those of internal/counterexamples/redteam.go.
+		// Those of conformance/internal/counterexamples/redteam.go.
 		{"an ack applied at the next ack", memSourceMaker(nil, func(s effects.Source) effects.Source { return counterexamples.NewAckOnNextAck(s) }),
 			[]string{conformance.SourceAckedStayAcked}},
 		{"attempts counted from 0", func(tb testing.TB) conformance.SourceHarness {

@@ -12,10 +12,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/conformance"
+	"effectively.dev/conformance/internal/counterexamples"
 	"effectively.dev/effects"
 	"effectively.dev/effects/journal"
 	"effectively.dev/effects/journal/memjournal"
-	"effectively.dev/internal/counterexamples"
 	"effectively.dev/postgres/pgtest"
 )
 

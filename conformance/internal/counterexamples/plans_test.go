@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"effectively.dev/conformance"
+	"effectively.dev/conformance/internal/counterexamples"
 	"effectively.dev/effects"
-	"effectively.dev/internal/counterexamples"
 )
 
 // memPlanHarness runs a plan of MemSteps over one Store shared by every

@@ -6,9 +6,9 @@ import (
 	"testing"
 
 	"effectively.dev/conformance"
+	"effectively.dev/conformance/internal/counterexamples"
 	"effectively.dev/effects/journal"
 	"effectively.dev/effects/journal/memjournal"
-	"effectively.dev/internal/counterexamples"
 )
 
 // journalHarness opens one shared journal for every instance.

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"effectively.dev/conformance"
+	"effectively.dev/conformance/internal/counterexamples"
 	"effectively.dev/effects"
-	"effectively.dev/internal/counterexamples"
 )
 
 // vendorHarness runs a round 3 vendor client against a fresh Vendor, every

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"effectively.dev/conformance"
+	"effectively.dev/conformance/internal/counterexamples"
 	"effectively.dev/effects"
-	"effectively.dev/internal/counterexamples"
 )
 
 // fetchLogHarness opens members of one FetchLog of three partitions,

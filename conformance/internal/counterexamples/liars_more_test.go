@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/conformance"
+	"effectively.dev/conformance/internal/counterexamples"
 	"effectively.dev/effects"
-	"effectively.dev/internal/counterexamples"
 )
 
 // TestSuiteCatchesForgetfulKeys: a dedup that keeps only the newest keys

@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"effectively.dev/conformance"
+	"effectively.dev/conformance/internal/counterexamples"
 	"effectively.dev/effects/journal"
 	"effectively.dev/effects/journal/memjournal"
-	"effectively.dev/internal/counterexamples"
 )
 
 // skewHarness opens instances over one in-memory store; skewed ones

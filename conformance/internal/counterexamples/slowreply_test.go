@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/conformance"
+	"effectively.dev/conformance/internal/counterexamples"
 	"effectively.dev/effects"
-	"effectively.dev/internal/counterexamples"
 )
 
 // TestSlowReplyCatchesOwnDeadline: an adapter on pgx that reports its own
