@@ -142,7 +142,9 @@
 // whose leases are judged by one clock (the database server's) has no
 // clock of its own to skew: its harness names clock-skew in
 // [AllowUnverified] with that reason, or implements [ClockSkewer] with an
-// ordinary instance so that the scenario checks the claim.
+// ordinary instance so that the scenario checks the claim. With
+// [ReportOnly] the Run functions fail nothing and only return the report:
+// the suite's own tests run its counterexamples so.
 //
 // # Writing a harness
 //
