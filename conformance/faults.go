@@ -119,7 +119,8 @@ func (k FaultKind) slug() string {
 // wires every connection the adapter makes through it: [Faults.DialContext]
 // for adapters that dial TCP (pgx's ConnConfig.DialFunc, franz-go's
 // kgo.Dialer, go-mail's WithDialContextFunc), [Faults.Transport] for HTTP
-// adapters (stripe-go's HTTPClient, aws-sdk-go-v2's HTTPClient).
+// adapters (stripe-go's HTTPClient, aws-sdk-go-v2's HTTPClient), and
+// [Faults.SQLConnector] for a database/sql driver.
 //
 // A round trip is one request and its reply: over a connection, a write that
 // follows a read (or is the connection's first write) starts a new round
