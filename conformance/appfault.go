@@ -14,7 +14,7 @@ const defaultSlowBackend = 2 * time.Second
 
 // AppError is the application error a backend answers under an
 // [AppErrorBefore] or [AppErrorAfter] fault. Through [Faults.RoundTrip]
-// and [SQLConnector] the adapter receives it as the call's error
+// and [Faults.SQLConnector] the adapter receives it as the call's error
 // (SQLConnector then closes the driver connection, so that the
 // transaction it held rolls back as the server's would); a
 // harness whose backend is a server makes the server answer with it (see
@@ -111,22 +111,12 @@ var (
 	HTTPAppCodes = []string{AppHTTP500, AppHTTP503, AppHTTP409}
 )
 
-// AppFaulter makes a harness's backend answer its next request with e
-// (applying it first when e.Applied), the connection up. A harness whose
-// adapter reaches a server over a connection (an HTTP kit with switches
-// such as httpkeytest's FailNext and FailNextAfterCreate) registers one
-// with [Faults.SetAppFaulter]; the Faults calls it when the armed round
-// trip starts, before its request is sent. It returns an error when the
-// backend cannot fail that way (the code is not one it knows): the fault
-// then does not fire.
-type AppFaulter func(e *AppError) error
-
 // appState is the part of a Faults that application faults use.
 type appState struct {
 	mu      sync.Mutex
 	code    string
 	slow    time.Duration
-	faulter AppFaulter
+	faulter func(e *AppError) error
 }
 
 func (f *Faults) app() *appState { return &f.appf }
@@ -149,18 +139,23 @@ func (f *Faults) SetSlowBackend(d time.Duration) {
 	s.slow = d
 }
 
-// SetAppFaulter registers the harness's hook that makes a server answer
-// with an application error (see [AppFaulter]). Without one, application
-// faults fire only on round trips made through [Faults.RoundTrip] and
-// [SQLConnector].
-func (f *Faults) SetAppFaulter(fn AppFaulter) {
+// SetAppFaulter registers fn, the harness's hook that makes its backend
+// answer its next request with e (applying it first when e.Applied), the
+// connection up. A harness whose adapter reaches a server over a
+// connection (an HTTP kit with switches such as httpkeytest's FailNext and
+// FailNextAfterCreate) registers one; the Faults calls it when the armed
+// round trip starts, before its request is sent. fn returns an error when
+// the backend cannot fail that way (the code is not one it knows): the
+// fault then does not fire. Without a hook, application faults fire only
+// on round trips made through [Faults.RoundTrip] and [Faults.SQLConnector].
+func (f *Faults) SetAppFaulter(fn func(e *AppError) error) {
 	s := f.app()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.faulter = fn
 }
 
-func (f *Faults) appSettings() (code string, slow time.Duration, faulter AppFaulter) {
+func (f *Faults) appSettings() (code string, slow time.Duration, faulter func(e *AppError) error) {
 	s := f.app()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -221,7 +216,7 @@ func (f *Faults) appRoundTrip(ctx context.Context, kind FaultKind, fn func() err
 }
 
 // appOverConn fires the application fault kind on a round trip over a
-// connection, through the harness's AppFaulter (a server it controls),
+// connection, through the harness's hook ([Faults.SetAppFaulter]) (a server it controls),
 // and returns how long to hold the request before it is sent (a slow
 // backend, seen from the client). A fault the backend cannot do is
 // marked not fired.

@@ -24,7 +24,7 @@ func TestAppFaultsRoundTrip(t *testing.T) {
 		{conformance.AppErrorBefore, conformance.AppDeadlock, false, false},
 		{conformance.AppErrorAfter, conformance.AppHTTP500, true, true},
 	} {
-		f := conformance.NewFaults()
+		f := new(conformance.Faults)
 		f.SetAppError(tc.code)
 		f.Arm(1, tc.kind, nil)
 		ran := false
@@ -43,7 +43,7 @@ func TestAppFaultsRoundTrip(t *testing.T) {
 			t.Errorf("HTTPStatus %d", ae.HTTPStatus())
 		}
 	}
-	f := conformance.NewFaults()
+	f := new(conformance.Faults)
 	f.SetSlowBackend(100 * time.Millisecond)
 	f.Arm(1, conformance.SlowBackend, nil)
 	start := time.Now()
@@ -53,7 +53,7 @@ func TestAppFaultsRoundTrip(t *testing.T) {
 }
 
 // TestAppFaultsOverConn: over a connection, an application error fires
-// only through the harness's AppFaulter, which is called before the armed
+// only through the harness's SetAppFaulter hook, which is called before the armed
 // request is sent; without one the fault does not fire.
 func TestAppFaultsOverConn(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -81,7 +81,7 @@ func TestAppFaultsOverConn(t *testing.T) {
 		}
 	}()
 	for _, withFaulter := range []bool{false, true} {
-		f := conformance.NewFaults()
+		f := new(conformance.Faults)
 		var got *conformance.AppError
 		if withFaulter {
 			f.SetAppFaulter(func(e *conformance.AppError) error { got = e; return nil })

@@ -86,7 +86,7 @@
 //     turn is answered by the backend with an application error, the
 //     connection up ([AppErrorBefore]: 40001, 40P01, 55P03, busy, 503,
 //     409; [AppErrorAfter]: a 500 once the request was applied), through
-//     [Faults.RoundTrip], [SQLConnector] or a server the harness fails on
+//     [Faults.RoundTrip], [Faults.SQLConnector] or a server the harness fails on
 //     cue ([Faults.SetAppFaulter]); not run when no such fault can fire.
 //   - fault-schedules: seeded schedules of several faults of every kind on
 //     one key, judged as a whole; a failure is shrunk to the shortest
@@ -138,10 +138,13 @@
 // to check) does not; one go test -run left out makes its fields not
 // verified in the report without failing the run (a developer's local
 // selection). [Attacher] without [WithSuccessorProcess], or the option
-// without the interface, fails the successor-process scenario. [OneClock]
-// is a claim the suite cannot check: the clock-skew scenario does not
-// run, its row prints the harness's reason, and the journal's leases are
-// not verified unless [AllowUnverified] names clock-skew.
+// without the interface, fails the successor-process scenario. A journal
+// whose leases are judged by one clock (the database server's) has no
+// clock of its own to skew: its harness names clock-skew in
+// [AllowUnverified] with that reason, or implements [ClockSkewer] with an
+// ordinary instance so that the scenario checks the claim. With
+// [ReportOnly] the Run functions fail nothing and only return the report:
+// the suite's own tests run its counterexamples so.
 //
 // # Writing a harness
 //
@@ -162,7 +165,7 @@
 //
 //   - a database/sql driver (an embedded database such as SQLite, or a
 //     driver whose dialer the harness cannot reach): open the adapter's
-//     *sql.DB with sql.OpenDB([SQLConnector](base, f)); every driver call
+//     *sql.DB with sql.OpenDB([Faults.SQLConnector](base)); every driver call
 //     (connect, BEGIN, each statement, COMMIT, ROLLBACK) is a round trip;
 //   - anything else (a store in process memory, an embedded engine, a
 //     client with no dialer): run each call of the backend through

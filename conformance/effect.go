@@ -26,9 +26,9 @@ func effectTable[In any]() []scenario[Harness[In]] {
 		e(ScenarioLateRedelivery, "redeliver to a new instance 5 s later on the wall clock (a broker's visibility timeout)",
 			nil, list(FieldGuarantee, FieldDuplicateWindow, FieldHorizon), list("WithLateRedelivery"), list("ForgetfulDedup"), (*s).lateRedelivery),
 		e(ScenarioHorizon, "age the backend to just inside a non-zero Horizon, or by 400 days for Horizon 0, and redeliver: it must replay (or, with duplicates on any redelivery, still show one effect), and the other payload must still be refused where reuse is detected; then past a non-zero Horizon a redelivery must apply again, or Age did not reach the key store and the Horizon is not verified",
-			[]capability{capAger}, list(FieldHorizon), list("WithLongAge"), list("ForgetfulDedup", "PayloadForgotten"), (*s).horizon),
+			[]capability{capAger}, list(FieldHorizon), nil, list("ForgetfulDedup", "PayloadForgotten"), (*s).horizon),
 		e(ScenarioConcurrent, "16 goroutines apply one key at once, four rounds",
-			nil, guarantee, list("WithConcurrency"), list("TwoTransactions", "BlindWrite", "LockedCheckThenWrite", "MemoryResolved"), (*s).concurrent),
+			nil, guarantee, nil, list("TwoTransactions", "BlindWrite", "LockedCheckThenWrite", "MemoryResolved"), (*s).concurrent),
 		e(ScenarioLostReply, "for each round trip of a clean and of a duplicate Apply, lose its reply after the backend processed it; retry on the faulted and on a new instance",
 			nil, guarantee, sweep, list("TwoTransactions", "FreshKeyPerAttempt", "FreshKeyOnRetry", "TransientOnLostReply", "MemoryResolved", "ChattyConstructor", "HangOnFault"),
 			func(s *s) { s.sweep(DropReply) }),
@@ -45,7 +45,7 @@ func effectTable[In any]() []scenario[Harness[In]] {
 		e(ScenarioKeyReuse, "the same key with another payload: ErrKeyReused where the contract detects reuse",
 			nil, list(FieldDetectsKeyReuse), nil, list("MemoryReuseCheck", "UncheckedFingerprint"), (*s).keyReuse),
 		e(ScenarioRaceReuse, "16 writers on one key at once, half with each of two payloads: one applies, its payload's writers replay, the others get ErrKeyReused",
-			nil, list(FieldGuarantee, FieldDuplicateWindow, FieldDetectsKeyReuse), list("WithConcurrency"), list("MemoryResolved"), (*s).raceReuse),
+			nil, list(FieldGuarantee, FieldDuplicateWindow, FieldDetectsKeyReuse), nil, list("MemoryResolved"), (*s).raceReuse),
 		e(ScenarioInvalidKey, "empty, too long, NUL, invalid UTF-8, newline: ErrInvalidKey before any round trip, nothing written",
 			nil, guarantee, nil, list("TrimmedKey"), (*s).invalidKeys),
 		e(ScenarioDistinctKeys, "keys that differ only after a long common prefix, in letter case, in Unicode normalization, in escaping or separators, or collide under short hashes: each applies once and replays on its own",
@@ -82,24 +82,11 @@ func effectTable[In any]() []scenario[Harness[In]] {
 // fails t (a missing server is a failure, not a skip).
 func Run[In any](t *testing.T, adapter string, mk func(t testing.TB) Harness[In], opts ...EffectOption) Report {
 	t.Helper()
-	return runEffect(t, adapter, mk, true, configure("conformance.Run", opts, EffectOption.effectOption))
-}
-
-// Evaluate runs the scenarios like [Run] but does not fail t when a check
-// fails: it only returns the report. The suite's own tests use it to prove
-// that lying adapters are caught; adapter tests use [Run]. Failures to
-// build the harness, and invalid options, still fail t.
-func Evaluate[In any](t *testing.T, adapter string, mk func(t testing.TB) Harness[In], opts ...EffectOption) Report {
-	t.Helper()
-	return runEffect(t, adapter, mk, false, configure("conformance.Evaluate", opts, EffectOption.effectOption))
-}
-
-func runEffect[In any](t *testing.T, adapter string, mk func(t testing.TB) Harness[In], strict bool, cfg config) Report {
-	t.Helper()
+	cfg := configure("conformance.Run", opts, EffectOption.effectOption)
 	if req := childRequest(); req != nil {
 		return runChild[In](t, adapter, req, cfg)
 	}
-	return runSuite(t, suiteEffect, adapter, effectTable[In](), mk, cfg, strict)
+	return runSuite(t, suiteEffect, adapter, effectTable[In](), mk, cfg)
 }
 
 // effect adapts a scenario function of the effect suite to the table:
@@ -107,7 +94,7 @@ func runEffect[In any](t *testing.T, adapter string, mk func(t testing.TB) Harne
 func effect[In any](fn func(s *scene[In])) func(c *checker, h Harness[In]) {
 	return func(c *checker, h Harness[In]) {
 		s := &scene[In]{checker: c, h: h}
-		inst := s.open(NewFaults())
+		inst := s.open(new(Faults))
 		s.contract = inst.eff.Contract()
 		inst.Close()
 		declared := s.contract

@@ -41,7 +41,7 @@ func (s *scene[In]) keyCapacity() {
 		s.row.Reduced = fmt.Sprintf("WithCapacity(%d) is below defaultCapacity (%d): a dedup that keeps the newest %d keys passes", n, defaultCapacity, defaultCapacity-1)
 		s.row.Fix = fmt.Sprintf("leave WithCapacity out (or give at least %d), or give AllowUnverified the reason a smaller run is enough", defaultCapacity)
 	}
-	inst := s.open(NewFaults())
+	inst := s.open(new(Faults))
 	key := s.key("capacity", "first")
 	first := s.applyFirst(inst, key, "first Apply")
 	fill := make([]effects.Key, n)
@@ -60,7 +60,7 @@ func (s *scene[In]) keyCapacity() {
 	what := fmt.Sprintf("redelivery after %d other keys", n)
 	s.redeliverOn(inst, key, first, what+", on the same instance")
 	inst.Close()
-	next := s.open(NewFaults())
+	next := s.open(new(Faults))
 	s.redeliverOn(next, key, first, what+", on a new instance")
 	s.reuseOn(next, key, fmt.Sprintf("the key with another payload after %d other keys", n))
 	s.expect(key, cleanRepeat, true, "after the "+what)

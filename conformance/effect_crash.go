@@ -30,7 +30,7 @@ const crashKeys = 4
 // new instance: it must replay, adding nothing.
 func (s *scene[In]) crashRestart() {
 	r := s.h.(CrashRestarter)
-	inst := s.open(NewFaults())
+	inst := s.open(new(Faults))
 	keys := make([]effects.Key, crashKeys)
 	firsts := make([]effects.Result, crashKeys)
 	for i := range keys {
@@ -45,7 +45,7 @@ func (s *scene[In]) crashRestart() {
 		n := s.count(k, "after the crash, before any redelivery")
 		s.check(n >= 1, "after the crash, before any redelivery: key %s shows %d effects: an Apply that returned success lost its effect in the crash", shortKey(k), n)
 	}
-	next := s.open(NewFaults())
+	next := s.open(new(Faults))
 	for i, k := range keys {
 		s.redeliverOn(next, k, firsts[i], "a redelivery after a crash restart")
 		s.expect(k, cleanRepeat, true, "after a crash restart and a redelivery")

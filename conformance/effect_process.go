@@ -88,7 +88,7 @@ func runChild[In any](t *testing.T, adapter string, req *successorRequest, cfg c
 		out.Setup = fmt.Sprintf("attach(%q): %v", req.Attachment, err)
 		return rep
 	}
-	eff, closeFn, err := h.Make(ctx, NewFaults())
+	eff, closeFn, err := h.Make(ctx, new(Faults))
 	if err != nil {
 		out.Setup = fmt.Sprintf("harness Make: %v", err)
 		return rep
@@ -123,7 +123,7 @@ func (s *scene[In]) successorProcess() {
 	}
 	att := s.h.(Attacher).Attachment()
 
-	inst := s.open(NewFaults())
+	inst := s.open(new(Faults))
 	key := s.key("process")
 	first := s.applyFirst(inst, key, "first Apply")
 	trips := inst.f.RoundTrips() - inst.base
@@ -136,7 +136,7 @@ func (s *scene[In]) successorProcess() {
 		s.notef("no round trip through the Faults: the lost reply before a successor process was not run")
 		return
 	}
-	f := NewFaults()
+	f := new(Faults)
 	inst = s.open(f)
 	lost := s.key("process-lost")
 	res, fired, err := s.applyFaulted(inst, f, DropReply, trips, lost, s.h.Input(lost, 0), "Apply whose last reply is lost")

@@ -39,14 +39,14 @@ func (s *scene[In]) redeliverOn(inst *instance[In], key effects.Key, first effec
 // redelivery applies one key, redelivers it three times to the same
 // instance and once to a new instance (a restarted process).
 func (s *scene[In]) redelivery() {
-	inst := s.open(NewFaults())
+	inst := s.open(new(Faults))
 	key := s.key("redelivery")
 	first := s.applyFirst(inst, key, "first Apply")
 	for i := 1; i <= 3; i++ {
 		s.redeliverOn(inst, key, first, fmt.Sprintf("redelivery %d", i))
 	}
 	inst.Close()
-	s.redeliverOn(s.open(NewFaults()), key, first, "redelivery to a new instance")
+	s.redeliverOn(s.open(new(Faults)), key, first, "redelivery to a new instance")
 	s.expect(key, cleanRepeat, true, "after 4 redeliveries")
 }
 
@@ -62,7 +62,7 @@ func (s *scene[In]) lateRedelivery() {
 	if h := s.contract.Horizon; h > 0 && h <= 2*wait {
 		s.inapplicable("the declared horizon %v is too short for a redelivery %v later (the horizon scenario verifies it)", h, wait)
 	}
-	inst := s.open(NewFaults())
+	inst := s.open(new(Faults))
 	key := s.key("late")
 	first := s.applyFirst(inst, key, "first Apply")
 	inst.Close()
@@ -70,7 +70,7 @@ func (s *scene[In]) lateRedelivery() {
 		s.fatalf("waiting %v: %v", wait, err)
 	}
 	what := fmt.Sprintf("redelivery %v later to a new instance", wait)
-	s.redeliverOn(s.open(NewFaults()), key, first, what)
+	s.redeliverOn(s.open(new(Faults)), key, first, what)
 	s.expect(key, cleanRepeat, true, "after the "+what)
 }
 
@@ -88,7 +88,7 @@ func (s *scene[In]) horizon() {
 	if !s.recordsKeys() && h == 0 {
 		s.inapplicable("nothing records keys (the contract allows a duplicate on any redelivery) and no horizon is declared: no horizon to verify")
 	}
-	inst := s.open(NewFaults())
+	inst := s.open(new(Faults))
 	key := s.key("horizon")
 	start := time.Now()
 	first := s.applyFirst(inst, key, "first Apply")
@@ -103,13 +103,13 @@ func (s *scene[In]) horizon() {
 		}
 		what = fmt.Sprintf("redelivery after aging the backend by %v, %v inside the declared horizon of %v", age.Round(time.Millisecond), margin, h)
 	} else {
-		age = s.cfg.longAge
+		age = longAge
 		what = fmt.Sprintf("redelivery after aging the backend by %s without pruning (declared horizon 0: kept until pruned)", days(age))
 	}
 	if err := ager.Age(s.ctx, age); err != nil {
 		s.fatalf("harness Age(%v): %v", age, err)
 	}
-	aged := s.open(NewFaults())
+	aged := s.open(new(Faults))
 	s.redeliverOn(aged, key, first, what)
 	// The key's payload must be kept as long as the key: a fingerprint
 	// forgotten sooner lets another payload replay the first one's result.
@@ -140,7 +140,7 @@ func (s *scene[In]) pastHorizon(ager Ager, key effects.Key, margin time.Duration
 	if err := ager.Age(s.ctx, 2*margin); err != nil {
 		s.fatalf("harness Age(%v): %v", 2*margin, err)
 	}
-	late := s.open(NewFaults())
+	late := s.open(new(Faults))
 	res, err := s.applyUntilDone(late, key, s.h.Input(key, 0), "redelivery past the horizon")
 	n := s.peek(key, "after the redelivery past the horizon")
 	s.notef("past the horizon (aged %v more) a redelivery got (%s, %v) and the backend shows %d effects", 2*margin, res.Status, err, n)
@@ -160,14 +160,11 @@ func days(d time.Duration) string {
 	return d.String()
 }
 
-// concurrent applies one key from cfg.concurrency goroutines at once,
+// concurrent applies one key from raceAttempts goroutines at once,
 // spread over two instances (two processes: a lock in process memory
 // guards nothing), for four keys in turn, so that a race window that
 // connection set-up hid in one round opens in the next.
 func (s *scene[In]) concurrent() {
-	if s.cfg.concurrency < defaultConcurrency {
-		s.notef("only %d concurrent attempts (the full scenario uses %d)", s.cfg.concurrency, defaultConcurrency)
-	}
 	insts := s.racers()
 	for round := range 4 {
 		s.concurrentRound(insts, s.key("concurrent", fmt.Sprint(round)))
@@ -192,7 +189,7 @@ func (s *scene[In]) widened(insts []*instance[In]) {
 func (s *scene[In]) racers() []*instance[In] {
 	insts := make([]*instance[In], 2)
 	for i := range insts {
-		f := NewFaults()
+		f := new(Faults)
 		f.SetDelay(time.Millisecond)
 		insts[i] = s.open(f)
 	}
@@ -206,12 +203,12 @@ type outcome struct {
 	err     error
 }
 
-// race applies key from cfg.concurrency goroutines at once, attempt i on
+// race applies key from raceAttempts goroutines at once, attempt i on
 // insts[i%len(insts)] with input variant(i), and returns every outcome.
 // An attempt that hung has recorded the hang; race then stops the
 // scenario.
 func (s *scene[In]) race(insts []*instance[In], key effects.Key, variant func(i int) int, what string) []outcome {
-	out := make([]outcome, s.cfg.concurrency)
+	out := make([]outcome, raceAttempts)
 	var (
 		wg    sync.WaitGroup
 		start = make(chan struct{})
@@ -242,7 +239,7 @@ func (s *scene[In]) race(insts []*instance[In], key effects.Key, variant func(i 
 }
 
 func (s *scene[In]) concurrentRound(insts []*instance[In], key effects.Key) {
-	what := fmt.Sprintf("%d concurrent attempts on %s over %d instances", s.cfg.concurrency, key, len(insts))
+	what := fmt.Sprintf("%d concurrent attempts on %s over %d instances", raceAttempts, key, len(insts))
 	out := s.race(insts, key, func(int) int { return 0 }, what)
 	applied, refs, failed := 0, map[string]int{}, 0
 	for _, o := range out {
@@ -272,7 +269,7 @@ func (s *scene[In]) concurrentRound(insts []*instance[In], key effects.Key) {
 // once on the faulted instance itself (trip-NN-same); see faultAt.
 func (s *scene[In]) sweep(kind FaultKind) {
 	gaveUp := new(atomic.Int64)
-	inst := s.open(NewFaults())
+	inst := s.open(new(Faults))
 	clean := s.key(kind.slug(), "clean")
 	if _, err := s.applyUntilDone(inst, clean, s.h.Input(clean, 0), "the clean Apply that counts round trips"); err != nil {
 		s.fatalf("clean Apply: %v", err)
@@ -282,7 +279,7 @@ func (s *scene[In]) sweep(kind FaultKind) {
 	s.expect(clean, cleanRepeat, true, "clean Apply")
 	if trips == 0 {
 		s.skip("the adapter made no round trip through the harness's Faults after Make returned: wire Make's connections through f.DialContext or f.Transport, " +
-			"a database/sql driver through conformance.SQLConnector, or each call of an in-process backend through f.RoundTrip")
+			"a database/sql driver through conformance.Faults.SQLConnector, or each call of an in-process backend through f.RoundTrip")
 	}
 	if trips > s.cfg.maxSweep {
 		s.notef("a clean Apply takes %d round trips; swept the first %d", trips, s.cfg.maxSweep)
@@ -336,7 +333,7 @@ func (s *scene[In]) slowReplySweep() {
 // takes paths of its own (a lookup, a replay, a rollback), which must hold
 // the contract under faults too. It returns how many it swept.
 func (s *scene[In]) dupSweep(kind FaultKind, clean effects.Key) int {
-	inst := s.open(NewFaults())
+	inst := s.open(new(Faults))
 	if _, err := s.applyUntilDone(inst, clean, s.h.Input(clean, 0), "the clean duplicate Apply that counts round trips"); err != nil {
 		s.fatalf("clean duplicate Apply: %v", err)
 	}
@@ -361,10 +358,10 @@ func (s *scene[In]) dupSweep(kind FaultKind, clean effects.Key) int {
 func (s *scene[In]) faultDuplicateAt(kind FaultKind, n int) {
 	key := s.key(kind.slug()+s.appCode, "dup", fmt.Sprint(n))
 	in := s.h.Input(key, 0)
-	firstInst := s.open(NewFaults())
+	firstInst := s.open(new(Faults))
 	first := s.applyFirst(firstInst, key, "the first Apply")
 	firstInst.Close()
-	f := NewFaults()
+	f := new(Faults)
 	inst := s.open(f)
 	what := fmt.Sprintf("%s at round trip %d of a duplicate", kind, n)
 	res, _, err := s.applyFaulted(inst, f, kind, n, key, in, what)
@@ -381,7 +378,7 @@ func (s *scene[In]) faultDuplicateAt(kind FaultKind, n int) {
 		s.expect(key, cleanRepeat, true, what+": after ErrTransient, which promises that nothing more was applied")
 	}
 	again := what + ", retried on a new instance"
-	retry := s.open(NewFaults())
+	retry := s.open(new(Faults))
 	res2, err2 := s.applyUntilDone(retry, key, in, again)
 	retry.Close()
 	if err2 != nil {
@@ -404,7 +401,7 @@ func (s *scene[In]) faultDuplicateAt(kind FaultKind, n int) {
 // successor process, which knows nothing the faulted one kept in memory).
 // It reports whether the fault fired.
 func (s *scene[In]) faultAt(kind FaultKind, n int, same bool) bool {
-	f := NewFaults()
+	f := new(Faults)
 	inst := s.open(f)
 	key := s.key(kind.slug()+s.appCode, fmt.Sprint(n))
 	if same {
@@ -435,7 +432,7 @@ func (s *scene[In]) faultAt(kind FaultKind, n int, same bool) bool {
 		s.check(got == 0, "%s: Apply returned ErrTransient, which promises that nothing was applied, but the backend shows %d effects %v later: %v", what, got, s.cfg.quietPeriod, err)
 	}
 	if !same {
-		retry, again = s.open(NewFaults()), what+", retried on a new instance"
+		retry, again = s.open(new(Faults)), what+", retried on a new instance"
 	}
 	res2, err2 := s.applyUntilDone(retry, key, in, again)
 	retry.Close()
@@ -482,13 +479,13 @@ func (s *scene[In]) applyFaulted(inst *instance[In], f *Faults, kind FaultKind, 
 // the same instance and on a new one (a process that never saw the first
 // payload: reuse must be detected from the backend, not from memory).
 func (s *scene[In]) keyReuse() {
-	inst := s.open(NewFaults())
+	inst := s.open(new(Faults))
 	key := s.key("reuse")
 	s.applyFirst(inst, key, "first Apply")
 	for _, on := range []struct {
 		inst *instance[In]
 		what string
-	}{{inst, "the same key with another payload"}, {s.open(NewFaults()), "the same key with another payload, on a new instance"}} {
+	}{{inst, "the same key with another payload"}, {s.open(new(Faults)), "the same key with another payload, on a new instance"}} {
 		if res, err := s.reuseOn(on.inst, key, on.what); !s.contract.DetectsKeyReuse && err == nil {
 			s.notef("contract does not detect key reuse; %s got %v", on.what, res.Status)
 		}
@@ -504,7 +501,7 @@ func (s *scene[In]) raceReuse() {
 	insts := s.racers()
 	for round := range 2 {
 		key := s.key("race-reuse", fmt.Sprint(round))
-		what := fmt.Sprintf("%d concurrent writers, two payloads, on %s over %d instances", s.cfg.concurrency, key, len(insts))
+		what := fmt.Sprintf("%d concurrent writers, two payloads, on %s over %d instances", raceAttempts, key, len(insts))
 		// Writer i runs on instance i%2 with payload (i/2)%2: each instance
 		// has writers of both payloads.
 		out := s.race(insts, key, func(i int) int { return (i / 2) % 2 }, what)
@@ -541,7 +538,7 @@ func (s *scene[In]) raceReuse() {
 
 // invalidKeys applies keys every adapter must refuse before any I/O.
 func (s *scene[In]) invalidKeys() {
-	f := NewFaults()
+	f := new(Faults)
 	inst := s.open(f)
 	before := s.total("before")
 	invalid := []struct {
@@ -695,7 +692,7 @@ func (s *scene[In]) distinctKeys() {
 // applyDistinct applies both keys of every pair, a then b: each must
 // apply once, be counted once, and replay on its own.
 func (s *scene[In]) applyDistinct(pairs []distinctPair) {
-	inst := s.open(NewFaults())
+	inst := s.open(new(Faults))
 	var keys []effects.Key
 	first := map[effects.Key]effects.Result{}
 	for _, p := range pairs {
@@ -717,7 +714,7 @@ func (s *scene[In]) applyDistinct(pairs []distinctPair) {
 		s.judge(n, cleanRepeat, true, fmt.Sprintf("distinct key %s", shortKey(keys[i])))
 	}
 	inst.Close()
-	again := s.open(NewFaults())
+	again := s.open(new(Faults))
 	for _, k := range keys {
 		s.redeliverOn(again, k, first[k], "redelivery of distinct key "+shortKey(k))
 	}
@@ -727,7 +724,7 @@ func (s *scene[In]) applyDistinct(pairs []distinctPair) {
 // storm applies a fraction of the keys (the warm-up), then replays all of
 // them in random order, and counts every key in the backend.
 func (s *scene[In]) storm() {
-	inst := s.open(NewFaults())
+	inst := s.open(new(Faults))
 	total := s.cfg.stormKeys
 	seen := int(float64(total) * s.cfg.stormSeen)
 	keys := make([]effects.Key, total)
@@ -838,7 +835,7 @@ func (s *scene[In]) applyAll(inst *instance[In], keys []effects.Key, what string
 // restart applies a key, restarts the backend and redelivers.
 func (s *scene[In]) restart() {
 	r := s.h.(Restarter)
-	inst := s.open(NewFaults())
+	inst := s.open(new(Faults))
 	key := s.key("restart")
 	first := s.applyFirst(inst, key, "first Apply")
 	if err := r.Restart(s.ctx); err != nil {

@@ -15,12 +15,13 @@ import (
 // runSuite runs every selected scenario of table as a subtest of t, each
 // with a fresh harness from mk, derives the report's fields from the
 // records (for an effect, from the contract its scenarios learned),
-// writes it where CONFORMANCE_REPORT says and returns it. In strict mode
-// every failed check fails the (sub)test it happened in, and a field that
-// cannot be verified fails t unless [AllowUnverified] says why
-// ([Report.Verify]).
-func runSuite[H any](t *testing.T, suite, subject string, table []scenario[H], mk func(testing.TB) H, cfg config, strict bool) Report {
+// writes it where CONFORMANCE_REPORT says and returns it. Unless
+// [ReportOnly] was given, every failed check fails the (sub)test it
+// happened in, and a field that cannot be verified fails t unless
+// [AllowUnverified] says why ([Report.Verify]).
+func runSuite[H any](t *testing.T, suite, subject string, table []scenario[H], mk func(testing.TB) H, cfg config) Report {
 	t.Helper()
+	strict := !cfg.reportOnly
 	if childRequest() != nil {
 		// A successor child process runs one Apply of one effect suite
 		// (runChild), never a suite.
@@ -107,7 +108,7 @@ func runTable[H any](t *testing.T, suite, subject string, table []scenario[H], m
 		}
 		row.settle()
 		if row.Verdict == Fail && !strict {
-			t.Logf("%s: verdict FAIL (not failing the test: Evaluate): %s", sc.Name, strings.Join(row.Failures, "; "))
+			t.Logf("%s: verdict FAIL (not failing the test: ReportOnly): %s", sc.Name, strings.Join(row.Failures, "; "))
 		}
 		rep.Rows = append(rep.Rows, *row)
 	}

@@ -18,7 +18,7 @@ func ExampleFaults_Sever() {
 		panic(err)
 	}
 	defer srv.stop()
-	f := conformance.NewFaults()
+	f := new(conformance.Faults)
 	c, err := f.DialContext(context.Background(), "tcp", srv.Addr())
 	if err != nil {
 		panic(err)

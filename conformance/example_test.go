@@ -158,13 +158,13 @@ func Example_harness() {
 	ctx := context.Background()
 	key := effects.MustKey("example", "evt_1", "ledger")
 
-	f := conformance.NewFaults()
+	f := new(conformance.Faults)
 	eff, _, _ := h.Make(ctx, f)
 	f.Arm(1, conformance.DropReply, nil) // the service writes, the reply is lost
 	_, err = eff.Apply(ctx, key, h.Input(key, 0))
 	fmt.Println("lost reply:", errors.Is(err, effects.ErrAmbiguous), effects.Retryable(err))
 
-	successor, _, _ := h.Make(ctx, conformance.NewFaults())
+	successor, _, _ := h.Make(ctx, new(conformance.Faults))
 	res, err := successor.Apply(ctx, key, h.Input(key, 0))
 	n, _ := h.Count(ctx, key)
 	fmt.Println("retry on a new instance:", res.Status, err, "entries:", n)

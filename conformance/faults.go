@@ -119,7 +119,8 @@ func (k FaultKind) slug() string {
 // wires every connection the adapter makes through it: [Faults.DialContext]
 // for adapters that dial TCP (pgx's ConnConfig.DialFunc, franz-go's
 // kgo.Dialer, go-mail's WithDialContextFunc), [Faults.Transport] for HTTP
-// adapters (stripe-go's HTTPClient, aws-sdk-go-v2's HTTPClient).
+// adapters (stripe-go's HTTPClient, aws-sdk-go-v2's HTTPClient), and
+// [Faults.SQLConnector] for a database/sql driver.
 //
 // A round trip is one request and its reply: over a connection, a write that
 // follows a read (or is the connection's first write) starts a new round
@@ -127,7 +128,9 @@ func (k FaultKind) slug() string {
 // not a round trip of its own. Round trips are numbered from 1
 // across all connections of one Faults, in the order their requests start.
 // The suite first counts the round trips of a clean apply, then arms a fault
-// at each number in turn. A zero Faults is not usable; use [NewFaults].
+// at each number in turn. The zero Faults is ready to use: it passes
+// everything through until armed. A Faults must not be copied after first
+// use.
 type Faults struct {
 	trips atomic.Int64
 
@@ -147,9 +150,6 @@ type Faults struct {
 // severable is a connection (a TCP connection, a database/sql driver
 // connection) that Sever cuts.
 type severable interface{ sever() }
-
-// NewFaults returns a Faults that passes everything through until armed.
-func NewFaults() *Faults { return &Faults{} }
 
 // Arm makes round trip number n (counted from 1 over the Faults' lifetime)
 // suffer kind. For CancelAfterSend, cancel is called once the request was
@@ -533,7 +533,7 @@ func (c *faultConn) readHeld(p []byte) (int, error) {
 // A severed f runs nothing and returns [ErrSevered]. The delay of
 // [Faults.SetDelay] comes before fn. A caller that holds a connection (a
 // driver connection) must treat ErrInjected and ErrSevered as a broken
-// connection, as [SQLConnector] does. RoundTrip is how a harness puts an
+// connection, as [Faults.SQLConnector] does. RoundTrip is how a harness puts an
 // in-process backend under the suite's faults: the round trips count and
 // the sweeps visit each, just as for a network.
 func (f *Faults) RoundTrip(ctx context.Context, fn func() error) error {

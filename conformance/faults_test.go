@@ -85,7 +85,7 @@ func dial(t *testing.T, f *conformance.Faults, s *lineServer) (net.Conn, *bufio.
 
 func TestFaultsCountRoundTrips(t *testing.T) {
 	s := startLineServer(t)
-	f := conformance.NewFaults()
+	f := new(conformance.Faults)
 	c, r := dial(t, f, s)
 	for i := 0; i < 3; i++ {
 		if err := call(c, r); err != nil {
@@ -103,7 +103,7 @@ func TestFaultsCountRoundTrips(t *testing.T) {
 
 func TestDropReplyAfterServerProcessed(t *testing.T) {
 	s := startLineServer(t)
-	f := conformance.NewFaults()
+	f := new(conformance.Faults)
 	f.Arm(2, conformance.DropReply, nil)
 	c, r := dial(t, f, s)
 	if err := call(c, r); err != nil {
@@ -126,7 +126,7 @@ func TestDropReplyAfterServerProcessed(t *testing.T) {
 
 func TestCutRequestNeverReachesServerWhole(t *testing.T) {
 	s := startLineServer(t)
-	f := conformance.NewFaults()
+	f := new(conformance.Faults)
 	f.Arm(1, conformance.CutRequest, nil)
 	c, r := dial(t, f, s)
 	if err := call(c, r); !errors.Is(err, conformance.ErrInjected) {
@@ -143,7 +143,7 @@ func TestCutRequestNeverReachesServerWhole(t *testing.T) {
 
 func TestCancelAfterSend(t *testing.T) {
 	s := startLineServer(t)
-	f := conformance.NewFaults()
+	f := new(conformance.Faults)
 	ctx, cancel := context.WithCancel(context.Background())
 	f.Arm(1, conformance.CancelAfterSend, cancel)
 	c, r := dial(t, f, s)
@@ -163,7 +163,7 @@ func TestCancelAfterSend(t *testing.T) {
 func TestSlowReplyHeldPastDeadline(t *testing.T) {
 	const hold = 600 * time.Millisecond
 	s := startLineServer(t)
-	f := conformance.NewFaults()
+	f := new(conformance.Faults)
 	f.SetSlowReply(hold)
 	f.Arm(1, conformance.SlowReply, nil)
 	c, r := dial(t, f, s)
@@ -217,7 +217,7 @@ func TestTransportFaults(t *testing.T) {
 		return err
 	}
 
-	f := conformance.NewFaults()
+	f := new(conformance.Faults)
 	f.Arm(2, conformance.DropReply, nil)
 	if err := post(f, context.Background()); err != nil {
 		t.Fatal(err)
@@ -229,7 +229,7 @@ func TestTransportFaults(t *testing.T) {
 		t.Fatalf("processed %d, round trips %d; want 2 and 2", processed.Load(), f.RoundTrips())
 	}
 
-	f = conformance.NewFaults()
+	f = new(conformance.Faults)
 	f.Arm(1, conformance.CutRequest, nil)
 	if err := post(f, context.Background()); !errors.Is(err, conformance.ErrInjected) {
 		t.Fatalf("cut request: %v", err)
@@ -238,7 +238,7 @@ func TestTransportFaults(t *testing.T) {
 		t.Fatalf("a cut request was processed (%d)", processed.Load())
 	}
 
-	f = conformance.NewFaults()
+	f = new(conformance.Faults)
 	ctx, cancel := context.WithCancel(context.Background())
 	f.Arm(1, conformance.CancelAfterSend, cancel)
 	// Cancelled once the request is on the wire: the server may or may not

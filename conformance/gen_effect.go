@@ -86,7 +86,7 @@ func (s *scene[In]) appFaults() {
 		}
 	}
 	if fired == 0 {
-		s.skip("no application fault fired: the backend answers application errors only through Faults.RoundTrip, SQLConnector or a harness's Faults.SetAppFaulter")
+		s.skip("no application fault fired: the backend answers application errors only through Faults.RoundTrip, Faults.SQLConnector or a harness's Faults.SetAppFaulter")
 	}
 	s.notef("%d application faults (codes %s) at each of the %d round trips of a clean and of a duplicate Apply", len(arms), strings.Join(codes, ", "), trips)
 }
@@ -98,7 +98,7 @@ func (s *scene[In]) appFaults() {
 // is probed in turn, on a new key, until one fires.
 func (s *scene[In]) appFaultsFire(code string, trips int) {
 	for n := 1; n <= trips; n++ {
-		f := NewFaults()
+		f := new(Faults)
 		f.SetAppError(code)
 		probe := s.open(f)
 		key := s.key("app-faults", "probe", fmt.Sprint(n))
@@ -111,7 +111,7 @@ func (s *scene[In]) appFaultsFire(code string, trips int) {
 			return
 		}
 	}
-	s.skip("no application fault fired: the backend answers application errors only through Faults.RoundTrip, SQLConnector or a harness's Faults.SetAppFaulter")
+	s.skip("no application fault fired: the backend answers application errors only through Faults.RoundTrip, Faults.SQLConnector or a harness's Faults.SetAppFaulter")
 }
 
 func appSlug(k FaultKind) string {
@@ -142,10 +142,10 @@ func (s *scene[In]) slowBackend() {
 func (s *scene[In]) slowAt(n int, d time.Duration) {
 	key := s.key("slow-backend", fmt.Sprint(n))
 	in := s.h.Input(key, 0)
-	f := NewFaults()
+	f := new(Faults)
 	f.SetSlowBackend(d)
 	slow := s.open(f)
-	dups := []*instance[In]{s.open(NewFaults()), s.open(NewFaults())}
+	dups := []*instance[In]{s.open(new(Faults)), s.open(new(Faults))}
 	f.Arm(slow.base+n, SlowBackend, nil)
 	what := fmt.Sprintf("a slow backend (%v) at round trip %d", d, n)
 	var (
@@ -243,10 +243,10 @@ func (s *scene[In]) keyScope() {
 		s.inapplicable("the harness names no scope its backend could key by besides the key")
 	}
 	key := s.key("scope")
-	inst := s.open(NewFaults())
+	inst := s.open(new(Faults))
 	first := s.applyFirst(inst, key, "first Apply")
 	for i, name := range scopes {
-		for _, on := range []*instance[In]{inst, s.open(NewFaults())} {
+		for _, on := range []*instance[In]{inst, s.open(new(Faults))} {
 			what := fmt.Sprintf("the key in another %s", name)
 			res, err := s.applyUntilDone(on, key, ks.ScopedInput(key, i+1), what)
 			switch {
@@ -277,7 +277,7 @@ func (s *scene[In]) keyBytes() {
 		s.inapplicable("the harness states no payload size (%d) or store budget (%d)", size, budget)
 	}
 	keys := budget/size + 2
-	inst := s.open(NewFaults())
+	inst := s.open(new(Faults))
 	key := s.key("bytes", "first")
 	first, err := s.applyUntilDone(inst, key, ps.SizedInput(key, 0, size), "first Apply")
 	if err != nil {
@@ -291,7 +291,7 @@ func (s *scene[In]) keyBytes() {
 		}
 	}
 	what := fmt.Sprintf("redelivery after %d keys of %d bytes (%d bytes, budget %d)", keys, size, keys*size, budget)
-	for _, on := range []*instance[In]{inst, s.open(NewFaults())} {
+	for _, on := range []*instance[In]{inst, s.open(new(Faults))} {
 		res, err := s.applyUntilDone(on, key, ps.SizedInput(key, 0, size), what)
 		if err != nil {
 			s.fatalf("%s: %v", what, err)

@@ -48,7 +48,7 @@ func (s *pscene[E]) horizon() {
 	id := s.id("horizon")
 	first := s.mustRun(inst, id, "a first run")
 	inst.Close()
-	age := s.cfg.longAge
+	age := longAge
 	what := fmt.Sprintf("a redelivery after aging every step's backend by %s (the plan declares keys kept until pruned)", days(age))
 	if h > 0 {
 		margin := min(max(h/20, time.Second), time.Minute)

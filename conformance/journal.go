@@ -52,7 +52,7 @@ func journalTable() []scenario[JournalHarness] {
 		j(JournalDistinctKeys, "keys that differ only in case, normalization or after a long prefix are separate records",
 			nil, records, nil, nil, (*s).distinctKeys),
 		j(JournalConcurrent, "concurrent Begins of a new key and of an expired lease: one lease",
-			nil, leases, list("WithConcurrency"), list("TwoLeases"), (*s).concurrent),
+			nil, leases, nil, list("TwoLeases"), (*s).concurrent),
 		j(JournalCrashedHolder, "a lease holder that crashed: its key is taken over once the lease expires",
 			nil, leases, nil, list("TwoLeases", "NoExpiry"), (*s).crashedHolder),
 		j(JournalBackendRestart, "complete a key and lease another, restart the backend cleanly: done stays done, the lease stays held",
@@ -79,21 +79,14 @@ func journalTable() []scenario[JournalHarness] {
 // done without Begin, the first reference kept, key reuse refused by both,
 // a pending record completed and its lease dropped; "not run" for a
 // journal without them), and an instance whose clock runs ahead (for a
-// [ClockSkewer] harness; not run, with its reason, for a [OneClock] one).
+// [ClockSkewer] harness).
 // Each scenario is a subtest of t; every failed check fails t. The report is returned and,
 // with CONFORMANCE_REPORT set, written for the matrix.
 // mk returns a fresh harness (a fresh backend, or a fresh scope in a
 // shared one) for each scenario, cleaning up with t.Cleanup.
 func RunJournal(t *testing.T, name string, mk func(t testing.TB) JournalHarness, opts ...JournalOption) Report {
 	t.Helper()
-	return runSuite(t, suiteJournal, name, journalTable(), mk, configure("conformance.RunJournal", opts, JournalOption.journalOption), true)
-}
-
-// EvaluateJournal is [RunJournal] without failing t when a check fails:
-// the suite's own tests use it on counterexamples.
-func EvaluateJournal(t *testing.T, name string, mk func(t testing.TB) JournalHarness, opts ...JournalOption) Report {
-	t.Helper()
-	return runSuite(t, suiteJournal, name, journalTable(), mk, configure("conformance.EvaluateJournal", opts, JournalOption.journalOption), false)
+	return runSuite(t, suiteJournal, name, journalTable(), mk, configure("conformance.RunJournal", opts, JournalOption.journalOption))
 }
 
 func jscenario(fn func(s *jscene)) func(c *checker, h JournalHarness) {
@@ -126,7 +119,7 @@ func (s *jscene) open(name string) *jinst { return s.openBy(name, s.h.Open) }
 
 // openBy opens an instance with open (the harness's Open, or a variant).
 func (s *jscene) openBy(name string, open func(context.Context, *Faults) (journal.Journal, func(), error)) *jinst {
-	f := NewFaults()
+	f := new(Faults)
 	j, closeFn, err := open(s.ctx, f)
 	if err != nil {
 		s.t.Fatalf("conformance: harness Open: %v", err)
@@ -411,7 +404,7 @@ func (s *jscene) concurrent() {
 	insts := []*jinst{s.open("A"), s.open("B")}
 	for round := range 3 {
 		key := s.key("concurrent", fmt.Sprint(round))
-		s.race(insts, key, fmt.Sprintf("%d concurrent Begins of a new key", s.cfg.concurrency))
+		s.race(insts, key, fmt.Sprintf("%d concurrent Begins of a new key", raceAttempts))
 		if err := s.complete(insts[0], key, "ref-concurrent"); err != nil {
 			s.fatalf("Complete: %v", err)
 		}
@@ -420,7 +413,7 @@ func (s *jscene) concurrent() {
 	key := s.key("concurrent", "takeover")
 	s.mustLease(insts[0], key, s.cfg.lease, "a new key")
 	s.expire()
-	s.race(insts, key, fmt.Sprintf("%d concurrent takeovers of an expired lease", s.cfg.concurrency))
+	s.race(insts, key, fmt.Sprintf("%d concurrent takeovers of an expired lease", raceAttempts))
 }
 
 func (s *jscene) race(insts []*jinst, key effects.Key, what string) {
@@ -432,7 +425,7 @@ func (s *jscene) race(insts []*jinst, key effects.Key, what string) {
 		aborted bool
 		start   = make(chan struct{})
 	)
-	for g := 0; g < s.cfg.concurrency; g++ {
+	for g := 0; g < raceAttempts; g++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -12,24 +12,15 @@ import (
 // journal built with a clock option, a process on a host whose clock is
 // off). The clock-skew scenario runs only when it is implemented; without
 // it the journal's leases are not verified, and [RunJournal] fails unless
-// [AllowUnverified] says why.
+// [AllowUnverified] names clock-skew and says why (a journal whose leases
+// are judged by one clock whatever each instance's, the database server's
+// now(), says so there). A harness whose journal reads no clock of its own
+// can implement ClockSkewer by opening an ordinary instance: the scenario
+// then checks that claim against the journal.
 type ClockSkewer interface {
 	// OpenSkewed is [JournalHarness.Open] for an instance whose clock
 	// reads skew ahead of true time.
 	OpenSkewed(ctx context.Context, f *Faults, skew time.Duration) (j journal.Journal, close func(), err error)
-}
-
-// OneClock is implemented by a journal harness whose leases are judged by
-// one clock whatever clock each instance has: the database server's
-// now(), one journal value in process memory that every instance shares.
-// It is a claim the suite cannot check: without a [ClockSkewer] the
-// clock-skew scenario does not run, its row shows the reason OneClock
-// returns, and the journal's leases are not verified, so [RunJournal]
-// fails unless [AllowUnverified] says why. A harness whose journal reads
-// no clock of its own can implement ClockSkewer by opening an ordinary
-// instance: the scenario then checks that claim against the journal.
-type OneClock interface {
-	OneClock() string
 }
 
 // clockSkew is how far the skewed instance's clock runs ahead: more than

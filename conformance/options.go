@@ -11,9 +11,9 @@ import (
 
 // Defaults of the suite's options.
 const (
-	// defaultConcurrency is how many goroutines apply one key at once in the
-	// concurrency scenarios ([WithConcurrency]).
-	defaultConcurrency = 16
+	// raceAttempts is how many goroutines apply one key at once in the
+	// concurrency scenarios, and begin one key at once in the journal suite.
+	raceAttempts = 16
 	// defaultStormKeys and defaultStormSeen size the replay storm: keys in
 	// all, and the fraction applied before the storm ([WithStorm]).
 	defaultStormKeys = 1000
@@ -32,9 +32,9 @@ const (
 	// defaultLateRedelivery is how long the late-redelivery scenario waits,
 	// on the wall clock, before it redelivers ([WithLateRedelivery]).
 	defaultLateRedelivery = 5 * time.Second
-	// defaultLongAge is how far the horizon scenario ages the backend for a
-	// contract whose Horizon is 0, "kept until pruned" ([WithLongAge]).
-	defaultLongAge = 400 * 24 * time.Hour
+	// longAge is how far the horizon scenario ages the backend for a
+	// contract whose Horizon is 0, "kept until pruned".
+	longAge = 400 * 24 * time.Hour
 	// defaultLease is the lease the journal suite asks for when it waits
 	// for leases to expire ([WithLease]).
 	defaultLease = 500 * time.Millisecond
@@ -42,9 +42,9 @@ const (
 	// delivery to come back after a close, a crash or a rebalance
 	// ([WithRedeliveryWait]).
 	defaultRedeliveryWait = 60 * time.Second
-	// defaultSourceMessages is how many messages each source scenario
-	// publishes ([WithSourceMessages]).
-	defaultSourceMessages = 24
+	// sourceMessages is how many messages each source scenario
+	// publishes.
+	sourceMessages = 24
 	// defaultQuietPeriod is how long the fault sweeps wait, after an Apply
 	// returned ErrTransient and before its retry, to count the key's
 	// effects again ([WithQuietPeriod]).
@@ -55,14 +55,14 @@ const (
 )
 
 // Option is an option every suite takes: [Only], [AllowUnverified],
-// [WithTimeout] and [WithApplyTimeout]. The other options are scoped to
-// the suites they tune, by type: an [EffectOption] is taken by [Run] and
-// [Evaluate], a [JournalOption] by [RunJournal], a [SourceOption] by
+// [ReportOnly], [WithTimeout] and [WithApplyTimeout]. The other options
+// are scoped to the suites they tune, by type: an [EffectOption] is taken
+// by [Run], a [JournalOption] by [RunJournal], a [SourceOption] by
 // [RunSource], a [PlanOption] by [RunPlan], so an option given to a suite
-// it does not tune does not compile. Options record a value; the Run and
-// Evaluate functions validate them once, before any scenario, and fail the
-// test with an *[effects.ConfigError] naming the first bad one. A nil
-// option is ignored.
+// it does not tune does not compile. Options record a value; the Run
+// functions validate them once, before any scenario, and fail the test
+// with an *[effects.ConfigError] naming the first bad one. A nil option is
+// ignored.
 type Option interface {
 	EffectOption
 	JournalOption
@@ -70,27 +70,20 @@ type Option interface {
 	PlanOption
 }
 
-// EffectOption tunes the effect suite ([Run], [Evaluate]).
+// EffectOption tunes the effect suite ([Run]).
 type EffectOption interface{ effectOption(*config) }
 
-// JournalOption tunes the journal suite ([RunJournal], [EvaluateJournal]).
+// JournalOption tunes the journal suite ([RunJournal]).
 type JournalOption interface{ journalOption(*config) }
 
-// SourceOption tunes the source suite ([RunSource], [EvaluateSource]).
+// SourceOption tunes the source suite ([RunSource]).
 type SourceOption interface{ sourceOption(*config) }
 
-// PlanOption tunes the plan suite ([RunPlan], [EvaluatePlan]).
+// PlanOption tunes the plan suite ([RunPlan]).
 type PlanOption interface{ planOption(*config) }
 
-// RaceOption tunes the suites that race attempts on one key: effects and
-// journals ([WithConcurrency]).
-type RaceOption interface {
-	EffectOption
-	JournalOption
-}
-
 // SweepOption tunes the suites that sweep faults over round trips and
-// retry: effects and plans ([WithRetryFor], [WithMaxSweep], [WithLongAge]).
+// retry: effects and plans ([WithRetryFor], [WithMaxSweep]).
 type SweepOption interface {
 	EffectOption
 	PlanOption
@@ -106,7 +99,6 @@ func (o opt) sourceOption(c *config)  { o(c) }
 func (o opt) planOption(c *config)    { o(c) }
 
 type config struct {
-	concurrency    int
 	stormKeys      int
 	stormSeen      float64
 	maxSweep       int
@@ -114,10 +106,8 @@ type config struct {
 	retryFor       time.Duration
 	applyTimeout   time.Duration
 	lateRedelivery time.Duration
-	longAge        time.Duration
 	lease          time.Duration
 	redeliveryWait time.Duration
-	sourceMessages int
 	sourceBacklog  int // WithSourceBacklog; 0: defaultSourceBacklog
 	slowReply      time.Duration
 	slowReplySet   bool // WithSlowReply was given: the slow-reply scenario runs
@@ -127,6 +117,7 @@ type config struct {
 	unverified     string   // AllowUnverified's reason
 	unverifiedFor  []string // the scenarios it covers; nil: every one
 	successor      any      // WithSuccessorProcess's attach function
+	reportOnly     bool     // ReportOnly: failures do not fail the test
 	gen            genConfig
 
 	op  string // the suite's function, for errors: "conformance.Run"
@@ -142,7 +133,6 @@ func (c *config) bad(option, format string, args ...any) {
 
 func defaults() config {
 	return config{
-		concurrency:    defaultConcurrency,
 		stormKeys:      defaultStormKeys,
 		stormSeen:      defaultStormSeen,
 		maxSweep:       defaultMaxSweep,
@@ -150,27 +140,12 @@ func defaults() config {
 		retryFor:       defaultRetryFor,
 		applyTimeout:   defaultApplyTimeout,
 		lateRedelivery: defaultLateRedelivery,
-		longAge:        defaultLongAge,
 		lease:          defaultLease,
 		redeliveryWait: defaultRedeliveryWait,
-		sourceMessages: defaultSourceMessages,
 		slowReply:      defaultSlowReply,
 		quietPeriod:    defaultQuietPeriod,
 		capacity:       defaultCapacity,
 	}
-}
-
-// WithConcurrency sets how many goroutines apply one key at once in the
-// concurrent-duplicates and concurrent-key-reuse scenarios, and begin one
-// key at once in the journal suite (default 16; at least 2, and fewer
-// than 16 is noted in the report as a reduced scenario).
-func WithConcurrency(n int) RaceOption {
-	return opt(func(c *config) {
-		if n < 2 {
-			c.bad("WithConcurrency", "%d: at least 2 attempts are needed to race", n)
-		}
-		c.concurrency = n
-	})
 }
 
 // WithStorm sets the replay storm's size: keys in all, and the fraction of
@@ -250,18 +225,6 @@ func WithLateRedelivery(d time.Duration) EffectOption {
 	})
 }
 
-// WithLongAge sets how far the horizon scenario ages the backend for a
-// contract that keeps keys until pruned (Horizon 0) before it redelivers
-// (default 400 days).
-func WithLongAge(d time.Duration) SweepOption {
-	return opt(func(c *config) {
-		if d <= 0 {
-			c.bad("WithLongAge", "%v: must be positive", d)
-		}
-		c.longAge = d
-	})
-}
-
 // WithLease sets the lease the journal suite takes when it needs one to
 // expire (default 500ms, at least 10ms); the suite waits a little longer
 // than it.
@@ -284,17 +247,6 @@ func WithRedeliveryWait(d time.Duration) SourceOption {
 			c.bad("WithRedeliveryWait", "%v: must be positive", d)
 		}
 		c.redeliveryWait = d
-	})
-}
-
-// WithSourceMessages sets how many messages each source scenario publishes
-// (default 24, at least 4).
-func WithSourceMessages(n int) SourceOption {
-	return opt(func(c *config) {
-		if n < 4 {
-			c.bad("WithSourceMessages", "%d: at least 4", n)
-		}
-		c.sourceMessages = n
 	})
 }
 
@@ -373,6 +325,15 @@ func AllowUnverified(reason string, scenarios ...string) Option {
 		c.unverified, c.unverifiedFor = reason, append([]string(nil), scenarios...)
 	})
 }
+
+// ReportOnly makes [Run], [RunJournal], [RunSource] or [RunPlan] only
+// report: a failed check, and a field that cannot be verified, do not fail
+// the test; the returned [Report] (Evaluated set) says what the suite
+// found, and the log shows each failing scenario's verdict. The suite's
+// own tests use it to prove that counterexamples are caught; an adapter's
+// test leaves it out. A harness that cannot be built, and an invalid
+// option, still fail the test.
+func ReportOnly() Option { return opt(func(c *config) { c.reportOnly = true }) }
 
 // Only runs just the named scenarios; the others are reported as not run
 // ("not selected (Only)"). Only never turns a field that cannot be

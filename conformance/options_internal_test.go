@@ -11,11 +11,11 @@ import (
 )
 
 func TestOptionsConvention(t *testing.T) {
-	cfg := configure("conformance.Run", []EffectOption{nil, WithConcurrency(4), nil}, EffectOption.effectOption)
+	cfg := configure("conformance.Run", []EffectOption{nil, WithStorm(100, 0.5), nil}, EffectOption.effectOption)
 	if err := cfg.check(suiteEffect, records(effectTable[struct{}]())); err != nil {
 		t.Fatalf("nil options must be ignored: %v", err)
 	}
-	if cfg.concurrency != 4 || cfg.stormKeys != defaultStormKeys || cfg.applyTimeout != defaultApplyTimeout {
+	if cfg.stormKeys != 100 || cfg.capacity != defaultCapacity || cfg.applyTimeout != defaultApplyTimeout {
 		t.Errorf("config %+v: option or defaults lost", cfg)
 	}
 	tables := map[string][]Scenario{suiteEffect: records(effectTable[struct{}]()), suiteJournal: records(journalTable()),
@@ -30,12 +30,10 @@ func TestOptionsConvention(t *testing.T) {
 		{suiteEffect, Only().effectOption, "Only", "no scenario named"},
 		{suiteJournal, Only(ScenarioStorm).journalOption, "Only", `unknown scenario "replay-storm" for the journal suite`},
 		{suiteJournal, AllowUnverified("why", ScenarioStorm).journalOption, "AllowUnverified", `unknown scenario "replay-storm"`},
-		{suiteEffect, WithConcurrency(1).effectOption, "WithConcurrency", "at least 2"},
 		{suiteEffect, WithStorm(100, 1).effectOption, "WithStorm", "must be in (0, 1)"},
 		{suiteEffect, WithStorm(5, 0.5).effectOption, "WithStorm", "at least 10"},
 		{suiteEffect, WithApplyTimeout(0).effectOption, "WithApplyTimeout", "must be positive"},
 		{suiteJournal, WithLease(time.Millisecond).journalOption, "WithLease", "at least 10ms"},
-		{suiteSource, WithSourceMessages(2).sourceOption, "WithSourceMessages", "at least 4"},
 		{suiteEffect, AllowUnverified(" ").effectOption, "AllowUnverified", "empty reason"},
 		{suiteEffect, WithCapacity(0).effectOption, "WithCapacity", "at least 1"},
 		{suitePlan, WithMaxSweep(0).planOption, "WithMaxSweep", "at least 1"},
@@ -75,10 +73,9 @@ func TestOptionScopes(t *testing.T) {
 		{"AllowUnverified", AllowUnverified, all},
 		{"WithTimeout", WithTimeout, all},
 		{"WithApplyTimeout", WithApplyTimeout, all},
-		{"WithConcurrency", WithConcurrency, []string{suiteEffect, suiteJournal}},
+		{"ReportOnly", ReportOnly, all},
 		{"WithRetryFor", WithRetryFor, []string{suiteEffect, suitePlan}},
 		{"WithMaxSweep", WithMaxSweep, []string{suiteEffect, suitePlan}},
-		{"WithLongAge", WithLongAge, []string{suiteEffect, suitePlan}},
 		{"WithStorm", WithStorm, []string{suiteEffect}},
 		{"WithCapacity", WithCapacity, []string{suiteEffect}},
 		{"WithLateRedelivery", WithLateRedelivery, []string{suiteEffect}},
@@ -90,7 +87,6 @@ func TestOptionScopes(t *testing.T) {
 		{"WithSuccessorProcess", WithSuccessorProcess[struct{}], []string{suiteEffect}},
 		{"WithLease", WithLease, []string{suiteJournal}},
 		{"WithRedeliveryWait", WithRedeliveryWait, []string{suiteSource}},
-		{"WithSourceMessages", WithSourceMessages, []string{suiteSource}},
 	} {
 		out := reflect.TypeOf(c.fn).Out(0)
 		for _, suite := range all {

@@ -185,7 +185,7 @@ type Report struct {
 	// source or plan, of the suite's protocol), whether the scenarios
 	// verified it, which did, and which were left out and why.
 	Fields []Field `json:",omitempty"`
-	// Evaluated is true for reports made by the Evaluate functions, whose
+	// Evaluated is true for reports made with [ReportOnly], whose
 	// failures do not fail a test: counterexamples, listed apart in the
 	// matrix.
 	Evaluated bool
@@ -365,7 +365,7 @@ func (r Report) writeEnv() error {
 // matrix, subjects in name order: the effect adapters held to their
 // contract by [Run], the verification of each adapter's contract fields,
 // the journals and sources held by [RunJournal] and [RunSource], then,
-// under their own heading, the reports made by the Evaluate functions
+// under their own heading, the reports made with [ReportOnly]
 // (counterexamples, which must fail). failed reports whether any scenario
 // of a report held to its contract failed, or any such report has a
 // field that cannot be verified ([Report.Verify]).

@@ -147,9 +147,9 @@ func TestRoundTripConformance(t *testing.T) {
 // insert as ErrTransient is caught.
 func TestRoundTripCatchesTransientLoss(t *testing.T) {
 	offMatrix(t)
-	rep := conformance.Evaluate(t, "in-process store: lost insert as ErrTransient",
+	rep := conformance.Run(t, "in-process store: lost insert as ErrTransient",
 		func(testing.TB) conformance.Harness[Entry] { return &memHarness{s: newMemStore(), buggy: true} },
-		conformance.Only(conformance.ScenarioLostReply))
+		conformance.Only(conformance.ScenarioLostReply), conformance.ReportOnly())
 	row, _ := rep.Row(conformance.ScenarioLostReply)
 	if row.Verdict != conformance.Fail || !strings.Contains(strings.Join(row.Failures, "\n"), "promises that nothing was applied") {
 		t.Errorf("lost-reply: %s %v, want FAIL", row.Verdict, row.Failures)
@@ -163,7 +163,7 @@ func TestRoundTripFaults(t *testing.T) {
 	fn := func() error { ran++; return nil }
 	ctx := context.Background()
 
-	f := conformance.NewFaults()
+	f := new(conformance.Faults)
 	f.Arm(2, conformance.CutRequest, nil)
 	if err := f.RoundTrip(ctx, fn); err != nil || ran != 1 {
 		t.Fatalf("unarmed round trip: %v, ran %d", err, ran)
@@ -243,7 +243,7 @@ func TestQuietPeriodCatchesLateWriter(t *testing.T) {
 		t.Cleanup(wg.Wait)
 		return h
 	}
-	rep := conformance.Evaluate(t, "ledger: failed writes retried in the background", mk, conformance.Only(conformance.ScenarioCut))
+	rep := conformance.Run(t, "ledger: failed writes retried in the background", mk, conformance.Only(conformance.ScenarioCut), conformance.ReportOnly())
 	row, _ := rep.Row(conformance.ScenarioCut)
 	if row.Verdict != conformance.Fail || !strings.Contains(strings.Join(row.Failures, "\n"), "promises that nothing was applied") {
 		t.Errorf("cut-request: %s %v, want FAIL for an effect that landed after ErrTransient", row.Verdict, row.Failures)
@@ -287,7 +287,7 @@ func TestSlowReplyCatchesTimeoutAsTransient(t *testing.T) {
 		}
 	}
 	opts := []conformance.EffectOption{conformance.Only(conformance.ScenarioSlowReply), conformance.WithSlowReply(time.Second)}
-	rep := conformance.Evaluate(t, "ledger: its own timeout as ErrTransient", mk(true), opts...)
+	rep := conformance.Run(t, "ledger: its own timeout as ErrTransient", mk(true), append(opts, conformance.ReportOnly())...)
 	row, _ := rep.Row(conformance.ScenarioSlowReply)
 	if row.Verdict != conformance.Fail || !strings.Contains(strings.Join(row.Failures, "\n"), "promises that nothing was applied") {
 		t.Errorf("slow-reply: %s %v, want FAIL", row.Verdict, row.Failures)

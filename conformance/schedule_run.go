@@ -60,7 +60,7 @@ func (s *scene[In]) faultSchedules() {
 
 // cleanTrips counts the round trips of a clean Apply of a new key.
 func (s *scene[In]) cleanTrips() int {
-	inst := s.open(NewFaults())
+	inst := s.open(new(Faults))
 	defer inst.Close()
 	key := s.key("sched", "clean")
 	if _, err := s.applyUntilDone(inst, key, s.h.Input(key, 0), "the clean Apply that counts round trips"); err != nil {
@@ -86,7 +86,7 @@ func (s *scene[In]) runSchedule(sc schedule, tag string) (string, int) {
 		}
 	}()
 	open := func() *instance[In] {
-		i := s.open(NewFaults())
+		i := s.open(new(Faults))
 		insts = append(insts, i)
 		return i
 	}

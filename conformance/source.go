@@ -97,14 +97,7 @@ func sourceTable() []scenario[SourceHarness] {
 // scenario, cleaning up with t.Cleanup.
 func RunSource(t *testing.T, name string, mk func(t testing.TB) SourceHarness, opts ...SourceOption) Report {
 	t.Helper()
-	return runSuite(t, suiteSource, name, sourceTable(), mk, configure("conformance.RunSource", opts, SourceOption.sourceOption), true)
-}
-
-// EvaluateSource is [RunSource] without failing t when a check fails: the
-// suite's own tests use it on counterexamples.
-func EvaluateSource(t *testing.T, name string, mk func(t testing.TB) SourceHarness, opts ...SourceOption) Report {
-	t.Helper()
-	return runSuite(t, suiteSource, name, sourceTable(), mk, configure("conformance.EvaluateSource", opts, SourceOption.sourceOption), false)
+	return runSuite(t, suiteSource, name, sourceTable(), mk, configure("conformance.RunSource", opts, SourceOption.sourceOption))
 }
 
 func source(fn func(s *sscene)) func(c *checker, h SourceHarness) {
@@ -150,7 +143,7 @@ type sinst struct {
 }
 
 func (s *sscene) open(name string) *sinst {
-	f := NewFaults()
+	f := new(Faults)
 	si, err := s.h.Open(s.ctx, f)
 	if err != nil {
 		s.t.Fatalf("conformance: harness Open: %v", err)
@@ -302,7 +295,7 @@ func (s *sscene) next(i *sinst, end time.Time) (effects.Delivery, error) {
 // takeAll publishes n messages and has a new instance take every one,
 // acking none; it fails the scenario if any is missing or delivered twice.
 func (s *sscene) takeAll(name string) (*sinst, []effects.Delivery) {
-	ids := s.publish(s.cfg.sourceMessages)
+	ids := s.publish(sourceMessages)
 	a := s.open(name)
 	got := s.collect(a, ids, 0, false, "first delivery")
 	seen := map[string]bool{}
@@ -343,7 +336,7 @@ func (s *sscene) ackedStayAcked() {
 	for _, d := range got {
 		old[d.ID] = true
 	}
-	fresh := s.publish(s.cfg.sourceMessages / 2)
+	fresh := s.publish(sourceMessages / 2)
 	b := s.open("B")
 	again := s.collect(b, fresh, time.Second, true, "after every delivery was acked and the instance closed")
 	var back []string

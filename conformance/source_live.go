@@ -76,10 +76,10 @@ func (s *sscene) publishOrder() {
 // end offsets when it starts (or stops once it caught up) passes every
 // scenario that publishes before it opens.
 func (s *sscene) livePublish() {
-	before := s.publish(s.cfg.sourceMessages / 2)
+	before := s.publish(sourceMessages / 2)
 	a := s.open("A")
 	s.collect(a, before, caughtUp, true, "messages published before the instance started")
-	after := s.publish(s.cfg.sourceMessages - len(before))
+	after := s.publish(sourceMessages - len(before))
 	got := s.collect(a, after, 0, true, fmt.Sprintf("messages published while the instance ran, after it idled %v", caughtUp))
 	s.inOrder(got, "messages published while the instance ran")
 }
@@ -89,7 +89,7 @@ func (s *sscene) livePublish() {
 // buffers; a graceful close must commit no further than what was handed
 // out and acked, so a new instance gets every other message.
 func (s *sscene) closeWithPrefetched() {
-	ids := s.publish(s.cfg.sourceMessages)
+	ids := s.publish(sourceMessages)
 	a := s.open("A")
 	take := max(len(ids)/4, 1)
 	handed := map[string]bool{}

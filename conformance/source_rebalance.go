@@ -122,7 +122,7 @@ func (s *sscene) rebalanceFullBuffers() {
 	const idle = 0
 	confirmed := map[string]bool{}
 
-	warm := s.publish(s.cfg.sourceMessages)
+	warm := s.publish(sourceMessages)
 	a := s.open("A")
 	var mine []effects.Delivery // every delivery A took before the rebalance
 	for _, d := range s.collect(a, warm, 0, false, "first round, on every ordering") {
@@ -140,7 +140,7 @@ func (s *sscene) rebalanceFullBuffers() {
 			orderingOf[id] = i
 		}
 	}
-	take := max(s.cfg.sourceMessages/2, 2*(k-1))
+	take := max(sourceMessages/2, 2*(k-1))
 	byOrdering := map[int][]effects.Delivery{}
 	end := time.Now().Add(s.cfg.redeliveryWait)
 	for got := 0; got < take; {

@@ -9,7 +9,7 @@ import (
 	"sync"
 )
 
-// SQLConnector wraps a database/sql driver connector so that every driver
+// SQLConnector wraps base, a database/sql driver connector, so that every driver
 // call the adapter's *sql.DB makes is one round trip of f, faulted by the
 // suite as a network round trip would be ([Faults.RoundTrip]): opening a
 // connection, BEGIN, each Prepare, Exec and Query (of a connection or of a
@@ -18,7 +18,7 @@ import (
 // embedded database such as SQLite), or whose dialer the harness cannot
 // reach:
 //
-//	db := sql.OpenDB(conformance.SQLConnector(base, f)) // base: the driver's Connector
+//	db := sql.OpenDB(f.SQLConnector(base)) // base: the driver's Connector
 //
 // A fault leaves the connection as a lost network connection would: a
 // lost reply (DropReply), a cut request (CutRequest) or a cancelled
@@ -57,7 +57,7 @@ import (
 // SessionResetter, Validator, NamedValueChecker, and the rows' column
 // types and further result sets) are used when it has them, else
 // database/sql's fall-backs apply.
-func SQLConnector(base driver.Connector, f *Faults) driver.Connector {
+func (f *Faults) SQLConnector(base driver.Connector) driver.Connector {
 	return &sqlConnector{base: base, f: f}
 }
 

@@ -368,9 +368,9 @@ func TestSQLConnectorEndsFaultedRoundTrips(t *testing.T) {
 		for _, kind := range kinds {
 			t.Run(c.name+"/"+kind.String(), func(t *testing.T) {
 				log := &strictLog{}
-				f := conformance.NewFaults()
+				f := new(conformance.Faults)
 				f.SetSlowReply(hold)
-				db := sql.OpenDB(conformance.SQLConnector(strictDriver{log}, f))
+				db := sql.OpenDB(f.SQLConnector(strictDriver{log}))
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				defer cancel()
 				if err := db.PingContext(ctx); err != nil { // a connection in the pool: the fault lands on the call
@@ -429,8 +429,8 @@ func TestSQLConnectorEndsFaultedRoundTrips(t *testing.T) {
 // and new connections are refused.
 func TestSQLConnectorSeverWithRowsOpen(t *testing.T) {
 	log := &strictLog{}
-	f := conformance.NewFaults()
-	db := sql.OpenDB(conformance.SQLConnector(strictDriver{log}, f))
+	f := new(conformance.Faults)
+	db := sql.OpenDB(f.SQLConnector(strictDriver{log}))
 	defer db.Close()
 	ctx := context.Background()
 	tx, err := db.BeginTx(ctx, nil)
@@ -490,8 +490,8 @@ func TestSQLConnectorErrSkipIsNoRoundTrip(t *testing.T) {
 		query := "SKIP " + tc.name + " " + t.Name()
 		for round := range 2 { // the first meeting of the query, and one after
 			log := &strictLog{skipArgs: true}
-			f := conformance.NewFaults()
-			db := sql.OpenDB(conformance.SQLConnector(strictDriver{log}, f))
+			f := new(conformance.Faults)
+			db := sql.OpenDB(f.SQLConnector(strictDriver{log}))
 			if err := tc.call(db, query); err != nil {
 				t.Fatalf("%s (round %d): %v", tc.name, round, err)
 			}
@@ -502,9 +502,9 @@ func TestSQLConnectorErrSkipIsNoRoundTrip(t *testing.T) {
 			db.Close()
 
 			log = &strictLog{skipArgs: true}
-			f = conformance.NewFaults()
+			f = new(conformance.Faults)
 			f.Arm(2, conformance.DropReply, nil)
-			db = sql.OpenDB(conformance.SQLConnector(strictDriver{log}, f))
+			db = sql.OpenDB(f.SQLConnector(strictDriver{log}))
 			err := tc.call(db, query)
 			if !f.Fired() || !errors.Is(err, conformance.ErrInjected) || log.prepares != 1 || log.queries != 0 {
 				t.Errorf("%s (round %d): lost reply of round trip 2: fired %v, %v, %d prepares, %d executions; want it fired on the Prepare (ErrInjected, 1, 0)",
@@ -516,9 +516,9 @@ func TestSQLConnectorErrSkipIsNoRoundTrip(t *testing.T) {
 			// A cut request on round trip 3 lands on the statement's
 			// execution: the Prepare ran, the execution never did.
 			log = &strictLog{skipArgs: true}
-			f = conformance.NewFaults()
+			f = new(conformance.Faults)
 			f.Arm(3, conformance.CutRequest, nil)
-			db = sql.OpenDB(conformance.SQLConnector(strictDriver{log}, f))
+			db = sql.OpenDB(f.SQLConnector(strictDriver{log}))
 			err = tc.call(db, query)
 			if !f.Fired() || !errors.Is(err, conformance.ErrInjected) || log.prepares != 1 || log.queries != 0 {
 				t.Errorf("%s (round %d): cut request on round trip 3: fired %v, %v, %d prepares, %d executions; want it fired on the execution (ErrInjected, 1, 0)",

@@ -58,8 +58,8 @@ func TestStrictSlowReplyLiar(t *testing.T) {
 			return deadlineLedger{l, true, 5 * time.Second} // above any wait of a loaded machine: only a held reply outlasts it
 		}, 0}
 	}
-	rep := conformance.Evaluate(t, "ledger: its own deadline as ErrTransient, without WithSlowReply", mk,
-		conformance.WithLateRedelivery(time.Second), conformance.WithSuccessorProcess(attachLedger))
+	rep := conformance.Run(t, "ledger: its own deadline as ErrTransient, without WithSlowReply", mk,
+		conformance.WithLateRedelivery(time.Second), conformance.WithSuccessorProcess(attachLedger), conformance.ReportOnly())
 	if failed := rep.Failed(); len(failed) > 0 {
 		t.Errorf("scenarios failed %v: the lie shows only under a slow reply", failed)
 	}
@@ -139,7 +139,7 @@ func TestReducedCapacityFailsRun(t *testing.T) {
 		t.Errorf("the failure does not name the reduced capacity:\n%s", out)
 	}
 	offMatrix(t)
-	rep := conformance.Evaluate(t, "ledger", ledgerMaker(0), conformance.Only(conformance.ScenarioKeyCapacity), conformance.WithCapacity(1))
+	rep := conformance.Run(t, "ledger", ledgerMaker(0), conformance.Only(conformance.ScenarioKeyCapacity), conformance.WithCapacity(1), conformance.ReportOnly())
 	row, _ := rep.Row(conformance.ScenarioKeyCapacity)
 	if row.Verdict != conformance.Pass || !strings.Contains(row.Reduced, "WithCapacity(1)") {
 		t.Errorf("key-capacity: %s, reduced %q; want pass, reduced", row.Verdict, row.Reduced)
@@ -181,7 +181,7 @@ func TestAttacherWithoutOption(t *testing.T) {
 		{"neither", hidden, nil, conformance.NotRun, "implement conformance.Attacher"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			rep := conformance.Evaluate(t, "ledger: "+c.name, c.mk, append(c.opts, only)...)
+			rep := conformance.Run(t, "ledger: "+c.name, c.mk, append(append(c.opts, only), conformance.ReportOnly())...)
 			row, _ := rep.Row(conformance.ScenarioProcess)
 			got := strings.Join(append(row.Failures, row.Fix), "\n")
 			if row.Verdict != c.want || !strings.Contains(got, c.says) {
@@ -202,7 +202,7 @@ func TestScenarioRecords(t *testing.T) {
 		conformance.SuitePlan:    {conformance.FieldPlanContract, conformance.FieldSteps},
 	}
 	exported := map[string]bool{}
-	pkgs, err := parser.ParseDir(token.NewFileSet(), "../internal/counterexamples", func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	pkgs, err := parser.ParseDir(token.NewFileSet(), "internal/counterexamples", func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,12 +260,12 @@ func TestAllowUnverifiedScoped(t *testing.T) {
 		}
 	}
 	only := conformance.Only(conformance.ScenarioRedelivery, conformance.ScenarioHorizon)
-	rep := conformance.Evaluate(t, "ledger without Ager", noAger, only, conformance.AllowUnverified("no clock to move", conformance.ScenarioHorizon))
+	rep := conformance.Run(t, "ledger without Ager", noAger, only, conformance.AllowUnverified("no clock to move", conformance.ScenarioHorizon), conformance.ReportOnly())
 	if err := rep.Verify(); !errors.Is(err, conformance.ErrUnverified) || !strings.Contains(err.Error(), "not selected (Only)") {
 		t.Errorf("a reason for horizon alone excused the scenarios Only left out: %v", err)
 	}
-	rep = conformance.Evaluate(t, "ledger without Ager", noAger, only,
-		conformance.AllowUnverified("this test runs two scenarios and has no clock to move", append(others, conformance.ScenarioHorizon)...))
+	rep = conformance.Run(t, "ledger without Ager", noAger, only,
+		conformance.AllowUnverified("this test runs two scenarios and has no clock to move", append(others, conformance.ScenarioHorizon)...), conformance.ReportOnly())
 	if err := rep.Verify(); err != nil {
 		t.Errorf("every blocking scenario named: %v", err)
 	}

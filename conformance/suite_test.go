@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"effectively.dev/conformance"
+	"effectively.dev/conformance/internal/counterexamples"
 	"effectively.dev/effects"
-	"effectively.dev/internal/counterexamples"
 )
 
 func ledgerMaker(ttl time.Duration) conformance.Maker[Entry] {
@@ -77,9 +77,9 @@ func TestHorizonNeedsAger(t *testing.T) {
 // service's clock is aged 400 days) and the late redelivery (a real wait).
 func TestHorizonCatchesForgetfulDedup(t *testing.T) {
 	offMatrix(t)
-	rep := conformance.Evaluate(t, "ledger forgetting keys after 2s", ledgerMaker(2*time.Second),
+	rep := conformance.Run(t, "ledger forgetting keys after 2s", ledgerMaker(2*time.Second),
 		conformance.Only(conformance.ScenarioHorizon, conformance.ScenarioLateRedelivery, conformance.ScenarioRedelivery),
-		conformance.WithLateRedelivery(3*time.Second))
+		conformance.WithLateRedelivery(3*time.Second), conformance.ReportOnly())
 	for _, s := range []string{conformance.ScenarioHorizon, conformance.ScenarioLateRedelivery} {
 		if !slices.Contains(rep.Failed(), s) {
 			t.Errorf("%s passed a dedup whose keys vanish after 2s", s)
@@ -112,9 +112,9 @@ func (l hangingLedger) Apply(ctx context.Context, key effects.Key, in Entry) (ef
 func TestApplyTimeoutNamesTheHang(t *testing.T) {
 	offMatrix(t)
 	start := time.Now()
-	rep := conformance.Evaluate(t, "ledger hanging on a lost reply", func(t testing.TB) conformance.Harness[Entry] {
+	rep := conformance.Run(t, "ledger hanging on a lost reply", func(t testing.TB) conformance.Harness[Entry] {
 		return ledgerVariant{&ledgerHarness{srv: startLedger(t, 0)}, func(l *Ledger) effects.Effect[Entry] { return hangingLedger{l} }, 0}
-	}, conformance.Only(conformance.ScenarioLostReply), conformance.WithApplyTimeout(500*time.Millisecond))
+	}, conformance.Only(conformance.ScenarioLostReply), conformance.WithApplyTimeout(500*time.Millisecond), conformance.ReportOnly())
 	row, _ := rep.Row(conformance.ScenarioLostReply)
 	if row.Verdict != conformance.Fail || len(row.Failures) == 0 {
 		t.Fatalf("lost-reply: %s, want FAIL for a hang", row.Verdict)
@@ -176,9 +176,9 @@ func (h ledgerVariant) Make(ctx context.Context, f *conformance.Faults) (effects
 // sweep, and an ErrTransient whose effect landed is caught.
 func TestSweepSkipsMakeAndChecksTransient(t *testing.T) {
 	offMatrix(t)
-	rep := conformance.Evaluate(t, "ledger: lost reply as ErrTransient, chatty Make", func(t testing.TB) conformance.Harness[Entry] {
+	rep := conformance.Run(t, "ledger: lost reply as ErrTransient, chatty Make", func(t testing.TB) conformance.Harness[Entry] {
 		return ledgerVariant{&ledgerHarness{srv: startLedger(t, 0)}, func(l *Ledger) effects.Effect[Entry] { return transientLedger{l} }, 70}
-	}, conformance.Only(conformance.ScenarioLostReply))
+	}, conformance.Only(conformance.ScenarioLostReply), conformance.ReportOnly())
 	row, _ := rep.Row(conformance.ScenarioLostReply)
 	if row.Verdict != conformance.Fail || !strings.Contains(strings.Join(row.Failures, "\n"), "promises that nothing was applied") {
 		t.Fatalf("lost-reply: %s %v, want FAIL for an ErrTransient with an effect", row.Verdict, row.Failures)
@@ -203,9 +203,9 @@ func (l appliedOnCut) Apply(ctx context.Context, key effects.Key, in Entry) (eff
 // request is caught before the suite's retry could repair it.
 func TestNilErrorMustShowTheEffect(t *testing.T) {
 	offMatrix(t)
-	rep := conformance.Evaluate(t, "ledger: applied on a cut request", func(t testing.TB) conformance.Harness[Entry] {
+	rep := conformance.Run(t, "ledger: applied on a cut request", func(t testing.TB) conformance.Harness[Entry] {
 		return ledgerVariant{&ledgerHarness{srv: startLedger(t, 0)}, func(l *Ledger) effects.Effect[Entry] { return appliedOnCut{l} }, 0}
-	}, conformance.Only(conformance.ScenarioCut))
+	}, conformance.Only(conformance.ScenarioCut), conformance.ReportOnly())
 	row, _ := rep.Row(conformance.ScenarioCut)
 	if row.Verdict != conformance.Fail || !strings.Contains(strings.Join(row.Failures, "\n"), "reported an effect that did not happen") {
 		t.Fatalf("cut-request: %s %v, want FAIL", row.Verdict, row.Failures)
@@ -269,7 +269,7 @@ func TestRunSourceCatchesCounterexamples(t *testing.T) {
 			[]string{conformance.SourceReleased}},
 		{"a header stamped per delivery", memSourceMaker(nil, func(s effects.Source) effects.Source { return counterexamples.NewStampedRedelivery(s) }),
 			[]string{conformance.SourceUnackedAfterClose, conformance.SourceUnackedAfterCrash}},
-		// Those of internal/counterexamples/redteam.go.
+		// Those of conformance/internal/counterexamples/redteam.go.
 		{"an ack applied at the next ack", memSourceMaker(nil, func(s effects.Source) effects.Source { return counterexamples.NewAckOnNextAck(s) }),
 			[]string{conformance.SourceAckedStayAcked}},
 		{"attempts counted from 0", func(tb testing.TB) conformance.SourceHarness {
@@ -279,7 +279,7 @@ func TestRunSourceCatchesCounterexamples(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			rep := conformance.EvaluateSource(t, "counterexample: "+c.name, c.mk, conformance.WithRedeliveryWait(500*time.Millisecond))
+			rep := conformance.RunSource(t, "counterexample: "+c.name, c.mk, conformance.WithRedeliveryWait(500*time.Millisecond), conformance.ReportOnly())
 			for _, s := range c.caught {
 				if !slices.Contains(rep.Failed(), s) {
 					t.Errorf("%s passed %s", s, c.name)

@@ -103,15 +103,15 @@ func TestAllowUnverified(t *testing.T) {
 // widened.
 func TestRaceWindowNotWidened(t *testing.T) {
 	offMatrix(t)
-	rep := conformance.Evaluate(t, "ledger dialling around the faults", unwiredMaker,
-		conformance.Only(conformance.ScenarioConcurrent, conformance.ScenarioRaceReuse))
+	rep := conformance.Run(t, "ledger dialling around the faults", unwiredMaker,
+		conformance.Only(conformance.ScenarioConcurrent, conformance.ScenarioRaceReuse), conformance.ReportOnly())
 	for _, s := range []string{conformance.ScenarioConcurrent, conformance.ScenarioRaceReuse} {
 		row, _ := rep.Row(s)
 		if !strings.Contains(strings.Join(row.Notes, "\n"), "race window not widened") {
 			t.Errorf("%s: notes %v do not say the race window was not widened", s, row.Notes)
 		}
 	}
-	rep = conformance.Evaluate(t, "ledger", ledgerMaker(0), conformance.Only(conformance.ScenarioConcurrent))
+	rep = conformance.Run(t, "ledger", ledgerMaker(0), conformance.Only(conformance.ScenarioConcurrent), conformance.ReportOnly())
 	if row, _ := rep.Row(conformance.ScenarioConcurrent); strings.Contains(strings.Join(row.Notes, "\n"), "not widened") {
 		t.Errorf("concurrent-duplicates through the Faults: notes %v say the window was not widened", row.Notes)
 	}

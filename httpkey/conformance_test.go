@@ -96,7 +96,7 @@ func (h *harness) Make(_ context.Context, f *conformance.Faults) (effects.Effect
 func (h *harness) AppFaultCodes() []string { return conformance.HTTPAppCodes }
 
 // appFault makes the kit answer the request about to be sent
-// (conformance.AppFaulter) as a provider does when the failure is not the
+// (conformance.Faults.SetAppFaulter) as a provider does when the failure is not the
 // key's stored response: a 409 for a concurrent request with the key
 // (httpkeytest's ConflictNext, the preset's in-flight answer), a 5xx
 // from in front of the server before the request reached it
@@ -192,31 +192,31 @@ func (p preset) builder() func(string) func(context.Context, Payment) (*http.Req
 // presets are httpkey's presets against the kit playing each, plus the
 // draft with the replay header most vendors that have one use.
 var presets = []preset{
-	{name: "httpkey.IETF", server: []httpkeytest.Option{httpkeytest.IETF()},
-		effect: []httpkey.Option{httpkey.IETF, httpkey.WithHorizon(httpkeytest.DefaultHorizon)}},
-	{name: "httpkey.Adyen", server: []httpkeytest.Option{httpkeytest.Adyen()},
+	{name: "httpkey.IETF", server: []httpkeytest.Option{httpkeytest.As(httpkey.IETF)},
+		effect: []httpkey.Option{httpkey.IETF, httpkey.WithHorizon(24 * time.Hour)}},
+	{name: "httpkey.Adyen", server: []httpkeytest.Option{httpkeytest.As(httpkey.Adyen)},
 		effect: []httpkey.Option{httpkey.Adyen}},
-	{name: "httpkey.Adyen+409", server: []httpkeytest.Option{httpkeytest.Adyen(), httpkeytest.WithInFlightStatus(http.StatusConflict)},
+	{name: "httpkey.Adyen+409", server: []httpkeytest.Option{httpkeytest.As(httpkey.Adyen), httpkeytest.WithInFlightStatus(http.StatusConflict)},
 		effect: []httpkey.Option{httpkey.Adyen}},
-	{name: "httpkey.PayPal", server: []httpkeytest.Option{httpkeytest.PayPal()},
-		effect: []httpkey.Option{httpkey.PayPal, httpkey.WithHorizon(httpkeytest.DefaultHorizon)}},
-	{name: "httpkey.Worldline", server: []httpkeytest.Option{httpkeytest.Worldline()},
+	{name: "httpkey.PayPal", server: []httpkeytest.Option{httpkeytest.As(httpkey.PayPal)},
+		effect: []httpkey.Option{httpkey.PayPal, httpkey.WithHorizon(24 * time.Hour)}},
+	{name: "httpkey.Worldline", server: []httpkeytest.Option{httpkeytest.As(httpkey.Worldline)},
 		effect: []httpkey.Option{httpkey.Worldline}},
-	{name: "httpkey.Checkout", server: []httpkeytest.Option{httpkeytest.Checkout()},
+	{name: "httpkey.Checkout", server: []httpkeytest.Option{httpkeytest.As(httpkey.Checkout)},
 		effect: []httpkey.Option{httpkey.Checkout}},
-	{name: "httpkey.GoCardless", server: []httpkeytest.Option{httpkeytest.GoCardless()},
-		effect: []httpkey.Option{httpkey.GoCardless, httpkey.WithHorizon(httpkeytest.DefaultHorizon), httpkey.WithRef(httpkey.JSONField("id"))}},
-	{name: "httpkey.Mollie", server: []httpkeytest.Option{httpkeytest.Mollie()},
+	{name: "httpkey.GoCardless", server: []httpkeytest.Option{httpkeytest.As(httpkey.GoCardless)},
+		effect: []httpkey.Option{httpkey.GoCardless, httpkey.WithHorizon(24 * time.Hour), httpkey.WithRef(httpkey.JSONField("id"))}},
+	{name: "httpkey.Mollie", server: []httpkeytest.Option{httpkeytest.As(httpkey.Mollie)},
 		effect: []httpkey.Option{httpkey.Mollie}},
-	{name: "httpkey.Square", server: []httpkeytest.Option{httpkeytest.Square()},
-		effect: []httpkey.Option{httpkey.Square, httpkey.WithHorizon(httpkeytest.DefaultHorizon)}},
-	{name: "httpkey.RazorpayX", server: []httpkeytest.Option{httpkeytest.RazorpayX()},
-		effect: []httpkey.Option{httpkey.RazorpayX, httpkey.WithHorizon(httpkeytest.DefaultHorizon)}},
-	{name: "httpkey.Braintree", server: []httpkeytest.Option{httpkeytest.Braintree()}, graphQL: true, journalOnly: true,
+	{name: "httpkey.Square", server: []httpkeytest.Option{httpkeytest.As(httpkey.Square)},
+		effect: []httpkey.Option{httpkey.Square, httpkey.WithHorizon(24 * time.Hour)}},
+	{name: "httpkey.RazorpayX", server: []httpkeytest.Option{httpkeytest.As(httpkey.RazorpayX)},
+		effect: []httpkey.Option{httpkey.RazorpayX, httpkey.WithHorizon(24 * time.Hour)}},
+	{name: "httpkey.Braintree", server: []httpkeytest.Option{httpkeytest.As(httpkey.Braintree)}, graphQL: true, journalOnly: true,
 		effect: []httpkey.Option{httpkey.Braintree, httpkey.WithRef(httpkey.JSONField("data", "id"))}},
 	{name: "httpkey.IETF+Idempotent-Replayed",
-		server: []httpkeytest.Option{httpkeytest.IETF(), httpkeytest.WithReplayHeader("Idempotent-Replayed", "true")},
-		effect: []httpkey.Option{httpkey.IETF, httpkey.WithHorizon(httpkeytest.DefaultHorizon), httpkey.WithReplayHeader("Idempotent-Replayed", "true")}},
+		server: []httpkeytest.Option{httpkeytest.As(httpkey.IETF), httpkeytest.WithReplayHeader("Idempotent-Replayed", "true")},
+		effect: []httpkey.Option{httpkey.IETF, httpkey.WithHorizon(24 * time.Hour), httpkey.WithReplayHeader("Idempotent-Replayed", "true")}},
 }
 
 // allowKit names what a harness on httpkeytest cannot verify: the kit and

@@ -12,7 +12,7 @@ import (
 )
 
 // replayed is the replay signal of the configurations below.
-var replayed = []httpkeytest.Option{httpkeytest.IETF(), httpkeytest.WithReplayHeader("Idempotent-Replayed", "true")}
+var replayed = []httpkeytest.Option{httpkeytest.As(httpkey.IETF), httpkeytest.WithReplayHeader("Idempotent-Replayed", "true")}
 
 // effectFor returns the options of an effect that trusts the kit's replay
 // signal and declares horizon.
@@ -29,12 +29,12 @@ func effectFor(horizon time.Duration) []httpkey.Option {
 func TestCounterexampleLongerHorizonThanTheServerKeepsFails(t *testing.T) {
 	t.Parallel()
 	server := append(slices.Clone(replayed), httpkeytest.WithHorizon(time.Hour))
-	rep := conformance.Evaluate(t, "counterexample: httpkey declaring 24h against a server keeping 1h",
+	rep := conformance.Run(t, "counterexample: httpkey declaring 24h against a server keeping 1h",
 		func(t testing.TB) conformance.Harness[Payment] {
 			return newHarness(t, preset{server: server, effect: effectFor(24 * time.Hour)}, false)
 		},
 		conformance.Only(conformance.ScenarioRedelivery, conformance.ScenarioLateRedelivery, conformance.ScenarioHorizon),
-		conformance.WithLateRedelivery(time.Second))
+		conformance.WithLateRedelivery(time.Second), conformance.ReportOnly())
 	t.Logf("caught by: %v\n%s", rep.Failed(), rep.Markdown())
 	if !slices.Equal(rep.Failed(), []string{conformance.ScenarioHorizon}) {
 		t.Errorf("failed scenarios %v, want just %s", rep.Failed(), conformance.ScenarioHorizon)
@@ -78,15 +78,15 @@ func TestCounterexampleReplaySignalTheServerDoesNotSendFails(t *testing.T) {
 		server []httpkeytest.Option
 		effect []httpkey.Option
 	}{
-		{"Idempotent-Replayed", []httpkeytest.Option{httpkeytest.IETF()}, effectFor(httpkeytest.DefaultHorizon)},
-		{"Worldline", []httpkeytest.Option{httpkeytest.Worldline(), httpkeytest.WithReplayHeader("", "")}, []httpkey.Option{httpkey.Worldline}},
+		{"Idempotent-Replayed", []httpkeytest.Option{httpkeytest.As(httpkey.IETF)}, effectFor(24 * time.Hour)},
+		{"Worldline", []httpkeytest.Option{httpkeytest.As(httpkey.Worldline), httpkeytest.WithReplayHeader("", "")}, []httpkey.Option{httpkey.Worldline}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rep := conformance.Evaluate(t, "counterexample: httpkey trusting a replay signal ("+tc.name+") the server never sends",
+			rep := conformance.Run(t, "counterexample: httpkey trusting a replay signal ("+tc.name+") the server never sends",
 				func(t testing.TB) conformance.Harness[Payment] {
 					return newHarness(t, preset{server: tc.server, effect: tc.effect}, false)
 				},
-				conformance.Only(conformance.ScenarioRedelivery, conformance.ScenarioConcurrent))
+				conformance.Only(conformance.ScenarioRedelivery, conformance.ScenarioConcurrent), conformance.ReportOnly())
 			t.Logf("caught by: %v\n%s", rep.Failed(), rep.Markdown())
 			for _, name := range []string{conformance.ScenarioRedelivery, conformance.ScenarioConcurrent} {
 				if !slices.Contains(rep.Failed(), name) {
@@ -119,11 +119,11 @@ func TestCounterexampleAppFaultsMisreadFail(t *testing.T) {
 		{"409 read as Refused", httpkey.Rule{Outcome: httpkey.Refused, Status: []int{409}}, "Retryable rejects"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			effect := append(effectFor(httpkeytest.DefaultHorizon), httpkey.WithRule(tc.rule))
-			rep := conformance.Evaluate(t, "counterexample: httpkey with a rule: "+tc.name,
+			effect := append(effectFor(24*time.Hour), httpkey.WithRule(tc.rule))
+			rep := conformance.Run(t, "counterexample: httpkey with a rule: "+tc.name,
 				func(t testing.TB) conformance.Harness[Payment] {
 					return newHarness(t, preset{server: replayed, effect: effect}, false)
-				}, conformance.Only(conformance.ScenarioAppFaults))
+				}, conformance.Only(conformance.ScenarioAppFaults), conformance.ReportOnly())
 			row, _ := rep.Row(conformance.ScenarioAppFaults)
 			if row.Verdict != conformance.Fail {
 				t.Fatalf("app-faults: %s, want FAIL (notes %v)", row.Verdict, row.Notes)

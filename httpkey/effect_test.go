@@ -64,12 +64,11 @@ func TestKeyPlacement(t *testing.T) {
 		server []httpkeytest.Option
 		effect []httpkey.Option
 	}{
-		{"IETF structured header", []httpkeytest.Option{httpkeytest.IETF()}, []httpkey.Option{httpkey.IETF, httpkey.WithHorizon(time.Hour)}},
-		{"Adyen raw header, 64 bytes", []httpkeytest.Option{httpkeytest.Adyen()}, []httpkey.Option{httpkey.Adyen}},
-		{"PayPal-Request-Id", []httpkeytest.Option{httpkeytest.PayPal()}, []httpkey.Option{httpkey.PayPal, httpkey.WithHorizon(time.Hour)}},
-		{"Worldline raw header, 40 bytes", []httpkeytest.Option{httpkeytest.Worldline()}, []httpkey.Option{httpkey.Worldline}},
-		{"JSON body member", []httpkeytest.Option{httpkeytest.WithKeyField("idempotency_key")},
-			[]httpkey.Option{httpkey.WithKeyField("idempotency_key"), httpkey.WithHorizon(time.Hour)}},
+		{"IETF structured header", []httpkeytest.Option{httpkeytest.As(httpkey.IETF)}, []httpkey.Option{httpkey.IETF, httpkey.WithHorizon(time.Hour)}},
+		{"Adyen raw header, 64 bytes", []httpkeytest.Option{httpkeytest.As(httpkey.Adyen)}, []httpkey.Option{httpkey.Adyen}},
+		{"PayPal-Request-Id", []httpkeytest.Option{httpkeytest.As(httpkey.PayPal)}, []httpkey.Option{httpkey.PayPal, httpkey.WithHorizon(time.Hour)}},
+		{"Worldline raw header, 40 bytes", []httpkeytest.Option{httpkeytest.As(httpkey.Worldline)}, []httpkey.Option{httpkey.Worldline}},
+		{"Square JSON body member, 45 bytes", []httpkeytest.Option{httpkeytest.As(httpkey.Square)}, []httpkey.Option{httpkey.Square, httpkey.WithHorizon(time.Hour)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := httpkeytest.Start(t, tc.server...)
@@ -221,7 +220,7 @@ func TestStatusClasses(t *testing.T) {
 		{http.StatusBadGateway, []httpkey.Option{httpkey.WithStatus(httpkey.Transient, http.StatusBadGateway)}, effects.ErrTransient, 0},
 	} {
 		t.Run(fmt.Sprintf("%d%s", tc.status, optsName(tc.opts)), func(t *testing.T) {
-			srv := httpkeytest.Start(t, httpkeytest.WithKeyHeader("Idempotency-Key"))
+			srv := httpkeytest.Start(t, httpkeytest.As(httpkey.Neutral))
 			opts := append(append([]httpkey.Option{}, tc.opts...), httpkey.WithKeyHeader("Idempotency-Key"), httpkey.WithHorizon(time.Hour))
 			e := newEffect(t, srv, opts...)
 			srv.FailNext(1, tc.status)
@@ -361,7 +360,7 @@ func TestReplayedStatus(t *testing.T) {
 // effect against a server that sends no such header reports Applied, so
 // the signal is what is read.
 func TestWorldlineReplaySignal(t *testing.T) {
-	srv := httpkeytest.Start(t, httpkeytest.Worldline())
+	srv := httpkeytest.Start(t, httpkeytest.As(httpkey.Worldline))
 	e := newEffect(t, srv, httpkey.Worldline, httpkey.WithRef(httpkey.JSONField("id")))
 	first, err := e.Apply(ctx, "wl-1", pay("wl-1"))
 	if err != nil || first.Status != effects.Applied {
@@ -379,7 +378,7 @@ func TestWorldlineReplaySignal(t *testing.T) {
 		t.Errorf("%d objects, want 1", n)
 	}
 
-	quiet := httpkeytest.Start(t, httpkeytest.Worldline(), httpkeytest.WithReplayHeader("", ""))
+	quiet := httpkeytest.Start(t, httpkeytest.As(httpkey.Worldline), httpkeytest.WithReplayHeader("", ""))
 	e = newEffect(t, quiet, httpkey.Worldline, httpkey.WithRef(httpkey.JSONField("id")))
 	for i := range 2 {
 		if res, err := e.Apply(ctx, "wl-2", pay("wl-2")); err != nil || res.Status != effects.Applied {
@@ -443,7 +442,7 @@ func TestBadRequestsMakeNoRequest(t *testing.T) {
 // An empty body takes the key member as the only one, and a body with
 // white space and members keeps them byte for byte after it.
 func TestKeyFieldKeepsTheBody(t *testing.T) {
-	srv := httpkeytest.Start(t, httpkeytest.WithKeyField("idempotency_key"))
+	srv := httpkeytest.Start(t, httpkeytest.As(httpkey.Square)) // the key in the body's idempotency_key
 	for _, body := range []string{`{}`, " {\n \"amount\": 1.50, \"meta\": {\"a\": [1, 2]}\n}"} {
 		e, err := httpkey.New(newClient(t), func(ctx context.Context, _ Payment) (*http.Request, error) {
 			return http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/objects", strings.NewReader(body))

@@ -17,12 +17,12 @@ import (
 // forgetful is IETF without a replay signal (Apply reports every success
 // Applied) declaring 24 hours, against a kit that forgets keys after 10
 // seconds.
-var forgetful = preset{server: []httpkeytest.Option{httpkeytest.IETF(), httpkeytest.WithHorizon(10 * time.Second)},
+var forgetful = preset{server: []httpkeytest.Option{httpkeytest.As(httpkey.IETF), httpkeytest.WithHorizon(10 * time.Second)},
 	effect: []httpkey.Option{httpkey.IETF, httpkey.WithHorizon(24 * time.Hour)}}
 
 // noSignal is IETF without a replay signal, declaring the kit's horizon.
-var noSignal = preset{server: []httpkeytest.Option{httpkeytest.IETF()},
-	effect: []httpkey.Option{httpkey.IETF, httpkey.WithHorizon(httpkeytest.DefaultHorizon)}}
+var noSignal = preset{server: []httpkeytest.Option{httpkeytest.As(httpkey.IETF)},
+	effect: []httpkey.Option{httpkey.IETF, httpkey.WithHorizon(24 * time.Hour)}}
 
 // evaluateHorizon runs the redelivery and horizon scenarios on the
 // harness mk builds, without failing t: the report is judged by the
@@ -30,8 +30,8 @@ var noSignal = preset{server: []httpkeytest.Option{httpkeytest.IETF()},
 func evaluateHorizon(t *testing.T, name string, mk func(testing.TB) *harness) conformance.Report {
 	t.Helper()
 	t.Setenv("CONFORMANCE_REPORT", "")
-	rep := conformance.Evaluate(t, name, func(t testing.TB) conformance.Harness[Payment] { return mk(t) },
-		conformance.Only(conformance.ScenarioRedelivery, conformance.ScenarioHorizon))
+	rep := conformance.Run(t, name, func(t testing.TB) conformance.Harness[Payment] { return mk(t) },
+		conformance.Only(conformance.ScenarioRedelivery, conformance.ScenarioHorizon), conformance.ReportOnly())
 	t.Logf("%s", rep.Markdown())
 	return rep
 }
@@ -89,8 +89,8 @@ func TestAgerThatMissesTheKeyStoreVerifiesNothing(t *testing.T) {
 // again), for the kit's horizon and for an assumed one (a provider that
 // publishes none), which the report marks as assumed.
 func TestHorizonWithoutSignalPasses(t *testing.T) {
-	for _, p := range []preset{noSignal, {server: []httpkeytest.Option{httpkeytest.Square()},
-		effect: []httpkey.Option{httpkey.Square, httpkey.WithHorizon(httpkeytest.DefaultHorizon)}}} {
+	for _, p := range []preset{noSignal, {server: []httpkeytest.Option{httpkeytest.As(httpkey.Square)},
+		effect: []httpkey.Option{httpkey.Square, httpkey.WithHorizon(24 * time.Hour)}}} {
 		rep := evaluateHorizon(t, "httpkey without a replay signal", func(t testing.TB) *harness { return newHarness(t, p, false) })
 		row, _ := rep.Row(conformance.ScenarioHorizon)
 		if row.Verdict != conformance.Pass || row.Unconfirmed != "" {

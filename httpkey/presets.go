@@ -25,6 +25,19 @@ func (p Provider) apply(c *config) { p.set(c) }
 // (the shortest it has published), 0 when it publishes none.
 func (p Provider) Horizon() time.Duration { return p.horizon }
 
+// String returns the provider's name as this package spells its value:
+// "IETF", "Neutral", "Adyen", "PayPal", "Worldline", "Checkout",
+// "GoCardless", "Mollie", "Square", "RazorpayX" or "Braintree"; "" for the
+// zero Provider.
+func (p Provider) String() string {
+	if p.set == nil {
+		return ""
+	}
+	var c config
+	p.set(&c)
+	return c.preset
+}
+
 // The providers this package knows.
 var (
 	// IETF is the scheme of the IETF draft "The Idempotency-Key HTTP Header

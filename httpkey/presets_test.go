@@ -73,7 +73,7 @@ func TestPresetContracts(t *testing.T) {
 func TestAdyenInProgressWaits(t *testing.T) {
 	for _, status := range []int{http.StatusUnprocessableEntity, http.StatusConflict} {
 		t.Run(fmt.Sprint(status), func(t *testing.T) {
-			srv := httpkeytest.Start(t, httpkeytest.Adyen(), httpkeytest.WithInFlightStatus(status))
+			srv := httpkeytest.Start(t, httpkeytest.As(httpkey.Adyen), httpkeytest.WithInFlightStatus(status))
 			e := newEffect(t, srv, httpkey.Adyen)
 			held, release := srv.Hold()
 			defer release()
@@ -94,7 +94,7 @@ func TestAdyenInProgressWaits(t *testing.T) {
 			}
 		})
 	}
-	srv := httpkeytest.Start(t, httpkeytest.Adyen())
+	srv := httpkeytest.Start(t, httpkeytest.As(httpkey.Adyen))
 	e := newEffect(t, srv, httpkey.Adyen)
 	declined := pay("adyen-declined")
 	declined.Reference = httpkeytest.DeclineMarker
@@ -123,7 +123,7 @@ func TestAdyenInProgressWaits(t *testing.T) {
 // idempotent_creation_conflict, which Apply reports as a replay with the
 // conflicting resource's id.
 func TestGoCardlessConflictIsReplay(t *testing.T) {
-	srv := httpkeytest.Start(t, httpkeytest.GoCardless())
+	srv := httpkeytest.Start(t, httpkeytest.As(httpkey.GoCardless))
 	e := newEffect(t, srv, httpkey.GoCardless, httpkey.WithHorizon(time.Hour), httpkey.WithRef(httpkey.JSONField("id")))
 	first, err := e.Apply(ctx, "gc-1", pay("gc-1"))
 	if err != nil || first.Status != effects.Applied || first.Ref == "" {
@@ -187,7 +187,7 @@ func TestProviderKeyFormats(t *testing.T) {
 		}
 	}
 	// And the kit playing RazorpayX, which checks the format, takes them.
-	srv := httpkeytest.Start(t, httpkeytest.RazorpayX())
+	srv := httpkeytest.Start(t, httpkeytest.As(httpkey.RazorpayX))
 	e := newEffect(t, srv, httpkey.RazorpayX, h)
 	for _, k := range keys[:20] {
 		if _, err := e.Apply(ctx, k, pay(k)); err != nil {
@@ -200,7 +200,7 @@ func TestProviderKeyFormats(t *testing.T) {
 // VALIDATION error (a request in progress) waits, any other is refused;
 // the key goes in the mutation's input.
 func TestBraintreeErrorsIn200(t *testing.T) {
-	srv := httpkeytest.Start(t, httpkeytest.Braintree())
+	srv := httpkeytest.Start(t, httpkeytest.As(httpkey.Braintree))
 	e, err := httpkey.New(newClient(t), buildGraphQL(srv.URL), httpkey.Braintree, httpkey.WithRef(httpkey.JSONField("data", "id")))
 	if err != nil {
 		t.Fatal(err)
@@ -423,7 +423,7 @@ func TestCallTimeoutWithoutJournal(t *testing.T) {
 // (/v70/ → /v71/) is the same payload: it replays, it is not key reuse.
 // Another body is.
 func TestFingerprintIgnoresTheAPIVersion(t *testing.T) {
-	srv := httpkeytest.Start(t, httpkeytest.IETF())
+	srv := httpkeytest.Start(t, httpkeytest.As(httpkey.IETF))
 	j := memjournal.New(nil)
 	mk := func(version string) *httpkey.Effect[Payment] {
 		e, err := httpkey.New(newClient(t), func(ctx context.Context, p Payment) (*http.Request, error) {

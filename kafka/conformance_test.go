@@ -279,9 +279,9 @@ func requireAllRan(t *testing.T, rep conformance.Report) {
 // an Apply: redelivery, concurrent duplicates, key reuse, the replay storm
 // and the backend restart.
 func TestConformanceCounterexample(t *testing.T) {
-	rep := conformance.Evaluate(t, "counterexample: kafka.Producer without journal claiming effectively-once",
+	rep := conformance.Run(t, "counterexample: kafka.Producer without journal claiming effectively-once",
 		func(t testing.TB) conformance.Harness[kafka.Message] { return newProducerHarness(t, false, true) },
-		conformance.WithLateRedelivery(time.Second), conformance.WithCapacity(1000)) // caught long before 5,000 keys
+		conformance.WithLateRedelivery(time.Second), conformance.WithCapacity(1000), conformance.ReportOnly()) // caught long before 5,000 keys
 	failed := map[string]bool{}
 	for _, s := range rep.Failed() {
 		failed[s] = true

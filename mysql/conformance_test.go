@@ -17,7 +17,7 @@ import (
 )
 
 // TestConformance holds the adapter to its declared contract in every
-// scenario of the suite, through conformance.SQLConnector over
+// scenario of the suite, through conformance.Faults.SQLConnector over
 // go-sql-driver/mysql (every driver call a faulted round trip), and
 // requires every field of the contract to be verified: a crash restart by
 // SIGKILL of mysqld, a successor process, slow replies and key capacity at
@@ -98,7 +98,7 @@ func newConfHarness(t testing.TB, alter string) conformance.Harness[confCharge] 
 func (h *confHarness) Attachment() string { return h.dsn }
 
 // Make builds a new adapter instance whose every driver call goes through
-// the suite's faults (conformance.SQLConnector).
+// the suite's faults (conformance.Faults.SQLConnector).
 func (h *confHarness) Make(ctx context.Context, f *conformance.Faults) (effects.Effect[confCharge], func(), error) {
 	db, err := faultedDB(h.dsn, f)
 	if err != nil {
@@ -116,7 +116,7 @@ func (h *confHarness) Make(ctx context.Context, f *conformance.Faults) (effects.
 }
 
 // faultedDB opens dsn with every driver call through f
-// (conformance.SQLConnector over go-sql-driver/mysql's connector).
+// (conformance.Faults.SQLConnector over go-sql-driver/mysql's connector).
 func faultedDB(dsn string, f *conformance.Faults) (*sql.DB, error) {
 	cfg, err := driver.ParseDSN(dsn)
 	if err != nil {
@@ -126,7 +126,7 @@ func faultedDB(dsn string, f *conformance.Faults) (*sql.DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	return sql.OpenDB(conformance.SQLConnector(base, f)), nil
+	return sql.OpenDB(f.SQLConnector(base)), nil
 }
 
 // Input embeds the key so that Count can find the effect; variant 1

@@ -22,9 +22,9 @@ const postgresMindedKey = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_ge
 // ("Order-7" and "order-7" are one dedup row, so the second message is
 // never applied), and Check refuses the table at start-up.
 func TestConformanceCatchesCaseInsensitiveKeys(t *testing.T) {
-	rep := conformance.Evaluate(t, "mysql (key VARCHAR utf8mb4_general_ci)", func(t testing.TB) conformance.Harness[confCharge] {
+	rep := conformance.Run(t, "mysql (key VARCHAR utf8mb4_general_ci)", func(t testing.TB) conformance.Harness[confCharge] {
 		return newConfHarness(t, "MODIFY `key` "+postgresMindedKey)
-	}, conformance.Only(conformance.ScenarioDistinctKeys), conformance.WithRetryFor(500*time.Millisecond))
+	}, conformance.Only(conformance.ScenarioDistinctKeys), conformance.WithRetryFor(500*time.Millisecond), conformance.ReportOnly())
 	row, _ := rep.Row(conformance.ScenarioDistinctKeys)
 	if row.Verdict != conformance.Fail {
 		t.Fatalf("distinct-keys over a case-insensitive key column: %s, want FAIL", row.Verdict)
@@ -101,9 +101,9 @@ func TestScopesDifferingInTrailingSpace(t *testing.T) {
 // back): the retry replays an effect that does not exist. The suite's
 // cut-request sweep catches it, and Check refuses the table.
 func TestConformanceCatchesMyISAMKeys(t *testing.T) {
-	rep := conformance.Evaluate(t, "mysql (effectively_keys ENGINE=MyISAM)", func(t testing.TB) conformance.Harness[confCharge] {
+	rep := conformance.Run(t, "mysql (effectively_keys ENGINE=MyISAM)", func(t testing.TB) conformance.Harness[confCharge] {
 		return newConfHarness(t, "ENGINE=MyISAM")
-	}, conformance.Only(conformance.ScenarioCut))
+	}, conformance.Only(conformance.ScenarioCut), conformance.ReportOnly())
 	row, _ := rep.Row(conformance.ScenarioCut)
 	if row.Verdict != conformance.Fail {
 		t.Fatalf("cut-request over a MyISAM key table: %s, want FAIL", row.Verdict)

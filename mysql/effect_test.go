@@ -399,7 +399,7 @@ func (*ptrFingerprinted) Fingerprint() ([]byte, error) { return nil, nil }
 func TestLostCommitReplyAmbiguous(t *testing.T) {
 	db, dsn := newDB(t)
 	ctx := testCtx(t)
-	f := conformance.NewFaults()
+	f := new(conformance.Faults)
 	faulted, err := faultedDB(dsn, f)
 	if err != nil {
 		t.Fatal(err)

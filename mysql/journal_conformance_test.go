@@ -14,7 +14,7 @@ import (
 
 // journalHarness opens mysql.Journal instances over one database, each
 // with its own *sql.DB whose driver calls go through the suite's faults
-// (conformance.SQLConnector).
+// (conformance.Faults.SQLConnector).
 type journalHarness struct{ dsn string }
 
 func (h *journalHarness) Open(ctx context.Context, f *conformance.Faults) (journal.Journal, func(), error) {
@@ -35,9 +35,6 @@ func (h *journalHarness) Open(ctx context.Context, f *conformance.Faults) (journ
 // themselves, so no instance's clock judges a lease, and the journal has
 // no clock of the process a test could skew.
 const oneClock = "leases are judged by the database server's NOW(6), one clock for every instance; mysql.Journal reads no process clock a test could skew"
-
-// OneClock states it, shown in the report where clock-skew did not run.
-func (*journalHarness) OneClock() string { return oneClock }
 
 // journalAllow says what the journal suite cannot verify here: clock-skew
 // (one clock, see oneClock), and restarts when MYSQL_DSN names a server

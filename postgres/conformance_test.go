@@ -177,7 +177,7 @@ func (h *confHarness) AppFaultCodes() []string {
 }
 
 // appFault makes the real server answer the Apply whose round trip is
-// about to start with e's SQLSTATE (conformance.AppFaulter), through the
+// about to start with e's SQLSTATE (conformance.Faults.SetAppFaulter), through the
 // triggers pgtest.InstallAppFaults put on the ledger and the dedup table:
 // a serialization failure (40001) at the next COMMIT of a transaction
 // that wrote, as SERIALIZABLE reports one; a deadlock (40P01) or a lock
@@ -270,8 +270,8 @@ func TestConformanceCatchesAppFaultLiars(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			shape := confHarness{liar: func(e effects.Effect[confCharge]) effects.Effect[confCharge] { return lyingEffect{e, tc.lie} }}
-			rep := conformance.Evaluate(t, "postgres/"+tc.name, func(t testing.TB) conformance.Harness[confCharge] { return newConfHarness(t, shape) },
-				conformance.Only(conformance.ScenarioAppFaults), conformance.WithMaxSweep(2)) // the first two round trips show either lie
+			rep := conformance.Run(t, "postgres/"+tc.name, func(t testing.TB) conformance.Harness[confCharge] { return newConfHarness(t, shape) },
+				conformance.Only(conformance.ScenarioAppFaults), conformance.WithMaxSweep(2), conformance.ReportOnly()) // the first two round trips show either lie
 			row, _ := rep.Row(conformance.ScenarioAppFaults)
 			if row.Verdict != conformance.Fail {
 				t.Fatalf("app-faults: %s, want FAIL (notes %v)", row.Verdict, row.Notes)

@@ -41,9 +41,6 @@ func (h *journalHarness) Open(ctx context.Context, f *conformance.Faults) (journ
 // no clock of the process a test could skew.
 const oneClock = "leases are judged by the database server's now(), one clock for every instance; postgres.Journal reads no process clock a test could skew"
 
-// OneClock states it, shown in the report where clock-skew did not run.
-func (*journalHarness) OneClock() string { return oneClock }
-
 // journalAllow says what the journal suite cannot verify here: clock-skew
 // (one clock, see oneClock), and restarts when DATABASE_URL names a
 // server that is not the test's.

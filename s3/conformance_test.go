@@ -94,12 +94,12 @@ func (h *harness) Input(key effects.Key, variant int) s3.Object {
 // Count returns the number of versions of the key's object: every write
 // that landed, overwrites included.
 func (h *harness) Count(ctx context.Context, key effects.Key) (int, error) {
-	return countVersions(ctx, h.admin, h.srv.Bucket, h.prefix+s3.EscapeKey(key), true)
+	return countVersions(ctx, h.srv, h.prefix+s3.EscapeKey(key), true)
 }
 
 // Total returns the number of object versions under the scenario's prefix.
 func (h *harness) Total(ctx context.Context) (int, error) {
-	return countVersions(ctx, h.admin, h.srv.Bucket, h.prefix, false)
+	return countVersions(ctx, h.srv, h.prefix, false)
 }
 
 // CountBatch lists the versions under the scenario's prefix once and

@@ -115,7 +115,7 @@ func newEnv(t testing.TB, optFns ...func(*awss3.Options)) *env {
 // excluded): every successful write of it, overwrites included.
 func (e *env) versions(name string) int {
 	e.t.Helper()
-	n, err := countVersions(context.Background(), e.client, e.srv.Bucket, name, true)
+	n, err := countVersions(context.Background(), e.srv, name, true)
 	if err != nil {
 		e.t.Fatalf("counting versions of %s: %v", name, err)
 	}
@@ -125,7 +125,7 @@ func (e *env) versions(name string) int {
 // total counts all versions under the env's prefix.
 func (e *env) total() int {
 	e.t.Helper()
-	n, err := countVersions(context.Background(), e.client, e.srv.Bucket, e.prefix, false)
+	n, err := countVersions(context.Background(), e.srv, e.prefix, false)
 	if err != nil {
 		e.t.Fatalf("counting versions under %s: %v", e.prefix, err)
 	}
@@ -134,8 +134,11 @@ func (e *env) total() int {
 
 // countVersions counts object versions whose key is name (exact) or starts
 // with it (!exact): every write, overwrites included.
-func countVersions(ctx context.Context, c *awss3.Client, bucket, name string, exact bool) (int, error) {
-	byKey, err := s3test.Versions(ctx, c, bucket, name, !exact)
+func countVersions(ctx context.Context, srv *s3test.Server, name string, exact bool) (int, error) {
+	if exact {
+		return srv.Writes(ctx, name)
+	}
+	byKey, err := srv.WritesUnder(ctx, name)
 	total := 0
 	for _, n := range byKey {
 		total += n

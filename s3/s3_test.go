@@ -336,7 +336,7 @@ func TestAwkwardKeysRoundTrip(t *testing.T) {
 // whose reply was lost; the resend gets 412 for the first send's write,
 // and the adapter reports a replay of that write. The object exists once.
 func TestSDKRetryFindingItsOwnWriteIsAReplay(t *testing.T) {
-	faults := conformance.NewFaults()
+	faults := new(conformance.Faults)
 	tr := &http.Transport{}
 	t.Cleanup(tr.CloseIdleConnections)
 	e := newEnv(t, func(o *awss3.Options) {

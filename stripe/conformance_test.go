@@ -88,14 +88,14 @@ func (h *harness) Make(ctx context.Context, f *conformance.Faults) (effects.Effe
 func (h *harness) AppFaultCodes() []string { return conformance.HTTPAppCodes }
 
 // appFaulter makes srv answer the request about to be sent
-// (conformance.AppFaulter) with a failure Stripe does not store under
+// (conformance.Faults.SetAppFaulter) with a failure Stripe does not store under
 // the idempotency key: 409 idempotency_key_in_use for a concurrent
 // request with the key (ConflictNext), a 5xx from in front of the API
 // before the request reached it (FailNextInFront), or after the API
 // executed it and stored its response (FailNextReplyInFront). A 500 of
 // Stripe's own is stored and replayed to every retry (FailNext), so it is
 // no fault a retry can get through.
-func appFaulter(srv *stripetest.Server) conformance.AppFaulter {
+func appFaulter(srv *stripetest.Server) func(e *conformance.AppError) error {
 	return func(e *conformance.AppError) error {
 		switch st := e.HTTPStatus(); {
 		case st == http.StatusConflict && !e.Applied:

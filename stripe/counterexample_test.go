@@ -70,7 +70,7 @@ func (c *freshKeyPerAttempt) Apply(ctx context.Context, key effects.Key, in Paym
 // restart may catch it too, when the client reuses a connection the
 // restart closed (its network error triggers the fresh-key retry).
 func TestCounterexampleFreshKeyPerAttemptFails(t *testing.T) {
-	rep := conformance.Evaluate(t, "counterexample: fresh key per attempt", func(t testing.TB) conformance.Harness[PaymentIntent] {
+	rep := conformance.Run(t, "counterexample: fresh key per attempt", func(t testing.TB) conformance.Harness[PaymentIntent] {
 		h := newHarness(t, func(api *client.API, _ func() time.Time) effects.Effect[PaymentIntent] {
 			return &freshKeyPerAttempt{api: api, e: must(newEffect("counterexample", "freshKeyPerAttempt.Apply", nil))}
 		})
@@ -78,7 +78,7 @@ func TestCounterexampleFreshKeyPerAttemptFails(t *testing.T) {
 		// effect key in their metadata instead.
 		h.count = func(key effects.Key) int { return h.srv.CreatedWithMetadata("effect_key", string(key)) }
 		return h
-	}, conformance.WithLateRedelivery(time.Second))
+	}, conformance.WithLateRedelivery(time.Second), conformance.ReportOnly())
 	failed := rep.Failed()
 	t.Logf("caught by: %v\n%s", failed, rep.Markdown())
 	want := []string{conformance.ScenarioLostReply, conformance.ScenarioCut}
@@ -112,12 +112,12 @@ func (e foreverWithoutJournal) Contract() effects.Contract {
 // immediate and the late redelivery (seconds later) still replay: only
 // the horizon tells the lie from the truth.
 func TestCounterexampleHorizonWithoutJournalFails(t *testing.T) {
-	rep := conformance.Evaluate(t, "counterexample: stripe without journal declared horizon 0", func(t testing.TB) conformance.Harness[PaymentIntent] {
+	rep := conformance.Run(t, "counterexample: stripe without journal declared horizon 0", func(t testing.TB) conformance.Harness[PaymentIntent] {
 		return newHarness(t, func(api *client.API, _ func() time.Time) effects.Effect[PaymentIntent] {
 			return foreverWithoutJournal{must(NewPaymentIntents(api))}
 		})
 	}, conformance.Only(conformance.ScenarioHorizon, conformance.ScenarioRedelivery, conformance.ScenarioLateRedelivery),
-		conformance.WithLateRedelivery(time.Second))
+		conformance.WithLateRedelivery(time.Second), conformance.ReportOnly())
 	t.Logf("caught by: %v\n%s", rep.Failed(), rep.Markdown())
 	if !slices.Equal(rep.Failed(), []string{conformance.ScenarioHorizon}) {
 		t.Errorf("failed scenarios %v, want just %s", rep.Failed(), conformance.ScenarioHorizon)
@@ -168,13 +168,13 @@ func (c *newKeyOnConflict) Apply(ctx context.Context, key effects.Key, in Paymen
 // PaymentIntent under its new key, and the retry with the real key
 // creates a second one.
 func TestCounterexampleNewKeyOnConflictFails(t *testing.T) {
-	rep := conformance.Evaluate(t, "counterexample: new key on 409", func(t testing.TB) conformance.Harness[PaymentIntent] {
+	rep := conformance.Run(t, "counterexample: new key on 409", func(t testing.TB) conformance.Harness[PaymentIntent] {
 		h := newHarness(t, func(api *client.API, _ func() time.Time) effects.Effect[PaymentIntent] {
 			return &newKeyOnConflict{api: api, e: must(newEffect("counterexample", "newKeyOnConflict.Apply", nil))}
 		})
 		h.count = func(key effects.Key) int { return h.srv.CreatedWithMetadata("effect_key", string(key)) }
 		return h
-	}, conformance.Only(conformance.ScenarioAppFaults))
+	}, conformance.Only(conformance.ScenarioAppFaults), conformance.ReportOnly())
 	row, _ := rep.Row(conformance.ScenarioAppFaults)
 	if row.Verdict != conformance.Fail || row.MaxEffects < 2 {
 		t.Fatalf("app-faults: %s with at most %d PaymentIntents per key, want FAIL with a duplicate (notes %v)", row.Verdict, row.MaxEffects, row.Notes)

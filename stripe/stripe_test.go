@@ -150,7 +150,7 @@ func TestConcurrentAttemptIsInFlight(t *testing.T) {
 
 func TestLostReplyIsAmbiguousAndTheRetryReplays(t *testing.T) {
 	srv := stripetest.Start(t)
-	f := conformance.NewFaults()
+	f := new(conformance.Faults)
 	charges := newPI(t, newAPI(t, srv, f.Transport))
 	key := effects.MustKey("test", "evt_1", "charge")
 	f.Arm(1, conformance.DropReply, nil)
@@ -185,7 +185,7 @@ func TestCancelledContext(t *testing.T) {
 	}
 
 	// Cancelled after the request left: the outcome is unknown.
-	f := conformance.NewFaults()
+	f := new(conformance.Faults)
 	charges = newPI(t, newAPI(t, srv, f.Transport))
 	ctx, cancel = context.WithCancel(context.Background())
 	f.Arm(1, conformance.CancelAfterSend, cancel)
@@ -373,7 +373,7 @@ func TestPastStripesHorizon(t *testing.T) {
 func TestJournalLostReplyRetriedAtOnce(t *testing.T) {
 	srv := stripetest.Start(t)
 	j := memjournal.New(nil)
-	f := conformance.NewFaults()
+	f := new(conformance.Faults)
 	charges := newPI(t, newAPI(t, srv, f.Transport), WithJournal(j))
 	key := effects.MustKey("test", "evt_1", "charge")
 	f.Arm(1, conformance.DropReply, nil)

@@ -6,7 +6,7 @@
 // scenarios that verified it and those left out and why; the same for
 // the journals (conformance.RunJournal), sources (conformance.RunSource)
 // and plans (conformance.RunPlan).
-// Counterexamples (reports made by the Evaluate functions) are listed
+// Counterexamples (reports made with conformance.ReportOnly) are listed
 // apart, with the scenarios that caught them.
 //
 // Usage:

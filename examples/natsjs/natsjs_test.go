@@ -28,7 +28,7 @@ type env struct {
 func newEnv(t *testing.T, cfg jetstream.StreamConfig) *env {
 	t.Helper()
 	h := newHarness(t, startServer(t), cfg)
-	f := conformance.NewFaults()
+	f := new(conformance.Faults)
 	p, closeFn, err := h.Make(context.Background(), f)
 	if err != nil {
 		t.Fatal(err)

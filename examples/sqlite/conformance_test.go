@@ -154,7 +154,7 @@ func (h *harness) Make(_ context.Context, f *conformance.Faults) (effects.Effect
 	if err != nil {
 		return nil, nil, err
 	}
-	db := sql.OpenDB(conformance.SQLConnector(base, f))
+	db := sql.OpenDB(f.SQLConnector(base))
 	l, err := sqlite.New(db, sqlite.WithTimeout(applyTimeout))
 	if err != nil {
 		db.Close()

@@ -5,7 +5,7 @@
 // worked example of an adapter over database/sql and a file database;
 // README.md explains the recipe, and its conformance harness
 // (conformance_test.go) faults every driver call through
-// conformance.SQLConnector and crashes the database by copying its files.
+// conformance.Faults.SQLConnector and crashes the database by copying its files.
 //
 // The adapter takes any *sql.DB; it uses no driver API. The harness opens
 // the database with modernc.org/sqlite (pure Go).

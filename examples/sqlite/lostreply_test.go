@@ -28,7 +28,7 @@ func TestLostQueryReplyPanicsNothing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		db := sql.OpenDB(conformance.SQLConnector(base, f))
+		db := sql.OpenDB(f.SQLConnector(base))
 		t.Cleanup(func() { db.Close() })
 		return db
 	}
@@ -36,7 +36,7 @@ func TestLostQueryReplyPanicsNothing(t *testing.T) {
 	defer cancel()
 
 	t.Run("adapter", func(t *testing.T) {
-		f := conformance.NewFaults()
+		f := new(conformance.Faults)
 		l, err := sqlite.New(open(f))
 		if err != nil {
 			t.Fatal(err)
@@ -60,7 +60,7 @@ func TestLostQueryReplyPanicsNothing(t *testing.T) {
 	})
 
 	t.Run("pinned sql.Conn", func(t *testing.T) {
-		f := conformance.NewFaults()
+		f := new(conformance.Faults)
 		conn, err := open(f).Conn(ctx)
 		if err != nil {
 			t.Fatal(err)

@@ -48,7 +48,7 @@ var (
 
 // Make builds a new adapter whose every backend call goes through f. A
 // networked backend passes f.DialContext or f.Transport to its client; a
-// database/sql driver opens sql.OpenDB(conformance.SQLConnector(base, f)).
+// database/sql driver opens sql.OpenDB(f.SQLConnector(base)).
 func (h *harness) Make(_ context.Context, f *conformance.Faults) (effects.Effect[template.Entry], func(), error) {
 	a, err := template.New(h.b, template.WithCaller(f))
 	return a, nil, err // nothing to release; a real adapter returns its client's Close

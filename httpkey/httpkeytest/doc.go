@@ -8,17 +8,17 @@
 // without a key gets 400. It counts the objects created per key, which is
 // what a conformance harness counts.
 //
-//	srv := httpkeytest.Start(t, httpkeytest.WithClock(clock.Now))
+//	srv := httpkeytest.Start(t)
 //	// POST srv.URL+"/objects" with Idempotency-Key: "k" → 201 {"id":"obj_1",...}
 //	// the same again → the same 201 and body; srv.Count("k") == 1
+//	srv.Age(ctx, 25*time.Hour) // past the horizon: the key executes again
 //
-// It can play the provider of each of httpkey's presets ([IETF], [Adyen],
-// [PayPal], [Worldline], [Checkout], [GoCardless], [Mollie], [Square],
-// [RazorpayX], [Braintree]) as its documentation says: where the key goes
-// and what format it must have, how long it is kept, what a request in
-// progress and a reused key get (Adyen's 422 with errorCode 704,
-// GoCardless's 409 idempotent_creation_conflict, Braintree's errors in a
-// 200), whether replays are marked and failures stored. A request whose
+// It can play the provider of each of httpkey's Provider values ([As]) as
+// its documentation says: where the key goes and what format it must have,
+// how long it is kept, what a request in progress and a reused key get
+// (Adyen's 422 with errorCode 704, GoCardless's 409
+// idempotent_creation_conflict, Braintree's errors in a 200), whether
+// replays are marked and failures stored. A request whose
 // body holds [DeclineMarker] is declined, as a test card is; [Server.Age]
 // makes its keys older through its own clock (a conformance.Ager that
 // reaches the key store), and [Server.CrashRestart] kills and restarts

@@ -7,9 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,31 +15,29 @@ import (
 	"time"
 
 	"effectively.dev/effects"
+	"effectively.dev/httpkey"
+	"effectively.dev/internal/testserver"
 )
 
-// Defaults of a [Server], used when no option or preset says otherwise,
-// and the marker of a request it declines.
-const (
-	// DefaultHorizon is how long the server keeps a key after its first
-	// request ([WithHorizon]). The draft leaves it to each server; 24
-	// hours is a common choice.
-	DefaultHorizon = 24 * time.Hour
-	// DefaultMaxKeyLen is the longest key the server accepts
-	// ([WithMaxKeyLen]); a longer one gets 400.
-	DefaultMaxKeyLen = 255
-	// DeclineMarker, anywhere in a request's body, makes the server
-	// decline the request, as a test card makes a card processor decline a
-	// payment: it creates nothing and answers 402 (Adyen: 422 with
-	// errorCode "010"; Braintree: an UNPROCESSABLE error in a 200), and the
-	// answer is stored under the key and replayed, as a vendor's refusal
-	// is. A service's test puts it in the input it wants declined.
-	DeclineMarker = "httpkeytest-decline"
-)
+// DeclineMarker, anywhere in a request's body, makes the server decline
+// the request, as a test card makes a card processor decline a payment: it
+// creates nothing and answers 402 (Adyen: 422 with errorCode "010";
+// Braintree: an UNPROCESSABLE error in a 200), and the answer is stored
+// under the key and replayed, as a vendor's refusal is. A service's test
+// puts it in the input it wants declined.
+const DeclineMarker = "httpkeytest-decline"
+
+// defaultHorizon is how long the server keeps a key after its first
+// request when neither the provider nor [WithHorizon] says otherwise: 24
+// hours, a common choice (the draft leaves it to each server).
+const defaultHorizon = 24 * time.Hour
+
+// defaultMaxKeyLen is the longest key the server accepts unless the
+// provider documents another limit; a longer one gets 400.
+const defaultMaxKeyLen = 255
 
 // Option configures a [Server]; see [New]. A nil Option is ignored.
-// Presets ([IETF], [Adyen], [PayPal], [Worldline], [Checkout],
-// [GoCardless], [Mollie], [Square], [RazorpayX], [Braintree]) set several
-// values; options after a preset change it.
+// [As] sets several values at once; options after it change them.
 type Option func(*config)
 
 type placement int
@@ -66,6 +62,7 @@ const (
 	square
 	razorpayx
 	braintree
+	neutral
 )
 
 type config struct {
@@ -86,213 +83,160 @@ type config struct {
 	latency     time.Duration
 	now         func() time.Time
 	token       string
+	unknown     string // As's provider, when the server cannot play it
 }
 
-// IETF makes the server follow the IETF draft
-// (draft-ietf-httpapi-idempotency-key-header-07), as httpkey.IETF expects:
-// the key in the Idempotency-Key header as a Structured Field String
-// (`"..."`); 409 while the key's first request is in progress; 422 for
-// the key with another payload; no replay signal; keys kept for
-// [DefaultHorizon]. It is what [New] does without a preset.
-func IETF() Option {
-	return func(c *config) {
-		c.mode = ietf
-		c.place, c.name, c.field = inStructuredHeader, "Idempotency-Key", nil
-		c.minKeyLen, c.maxKeyLen, c.alphabet = 1, DefaultMaxKeyLen, ""
-		c.replayName, c.replayValue, c.replayStamp = "", "", false
-		c.horizon = DefaultHorizon
-		c.inFlight, c.reused = http.StatusConflict, http.StatusUnprocessableEntity
-		c.failsKept = true
-	}
+// ietfServer sets the IETF draft's server: the key in the Idempotency-Key
+// header as a Structured Field String; 409 while the key's first request
+// is in progress; 422 for the key with another payload; failures stored;
+// no replay signal; keys kept for [defaultHorizon].
+func ietfServer(c *config) {
+	c.mode = ietf
+	c.place, c.name, c.field = inStructuredHeader, "Idempotency-Key", nil
+	c.minKeyLen, c.maxKeyLen, c.alphabet = 1, defaultMaxKeyLen, ""
+	c.replayName, c.replayValue, c.replayStamp = "", "", false
+	c.horizon = defaultHorizon
+	c.inFlight, c.reused = http.StatusConflict, http.StatusUnprocessableEntity
+	c.failsKept = true
+	c.unknown = ""
 }
 
 // vendor starts a vendor's mode from the draft's: the key in header name
 // as it is, another payload answered with the stored response (key reuse
 // goes unnoticed), which is where vendors that document nothing leave it.
 func vendor(c *config, m mode, name string) {
-	IETF()(c)
+	ietfServer(c)
 	c.mode = m
 	c.place, c.name = inHeader, name
 	c.reused = 0
 }
 
-// Adyen makes the server behave as Adyen documents
-// (https://docs.adyen.com/development-resources/api-idempotency), as
-// httpkey.Adyen expects: the key in the Idempotency-Key header as it is,
-// at most 64 characters, kept for 7 days; no replay signal. A request
-// while the key's first one is in progress gets 422 (409 with
-// [WithInFlightStatus]) with errorCode "704" and the header
-// "transient-error: true". Where Adyen's documentation says nothing, the
-// server takes the case that is hardest on an adapter that claims
-// nothing: a key repeated with another payload gets the stored response
-// (key reuse goes unnoticed). A declined request ([DeclineMarker]) gets
-// 422 with errorCode "010".
-func Adyen() Option {
-	return func(c *config) {
+// servers are the providers the server can play, by httpkey.Provider's
+// String. Each follows the provider's documentation (see httpkey's
+// values); where it says nothing, the server takes the case that is
+// hardest on an adapter that claims nothing.
+var servers = map[string]func(c *config){
+	"IETF":    ietfServer,
+	"Neutral": func(c *config) { vendor(c, neutral, "Idempotency-Key") },
+	"Adyen": func(c *config) {
 		vendor(c, adyen, "Idempotency-Key")
 		c.maxKeyLen = 64
 		c.horizon = 7 * 24 * time.Hour
 		c.inFlight = http.StatusUnprocessableEntity
-	}
-}
-
-// PayPal makes the server behave as httpkey.PayPal expects: the key in the
-// PayPal-Request-Id header as it is, 1 to 108 characters (Orders v2); a
-// repeated key gets the stored response whatever the payload (PayPal
-// "returns the latest status of the previous request"); no replay signal;
-// 409 while the first request is in progress; keys kept for
-// [DefaultHorizon] (PayPal's horizon differs per API; set the one you
-// test with [WithHorizon]).
-func PayPal() Option {
-	return func(c *config) {
+	},
+	"PayPal": func(c *config) {
 		vendor(c, paypal, "PayPal-Request-Id")
 		c.maxKeyLen = 108
-	}
-}
-
-// Worldline makes the server behave as httpkey.Worldline expects, after
-// Worldline Direct's "Idempotent requests": the key in the
-// X-GCS-Idempotence-Key header as it is, at most 40 characters; kept for
-// [DefaultHorizon] (Worldline: at least 24 hours); 409 while the key's
-// first request is in progress; a repeat gets the stored response even
-// with another payload; every response to a repeat carries
-// X-GCS-Idempotence-Request-Timestamp, the first request's time in
-// milliseconds since the Unix epoch.
-func Worldline() Option {
-	return func(c *config) {
+	},
+	"Worldline": func(c *config) {
 		vendor(c, worldline, "X-GCS-Idempotence-Key")
 		c.maxKeyLen = 40
 		c.replayName, c.replayStamp = "X-GCS-Idempotence-Request-Timestamp", true
-	}
-}
-
-// Checkout makes the server behave as Checkout.com documents
-// (https://www.checkout.com/docs/payments/manage-payments/idempotency):
-// the key in the Cko-Idempotency-Key header; kept for 24 hours; 409 while
-// the first request is in progress; only a 2xx answer is stored, so a
-// repeat of a request that failed (a 4xx, or a 5xx even after the
-// payment was created: [Server.FailNextAfterCreate]) executes again; a
-// repeat with another payload gets the stored response; no replay signal.
-func Checkout() Option {
-	return func(c *config) {
+	},
+	"Checkout": func(c *config) {
 		vendor(c, checkout, "Cko-Idempotency-Key")
 		c.failsKept = false
-	}
-}
-
-// GoCardless makes the server behave as GoCardless documents: the key in
-// the Idempotency-Key header; a repeat of a finished creation, whatever
-// its payload, gets 409 with {"error": {"type": "invalid_state", "code":
-// 409, "errors": [{"reason": "idempotent_creation_conflict", "links":
-// {"conflicting_resource_id": <the object's id>}}], "request_id": ...}};
-// a repeat while the first request is in progress gets a plain 409
-// conflict; kept for [DefaultHorizon] (GoCardless publishes no
-// retention; set the one you test with [WithHorizon]).
-func GoCardless() Option {
-	return func(c *config) { vendor(c, gocardless, "Idempotency-Key") }
-}
-
-// Mollie makes the server behave as Mollie documents
-// (https://docs.mollie.com/reference/api-idempotency): the key in the
-// Idempotency-Key header; kept for 24 hours; a repeat gets the stored
-// response with "Idempotent-Replayed: true"; 409 while the first request
-// is in progress; the key with another payload gets 400.
-func Mollie() Option {
-	return func(c *config) {
+	},
+	"GoCardless": func(c *config) { vendor(c, gocardless, "Idempotency-Key") },
+	"Mollie": func(c *config) {
 		vendor(c, mollie, "Idempotency-Key")
 		c.replayName, c.replayValue = "Idempotent-Replayed", "true"
 		c.reused = http.StatusBadRequest
-	}
-}
-
-// Square makes the server behave as Square documents
-// (https://developer.squareup.com/docs/working-with-apis/idempotency):
-// the key in the JSON body's idempotency_key, at most 45 characters; a
-// repeat gets the stored response; the key with another payload gets 400
-// with the error code IDEMPOTENCY_KEY_REUSED; 409 while the first request
-// is in progress (Square documents none); no replay signal; kept for
-// [DefaultHorizon] (Square publishes no retention).
-func Square() Option {
-	return func(c *config) {
+	},
+	"Square": func(c *config) {
 		vendor(c, square, "")
 		c.place, c.field = inField, []string{"idempotency_key"}
 		c.maxKeyLen = 45
 		c.reused = http.StatusBadRequest
-	}
-}
-
-// RazorpayX makes the server behave as RazorpayX documents for payouts
-// (https://razorpay.com/docs/api/x/payout-idempotency/make-request): the
-// key in the X-Payout-Idempotency header, 4 to 36 characters of letters,
-// digits, space, '-' and '_' (any other key gets 400); a repeat gets the
-// saved response; another payload gets 400 BAD_REQUEST_ERROR naming the
-// header; 409 while the first request is in progress (RazorpayX documents
-// none); no replay signal; kept for [DefaultHorizon].
-func RazorpayX() Option {
-	return func(c *config) {
+	},
+	"RazorpayX": func(c *config) {
 		vendor(c, razorpayx, "X-Payout-Idempotency")
 		c.minKeyLen, c.maxKeyLen = 4, 36
 		c.alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 _-"
 		c.reused = http.StatusBadRequest
-	}
-}
-
-// Braintree makes the server behave as Braintree's GraphQL API documents
-// (https://developer.paypal.com/braintree/graphql/integration_guides/idempotency):
-// the key is the mutation input's apiRequestKey, the member
-// variables.input.apiRequestKey of the JSON body; kept for 30 days; every
-// answer is HTTP 200, a success as {"data": <the object>}, an error as
-// {"errors": [{"message": ..., "extensions": {"errorClass": ...}}]}; a
-// request while the key's first one is in progress, and the key with
-// another payload, get an error of class VALIDATION; a repeat gets the
-// first request's result; no replay signal. A declined request
-// ([DeclineMarker]) gets an error of class UNPROCESSABLE.
-func Braintree() Option {
-	return func(c *config) {
+	},
+	"Braintree": func(c *config) {
 		vendor(c, braintree, "")
 		c.place, c.field = inField, []string{"variables", "input", "apiRequestKey"}
 		c.horizon = 30 * 24 * time.Hour
 		c.reused = http.StatusOK // a VALIDATION error, in a 200
+	},
+}
+
+// As makes the server behave as provider p documents, which is what
+// httpkey's effect built with p expects (see each of httpkey's Provider
+// values): where the key goes, its length and alphabet, how long it is
+// kept, what a request in progress and a reused key get, whether replays
+// are marked and failures stored. Where the provider's documentation says
+// nothing, the server takes the case that is hardest on an adapter that
+// claims nothing (a key repeated with another payload gets the stored
+// response: reuse goes unnoticed), and a provider that publishes no
+// retention keeps keys for 24 hours (set the one you test with
+// [WithHorizon]). In particular:
+//
+//   - httpkey.IETF, what [New] does without As: the key in the
+//     Idempotency-Key header as a Structured Field String; 409 while the
+//     key's first request is in progress; 422 for the key with another
+//     payload; no replay signal.
+//   - httpkey.Neutral: the key in the Idempotency-Key header as it is, at
+//     most 255 bytes; no replay signal; reuse unnoticed.
+//   - httpkey.Adyen: at most 64 characters, kept 7 days; a request while
+//     the key's first one is in progress gets 422 (409 with
+//     [WithInFlightStatus]) with errorCode "704" and "transient-error:
+//     true"; a declined request ([DeclineMarker]) gets 422 with errorCode
+//     "010".
+//   - httpkey.PayPal: PayPal-Request-Id, 1 to 108 characters.
+//   - httpkey.Worldline: X-GCS-Idempotence-Key, at most 40 characters;
+//     every response to a repeat carries
+//     X-GCS-Idempotence-Request-Timestamp, the first request's time in
+//     milliseconds since the Unix epoch.
+//   - httpkey.Checkout: Cko-Idempotency-Key; only a 2xx answer is stored,
+//     so a repeat of a request that failed (a 4xx, or a 5xx even after the
+//     payment was created: [Server.FailNextAfterCreate]) executes again.
+//   - httpkey.GoCardless: a repeat of a finished creation, whatever its
+//     payload, gets 409 with {"error": {"type": "invalid_state", "code":
+//     409, "errors": [{"reason": "idempotent_creation_conflict", "links":
+//     {"conflicting_resource_id": <the object's id>}}], "request_id":
+//     ...}}; a repeat while the first request is in progress a plain 409.
+//   - httpkey.Mollie: a repeat gets "Idempotent-Replayed: true"; the key
+//     with another payload gets 400.
+//   - httpkey.Square: the key in the JSON body's idempotency_key, at most
+//     45 characters; the key with another payload gets 400 with the error
+//     code IDEMPOTENCY_KEY_REUSED.
+//   - httpkey.RazorpayX: X-Payout-Idempotency, 4 to 36 characters of
+//     letters, digits, space, '-' and '_' (any other key gets 400); another
+//     payload gets 400 BAD_REQUEST_ERROR naming the header.
+//   - httpkey.Braintree: the key is variables.input.apiRequestKey of the
+//     JSON body; kept 30 days; every answer is HTTP 200, a success as
+//     {"data": <the object>}, an error as {"errors": [{"message": ...,
+//     "extensions": {"errorClass": ...}}]}; a request in progress and the
+//     key with another payload get an error of class VALIDATION, a
+//     declined request one of class UNPROCESSABLE.
+//
+// [New] returns an *[effects.ConfigError] for a Provider it cannot play
+// (the zero Provider).
+func As(p httpkey.Provider) Option {
+	name := p.String()
+	set, ok := servers[name]
+	if !ok {
+		return func(c *config) { c.unknown = fmt.Sprintf("%q", name) }
 	}
+	return set
 }
-
-// WithKeyHeader makes the server read the key from header name, as it is.
-func WithKeyHeader(name string) Option {
-	return func(c *config) { c.place, c.name = inHeader, name }
-}
-
-// WithKeyStructuredHeader makes the server read the key from header name
-// as an RFC 8941 Structured Field String; a value that is not one gets
-// 400.
-func WithKeyStructuredHeader(name string) Option {
-	return func(c *config) { c.place, c.name = inStructuredHeader, name }
-}
-
-// WithKeyField makes the server read the key from the string member of
-// the request's JSON object body at path (one name for a top-level
-// member).
-func WithKeyField(path ...string) Option {
-	path = append([]string(nil), path...)
-	return func(c *config) { c.place, c.name, c.field = inField, "", path }
-}
-
-// WithMaxKeyLen sets the longest key the server accepts, in bytes (default
-// [DefaultMaxKeyLen]); a longer one gets 400. n must be positive.
-func WithMaxKeyLen(n int) Option { return func(c *config) { c.maxKeyLen = n } }
 
 // WithReplayHeader makes the server mark every stored response it replays
 // with header name: value (Stripe's "Idempotent-Replayed: true"). Without
 // it (the draft's case) replays are not marked: a server configured so
 // while the adapter claims a replay signal shows the suite a dishonest
 // contract. An empty name makes the server mark no replay, whatever the
-// preset says: the misbehaviour "no replay marker" for a preset that has
-// one ([Worldline]).
+// provider does: the misbehaviour "no replay marker" for a provider that
+// has one (httpkey.Worldline).
 func WithReplayHeader(name, value string) Option {
 	return func(c *config) { c.replayName, c.replayValue, c.replayStamp = name, value, false }
 }
 
 // WithHorizon sets how long the server keeps a key after its first request
-// (default [DefaultHorizon]); a request with an older key executes again.
+// (default: the provider's, else 24 hours); a request with an older key executes again.
 // A horizon shorter than the adapter declares is the misbehaviour "forgets
 // keys early". d must be positive.
 func WithHorizon(d time.Duration) Option { return func(c *config) { c.horizon = d } }
@@ -301,19 +245,10 @@ func WithHorizon(d time.Duration) Option { return func(c *config) { c.horizon = 
 // request is still in progress (default 409).
 func WithInFlightStatus(code int) Option { return func(c *config) { c.inFlight = code } }
 
-// WithReuseStatus sets the status of a request that repeats a key with
-// another payload (default 422); 0 makes the server answer it with the
-// stored response, as servers that do not detect reuse do.
-func WithReuseStatus(code int) Option { return func(c *config) { c.reused = code } }
-
 // WithLatency makes every new request take d to execute while its key is
 // held, so concurrent requests with the key overlap and get the in-flight
 // status (default 0). d must not be negative.
 func WithLatency(d time.Duration) Option { return func(c *config) { c.latency = d } }
-
-// WithClock makes the server read the time from now, so a test can move
-// past the horizon without waiting (default time.Now); now must not be nil.
-func WithClock(now func() time.Time) Option { return func(c *config) { c.now = now } }
 
 // WithToken makes the server require "Authorization: Bearer token" and
 // answer 401 without it (default: no credentials needed).
@@ -333,15 +268,14 @@ func WithToken(token string) Option { return func(c *config) { c.token = token }
 //   - a request while the key's first request executes gets 409
 //     ([WithInFlightStatus]), nothing stored;
 //   - a request with the key and another payload (method, path, query and
-//     body) gets 422 ([WithReuseStatus]);
+//     body) gets 422;
 //   - a request with the key and the same payload gets the stored
 //     response, marked as a replay when [WithReplayHeader] says so;
 //   - past the horizon the key is forgotten and a request executes again;
 //   - a request whose body holds [DeclineMarker] is declined (402),
 //     creating nothing; the refusal is stored under the key.
 //
-// A vendor's preset changes what these answers look like as that vendor
-// documents (see each preset).
+// [As] changes what these answers look like as a vendor documents them.
 //
 // It counts the objects created per key ([Server.Count]): the count a
 // conformance harness's Count needs. Create it with [New] or
@@ -352,10 +286,7 @@ type Server struct {
 	URL string
 
 	cfg config
-
-	life sync.Mutex // serializes Restart and Close
-	hs   *httptest.Server
-	addr string
+	hs  *testserver.HTTP // the listener, its restarts and the failures in front of the server
 
 	mu        sync.Mutex
 	aged      time.Duration // Age's offset to the clock
@@ -363,10 +294,8 @@ type Server struct {
 	objects   []object
 	byID      map[string]int
 	created   map[string]int // objects per key
-	requests  int
 	limitNext int
 	failNext  []failure
-	front     []failure       // FailNextInFront's and FailNextReplyInFront's (afterCreate: after the server)
 	conflicts int             // ConflictNext's
 	gate      chan struct{}   // closed by Hold's release; nil: requests execute at once
 	held      chan<- struct{} // told of each request the gate holds
@@ -398,7 +327,7 @@ type object struct {
 // before listening.
 func New(opts ...Option) (*Server, error) {
 	cfg := config{now: time.Now}
-	IETF()(&cfg)
+	ietfServer(&cfg)
 	for _, o := range opts {
 		if o != nil {
 			o(&cfg)
@@ -408,22 +337,14 @@ func New(opts ...Option) (*Server, error) {
 		return &effects.ConfigError{Op: "httpkeytest.New", Option: option, Reason: fmt.Sprintf(format, args...)}
 	}
 	switch {
-	case cfg.place != inField && cfg.name == "":
-		return nil, bad("WithKeyHeader", "empty name")
-	case cfg.place == inField && len(cfg.field) == 0:
-		return nil, bad("WithKeyField", "empty path")
-	case cfg.maxKeyLen <= 0:
-		return nil, bad("WithMaxKeyLen", "%d is not positive", cfg.maxKeyLen)
+	case cfg.unknown != "":
+		return nil, bad("As", "no server for provider %s", cfg.unknown)
 	case cfg.horizon <= 0:
 		return nil, bad("WithHorizon", "horizon %v is not positive", cfg.horizon)
 	case cfg.inFlight < 400 || cfg.inFlight > 599:
 		return nil, bad("WithInFlightStatus", "%d is not a 4xx or 5xx status", cfg.inFlight)
-	case cfg.reused != 0 && (cfg.reused < 400 || cfg.reused > 599) && cfg.mode != braintree:
-		return nil, bad("WithReuseStatus", "%d is neither 0 nor a 4xx or 5xx status", cfg.reused)
 	case cfg.latency < 0:
 		return nil, bad("WithLatency", "latency %v is negative", cfg.latency)
-	case cfg.now == nil:
-		return nil, bad("WithClock", "nil clock")
 	}
 	s := &Server{
 		cfg:     cfg,
@@ -431,13 +352,13 @@ func New(opts ...Option) (*Server, error) {
 		byID:    map[string]int{},
 		created: map[string]int{},
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	h, err := testserver.NewHTTP("httpkeytest", http.HandlerFunc(s.route), func(w http.ResponseWriter, status int) {
+		writeProblem(w, status, http.StatusText(status), "injected in front of the server")
+	})
 	if err != nil {
-		return nil, fmt.Errorf("httpkeytest: listen: %w", err)
+		return nil, err
 	}
-	s.addr = ln.Addr().String()
-	s.URL = "http://" + s.addr
-	s.serve(ln)
+	s.hs, s.URL = h, h.URL
 	return s, nil
 }
 
@@ -453,29 +374,14 @@ func Start(tb testing.TB, opts ...Option) *Server {
 	return s
 }
 
-func (s *Server) serve(ln net.Listener) {
-	hs := httptest.NewUnstartedServer(http.HandlerFunc(s.handle))
-	hs.Listener.Close()
-	hs.Listener = ln
-	hs.Start()
-	s.hs = hs
-}
-
 // Close stops the server after the requests in progress have finished.
-func (s *Server) Close() {
-	s.life.Lock()
-	defer s.life.Unlock()
-	if s.hs != nil {
-		s.hs.Close()
-		s.hs = nil
-	}
-}
+func (s *Server) Close() { s.hs.Close() }
 
 // Restart stops the server, dropping every connection once the requests
 // in progress have finished, and starts it again on the same address with
 // the same keys, stored responses and objects, as a deploy of the real API
 // would: clients see their pooled connections closed.
-func (s *Server) Restart() error { return s.restart(false) }
+func (s *Server) Restart() error { return s.hs.Restart(false) }
 
 // CrashRestart stops the server at once, cutting every connection with
 // requests in progress (whose clients get no reply), and starts it again
@@ -484,35 +390,7 @@ func (s *Server) Restart() error { return s.restart(false) }
 // store, which a process crash does not lose; a request cut while it
 // executed keeps its key in progress until it finishes. Its signature is
 // conformance.CrashRestarter's.
-func (s *Server) CrashRestart(context.Context) error { return s.restart(true) }
-
-func (s *Server) restart(crash bool) error {
-	s.life.Lock()
-	defer s.life.Unlock()
-	if s.hs == nil {
-		return fmt.Errorf("httpkeytest: restart of a closed server")
-	}
-	if crash {
-		s.hs.CloseClientConnections()
-	}
-	s.hs.Close()
-	s.hs = nil
-	var (
-		ln  net.Listener
-		err error
-	)
-	for range 50 {
-		if ln, err = net.Listen("tcp", s.addr); err == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil {
-		return fmt.Errorf("httpkeytest: restart: %w", err)
-	}
-	s.serve(ln)
-	return nil
-}
+func (s *Server) CrashRestart(context.Context) error { return s.hs.Restart(true) }
 
 // FailNext makes the next n requests that execute fail with status before
 // creating anything. The failure is the key's first response: stored and
@@ -548,13 +426,7 @@ func (s *Server) FailNextAfterCreate(n int, status int) {
 // nothing is stored under the key, so a retry with the key executes.
 // This is the 5xx a vendor's documentation says to retry with the same
 // key, because the request "never reached" its idempotency layer.
-func (s *Server) FailNextInFront(n int, status int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for range n {
-		s.front = append(s.front, failure{status: status})
-	}
-}
+func (s *Server) FailNextInFront(n int, status int) { s.hs.FailInFront(n, status, false) }
 
 // FailNextReplyInFront makes the next n requests reach the server, which
 // runs each through its idempotency layer as usual (executing it and
@@ -562,17 +434,11 @@ func (s *Server) FailNextInFront(n int, status int) {
 // something in front of the server instead of the response: a gateway
 // that gave up waiting (504) or lost the upstream's reply (502). A retry
 // with the key gets the stored response.
-func (s *Server) FailNextReplyInFront(n int, status int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for range n {
-		s.front = append(s.front, failure{status: status, afterCreate: true})
-	}
-}
+func (s *Server) FailNextReplyInFront(n int, status int) { s.hs.FailInFront(n, status, true) }
 
 // ConflictNext makes the next n requests that carry a valid key get the
-// in-flight answer ([WithInFlightStatus], in the preset's vendor's
-// format), as if another request with the key were executing (a
+// in-flight answer ([WithInFlightStatus], in the format of the
+// provider the server plays), as if another request with the key were executing (a
 // duplicate another process sent at the same moment): nothing executes
 // and nothing is stored, as vendors document for a concurrent request
 // (Stripe's 409 idempotency_key_in_use, the draft's 409).
@@ -623,11 +489,7 @@ func (s *Server) Total() int {
 
 // Requests returns how many HTTP requests reached the server, so a test
 // can prove that a call made none.
-func (s *Server) Requests() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.requests
-}
+func (s *Server) Requests() int { return s.hs.Requests() }
 
 // problem is an RFC 9457 problem detail, the draft's error format.
 type problem struct {
@@ -635,25 +497,6 @@ type problem struct {
 	Title  string `json:"title"`
 	Status int    `json:"status"`
 	Detail string `json:"detail,omitempty"`
-}
-
-func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
-	s.mu.Lock()
-	s.requests++
-	var front *failure
-	if len(s.front) > 0 {
-		front = &s.front[0]
-		s.front = s.front[1:]
-	}
-	s.mu.Unlock()
-	if front != nil {
-		if front.afterCreate {
-			s.route(httptest.NewRecorder(), r) // the server answers; the reply is lost in front of it
-		}
-		writeProblem(w, front.status, http.StatusText(front.status), "injected in front of the server")
-		return
-	}
-	s.route(w, r)
 }
 
 // route answers a request that reached the server.
@@ -905,11 +748,11 @@ func (s *Server) key(r *http.Request, body []byte) (key, title, detail string) {
 	return key, "", ""
 }
 
-// now is the server's clock: WithClock's, moved by Age. s.mu is held.
+// now is the server's clock: the wall clock, moved by Age. s.mu is held.
 func (s *Server) now() time.Time { return s.cfg.now().Add(s.aged) }
 
 // Age makes every key and stored response d older, as if d more time had
-// passed on the server's clock (on top of [WithClock]'s), so a test sees
+// passed on the server's clock, so a test sees
 // the server forget keys past its horizon without waiting. Its signature
 // is conformance.Ager's: a harness passes it on, and it reaches the one
 // thing that keeps the keys. d must not be negative.

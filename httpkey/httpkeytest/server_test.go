@@ -1,34 +1,18 @@
 package httpkeytest_test
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"effectively.dev/effects"
+	"effectively.dev/httpkey"
 	"effectively.dev/httpkey/httpkeytest"
 )
-
-// clock is a time the test moves.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
 
 // post sends body to srv with the header name: value (none when value is
 // "") and returns the status, the replay header's value and the body.
@@ -58,11 +42,10 @@ func post(t *testing.T, srv *httpkeytest.Server, name, value, body, replay strin
 // stored response, marked when configured; another payload is 422; past
 // the horizon, by the server's clock, the key executes again.
 func TestDraftSemantics(t *testing.T) {
-	clk := &clock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	srv := httpkeytest.Start(t, httpkeytest.WithClock(clk.Now), httpkeytest.WithHorizon(time.Hour),
+	srv := httpkeytest.Start(t, httpkeytest.WithHorizon(time.Hour),
 		httpkeytest.WithReplayHeader("Idempotent-Replayed", "true"))
 	const h, r = "Idempotency-Key", "Idempotent-Replayed"
-	for _, bad := range []string{"", "k", `"unterminated`, `"` + strings.Repeat("k", httpkeytest.DefaultMaxKeyLen+1) + `"`} {
+	for _, bad := range []string{"", "k", `"unterminated`, `"` + strings.Repeat("k", 255+1) + `"`} {
 		if code, _, _ := post(t, srv, h, bad, `{"a":1}`, r); code != http.StatusBadRequest {
 			t.Errorf("key %q: HTTP %d, want 400", bad, code)
 		}
@@ -84,7 +67,9 @@ func TestDraftSemantics(t *testing.T) {
 	if n := srv.Count("k1"); n != 1 {
 		t.Errorf("%d objects for k1 within the horizon, want 1", n)
 	}
-	clk.advance(time.Hour)
+	if err := srv.Age(t.Context(), time.Hour); err != nil {
+		t.Fatal(err)
+	}
 	if code, marked, _ := post(t, srv, h, `"k1"`, `{"a":2}`, r); code != http.StatusCreated || marked != "" {
 		t.Errorf("past the horizon: HTTP %d, replay header %q; want a new 201", code, marked)
 	}
@@ -98,24 +83,28 @@ func TestDraftSemantics(t *testing.T) {
 // response with the first request's time in milliseconds; without the
 // marker (the misbehaviour) nothing tells the repeat.
 func TestWorldline(t *testing.T) {
-	start := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
-	clk := &clock{now: start}
 	const h, r = "X-GCS-Idempotence-Key", "X-GCS-Idempotence-Request-Timestamp"
-	srv := httpkeytest.Start(t, httpkeytest.Worldline(), httpkeytest.WithClock(clk.Now))
+	srv := httpkeytest.Start(t, httpkeytest.As(httpkey.Worldline))
 	if code, _, _ := post(t, srv, h, strings.Repeat("k", 41), `{}`, r); code != http.StatusBadRequest {
 		t.Errorf("41-byte key: HTTP %d, want 400", code)
 	}
+	before := time.Now().UnixMilli()
 	code, marked, first := post(t, srv, h, "w1", `{"a":1}`, r)
+	after := time.Now().UnixMilli()
 	if code != http.StatusCreated || marked != "" {
 		t.Fatalf("first: HTTP %d, replay header %q", code, marked)
 	}
-	clk.advance(time.Minute)
+	if err := srv.Age(t.Context(), time.Minute); err != nil {
+		t.Fatal(err)
+	}
 	code, marked, again := post(t, srv, h, "w1", `{"a":2}`, r)
-	if want := strconv.FormatInt(start.UnixMilli(), 10); code != http.StatusCreated || marked != want || again != first {
-		t.Errorf("repeat with another payload: HTTP %d, %s %q, body %s; want the stored 201 with %s %s", code, r, marked, again, r, want)
+	stamp, err := strconv.ParseInt(marked, 10, 64)
+	if code != http.StatusCreated || err != nil || stamp < before || stamp > after || again != first {
+		t.Errorf("repeat with another payload: HTTP %d, %s %q, body %s; want the stored 201 with %s the first request's time in ms, in [%d, %d]",
+			code, r, marked, again, r, before, after)
 	}
 
-	quiet := httpkeytest.Start(t, httpkeytest.Worldline(), httpkeytest.WithReplayHeader("", ""))
+	quiet := httpkeytest.Start(t, httpkeytest.As(httpkey.Worldline), httpkeytest.WithReplayHeader("", ""))
 	post(t, quiet, h, "w1", `{"a":1}`, r)
 	if _, marked, _ := post(t, quiet, h, "w1", `{"a":1}`, r); marked != "" {
 		t.Errorf("WithReplayHeader(\"\", \"\"): repeat marked %q", marked)
@@ -201,14 +190,14 @@ func TestVendorModes(t *testing.T) {
 		return status, h, b
 	}
 	t.Run("Adyen in progress", func(t *testing.T) {
-		srv := httpkeytest.Start(t, httpkeytest.Adyen())
+		srv := httpkeytest.Start(t, httpkeytest.As(httpkey.Adyen))
 		status, h, b := hold(srv, map[string]string{"Idempotency-Key": "a1"}, `{}`)
 		if status != 422 || h.Get("Transient-Error") != "true" || !strings.Contains(b, `"errorCode":"704"`) {
 			t.Errorf("%d %v %s, want 422 with errorCode 704 and transient-error: true", status, h, b)
 		}
 	})
 	t.Run("GoCardless conflict", func(t *testing.T) {
-		srv := httpkeytest.Start(t, httpkeytest.GoCardless())
+		srv := httpkeytest.Start(t, httpkeytest.As(httpkey.GoCardless))
 		hdr := map[string]string{"Idempotency-Key": "g1"}
 		_, _, first := send(t, srv, hdr, `{}`)
 		status, _, b := send(t, srv, hdr, `{"other":1}`)
@@ -217,7 +206,7 @@ func TestVendorModes(t *testing.T) {
 		}
 	})
 	t.Run("Mollie", func(t *testing.T) {
-		srv := httpkeytest.Start(t, httpkeytest.Mollie())
+		srv := httpkeytest.Start(t, httpkeytest.As(httpkey.Mollie))
 		hdr := map[string]string{"Idempotency-Key": "m1"}
 		send(t, srv, hdr, `{}`)
 		if _, h, _ := send(t, srv, hdr, `{}`); h.Get("Idempotent-Replayed") != "true" {
@@ -228,7 +217,7 @@ func TestVendorModes(t *testing.T) {
 		}
 	})
 	t.Run("Checkout stores only successes", func(t *testing.T) {
-		srv := httpkeytest.Start(t, httpkeytest.Checkout())
+		srv := httpkeytest.Start(t, httpkeytest.As(httpkey.Checkout))
 		hdr := map[string]string{"Cko-Idempotency-Key": "c1"}
 		srv.FailNextAfterCreate(1, 500)
 		if status, _, _ := send(t, srv, hdr, `{}`); status != 500 {
@@ -239,7 +228,7 @@ func TestVendorModes(t *testing.T) {
 		}
 	})
 	t.Run("Square", func(t *testing.T) {
-		srv := httpkeytest.Start(t, httpkeytest.Square())
+		srv := httpkeytest.Start(t, httpkeytest.As(httpkey.Square))
 		send(t, srv, nil, `{"idempotency_key":"s1","amount":1}`)
 		status, _, b := send(t, srv, nil, `{"idempotency_key":"s1","amount":2}`)
 		if status != 400 || !strings.Contains(b, "IDEMPOTENCY_KEY_REUSED") {
@@ -250,7 +239,7 @@ func TestVendorModes(t *testing.T) {
 		}
 	})
 	t.Run("RazorpayX key format", func(t *testing.T) {
-		srv := httpkeytest.Start(t, httpkeytest.RazorpayX())
+		srv := httpkeytest.Start(t, httpkeytest.As(httpkey.RazorpayX))
 		for key, want := range map[string]int{"abc": 400, "abcd": 201, "a:bcd": 400, strings.Repeat("k", 37): 400, "ab c_d-E": 201} {
 			if status, _, _ := send(t, srv, map[string]string{"X-Payout-Idempotency": key}, `{}`); status != want {
 				t.Errorf("key %q: %d, want %d", key, status, want)
@@ -258,7 +247,7 @@ func TestVendorModes(t *testing.T) {
 		}
 	})
 	t.Run("PayPal key length", func(t *testing.T) {
-		srv := httpkeytest.Start(t, httpkeytest.PayPal())
+		srv := httpkeytest.Start(t, httpkeytest.As(httpkey.PayPal))
 		for n, want := range map[int]int{108: 201, 109: 400} {
 			if status, _, _ := send(t, srv, map[string]string{"PayPal-Request-Id": strings.Repeat("p", n)}, `{}`); status != want {
 				t.Errorf("a %d-character key: %d, want %d", n, status, want)
@@ -266,7 +255,7 @@ func TestVendorModes(t *testing.T) {
 		}
 	})
 	t.Run("Braintree", func(t *testing.T) {
-		srv := httpkeytest.Start(t, httpkeytest.Braintree())
+		srv := httpkeytest.Start(t, httpkeytest.As(httpkey.Braintree))
 		body := func(amount int) string {
 			return `{"query":"mutation","variables":{"input":{"apiRequestKey":"b1","amount":` + strconv.Itoa(amount) + `}}}`
 		}
@@ -281,7 +270,7 @@ func TestVendorModes(t *testing.T) {
 		srv := httpkeytest.Start(t)
 		hdr := map[string]string{"Idempotency-Key": `"age"`}
 		send(t, srv, hdr, `{}`)
-		if err := srv.Age(t.Context(), httpkeytest.DefaultHorizon); err != nil {
+		if err := srv.Age(t.Context(), 24*time.Hour); err != nil {
 			t.Fatal(err)
 		}
 		send(t, srv, hdr, `{}`)
@@ -320,5 +309,24 @@ func TestFailuresNotStored(t *testing.T) {
 	}
 	if status, _, _ := send(t, srv, hdr("f3"), `{}`); status != 201 || srv.Count("f3") != 1 {
 		t.Errorf("the retry: %d and %d objects, want it executed (201, 1)", status, srv.Count("f3"))
+	}
+}
+
+// As refuses a Provider it cannot play, naming the option, before the
+// server listens; every value httpkey exports has a server.
+func TestAsRefusesAnUnknownProvider(t *testing.T) {
+	_, err := httpkeytest.New(httpkeytest.As(httpkey.Provider{}))
+	var ce *effects.ConfigError
+	if !errors.As(err, &ce) || ce.Option != "As" {
+		t.Fatalf("New(As(zero Provider)) = %v, want a ConfigError naming As", err)
+	}
+	for _, p := range []httpkey.Provider{httpkey.IETF, httpkey.Neutral, httpkey.Adyen, httpkey.PayPal, httpkey.Worldline,
+		httpkey.Checkout, httpkey.GoCardless, httpkey.Mollie, httpkey.Square, httpkey.RazorpayX, httpkey.Braintree} {
+		srv, err := httpkeytest.New(httpkeytest.As(p))
+		if err != nil {
+			t.Errorf("New(As(%v)): %v", p, err)
+			continue
+		}
+		srv.Close()
 	}
 }

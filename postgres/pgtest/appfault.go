@@ -17,7 +17,7 @@ type Execer interface {
 // (an ERROR with a given SQLSTATE, such as 40001 serialization_failure,
 // 40P01 deadlock_detected or 55P03 lock_not_available) on demand, the
 // connection up, as it does when a transaction loses a race. A
-// conformance harness arms it from its conformance.AppFaulter.
+// conformance harness arms it from its hook for conformance.Faults.SetAppFaulter.
 //
 // [InstallAppFaults] puts two triggers on each table it is given:
 //

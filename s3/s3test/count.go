@@ -33,10 +33,10 @@ func (s *Server) writes(ctx context.Context, key string, byPrefix bool) (map[str
 	}
 	c, closeFn := s.NewClient()
 	defer closeFn()
-	return Versions(ctx, c, s.Bucket, key, byPrefix)
+	return versions(ctx, c, s.Bucket, key, byPrefix)
 }
 
-// Versions counts the object versions in a versioned bucket (delete markers
+// versions counts the object versions in a versioned bucket (delete markers
 // excluded), by key, of the object named key, or (byPrefix) of every object
 // whose key starts with key. In a versioned bucket every successful write
 // of a key is a version, so this counts writes, overwrites included. It
@@ -44,7 +44,7 @@ func (s *Server) writes(ctx context.Context, key string, byPrefix bool) (map[str
 // last version of a truncated page at the top of the next one (its key
 // and version-id markers are inclusive), which a plain count would take for
 // an extra write.
-func Versions(ctx context.Context, client *awss3.Client, bucket, key string, byPrefix bool) (map[string]int, error) {
+func versions(ctx context.Context, client *awss3.Client, bucket, key string, byPrefix bool) (map[string]int, error) {
 	type version struct{ key, id string }
 	seen := map[version]bool{}
 	out := map[string]int{}

@@ -163,7 +163,7 @@ func New() (*Server, error) {
 	if os.Getenv(EnvEndpoint) != "" {
 		return external()
 	}
-	bin, err := Binary()
+	bin, err := binary()
 	if err != nil {
 		return nil, err
 	}
@@ -536,9 +536,9 @@ func (p *process) stop() error {
 	return fmt.Errorf("stopping versitygw: pid %d ignored SIGINT for %v and was killed", p.cmd.Process.Pid, stopTimeout)
 }
 
-// Binary returns the path of the versitygw binary: $S3TEST_VERSITYGW, or
+// binary returns the path of the versitygw binary: $S3TEST_VERSITYGW, or
 // the cached build, building it first if there is none.
-func Binary() (string, error) {
+func binary() (string, error) {
 	if p := os.Getenv(EnvBinary); p != "" {
 		if _, err := os.Stat(p); err != nil {
 			return "", fmt.Errorf("%s=%s: %w", EnvBinary, p, err)

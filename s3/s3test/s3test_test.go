@@ -244,9 +244,10 @@ func TestExternalEndpointNeedsCredentials(t *testing.T) {
 }
 
 func TestBinaryFromEnvironment(t *testing.T) {
+	t.Setenv(s3test.EnvEndpoint, "")
 	t.Setenv(s3test.EnvBinary, "/nonexistent/versitygw")
-	if _, err := s3test.Binary(); !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), s3test.EnvBinary) {
-		t.Fatalf("Binary with a missing S3TEST_VERSITYGW: %v, want not exist, naming the variable", err)
+	if _, err := s3test.New(); !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), s3test.EnvBinary) {
+		t.Fatalf("New with a missing S3TEST_VERSITYGW: %v, want not exist, naming the variable", err)
 	}
 }
 
@@ -257,9 +258,10 @@ func TestBinaryBuildFailureSaysWhatToDo(t *testing.T) {
 	t.Setenv("XDG_CACHE_HOME", t.TempDir()) // no cached build
 	t.Setenv("GOMODCACHE", t.TempDir())     // no module sources
 	t.Setenv("GOPROXY", "off")
-	_, err := s3test.Binary()
+	t.Setenv(s3test.EnvEndpoint, "")
+	_, err := s3test.New()
 	if err == nil {
-		t.Fatal("Binary succeeded without a cached build and without the module proxy")
+		t.Fatal("New succeeded without a cached build and without the module proxy")
 	}
 	for _, want := range []string{"versitygw", s3test.Version, s3test.EnvBinary, s3test.EnvEndpoint, "GOPROXY"} {
 		if !strings.Contains(err.Error(), want) {

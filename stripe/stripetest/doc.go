@@ -23,8 +23,8 @@
 //     rate-limited 429s, which Stripe answers before its idempotency
 //     layer: a corrected retry with the same key executes.
 //   - Keys are scoped to the account of the API key and the
-//     Stripe-Account header, expire after a horizon (24 h unless
-//     [WithHorizon]; time comes from [WithClock]), and are refused with 400
+//     Stripe-Account header, expire 24 h after their first request (as
+//     [WithClock] tells time), and are refused with 400
 //     when longer than 255 characters.
 //
 // API keys: any non-empty bearer token is accepted, each its own

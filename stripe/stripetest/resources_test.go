@@ -158,7 +158,6 @@ func TestResourcesFollowTheIdempotencyRules(t *testing.T) {
 
 func TestNewRefusesBadOptions(t *testing.T) {
 	for name, opt := range map[string]stripetest.Option{
-		"WithHorizon": stripetest.WithHorizon(0),
 		"WithClock":   stripetest.WithClock(nil),
 		"WithLatency": stripetest.WithLatency(-time.Millisecond),
 	} {

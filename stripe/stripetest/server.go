@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"strconv"
 	"strings"
@@ -19,48 +17,37 @@ import (
 	"github.com/stripe/stripe-go/v76/client"
 
 	"effectively.dev/effects"
+	"effectively.dev/internal/testserver"
 )
 
-// The server's constants.
-const (
-	// APIKey is a secret key the server accepts. Any non-empty bearer
-	// token is accepted; each one is its own account, with its own
-	// idempotency keys and objects.
-	APIKey = "sk_test_stripetest"
-	// MaxKeyLen is the longest Idempotency-Key the server accepts, as
-	// Stripe.
-	MaxKeyLen = 255
-	// DefaultHorizon is how long the server keeps an idempotency key
-	// unless [WithHorizon] says otherwise: Stripe keeps keys for at least
-	// 24 hours.
-	DefaultHorizon = 24 * time.Hour
-	// DefaultLatency is how long a POST that passed validation takes to
-	// execute unless [WithLatency] says otherwise: no time at all.
-	DefaultLatency = time.Duration(0)
-)
+// APIKey is a secret key the server accepts. Any non-empty bearer token
+// is accepted; each one is its own account, with its own idempotency keys
+// and objects.
+const APIKey = "sk_test_stripetest"
+
+// maxKeyLen is the longest Idempotency-Key the server accepts, as Stripe.
+const maxKeyLen = 255
+
+// horizon is how long the server keeps an idempotency key after its first
+// request, as Stripe: 24 hours.
+const horizon = 24 * time.Hour
 
 // Option configures a [Server]; see [New]. A nil Option is ignored.
 type Option func(*config)
 
 type config struct {
-	horizon time.Duration
 	now     func() time.Time
 	latency time.Duration
 }
 
-// WithHorizon sets how long an idempotency key is remembered after its
-// first request (default [DefaultHorizon]). A request with an expired key
-// executes again, as at Stripe once a key was pruned. d must be positive.
-func WithHorizon(d time.Duration) Option { return func(c *config) { c.horizon = d } }
-
 // WithClock makes the server read the time from now, so a test can move
-// past the horizon without waiting. The default is time.Now; now must not
+// past the 24-hour horizon without waiting. The default is time.Now; now must not
 // be nil.
 func WithClock(now func() time.Time) Option { return func(c *config) { c.now = now } }
 
 // WithLatency makes every POST that passes validation take d to execute
 // while its idempotency key is held, so concurrent requests with the key
-// overlap and get 409 idempotency_key_in_use (default [DefaultLatency]). d
+// overlap and get 409 idempotency_key_in_use (default 0). d
 // must not be negative.
 func WithLatency(d time.Duration) Option { return func(c *config) { c.latency = d } }
 
@@ -72,20 +59,15 @@ type Server struct {
 	URL string
 
 	cfg config
-
-	life sync.Mutex // serializes Restart and Close
-	hs   *httptest.Server
-	addr string
+	hs  *testserver.HTTP // the listener, its restarts and the failures in front of the API
 
 	mu       sync.Mutex
 	keys     map[scopedKey]*entry
 	objects  []*object
 	byID     map[string]*object
-	created  map[string]int // objects created per idempotency key
-	requests int
+	created  map[string]int  // objects created per idempotency key
 	limits   []time.Duration // requests to answer with 429 before the idempotency layer, with their Retry-After (0: none)
 	failNext []failure       // executing requests to fail
-	front    []failure       // requests to fail in front of the API (FailNextInFront, FailNextReplyInFront)
 	conflict int             // POSTs with a key to answer 409 idempotency_key_in_use (ConflictNext)
 	rng      *rand.Rand
 
@@ -128,7 +110,7 @@ type object struct {
 // It returns a *[effects.ConfigError] for an option with an invalid value,
 // before listening.
 func New(opts ...Option) (*Server, error) {
-	cfg := config{horizon: DefaultHorizon, now: time.Now, latency: DefaultLatency}
+	cfg := config{now: time.Now}
 	for _, o := range opts {
 		if o != nil {
 			o(&cfg)
@@ -138,8 +120,6 @@ func New(opts ...Option) (*Server, error) {
 		return &effects.ConfigError{Op: "stripetest.New", Option: option, Reason: reason}
 	}
 	switch {
-	case cfg.horizon <= 0:
-		return nil, bad("WithHorizon", fmt.Sprintf("horizon %v is not positive", cfg.horizon))
 	case cfg.now == nil:
 		return nil, bad("WithClock", "nil clock")
 	case cfg.latency < 0:
@@ -156,13 +136,14 @@ func New(opts ...Option) (*Server, error) {
 		restricted: map[string]bool{},
 		alias:      map[string]string{},
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	h, err := testserver.NewHTTP("stripetest", s.handler(), func(w http.ResponseWriter, status int) {
+		writeError(w, &apiError{status: status, Type: "api_error",
+			Message: fmt.Sprintf("%s (injected in front of the API).", http.StatusText(status))})
+	})
 	if err != nil {
-		return nil, fmt.Errorf("stripetest: listen: %w", err)
+		return nil, err
 	}
-	s.addr = ln.Addr().String()
-	s.URL = "http://" + s.addr
-	s.serve(ln)
+	s.hs, s.URL = h, h.URL
 	return s, nil
 }
 
@@ -178,52 +159,14 @@ func Start(tb testing.TB, opts ...Option) *Server {
 	return s
 }
 
-func (s *Server) serve(ln net.Listener) {
-	hs := httptest.NewUnstartedServer(s.handler())
-	hs.Listener.Close()
-	hs.Listener = ln
-	hs.Start()
-	s.hs = hs
-}
-
 // Close stops the server after the requests in progress have finished.
-func (s *Server) Close() {
-	s.life.Lock()
-	defer s.life.Unlock()
-	if s.hs != nil {
-		s.hs.Close()
-		s.hs = nil
-	}
-}
+func (s *Server) Close() { s.hs.Close() }
 
 // Restart stops the server, dropping every connection once the requests in
 // progress have finished, and starts it again on the same address with
 // the same state (keys, stored responses, objects), as Stripe after a
 // deploy: clients see their pooled connections closed.
-func (s *Server) Restart() error {
-	s.life.Lock()
-	defer s.life.Unlock()
-	if s.hs == nil {
-		return fmt.Errorf("stripetest: restart of a closed server")
-	}
-	s.hs.Close()
-	s.hs = nil
-	var (
-		ln  net.Listener
-		err error
-	)
-	for i := 0; i < 50; i++ {
-		if ln, err = net.Listen("tcp", s.addr); err == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil {
-		return fmt.Errorf("stripetest: restart: %w", err)
-	}
-	s.serve(ln)
-	return nil
-}
+func (s *Server) Restart() error { return s.hs.Restart(false) }
 
 // Client returns a stripe-go client for this server that sends requests
 // with hc (a new http.Client on http.DefaultTransport if nil), [APIKey],
@@ -272,26 +215,14 @@ func (s *Server) FailNext(n int, status int) {
 // from something between the client and Stripe's API (a load balancer, an
 // egress proxy) without reaching the API: nothing executes and nothing
 // is stored under the idempotency key, so a retry with the key executes.
-func (s *Server) FailNextInFront(n int, status int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for range n {
-		s.front = append(s.front, failure{status: status})
-	}
-}
+func (s *Server) FailNextInFront(n int, status int) { s.hs.FailInFront(n, status, false) }
 
 // FailNextReplyInFront makes the next n requests reach the API, which
 // runs each as usual (executing it and storing its response under the
 // idempotency key), while the client gets status from something in front
 // of the API instead of the response: a proxy that gave up waiting (504)
 // or lost the reply (502). A retry with the key gets the stored response.
-func (s *Server) FailNextReplyInFront(n int, status int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for range n {
-		s.front = append(s.front, failure{status: status, afterCreate: true})
-	}
-}
+func (s *Server) FailNextReplyInFront(n int, status int) { s.hs.FailInFront(n, status, true) }
 
 // ConflictNext makes the next n POSTs with an idempotency key get 409
 // idempotency_key_in_use, as if another request with the key were in
@@ -403,11 +334,7 @@ func (s *Server) Total() int {
 
 // Requests returns how many HTTP requests reached the server, so a test
 // can prove that a call made none.
-func (s *Server) Requests() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.requests
-}
+func (s *Server) Requests() int { return s.hs.Requests() }
 
 // resource is one kind of object the server creates: POST path, and
 // GET path + "/{id}".
@@ -428,6 +355,8 @@ func (s *Server) resources() []resource {
 	}
 }
 
+// handler is the API: its routes behind the API-key checks. Failures
+// injected in front of the API (FailNextInFront) are answered before it.
 func (s *Server) handler() http.Handler {
 	mux := http.NewServeMux()
 	for _, res := range s.resources() {
@@ -445,7 +374,7 @@ func (s *Server) handler() http.Handler {
 		writeError(w, &apiError{status: http.StatusNotFound, Type: "invalid_request_error",
 			Message: fmt.Sprintf("Unrecognized request URL (%s: %s).", r.Method, r.URL.Path)})
 	})
-	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		id := s.newID("req_")
 		s.mu.Unlock()
@@ -472,25 +401,6 @@ func (s *Server) handler() http.Handler {
 			return
 		}
 		mux.ServeHTTP(w, r)
-	})
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.mu.Lock()
-		s.requests++
-		var front *failure
-		if len(s.front) > 0 {
-			front = &s.front[0]
-			s.front = s.front[1:]
-		}
-		s.mu.Unlock()
-		if front == nil {
-			api.ServeHTTP(w, r)
-			return
-		}
-		if front.afterCreate {
-			api.ServeHTTP(httptest.NewRecorder(), r) // the API answers; the reply is lost in front of it
-		}
-		writeError(w, &apiError{status: front.status, Type: "api_error",
-			Message: fmt.Sprintf("%s (injected in front of the API).", http.StatusText(front.status))})
 	})
 }
 
@@ -540,9 +450,9 @@ func (s *Server) post(w http.ResponseWriter, r *http.Request, validate validator
 	if key != "" {
 		w.Header().Set("Idempotency-Key", key)
 	}
-	if len(key) > MaxKeyLen {
+	if len(key) > maxKeyLen {
 		writeError(w, &apiError{status: http.StatusBadRequest, Type: "invalid_request_error",
-			Message: fmt.Sprintf("Invalid Idempotency-Key: it is %d characters long, the maximum is %d.", len(key), MaxKeyLen)})
+			Message: fmt.Sprintf("Invalid Idempotency-Key: it is %d characters long, the maximum is %d.", len(key), maxKeyLen)})
 		return
 	}
 	acct := s.account(r)
@@ -569,7 +479,7 @@ func (s *Server) post(w http.ResponseWriter, r *http.Request, validate validator
 	}
 	var e *entry
 	if key != "" {
-		if old := s.keys[sk]; old != nil && s.cfg.now().Sub(old.first) < s.cfg.horizon {
+		if old := s.keys[sk]; old != nil && s.cfg.now().Sub(old.first) < horizon {
 			s.mu.Unlock()
 			s.answerKnown(w, r, old, key, params)
 			return

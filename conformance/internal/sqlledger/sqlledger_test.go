@@ -1,5 +1,5 @@
 // Package sqlledger_test holds the conformance suite to
-// [conformance.SQLConnector]: a small database/sql adapter (a ledger entry
+// [conformance.Faults.SQLConnector]: a small database/sql adapter (a ledger entry
 // and its dedup row in one transaction), faulted at every driver call
 // (BEGIN, each statement, COMMIT, ROLLBACK), with no fake wire, is fully
 // verified; the same adapter with a classic mistake is caught.
@@ -97,7 +97,7 @@ func (l *Ledger) Apply(ctx context.Context, key effects.Key, in Entry) (effects.
 	return effects.Result{Status: effects.Applied, Ref: ref}, nil
 }
 
-// harness opens each instance's *sql.DB through conformance.SQLConnector;
+// harness opens each instance's *sql.DB through conformance.Faults.SQLConnector;
 // counts come from a connection of its own, outside the faults.
 type harness struct {
 	cfg     *pgx.ConnConfig
@@ -121,7 +121,7 @@ func newHarness(t testing.TB, buggy bool) *harness {
 }
 
 func (h *harness) Make(_ context.Context, f *conformance.Faults) (effects.Effect[Entry], func(), error) {
-	db := sql.OpenDB(conformance.SQLConnector(stdlib.GetConnector(*h.cfg), f))
+	db := sql.OpenDB(f.SQLConnector(stdlib.GetConnector(*h.cfg)))
 	return &Ledger{db: db, commitTransient: h.buggy}, func() { db.Close() }, nil
 }
 
@@ -208,9 +208,9 @@ func TestSQLConnectorConformance(t *testing.T) {
 // ErrTransient is caught where the COMMIT's reply is lost.
 func TestSQLConnectorCatchesTransientCommit(t *testing.T) {
 	t.Setenv("CONFORMANCE_REPORT", "")
-	rep := conformance.Evaluate(t, "sqlledger: failed COMMIT as ErrTransient",
+	rep := conformance.Run(t, "sqlledger: failed COMMIT as ErrTransient",
 		func(t testing.TB) conformance.Harness[Entry] { return newHarness(t, true) },
-		conformance.Only(conformance.ScenarioLostReply))
+		conformance.Only(conformance.ScenarioLostReply), conformance.ReportOnly())
 	row, _ := rep.Row(conformance.ScenarioLostReply)
 	if row.Verdict != conformance.Fail || !strings.Contains(strings.Join(row.Failures, "\n"), "promises that nothing was applied") {
 		t.Errorf("lost-reply: %s %v, want FAIL for an ErrTransient whose COMMIT landed", row.Verdict, row.Failures)

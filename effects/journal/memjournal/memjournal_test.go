@@ -21,12 +21,6 @@ func (h memHarness) Open(context.Context, *conformance.Faults) (journal.Journal,
 	return h.j, nil, nil
 }
 
-// OneClock excludes the clock-skew scenario: every instance is the one
-// journal value, whose one clock judges every lease.
-func (memHarness) OneClock() string {
-	return "every instance is one in-process journal reading one clock"
-}
-
 // TestConformance holds the in-memory journal to the journal.Journal
 // contract: the tests of every adapter that use it rest on it.
 func TestConformance(t *testing.T) {

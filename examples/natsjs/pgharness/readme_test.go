@@ -136,7 +136,7 @@ func (h *confHarness) AppFaultCodes() []string {
 }
 
 // appFault makes the real server fail the Apply whose round trip is about
-// to start (conformance.AppFaulter): 40001 at the COMMIT of a transaction
+// to start (conformance.Faults.SetAppFaulter): 40001 at the COMMIT of a transaction
 // that wrote, 40P01 and 55P03 at its next write. PostgreSQL rolls the
 // transaction back either way and reports no ERROR for one it committed,
 // so a fault after the request was applied is refused.

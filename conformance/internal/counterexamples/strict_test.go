@@ -12,10 +12,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/conformance"
+	"effectively.dev/conformance/internal/counterexamples"
 	"effectively.dev/effects"
 	"effectively.dev/effects/journal"
 	"effectively.dev/effects/journal/memjournal"
-	"effectively.dev/internal/counterexamples"
 	"effectively.dev/postgres/pgtest"
 )
 
@@ -56,9 +56,9 @@ func TestStrictProcessScopedDedup(t *testing.T) {
 		return counterexamples.ProcessScopedDedup{DB: p}
 	})
 	mk := maker(build)
-	rep := conformance.Evaluate(t, "counterexample/process-scoped-dedup without a successor process",
+	rep := conformance.Run(t, "counterexample/process-scoped-dedup without a successor process",
 		func(t testing.TB) conformance.Harness[counterexamples.Payment] { return bare{mk(t)} },
-		conformance.Only(conformance.ScenarioProcess, conformance.ScenarioRedelivery, conformance.ScenarioLostReply))
+		conformance.Only(conformance.ScenarioProcess, conformance.ScenarioRedelivery, conformance.ScenarioLostReply), conformance.ReportOnly())
 	wantUnverified(t, rep, conformance.ScenarioProcess, "conformance.Attacher", "conformance.WithSuccessorProcess(attach)")
 }
 
@@ -69,9 +69,9 @@ func TestStrictHorizonWithoutAger(t *testing.T) {
 	mk := maker(simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
 		return counterexamples.ForgetfulDedup{DB: p}
 	}))
-	rep := conformance.Evaluate(t, "counterexample/forgetful-dedup without Ager",
+	rep := conformance.Run(t, "counterexample/forgetful-dedup without Ager",
 		func(t testing.TB) conformance.Harness[counterexamples.Payment] { return bare{mk(t)} },
-		conformance.Only(conformance.ScenarioHorizon))
+		conformance.Only(conformance.ScenarioHorizon), conformance.ReportOnly())
 	wantUnverified(t, rep, conformance.ScenarioHorizon, "harness does not implement conformance.Ager", "implement conformance.Ager")
 	if f, _ := rep.Field(conformance.FieldHorizon); f.Status != conformance.NotVerified {
 		t.Errorf("Horizon: %s, want not verified", f)
@@ -85,7 +85,7 @@ func TestStrictUnloggedDedup(t *testing.T) {
 	if os.Getenv("DATABASE_URL") != "" {
 		t.Skip("DATABASE_URL is set: its server is not the test's to restart")
 	}
-	rep := conformance.Evaluate(t, "counterexample/unlogged-dedup without CrashRestarter", func(t testing.TB) conformance.Harness[counterexamples.Payment] {
+	rep := conformance.Run(t, "counterexample/unlogged-dedup without CrashRestarter", func(t testing.TB) conformance.Harness[counterexamples.Payment] {
 		url, restart := pgtest.DedicatedDB(t)
 		db, err := pgxpool.New(context.Background(), url)
 		if err != nil {
@@ -103,45 +103,39 @@ func TestStrictUnloggedDedup(t *testing.T) {
 		}{bare{&harness{url: url, db: db, build: simple(func(p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
 			return counterexamples.UnloggedDedup{DB: p}
 		})}}, func(ctx context.Context) error { defer db.Reset(); return restart(ctx) }}
-	}, conformance.Only(conformance.ScenarioRestart, conformance.ScenarioCrashRestart))
+	}, conformance.Only(conformance.ScenarioRestart, conformance.ScenarioCrashRestart), conformance.ReportOnly())
 	if row, _ := rep.Row(conformance.ScenarioRestart); row.Verdict != conformance.Pass {
 		t.Errorf("backend-restart: %s %v, want pass", row.Verdict, row.Failures)
 	}
 	wantUnverified(t, rep, conformance.ScenarioCrashRestart, "harness does not implement conformance.CrashRestarter")
 }
 
-// openOnly is a journal harness with neither ClockSkewer nor OneClock.
+// openOnly is a journal harness without ClockSkewer.
 type openOnly struct{ m *memjournal.Journal }
 
 func (h openOnly) Open(context.Context, *conformance.Faults) (journal.Journal, func(), error) {
 	return counterexamples.InstanceClock{Journal: h.m}, nil, nil
 }
 
-// claimsOneClock states, without showing it, that one clock judges the
-// leases.
-type claimsOneClock struct{ openOnly }
-
-func (claimsOneClock) OneClock() string { return "every instance reads the store's clock" }
-
 // TestStrictInstanceClock: a journal whose leases use each instance's
-// clock passes every other journal scenario; without a ClockSkewer, and
-// with a OneClock claim, it is rejected as unverified, naming clock-skew
-// (and, for the claim, printing the harness's reason).
+// clock passes every other journal scenario; without a ClockSkewer it is
+// rejected as unverified, naming clock-skew, and a reason given for other
+// scenarios does not excuse it.
 func TestStrictInstanceClock(t *testing.T) {
 	for _, c := range []struct {
 		name string
-		h    func() conformance.JournalHarness
-		says []string
+		opts []conformance.JournalOption
 	}{
-		{"no ClockSkewer", func() conformance.JournalHarness { return openOnly{memjournal.New(nil)} },
-			[]string{"harness does not implement conformance.ClockSkewer", "implement conformance.ClockSkewer"}},
-		{"OneClock claimed", func() conformance.JournalHarness { return claimsOneClock{openOnly{memjournal.New(nil)}} },
-			[]string{"every instance reads the store's clock", "a claim the suite cannot check"}},
+		{"no ClockSkewer", nil},
+		{"a reason for other scenarios", []conformance.JournalOption{conformance.AllowUnverified("every instance reads the store's clock", conformance.JournalBackendRestart)}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			rep := conformance.EvaluateJournal(t, "counterexample: instance clock, "+c.name, func(testing.TB) conformance.JournalHarness { return c.h() },
-				conformance.WithLease(200*time.Millisecond))
-			wantUnverified(t, rep, conformance.JournalClockSkew, c.says...)
+			opts := append([]conformance.JournalOption{conformance.WithLease(200 * time.Millisecond), conformance.ReportOnly()}, c.opts...)
+			rep := conformance.RunJournal(t, "counterexample: instance clock, "+c.name, func(testing.TB) conformance.JournalHarness { return openOnly{memjournal.New(nil)} }, opts...)
+			wantUnverified(t, rep, conformance.JournalClockSkew, "harness does not implement conformance.ClockSkewer", "implement conformance.ClockSkewer")
+			if err := rep.Verify(); err == nil || !strings.Contains(err.Error(), conformance.JournalClockSkew) {
+				t.Errorf("Verify: %v, want an error naming %s", err, conformance.JournalClockSkew)
+			}
 			if f, _ := rep.Field(conformance.FieldLeases); f.Status != conformance.NotVerified ||
 				!slices.ContainsFunc(f.LeftOut, func(l conformance.LeftOut) bool { return l.Scenario == conformance.JournalClockSkew && l.Blocks }) {
 				t.Errorf("Leases: %s, want not verified for clock-skew", f)

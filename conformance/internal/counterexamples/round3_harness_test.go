@@ -6,9 +6,9 @@ import (
 	"time"
 
 	"effectively.dev/conformance"
+	"effectively.dev/conformance/internal/counterexamples"
 	"effectively.dev/effects"
 	"effectively.dev/effects/journal"
-	"effectively.dev/internal/counterexamples"
 )
 
 // tripJournalHarness opens instances over one AsyncBackend, every call of

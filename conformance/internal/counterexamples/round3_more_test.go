@@ -6,10 +6,10 @@ import (
 	"time"
 
 	"effectively.dev/conformance"
+	"effectively.dev/conformance/internal/counterexamples"
 	"effectively.dev/effects"
 	"effectively.dev/effects/journal"
 	"effectively.dev/effects/journal/memjournal"
-	"effectively.dev/internal/counterexamples"
 )
 
 // TestRound3JournalProbes: each journal liar of round 3 shows its lie

@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"effectively.dev/conformance"
+	"effectively.dev/conformance/internal/counterexamples"
 	"effectively.dev/effects"
-	"effectively.dev/internal/counterexamples"
 )
 
 // memPlanHarness runs a plan of MemSteps over one Store shared by every
@@ -83,7 +83,7 @@ func TestRunPlanCatchesCounterexamples(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			rep := conformance.EvaluatePlan(t, tc.name, memPlanMaker(tc.build), conformance.Only(tc.caught...))
+			rep := conformance.RunPlan(t, tc.name, memPlanMaker(tc.build), conformance.Only(tc.caught...), conformance.ReportOnly())
 			failed := rep.Failed()
 			for _, sc := range tc.caught {
 				if !slices.Contains(failed, sc) {

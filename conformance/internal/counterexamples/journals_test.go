@@ -6,9 +6,9 @@ import (
 	"testing"
 
 	"effectively.dev/conformance"
+	"effectively.dev/conformance/internal/counterexamples"
 	"effectively.dev/effects/journal"
 	"effectively.dev/effects/journal/memjournal"
-	"effectively.dev/internal/counterexamples"
 )
 
 // journalHarness opens one shared journal for every instance.
@@ -64,9 +64,9 @@ func TestRunJournalCatchesCounterexamples(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			rep := conformance.EvaluateJournal(t, "counterexample: "+c.name, func(testing.TB) conformance.JournalHarness {
+			rep := conformance.RunJournal(t, "counterexample: "+c.name, func(testing.TB) conformance.JournalHarness {
 				return journalHarness{c.open()}
-			}, conformance.Only(c.caught...))
+			}, conformance.Only(c.caught...), conformance.ReportOnly())
 			for _, s := range c.caught {
 				if !slices.Contains(rep.Failed(), s) {
 					row, _ := rep.Row(s)

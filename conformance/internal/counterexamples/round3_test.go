@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"effectively.dev/conformance"
+	"effectively.dev/conformance/internal/counterexamples"
 	"effectively.dev/effects"
-	"effectively.dev/internal/counterexamples"
 )
 
 // vendorHarness runs a round 3 vendor client against a fresh Vendor, every
@@ -346,7 +346,7 @@ func TestRound3Caught(t *testing.T) {
 			if want == "" {
 				t.Fatalf("no scenario named for %s", l.Name)
 			}
-			rep := conformance.Evaluate(t, "round3/"+l.Name, vendorMaker(l), append(opts, conformance.Only(want))...)
+			rep := conformance.Run(t, "round3/"+l.Name, vendorMaker(l), append(append(opts, conformance.Only(want)), conformance.ReportOnly())...)
 			row, _ := rep.Row(want)
 			if row.Verdict != conformance.Fail {
 				t.Fatalf("%s: %s, want FAIL (notes %v)", want, row.Verdict, row.Notes)
@@ -356,7 +356,7 @@ func TestRound3Caught(t *testing.T) {
 	}
 	for _, l := range []counterexamples.VendorLiar{counterexamples.Honest, counterexamples.HonestSlow} {
 		t.Run("control/"+l.Name, func(t *testing.T) {
-			rep := conformance.Evaluate(t, "round3/"+l.Name, vendorMaker(l), append(opts, conformance.WithLateRedelivery(time.Second))...)
+			rep := conformance.Run(t, "round3/"+l.Name, vendorMaker(l), append(append(opts, conformance.WithLateRedelivery(time.Second)), conformance.ReportOnly())...)
 			if failed := rep.Failed(); len(failed) > 0 {
 				for _, s := range failed {
 					row, _ := rep.Row(s)
@@ -386,7 +386,7 @@ func TestRound3JournalsAndPlansCaught(t *testing.T) {
 	for _, j := range round3Journals {
 		t.Run(j.name, func(t *testing.T) {
 			want := journals[j.name]
-			rep := conformance.EvaluateJournal(t, "round3/"+j.name, tripJournalMaker(j.wrap), conformance.Only(want))
+			rep := conformance.RunJournal(t, "round3/"+j.name, tripJournalMaker(j.wrap), conformance.Only(want), conformance.ReportOnly())
 			if row, _ := rep.Row(want); row.Verdict != conformance.Fail {
 				t.Fatalf("%s: %s, want FAIL (notes %v)", want, row.Verdict, row.Notes)
 			} else {
@@ -395,7 +395,7 @@ func TestRound3JournalsAndPlansCaught(t *testing.T) {
 		})
 	}
 	t.Run("control/journal", func(t *testing.T) {
-		rep := conformance.EvaluateJournal(t, "round3/honest", tripJournalMaker(nil))
+		rep := conformance.RunJournal(t, "round3/honest", tripJournalMaker(nil), conformance.ReportOnly())
 		for _, s := range rep.Failed() {
 			row, _ := rep.Row(s)
 			t.Errorf("%s: %s", s, firstLine(row.Failures))
@@ -409,7 +409,7 @@ func TestRound3JournalsAndPlansCaught(t *testing.T) {
 	for _, p := range round3Plans {
 		t.Run(p.name, func(t *testing.T) {
 			want := plans[p.name]
-			rep := conformance.EvaluatePlan(t, "round3/"+p.name, agingPlanMaker(p.forget, p.build), conformance.Only(want))
+			rep := conformance.RunPlan(t, "round3/"+p.name, agingPlanMaker(p.forget, p.build), conformance.Only(want), conformance.ReportOnly())
 			if row, _ := rep.Row(want); row.Verdict != conformance.Fail {
 				t.Fatalf("%s: %s, want FAIL (notes %v)", want, row.Verdict, row.Notes)
 			} else {
@@ -418,7 +418,7 @@ func TestRound3JournalsAndPlansCaught(t *testing.T) {
 		})
 	}
 	t.Run("control/plan", func(t *testing.T) {
-		rep := conformance.EvaluatePlan(t, "round3/honest", agingPlanMaker(false, honestPlan))
+		rep := conformance.RunPlan(t, "round3/honest", agingPlanMaker(false, honestPlan), conformance.ReportOnly())
 		for _, s := range rep.Failed() {
 			row, _ := rep.Row(s)
 			t.Errorf("%s: %s", s, firstLine(row.Failures))

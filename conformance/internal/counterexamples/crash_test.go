@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/conformance"
+	"effectively.dev/conformance/internal/counterexamples"
 	"effectively.dev/effects"
-	"effectively.dev/internal/counterexamples"
 	"effectively.dev/postgres/pgtest"
 )
 
@@ -33,7 +33,7 @@ func TestCrashRestartCatchesUnloggedDedup(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rep := conformance.Evaluate(t, tc.name, func(t testing.TB) conformance.Harness[counterexamples.Payment] {
+			rep := conformance.Run(t, tc.name, func(t testing.TB) conformance.Harness[counterexamples.Payment] {
 				url, restart := pgtest.DedicatedDB(t)
 				db, err := pgxpool.New(context.Background(), url)
 				if err != nil {
@@ -56,7 +56,7 @@ func TestCrashRestartCatchesUnloggedDedup(t *testing.T) {
 				}{&harness{url: url, db: db, build: simple(tc.build)},
 					func(ctx context.Context) error { defer db.Reset(); return restart(ctx) },
 					func(ctx context.Context) error { defer db.Reset(); return crash(ctx) }}
-			}, conformance.Only(conformance.ScenarioRestart, conformance.ScenarioCrashRestart))
+			}, conformance.Only(conformance.ScenarioRestart, conformance.ScenarioCrashRestart), conformance.ReportOnly())
 			restartRow, _ := rep.Row(conformance.ScenarioRestart)
 			crashRow, _ := rep.Row(conformance.ScenarioCrashRestart)
 			if restartRow.Verdict != conformance.Pass {

@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/conformance"
+	"effectively.dev/conformance/internal/counterexamples"
 	"effectively.dev/effects"
-	"effectively.dev/internal/counterexamples"
 )
 
 // TestSuiteCatchesForgetfulKeys: a dedup that keeps only the newest keys
@@ -35,8 +35,8 @@ func TestSuiteCatchesForgetfulKeys(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			rep := conformance.Evaluate(t, "counterexample/"+c.name, maker(simple(c.build)),
-				conformance.Only(append([]string{c.caught}, c.passes...)...))
+			rep := conformance.Run(t, "counterexample/"+c.name, maker(simple(c.build)),
+				conformance.Only(append([]string{c.caught}, c.passes...)...), conformance.ReportOnly())
 			row, _ := rep.Row(c.caught)
 			if row.Verdict != conformance.Fail || !strings.Contains(strings.Join(row.Failures, "\n"), c.says) {
 				t.Errorf("%s: %s %q, want FAIL saying %q", c.caught, row.Verdict, row.Failures, c.says)

@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/conformance"
+	"effectively.dev/conformance/internal/counterexamples"
 	"effectively.dev/effects"
-	"effectively.dev/internal/counterexamples"
 )
 
 // TestSlowReplyCatchesOwnDeadline: an adapter on pgx that reports its own
@@ -30,8 +30,8 @@ func TestSlowReplyCatchesOwnDeadline(t *testing.T) {
 			build := func(_ context.Context, p *pgxpool.Pool) effects.Effect[counterexamples.Payment] {
 				return counterexamples.OwnDeadline{DB: p, Timeout: 250 * time.Millisecond, Lie: tc.lie}
 			}
-			rep := conformance.Evaluate(t, "own deadline: "+tc.name, maker(build),
-				conformance.Only(conformance.ScenarioSlowReply), conformance.WithSlowReply(750*time.Millisecond))
+			rep := conformance.Run(t, "own deadline: "+tc.name, maker(build),
+				conformance.Only(conformance.ScenarioSlowReply), conformance.WithSlowReply(750*time.Millisecond), conformance.ReportOnly())
 			row, _ := rep.Row(conformance.ScenarioSlowReply)
 			if row.Verdict != tc.want {
 				t.Fatalf("slow-reply: %s %v (%s), want %s", row.Verdict, row.Failures, row.Skipped, tc.want)

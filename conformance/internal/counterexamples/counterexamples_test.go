@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/conformance"
+	"effectively.dev/conformance/internal/counterexamples"
 	"effectively.dev/effects"
-	"effectively.dev/internal/counterexamples"
 	"effectively.dev/postgres/pgtest"
 )
 
@@ -359,7 +359,7 @@ func TestSuiteCatchesCounterexamples(t *testing.T) {
 			if c.only {
 				opts = append(opts, conformance.Only(append(append([]string(nil), c.caught...), c.passes...)...))
 			}
-			rep := conformance.Evaluate(t, "counterexample/"+c.name, maker(c.build), opts...)
+			rep := conformance.Run(t, "counterexample/"+c.name, maker(c.build), append(opts, conformance.ReportOnly())...)
 			failed := rep.Failed()
 			for _, want := range c.caught {
 				row, _ := rep.Row(want)
