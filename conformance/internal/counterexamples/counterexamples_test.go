@@ -226,8 +226,11 @@ func TestSuiteCatchesCounterexamples(t *testing.T) {
 				return counterexamples.NewMemoryResolved(p)
 			}),
 			opts: []conformance.EffectOption{conformance.WithLateRedelivery(2 * time.Second), conformance.WithCapacity(1000)},
-			// Its memory also fails two processes racing on one key.
-			caught: []string{conformance.ScenarioLostReply, conformance.ScenarioConcurrent, conformance.ScenarioRaceReuse},
+			// Its memory also fails two processes racing on one key, but
+			// concurrent-key-reuse sees that only when a race lands in the
+			// gap between its two transactions, which its attempts do not
+			// always hit: that scenario is in neither list.
+			caught: []string{conformance.ScenarioLostReply, conformance.ScenarioConcurrent},
 			passes: []string{conformance.ScenarioRedelivery, conformance.ScenarioLateRedelivery, conformance.ScenarioHorizon,
 				conformance.ScenarioKeyReuse, conformance.ScenarioInvalidKey, conformance.ScenarioDistinctKeys, conformance.ScenarioStorm},
 		},
