@@ -87,8 +87,8 @@ func TestFingerprint(t *testing.T) {
 	// Invalid UTF-8 is refused rather than folded into U+FFFD; a real
 	// U+FFFD, and a backslash followed by "ufffd", are fine and distinct.
 	for _, bad := range []any{"evt-\xff", map[string]int{"k\xfe": 1}, []string{"ok", "\xc3"}} {
-		if _, err := effects.FingerprintJSON(bad); !errors.Is(err, effects.ErrInvalidUTF8) {
-			t.Errorf("FingerprintJSON(%q) = %v, want ErrInvalidUTF8", bad, err)
+		if _, err := effects.FingerprintJSON(bad); !errors.Is(err, effects.ErrPoison) || !strings.Contains(err.Error(), "invalid UTF-8") {
+			t.Errorf("FingerprintJSON(%q) = %v, want ErrPoison for invalid UTF-8", bad, err)
 		}
 	}
 	a, errA := effects.FingerprintJSON("evt-\ufffd")

@@ -103,7 +103,7 @@ const (
 	// DefaultMaxPending bounds the deliveries taken and not yet finished.
 	DefaultMaxPending = 1024
 	// DefaultAttemptTimeout is each attempt's time limit: one
-	// journal.DefaultLease, the longest a journaled step's lease lets one
+	// journal lease (journal.WithLease's default), the longest a journaled step's lease lets one
 	// attempt at a key run (see [WithAttemptTimeout]).
 	DefaultAttemptTimeout = time.Minute
 	// DefaultInFlightWait is how long a delivery may wait in all for other
@@ -289,7 +289,7 @@ func WithMaxPending(n int) Option {
 // (the kernel would take many minutes to give up). What it leaves behind
 // is an unknown outcome, which the retry resolves with the same key. With
 // journal-backed steps (effects/journal): a journaled step bounds its own
-// call at nine tenths of its lease (journal.DefaultLease, one minute), and
+// call at nine tenths of its lease (journal.WithLease, one minute by default), and
 // keeps the lease after an outcome it cannot rule out; the retry then
 // meets [effects.ErrInFlight] until the lease expires, waits it out
 // without spending attempts ([WithInFlightWait]), and takes the key over:
@@ -774,8 +774,8 @@ func (r *run) worker(running *slot) {
 func (r *run) handle(d effects.Delivery, attempt int) (end func(effects.Event), err error) {
 	ctx, cancel := r.attemptContext()
 	defer cancel()
-	if o := r.c.cfg.observer; o != nil {
-		ctx, end = effects.StartSpan(ctx, o, effects.SpanDelivery,
+	if t, ok := r.c.cfg.observer.(effects.Tracer); ok {
+		ctx, end = t.Start(ctx, effects.SpanDelivery,
 			effects.Event{DeliveryID: d.ID, Attempt: attempt, Headers: d.Headers})
 	}
 	defer func() { err = r.cut(ctx, err) }()
