@@ -153,12 +153,12 @@ func noEnd(Event) {}
 
 // Propagator is implemented by an [Observer] that carries trace context
 // across a broker; package effectively.dev/observe's does, with
-// OpenTelemetry's W3C TraceContext. Inject calls set with each header
-// (for W3C: traceparent and, when there is one, tracestate) that carries
-// the trace of the span in ctx; with no span in ctx it calls nothing.
-// Producers (kafka.Producer, outbox.Enqueue) call it to write the headers a consumer's [SpanDelivery] span
-// continues, so one trace runs through the broker. Inject must be cheap
-// and must not block.
+// OpenTelemetry's W3C TraceContext. Inject calls set with each header (for
+// W3C: traceparent and, when there is one, tracestate) that carries the
+// trace of the span in ctx; with no span in ctx it calls nothing. Producers
+// (kafka.Producer, outbox.Enqueue) call it to write the headers a consumer's
+// [SpanDelivery] span continues, so one trace runs through the broker.
+// Inject must be cheap and must not block.
 type Propagator interface {
 	Inject(ctx context.Context, set func(key, value string))
 }

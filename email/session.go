@@ -25,8 +25,7 @@ const (
 // WithIdleSessions sets how many SMTP sessions the Sender keeps open
 // between messages (default 8) and how long one may stay unused (default
 // 30 s, well below the 5 minutes RFC 5321 asks servers to wait for the
-// next command). A message sent on an open
-// session skips the connect, the greeting, EHLO, STARTTLS and AUTH. max 0
+// next command). A message sent on an open session skips the connect, the greeting, EHLO, STARTTLS and AUTH. max 0
 // opens a session per message and closes it after; max must not be
 // negative, and timeout must be positive.
 //

@@ -161,8 +161,8 @@ func WithKeyField(path ...string) Option {
 
 // WithMaxKeyLen sets the longest key the server accepts, in bytes
 // (default 255, the limit many servers document and [effects.MaxKeyLen];
-// at least 24, room for a digest that keeps shortened keys apart). A key is sent as it
-// is when it holds only printable ASCII other than '%', '"' and '\' and
+// at least 24, room for a digest that keeps shortened keys apart). A key
+// is sent as it is when it holds only printable ASCII other than '%', '"' and '\' and
 // fits; otherwise the other bytes are escaped as %XX (so "café" is sent
 // as "caf%C3%A9"), and an escaped key still too long is shortened to a
 // prefix, "%~" and a SHA-256 digest. Distinct keys stay distinct; the
@@ -200,9 +200,9 @@ func WithKeyUUID() Option {
 // "Idempotent-Replayed: true"). With an empty value the signal is the
 // header's presence: a response with a non-empty header name is a replay,
 // whatever the value (Worldline's X-GCS-Idempotence-Request-Timestamp,
-// which holds the first request's time). With it, the contract is effectively-once
-// for the horizon; declare it only if the server sends it, since the
-// conformance suite checks it. A replayed 5xx is
+// which holds the first request's time). With it, the contract is
+// effectively-once for the horizon; declare it only if the server sends
+// it, since the conformance suite checks it. A replayed 5xx is
 // [ErrReplayedServerError].
 func WithReplayHeader(name, value string) Option {
 	return option(func(c *config) { c.replayName, c.replayValue, c.replayAny = name, value, value == "" })
@@ -299,20 +299,20 @@ func WithErrorBody() Option {
 	return option(func(c *config) { c.keepBody = true })
 }
 
-// WithMaxBody sets the longest 2xx body Apply reads (default 1 MiB); n must be positive. Apply reads a 2xx body
-// only for [WithRef] and for a [Rule] on a member of the body, never past
-// n+1 bytes: a longer body is a configuration error (raise the limit)
-// wrapping [effects.ErrAmbiguous], since the request was applied and a
-// retry after the fix replays it.
+// WithMaxBody sets the longest 2xx body Apply reads (default 1 MiB); n must
+// be positive. Apply reads a 2xx body only for [WithRef] and for a [Rule] on
+// a member of the body, never past n+1 bytes: a longer body is a
+// configuration error (raise the limit) wrapping [effects.ErrAmbiguous],
+// since the request was applied and a retry after the fix replays it.
 func WithMaxBody(n int64) Option {
 	return option(func(c *config) { c.maxBody = n })
 }
 
-// WithTimeout bounds each call without a journal (default 30 s): a request with no answer by then ends with
-// [effects.ErrAmbiguous], and the retry with the key resolves it. With a
-// journal, the call ends at nine tenths of the lease ([journal.WithLease]) and
-// this option does nothing. d must be positive; the caller's context and
-// the client's own Timeout still apply.
+// WithTimeout bounds each call without a journal (default 30 s): a request
+// with no answer by then ends with [effects.ErrAmbiguous], and the retry
+// with the key resolves it. With a journal, the call ends at nine tenths of
+// the lease ([journal.WithLease]) and this option does nothing. d must be
+// positive; the caller's context and the client's own Timeout still apply.
 func WithTimeout(d time.Duration) Option {
 	return option(func(c *config) { c.timeout = d })
 }

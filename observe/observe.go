@@ -203,12 +203,12 @@ func WithAttributes(attrs ...attribute.KeyValue) Option {
 	return option(func(c *config) { c.attrs = append(c.attrs, attrs...) })
 }
 
-// WithLevel logs events of kind at level instead of its default (the
-// package doc's Logs: Debug for applied, replayed and pruned, Info for
-// in_flight and retried, Warn for failed and for a kind this package does
-// not know, Error for key_reused and dead_lettered), e.g. replayed at Info while investigating redeliveries, or in_flight at
-// Debug where concurrent duplicates are routine. [New] refuses a kind this
-// package does not know.
+// WithLevel logs events of kind at level instead of its default (the package
+// doc's Logs: Debug for applied, replayed and pruned, Info for in_flight and
+// retried, Warn for failed and for a kind this package does not know, Error
+// for key_reused and dead_lettered), e.g. replayed at Info while
+// investigating redeliveries, or in_flight at Debug where concurrent
+// duplicates are routine. [New] refuses a kind this package does not know.
 func WithLevel(kind effects.EventKind, level slog.Level) Option {
 	return option(func(c *config) { c.levels = append(c.levels, levelOverride{kind, level}) })
 }

@@ -289,7 +289,7 @@ func WithMaxPending(n int) Option {
 // (the kernel would take many minutes to give up). What it leaves behind
 // is an unknown outcome, which the retry resolves with the same key. With
 // journal-backed steps (effects/journal): a journaled step bounds its own
-// call at nine tenths of its lease (journal.WithLease, one minute by default), and
+// call at nine tenths of its lease (journal.WithLease, a minute), and
 // keeps the lease after an outcome it cannot rule out; the retry then
 // meets [effects.ErrInFlight] until the lease expires, waits it out
 // without spending attempts ([WithInFlightWait]), and takes the key over:
