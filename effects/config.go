@@ -17,10 +17,12 @@ var ErrInvalidConfig = errors.New("invalid configuration")
 //
 // The module's convention for options, which adapters written outside it
 // are encouraged to follow: each constructor takes its required arguments
-// and then options of a named func type (kgo.Opt's shape); a nil option is
-// ignored; an option only records its value; the constructor validates
-// every value once and returns a *ConfigError, never clamping a bad value
-// silently; defaults are exported constants named DefaultX.
+// and then options, small interfaces with an unexported method (kgo.Opt's
+// shape), scoped so that an option given to the wrong constructor does not
+// compile; a nil option is ignored; an option only records its value; the
+// constructor validates every value once and returns a *ConfigError,
+// never clamping a bad value silently; each option's doc states its
+// default.
 type ConfigError struct {
 	// Op names the constructor, e.g. "consume.New".
 	Op string

@@ -100,12 +100,10 @@ type Contract struct {
 	HorizonAssumed bool
 }
 
-// ErrInvalidContract is returned by [Contract.Validate].
-var ErrInvalidContract = errors.New("invalid contract")
-
 // Validate reports whether the contract is self-consistent: a guarantee it
 // knows, an enforcer named, no duplicate window for EffectivelyOnce, and a
-// described window for AtLeastOnce.
+// described window for AtLeastOnce. Its error ("invalid contract: ...")
+// lists every problem.
 func (c Contract) Validate() error {
 	var problems []string
 	if c.Guarantee != EffectivelyOnce && c.Guarantee != AtLeastOnce {
@@ -133,7 +131,7 @@ func (c Contract) Validate() error {
 	if len(problems) == 0 {
 		return nil
 	}
-	return fmt.Errorf("%w: %s", ErrInvalidContract, strings.Join(problems, "; "))
+	return errors.New("invalid contract: " + strings.Join(problems, "; "))
 }
 
 // String renders the contract on one line, e.g.

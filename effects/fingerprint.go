@@ -23,9 +23,9 @@ func Fingerprint(fields ...[]byte) []byte {
 	return h.Sum(nil)
 }
 
-// ErrInvalidUTF8 is returned by [FingerprintJSON] for a value holding a
-// string that is not valid UTF-8.
-var ErrInvalidUTF8 = errors.New("a string holds invalid UTF-8, which JSON cannot represent: " +
+// errInvalidUTF8 is what [FingerprintJSON] returns, with [ErrPoison], for
+// a value holding a string that is not valid UTF-8.
+var errInvalidUTF8 = errors.New("a string holds invalid UTF-8, which JSON cannot represent: " +
 	"carry binary data in []byte fields (encoded as base64) or supply your own fingerprint")
 
 // FingerprintJSON returns the [Fingerprint] of v's JSON encoding. It is
@@ -34,14 +34,15 @@ var ErrInvalidUTF8 = errors.New("a string holds invalid UTF-8, which JSON cannot
 //
 // encoding/json replaces invalid UTF-8 in strings with U+FFFD, which would
 // give "\xff" and "\xfe" one fingerprint and hide a key reused with another
-// payload, so such a value is refused with [ErrInvalidUTF8] instead.
+// payload, so such a value is refused instead, with an error wrapping
+// [ErrPoison]: the same input fails the same way on every retry.
 func FingerprintJSON(v any) ([]byte, error) {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return nil, fmt.Errorf("effects: fingerprint: %w", err)
 	}
 	if replacedInvalidUTF8(b) {
-		return nil, fmt.Errorf("effects: fingerprint: %w", ErrInvalidUTF8)
+		return nil, fmt.Errorf("effects: fingerprint: %w: %w", ErrPoison, errInvalidUTF8)
 	}
 	return Fingerprint(b), nil
 }

@@ -201,7 +201,7 @@ type jsonPayload struct {
 // not matter) and distinguishes payloads that differ in any field.
 //
 // A payload with a string that is not valid UTF-8 must be refused with
-// ErrInvalidUTF8: encoding/json replaces the invalid bytes with U+FFFD, so
+// ErrPoison: encoding/json replaces the invalid bytes with U+FFFD, so
 // a fingerprint could not tell "\xff" from "\xfe" and a reused key would go
 // unnoticed.
 func FuzzFingerprintJSON(f *testing.F) {
@@ -213,8 +213,8 @@ func FuzzFingerprintJSON(f *testing.F) {
 		p := jsonPayload{EventID: id1, Cents: c1, Tags: []string{t1, t2}, Meta: map[string]string{k1: v1, "fixed": t1}}
 		for _, s := range []string{id1, t1, t2, k1, v1} {
 			if !utf8.ValidString(s) {
-				if _, err := effects.FingerprintJSON(p); !errors.Is(err, effects.ErrInvalidUTF8) {
-					t.Fatalf("FingerprintJSON(%+v) = %v, want ErrInvalidUTF8", p, err)
+				if _, err := effects.FingerprintJSON(p); !errors.Is(err, effects.ErrPoison) {
+					t.Fatalf("FingerprintJSON(%+v) = %v, want ErrPoison", p, err)
 				}
 				return
 			}

@@ -140,11 +140,9 @@ type Tracer interface {
 	Start(ctx context.Context, span Span, ev Event) (context.Context, func(outcome Event))
 }
 
-// StartSpan starts a span of kind span through o when o is a [Tracer],
-// and returns ctx unchanged and an end that does nothing otherwise. It is
-// what the plan, [Observe] and the consumer call; an adapter or a source
-// that reports units of work of its own may call it too.
-func StartSpan(ctx context.Context, o Observer, span Span, ev Event) (context.Context, func(outcome Event)) {
+// startSpan starts a span of kind span through o when o is a [Tracer],
+// and returns ctx unchanged and an end that does nothing otherwise.
+func startSpan(ctx context.Context, o Observer, span Span, ev Event) (context.Context, func(outcome Event)) {
 	if t, ok := o.(Tracer); ok {
 		return t.Start(ctx, span, ev)
 	}
@@ -155,23 +153,14 @@ func noEnd(Event) {}
 
 // Propagator is implemented by an [Observer] that carries trace context
 // across a broker; package effectively.dev/observe's does, with
-// OpenTelemetry's W3C TraceContext. Inject calls set with each header
-// (for W3C: traceparent and, when there is one, tracestate) that carries
-// the trace of the span in ctx; with no span in ctx it calls nothing.
-// Producers (kafka.Producer, outbox.Enqueue) call it, through
-// [InjectTrace], to write the headers a consumer's [SpanDelivery] span
-// continues, so one trace runs through the broker. Inject must be cheap
-// and must not block.
+// OpenTelemetry's W3C TraceContext. Inject calls set with each header (for
+// W3C: traceparent and, when there is one, tracestate) that carries the
+// trace of the span in ctx; with no span in ctx it calls nothing. Producers
+// (kafka.Producer, outbox.Enqueue) call it to write the headers a consumer's
+// [SpanDelivery] span continues, so one trace runs through the broker.
+// Inject must be cheap and must not block.
 type Propagator interface {
 	Inject(ctx context.Context, set func(key, value string))
-}
-
-// InjectTrace calls o's Inject when o is a [Propagator], and does nothing
-// otherwise (o may be nil).
-func InjectTrace(ctx context.Context, o Observer, set func(key, value string)) {
-	if p, ok := o.(Propagator); ok {
-		p.Inject(ctx, set)
-	}
 }
 
 // ObserverFunc adapts a function to an Observer.
@@ -200,7 +189,7 @@ type observed[In any] struct {
 func (e *observed[In]) Contract() Contract { return e.eff.Contract() }
 
 func (e *observed[In]) Apply(ctx context.Context, key Key, in In) (Result, error) {
-	ctx, end := StartSpan(ctx, e.o, SpanEffect, Event{Effect: e.name, Key: key})
+	ctx, end := startSpan(ctx, e.o, SpanEffect, Event{Effect: e.name, Key: key})
 	start := time.Now()
 	res, err := e.eff.Apply(ctx, key, in)
 	ev := Event{Kind: resultKind(res, err), Effect: e.name, Key: key, Duration: time.Since(start), Err: err}

@@ -199,7 +199,7 @@ func (e *StepError) Unwrap() error { return e.Err }
 func (p *Plan[E]) Run(ctx context.Context, id string, ev E) (_ Results, err error) {
 	if p.obs != nil {
 		var end func(Event)
-		ctx, end = StartSpan(ctx, p.obs, SpanPlan, Event{Component: "plan " + p.scope, DeliveryID: id})
+		ctx, end = startSpan(ctx, p.obs, SpanPlan, Event{Component: "plan " + p.scope, DeliveryID: id})
 		start := time.Now()
 		defer func() {
 			end(Event{Kind: planKind(err), Component: "plan " + p.scope, DeliveryID: id, Duration: time.Since(start), Err: err})
@@ -238,7 +238,7 @@ func (p *Plan[E]) runGroup(ctx context.Context, id string, ev E, keys []Key, ste
 			results[i], errs[i] = steps[i].run(ctx, keys[i], ev, done)
 			return
 		}
-		sctx, end := StartSpan(ctx, p.obs, SpanStep, Event{Step: steps[i].name, Key: keys[i], DeliveryID: id})
+		sctx, end := startSpan(ctx, p.obs, SpanStep, Event{Step: steps[i].name, Key: keys[i], DeliveryID: id})
 		start := time.Now()
 		results[i], errs[i] = steps[i].run(sctx, keys[i], ev, done)
 		out := Event{Kind: resultKind(results[i], errs[i]), Step: steps[i].name, Key: keys[i], DeliveryID: id, Duration: time.Since(start), Err: errs[i]}

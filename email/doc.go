@@ -43,7 +43,8 @@
 // Stripe's journal and the Kafka producer's: a journal failure before the
 // send is [effects.ErrTransient] (nothing was sent); the sent-record is
 // completed on a context detached from the caller's and retried while the
-// failure is retryable, for up to [journal.DefaultRecordTimeout]; if it
+// failure is retryable, for up to the journal's record timeout
+// ([journal.WithRecordTimeout], 10 s by default); if it
 // still does not commit, Apply returns Applied and logs it. Changed on
 // purpose with the move to journal.Journaled: a journal error of Begin that
 // the journal did not classify was returned as it was (so
@@ -104,12 +105,11 @@
 //
 // # Sessions
 //
-// A Sender keeps up to [DefaultIdleSessions] SMTP sessions open between
-// messages ([WithIdleSessions]), so a message skips the connect, the
+// A Sender keeps up to 8 SMTP sessions open between messages
+// ([WithIdleSessions]), so a message skips the connect, the
 // greeting, EHLO, STARTTLS and AUTH of a new session (about 0.7 of the
 // time per message over loopback, see BenchmarkSend; more over a real
-// network with TLS). A session idle longer than [DefaultIdleTimeout] is
-// closed, not used. One the server dropped while it was idle fails before
+// network with TLS). A session idle longer than 30 s is closed, not used. One the server dropped while it was idle fails before
 // anything is handed over, and the message goes out on a new session at
 // once: no error, no duplicate. So the Sender skips go-mail's NOOP
 // before each message and its RSET after one (RFC 5321 ends a mail

@@ -121,10 +121,6 @@ func MessageID(key effects.Key, domain string) string {
 	return hex.EncodeToString(sum[:]) + "@" + domain
 }
 
-// DialContextFunc dials the SMTP server. Its signature fits net.Dialer's
-// DialContext and conformance.Faults' DialContext.
-type DialContextFunc func(ctx context.Context, network, addr string) (net.Conn, error)
-
 // Option configures [New]. A nil Option is ignored.
 type Option interface{ apply(*config) }
 
@@ -134,7 +130,7 @@ func (f option) apply(c *config) { f(c) }
 
 type config struct {
 	mailOpts []mail.Option
-	dial     DialContextFunc
+	dial     func(ctx context.Context, network, addr string) (net.Conn, error)
 	dialSet  bool
 	journal  journal.Journal
 	jopts    []journal.Option
@@ -157,9 +153,10 @@ func WithMailOptions(opts ...mail.Option) Option {
 }
 
 // WithDialContext makes the Sender open its connections with dial instead
-// of a net.Dialer, e.g. through conformance.Faults in tests. dial must not
-// be nil.
-func WithDialContext(dial DialContextFunc) Option {
+// of a net.Dialer, e.g. through conformance.Faults in tests; net.Dialer's
+// DialContext and conformance.Faults' DialContext fit. dial must not be
+// nil.
+func WithDialContext(dial func(ctx context.Context, network, addr string) (net.Conn, error)) Option {
 	return option(func(c *config) { c.dial, c.dialSet = dial, true })
 }
 
@@ -191,7 +188,7 @@ type Sender struct {
 	j        *journal.Journaled
 	client   *mail.Client
 	addr     string
-	dial     DialContextFunc
+	dial     func(ctx context.Context, network, addr string) (net.Conn, error)
 	domain   string
 	contract effects.Contract
 	sessions *sessions
@@ -213,7 +210,7 @@ func New(addr string, opts ...Option) (*Sender, error) {
 	if err != nil || port < 1 || port > 65535 || host == "" {
 		return nil, effects.ConfigErrorf("email.New", "addr", "%q: want a host and a port from 1 to 65535", addr)
 	}
-	cfg := config{idle: DefaultIdleSessions, idleTimeout: DefaultIdleTimeout}
+	cfg := config{idle: defaultIdleSessions, idleTimeout: defaultIdleTimeout}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&cfg)

@@ -12,20 +12,20 @@ import (
 
 // Defaults of a Sender's session reuse ([WithIdleSessions]).
 const (
-	// DefaultIdleSessions is how many SMTP sessions a Sender keeps open
+	// defaultIdleSessions is how many SMTP sessions a Sender keeps open
 	// between messages.
-	DefaultIdleSessions = 8
-	// DefaultIdleTimeout is how long a session may wait unused before the
+	defaultIdleSessions = 8
+	// defaultIdleTimeout is how long a session may wait unused before the
 	// Sender closes it instead of sending on it. RFC 5321 (4.5.3.2.7) asks
 	// servers to wait at least 5 minutes for the next command; this stays
 	// well below.
-	DefaultIdleTimeout = 30 * time.Second
+	defaultIdleTimeout = 30 * time.Second
 )
 
 // WithIdleSessions sets how many SMTP sessions the Sender keeps open
-// between messages (default [DefaultIdleSessions]) and how long one may
-// stay unused (default [DefaultIdleTimeout]). A message sent on an open
-// session skips the connect, the greeting, EHLO, STARTTLS and AUTH. max 0
+// between messages (default 8) and how long one may stay unused (default
+// 30 s, well below the 5 minutes RFC 5321 asks servers to wait for the
+// next command). A message sent on an open session skips the connect, the greeting, EHLO, STARTTLS and AUTH. max 0
 // opens a session per message and closes it after; max must not be
 // negative, and timeout must be positive.
 //

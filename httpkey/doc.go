@@ -47,7 +47,7 @@
 //
 //   - With a replay signal ([WithReplayHeader]: the server marks a stored
 //     response it replays, as Stripe's "Idempotent-Replayed: true", or
-//     [WithReplayHeaderPresent], as [Worldline]; or a [Rule] whose outcome
+//     a header's presence, as [Worldline]; or a [Rule] whose outcome
 //     is [Done], as [GoCardless]'s conflict naming what the first request
 //     created) and a horizon H ([WithHorizon]): effectively-once for H. A
 //     repeat within H creates nothing and reports [effects.Replayed]; one
@@ -76,7 +76,7 @@
 // draft's 422, Square's IDEMPOTENCY_KEY_REUSED) or with a journal, which
 // compares the request's fingerprint before the call. The fingerprint
 // covers what providers scope a key to: the method, the URL's path with
-// its version segments left out ([WithPathTemplate], [VersionlessPath]:
+// its version segments left out ([WithPathTemplate]:
 // an API version bump between a request and its redelivery is not a
 // reused key), and the body; not the host, the query or the headers.
 // The conformance suite (package conformance) holds every such declaration
@@ -125,9 +125,8 @@
 // # Limits
 //
 // A 2xx body is read only when something needs it ([WithRef], a [Rule]
-// on the body), and never past [WithMaxBody] (default [DefaultMaxBody],
-// 1 MiB). Without a journal each call ends after [WithTimeout] (default
-// [DefaultTimeout], 30 s); with one, at nine tenths of the lease.
+// on the body), and never past [WithMaxBody] (default 1 MiB). Without a journal each
+// call ends after [WithTimeout] (default 30 s); with one, at nine tenths of the lease.
 //
 // # Horizon and the journal
 //

@@ -124,7 +124,7 @@ func (cfg *config) validate(client, build bool) error {
 	case cfg.replayName != "" && !validToken(cfg.replayName):
 		return bad("WithReplayHeader", "%q is not a valid header name", cfg.replayName)
 	case cfg.replayName != "" && !cfg.replayAny && strings.TrimSpace(cfg.replayValue) == "":
-		return bad("WithReplayHeader", "empty value for header %s", cfg.replayName)
+		return bad("WithReplayHeader", "blank value for header %s (an empty value means any)", cfg.replayName)
 	case cfg.horizon <= 0:
 		return bad("WithHorizon", "the server's key horizon is not set (%v): give how long the API keeps an idempotency key, "+
 			"from its documentation (WithHorizon), or your estimate where it publishes none (WithAssumedHorizon)", cfg.horizon)
@@ -152,8 +152,8 @@ func (f keyFormat) validate() error {
 	switch {
 	case f.uuid:
 		return nil
-	case f.alphabet == "" && f.max < MinKeyLen:
-		return bad("WithMaxKeyLen", "%d: at least %d, to keep shortened keys apart", f.max, MinKeyLen)
+	case f.alphabet == "" && f.max < minKeyLen:
+		return bad("WithMaxKeyLen", "%d: at least %d, to keep shortened keys apart", f.max, minKeyLen)
 	case f.alphabet == "":
 		return nil
 	}
@@ -404,11 +404,11 @@ func (e *Effect[In]) fingerprint(req *http.Request, body []byte) []byte {
 // v70, v2.1, 2024-06-01.
 var versionSegment = regexp.MustCompile(`^(v[0-9]+(\.[0-9]+)*|[0-9]{4}-[0-9]{2}-[0-9]{2})$`)
 
-// VersionlessPath is the default of [WithPathTemplate]: path with every
+// versionlessPath is the default of [WithPathTemplate]: path with every
 // segment that names an API version ("v70", "v2.1", "2024-06-01") written
 // as "{version}", so /checkout/v70/payments and /checkout/v71/payments
 // are one path.
-func VersionlessPath(path string) string {
+func versionlessPath(path string) string {
 	segs := strings.Split(path, "/")
 	for i, s := range segs {
 		if versionSegment.MatchString(s) {

@@ -150,7 +150,7 @@ func FuzzWireKey(f *testing.F) {
 	f.Add(strings.Repeat("x", 250)+"a", strings.Repeat("x", 250)+"b")
 	f.Add("k%~", "k")
 	effs := map[int]*httpkey.Effect[Payment]{}
-	for _, max := range []int{httpkey.MinKeyLen, 64, httpkey.DefaultMaxKeyLen} {
+	for _, max := range []int{24, 64, 255} {
 		e, err := httpkey.New(http.DefaultClient, buildPayment("http://127.0.0.1:1"), httpkey.WithHorizon(time.Hour), httpkey.WithMaxKeyLen(max))
 		if err != nil {
 			f.Fatal(err)
@@ -325,12 +325,19 @@ func TestReplayedStatus(t *testing.T) {
 	}{
 		{"no signal", false, false, effects.Applied, 2},
 		{"replay header", true, false, effects.Replayed, 2},
+		{"replay header present", true, false, effects.Replayed, 2},
 		{"journal", false, true, effects.Replayed, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var server []httpkeytest.Option
 			opts := []httpkey.Option{httpkey.WithHorizon(time.Hour), httpkey.WithRef(httpkey.JSONField("id"))}
-			if tc.signal {
+			switch {
+			case tc.signal && tc.name == "replay header present":
+				// Any value marks a replay: the server sends one the
+				// effect was not told.
+				server = append(server, httpkeytest.WithReplayHeader("X-Replayed-At", "2026-12-07T19:00:00Z"))
+				opts = append(opts, httpkey.WithReplayHeader("x-replayed-at", ""))
+			case tc.signal:
 				server = append(server, httpkeytest.WithReplayHeader("Idempotent-Replayed", "true"))
 				opts = append(opts, httpkey.WithReplayHeader("idempotent-replayed", "TRUE"))
 			}
@@ -673,7 +680,7 @@ func TestNewRefusesBadConfiguration(t *testing.T) {
 		{"WithKeyHeader", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithKeyHeader("Bad Header")}},
 		{"WithKeyHeader", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithKeyStructuredHeader("")}},
 		{"WithKeyField", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithKeyField("")}},
-		{"WithMaxKeyLen", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithMaxKeyLen(httpkey.MinKeyLen - 1)}},
+		{"WithMaxKeyLen", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithMaxKeyLen(23)}},
 		{"WithReplayHeader", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithReplayHeader("X:Y", "true")}},
 		{"WithReplayHeader", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithReplayHeader("Replayed", " ")}},
 		{"WithStatus", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithStatus(httpkey.InFlight, 200)}},

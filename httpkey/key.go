@@ -17,10 +17,10 @@ import (
 // the encoding writes every '%' as "%25" and '~' is not a hex digit.
 const hashMarker = "%~"
 
-// MinKeyLen is the smallest limit [WithMaxKeyLen] accepts: room for the
+// minKeyLen is the smallest limit [WithMaxKeyLen] accepts: room for the
 // marker and 22 characters (132 bits) of digest, so that two keys
 // shortened to it still differ.
-const MinKeyLen = 24
+const minKeyLen = 24
 
 // wireKey returns the form of key the server receives: key itself when it
 // holds only printable ASCII other than '%', '"' and '\' and fits in max

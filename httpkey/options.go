@@ -10,20 +10,17 @@ import (
 
 // Defaults of an effect, used when no option or preset says otherwise.
 const (
-	// DefaultKeyHeader is the header that carries the key: the IETF
+	// defaultKeyHeader is the header that carries the key: the IETF
 	// draft's Idempotency-Key.
-	DefaultKeyHeader = "Idempotency-Key"
-	// DefaultMaxKeyLen is the longest key sent as it is ([WithMaxKeyLen]);
+	defaultKeyHeader = "Idempotency-Key"
+	// defaultMaxKeyLen is the longest key sent as it is ([WithMaxKeyLen]);
 	// a longer one is shortened. 255 is the limit many servers document
 	// (Stripe's among them) and [effects.MaxKeyLen].
-	DefaultMaxKeyLen = 255
-	// DefaultMaxBody is the longest 2xx body Apply reads, when it reads
-	// one (for [WithRef] or a [Rule] on a member of the body): 1 MiB.
-	// A longer body is not read past the limit ([WithMaxBody]).
-	DefaultMaxBody = 1 << 20
-	// DefaultTimeout bounds one call without a journal ([WithTimeout]);
-	// with one, the call ends at nine tenths of the lease ([journal.WithLease]).
-	DefaultTimeout = 30 * time.Second
+	defaultMaxKeyLen = 255
+	// defaultMaxBody is the longest 2xx body Apply reads ([WithMaxBody]).
+	defaultMaxBody = 1 << 20
+	// defaultTimeout bounds one call without a journal ([WithTimeout]).
+	defaultTimeout = 30 * time.Second
 )
 
 // Outcome is what a response status means for the request that got it: a
@@ -163,8 +160,9 @@ func WithKeyField(path ...string) Option {
 }
 
 // WithMaxKeyLen sets the longest key the server accepts, in bytes
-// (default [DefaultMaxKeyLen], at least [MinKeyLen]). A key is sent as it
-// is when it holds only printable ASCII other than '%', '"' and '\' and
+// (default 255, the limit many servers document and [effects.MaxKeyLen];
+// at least 24, room for a digest that keeps shortened keys apart). A key
+// is sent as it is when it holds only printable ASCII other than '%', '"' and '\' and
 // fits; otherwise the other bytes are escaped as %XX (so "café" is sent
 // as "caf%C3%A9"), and an escaped key still too long is shortened to a
 // prefix, "%~" and a SHA-256 digest. Distinct keys stay distinct; the
@@ -199,21 +197,15 @@ func WithKeyUUID() Option {
 // WithReplayHeader declares the server's replay signal: a response whose
 // header name equals value (ignoring case) is a stored response replayed
 // for the key, and Apply reports it as [effects.Replayed] (Stripe's
-// "Idempotent-Replayed: true"). With it, the contract is effectively-once
-// for the horizon; declare it only if the server sends it, since the
-// conformance suite checks it. A replayed 5xx is
+// "Idempotent-Replayed: true"). With an empty value the signal is the
+// header's presence: a response with a non-empty header name is a replay,
+// whatever the value (Worldline's X-GCS-Idempotence-Request-Timestamp,
+// which holds the first request's time). With it, the contract is
+// effectively-once for the horizon; declare it only if the server sends
+// it, since the conformance suite checks it. A replayed 5xx is
 // [ErrReplayedServerError].
 func WithReplayHeader(name, value string) Option {
-	return option(func(c *config) { c.replayName, c.replayValue, c.replayAny = name, value, false })
-}
-
-// WithReplayHeaderPresent declares a replay signal that is a header's
-// presence: a response with a non-empty header name is a stored response
-// replayed for the key, whatever the value (Worldline's
-// X-GCS-Idempotence-Request-Timestamp, which holds the first request's
-// time). Otherwise as [WithReplayHeader].
-func WithReplayHeaderPresent(name string) Option {
-	return option(func(c *config) { c.replayName, c.replayValue, c.replayAny = name, "", true })
+	return option(func(c *config) { c.replayName, c.replayValue, c.replayAny = name, value, value == "" })
 }
 
 // WithHorizon declares how long the server keeps a key after its first
@@ -307,22 +299,20 @@ func WithErrorBody() Option {
 	return option(func(c *config) { c.keepBody = true })
 }
 
-// WithMaxBody sets the longest 2xx body Apply reads (default
-// [DefaultMaxBody], 1 MiB); n must be positive. Apply reads a 2xx body
-// only for [WithRef] and for a [Rule] on a member of the body, never past
-// n+1 bytes: a longer body is a configuration error (raise the limit)
-// wrapping [effects.ErrAmbiguous], since the request was applied and a
-// retry after the fix replays it.
+// WithMaxBody sets the longest 2xx body Apply reads (default 1 MiB); n must
+// be positive. Apply reads a 2xx body only for [WithRef] and for a [Rule] on
+// a member of the body, never past n+1 bytes: a longer body is a
+// configuration error (raise the limit) wrapping [effects.ErrAmbiguous],
+// since the request was applied and a retry after the fix replays it.
 func WithMaxBody(n int64) Option {
 	return option(func(c *config) { c.maxBody = n })
 }
 
-// WithTimeout bounds each call without a journal (default
-// [DefaultTimeout], 30 s): a request with no answer by then ends with
-// [effects.ErrAmbiguous], and the retry with the key resolves it. With a
-// journal, the call ends at nine tenths of the lease ([journal.WithLease]) and
-// this option does nothing. d must be positive; the caller's context and
-// the client's own Timeout still apply.
+// WithTimeout bounds each call without a journal (default 30 s): a request
+// with no answer by then ends with [effects.ErrAmbiguous], and the retry
+// with the key resolves it. With a journal, the call ends at nine tenths of
+// the lease ([journal.WithLease]) and this option does nothing. d must be
+// positive; the caller's context and the client's own Timeout still apply.
 func WithTimeout(d time.Duration) Option {
 	return option(func(c *config) { c.timeout = d })
 }
@@ -330,8 +320,9 @@ func WithTimeout(d time.Duration) Option {
 // WithPathTemplate sets how the journal's fingerprint of a request reads
 // its URL path: the fingerprint covers the method, path(u.Path) and the
 // body, which is what most providers scope a key to, and never the host,
-// the query or the headers. The default, [VersionlessPath], writes a
-// version segment ("v70", "2024-06-01") as "{version}", so that an API
+// the query or the headers. The default writes every segment that names
+// an API version ("v70", "v2.1", "2024-06-01") as "{version}", so that
+// /checkout/v70/payments and /checkout/v71/payments are one path and an API
 // version bump between a request and its redelivery is not taken for a
 // key reused with another payload. Use func(p string) string { return p }
 // for a provider whose keys are scoped to the versioned path.

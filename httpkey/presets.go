@@ -124,7 +124,7 @@ var (
 	// response, and one while the first request is in progress gets 409
 	// ([InFlight]). Every response to a repeat carries
 	// X-GCS-Idempotence-Request-Timestamp, the
-	// replay signal ([WithReplayHeaderPresent]), so the contract is
+	// replay signal (its presence: [WithReplayHeader] with an empty value), so the contract is
 	// effectively-once for 24 hours without a journal.
 	//
 	// The documentation says that a repeat gets the first response "even with
@@ -229,7 +229,7 @@ var (
 )
 
 func defaults() config {
-	c := config{maxBody: DefaultMaxBody, timeout: DefaultTimeout, pathOf: VersionlessPath}
+	c := config{maxBody: defaultMaxBody, timeout: defaultTimeout, pathOf: versionlessPath}
 	IETF.apply(&c)
 	return c
 }
@@ -249,14 +249,14 @@ func ietfStatuses() map[int]Outcome {
 }
 
 // reset sets what every preset sets: the key in header name as it is, up
-// to [DefaultMaxKeyLen]; the draft's statuses with 422 as reuse = false:
+// to 255 bytes; the draft's statuses with 422 as reuse = false:
 // [Refused]; no replay signal, rules or error code; failures stored;
 // the request id from X-Request-Id. A preset with a published horizon
 // sets it; one without leaves a horizon given before it.
 func reset(c *config, preset, name string, reuse422 bool) {
 	c.preset = preset
 	c.place, c.name, c.field = inHeader, name, nil
-	c.keyFmt = keyFormat{max: DefaultMaxKeyLen}
+	c.keyFmt = keyFormat{max: defaultMaxKeyLen}
 	c.replayName, c.replayValue, c.replayAny = "", "", false
 	c.unpublished, c.failsKept = false, true
 	c.statuses = ietfStatuses()
@@ -272,13 +272,13 @@ func published(c *config, d time.Duration) { c.horizon, c.assumed = d, false }
 
 // presetIETF sets what [IETF] declares.
 func presetIETF(c *config) {
-	reset(c, "IETF", DefaultKeyHeader, true)
+	reset(c, "IETF", defaultKeyHeader, true)
 	c.place = inStructuredHeader
 }
 
 // presetNeutral sets what [Neutral] declares.
 func presetNeutral(c *config) {
-	reset(c, "Neutral", DefaultKeyHeader, false)
+	reset(c, "Neutral", defaultKeyHeader, false)
 }
 
 // adyenHorizon is how long Adyen keeps an idempotency key, as the preset

@@ -63,7 +63,7 @@ type confHarness struct {
 // alter, when not empty, is run after Migrate (ALTER TABLE
 // effectively_keys alter): a counterexample's schema.
 func newConfHarness(t testing.TB, alter string) conformance.Harness[confCharge] {
-	dsn, restart := mysqltest.DedicatedDB(t)
+	dsn, restart, crash := mysqltest.DedicatedDB(t)
 	db := openPlain(t, dsn)
 	ctx := testCtx(t)
 	if err := mysql.Migrate(ctx, db); err != nil {
@@ -84,7 +84,6 @@ func newConfHarness(t testing.TB, alter string) conformance.Harness[confCharge] 
 	if restart == nil {
 		return h // MYSQL_DSN is set: its server is not ours to restart
 	}
-	crash := mysqltest.DedicatedCrash(t)
 	return struct {
 		*confHarness
 		mysqltest.RestartFunc

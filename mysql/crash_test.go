@@ -25,8 +25,7 @@ func TestServerKilledMidCommit(t *testing.T) {
 	if os.Getenv("MYSQL_DSN") != "" {
 		t.Skip("MYSQL_DSN is set: its server is not the test's to kill")
 	}
-	dsn, _ := mysqltest.DedicatedDB(t)
-	crash := mysqltest.DedicatedCrash(t)
+	dsn, _, crash := mysqltest.DedicatedDB(t)
 	db := openMigrated(t, dsn)
 	db.SetMaxOpenConns(8)
 	eff, err := mysql.New(db, "s", writeLedger)

@@ -12,26 +12,6 @@ import (
 	"effectively.dev/internal/sqlkeys"
 )
 
-// WriteFunc does an effect's writes in tx, the transaction that also
-// records its key, and returns a reference to what it wrote (a ledger row
-// id, say) or "". It must write only through tx: anything it does outside
-// the transaction (an HTTP call, a message sent, a statement on another
-// connection) is not undone when the transaction rolls back and is
-// repeated when Apply retries. It must not keep tx after it returns, nor
-// end it: Apply inserts the key's row and commits. A write that ends tx
-// (tx.Commit, tx.Rollback) fails the attempt, and nothing is committed
-// with the key. It must not run a statement that MySQL commits implicitly
-// (DDL such as CREATE or ALTER TABLE, LOCK TABLES, START TRANSACTION,
-// COMMIT as SQL): the server commits the transaction there, without the
-// key, and database/sql cannot see it.
-//
-// tx begins with database/sql's BeginTx, at the server's isolation level
-// (REPEATABLE READ unless configured) or [WithIsolation]'s. Nothing stops
-// a duplicate's write early: the key's INSERT after it fails (or one of
-// its statements does, on the rows the first delivery wrote or locked),
-// the transaction rolls back, and Apply looks the key up.
-type WriteFunc[In any] func(ctx context.Context, tx *sql.Tx, in In) (ref string, err error)
-
 // Effect is an [effects.Effect] whose side effect is a set of writes to the
 // same MySQL or MariaDB database that holds its keys. Apply runs them in
 // one InnoDB transaction with a row in effectively_keys, so the writes and
@@ -41,7 +21,7 @@ type WriteFunc[In any] func(ctx context.Context, tx *sql.Tx, in In) (ref string,
 type Effect[In any] struct {
 	db          *sql.DB
 	scope       string
-	write       WriteFunc[In]
+	write       func(ctx context.Context, tx *sql.Tx, in In) (string, error)
 	fingerprint func(In) ([]byte, error)
 	txOptions   *sql.TxOptions
 	cfg         effectConfig
@@ -60,7 +40,26 @@ var _ effects.Effect[struct{}] = (*Effect[struct{}])(nil)
 // New returns an [*effects.ConfigError] if db or write is nil, scope is
 // empty, longer than 255 bytes, not UTF-8 or contains NUL, only *In has
 // the Fingerprint method, or an option's value is invalid.
-func New[In any](db *sql.DB, scope string, write WriteFunc[In], opts ...EffectOption) (*Effect[In], error) {
+//
+// write does the effect's writes in tx, the transaction that also
+// records its key, and returns a reference to what it wrote (a ledger row
+// id, say) or "". It must write only through tx: anything it does outside
+// the transaction (an HTTP call, a message sent, a statement on another
+// connection) is not undone when the transaction rolls back and is
+// repeated when Apply retries. It must not keep tx after it returns, nor
+// end it: Apply inserts the key's row and commits. A write that ends tx
+// (tx.Commit, tx.Rollback) fails the attempt, and nothing is committed
+// with the key. It must not run a statement that MySQL commits implicitly
+// (DDL such as CREATE or ALTER TABLE, LOCK TABLES, START TRANSACTION,
+// COMMIT as SQL): the server commits the transaction there, without the
+// key, and database/sql cannot see it.
+//
+// tx begins with database/sql's BeginTx, at the server's isolation level
+// (REPEATABLE READ unless configured) or [WithIsolation]'s. Nothing stops
+// a duplicate's write early: the key's INSERT after it fails (or one of
+// its statements does, on the rows the first delivery wrote or locked),
+// the transaction rolls back, and Apply looks the key up.
+func New[In any](db *sql.DB, scope string, write func(ctx context.Context, tx *sql.Tx, in In) (ref string, err error), opts ...EffectOption) (*Effect[In], error) {
 	const op = "mysql.New"
 	switch {
 	case db == nil:

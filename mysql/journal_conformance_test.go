@@ -51,7 +51,7 @@ func journalAllow() []conformance.JournalOption {
 // on the top-level test's own server, which the suite may restart and
 // crash (SIGKILL of mysqld).
 func newJournalHarness(t testing.TB) conformance.JournalHarness {
-	dsn, restart := mysqltest.DedicatedDB(t)
+	dsn, restart, crash := mysqltest.DedicatedDB(t)
 	db, err := sql.Open("mysql", dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -68,7 +68,7 @@ func newJournalHarness(t testing.TB) conformance.JournalHarness {
 		*journalHarness
 		mysqltest.RestartFunc
 		mysqltest.CrashRestartFunc
-	}{h, restart, mysqltest.DedicatedCrash(t)}
+	}{h, restart, crash}
 }
 
 // TestJournalConformance holds mysql.Journal to the journal.Journal

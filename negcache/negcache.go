@@ -114,7 +114,22 @@ func (f *Filter) FalsePositiveRate() float64 {
 	return math.Pow(1-math.Exp(-k*n/m), k)
 }
 
-// Lookup is an authoritative, read-only pre-check for key: found reports
+// Prechecked is an effect wrapped by [Precheck].
+type Prechecked[In any] struct {
+	eff  effects.Effect[In]
+	f    *Filter
+	seen func(ctx context.Context, key effects.Key, in In) (effects.Result, bool, error)
+
+	skipped, checked, hits, lookupErrs atomic.Int64
+}
+
+var _ effects.Effect[struct{}] = (*Prechecked[struct{}])(nil)
+
+// Precheck wraps eff so that Apply runs the pre-check seen only for keys
+// that f says it may have seen, and adds keys to f after eff's Apply
+// committed them.
+//
+// seen is an authoritative, read-only pre-check for key: found reports
 // whether the key's effect was committed; when it was, res is what the
 // effect's Apply would return for it now (Status Replayed and the stored
 // Ref). It returns an error wrapping [effects.ErrKeyReused] when the key
@@ -127,22 +142,8 @@ func (f *Filter) FalsePositiveRate() float64 {
 //		}
 //		return postgres.Seen(ctx, pool, "billing", key, fp)
 //	}
-type Lookup[In any] func(ctx context.Context, key effects.Key, in In) (res effects.Result, found bool, err error)
-
-// Prechecked is an effect wrapped by [Precheck].
-type Prechecked[In any] struct {
-	eff  effects.Effect[In]
-	f    *Filter
-	seen Lookup[In]
-
-	skipped, checked, hits, lookupErrs atomic.Int64
-}
-
-var _ effects.Effect[struct{}] = (*Prechecked[struct{}])(nil)
-
-// Precheck wraps eff so that Apply runs the pre-check seen only for keys
-// that f says it may have seen, and adds keys to f after eff's Apply
-// committed them:
+//
+// Apply then goes:
 //
 //   - f says "not seen": Apply calls eff.Apply directly (no pre-check).
 //   - f says "maybe seen": Apply calls seen. Found: it returns seen's result
@@ -157,7 +158,7 @@ var _ effects.Effect[struct{}] = (*Prechecked[struct{}])(nil)
 // does; a pre-check that answered "found" for a key whose effect might
 // still roll back would lose that effect. A nil argument is an
 // [*effects.ConfigError].
-func Precheck[In any](eff effects.Effect[In], f *Filter, seen Lookup[In]) (*Prechecked[In], error) {
+func Precheck[In any](eff effects.Effect[In], f *Filter, seen func(ctx context.Context, key effects.Key, in In) (res effects.Result, found bool, err error)) (*Prechecked[In], error) {
 	const op = "negcache.Precheck"
 	switch {
 	case eff == nil:

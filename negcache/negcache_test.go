@@ -50,7 +50,7 @@ func TestPrecheckValidates(t *testing.T) {
 	for name, tc := range map[string]struct {
 		eff    effects.Effect[payment]
 		f      *negcache.Filter
-		seen   negcache.Lookup[payment]
+		seen   func(context.Context, effects.Key, payment) (effects.Result, bool, error)
 		option string
 	}{
 		"nil effect": {nil, f, seen, "eff"},
@@ -323,7 +323,7 @@ func TestPrecheck(t *testing.T) {
 }
 
 // mustPrecheck wraps eff with negcache.Precheck.
-func mustPrecheck(t testing.TB, eff effects.Effect[payment], f *negcache.Filter, seen negcache.Lookup[payment]) *negcache.Prechecked[payment] {
+func mustPrecheck(t testing.TB, eff effects.Effect[payment], f *negcache.Filter, seen func(context.Context, effects.Key, payment) (effects.Result, bool, error)) *negcache.Prechecked[payment] {
 	t.Helper()
 	p, err := negcache.Precheck(eff, f, seen)
 	if err != nil {

@@ -48,7 +48,7 @@
 // outcome, effect, step, component, key, delivery_id, attempt, duration, count (for
 // pruned) and error (each only when the event has it; a key or delivery id
 // over 256 bytes shortened to its start and a SHA-256 prefix). Without
-// [WithLogger] the records go to slog.Default(). Levels ([DefaultLevel]), changeable with
+// [WithLogger] the records go to slog.Default(). Levels, changeable with
 // [WithLevel]:
 //
 //   - Debug: applied, replayed, pruned. The normal path, one per effect

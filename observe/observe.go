@@ -128,7 +128,7 @@ type config struct {
 	tp     trace.TracerProvider
 	prop   propagation.TextMapPropagator
 	attrs  []attribute.KeyValue
-	levels []levelOverride // in order; New applies them over DefaultLevel
+	levels []levelOverride // in order; New applies them over defaultLevel
 	link   bool
 }
 
@@ -138,7 +138,7 @@ type levelOverride struct {
 }
 
 // WithLogger logs every event to l, at the level of its kind (see
-// [DefaultLevel] and [WithLevel]). Without it, or with a nil l, the
+// the package doc's Logs and [WithLevel]). Without it, or with a nil l, the
 // Observer logs to slog.Default() (as it is at the time of each record),
 // so failures and dead letters are never silent; to log nothing, pass
 // slog.New(slog.DiscardHandler). To add attributes to every record, pass
@@ -203,19 +203,19 @@ func WithAttributes(attrs ...attribute.KeyValue) Option {
 	return option(func(c *config) { c.attrs = append(c.attrs, attrs...) })
 }
 
-// WithLevel logs events of kind at level instead of [DefaultLevel](kind),
-// e.g. replayed at Info while investigating redeliveries, or in_flight at
-// Debug where concurrent duplicates are routine. [New] refuses a kind this
-// package does not know.
+// WithLevel logs events of kind at level instead of its default (the package
+// doc's Logs: Debug for applied, replayed and pruned, Info for in_flight and
+// retried, Warn for failed and for a kind this package does not know, Error
+// for key_reused and dead_lettered), e.g. replayed at Info while
+// investigating redeliveries, or in_flight at Debug where concurrent
+// duplicates are routine. [New] refuses a kind this package does not know.
 func WithLevel(kind effects.EventKind, level slog.Level) Option {
 	return option(func(c *config) { c.levels = append(c.levels, levelOverride{kind, level}) })
 }
 
-// DefaultLevel returns the level an event of kind is logged at unless
-// [WithLevel] says otherwise: Debug for applied and replayed, Info for
-// in_flight and retried, Warn for failed, Error for key_reused and
-// dead_lettered, and Warn for a kind this package does not know.
-func DefaultLevel(kind effects.EventKind) slog.Level {
+// defaultLevel returns the level an event of kind is logged at unless
+// [WithLevel] says otherwise.
+func defaultLevel(kind effects.EventKind) slog.Level {
 	if kind < effects.EventApplied || kind > lastKind {
 		return unknownLevel
 	}

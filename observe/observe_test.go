@@ -374,9 +374,6 @@ func TestLogs(t *testing.T) {
 				if len(got) != 1 || got[0].level != want {
 					t.Fatalf("records %+v, want one at %v", got, want)
 				}
-				if got := observe.DefaultLevel(kind); got != want {
-					t.Errorf("DefaultLevel = %v, want %v", got, want)
-				}
 			})
 		}
 	})

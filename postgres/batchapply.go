@@ -59,7 +59,7 @@ var errBatchAbandoned = fmt.Errorf("not applied: the batch was abandoned after %
 //
 // write does the writes of items[i] in tx, the transaction that holds the
 // claims of the whole batch, and returns a reference to what it wrote (a
-// ledger row id) or "". Like a [WriteFunc] it must write only through tx
+// ledger row id) or "". Like [New]'s write it must write only through tx
 // and must not commit or roll back; it may run more than once for the same
 // i, in a new transaction, when ApplyBatch retries. An empty batch does
 // nothing.

@@ -89,7 +89,7 @@ type confHarness struct {
 // newConfHarness returns a harness like shape (its pipelined and
 // lookupFirst) on a database of its own.
 func newConfHarness(t testing.TB, shape confHarness) conformance.Harness[confCharge] {
-	url, restart := pgtest.DedicatedDB(t) // a fresh database per scenario, on a server the suite may restart
+	url, restart, crash := pgtest.DedicatedDB(t) // a fresh database per scenario, on a server the suite may restart
 	db, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +113,6 @@ func newConfHarness(t testing.TB, shape confHarness) conformance.Harness[confCha
 	// The embedded RestartFunc's Restart method lets the backend-restart scenario
 	// run, CrashRestartFunc's the crash-restart one (an immediate stop);
 	// Reset then drops db's connections to the stopped server.
-	crash := pgtest.DedicatedCrash(t)
 	return struct {
 		*confHarness
 		pgtest.RestartFunc

@@ -23,7 +23,7 @@ func TestJournalCrashRestartCatchesUnloggedJournal(t *testing.T) {
 		t.Skip("DATABASE_URL is set: its server is not the test's to crash")
 	}
 	rep := conformance.RunJournal(t, "postgres.Journal (UNLOGGED table)", func(t testing.TB) conformance.JournalHarness {
-		url, restart := pgtest.DedicatedDB(t)
+		url, restart, crash := pgtest.DedicatedDB(t)
 		pool, err := pgxpool.New(context.Background(), url)
 		if err != nil {
 			t.Fatal(err)
@@ -39,7 +39,7 @@ func TestJournalCrashRestartCatchesUnloggedJournal(t *testing.T) {
 			*journalHarness
 			pgtest.RestartFunc
 			pgtest.CrashRestartFunc
-		}{&journalHarness{url: url}, restart, pgtest.DedicatedCrash(t)}
+		}{&journalHarness{url: url}, restart, crash}
 	}, conformance.Only(conformance.JournalBackendRestart, conformance.JournalCrashRestart), conformance.ReportOnly())
 	if row, _ := rep.Row(conformance.JournalBackendRestart); row.Verdict != conformance.Pass {
 		t.Errorf("backend-restart: %s, want pass: a clean restart keeps an unlogged table (%v)", row.Verdict, row.Failures)
@@ -58,7 +58,7 @@ func TestJournalUnloggedWithoutCrashRestarter(t *testing.T) {
 		t.Skip("DATABASE_URL is set: its server is not the test's to restart")
 	}
 	rep := conformance.RunJournal(t, "postgres.Journal (UNLOGGED table, no CrashRestarter)", func(t testing.TB) conformance.JournalHarness {
-		url, restart := pgtest.DedicatedDB(t)
+		url, restart, _ := pgtest.DedicatedDB(t)
 		pool, err := pgxpool.New(context.Background(), url)
 		if err != nil {
 			t.Fatal(err)

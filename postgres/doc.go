@@ -14,7 +14,7 @@
 //     the same transaction, commits, and classifies failures (retrying
 //     serialization failures and deadlocks itself).
 //   - [NewPipelined] is New for writes known before they run, as
-//     statements ([StatementsFunc]): they travel with BEGIN, the key's
+//     statements: they travel with BEGIN, the key's
 //     row and COMMIT in one round trip.
 //   - [Claim] and [SetRef] work inside a pgx.Tx you own, for code that
 //     already has a transaction. You commit, and you ack only after the

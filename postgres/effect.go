@@ -13,27 +13,6 @@ import (
 	"effectively.dev/internal/sqlkeys"
 )
 
-// WriteFunc does an effect's writes in tx, the transaction that also holds
-// the claim on its key, and returns a reference to what it wrote (a ledger
-// row id, say) or "". It must write only through tx: anything it does
-// outside the transaction (an HTTP call, a message sent) is not undone when
-// the transaction rolls back and is repeated when Apply retries. It must not
-// keep tx after it returns, nor end it: Apply commits it with the key's
-// row, and tx's Commit and Rollback return an error (an attempt whose
-// write ran COMMIT or ROLLBACK as SQL fails, and commits nothing with the
-// key). A statement that fails on the server fails the whole transaction,
-// and the attempt fails even if the write ignores the error.
-//
-// tx is pgx's own transaction, begun before the function is called (with
-// the lookup of the key, in one round trip, with [WithLookupFirst]).
-// Unless the key was looked up first, nothing stops a duplicate's function
-// early: one of its statements (on the earlier Apply's rows, say) or the
-// key's INSERT fails, and Apply looks the key up. The commit settings (see
-// [ErrAsyncCommit]) are checked by the key's INSERT, after the function
-// returned: a function that turns synchronous_commit off is refused too,
-// and nothing is written.
-type WriteFunc[In any] func(ctx context.Context, tx pgx.Tx, in In) (ref string, err error)
-
 // Effect is an [effects.Effect] whose side effect is a set of writes to the
 // same PostgreSQL database that holds its keys. Apply runs them in one
 // transaction with a row in effectively_keys, so the writes and the record
@@ -43,9 +22,9 @@ type WriteFunc[In any] func(ctx context.Context, tx pgx.Tx, in In) (ref string, 
 type Effect[In any] struct {
 	pool        *pgxpool.Pool
 	scope       string
-	write       WriteFunc[In]                      // set by New
-	statements  StatementsFunc[In]                 // set by NewPipelined
-	group       *coalescer[groupReq[In], groupRes] // the grouped shape's, if it has it (set by New)
+	write       func(ctx context.Context, tx pgx.Tx, in In) (string, error)                    // set by New
+	statements  func(ctx context.Context, key effects.Key, in In) (string, []Statement, error) // set by NewPipelined
+	group       *coalescer[groupReq[In], groupRes]                                             // the grouped shape's, if it has it (set by New)
 	fingerprint func(In) ([]byte, error)
 	txOptions   pgx.TxOptions
 	cfg         effectConfig
@@ -62,7 +41,27 @@ var _ effects.Effect[struct{}] = (*Effect[struct{}])(nil)
 // New returns an [*effects.ConfigError] if pool or write is nil, scope is
 // empty, not UTF-8 or contains NUL, only *In has the Fingerprint method,
 // or an option's value is invalid.
-func New[In any](pool *pgxpool.Pool, scope string, write WriteFunc[In], opts ...EffectOption) (*Effect[In], error) {
+//
+// write does the effect's writes in tx, the transaction that also holds
+// the claim on its key, and returns a reference to what it wrote (a ledger
+// row id, say) or "". It must write only through tx: anything it does
+// outside the transaction (an HTTP call, a message sent) is not undone when
+// the transaction rolls back and is repeated when Apply retries. It must not
+// keep tx after it returns, nor end it: Apply commits it with the key's
+// row, and tx's Commit and Rollback return an error (an attempt whose
+// write ran COMMIT or ROLLBACK as SQL fails, and commits nothing with the
+// key). A statement that fails on the server fails the whole transaction,
+// and the attempt fails even if the write ignores the error.
+//
+// tx is pgx's own transaction, begun before write is called (with
+// the lookup of the key, in one round trip, with [WithLookupFirst]).
+// Unless the key was looked up first, nothing stops a duplicate's function
+// early: one of its statements (on the earlier Apply's rows, say) or the
+// key's INSERT fails, and Apply looks the key up. The commit settings (see
+// [ErrAsyncCommit]) are checked by the key's INSERT, after the function
+// returned: a function that turns synchronous_commit off is refused too,
+// and nothing is written.
+func New[In any](pool *pgxpool.Pool, scope string, write func(ctx context.Context, tx pgx.Tx, in In) (ref string, err error), opts ...EffectOption) (*Effect[In], error) {
 	const op = "postgres.New"
 	if write == nil {
 		return nil, effects.ConfigErrorf(op, "write", "nil write function")

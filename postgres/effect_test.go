@@ -406,7 +406,7 @@ func TestApplyLostCommitReply(t *testing.T) {
 	})
 	for i, tc := range []struct {
 		name  string
-		write postgres.WriteFunc[payment]
+		write func(context.Context, pgx.Tx, payment) (string, error)
 	}{
 		{"ref pipelined with COMMIT", writeLedger},
 		{"plain COMMIT", func(ctx context.Context, tx pgx.Tx, p payment) (string, error) {
@@ -586,7 +586,7 @@ func TestApplyRefusesAsyncCommitSetByTheWrite(t *testing.T) {
 // with 40001: the write reads the ledger, a concurrent SERIALIZABLE
 // transaction reads it, inserts into it and commits first, then the write
 // inserts (write skew, so PostgreSQL aborts the write's transaction).
-func serializationConflict(t *testing.T, pool *pgxpool.Pool, calls *atomic.Int64, conflicts int64) postgres.WriteFunc[payment] {
+func serializationConflict(t *testing.T, pool *pgxpool.Pool, calls *atomic.Int64, conflicts int64) func(context.Context, pgx.Tx, payment) (string, error) {
 	return func(ctx context.Context, tx pgx.Tx, p payment) (string, error) {
 		var n int
 		if err := tx.QueryRow(ctx, `SELECT count(*) FROM ledger`).Scan(&n); err != nil {

@@ -24,7 +24,7 @@ type fuzzCharge struct {
 // input differs.
 //
 // Strings that are not valid UTF-8 are left out: effects.FingerprintJSON
-// refuses them with ErrInvalidUTF8 (see effects.FuzzFingerprintJSON), so
+// refuses them as poison (see effects.FuzzFingerprintJSON), so
 // such payloads never get a fingerprint to compare.
 func FuzzDefaultFingerprint(f *testing.F) {
 	f.Add("evt_1", "acct_1", int64(100), false, "evt_1", "acct_1", int64(100), false)

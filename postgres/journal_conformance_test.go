@@ -56,7 +56,7 @@ func journalAllow() []conformance.JournalOption {
 // contract, a server restart included when the cluster is the test's own.
 func TestJournalConformance(t *testing.T) {
 	rep := conformance.RunJournal(t, "postgres.Journal", func(t testing.TB) conformance.JournalHarness {
-		url, restart := pgtest.DedicatedDB(t)
+		url, restart, crash := pgtest.DedicatedDB(t)
 		pool, err := pgxpool.New(context.Background(), url)
 		if err != nil {
 			t.Fatal(err)
@@ -74,7 +74,7 @@ func TestJournalConformance(t *testing.T) {
 			*journalHarness
 			pgtest.RestartFunc
 			pgtest.CrashRestartFunc
-		}{h, restart, pgtest.DedicatedCrash(t)}
+		}{h, restart, crash}
 	}, journalAllow()...)
 	for _, row := range rep.Rows {
 		restarts := row.Scenario == conformance.JournalBackendRestart || row.Scenario == conformance.JournalCrashRestart

@@ -19,14 +19,6 @@ type Statement struct {
 	Args []any
 }
 
-// StatementsFunc returns an effect's writes for in as statements that read
-// nothing back, with the reference to store with key and replay (a row id
-// the writes insert, made before they run: random, or derived from in). It
-// must do no I/O: [Effect.Apply] calls it once, with its own ctx, before
-// its first round trip, and sends the statements with the key's row and
-// COMMIT.
-type StatementsFunc[In any] func(ctx context.Context, key effects.Key, in In) (ref string, writes []Statement, err error)
-
 // NewPipelined is [New] for writes known in advance, as statements that
 // read nothing back: Apply sends BEGIN, the statements, the key's row
 // (which also checks the commit settings) and COMMIT in one pipeline, so
@@ -49,7 +41,14 @@ type StatementsFunc[In any] func(ctx context.Context, key effects.Key, in In) (r
 // fingerprint, the errors, duplicates and retries, is as for [New]. It
 // returns an [*effects.ConfigError] where New does, if statements is nil,
 // and for [WithoutGroupCommit]: a pipelined Effect has no grouped shape.
-func NewPipelined[In any](pool *pgxpool.Pool, scope string, statements StatementsFunc[In], opts ...EffectOption) (*Effect[In], error) {
+//
+// statements returns the effect's writes for in as statements that read
+// nothing back, with the reference to store with key and replay (a row id
+// the writes insert, made before they run: random, or derived from in). It
+// must do no I/O: [Effect.Apply] calls it once, with its own ctx, before
+// its first round trip, and sends the statements with the key's row and
+// COMMIT.
+func NewPipelined[In any](pool *pgxpool.Pool, scope string, statements func(ctx context.Context, key effects.Key, in In) (ref string, writes []Statement, err error), opts ...EffectOption) (*Effect[In], error) {
 	const op = "postgres.NewPipelined"
 	if statements == nil {
 		return nil, effects.ConfigErrorf(op, "statements", "nil statements function")
@@ -71,7 +70,7 @@ type queuedWrites struct {
 	writes []Statement
 }
 
-// queue calls the Effect's StatementsFunc and checks what it returned.
+// queue calls the Effect's statements function and checks what it returned.
 func (e *Effect[In]) queue(ctx context.Context, key effects.Key, in In) (*queuedWrites, error) {
 	ref, writes, err := e.statements(ctx, key, in)
 	if err != nil {

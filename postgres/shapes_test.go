@@ -26,7 +26,7 @@ type applyShape struct {
 	// statements, which the next Apply deallocates and prepares again.
 	trips map[transition]int64
 	// dupCalls is whether a duplicate calls the write function (a
-	// StatementsFunc is called before the first round trip, whatever
+	// The statements function is called before the first round trip, whatever
 	// the shape: its statements are not sent when the lookup finds the
 	// key).
 	dupCalls bool

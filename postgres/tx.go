@@ -10,7 +10,7 @@ import (
 	"effectively.dev/effects"
 )
 
-// errWriteEndedTx is the error of a WriteFunc's Commit or Rollback: Apply
+// errWriteEndedTx is the error of a write function's Commit or Rollback: Apply
 // ends the transaction itself, with the key's row.
 var errWriteEndedTx = errors.New("postgres: a write function must not commit or roll back the transaction: Apply ends it, with the key's row")
 

@@ -30,7 +30,7 @@ type plainPut struct {
 }
 
 func (p *plainPut) Contract() effects.Contract {
-	return effects.Contract{Guarantee: effects.EffectivelyOnce, Enforcer: "none: plain PutObject (claims " + s3.Enforcer + ")", DetectsKeyReuse: true}
+	return effects.Contract{Guarantee: effects.EffectivelyOnce, Enforcer: "none: plain PutObject (claims s3: conditional PutObject If-None-Match: *)", DetectsKeyReuse: true}
 }
 
 func (p *plainPut) Apply(ctx context.Context, key effects.Key, obj s3.Object) (effects.Result, error) {

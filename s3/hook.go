@@ -12,13 +12,9 @@ import (
 	"effectively.dev/effects"
 )
 
-// PutHook adjusts the request that creates the object for key: how S3
-// stores it, never what or where. See [WithPutHook].
-type PutHook func(key effects.Key, in *awss3.PutObjectInput) error
-
 // WithPutHook calls hook on the PutObjectInput of every object Apply
-// creates, before any request, so that it can set how S3 stores the
-// object: server-side encryption (ServerSideEncryption, SSEKMSKeyId,
+// creates (in, for the object of key), before any request, so that it can
+// set how S3 stores the object, never what or where: server-side encryption (ServerSideEncryption, SSEKMSKeyId,
 // SSEKMSEncryptionContext, BucketKeyEnabled), StorageClass, Tagging,
 // CacheControl, ContentDisposition, ContentEncoding, ContentLanguage,
 // Expires, WebsiteRedirectLocation, ChecksumAlgorithm, a canned ACL or
@@ -50,7 +46,7 @@ type PutHook func(key effects.Key, in *awss3.PutObjectInput) error
 // the worker, an [effects.ErrTransient] is retried), and is
 // [effects.ErrRefused] (permanent) otherwise: the hook refused to prepare
 // this object, and would refuse it again. [New] refuses a nil hook.
-func WithPutHook(hook PutHook) Option {
+func WithPutHook(hook func(key effects.Key, in *awss3.PutObjectInput) error) Option {
 	return func(c *config) { c.hook, c.hookSet = hook, true }
 }
 

@@ -65,7 +65,7 @@ func TestPutHookSettingsReachS3(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		threshold int64
-	}{{"PutObject", s3.DefaultMultipartThreshold}, {"multipart", 16}} {
+	}{{"PutObject", 16 << 20}, {"multipart", 16}} {
 		t.Run(tc.name, func(t *testing.T) {
 			e, rt := counted(t)
 			rec := &headerRecorder{}
@@ -182,7 +182,7 @@ func TestPutHookCannotChangeWhatMakesTheWriteOnce(t *testing.T) {
 				tc.hook(in)
 				return nil
 			}
-			for _, threshold := range []int64{s3.DefaultMultipartThreshold, 4} {
+			for _, threshold := range []int64{16 << 20, 4} {
 				w := e.writer(s3.WithPutHook(hook), s3.WithMultipartThreshold(threshold))
 				key := effects.MustKey("billing", "evt_bad_hook", "receipt")
 				_, err := w.Apply(context.Background(), key, s3.Object{Body: []byte("receipt"), ContentType: "text/plain"})

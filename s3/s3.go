@@ -31,17 +31,17 @@ const (
 
 // Defaults for the multipart options.
 const (
-	// DefaultMultipartThreshold is the body size above which Apply uploads
+	// defaultMultipartThreshold is the body size above which Apply uploads
 	// in parts.
-	DefaultMultipartThreshold = 16 << 20
-	// DefaultPartSize is the size of each part but the last.
-	DefaultPartSize = 8 << 20
+	defaultMultipartThreshold = 16 << 20
+	// defaultPartSize is the size of each part but the last.
+	defaultPartSize = 8 << 20
 	// maxParts is S3's limit on parts per upload.
 	maxParts = 10000
 )
 
-// Enforcer is the [effects.Contract] Enforcer the adapter declares.
-const Enforcer = "s3: conditional PutObject If-None-Match: * (412 = already there)"
+// enforcer is the [effects.Contract] Enforcer the adapter declares.
+const enforcer = "s3: conditional PutObject If-None-Match: * (412 = already there)"
 
 const opApply = "s3.Apply"
 
@@ -68,7 +68,7 @@ type Writer struct {
 	mapKey    func(effects.Key) string
 	threshold int64
 	partSize  int64
-	hook      PutHook
+	hook      func(key effects.Key, in *awss3.PutObjectInput) error
 }
 
 var _ effects.Effect[Object] = (*Writer)(nil)
@@ -84,7 +84,7 @@ type config struct {
 	mapKeySet bool
 	threshold int64
 	partSize  int64
-	hook      PutHook
+	hook      func(key effects.Key, in *awss3.PutObjectInput) error
 	hookSet   bool
 }
 
@@ -108,7 +108,7 @@ func WithObjectKey(fn func(effects.Key) string) Option {
 }
 
 // WithMultipartThreshold uploads bodies larger than n bytes as multipart
-// uploads (default [DefaultMultipartThreshold], 16 MiB). The condition then
+// uploads (default 16 MiB). The condition then
 // sits on CompleteMultipartUpload, and an existing object is looked up
 // before uploading, so a redelivered large object is not sent again. [New]
 // refuses a negative n.
@@ -117,7 +117,7 @@ func WithMultipartThreshold(n int64) Option {
 }
 
 // WithPartSize sets the size of each part of a multipart upload but the
-// last (default [DefaultPartSize], 8 MiB). AWS S3 (and versitygw) refuse
+// last (default 8 MiB). AWS S3 (and versitygw) refuse
 // parts under 5 MiB other than the last. A body that would need more than
 // S3's 10,000 parts is split into 10,000 larger ones. [New] refuses n <= 0.
 func WithPartSize(n int64) Option {
@@ -130,7 +130,7 @@ func WithPartSize(n int64) Option {
 // option, and makes no request.
 func New(client *awss3.Client, bucket string, opts ...Option) (*Writer, error) {
 	const op = "s3.New"
-	c := config{threshold: DefaultMultipartThreshold, partSize: DefaultPartSize}
+	c := config{threshold: defaultMultipartThreshold, partSize: defaultPartSize}
 	for _, o := range opts {
 		if o != nil {
 			o(&c)
@@ -169,7 +169,7 @@ func New(client *awss3.Client, bucket string, opts ...Option) (*Writer, error) {
 func (w *Writer) Contract() effects.Contract {
 	return effects.Contract{
 		Guarantee:       effects.EffectivelyOnce,
-		Enforcer:        Enforcer,
+		Enforcer:        enforcer,
 		Horizon:         0,
 		DetectsKeyReuse: true,
 	}

@@ -402,7 +402,7 @@ func TestContract(t *testing.T) {
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	want := effects.Contract{Guarantee: effects.EffectivelyOnce, Enforcer: s3.Enforcer, DetectsKeyReuse: true}
+	want := effects.Contract{Guarantee: effects.EffectivelyOnce, Enforcer: "s3: conditional PutObject If-None-Match: * (412 = already there)", DetectsKeyReuse: true}
 	if c != want {
 		t.Errorf("Contract() = %+v, want %+v", c, want)
 	}

@@ -38,7 +38,7 @@ func (c *freshKeyPerAttempt) Apply(ctx context.Context, key effects.Key, in Paym
 		pi, err := c.api.PaymentIntents.New(params)
 		if err == nil {
 			res := effects.Result{Status: effects.Applied, Ref: pi.ID}
-			if pi.LastResponse.Header.Get(ReplayedHeader) == "true" {
+			if pi.LastResponse.Header.Get(replayedHeader) == "true" {
 				res.Status = effects.Replayed
 			}
 			return res, nil

@@ -162,7 +162,7 @@
 // still does not commit, Apply reports the object as Applied (Stripe has
 // it) and logs it ([journal.WithLogger]), and the next attempt records it
 // from Stripe's replay. With a journal that is not a DoneJournal, Apply
-// takes a lease ([journal.WithLease], default [journal.DefaultLease]), and
+// takes a lease ([journal.WithLease], one minute by default), and
 // it does not gate the call. Within Stripe's horizon
 // Stripe's key is the enforcer, so an attempt that finds the key leased by
 // another attempt ([effects.ErrInFlight] from Begin) calls Stripe anyway:

@@ -36,7 +36,7 @@ func (e *effect) classify(key effects.Key, err error) error {
 		return e.classifyTransport(key, err)
 	}
 	sum := &summary{err: se}
-	replayed := se.LastResponse != nil && se.LastResponse.Header.Get(ReplayedHeader) == "true"
+	replayed := se.LastResponse != nil && se.LastResponse.Header.Get(replayedHeader) == "true"
 	retryHint := ""
 	if se.LastResponse != nil {
 		retryHint = se.LastResponse.Header.Get("Stripe-Should-Retry")
@@ -200,7 +200,7 @@ type RequestError struct {
 // parameter and request id.
 func (e *RequestError) Error() string {
 	msg := fmt.Sprintf("%s key %q: stripe refused the request: %s", e.Op, e.Key, describe(e.Err))
-	if e.Err.LastResponse != nil && e.Err.LastResponse.Header.Get(ReplayedHeader) == "true" {
+	if e.Err.LastResponse != nil && e.Err.LastResponse.Header.Get(replayedHeader) == "true" {
 		msg += " (replayed: Stripe stored this answer for the key; a corrected request needs another key)"
 	}
 	return msg

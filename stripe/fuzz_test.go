@@ -58,7 +58,7 @@ func journalFingerprint(t *testing.T, in PaymentIntent) []byte {
 // differs.
 //
 // Strings that are not valid UTF-8 are left out: effects.FingerprintJSON
-// refuses them with ErrInvalidUTF8 (see effects.FuzzFingerprintJSON), so
+// refuses them as poison (see effects.FuzzFingerprintJSON), so
 // such payloads never get a fingerprint to compare.
 func FuzzJournalFingerprint(f *testing.F) {
 	f.Add(int64(1000), "usd", "cus_1", "pm_1", true, "order", "42", int64(1000), "usd", "cus_1", "pm_1", true, "order", "42")

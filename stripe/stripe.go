@@ -14,12 +14,12 @@ import (
 	"effectively.dev/effects/journal"
 )
 
-// Horizon is how long Stripe keeps an Idempotency-Key: at least 24 hours.
-const Horizon = 24 * time.Hour
+// horizon is how long Stripe keeps an Idempotency-Key: at least 24 hours.
+const horizon = 24 * time.Hour
 
-// ReplayedHeader is the response header with which Stripe marks a replay
+// replayedHeader is the response header with which Stripe marks a replay
 // of a stored response.
-const ReplayedHeader = "Idempotent-Replayed"
+const replayedHeader = "Idempotent-Replayed"
 
 // ErrReplayedServerError means Stripe answered with a 5xx that it had
 // stored for the key earlier and now replays: the outcome of the first
@@ -96,7 +96,7 @@ func newEffect(ctor, op string, opts []Option) (effect, error) {
 	e := effect{op: op, j: j, api: cfg.api, contract: effects.Contract{
 		Guarantee:       effects.EffectivelyOnce,
 		Enforcer:        "stripe: Idempotency-Key, kept by Stripe for at least 24h",
-		Horizon:         Horizon,
+		Horizon:         horizon,
 		DetectsKeyReuse: true,
 	}}
 	if cfg.journal != nil {
@@ -144,7 +144,7 @@ func (e *effect) call(ctx context.Context, key effects.Key, do send) (effects.Re
 		return effects.Result{}, e.classify(key, err)
 	}
 	res := effects.Result{Status: effects.Applied, Ref: id}
-	if resp != nil && resp.Header.Get(ReplayedHeader) == "true" {
+	if resp != nil && resp.Header.Get(replayedHeader) == "true" {
 		res.Status = effects.Replayed
 	}
 	return res, nil

@@ -331,7 +331,7 @@ func TestPastStripesHorizon(t *testing.T) {
 		if _, err := charges.Apply(context.Background(), key, order); err != nil {
 			t.Fatal(err)
 		}
-		clk.Advance(Horizon)
+		clk.Advance(horizon)
 		res, err := charges.Apply(context.Background(), key, order)
 		if err != nil || res.Status != effects.Applied || srv.Created(string(key)) != 2 {
 			t.Errorf("after the horizon: %+v, %v, %d objects; the contract's 24h Horizon says this happens", res, err, srv.Created(string(key)))

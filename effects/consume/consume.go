@@ -78,7 +78,7 @@ const (
 	// defaultMaxPending bounds the deliveries taken and not yet finished.
 	defaultMaxPending = 1024
 	// defaultAttemptTimeout is each attempt's time limit: one
-	// journal.DefaultLease, the longest a journaled step's lease lets one
+	// journal lease (journal.WithLease's default), the longest a journaled step's lease lets one
 	// attempt at a key run (see [WithAttemptTimeout]).
 	defaultAttemptTimeout = time.Minute
 	// defaultInFlightWait is how long a delivery may wait in all for other
@@ -254,7 +254,7 @@ func WithMaxPending(n int) Option {
 }
 
 // WithAttemptTimeout sets each attempt's time limit (default one minute,
-// one journal.DefaultLease): the handler's context (a batch handler's, for
+// one journal lease): the handler's context (a batch handler's, for
 // the whole batch) gets this deadline, and so does the dead-letter hook's.
 // A handler that honours its context returns when the deadline passes; the
 // consumer wraps its error with [ErrAttemptTimeout] and counts it in
@@ -266,14 +266,14 @@ func WithMaxPending(n int) Option {
 // kernel would take many minutes to give up). What it leaves behind is an
 // unknown outcome, which the retry resolves with the same key. With
 // journal-backed steps (effects/journal): a journaled step bounds its own
-// call at nine tenths of its lease (journal.DefaultLease, one minute), and
-// keeps the lease after an outcome it cannot rule out; the retry then meets
-// [effects.ErrInFlight] until the lease expires, waits it out without
-// spending attempts ([WithInFlightWait]), and takes the key over: it
-// replays what the owner recorded, or does the effect. So a limit below the
-// lease cuts hung calls sooner at the cost of waiting for the lease; set it
-// above the longest time a healthy attempt takes (the sum of a plan's
-// steps), and [WithInFlightWait] above the longest lease.
+// call at nine tenths of its lease (journal.WithLease, a minute), and
+// keeps the lease after an outcome it cannot rule out; the retry then
+// meets [effects.ErrInFlight] until the lease expires, waits it out
+// without spending attempts ([WithInFlightWait]), and takes the key over:
+// it replays what the owner recorded, or does the effect. So a limit below
+// the lease cuts hung calls sooner at the cost of waiting for the lease;
+// set it above the longest time a healthy attempt takes (the sum of a
+// plan's steps), and [WithInFlightWait] above the longest lease.
 func WithAttemptTimeout(d time.Duration) Option {
 	return option(func(c *config) { c.attemptTimeout = d })
 }
@@ -766,8 +766,8 @@ func (r *run) worker(running *slot) {
 func (r *run) handle(d effects.Delivery, attempt int) (end func(effects.Event), err error) {
 	ctx, cancel := r.attemptContext()
 	defer cancel()
-	if o := r.c.cfg.observer; o != nil {
-		ctx, end = effects.StartSpan(ctx, o, effects.SpanDelivery,
+	if t, ok := r.c.cfg.observer.(effects.Tracer); ok {
+		ctx, end = t.Start(ctx, effects.SpanDelivery,
 			effects.Event{DeliveryID: d.ID, Attempt: attempt, Headers: d.Headers})
 	}
 	defer func() { err = r.cut(ctx, err) }()

@@ -36,7 +36,7 @@ import (
 // The adapter claims a key before the effect, does the effect, then records
 // its reference:
 //
-//	rec, err := j.Begin(ctx, key, fp, journal.DefaultLease)
+//	rec, err := j.Begin(ctx, key, fp, time.Minute)
 //	switch {
 //	case err != nil: // ErrInFlight, ErrKeyReused, or a backend failure
 //	case rec.Done:   // replay rec.Ref, do nothing

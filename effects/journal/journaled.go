@@ -14,14 +14,14 @@ import (
 
 // Defaults of a [Journaled], used when the matching option is not given.
 const (
-	// DefaultLease is how long one attempt of a journaled effect holds its
+	// defaultLease is how long one attempt of a journaled effect holds its
 	// key ([WithLease]), unless the options given with the adapter's
 	// journal say otherwise.
-	DefaultLease = time.Minute
-	// DefaultRecordTimeout bounds the journal writes that follow the
+	defaultLease = time.Minute
+	// defaultRecordTimeout bounds the journal writes that follow the
 	// effect, Complete (retried) and Release, which run on a context
 	// detached from the caller's ([WithRecordTimeout]).
-	DefaultRecordTimeout = 10 * time.Second
+	defaultRecordTimeout = 10 * time.Second
 )
 
 // completeBackoff paces Complete's retries. Its ceiling is short: a
@@ -37,7 +37,7 @@ var completeBackoff = retry.Backoff{Min: 10 * time.Millisecond, Max: 100 * time.
 // back (email, a Kafka producer across sessions, Stripe past its 24 h):
 //
 //	Begin → replay a done record, or take the lease
-//	      → do the effect (the adapter's [JournaledCall])
+//	      → do the effect (the adapter's call, given to [Journaled.Apply])
 //	      → Complete on a detached context
 //	      → or Release after a failure that certainly applied nothing.
 //
@@ -73,8 +73,8 @@ var completeBackoff = retry.Backoff{Min: 10 * time.Millisecond, Max: 100 * time.
 //     overlaps this one. A caller's context that ended between Begin and
 //     the call releases the lease and is [effects.ErrTransient].
 //   - After a success, Complete runs on a context detached from the
-//     caller's, bounded by [DefaultRecordTimeout], and is retried with
-//     backoff while its error is [effects.Retryable]. If the record still does not
+//     caller's, bounded by the record timeout ([WithRecordTimeout]), and
+//     is retried with backoff while its error is [effects.Retryable]. If the record still does not
 //     commit, Apply returns the owner's success anyway and logs the
 //     failure: the owner confirmed the effect, so the truth is effects.Applied.
 //     An error would make the caller retry into effects.ErrInFlight and, once the
@@ -88,8 +88,8 @@ var completeBackoff = retry.Backoff{Min: 10 * time.Millisecond, Max: 100 * time.
 //     it; a failed Release is logged and the lease expires on its own.
 //     Any other failure leaves the record pending: the lease decides
 //     (effects.ErrInFlight within it, a new attempt after it).
-//   - One lease for every adapter, [DefaultLease], unless the options
-//     given with the adapter's journal say otherwise.
+//   - One lease for every adapter, one minute, unless the options given
+//     with the adapter's journal say otherwise ([WithLease]).
 //
 // With a nil Journal, Apply only validates the key and runs the call: for
 // adapters whose journal is optional.
@@ -123,8 +123,8 @@ type config struct {
 	observer   effects.Observer
 }
 
-// WithLease sets how long one attempt holds its key (default
-// [DefaultLease]). Within the lease, other attempts get [effects.ErrInFlight];
+// WithLease sets how long one attempt holds its key (default one
+// minute). Within the lease, other attempts get [effects.ErrInFlight];
 // after it, an attempt whose outcome stayed unknown is done again. Keep it
 // well above the time the effect takes. d must be positive.
 func WithLease(d time.Duration) Option {
@@ -132,7 +132,7 @@ func WithLease(d time.Duration) Option {
 }
 
 // WithRecordTimeout bounds the journal writes after the effect, Complete
-// with its retries and Release (default [DefaultRecordTimeout]). They run
+// with its retries and Release (default 10 s). They run
 // even when the caller's context has ended: the owner already has the
 // effect (or certainly has not), and recording that is what keeps the next
 // attempt honest. d must be positive.
@@ -189,7 +189,7 @@ func WithLogger(l *slog.Logger) Option {
 // adapter whose journal is optional. It returns a *[effects.ConfigError] for an
 // empty op or an option with an invalid value.
 func NewJournaled(op string, j Journal, opts ...Option) (*Journaled, error) {
-	cfg := config{lease: DefaultLease, record: DefaultRecordTimeout}
+	cfg := config{lease: defaultLease, record: defaultRecordTimeout}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&cfg)
@@ -222,16 +222,6 @@ func (j *Journaled) Journal() Journal { return j.journal }
 
 // Lease returns the lease an attempt takes.
 func (j *Journaled) Lease() time.Duration { return j.lease }
-
-// JournaledCall does the effect once, for one attempt of [Journaled.Apply].
-// ctx is the caller's, bounded by the attempt's deadline when it holds a
-// lease. On success it returns the owner's reference in a [effects.Result] with
-// Status [effects.Applied], or [effects.Replayed] when the owner itself reports a replay
-// (Stripe's Idempotent-effects.Replayed). On failure it returns an error already
-// classified with this package's kinds ([effects.ErrAmbiguous] when the owner may
-// have the effect, [effects.ErrTransient] when it certainly has not, ...), which
-// Apply returns as it is.
-type JournaledCall func(ctx context.Context, a *Attempt) (effects.Result, error)
 
 // Attempt is one attempt of [Journaled.Apply], as its call sees it.
 type Attempt struct {
@@ -269,9 +259,18 @@ func (a *Attempt) Late(ref string) {
 
 // Apply runs the protocol for key: fingerprint identifies the payload
 // (see [Journal].Begin; unused without a journal) and call does the
-// effect. It validates key before any I/O. See [Journaled] for what each
-// outcome returns.
-func (j *Journaled) Apply(ctx context.Context, key effects.Key, fingerprint []byte, call JournaledCall) (effects.Result, error) {
+// effect once, for one attempt. It validates key before any I/O. See
+// [Journaled] for what each outcome returns.
+//
+// call's ctx is the caller's, bounded by the attempt's deadline when it
+// holds a lease. On success call returns the owner's reference in an
+// [effects.Result] with Status [effects.Applied], or [effects.Replayed]
+// when the owner itself reports a replay (Stripe's Idempotent-Replayed).
+// On failure it returns an error already classified with this package's
+// kinds ([effects.ErrAmbiguous] when the owner may have the effect,
+// [effects.ErrTransient] when it certainly has not, ...), which Apply
+// returns as it is.
+func (j *Journaled) Apply(ctx context.Context, key effects.Key, fingerprint []byte, call func(ctx context.Context, a *Attempt) (effects.Result, error)) (effects.Result, error) {
 	if err := key.Validate(); err != nil {
 		return effects.Result{}, err
 	}
@@ -335,7 +334,7 @@ func (j *Journaled) Apply(ctx context.Context, key effects.Key, fingerprint []by
 // applyUnleased runs the protocol without a lease, for an owner that
 // dedups on the key and a journal that can look a key up and mark it done
 // (see [DoneJournal]): Lookup, the call, MarkDone.
-func (j *Journaled) applyUnleased(ctx context.Context, dj DoneJournal, a *Attempt, fingerprint []byte, call JournaledCall) (effects.Result, error) {
+func (j *Journaled) applyUnleased(ctx context.Context, dj DoneJournal, a *Attempt, fingerprint []byte, call func(context.Context, *Attempt) (effects.Result, error)) (effects.Result, error) {
 	key := a.key
 	a.unleased, a.fingerprint = dj, fingerprint
 	rec, err := dj.Lookup(ctx, key, fingerprint)

@@ -433,8 +433,8 @@ func TestNewJournaledRefusesBadConfiguration(t *testing.T) {
 	if err != nil || p.Lease() != time.Second {
 		t.Errorf("nil options: %v, lease %v; want them ignored", err, p.Lease())
 	}
-	if p, _ := journal.NewJournaled("x", j); p.Lease() != journal.DefaultLease || p.Journal() != journal.Journal(j) {
-		t.Errorf("default lease %v, want DefaultLease", p.Lease())
+	if p, _ := journal.NewJournaled("x", j); p.Lease() != time.Minute || p.Journal() != journal.Journal(j) {
+		t.Errorf("default lease %v, want one minute", p.Lease())
 	}
 }
 

@@ -16,7 +16,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"effectively.dev/effects"
-	"effectively.dev/effects/journal"
 	"effectively.dev/effects/retry"
 	"effectively.dev/internal/ratelog"
 	"effectively.dev/kafka/internal/produce"
@@ -348,7 +347,7 @@ func (r *Relay) relayBatch(ctx context.Context) batchResult {
 	}
 	// The acked records are in Kafka: record that even if ctx is done,
 	// or they are published again.
-	mctx, mcancel := retry.Detached(ctx, journal.DefaultRecordTimeout)
+	mctx, mcancel := retry.Detached(ctx, 10*time.Second) // a journal's default record timeout
 	defer mcancel()
 	var (
 		sent   []int64

@@ -6,9 +6,9 @@
 //     whole test binary, dropped when the test ends. Most tests need only
 //     this.
 //   - [DedicatedDB]: a fresh database on a server of the top-level test's
-//     own, with a [RestartFunc] that restarts it cleanly, and
-//     [DedicatedCrash], whose [CrashRestartFunc] kills it with SIGKILL and
-//     starts it again (InnoDB crash recovery): a conformance harness's
+//     own, with a [RestartFunc] that restarts it cleanly and a
+//     [CrashRestartFunc] that kills it with SIGKILL and starts it again
+//     (InnoDB crash recovery): a conformance harness's
 //     backend-restart and crash-restart capabilities.
 //   - [Start]: a server of one's own, with its [Options] (Durable for
 //     benchmarks), to stop, kill ([Server.Kill]) or restart
@@ -22,7 +22,7 @@
 // If MYSQL_DSN is set (a go-sql-driver DSN of a user that may CREATE
 // DATABASE, e.g. root@tcp(127.0.0.1:3306)/), DB and DedicatedDB
 // create their databases on that server instead of starting one, and
-// DedicatedDB and DedicatedCrash return no restart or crash function: that
+// DedicatedDB returns no restart or crash function: that
 // server is not the test's to restart. Start ignores it.
 //
 // Costs: the first server of a test binary runs mariadb-install-db (about

@@ -62,8 +62,7 @@ func TestRestartAndCrash(t *testing.T) {
 	if os.Getenv("MYSQL_DSN") != "" {
 		t.Skip("MYSQL_DSN is set: its server is not the test's to restart")
 	}
-	dsn, restart := mysqltest.DedicatedDB(t)
-	crash := mysqltest.DedicatedCrash(t)
+	dsn, restart, crash := mysqltest.DedicatedDB(t)
 	db := open(t, dsn)
 	c := ctx(t)
 	if _, err := db.ExecContext(c, `CREATE TABLE t (id int PRIMARY KEY) ENGINE=InnoDB`); err != nil {

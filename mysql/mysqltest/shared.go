@@ -105,32 +105,23 @@ func (f CrashRestartFunc) CrashRestart(ctx context.Context) error { return f(ctx
 // DedicatedDB is [DB] on a server of t's top-level test's own, which the
 // test may restart: restart does a [Server.Restart] of that server (every
 // client of every database on it is disconnected; committed data
-// survives). The server is started on the top-level test's first call and
-// is shared by its subtests, each getting a fresh database on it, so
-// subtests that restart it must not run in parallel with subtests that use
-// it; other tests never see it. [Main] stops it.
+// survives), and crash kills it with SIGKILL ([Server.Crash]) and starts
+// it again on the same port, which runs InnoDB's crash recovery. The
+// server is started on the top-level test's first call and is shared by
+// its subtests, each getting a fresh database on it, so subtests that
+// restart it must not run in parallel with subtests that use it; other
+// tests never see it. [Main] stops it.
 //
 // If MYSQL_DSN is set, the database is created on that server, as DB
-// does, and restart is nil: that server is not the test's to restart.
-func DedicatedDB(t testing.TB) (dsn string, restart RestartFunc) {
+// does, and restart and crash are nil: that server is not the test's to
+// restart or crash.
+func DedicatedDB(t testing.TB) (dsn string, restart RestartFunc, crash CrashRestartFunc) {
 	t.Helper()
 	if admin := os.Getenv("MYSQL_DSN"); admin != "" {
-		return createDB(t, admin), nil
+		return createDB(t, admin), nil, nil
 	}
 	s := dedicated(t)
-	return createDB(t, s.DSN("")), testserver.Bound(s.Restart)
-}
-
-// DedicatedCrash returns the function that crashes the server of t's
-// top-level test ([DedicatedDB]'s) with SIGKILL ([Server.Crash]) and
-// starts it again on the same port, which runs InnoDB's crash recovery. It
-// is nil when MYSQL_DSN is set: that server is not the test's to crash.
-func DedicatedCrash(t testing.TB) CrashRestartFunc {
-	t.Helper()
-	if os.Getenv("MYSQL_DSN") != "" {
-		return nil
-	}
-	return CrashRestartFunc(testserver.Bound(dedicated(t).Crash))
+	return createDB(t, s.DSN("")), testserver.Bound(s.Restart), CrashRestartFunc(testserver.Bound(s.Crash))
 }
 
 // dedicated returns the server of t's top-level test, starting it on first

@@ -2,8 +2,6 @@ package pgtest
 
 import (
 	"context"
-	"os"
-	"testing"
 
 	"effectively.dev/internal/testserver"
 )
@@ -16,21 +14,9 @@ type CrashRestartFunc func(ctx context.Context) error
 // CrashRestart calls f(ctx).
 func (f CrashRestartFunc) CrashRestart(ctx context.Context) error { return f(ctx) }
 
-// DedicatedCrash returns the function that crashes the cluster of t's
-// top-level test ([DedicatedDB]'s) with [Cluster.StopImmediate] (no
-// checkpoint, every client cut) and starts it again on the same port,
-// which runs crash recovery: committed data survives, UNLOGGED tables
-// come back empty. It is nil when DATABASE_URL is set: that server is not
-// the test's to crash. Call it after DedicatedDB.
-func DedicatedCrash(t testing.TB) CrashRestartFunc {
-	t.Helper()
-	if os.Getenv("DATABASE_URL") != "" {
-		return nil
-	}
-	c, err := registered(testserver.DedicatedKey(t), Options{})
-	if err != nil {
-		t.Fatalf("%v", err)
-	}
+// crashRestart returns the function that crashes c with
+// [Cluster.StopImmediate] and starts it again.
+func crashRestart(c *Cluster) CrashRestartFunc {
 	return CrashRestartFunc(testserver.Bound(func() error {
 		if err := c.StopImmediate(); err != nil {
 			return err

@@ -7,8 +7,9 @@
 //     whole test binary, dropped when the test ends. Most tests need only
 //     this. [DBWith] picks the cluster's [Options] (Durable for benchmarks).
 //   - [DedicatedDB]: a fresh database on a cluster of the top-level test's
-//     own, with a [RestartFunc] that restarts it: a conformance harness's
-//     backend-restart capability.
+//     own, with a [RestartFunc] that restarts it and a [CrashRestartFunc]
+//     that crashes it and starts it again: a conformance harness's
+//     backend-restart and crash-restart capabilities.
 //   - [Start] (or [New], without a test): a cluster of one's own, to stop,
 //     crash ([Cluster.StopImmediate]) or restart ([Cluster.Restart]).
 //   - A failover: [Cluster.NewStandby] (a standby streaming from a
@@ -29,7 +30,7 @@
 //
 // If DATABASE_URL is set (a server that allows CREATE DATABASE), DB, DBWith
 // and DedicatedDB create their databases on it instead of starting a
-// cluster, and DedicatedDB returns no restart function. New and Start
+// cluster, and DedicatedDB returns no restart or crash function. New and Start
 // ignore it: a test that asks for a cluster of its own wants to stop, crash
 // or restart it.
 //

@@ -295,7 +295,7 @@ func TestDedicatedDB(t *testing.T) {
 	}
 	var first string
 	t.Run("one", func(t *testing.T) {
-		url, restart := pgtest.DedicatedDB(t)
+		url, restart, _ := pgtest.DedicatedDB(t)
 		if strings.Contains(url, fmt.Sprintf(":%d/", shared.Port())) {
 			t.Fatalf("DedicatedDB %s is on the shared cluster", url)
 		}
@@ -311,16 +311,16 @@ func TestDedicatedDB(t *testing.T) {
 		}
 	})
 	t.Run("two", func(t *testing.T) {
-		url, _ := pgtest.DedicatedDB(t)
+		url, _, _ := pgtest.DedicatedDB(t)
 		if got := url[:strings.LastIndex(url, "/")]; got != first {
 			t.Errorf("second subtest got server %s, want the top-level test's %s", got, first)
 		}
 	})
 	t.Run("database url", func(t *testing.T) {
 		t.Setenv("DATABASE_URL", shared.URL("postgres"))
-		url, restart := pgtest.DedicatedDB(t)
-		if restart != nil || !strings.Contains(url, fmt.Sprintf(":%d/", shared.Port())) {
-			t.Errorf("with DATABASE_URL: %s, restart nil %t; want DATABASE_URL's server and no restart", url, restart == nil)
+		url, restart, crash := pgtest.DedicatedDB(t)
+		if restart != nil || crash != nil || !strings.Contains(url, fmt.Sprintf(":%d/", shared.Port())) {
+			t.Errorf("with DATABASE_URL: %s, restart nil %t, crash nil %t; want DATABASE_URL's server and neither", url, restart == nil, crash == nil)
 		}
 	})
 }

@@ -94,24 +94,28 @@ func (f RestartFunc) Restart(ctx context.Context) error { return f(ctx) }
 
 // DedicatedDB is [DB] on a cluster of t's top-level test's own, which the
 // test may restart: restart does a [Cluster.Restart] of that cluster (every
-// client of every database on it is disconnected; committed data survives).
+// client of every database on it is disconnected; committed data survives),
+// and crash a [Cluster.StopImmediate] (no checkpoint, every client cut)
+// and a start on the same port, which runs crash recovery: committed data
+// survives, UNLOGGED tables come back empty.
 // The cluster is started on the top-level test's first call (one to two
 // seconds) and is shared by its subtests, each getting a fresh database on
 // it, so subtests that restart it must not run in parallel with subtests
 // that use it; other tests never see it. shutdown (via [Main]) stops it.
 //
 // If DATABASE_URL is set, the database is created on that server, as DB
-// does, and restart is nil: that server is not the test's to restart.
-func DedicatedDB(t testing.TB) (url string, restart RestartFunc) {
+// does, and restart and crash are nil: that server is not the test's to
+// restart or crash.
+func DedicatedDB(t testing.TB) (url string, restart RestartFunc, crash CrashRestartFunc) {
 	t.Helper()
 	if admin := os.Getenv("DATABASE_URL"); admin != "" {
-		return createDB(t, admin), nil
+		return createDB(t, admin), nil, nil
 	}
 	c, err := registered(testserver.DedicatedKey(t), Options{})
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
-	return createDB(t, c.URL("postgres")), testserver.Bound(c.Restart)
+	return createDB(t, c.URL("postgres")), testserver.Bound(c.Restart), crashRestart(c)
 }
 
 // createDB creates a database for t on the server admin (the URL of its

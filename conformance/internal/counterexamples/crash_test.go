@@ -34,7 +34,7 @@ func TestCrashRestartCatchesUnloggedDedup(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rep := conformance.Run(t, tc.name, func(t testing.TB) conformance.Harness[counterexamples.Payment] {
-				url, restart := pgtest.DedicatedDB(t)
+				url, restart, crash := pgtest.DedicatedDB(t)
 				db, err := pgxpool.New(context.Background(), url)
 				if err != nil {
 					t.Fatal(err)
@@ -48,7 +48,6 @@ func TestCrashRestartCatchesUnloggedDedup(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				crash := pgtest.DedicatedCrash(t)
 				return struct {
 					*harness
 					pgtest.RestartFunc

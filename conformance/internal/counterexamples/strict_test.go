@@ -86,7 +86,7 @@ func TestStrictUnloggedDedup(t *testing.T) {
 		t.Skip("DATABASE_URL is set: its server is not the test's to restart")
 	}
 	rep := conformance.Run(t, "counterexample/unlogged-dedup without CrashRestarter", func(t testing.TB) conformance.Harness[counterexamples.Payment] {
-		url, restart := pgtest.DedicatedDB(t)
+		url, restart, _ := pgtest.DedicatedDB(t)
 		db, err := pgxpool.New(context.Background(), url)
 		if err != nil {
 			t.Fatal(err)

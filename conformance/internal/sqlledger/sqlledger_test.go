@@ -107,7 +107,7 @@ type harness struct {
 }
 
 func newHarness(t testing.TB, buggy bool) *harness {
-	url, restart := pgtest.DedicatedDB(t)
+	url, restart, _ := pgtest.DedicatedDB(t)
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		t.Fatal(err)

@@ -69,7 +69,7 @@ type confHarness struct {
 }
 
 func newConfHarness(t testing.TB) conformance.Harness[confCharge] {
-	url, restart := pgtest.DedicatedDB(t) // a fresh database per scenario, on a server the suite may restart
+	url, restart, crash := pgtest.DedicatedDB(t) // a fresh database per scenario, on a server the suite may restart
 	db, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +94,6 @@ func newConfHarness(t testing.TB) conformance.Harness[confCharge] {
 	// scenario run, CrashRestartFunc's the crash-restart one (an immediate
 	// stop, crash recovery on start); Reset then drops db's connections to
 	// the stopped server.
-	crash := pgtest.DedicatedCrash(t)
 	return struct {
 		*confHarness
 		pgtest.RestartFunc

@@ -56,7 +56,7 @@
 //     event's key: the next attempt gets effects.ErrInFlight, and the
 //     consumer retries it, holding back its partition, until the lease
 //     expires (journal.WithLease; the adapter's own default is
-//     journal.DefaultLease, a minute).
+//     journal.WithLease's default, a minute).
 //   - -session-timeout, -rebalance-timeout and -heartbeat-interval set the
 //     group's timing (franz-go's defaults otherwise); the rebalance torture
 //     runs three workers with a 3 s session, so a frozen worker is dropped

@@ -145,11 +145,12 @@ func (s *Syncer) allWarm(recs []*kgo.Record) bool {
 // hs already has is not added (the caller's wins). It never writes into
 // hs's backing array, and returns hs itself when it adds nothing.
 func TraceHeaders(ctx context.Context, o effects.Observer, hs []kgo.RecordHeader) []kgo.RecordHeader {
-	if o == nil {
+	p, ok := o.(effects.Propagator)
+	if !ok {
 		return hs
 	}
 	out := hs[:len(hs):len(hs)]
-	effects.InjectTrace(ctx, o, func(key, value string) {
+	p.Inject(ctx, func(key, value string) {
 		for _, h := range hs {
 			if h.Key == key {
 				return
