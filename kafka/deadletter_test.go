@@ -232,10 +232,10 @@ func TestDeadLetterTopicBrokerOutage(t *testing.T) {
 // a client that is not an idempotent producer are refused at once.
 func TestDeadLetterTopicRefusesBadArguments(t *testing.T) {
 	c := kafkatest.Start(t)
-	if _, err := kafka.DeadLetterTopic(nil, "dlq"); !effects.IsConfig(err) {
+	if _, err := kafka.DeadLetterTopic(nil, "dlq"); effects.ClassOf(err) != effects.InvalidConfig {
 		t.Errorf("nil client: %v", err)
 	}
-	if _, err := kafka.DeadLetterTopic(c.Client(t), ""); !effects.IsConfig(err) {
+	if _, err := kafka.DeadLetterTopic(c.Client(t), ""); effects.ClassOf(err) != effects.InvalidConfig {
 		t.Errorf("empty topic: %v", err)
 	}
 	if _, err := kafka.DeadLetterTopic(c.Client(t, kgo.DisableIdempotentWrite(), kgo.RequiredAcks(kgo.LeaderAck())), "dlq"); !errors.Is(err, kafka.ErrNotIdempotent) {
@@ -249,7 +249,7 @@ func TestDeadLetterTopicRefusesBadArguments(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := hook(ctx, effects.Delivery{ID: "x", Body: []byte("x")}, effects.ErrPoison); !effects.IsConfig(err) {
+	if err := hook(ctx, effects.Delivery{ID: "x", Body: []byte("x")}, effects.ErrPoison); effects.ClassOf(err) != effects.InvalidConfig {
 		t.Errorf("hook to a missing topic: %v, want a configuration error", err)
 	}
 }

@@ -75,7 +75,7 @@ func ExampleWithJournal() {
 	key := effects.MustKey("billing", "evt_42", "payment-event")
 	res, err := producer.Apply(ctx, key, kafka.Message{Value: []byte(`{"cents":4200}`)})
 	switch {
-	case effects.Retryable(err):
+	case effects.ClassOf(err) == effects.Retryable:
 		// Leave the message unacked: its redelivery retries the same key.
 	case err != nil:
 		log.Fatal(err)

@@ -38,7 +38,7 @@ func Example() {
 	res, err = w.Apply(ctx, key, receipt) // the broker redelivers the event
 	fmt.Println(res.Status, err)
 	_, err = w.Apply(ctx, key, s3.Object{Body: []byte("Paid 99.00 EUR")}) // a bug reuses the key
-	fmt.Println(errors.Is(err, effects.ErrKeyReused), effects.Retryable(err))
+	fmt.Println(errors.Is(err, effects.ErrKeyReused), effects.ClassOf(err) == effects.Retryable)
 	// Output:
 	// applied <nil>
 	// replayed <nil>
@@ -147,6 +147,6 @@ func ExampleWriter_Check() {
 	}
 	err = w.Check(context.Background())
 	var ce *effects.ConfigError
-	fmt.Println(effects.IsConfig(err), errors.As(err, &ce) && ce.Option == "bucket no-such-bucket")
+	fmt.Println(effects.ClassOf(err) == effects.InvalidConfig, errors.As(err, &ce) && ce.Option == "bucket no-such-bucket")
 	// Output: true true
 }

@@ -53,8 +53,8 @@ func WithPutHook(hook func(key effects.Key, in *awss3.PutObjectInput) error) Opt
 // HookError reports that the hook given to [WithPutHook] changed a field
 // of the PutObjectInput that it may not change. Apply returns it before any
 // request, so nothing was written. It is a bug in the hook, not in the
-// message: it unwraps to effects.ErrInvalidConfig and [effects.Retryable]
-// refuses it.
+// message: it unwraps to effects.ErrInvalidConfig and is in class
+// [effects.InvalidConfig].
 type HookError struct {
 	// Key is the idempotency key whose object the hook was preparing.
 	Key effects.Key

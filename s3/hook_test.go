@@ -190,7 +190,7 @@ func TestPutHookCannotChangeWhatMakesTheWriteOnce(t *testing.T) {
 				if !errors.As(err, &he) || he.Field != tc.field || he.Key != key || he.Reason == "" {
 					t.Fatalf("threshold %d: Apply = %v, want a *s3.HookError naming %s", threshold, err, tc.field)
 				}
-				if !errors.Is(err, effects.ErrInvalidConfig) || effects.Retryable(err) {
+				if !errors.Is(err, effects.ErrInvalidConfig) || effects.ClassOf(err) == effects.Retryable {
 					t.Errorf("threshold %d: %v: want ErrInvalidConfig, not retryable", threshold, err)
 				}
 				if !strings.Contains(err.Error(), "PutObjectInput."+tc.field) || !strings.Contains(err.Error(), "nothing was written") {
@@ -209,14 +209,14 @@ func TestPutHookErrorStopsTheWrite(t *testing.T) {
 	noKey := errors.New("no KMS key for tenant acme")
 	w := e.writer(s3.WithPutHook(func(effects.Key, *awss3.PutObjectInput) error { return noKey }))
 	_, err := w.Apply(context.Background(), effects.MustKey("acme", "evt_1", "receipt"), s3.Object{Body: []byte("r")})
-	if !errors.Is(err, noKey) || !effects.Permanent(err) || !errors.Is(err, effects.ErrRefused) {
+	if !errors.Is(err, noKey) || effects.ClassOf(err) != effects.Permanent || !errors.Is(err, effects.ErrRefused) {
 		t.Fatalf("Apply = %v, want the hook's error, refused for good", err)
 	}
 	retry := e.writer(s3.WithPutHook(func(k effects.Key, _ *awss3.PutObjectInput) error {
 		return effects.Transient("kms", k, noKey)
 	}))
 	_, err = retry.Apply(context.Background(), effects.MustKey("acme", "evt_1", "receipt"), s3.Object{Body: []byte("r")})
-	if !errors.Is(err, noKey) || !effects.Retryable(err) {
+	if !errors.Is(err, noKey) || effects.ClassOf(err) != effects.Retryable {
 		t.Fatalf("Apply with a hook error that is transient = %v, want it retryable", err)
 	}
 	if n := rt.count(); n != 0 {

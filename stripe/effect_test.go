@@ -77,7 +77,7 @@ func TestGenericEffectOnMoreResources(t *testing.T) {
 			if err != nil || again.Status != effects.Replayed || again.Ref != first.Ref {
 				t.Fatalf("redelivery: %+v, %v; want replayed %s", again, err, first.Ref)
 			}
-			if _, err := plain(ctx, key, 1); !errors.Is(err, effects.ErrKeyReused) || effects.Retryable(err) {
+			if _, err := plain(ctx, key, 1); !errors.Is(err, effects.ErrKeyReused) || effects.ClassOf(err) == effects.Retryable {
 				t.Fatalf("other params under the key: %v, want a permanent ErrKeyReused", err)
 			}
 			if n := srv.Created(string(key)); n != 1 {
@@ -210,7 +210,7 @@ func TestRefusedTLSIsAConfigurationError(t *testing.T) {
 			charges := newPI(t, client.New(stripetest.APIKey, &stripego.Backends{API: b, Connect: b, Uploads: b}), WithJournal(j))
 			_, err := charges.Apply(context.Background(), "k", order)
 			var ce *effects.ConfigError
-			if !errors.Is(err, effects.ErrInvalidConfig) || !errors.As(err, &ce) || effects.Retryable(err) || errors.Is(err, effects.ErrTransient) {
+			if !errors.Is(err, effects.ErrInvalidConfig) || !errors.As(err, &ce) || effects.ClassOf(err) == effects.Retryable || errors.Is(err, effects.ErrTransient) {
 				t.Fatalf("got %v, want a configuration error that is not retryable", err)
 			}
 			if !strings.Contains(err.Error(), "no retry fixes this") {

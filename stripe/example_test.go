@@ -174,13 +174,13 @@ func Example_errors() {
 		log.Fatal(err)
 	}
 	_, err = charges.Apply(ctx, key, stripe.PaymentIntent{Amount: 9900, Currency: "usd"})
-	fmt.Println(errors.Is(err, effects.ErrKeyReused), effects.Retryable(err))
+	fmt.Println(errors.Is(err, effects.ErrKeyReused), effects.ClassOf(err) == effects.Retryable)
 
 	declined := stripe.PaymentIntent{Amount: 2000, Currency: "usd", PaymentMethod: "pm_card_chargeDeclined", Confirm: true}
 	_, err = charges.Apply(ctx, effects.MustKey("billing", "evt_124", "charge"), declined)
 	var refused *stripe.RequestError
 	if errors.As(err, &refused) {
-		fmt.Println(refused.Err.Code, effects.Retryable(err))
+		fmt.Println(refused.Err.Code, effects.ClassOf(err) == effects.Retryable)
 	}
 	// Output:
 	// true false

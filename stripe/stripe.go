@@ -27,7 +27,7 @@ const replayedHeader = "Idempotent-Replayed"
 // Stripe keeps the key (at least 24 h); a retry after that executes again
 // and may duplicate. The error Apply returns matches it and
 // [effects.ErrPoison] (a delivery no retry can handle), so it is
-// [effects.ClassPermanent]: dead-letter the message and reconcile the
+// in class [effects.Permanent]: dead-letter the message and reconcile the
 // outcome with Stripe (webhooks, the Dashboard, a metadata search). The
 // *stripe.Error is reachable with errors.As.
 var ErrReplayedServerError = errors.New("stripe replayed a stored server error for this idempotency key; the outcome is unknown and retrying the key cannot resolve it: reconcile")

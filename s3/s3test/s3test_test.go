@@ -120,7 +120,7 @@ func TestConcurrentConditionalPutsWriteOnce(t *testing.T) {
 					defer wg.Done()
 					res, err := w.Apply(context.Background(), key, s3.Object{Body: []byte("receipt"), ContentType: "text/plain"})
 					if err != nil {
-						if !effects.Retryable(err) {
+						if effects.ClassOf(err) != effects.Retryable {
 							t.Error(err)
 						}
 						return
