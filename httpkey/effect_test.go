@@ -678,7 +678,6 @@ func TestNewRefusesBadConfiguration(t *testing.T) {
 		{"WithHorizon", http.DefaultClient, build, []httpkey.Option{httpkey.PayPal}},
 		{"WithHorizon", http.DefaultClient, build, []httpkey.Option{httpkey.WithHorizon(-time.Second)}},
 		{"WithKeyHeader", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithKeyHeader("Bad Header")}},
-		{"WithKeyHeader", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithKeyStructuredHeader("")}},
 		{"WithKeyField", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithKeyField("")}},
 		{"WithMaxKeyLen", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithMaxKeyLen(23)}},
 		{"WithReplayHeader", http.DefaultClient, build, []httpkey.Option{h, httpkey.WithReplayHeader("X:Y", "true")}},
