@@ -13,6 +13,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"golang.org/x/time/rate"
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/consume"
@@ -350,9 +351,9 @@ func TestRedriveAfterFix(t *testing.T) {
 		opts  []kafka.RedriveOption
 		moved int
 	}{
-		{"by id", []kafka.RedriveOption{kafka.WithIDs("id-1")}, 1},
+		{"by id", []kafka.RedriveOption{kafka.WithFilter(func(d kafka.DeadLetter) bool { return d.ID == "id-1" })}, 1},
 		{"by count", []kafka.RedriveOption{kafka.WithLimit(1)}, 1},
-		{"by class", []kafka.RedriveOption{kafka.WithClasses("permanent", "retryable")}, 0},
+		{"by class", []kafka.RedriveOption{kafka.WithFilter(func(d kafka.DeadLetter) bool { return d.Class == "permanent" || d.Class == "retryable" })}, 0},
 		{"by time", []kafka.RedriveOption{kafka.WithTimeRange(time.Now().Add(time.Hour), time.Time{})}, 0},
 	} {
 		if st, _ := redrive(tc.opts...); st.Moved != tc.moved {
@@ -363,7 +364,8 @@ func TestRedriveAfterFix(t *testing.T) {
 		t.Fatalf("%d records in the source topic after dry runs, want 5", n)
 	}
 
-	st, err = kafka.Redrive(ctx, c.Client(t), dlq, kafka.WithClasses("poison"), kafka.WithRate(100, 1))
+	st, err = kafka.Redrive(ctx, c.Client(t), dlq, kafka.WithFilter(func(d kafka.DeadLetter) bool { return d.Class == "poison" }),
+		kafka.WithLimiter(rate.NewLimiter(100, 1)))
 	if err != nil || st.Moved != 2 || st.Repeated != 1 {
 		t.Fatalf("Redrive = %+v, %v; want 2 moved, 1 repeated", st, err)
 	}
