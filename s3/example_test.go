@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log"
 	"net/http"
+	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
@@ -126,11 +127,11 @@ func ExampleWithPutHook() {
 	}
 	w, _ = s3.New(client, bucket, s3.WithPrefix("statements/"), s3.WithPutHook(unconditional))
 	_, err = w.Apply(context.Background(), effects.MustKey("billing", "evt_8", "statement"), s3.Object{Body: []byte("statement")})
-	var he *s3.HookError
-	fmt.Println(errors.As(err, &he), he.Field, errors.Is(err, effects.ErrInvalidConfig))
+	var ce *effects.ConfigError
+	fmt.Println(errors.As(err, &ce), ce.Option, strings.Contains(ce.Reason, "PutObjectInput.IfNoneMatch"))
 	// Output:
 	// applied <nil>
-	// true IfNoneMatch true
+	// true WithPutHook true
 }
 
 // Check the bucket at start-up, before the first delivery: a bucket that

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -147,7 +148,7 @@ func TestPutHookSettingsReachS3(t *testing.T) {
 }
 
 // A hook that touches the condition, the object key, the ownership
-// metadata or the payload is refused with a *HookError before any request:
+// metadata or the payload is refused with a *ConfigError before any request:
 // nothing is written, and the error is a configuration error no retry
 // fixes.
 func TestPutHookCannotChangeWhatMakesTheWriteOnce(t *testing.T) {
@@ -186,9 +187,10 @@ func TestPutHookCannotChangeWhatMakesTheWriteOnce(t *testing.T) {
 				w := e.writer(s3.WithPutHook(hook), s3.WithMultipartThreshold(threshold))
 				key := effects.MustKey("billing", "evt_bad_hook", "receipt")
 				_, err := w.Apply(context.Background(), key, s3.Object{Body: []byte("receipt"), ContentType: "text/plain"})
-				var he *s3.HookError
-				if !errors.As(err, &he) || he.Field != tc.field || he.Key != key || he.Reason == "" {
-					t.Fatalf("threshold %d: Apply = %v, want a *s3.HookError naming %s", threshold, err, tc.field)
+				var ce *effects.ConfigError
+				if !errors.As(err, &ce) || ce.Option != "WithPutHook" || !strings.Contains(ce.Reason, "PutObjectInput."+tc.field+",") ||
+					!strings.Contains(ce.Reason, fmt.Sprintf("%q", key)) {
+					t.Fatalf("threshold %d: Apply = %v, want a *effects.ConfigError for WithPutHook naming %s and the key", threshold, err, tc.field)
 				}
 				if !errors.Is(err, effects.ErrInvalidConfig) || effects.ClassOf(err) == effects.Retryable {
 					t.Errorf("threshold %d: %v: want ErrInvalidConfig, not retryable", threshold, err)
