@@ -24,7 +24,7 @@ import (
 )
 
 // The generic effect on three resources other than PaymentIntents and
-// Refunds, without and with a journal: one object per key, replays with
+// Refunds (TestRefunds), without and with a journal: one object per key, replays with
 // its id, reuse refused, past Stripe's horizon too when journaled.
 func TestGenericEffectOnMoreResources(t *testing.T) {
 	type resource struct {
@@ -163,9 +163,10 @@ func TestConstructorsRefuseBadConfiguration(t *testing.T) {
 		err          error
 	}{
 		{"nil api", "api", second(NewPaymentIntents(nil))},
-		{"uninitialised api", "api", second(NewRefunds(&client.API{}))},
+		{"uninitialised api", "api", second(NewPaymentIntents(&client.API{}))},
 		{"zero lease", "WithLease", second(NewPaymentIntents(api, WithJournal(memjournal.New(nil), journal.WithLease(0))))},
-		{"nil logger", "WithLogger", second(NewRefunds(api, WithJournal(memjournal.New(nil), journal.WithLogger(nil))))},
+		{"nil logger", "WithLogger", second(NewPaymentIntents(api, WithJournal(memjournal.New(nil), journal.WithLogger(nil))))},
+		{"uninitialised check client", "WithCheckClient", second(New(api.Refunds.New, WithCheckClient(&client.API{})))},
 		{"nil post", "post", second(New(nilPost))},
 		{"object without ID", "post", second(New(func(*stripego.CustomerParams) (*noID, error) { return nil, nil }))},
 		{"object without LastResponse", "post", second(New(func(*stripego.CustomerParams) (*noResponse, error) { return nil, nil }))},

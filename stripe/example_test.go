@@ -118,8 +118,8 @@ func ExampleNew_pathParameter() {
 	// Output: applied tr_
 }
 
-// A retried partial refund refunds once.
-func ExampleRefunds() {
+// A retried partial refund refunds once: refunds are New(api.Refunds.New).
+func ExampleNew_refunds() {
 	srv, err := stripetest.New()
 	if err != nil {
 		log.Fatal(err)
@@ -137,13 +137,13 @@ func ExampleRefunds() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	refunds, err := stripe.NewRefunds(api)
+	refunds, err := stripe.New(api.Refunds.New, stripe.WithCheckClient(api))
 	if err != nil {
 		log.Fatal(err)
 	}
 	key := effects.MustKey("shop", "order-7", "refund-damaged-item")
 	for i := 0; i < 3; i++ { // a consumer retrying after timeouts
-		res, err := refunds.Apply(ctx, key, stripe.Refund{PaymentIntent: paid.Ref, Amount: 1500})
+		res, err := refunds.Apply(ctx, key, &stripego.RefundParams{PaymentIntent: stripego.String(paid.Ref), Amount: stripego.Int64(1500)})
 		if err != nil {
 			log.Fatal(err)
 		}

@@ -113,7 +113,7 @@ func TestKeyReusedWithOtherPayload(t *testing.T) {
 		t.Errorf("got %v, want ErrKeyReused wrapping Stripe's idempotency_error", err)
 	}
 	// Refunds under a PaymentIntent's key: another endpoint, also reuse.
-	_, err = newRefunds(t, newAPI(t, srv, nil)).Apply(context.Background(), key, Refund{PaymentIntent: "pi_x"})
+	_, err = newRefunds(t, newAPI(t, srv, nil)).Apply(context.Background(), key, &stripego.RefundParams{PaymentIntent: stripego.String("pi_x")})
 	if !errors.Is(err, effects.ErrKeyReused) || srv.Created(string(key)) != 1 {
 		t.Errorf("refund under a PaymentIntent's key: %v", err)
 	}
@@ -298,7 +298,7 @@ func TestRefunds(t *testing.T) {
 		t.Fatal(err)
 	}
 	refunds := newRefunds(t, api)
-	in := Refund{PaymentIntent: paid.Ref, Amount: 300, Reason: "requested_by_customer"}
+	in := &stripego.RefundParams{PaymentIntent: stripego.String(paid.Ref), Amount: stripego.Int64(300), Reason: stripego.String("requested_by_customer")}
 	first, err := refunds.Apply(context.Background(), "refund-1", in)
 	if err != nil || first.Status != effects.Applied || !strings.HasPrefix(first.Ref, "re_") {
 		t.Fatalf("refund: %+v, %v", first, err)
@@ -313,7 +313,7 @@ func TestRefunds(t *testing.T) {
 	if n := srv.Created("refund-1"); n != 1 {
 		t.Errorf("%d refunds, want 1", n)
 	}
-	_, err = refunds.Apply(context.Background(), "refund-2", Refund{PaymentIntent: paid.Ref, Amount: 800})
+	_, err = refunds.Apply(context.Background(), "refund-2", &stripego.RefundParams{PaymentIntent: stripego.String(paid.Ref), Amount: stripego.Int64(800)})
 	var re *RequestError
 	if !errors.As(err, &re) || re.Err.Code != stripego.ErrorCodeAmountTooLarge {
 		t.Errorf("refund of more than is left: %v", err)
