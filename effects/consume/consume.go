@@ -152,8 +152,8 @@ func WithBackoff(min, max time.Duration) Option {
 }
 
 // WithDeadLetter sets the hook that takes a delivery the consumer gives up
-// on: at once when its error is permanent ([effects.ClassOf] is [effects.Permanent]: a refusal,
-// a key reused, an invalid key, poison, a panic), or after
+// on: at once when its error is permanent (class [effects.Permanent]: a
+// refusal, a key reused, an invalid key, poison, a panic), or after
 // [WithMaxAttempts] attempts that failed otherwise. err is the last
 // attempt's error (errors.As reaches a *[effects.PanicError] and its
 // stack). The hook typically writes the delivery to a dead-letter topic or

@@ -74,8 +74,8 @@ var completeBackoff = retry.Backoff{Min: 10 * time.Millisecond, Max: 100 * time.
 //     the call releases the lease and is [effects.ErrTransient].
 //   - After a success, Complete runs on a context detached from the
 //     caller's, bounded by the record timeout ([WithRecordTimeout]), and
-//     is retried with backoff while its error is in class [effects.Retryable]. If the record still does not
-//     commit, Apply returns the owner's success anyway and logs the
+//     is retried with backoff while its error is in class
+//     [effects.Retryable]. If the record still does not commit, Apply returns the owner's success anyway and logs the
 //     failure: the owner confirmed the effect, so the truth is effects.Applied.
 //     An error would make the caller retry into effects.ErrInFlight and, once the
 //     lease expired, do the effect again; success lets it ack, and only a
