@@ -114,8 +114,8 @@ const shareTick = 200 * time.Millisecond
 // deliveries (5 by default) without delivering it again. A consumer
 // configured with [effectively.dev/effects/consume.WithMaxAttempts] higher than that would never
 // see its dead-letter hook run: the broker would drop the record first.
-// So Release refuses (an error wrapping [effects.ErrNotReleased]) to release a record on its last
-// allowed delivery; the consumer keeps it, retries it in place (renewed
+// So Release refuses (an error wrapping [effects.ErrNotReleased]) to
+// release a record on its last allowed delivery; the consumer keeps it, retries it in place (renewed
 // by the source), and gives it to the dead-letter hook when its attempts
 // run out. Set [WithDeliveryLimit] to the group's configured limit.
 //

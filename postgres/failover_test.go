@@ -223,7 +223,8 @@ func (w *worker) run(ctx context.Context, t *testing.T, ds []delivery) {
 }
 
 // deliver applies one delivery until Apply returns nil (ack) or an error
-// that effects.ClassOf does not call Retryable, retrying with the same key and backoff.
+// that effects.ClassOf does not call Retryable, retrying with the same key
+// and backoff.
 func (w *worker) deliver(ctx context.Context, t *testing.T, d delivery) {
 	key := failoverKey(d.event.EventID)
 	backoff := 5 * time.Millisecond

@@ -24,8 +24,9 @@ import (
 )
 
 // The generic effect on three resources other than PaymentIntents and
-// Refunds (TestRefunds), without and with a journal: one object per key, replays with
-// its id, reuse refused, past Stripe's horizon too when journaled.
+// refunds (TestRefunds), without and with a journal: one object per key,
+// replays with its id, reuse refused, past Stripe's horizon too when
+// journaled.
 func TestGenericEffectOnMoreResources(t *testing.T) {
 	type resource struct {
 		name, prefix string
