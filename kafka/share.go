@@ -115,9 +115,9 @@ const shareTick = 200 * time.Millisecond
 // configured with [effectively.dev/effects/consume.WithMaxAttempts] higher than that would never
 // see its dead-letter hook run: the broker would drop the record first.
 // So Release refuses (an error wrapping [effects.ErrNotReleased]) to
-// release a record on its last allowed delivery; the consumer keeps it, retries it in place (renewed
-// by the source), and gives it to the dead-letter hook when its attempts
-// run out. Set [WithDeliveryLimit] to the group's configured limit.
+// release a record on its last allowed delivery; the consumer keeps it,
+// retries it in place (renewed by the source), and gives it to the
+// dead-letter hook when its attempts run out. Set [WithDeliveryLimit] to the group's configured limit.
 //
 // # Dead letters: accepted
 //
