@@ -187,6 +187,14 @@ func (g *group[In]) member(i int) bool {
 		})
 		return false
 	}
+	if failedTx(conn) {
+		// A statement of the write failed and the write returned no
+		// error: its own failure, which would otherwise fail the first
+		// key's INSERT, another member's.
+		g.out[i] = groupRes{failed: errWriteIgnoredFailure}
+		g.againAlone(i)
+		return false
+	}
 	g.out[i].res = effects.Result{Status: effects.Applied, Ref: ref}
 	g.pending = append(g.pending, i)
 	return true

@@ -384,3 +384,47 @@ func TestApplyGroupCommitFails(t *testing.T) {
 		}
 	}
 }
+
+// TestApplyGroupWriteIgnoresAnError: a member whose write ignores a
+// failed statement fails its group's transaction; it gets the error (or
+// replays, if its key was committed before), and the others apply.
+func TestApplyGroupWriteIgnoresAnError(t *testing.T) {
+	pool := newPool(t, newDB(t), nil)
+	mustExec(t, pool, `CREATE TABLE receipts (event_id text PRIMARY KEY)`)
+	mustExec(t, pool, `INSERT INTO receipts VALUES ('taken')`)
+	fx, err := postgres.New(pool, "billing", func(ctx context.Context, tx pgx.Tx, p payment) (string, error) {
+		if p.Amount < 0 {
+			_, _ = tx.Exec(ctx, `INSERT INTO receipts (event_id) VALUES ('taken')`) // its error ignored
+		}
+		return writeLedger(ctx, tx, p)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for pos := range 3 {
+		calls := make([]groupCall, 3)
+		for i := range calls {
+			amount := int64(1)
+			if i == pos {
+				amount = -1
+			}
+			// Keys in the reverse of arrival order: the culprit's key's
+			// INSERT is not always the first the group sends.
+			calls[i] = paymentCall(fmt.Sprintf("ig%d_%d", pos, 2-i), amount)
+		}
+		for i, o := range applyAsGroup(t, fx, calls) {
+			want := 1
+			switch {
+			case i == pos && (o.err == nil || effects.Retryable(o.err)):
+				t.Fatalf("culprit at %d = %+v, %v; want an error, not retryable", pos, o.res, o.err)
+			case i == pos:
+				want = 0
+			case o.err != nil || o.res.Status != effects.Applied:
+				t.Fatalf("culprit at %d: member %d = %+v, %v; want applied", pos, i, o.res, o.err)
+			}
+			if got := rows(t, pool, calls[i].in.EventID); got != want {
+				t.Fatalf("culprit at %d: %s has %d ledger rows, want %d", pos, calls[i].in.EventID, got, want)
+			}
+		}
+	}
+}
