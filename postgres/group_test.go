@@ -393,10 +393,11 @@ func TestApplyGroupWriteIgnoresAnError(t *testing.T) {
 	mustExec(t, pool, `CREATE TABLE receipts (event_id text PRIMARY KEY)`)
 	mustExec(t, pool, `INSERT INTO receipts VALUES ('taken')`)
 	fx, err := postgres.New(pool, "billing", func(ctx context.Context, tx pgx.Tx, p payment) (string, error) {
-		if p.Amount < 0 {
+		ref, err := writeLedger(ctx, tx, p)
+		if err == nil && p.Amount < 0 {
 			_, _ = tx.Exec(ctx, `INSERT INTO receipts (event_id) VALUES ('taken')`) // its error ignored
 		}
-		return writeLedger(ctx, tx, p)
+		return ref, err
 	})
 	if err != nil {
 		t.Fatal(err)
