@@ -232,16 +232,19 @@ func (g *group[In]) commit() {
 	// skipped.
 	rollback(g.ctx, g.tx)
 	if guardRefused(err) {
-		g.out[culprit] = groupRes{c: classified{err: asyncCommit(opApply, g.reqs[culprit].key)}}
-	} else {
-		g.out[culprit] = groupRes{failed: err}
+		// The commit settings were unsafe at the first key's INSERT,
+		// whichever member's write changed them (SET LOCAL, say): each
+		// member runs again alone and gets its own verdict.
+		g.againAlone(-1)
+		return
 	}
+	g.out[culprit] = groupRes{failed: err}
 	g.againAlone(culprit)
 }
 
-// againAlone sends every member but the culprit, which settles alone, to
-// run again alone: the transaction failed, and nothing of theirs was
-// committed.
+// againAlone sends every member but the culprit (none if it is -1),
+// which settles alone, to run again alone: the transaction failed, and
+// nothing of theirs was committed.
 func (g *group[In]) againAlone(culprit int) {
 	for i := range g.reqs {
 		if i != culprit && g.out[i].c.err == nil {

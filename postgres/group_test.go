@@ -429,3 +429,46 @@ func TestApplyGroupWriteIgnoresAnError(t *testing.T) {
 		}
 	}
 }
+
+// TestApplyGroupMemberTurnsAsyncCommitOn: a member whose write turns
+// synchronous_commit off for the group's transaction gets ErrAsyncCommit
+// and writes nothing; the others, whose keys' INSERTs the setting failed
+// too, run again alone and apply.
+func TestApplyGroupMemberTurnsAsyncCommitOn(t *testing.T) {
+	pool := newPool(t, newDB(t), nil)
+	fx, err := postgres.New(pool, "billing", func(ctx context.Context, tx pgx.Tx, p payment) (string, error) {
+		if p.Amount < 0 {
+			if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
+				return "", err
+			}
+		}
+		return writeLedger(ctx, tx, p)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for pos := range 3 {
+		calls := make([]groupCall, 3)
+		for i := range calls {
+			amount := int64(1)
+			if i == pos {
+				amount = -1
+			}
+			calls[i] = paymentCall(fmt.Sprintf("ac%d_%d", pos, 2-i), amount) // keys in the reverse of arrival order
+		}
+		for i, o := range applyAsGroup(t, fx, calls) {
+			want := 1
+			switch {
+			case i == pos && !errors.Is(o.err, postgres.ErrAsyncCommit):
+				t.Fatalf("culprit at %d = %+v, %v; want ErrAsyncCommit", pos, o.res, o.err)
+			case i == pos:
+				want = 0
+			case o.err != nil || o.res.Status != effects.Applied:
+				t.Fatalf("culprit at %d: member %d = %+v, %v; want applied", pos, i, o.res, o.err)
+			}
+			if got := rows(t, pool, calls[i].in.EventID); got != want {
+				t.Fatalf("culprit at %d: %s has %d ledger rows, want %d", pos, calls[i].in.EventID, got, want)
+			}
+		}
+	}
+}
