@@ -122,7 +122,7 @@ func TestSIGKILLTortureAckFirst(t *testing.T) {
 
 // TestSIGKILLTortureGrouped is TestSIGKILLTorture with the worker's pool
 // at 4 connections for 8 handlers, so that its postgres.New ledger's
-// Applies share transactions (group commit, a savepoint per member) when
+// Applies share transactions (group commit: the writes, then every key's INSERT with one COMMIT) when
 // the kills land.
 func TestSIGKILLTortureGrouped(t *testing.T) {
 	r := runTorture(t, tortureConfig{poolMaxConns: 4})
