@@ -374,6 +374,32 @@ func (lb *ledgerBench) handwrittenClaim(b *testing.B, k effects.Key, claim strin
 	}
 }
 
+// endInBatch is the plain insert transaction on a connection, ended by
+// one pipeline of last (run with the scope, the key, its fingerprint and
+// a ref) and COMMIT.
+func (lb *ledgerBench) endInBatch(b *testing.B, k effects.Key, last string) {
+	ctx := lb.ctx
+	fp, _ := effects.FingerprintJSON(benchPayment(k))
+	conn, err := lb.pool.Acquire(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
+		b.Fatal(err)
+	}
+	var id int64
+	if err := conn.QueryRow(ctx, insertLedgerSQL, string(k), 4200).Scan(&id); err != nil {
+		b.Fatal(err)
+	}
+	var batch pgx.Batch
+	batch.Queue(last, "billing", string(k), fp, strconv.FormatInt(id, 10))
+	batch.Queue("COMMIT")
+	if err := conn.SendBatch(ctx, &batch).Close(); err != nil {
+		b.Fatal(err)
+	}
+}
+
 // variant is one way to handle one key, timed by paired.
 type variant struct {
 	name string
@@ -438,11 +464,17 @@ func (lb *ledgerBench) paired(b *testing.B, variants []variant) {
 // BenchmarkLedgerPaired runs the single-key variants for new keys
 // round-robin, key by key: Apply against the plain insert transaction (no
 // dedup), the hand-written handler and the other patterns, with round
-// trips counted.
+// trips counted. Two variants take Apply's lone shape apart, written by
+// hand on a connection: commit_batch is the plain transaction with its
+// COMMIT pipelined after a statement that writes nothing (what ending in
+// one batch costs), and key_at_commit sends Apply's own key INSERT with
+// COMMIT (Apply's statements, without the library).
 func BenchmarkLedgerPaired(b *testing.B) {
 	lb := newLedgerBench(b)
 	lb.paired(b, []variant{
 		{"plain_insert", func(k effects.Key) { lb.plainInsert(b, k) }},
+		{"commit_batch", func(k effects.Key) { lb.endInBatch(b, k, `SELECT $1::text, $2::text, $3::bytea, $4::text`) }},
+		{"key_at_commit", func(k effects.Key) { lb.endInBatch(b, k, postgres.GuardedInsertKeySQL) }},
 		{"effectively_once", func(k effects.Key) { lb.apply(b, lb.fx, k, effects.Applied) }},
 		{"effectively_once_noref", func(k effects.Key) { lb.apply(b, lb.fxNoRef, k, effects.Applied) }},
 		{"handwritten", func(k effects.Key) { lb.handwritten(b, k) }},

@@ -38,8 +38,8 @@
 // duplicate), and [NewPipelined] takes one. Each Effect has one shape,
 // fixed when it is built (see [Effect.Apply]): [New]'s, by default, is
 // grouped: when the Effect's transactions hold every connection of the
-// pool, the Applies that arrive share the next transaction, a SAVEPOINT
-// per member and one COMMIT for all (group commit; [WithoutGroupCommit]
+// pool, the Applies that arrive share the next transaction, their keys'
+// INSERTs sent with its one COMMIT (group commit; [WithoutGroupCommit]
 // turns it off); with [WithLookupFirst] it looks every key up first, in
 // BEGIN's round trip, so that a duplicate takes two round trips, runs no
 // write and writes no WAL: the shape for replays. BENCHMARKS.md has the
@@ -58,8 +58,7 @@
 //
 // The guarantee rests on three rules the package enforces or documents: the
 // claim and the effect share one transaction (never a separate "seen" table
-// written in another transaction; a SAVEPOINT only between the members of
-// a group);
+// written in another transaction);
 // synchronous_commit is not off ([ErrAsyncCommit]), because an acked
 // commit must survive a crash; and a lost COMMIT reply is ambiguous
 // ([effects.ErrAmbiguous]) and resolved by retrying the same key, never a

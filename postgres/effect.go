@@ -138,12 +138,13 @@ func (e *Effect[In]) Contract() effects.Contract {
 //     finds a duplicate, and a new key pays for no check. The Applies that
 //     arrive while those transactions are in flight wait for one of them to
 //     end and then run together in the next transaction (group commit; up
-//     to 32, with distinct keys): BEGIN with the first member's SAVEPOINT;
-//     for each member, in the order they arrived, its write, then its key's
-//     INSERT with the next member's SAVEPOINT, the last member's with
-//     COMMIT. A member whose write or key's INSERT fails is rolled back to
-//     its savepoint, alone, and its Apply goes on as after a failed write
-//     (a duplicate replays); the others commit. A failure of the
+//     to 32, with distinct keys): BEGIN; each member's write, in the
+//     order they arrived; then every member's key's INSERT, in key order,
+//     with COMMIT, in one round trip. A member whose write or key's INSERT
+//     fails fails the transaction: it rolls back, that member's Apply goes
+//     on as after a failed write (a duplicate replays), and every other
+//     member runs again at once, alone (nothing of it was committed). A
+//     failure of the
 //     transaction itself (a lost connection, a serialization failure at
 //     COMMIT) is every member's: a lost COMMIT reply makes each
 //     [effects.ErrAmbiguous], and each retries under its own key. A COMMIT
@@ -165,8 +166,10 @@ func (e *Effect[In]) Contract() effects.Contract {
 //   - [NewPipelined] with [WithLookupFirst]: BEGIN with the lookup; the
 //     writes, the key's INSERT and COMMIT.
 //
-// Cost of a new key, for a write of one statement: in a group of n, 2n+1
-// round trips and one COMMIT for all; alone, three round trips for
+// Cost of a new key, for a write of one statement: in a group of n, n+2
+// round trips and one COMMIT for all (a group with a duplicate or a
+// failing member costs its round trips and ROLLBACK, then each other
+// member's alone); alone, three round trips for
 // [New] with or without the lookup first (a plain insert transaction's, and one statement
 // more, the key's INSERT, which also checks the commit settings; the
 // lookup first is one more statement in BEGIN's round trip). Cost of a

@@ -82,3 +82,6 @@ func Groups[In any](e *Effect[In]) (int64, bool) {
 	}
 	return e.group.statements.Load(), true
 }
+
+// GuardedInsertKeySQL is the key's INSERT that Apply sends with COMMIT.
+const GuardedInsertKeySQL = guardedInsertKeySQL

@@ -1,8 +1,10 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -10,20 +12,10 @@ import (
 	"effectively.dev/effects"
 )
 
-// maxGrouped bounds how many Applies share one transaction. Each member
-// that writes gets a subtransaction (its savepoint); PostgreSQL keeps the
-// ids of up to 64 of them per transaction in shared memory, and beyond
-// that every snapshot in the database pays for a lookup. Half of it
-// leaves room for savepoints the writes take themselves.
+// maxGrouped bounds how many Applies share one transaction: its members'
+// writes run one after the other on one connection, so a larger group
+// makes its first member wait longer for the COMMIT.
 const maxGrouped = 32
-
-// The savepoint of each member of a group. Members never release it: each
-// SAVEPOINT pushes a new one under the same name, and ROLLBACK TO undoes
-// the latest member only.
-const (
-	savepointSQL         = "SAVEPOINT effectively_apply"
-	rollbackSavepointSQL = "ROLLBACK TO SAVEPOINT effectively_apply"
-)
 
 // groupReq is one Apply that runs, alone or in a group, in the grouped
 // shape.
@@ -35,13 +27,16 @@ type groupReq[In any] struct {
 }
 
 // groupRes is one member's outcome. failed is set, and res and c are
-// not, when the member's write or key's INSERT failed on its own and was
-// rolled back to its savepoint: Apply then looks the key up alone
-// (settleFailed), since the key may have been committed meanwhile.
+// not, when the member's own write or key's INSERT failed: Apply then
+// looks the key up alone (settleFailed), since the key may have been
+// committed meanwhile. alone is set when the group rolled back for
+// another member's failure: nothing of this member was committed, and
+// Apply runs it again at once, alone (attempt).
 type groupRes struct {
 	res    effects.Result
 	c      classified
 	failed error
+	alone  bool
 }
 
 // newGroup returns the coalescer of e's grouped shape: as many
@@ -73,6 +68,8 @@ func (e *Effect[In]) attemptGrouped(ctx context.Context, key effects.Key, fp []b
 		return effects.Result{}, classified{err: ended(ctx, opApply, key, end)}
 	case r.failed != nil:
 		return e.settleFailed(ctx, key, fp, r.failed)
+	case r.alone:
+		return e.attempt(ctx, key, fp, in, nil, false)
 	}
 	return r.res, r.c
 }
@@ -111,11 +108,12 @@ func (e *Effect[In]) settleFailed(ctx context.Context, key effects.Key, fp []byt
 }
 
 // group is one transaction of two or more Applies (see Apply, "grouped"):
-// BEGIN with the first member's savepoint; for each member its write,
-// then its key's INSERT with the next member's savepoint, the last
-// member's with COMMIT. A member whose write or key's INSERT fails is
-// rolled back to its savepoint and the others go on; a connection lost,
-// or any failure of the transaction itself, is every pending member's.
+// BEGIN; each member's write, one after the other; then every member's
+// key's INSERT, in key order, with COMMIT, in one round trip. A member
+// whose write or key's INSERT fails fails the transaction: it rolls back,
+// the member settles alone (settleFailed) and every other runs again
+// alone. A connection lost, or any failure of the transaction itself, is
+// every member's.
 type group[In any] struct {
 	e    *Effect[In]
 	ctx  context.Context // the group's: ends when every member's caller has gone
@@ -124,7 +122,7 @@ type group[In any] struct {
 
 	conn    *pgxpool.Conn
 	tx      pgx.Tx
-	pending []int // members written, their keys inserted, waiting for COMMIT
+	pending []int // members written, waiting for their keys' INSERTs and COMMIT
 	ending  bool  // COMMIT was sent, or the transaction ended otherwise
 }
 
@@ -137,7 +135,8 @@ func (g *group[In]) run() {
 	}
 	g.conn = conn
 	defer conn.Release() // destroys the connection unless it is idle, outside a transaction
-	if !g.begin() {
+	if g.tx, err = conn.BeginTx(g.ctx, g.e.txOptions); err != nil {
+		g.broken(0, err)
 		return
 	}
 	defer func() {
@@ -150,33 +149,13 @@ func (g *group[In]) run() {
 			return
 		}
 	}
-	if len(g.pending) > 0 && !g.ending {
-		// The last member failed: COMMIT the others alone.
-		var b pgx.Batch
-		b.Queue("COMMIT").Exec(commitTag)
-		g.ending = true
-		g.committed(g.conn.SendBatch(g.ctx, &b).Close())
+	if len(g.pending) > 0 {
+		g.commit()
 	}
 }
 
-// begin sends BEGIN with the first member's savepoint, in one round
-// trip, and reports whether the transaction is open.
-func (g *group[In]) begin() bool {
-	var b pgx.Batch
-	b.BeginTx(g.e.txOptions)
-	b.Queue(savepointSQL)
-	br := g.conn.SendBatch(g.ctx, &b)
-	g.tx = br.Tx()
-	if err := br.Close(); err != nil {
-		rollback(g.ctx, g.tx) // a no-op if BEGIN failed
-		g.broken(0, err)
-		return false
-	}
-	return true
-}
-
-// member runs member i: its write, then insertKey. It reports whether
-// the transaction goes on.
+// member runs member i's write. It reports whether the transaction goes
+// on.
 func (g *group[In]) member(i int) bool {
 	r := g.reqs[i]
 	if err := r.ctx.Err(); err != nil {
@@ -189,99 +168,90 @@ func (g *group[In]) member(i int) bool {
 	done()
 	conn := g.conn.Conn()
 	switch {
+	case err != nil && (conn.IsClosed() || g.ctx.Err() != nil):
+		g.broken(i, err)
+		return false
 	case err != nil:
-		return g.rollbackMember(i, err)
+		g.out[i] = groupRes{failed: err}
+		g.againAlone(i)
+		return false
 	case !inTransaction(conn):
 		// The write ended the transaction with SQL: what the pending
-		// members wrote committed or rolled back with it.
+		// members wrote committed or rolled back with it, without their
+		// keys.
 		g.ending = true
 		g.out[i].c = classified{err: errNoTransaction(r.key)}
-		g.endPending(func(key effects.Key) classified {
-			return classified{err: effects.Ambiguous(opApply, key, errWriteEndedTx)}
-		})
+		g.endPending(func(key effects.Key) classified { return classified{err: errNoTransaction(key)} })
 		g.failRest(i+1, func(key effects.Key) classified {
 			return classified{err: effects.Transient(opApply, key, errWriteEndedTx), retry: true}
 		})
 		return false
 	}
-	return g.insertKey(i, ref)
-}
-
-// insertKey sends member i's key's INSERT, with ref, and the next
-// member's savepoint (or, for the last member, COMMIT), and settles what
-// it can. It reports whether the transaction goes on.
-func (g *group[In]) insertKey(i int, ref string) bool {
-	r, conn := g.reqs[i], g.conn.Conn()
-	last := i == len(g.reqs)-1
-	var b pgx.Batch
-	queueKeyInsert(&b, g.e.scope, r.key, r.fp, ref, !g.e.cfg.allowAsyncCommit)
-	if last {
-		b.Queue("COMMIT").Exec(commitTag)
-	} else {
-		b.Queue(savepointSQL)
-	}
-	err := conn.SendBatch(g.ctx, &b).Close()
-	if err == nil {
-		g.out[i].res = effects.Result{Status: effects.Applied, Ref: ref}
-		g.pending = append(g.pending, i)
-		if last {
-			g.ending = true
-			g.committed(nil)
-		}
-		return true
-	}
-	if serverError(err) && !conn.IsClosed() {
-		if last && !inTx(conn) {
-			// The key's INSERT went through and COMMIT failed with an
-			// ERROR: the whole transaction rolled back.
-			g.ending = true
-			g.pending = append(g.pending, i)
-			g.committed(err)
-			return false
-		}
-		// The key's INSERT (or the savepoint after it) failed: this
-		// member only; its COMMIT, if it carried one, was skipped.
-		if guardRefused(err) {
-			if !g.rollbackTo(i, err) {
-				return false
-			}
-			g.out[i] = groupRes{c: classified{err: asyncCommit(opApply, r.key)}}
-			return true
-		}
-		return g.rollbackMember(i, err)
-	}
-	if last {
-		g.ending = true
-		g.pending = append(g.pending, i)
-		g.committed(err)
+	if failedTx(conn) {
+		// A statement of the write failed and the write returned no
+		// error: its own failure, which would otherwise fail the first
+		// key's INSERT, another member's.
+		g.out[i] = groupRes{failed: errWriteIgnoredFailure}
+		g.againAlone(i)
 		return false
 	}
-	g.broken(i, err)
-	return false
-}
-
-// rollbackMember rolls member i back to its savepoint after its own
-// failure, err, and reports whether the transaction goes on.
-func (g *group[In]) rollbackMember(i int, err error) bool {
-	if !g.rollbackTo(i, err) {
-		return false
-	}
-	g.out[i] = groupRes{failed: err}
+	g.out[i].res = effects.Result{Status: effects.Applied, Ref: ref}
+	g.pending = append(g.pending, i)
 	return true
 }
 
-// rollbackTo rolls back to the latest savepoint, the failed member i's,
-// in the simple protocol (a failed transaction accepts nothing else), and
-// reports whether it did; if not, the transaction is lost (broken).
-func (g *group[In]) rollbackTo(i int, cause error) bool {
+// commit sends the pending members' keys' INSERTs, in key order (so that
+// two groups with keys in common take their rows in one order and do not
+// deadlock), with COMMIT, and settles every member.
+func (g *group[In]) commit() {
+	slices.SortFunc(g.pending, func(a, b int) int { return cmp.Compare(g.reqs[a].key, g.reqs[b].key) })
+	var b pgx.Batch
+	for _, i := range g.pending {
+		r := g.reqs[i]
+		queueKeyInsert(&b, g.e.scope, r.key, r.fp, g.out[i].res.Ref, !g.e.cfg.allowAsyncCommit)
+	}
+	b.Queue("COMMIT").Exec(commitTag)
+	g.ending = true
 	conn := g.conn.Conn()
-	if !conn.IsClosed() && inTx(conn) {
-		if _, err := conn.Exec(g.ctx, rollbackSavepointSQL); err == nil {
-			return true
+	br := conn.SendBatch(g.ctx, &b)
+	culprit := -1
+	for j := range g.pending {
+		if _, err := br.Exec(); err != nil {
+			if serverError(err) {
+				culprit = g.pending[j]
+			}
+			break
 		}
 	}
-	g.broken(i, cause)
-	return false
+	err := br.Close()
+	if culprit < 0 || conn.IsClosed() {
+		g.committed(err)
+		return
+	}
+	// A key's INSERT failed: the transaction failed, and COMMIT was
+	// skipped.
+	rollback(g.ctx, g.tx)
+	if guardRefused(err) {
+		// The commit settings were unsafe at the first key's INSERT,
+		// whichever member's write changed them (SET LOCAL, say): each
+		// member runs again alone and gets its own verdict.
+		g.againAlone(-1)
+		return
+	}
+	g.out[culprit] = groupRes{failed: err}
+	g.againAlone(culprit)
+}
+
+// againAlone sends every member but the culprit (none if it is -1),
+// which settles alone, to run again alone: the transaction failed, and
+// nothing of theirs was committed.
+func (g *group[In]) againAlone(culprit int) {
+	for i := range g.reqs {
+		if i != culprit && g.out[i].c.err == nil {
+			g.out[i] = groupRes{alone: true}
+		}
+	}
+	g.pending = nil
 }
 
 // broken settles every member from i on, and the pending ones, when the

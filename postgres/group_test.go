@@ -48,8 +48,7 @@ func applyAsGroup(t *testing.T, fx *postgres.Effect[payment], calls []groupCall)
 }
 
 // txidEffect is ledgerEffect whose ledger rows hold, as their amount,
-// the id of the top-level transaction that wrote them (a member's
-// savepoint has an id of its own).
+// the id of the transaction that wrote them.
 func txidEffect(t *testing.T, pool *pgxpool.Pool) *postgres.Effect[payment] {
 	t.Helper()
 	fx, err := postgres.New(pool, "billing", func(ctx context.Context, tx pgx.Tx, p payment) (ref string, err error) {
@@ -126,8 +125,8 @@ func TestApplyWithoutGroupCommit(t *testing.T) {
 }
 
 // TestApplyGroupDuplicateMember: a member whose key was committed before
-// rolls back to its savepoint and replays; the others commit, in one
-// transaction, wherever the duplicate is in the group.
+// fails its group's transaction and replays; the others run again alone
+// and commit, wherever the duplicate is in the group.
 func TestApplyGroupDuplicateMember(t *testing.T) {
 	pool := newPool(t, newDB(t), nil)
 	fx := txidEffect(t, pool)
@@ -166,15 +165,15 @@ func TestApplyGroupDuplicateMember(t *testing.T) {
 				t.Fatalf("%s: ledger rows = %d, want 1", e, got)
 			}
 		}
-		if n := transactions(t, pool, fresh...); n != 1 {
-			t.Fatalf("duplicate at %d: the new keys were committed by %d transactions, want 1", pos, n)
+		if n := transactions(t, pool, fresh...); n != len(fresh) {
+			t.Fatalf("duplicate at %d: the new keys were committed by %d transactions, want %d (each alone)", pos, n, len(fresh))
 		}
 	}
 }
 
 // TestApplyGroupFailingWrite: a member whose write fails (after writing a
-// row) is rolled back to its savepoint and gets its error; the others
-// commit.
+// row) fails its group's transaction and gets its error; the others run
+// again alone and commit.
 func TestApplyGroupFailingWrite(t *testing.T) {
 	pool := newPool(t, newDB(t), nil)
 	errBad := errors.New("bad payment")
@@ -236,7 +235,7 @@ func TestApplyGroupLostReplyAtEveryRoundTrip(t *testing.T) {
 		out := applyAsGroup(t, fx, calls)
 		f.countdown.Store(0)
 		if f.fired.Load() == before {
-			if n < 7 { // BEGIN, 3 writes, 3 key INSERTs: 2n+1
+			if n < 5 { // BEGIN, 3 writes, the keys' INSERTs with COMMIT: n+2
 				t.Fatalf("no reply dropped at round trip %d of a group of 3", n)
 			}
 			break
@@ -382,6 +381,94 @@ func TestApplyGroupCommitFails(t *testing.T) {
 		}
 		if got := rows(t, pool, calls[i].in.EventID); got != want {
 			t.Fatalf("%s: %d ledger rows, want %d", calls[i].in.EventID, got, want)
+		}
+	}
+}
+
+// TestApplyGroupWriteIgnoresAnError: a member whose write ignores a
+// failed statement fails its group's transaction; it gets the error (or
+// replays, if its key was committed before), and the others apply.
+func TestApplyGroupWriteIgnoresAnError(t *testing.T) {
+	pool := newPool(t, newDB(t), nil)
+	mustExec(t, pool, `CREATE TABLE receipts (event_id text PRIMARY KEY)`)
+	mustExec(t, pool, `INSERT INTO receipts VALUES ('taken')`)
+	fx, err := postgres.New(pool, "billing", func(ctx context.Context, tx pgx.Tx, p payment) (string, error) {
+		ref, err := writeLedger(ctx, tx, p)
+		if err == nil && p.Amount < 0 {
+			_, _ = tx.Exec(ctx, `INSERT INTO receipts (event_id) VALUES ('taken')`) // its error ignored
+		}
+		return ref, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for pos := range 3 {
+		calls := make([]groupCall, 3)
+		for i := range calls {
+			amount := int64(1)
+			if i == pos {
+				amount = -1
+			}
+			// Keys in the reverse of arrival order: the culprit's key's
+			// INSERT is not always the first the group sends.
+			calls[i] = paymentCall(fmt.Sprintf("ig%d_%d", pos, 2-i), amount)
+		}
+		for i, o := range applyAsGroup(t, fx, calls) {
+			want := 1
+			switch {
+			case i == pos && (o.err == nil || effects.Retryable(o.err)):
+				t.Fatalf("culprit at %d = %+v, %v; want an error, not retryable", pos, o.res, o.err)
+			case i == pos:
+				want = 0
+			case o.err != nil || o.res.Status != effects.Applied:
+				t.Fatalf("culprit at %d: member %d = %+v, %v; want applied", pos, i, o.res, o.err)
+			}
+			if got := rows(t, pool, calls[i].in.EventID); got != want {
+				t.Fatalf("culprit at %d: %s has %d ledger rows, want %d", pos, calls[i].in.EventID, got, want)
+			}
+		}
+	}
+}
+
+// TestApplyGroupMemberTurnsAsyncCommitOn: a member whose write turns
+// synchronous_commit off for the group's transaction gets ErrAsyncCommit
+// and writes nothing; the others, whose keys' INSERTs the setting failed
+// too, run again alone and apply.
+func TestApplyGroupMemberTurnsAsyncCommitOn(t *testing.T) {
+	pool := newPool(t, newDB(t), nil)
+	fx, err := postgres.New(pool, "billing", func(ctx context.Context, tx pgx.Tx, p payment) (string, error) {
+		if p.Amount < 0 {
+			if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
+				return "", err
+			}
+		}
+		return writeLedger(ctx, tx, p)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for pos := range 3 {
+		calls := make([]groupCall, 3)
+		for i := range calls {
+			amount := int64(1)
+			if i == pos {
+				amount = -1
+			}
+			calls[i] = paymentCall(fmt.Sprintf("ac%d_%d", pos, 2-i), amount) // keys in the reverse of arrival order
+		}
+		for i, o := range applyAsGroup(t, fx, calls) {
+			want := 1
+			switch {
+			case i == pos && !errors.Is(o.err, postgres.ErrAsyncCommit):
+				t.Fatalf("culprit at %d = %+v, %v; want ErrAsyncCommit", pos, o.res, o.err)
+			case i == pos:
+				want = 0
+			case o.err != nil || o.res.Status != effects.Applied:
+				t.Fatalf("culprit at %d: member %d = %+v, %v; want applied", pos, i, o.res, o.err)
+			}
+			if got := rows(t, pool, calls[i].in.EventID); got != want {
+				t.Fatalf("culprit at %d: %s has %d ledger rows, want %d", pos, calls[i].in.EventID, got, want)
+			}
 		}
 	}
 }

@@ -14,6 +14,11 @@ import (
 // ends the transaction itself, with the key's row.
 var errWriteEndedTx = errors.New("postgres: a write function must not commit or roll back the transaction: Apply ends it, with the key's row")
 
+// errWriteIgnoredFailure is the error of a grouped member whose write
+// returned no error although one of its statements failed, which failed
+// the group's transaction.
+var errWriteIgnoredFailure = errors.New("postgres: a statement of the write failed and the write returned no error; nothing was committed")
+
 // writeTx is the pgx.Tx a write gets: pgx's own, but Commit and Rollback
 // refuse (errWriteEndedTx).
 type writeTx struct{ pgx.Tx }

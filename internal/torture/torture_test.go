@@ -122,8 +122,8 @@ func TestSIGKILLTortureAckFirst(t *testing.T) {
 
 // TestSIGKILLTortureGrouped is TestSIGKILLTorture with the worker's pool
 // at 4 connections for 8 handlers, so that its postgres.New ledger's
-// Applies share transactions (group commit, a savepoint per member) when
-// the kills land.
+// Applies share transactions (group commit: the writes, then every key's
+// INSERT with one COMMIT) when the kills land.
 func TestSIGKILLTortureGrouped(t *testing.T) {
 	r := runTorture(t, tortureConfig{poolMaxConns: 4})
 	if vs := r.verdict.Violations(); len(vs) > 0 {
