@@ -194,7 +194,7 @@
 //   - an error returned by a callback of the user's (the write function
 //     run inside the adapter's transaction) is classified by when it
 //     happened: before COMMIT nothing was applied, so it is transient
-//     unless the callback marked it permanent ([effects.Permanent]); it
+//     unless the callback marked it permanent (class [effects.Permanent]); it
 //     is never permanent by default, for a consumer would then give up on
 //     a key whose work could succeed;
 //   - only a refusal the backend guarantees was not applied (a validation

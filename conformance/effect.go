@@ -168,7 +168,7 @@ func (s *scene[In]) apply(ctx context.Context, inst *instance[In], key effects.K
 }
 
 // applyUntilDone applies key until it succeeds, retrying errors that
-// effects.Retryable accepts with backoff for up to the retry bound.
+// effects.ClassOf calls Retryable, with backoff for up to the retry bound.
 func (s *scene[In]) applyUntilDone(inst *instance[In], key effects.Key, in In, what string) (effects.Result, error) {
 	deadline := time.Now().Add(s.cfg.retryFor)
 	b := retry.Backoff{Min: 5 * time.Millisecond, Max: 250 * time.Millisecond}
@@ -177,7 +177,7 @@ func (s *scene[In]) applyUntilDone(inst *instance[In], key effects.Key, in In, w
 		if err == nil {
 			return res, nil
 		}
-		if !effects.Retryable(err) || s.ctx.Err() != nil || time.Now().After(deadline) {
+		if effects.ClassOf(err) != effects.Retryable || s.ctx.Err() != nil || time.Now().After(deadline) {
 			return res, err
 		}
 		if retry.Sleep(s.ctx, b.Delay(attempt)) != nil {

@@ -79,7 +79,7 @@ func (s *scene[In]) reuseOn(inst *instance[In], key effects.Key, what string) (e
 		s.failf("%s: %v", what, err)
 	}
 	if errors.Is(err, effects.ErrKeyReused) {
-		s.check(!effects.Retryable(err), "ErrKeyReused must not be retryable")
+		s.check(effects.ClassOf(err) != effects.Retryable, "ErrKeyReused must not be retryable")
 	}
 	return res, err
 }

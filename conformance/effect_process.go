@@ -106,7 +106,7 @@ func runChild[In any](t *testing.T, adapter string, req *successorRequest, cfg c
 			out.Status, out.Ref = res.Status.String(), res.Ref
 			return rep
 		}
-		out.Err, out.Retryable, out.Permanent = err.Error(), effects.Retryable(err), effects.Permanent(err)
+		out.Err, out.Retryable, out.Permanent = err.Error(), effects.ClassOf(err) == effects.Retryable, effects.ClassOf(err) == effects.Permanent
 		if !out.Retryable || retry.Sleep(ctx, b.Delay(attempt)) != nil {
 			return rep
 		}

@@ -370,8 +370,8 @@ func (s *scene[In]) faultDuplicateAt(kind FaultKind, n int) {
 	case err == nil:
 		s.checkReplay(first, res, what)
 		s.expect(key, cleanRepeat, true, what+": after Apply returned no error")
-	case !effects.Retryable(err):
-		s.failf("%s: Apply returned an error that Retryable rejects, so a consumer would give up on a key it may have applied: %v", what, err)
+	case effects.ClassOf(err) != effects.Retryable:
+		s.failf("%s: Apply returned an error that is not retryable (effects.ClassOf), so a consumer would give up on a key it may have applied: %v", what, err)
 		return
 	case errors.Is(err, effects.ErrTransient):
 		s.quiet()
@@ -416,8 +416,8 @@ func (s *scene[In]) faultAt(kind FaultKind, n int, same bool) bool {
 	if err == nil {
 		got := s.peek(key, what+": after Apply returned no error")
 		s.check(got >= 1, "%s: Apply returned %s with no error, but the backend shows no effect: it reported an effect that did not happen", what, res.Status)
-	} else if !effects.Retryable(err) {
-		s.failf("%s: Apply returned an error that Retryable rejects, so a consumer would give up on a key it may have applied: %v", what, err)
+	} else if effects.ClassOf(err) != effects.Retryable {
+		s.failf("%s: Apply returned an error that is not retryable (effects.ClassOf), so a consumer would give up on a key it may have applied: %v", what, err)
 		return fired
 	}
 	// retry is the instance the key is retried on: the faulted one, or a
@@ -563,7 +563,7 @@ func (s *scene[In]) invalidKeys() {
 	for _, k := range invalid {
 		_, err := s.apply(s.ctx, inst, k.key, s.h.Input(k.key, 0), k.what+" key")
 		if s.check(errors.Is(err, effects.ErrInvalidKey), "%s key: got %v, want ErrInvalidKey", k.what, err) {
-			s.check(!effects.Retryable(err), "%s key: ErrInvalidKey must not be retryable", k.what)
+			s.check(effects.ClassOf(err) != effects.Retryable, "%s key: ErrInvalidKey must not be retryable", k.what)
 		}
 	}
 	s.check(f.RoundTrips() == inst.base, "invalid keys made %d round trips to the backend, want none (validate before any I/O)", f.RoundTrips()-inst.base)

@@ -162,7 +162,7 @@ func Example_harness() {
 	eff, _, _ := h.Make(ctx, f)
 	f.Arm(1, conformance.DropReply, nil) // the service writes, the reply is lost
 	_, err = eff.Apply(ctx, key, h.Input(key, 0))
-	fmt.Println("lost reply:", errors.Is(err, effects.ErrAmbiguous), effects.Retryable(err))
+	fmt.Println("lost reply:", errors.Is(err, effects.ErrAmbiguous), effects.ClassOf(err) == effects.Retryable)
 
 	successor, _, _ := h.Make(ctx, new(conformance.Faults))
 	res, err := successor.Apply(ctx, key, h.Input(key, 0))

@@ -133,7 +133,7 @@ func (s *jscene) faultOp(op string, kind FaultKind, n int) bool {
 	case op == "Complete" && err == nil:
 		s.doneWith(b, key, "ref-1", what+": Complete returned no error, so another instance must find the key done")
 	case op == "Complete":
-		s.check(effects.Retryable(err) || errors.Is(err, effects.ErrInFlight), "%s: Complete returned %v, which Retryable rejects", what, err)
+		s.check(effects.ClassOf(err) == effects.Retryable || errors.Is(err, effects.ErrInFlight), "%s: Complete returned %v, which is not retryable (effects.ClassOf)", what, err)
 		s.expire()
 		// Retried, from another instance once the lease is gone, the key
 		// is either done with the first ref or begun again.

@@ -206,7 +206,7 @@ func (s *jscene) inFlightUntil(i *jinst, key effects.Key, until time.Time, what 
 		return
 	}
 	if s.check(errors.Is(err, effects.ErrInFlight), "%s: Begin: %v, want ErrInFlight", what, err) {
-		s.check(effects.Retryable(err), "%s: ErrInFlight must be retryable", what)
+		s.check(effects.ClassOf(err) == effects.Retryable, "%s: ErrInFlight must be retryable", what)
 	}
 }
 
@@ -344,7 +344,7 @@ func (s *jscene) keyReuse() {
 	s.mustLease(a, key, holdLease, "a new key")
 	_, err := s.begin(a, key, fp2, holdLease)
 	if s.check(errors.Is(err, effects.ErrKeyReused), "another fingerprint while leased: %v, want ErrKeyReused", err) {
-		s.check(!effects.Retryable(err), "ErrKeyReused must not be retryable")
+		s.check(effects.ClassOf(err) != effects.Retryable, "ErrKeyReused must not be retryable")
 	}
 	if err := s.complete(a, key, "ref-reuse"); err != nil {
 		s.fatalf("Complete: %v", err)
@@ -523,7 +523,7 @@ func (s *jscene) lookupMarkDone() {
 	}
 	reusedBy := func(err error, what string) {
 		if s.check(errors.Is(err, effects.ErrKeyReused), "%s: %v, want ErrKeyReused", what, err) {
-			s.check(!effects.Retryable(err), "%s: ErrKeyReused must not be retryable", what)
+			s.check(effects.ClassOf(err) != effects.Retryable, "%s: ErrKeyReused must not be retryable", what)
 		}
 	}
 

@@ -34,7 +34,7 @@ func (s *jscene) doneAfterRestart(b *jinst, key effects.Key, ref, what string) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		rec, err := s.begin(b, key, fp1, holdLease)
-		if err == nil || !effects.Retryable(err) || time.Now().After(deadline) {
+		if err == nil || effects.ClassOf(err) != effects.Retryable || time.Now().After(deadline) {
 			s.check(err == nil && rec.Done && rec.Ref == ref, "%s: (done %v, ref %q, %v), want done with %s", what, rec.Done, rec.Ref, err, ref)
 			return
 		}

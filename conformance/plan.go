@@ -232,14 +232,14 @@ func (s *pscene[E]) runOnce(ctx context.Context, inst *pinst[E], id, what string
 	})
 }
 
-// runUntilDone runs id until it succeeds, retrying what effects.Retryable
-// accepts with backoff for up to the retry bound.
+// runUntilDone runs id until it succeeds, retrying errors that
+// effects.ClassOf calls Retryable, with backoff for up to the retry bound.
 func (s *pscene[E]) runUntilDone(inst *pinst[E], id, what string) (effects.Results, error) {
 	deadline := time.Now().Add(s.cfg.retryFor)
 	b := retry.Backoff{Min: 5 * time.Millisecond, Max: 250 * time.Millisecond}
 	for attempt := 1; ; attempt++ {
 		res, err := s.runOnce(s.ctx, inst, id, what)
-		if err == nil || !effects.Retryable(err) || s.ctx.Err() != nil || time.Now().After(deadline) {
+		if err == nil || effects.ClassOf(err) != effects.Retryable || s.ctx.Err() != nil || time.Now().After(deadline) {
 			return res, err
 		}
 		if retry.Sleep(s.ctx, b.Delay(attempt)) != nil {
@@ -540,8 +540,8 @@ func (s *pscene[E]) judgeFaulted(res effects.Results, err error, id, faulted, wh
 	case err == nil:
 		s.complete(res, what+": the faulted run")
 		s.counts(id, faulted, true, what+": after the faulted run returned no error")
-	case !effects.Retryable(err):
-		s.failf("%s: Run returned an error that Retryable rejects, so a consumer would give up on an event whose steps may have been applied: %v", what, err)
+	case effects.ClassOf(err) != effects.Retryable:
+		s.failf("%s: Run returned an error that is not retryable (effects.ClassOf), so a consumer would give up on an event whose steps may have been applied: %v", what, err)
 	case errors.Is(err, effects.ErrTransient):
 		s.counts(id, "", false, what+": after ErrTransient, which promises that the failing step applied nothing")
 		var se *effects.StepError

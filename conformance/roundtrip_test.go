@@ -221,7 +221,7 @@ type laterLedger struct {
 
 func (l laterLedger) Apply(ctx context.Context, key effects.Key, in Entry) (effects.Result, error) {
 	res, err := l.Ledger.Apply(ctx, key, in)
-	if err != nil && effects.Retryable(err) {
+	if err != nil && effects.ClassOf(err) == effects.Retryable {
 		l.wg.Go(func() {
 			time.Sleep(250 * time.Millisecond) // the background writer's batching delay
 			l.Ledger.Apply(context.Background(), key, in)

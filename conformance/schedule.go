@@ -193,8 +193,8 @@ func judgeHistory(c effects.Contract, hist []attemptRecord, final int) []string 
 			if recordsKeys && (a.res.Status != effects.Replayed || a.res.Ref != first.res.Ref) {
 				out = append(out, fmt.Sprintf("%s: returned (%s, ref %q) after an earlier success (%s, ref %q), want a replay of it", what, a.res.Status, a.res.Ref, first.res.Status, first.res.Ref))
 			}
-		case !effects.Retryable(a.err):
-			out = append(out, fmt.Sprintf("%s: Apply returned an error that Retryable rejects, so a consumer would give up on a key it may have applied: %v", what, a.err))
+		case effects.ClassOf(a.err) != effects.Retryable:
+			out = append(out, fmt.Sprintf("%s: Apply returned an error that is not retryable (effects.ClassOf), so a consumer would give up on a key it may have applied: %v", what, a.err))
 		case errors.Is(a.err, effects.ErrTransient):
 			if a.after != a.before {
 				out = append(out, fmt.Sprintf("%s: returned ErrTransient, which promises that nothing was applied, but the backend went from %d to %d effects: %v", what, a.before, a.after, a.err))

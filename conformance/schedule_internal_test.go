@@ -91,7 +91,7 @@ func TestJudgeHistory(t *testing.T) {
 	}{
 		{"lost then replayed", once, []attemptRecord{{step: drop, fired: true, err: amb, after: 1}, {res: replayed, before: 1, after: 1}}, 1, ""},
 		{"transient that applied", once, []attemptRecord{{step: drop, fired: true, err: trans, after: 1}, {res: replayed, before: 1, after: 1}}, 1, "promises that nothing was applied"},
-		{"permanent", once, []attemptRecord{{step: drop, fired: true, err: perm}}, 0, "Retryable rejects"},
+		{"permanent", once, []attemptRecord{{step: drop, fired: true, err: perm}}, 0, "is not retryable"},
 		{"two effects", once, []attemptRecord{{step: drop, fired: true, err: amb, after: 1}, {res: applied, before: 1, after: 2}}, 2, "contract says effectively-once"},
 		{"second success applies again", once, []attemptRecord{{res: applied, after: 1}, {res: effects.Result{Status: effects.Applied, Ref: "r2"}, before: 1, after: 1}}, 1, "want a replay"},
 		{"success without effect", once, []attemptRecord{{res: applied}}, 0, "shows no effect"},

@@ -115,7 +115,7 @@ func (s *scene[In]) runSchedule(sc schedule, tag string) (string, int) {
 			fired++
 		}
 		hist = append(hist, attemptRecord{step: st, fired: ok, res: res, err: err, before: before, after: s.peek(key, "schedule")})
-		if err != nil && !effects.Retryable(err) {
+		if err != nil && effects.ClassOf(err) != effects.Retryable {
 			break
 		}
 	}
@@ -125,7 +125,7 @@ func (s *scene[In]) runSchedule(sc schedule, tag string) (string, int) {
 		before := s.peek(key, "schedule")
 		res, err := s.apply(s.ctx, inst, key, in, "a clean attempt of schedule "+sc.String())
 		hist = append(hist, attemptRecord{res: res, err: err, before: before, after: s.peek(key, "schedule")})
-		if err != nil && !effects.Retryable(err) {
+		if err != nil && effects.ClassOf(err) != effects.Retryable {
 			break
 		}
 		if err != nil && retry.Sleep(s.ctx, 20*time.Millisecond) != nil {
@@ -152,7 +152,7 @@ func (s *scene[In]) runSchedule(sc schedule, tag string) (string, int) {
 // unknownOutcomeErr reports whether err left the outcome unknown: a
 // retryable error other than ErrTransient.
 func unknownOutcomeErr(err error) bool {
-	return err != nil && effects.Retryable(err) && !errors.Is(err, effects.ErrTransient)
+	return err != nil && effects.ClassOf(err) == effects.Retryable && !errors.Is(err, effects.ErrTransient)
 }
 
 func succeededIn(hist []attemptRecord) bool {

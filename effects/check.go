@@ -12,7 +12,7 @@ import (
 // of the database, the topics and group of a broker.
 //
 // Check returns nil when the configuration works; a *[ConfigError] naming
-// the setting when it cannot ([ClassConfig]: a wrong credential, a missing
+// the setting when it cannot ([InvalidConfig]: a wrong credential, a missing
 // bucket, table or topic); or a retryable error when the owner could not
 // be reached now (a refused connection: the configuration may be right).
 // It changes nothing that an Apply would see.

@@ -33,7 +33,7 @@ func TestPlanCheckReadsAsAStartupError(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = p.Check(context.Background())
-	if err == nil || !effects.Retryable(err) {
+	if err == nil || effects.ClassOf(err) != effects.Retryable {
 		t.Fatalf("Check = %v, want a retryable error", err)
 	}
 	msg := err.Error()

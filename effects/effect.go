@@ -51,7 +51,7 @@ func (r Result) Replayed() bool { return r.Status == Replayed }
 // Status Applied the first time and Replayed afterwards, for the same key and
 // payload, however often and however concurrently it is called. It validates
 // key before any I/O ([ErrInvalidKey]). On failure it returns an error that
-// [Retryable] classifies; an [ErrAmbiguous] failure must be retried with the
+// [ClassOf] classifies; an [ErrAmbiguous] failure must be retried with the
 // same key, never a new one.
 //
 // Contract declares what Apply guarantees; package conformance verifies it.

@@ -27,7 +27,7 @@ import (
 //
 // The error it returns unwraps both to a *[ConfigError] (Op op, Option
 // endpoint, so errors.Is(err, [ErrInvalidConfig])) and to err, whose TLS
-// or DNS error errors.As still reaches. [Retryable] reports false for it:
+// or DNS error errors.As still reaches. Its class is [InvalidConfig]:
 // nothing was applied, and the same request cannot succeed until the
 // configuration changes.
 func Misconfigured(op, endpoint string, err error) error {

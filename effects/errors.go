@@ -75,18 +75,18 @@ const (
 	// Adapters never return such errors; an application's own handler may.
 	// A consumer retries them within its attempt budget.
 	Unclassified Class = iota
-	// ClassRetryable: retry with the same key ([ErrAmbiguous],
+	// Retryable: retry with the same key ([ErrAmbiguous],
 	// [ErrInFlight], [ErrTransient], context.Canceled,
 	// context.DeadlineExceeded).
-	ClassRetryable
-	// ClassPermanent: retrying cannot succeed; dead-letter the delivery
+	Retryable
+	// Permanent: retrying cannot succeed; dead-letter the delivery
 	// ([ErrInvalidKey], [ErrKeyReused], [ErrRefused], [ErrPoison],
 	// [ErrPanic]).
-	ClassPermanent
-	// ClassConfig: the configuration is wrong (a bad credential, a missing
+	Permanent
+	// InvalidConfig: the configuration is wrong (a bad credential, a missing
 	// bucket, table or topic, an invalid option): stop the worker, fix the
 	// configuration, restart; never dead-letter for it ([ErrInvalidConfig]).
-	ClassConfig
+	InvalidConfig
 )
 
 // String names the class: "unclassified", "retryable", "permanent" or
@@ -95,11 +95,11 @@ func (c Class) String() string {
 	switch c {
 	case Unclassified:
 		return "unclassified"
-	case ClassRetryable:
+	case Retryable:
 		return "retryable"
-	case ClassPermanent:
+	case Permanent:
 		return "permanent"
-	case ClassConfig:
+	case InvalidConfig:
 		return "configuration"
 	}
 	return fmt.Sprintf("Class(%d)", int(c))
@@ -115,29 +115,16 @@ func ClassOf(err error) Class {
 	case err == nil:
 		return Unclassified
 	case errors.Is(err, ErrInvalidConfig):
-		return ClassConfig
+		return InvalidConfig
 	case errors.Is(err, ErrInvalidKey), errors.Is(err, ErrKeyReused), errors.Is(err, ErrRefused),
 		errors.Is(err, ErrPoison), errors.Is(err, ErrPanic):
-		return ClassPermanent
+		return Permanent
 	case errors.Is(err, ErrAmbiguous), errors.Is(err, ErrInFlight), errors.Is(err, ErrTransient),
 		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return ClassRetryable
+		return Retryable
 	}
 	return Unclassified
 }
-
-// Retryable reports whether err is in [ClassRetryable]: an Apply that
-// failed with it may be retried with the same key and is expected to make
-// progress.
-func Retryable(err error) bool { return ClassOf(err) == ClassRetryable }
-
-// Permanent reports whether err is in [ClassPermanent]: retrying the same
-// key cannot succeed, so a consumer dead-letters the delivery at once.
-func Permanent(err error) bool { return ClassOf(err) == ClassPermanent }
-
-// IsConfig reports whether err is in [ClassConfig]: a consumer stops
-// instead of retrying or dead-lettering.
-func IsConfig(err error) bool { return ClassOf(err) == ClassConfig }
 
 // Error is the error adapters return. Kind is one of the sentinels above and
 // decides errors.Is; Err is the underlying cause (often a vendor error such
@@ -234,7 +221,7 @@ func RetryAfter(err error) (time.Duration, bool) {
 }
 
 // PanicError is a recovered panic: of a handler, a batch handler or a plan
-// step. It unwraps to [ErrPanic], so it is [ClassPermanent].
+// step. It unwraps to [ErrPanic], so it is in class [Permanent].
 type PanicError struct {
 	// Where names what panicked, e.g. `plan step "charge"`.
 	Where string

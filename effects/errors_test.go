@@ -11,7 +11,7 @@ import (
 	"effectively.dev/effects"
 )
 
-func TestRetryable(t *testing.T) {
+func TestClassOfRetryable(t *testing.T) {
 	cases := []struct {
 		err  error
 		want bool
@@ -30,8 +30,8 @@ func TestRetryable(t *testing.T) {
 		{&effects.Error{Kind: effects.ErrKeyReused, Err: context.Canceled}, false},
 	}
 	for _, c := range cases {
-		if got := effects.Retryable(c.err); got != c.want {
-			t.Errorf("Retryable(%v) = %v, want %v", c.err, got, c.want)
+		if got := effects.ClassOf(c.err) == effects.Retryable; got != c.want {
+			t.Errorf("ClassOf(%v) == Retryable is %v, want %v", c.err, got, c.want)
 		}
 	}
 }

@@ -40,14 +40,14 @@ func ExampleCheckID() {
 
 func ExampleKey_Validate() {
 	err := effects.Key("evt\x00").Validate()
-	fmt.Println(errors.Is(err, effects.ErrInvalidKey), effects.Retryable(err))
+	fmt.Println(errors.Is(err, effects.ErrInvalidKey), effects.ClassOf(err) == effects.Retryable)
 	// Output: true false
 }
 
-func ExampleRetryable() {
+func ExampleClassOf() {
 	lost := effects.Ambiguous("postgres.Apply", "evt_1", errors.New("connection reset during COMMIT"))
 	reused := &effects.Error{Kind: effects.ErrKeyReused, Op: "stripe.Apply", Key: "evt_1"}
-	fmt.Println(effects.Retryable(lost), effects.Retryable(reused))
+	fmt.Println(effects.ClassOf(lost) == effects.Retryable, effects.ClassOf(reused) == effects.Retryable)
 	// Output: true false
 }
 

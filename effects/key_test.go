@@ -111,7 +111,7 @@ func TestValidate(t *testing.T) {
 		if !errors.As(err, &e) || e.Kind != effects.ErrInvalidKey {
 			t.Errorf("%s: not an *effects.Error of kind ErrInvalidKey: %#v", name, err)
 		}
-		if effects.Retryable(err) {
+		if effects.ClassOf(err) == effects.Retryable {
 			t.Errorf("%s: invalid key reported retryable", name)
 		}
 		if !utf8.ValidString(err.Error()) {

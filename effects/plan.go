@@ -164,7 +164,7 @@ func (p *Plan[E]) Scope() string { return p.scope }
 func (p *Plan[E]) Key(id, step string) (Key, error) { return NewKey(p.scope, id, step) }
 
 // StepError is the error of a plan's failing step. It unwraps to the step's
-// error, so errors.Is and [Retryable] see through it.
+// error, so errors.Is and [ClassOf] see through it.
 type StepError struct {
 	Step string
 	Key  Key

@@ -73,7 +73,7 @@ func TestPlanRunsInOrderAndReplays(t *testing.T) {
 	receipt.fail = effects.Ambiguous("receipt", "", errors.New("lost reply"))
 	res, err := plan.Run(ctx, ev.ID, ev)
 	var se *effects.StepError
-	if !errors.As(err, &se) || se.Step != "receipt" || !effects.Retryable(err) {
+	if !errors.As(err, &se) || se.Step != "receipt" || effects.ClassOf(err) != effects.Retryable {
 		t.Fatalf("Run = %v; want a retryable StepError at receipt", err)
 	}
 	if se.Key != effects.MustKey("billing", "evt_1", "receipt") {
@@ -168,7 +168,7 @@ func TestPlanInputErrorStopsBeforeTheEffect(t *testing.T) {
 		func(payment, effects.Results) (string, error) { return "", bad }))
 	_, err := plan.Run(context.Background(), "evt", payment{})
 	var se *effects.StepError
-	if !errors.As(err, &se) || se.Step != "a" || !errors.Is(err, bad) || effects.Retryable(err) {
+	if !errors.As(err, &se) || se.Step != "a" || !errors.Is(err, bad) || effects.ClassOf(err) == effects.Retryable {
 		t.Fatalf("Run = %v; want a non-retryable StepError wrapping the input's error", err)
 	}
 	if len(r.inputs) != 0 {

@@ -48,7 +48,7 @@
 // still does not commit, Apply returns Applied and logs it. Changed on
 // purpose with the move to journal.Journaled: a journal error of Begin that
 // the journal did not classify was returned as it was (so
-// [effects.Retryable] refused it) and is now ErrTransient, and so is an
+// [effects.ClassOf] did not call it retryable) and is now ErrTransient, and so is an
 // ambiguous Begin (the journal's reply was lost, but no message was sent);
 // Complete was tried three times and is now retried until the record
 // timeout.

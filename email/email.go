@@ -352,7 +352,7 @@ func (s *Sender) Check(ctx context.Context) error {
 	client, err := s.client.DialToSMTPClientWithContext(context.WithValue(ctx, attemptKey{}, a))
 	if err != nil {
 		e := connectError(err)
-		if err := s.notSentError(ctx, op, "", e); !effects.Permanent(err) {
+		if err := s.notSentError(ctx, op, "", e); effects.ClassOf(err) != effects.Permanent {
 			return err
 		}
 		// A 5xx to the greeting or EHLO: this server refuses the Sender

@@ -170,7 +170,7 @@ func TestCutAfterDataIsAmbiguous(t *testing.T) {
 			tc.cut(e.srv)
 
 			_, err := s.Apply(testCtx(t), key, in)
-			if !errors.Is(err, effects.ErrAmbiguous) || !effects.Retryable(err) {
+			if !errors.Is(err, effects.ErrAmbiguous) || effects.ClassOf(err) != effects.Retryable {
 				t.Fatalf("got %v, want a retryable ErrAmbiguous", err)
 			}
 			if e.count(key) != 1 {
@@ -291,10 +291,10 @@ func TestRejectionBeforeDataReleasesTheLease(t *testing.T) {
 				t.Fatalf("got %v, want an *email.SMTPError with code %d", err, tc.code)
 			}
 			if tc.permanent {
-				if !errors.Is(err, email.ErrRejected) || !errors.Is(err, effects.ErrRefused) || !effects.Permanent(err) {
+				if !errors.Is(err, email.ErrRejected) || !errors.Is(err, effects.ErrRefused) || effects.ClassOf(err) != effects.Permanent {
 					t.Errorf("%v: want ErrRejected and ErrRefused, permanent", err)
 				}
-			} else if !errors.Is(err, effects.ErrTransient) || !effects.Retryable(err) {
+			} else if !errors.Is(err, effects.ErrTransient) || effects.ClassOf(err) != effects.Retryable {
 				t.Errorf("%v: want ErrTransient, retryable", err)
 			}
 			if e.journal.releases.Load() != 1 {
@@ -390,7 +390,7 @@ func TestKeyReuseWithAnotherMessage(t *testing.T) {
 			other.To = append([]string(nil), base.To...)
 			tc.change(&other)
 			_, err := s.Apply(testCtx(t), key, other)
-			if !errors.Is(err, effects.ErrKeyReused) || effects.Retryable(err) {
+			if !errors.Is(err, effects.ErrKeyReused) || effects.ClassOf(err) == effects.Retryable {
 				t.Fatalf("got %v, want ErrKeyReused, not retryable", err)
 			}
 			if e.srv.Total() != 1 {
@@ -411,7 +411,7 @@ func TestInvalidKeysDoNothing(t *testing.T) {
 		"newline":       "abc\ndef",
 	} {
 		_, err := s.Apply(testCtx(t), key, receipt("x"))
-		if !errors.Is(err, effects.ErrInvalidKey) || effects.Retryable(err) {
+		if !errors.Is(err, effects.ErrInvalidKey) || effects.ClassOf(err) == effects.Retryable {
 			t.Errorf("%s: got %v, want ErrInvalidKey, not retryable", name, err)
 		}
 	}
@@ -435,7 +435,7 @@ func TestInvalidMessagesDoNothing(t *testing.T) {
 		"header injection": {From: "a@" + domain, To: []string{"a@example.net\r\nBcc: x@evil.test"}},
 	} {
 		_, err := s.Apply(testCtx(t), effects.MustKey("shop", name), m)
-		if !errors.Is(err, email.ErrInvalidMessage) || effects.Retryable(err) {
+		if !errors.Is(err, email.ErrInvalidMessage) || effects.ClassOf(err) == effects.Retryable {
 			t.Errorf("%s: got %v, want ErrInvalidMessage, not retryable", name, err)
 		}
 	}
@@ -589,11 +589,11 @@ func TestAuthFailuresAreConfiguration(t *testing.T) {
 		_, err := s.Apply(testCtx(t), effects.MustKey("shop", "auth", name), receipt("x"))
 		var ce *effects.ConfigError
 		var se *email.SMTPError
-		if effects.ClassOf(err) != effects.ClassConfig || !errors.As(err, &ce) || !strings.Contains(ce.Option, "SMTP AUTH") ||
+		if effects.ClassOf(err) != effects.InvalidConfig || !errors.As(err, &ce) || !strings.Contains(ce.Option, "SMTP AUTH") ||
 			!errors.As(err, &se) || se.Code != tc.code {
 			t.Errorf("%s: got %v, want a configuration error naming the SMTP AUTH options, with the %d", name, err, tc.code)
 		}
-		if err := s.Check(testCtx(t)); tc.checkFail != (err != nil) || (err != nil && !effects.IsConfig(err)) {
+		if err := s.Check(testCtx(t)); tc.checkFail != (err != nil) || (err != nil && effects.ClassOf(err) != effects.InvalidConfig) {
 			t.Errorf("%s: Check = %v, want a configuration error: %v", name, err, tc.checkFail)
 		}
 	}
@@ -626,7 +626,7 @@ func TestCheck(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	if err := e.senderAt(t, addr).Check(testCtx(t)); !effects.Retryable(err) {
+	if err := e.senderAt(t, addr).Check(testCtx(t)); effects.ClassOf(err) != effects.Retryable {
 		t.Errorf("Check of a refused connection = %v, want retryable", err)
 	}
 }
@@ -638,7 +638,7 @@ func TestErrorsRedactAddresses(t *testing.T) {
 	s := e.sender(t)
 	e.srv.FailNext(smtptest.Rcpt, 550, "5.1.1 <alice@example.net>: Recipient address rejected")
 	_, err := s.Apply(testCtx(t), effects.MustKey("shop", "redact"), receipt("x"))
-	if !effects.Permanent(err) {
+	if effects.ClassOf(err) != effects.Permanent {
 		t.Fatalf("got %v, want a permanent error", err)
 	}
 	if strings.Contains(err.Error(), "alice@") || !strings.Contains(err.Error(), "<address>") {
@@ -651,7 +651,7 @@ func TestErrorsRedactAddresses(t *testing.T) {
 	bad := receipt("x")
 	bad.To = []string{"bob@@example.net"}
 	_, err = s.Apply(testCtx(t), effects.MustKey("shop", "redact", "invalid"), bad)
-	if !errors.Is(err, email.ErrInvalidMessage) || !effects.Permanent(err) || strings.Contains(err.Error(), "example.net") {
+	if !errors.Is(err, email.ErrInvalidMessage) || effects.ClassOf(err) != effects.Permanent || strings.Contains(err.Error(), "example.net") {
 		t.Errorf("invalid recipient: %v; want ErrInvalidMessage, permanent, without the address", err)
 	}
 }

@@ -19,7 +19,7 @@ var (
 	// it (an unknown recipient, a policy rejection). Nothing was sent and
 	// the lease was released; retrying the same key and message will be
 	// refused again. Apply returns it inside an [effects.ErrRefused] error,
-	// so [effects.Permanent] reports true and a consumer dead-letters the
+	// so its class is [effects.Permanent] and a consumer dead-letters the
 	// delivery at once. A 5xx that says the Sender's configuration is wrong
 	// (530, 534, 535, 538: authentication) is a configuration error
 	// instead, see [Sender.Apply].

@@ -61,10 +61,10 @@ func ExampleNew() {
 	switch {
 	case err == nil:
 		fmt.Println(res.Status, res.Ref) // ack the delivery
-	case effects.Retryable(err):
+	case effects.ClassOf(err) == effects.Retryable:
 		// ErrInFlight, ErrTransient, ErrAmbiguous: do not ack; redelivery
 		// retries with the same key.
-	case effects.IsConfig(err):
+	case effects.ClassOf(err) == effects.InvalidConfig:
 		// A refused login, a refused TLS handshake: stop the worker and
 		// fix the configuration; nothing was sent.
 	default:

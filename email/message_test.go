@@ -217,7 +217,7 @@ func TestInvalidHeadersAndAttachmentsDoNothing(t *testing.T) {
 		m := base
 		change(&m)
 		_, err := s.Apply(testCtx(t), effects.MustKey("shop", name), m)
-		if !errors.Is(err, email.ErrInvalidMessage) || effects.Retryable(err) {
+		if !errors.Is(err, email.ErrInvalidMessage) || effects.ClassOf(err) == effects.Retryable {
 			t.Errorf("%s: got %v, want ErrInvalidMessage", name, err)
 		}
 	}
@@ -260,7 +260,7 @@ func TestTLSRefusalsAreConfigurationErrors(t *testing.T) {
 				return
 			}
 			var ce *effects.ConfigError
-			if !errors.Is(err, effects.ErrInvalidConfig) || !errors.As(err, &ce) || effects.Retryable(err) || errors.Is(err, effects.ErrTransient) {
+			if !errors.Is(err, effects.ErrInvalidConfig) || !errors.As(err, &ce) || effects.ClassOf(err) == effects.Retryable || errors.Is(err, effects.ErrTransient) {
 				t.Fatalf("got %v, want a configuration error, not retryable", err)
 			}
 			if ce.Option != tc.srv.Addr() || !strings.Contains(ce.Reason, tc.reason) || !strings.Contains(err.Error(), "no retry fixes this") {
@@ -290,7 +290,7 @@ func TestJournalFailureBeforeTheSendIsTransient(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = s.Apply(testCtx(t), effects.MustKey("shop", "journal-down"), receipt("x"))
-	if !errors.Is(err, effects.ErrTransient) || !effects.Retryable(err) || !errors.Is(err, j.err) {
+	if !errors.Is(err, effects.ErrTransient) || effects.ClassOf(err) != effects.Retryable || !errors.Is(err, j.err) {
 		t.Fatalf("got %v, want a retryable ErrTransient wrapping the journal's error", err)
 	}
 	if e.srv.Sessions() != 0 {

@@ -20,6 +20,12 @@ import (
 //
 //	httpkey.WithRule(httpkey.Rule{Outcome: httpkey.InFlight,
 //		Status: []int{409, 422}, Field: []string{"errorCode"}, Value: "704"})
+//
+// A GraphQL API's errors, returned with HTTP 200 in the body's "errors"
+// array, are refusals, never Applied:
+//
+//	httpkey.WithRule(httpkey.Rule{Outcome: httpkey.Refused,
+//		Status: []int{200}, Field: []string{"errors"}})
 type Rule struct {
 	// Outcome is what a matching response means. [Done] needs Ref.
 	Outcome Outcome
@@ -59,22 +65,6 @@ func WithRule(r Rule) Option {
 		r.Field = append([]string(nil), r.Field...)
 		c.rules = append(c.rules, r)
 	})
-}
-
-// WithErrorsIn2xx makes a 2xx response whose JSON body has a member at
-// path (present, and not null or empty) an error of outcome ([Refused]
-// when outcome is 0), never Applied: GraphQL's "errors" array returned
-// with HTTP 200. It is a [Rule] for the statuses 200 to 299, tried after
-// the rules given before it.
-func WithErrorsIn2xx(outcome Outcome, path ...string) Option {
-	if outcome == 0 {
-		outcome = Refused
-	}
-	success := make([]int, 0, 100)
-	for code := 200; code <= 299; code++ {
-		success = append(success, code)
-	}
-	return WithRule(Rule{Outcome: outcome, Status: success, Field: path})
 }
 
 // validRule returns why r cannot be used, or "".

@@ -116,7 +116,7 @@ func TestCounterexampleAppFaultsMisreadFail(t *testing.T) {
 		want string
 	}{
 		{"5xx read as Transient", httpkey.Rule{Outcome: httpkey.Transient, Status: []int{500, 502, 503, 504}}, "ErrTransient"},
-		{"409 read as Refused", httpkey.Rule{Outcome: httpkey.Refused, Status: []int{409}}, "Retryable rejects"},
+		{"409 read as Refused", httpkey.Rule{Outcome: httpkey.Refused, Status: []int{409}}, "is not retryable"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			effect := append(effectFor(24*time.Hour), httpkey.WithRule(tc.rule))

@@ -87,8 +87,8 @@
 //
 // Apply's errors say what a caller may do next ([effects.ClassOf]); the
 // classes are the configuration's: [Rule]s on the status, a header and the
-// JSON body first ([WithRule], [WithErrorsIn2xx]: an error a GraphQL API
-// returns with HTTP 200 is never Applied), then the status ([WithStatus];
+// JSON body first ([WithRule]: an error a GraphQL API returns with
+// HTTP 200 is never Applied), then the status ([WithStatus];
 // the defaults follow the draft):
 //
 //   - 409, a request with the key still in progress: [effects.ErrInFlight],

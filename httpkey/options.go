@@ -135,16 +135,11 @@ type assignment struct {
 // WithKeyHeader sends the key in header name, as it is (no quotes): what
 // most vendors document (Adyen's Idempotency-Key, PayPal's
 // PayPal-Request-Id, Worldline's X-GCS-Idempotence-Key). See
-// [WithMaxKeyLen] for how the key is written.
+// [WithMaxKeyLen] for how the key is written. The IETF draft's form, the
+// key in Idempotency-Key as an RFC 8941 Structured Field String in double
+// quotes, is [IETF]'s (the default).
 func WithKeyHeader(name string) Option {
 	return option(func(c *config) { c.place, c.name, c.field = inHeader, name, nil })
-}
-
-// WithKeyStructuredHeader sends the key in header name as an RFC 8941
-// Structured Field String, in double quotes, as the IETF draft specifies
-// for Idempotency-Key ([IETF] uses it).
-func WithKeyStructuredHeader(name string) Option {
-	return option(func(c *config) { c.place, c.name, c.field = inStructuredHeader, name, nil })
 }
 
 // WithKeyField sends the key as a string member of the request's JSON

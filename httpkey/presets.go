@@ -396,12 +396,22 @@ func presetRazorpayX(c *config) {
 // an apiRequestKey: 30 days.
 const braintreeHorizon = 30 * 24 * time.Hour
 
+// statuses returns the statuses from through to.
+func statuses(from, to int) []int {
+	out := make([]int, 0, to-from+1)
+	for code := from; code <= to; code++ {
+		out = append(out, code)
+	}
+	return out
+}
+
 // presetBraintree sets what [Braintree] declares.
 func presetBraintree(c *config) {
 	reset(c, "Braintree", "", false)
 	c.place, c.field = inField, []string{"variables", "input", "apiRequestKey"}
 	published(c, braintreeHorizon)
 	c.rules = []Rule{{Outcome: InFlight, Field: []string{"errors", "*", "extensions", "errorClass"}, Value: "VALIDATION"}}
-	WithErrorsIn2xx(Refused, "errors").apply(c)
+	// GraphQL's errors come with HTTP 200 (or another 2xx).
+	c.rules = append(c.rules, Rule{Outcome: Refused, Status: statuses(200, 299), Field: []string{"errors"}})
 	c.codePath, c.requestID, c.requestPath = []string{"errors", "*", "extensions", "errorClass"}, "", []string{"extensions", "requestId"}
 }

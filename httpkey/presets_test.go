@@ -232,15 +232,15 @@ func TestBraintreeErrorsIn200(t *testing.T) {
 	}
 }
 
-// A rule's match on the body of a 2xx response ([httpkey.WithErrorsIn2xx])
-// and its validation.
+// A rule's match on the body of a 2xx response and its validation.
 func TestRules(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, `{"data":null,"errors":[{"message":"no","code":"X1"}]}`)
 	}))
 	defer srv.Close()
 	e, err := httpkey.New(newClient(t), buildPayment(srv.URL), httpkey.Neutral, httpkey.WithHorizon(time.Hour),
-		httpkey.WithErrorsIn2xx(0, "errors"), httpkey.WithErrorCode("errors", "*", "code"))
+		httpkey.WithRule(httpkey.Rule{Outcome: httpkey.Refused, Status: []int{200}, Field: []string{"errors"}}),
+		httpkey.WithErrorCode("errors", "*", "code"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -124,7 +124,7 @@ func TestDeadLetterIDStoredOnce(t *testing.T) {
 func TestDeadLetterMaxBytesOption(t *testing.T) {
 	c := kafkatest.Start(t)
 	dlq := c.Topic(t, "opt-dlq", 1)
-	if _, err := kafka.DeadLetterTopic(c.Client(t), dlq, kafka.WithMaxBytes(100)); !effects.IsConfig(err) {
+	if _, err := kafka.DeadLetterTopic(c.Client(t), dlq, kafka.WithMaxBytes(100)); effects.ClassOf(err) != effects.InvalidConfig {
 		t.Errorf("WithMaxBytes(100): %v, want a configuration error", err)
 	}
 	hook, err := kafka.DeadLetterTopic(c.Client(t), dlq, kafka.WithMaxBytes(3000))

@@ -15,7 +15,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"golang.org/x/time/rate"
 
 	"effectively.dev/effects"
 	"effectively.dev/internal/ratelog"
@@ -24,38 +23,31 @@ import (
 
 type redriveConfig struct {
 	from, to time.Time
-	classes  []string
-	ids      map[string]bool
+	keep     func(DeadLetter) bool // nil: every dead letter
+	keepSet  bool
 	limit    int
 	topic    string
 	idHeader string
 	dry      bool
 	dryRun   io.Writer
-	rate     rate.Limit
-	burst    int
+	limiter  Limiter
+	limSet   bool
 	progress io.Writer
 	limitSet bool
-	idsSet   bool
 	allowed  map[string]bool // nil: every destination
 	group    string
 }
 
-// WithClasses moves only dead letters whose [HeaderDLQClass] is one of
-// classes ("poison", "permanent", "retryable", "unclassified").
-func WithClasses(classes ...string) RedriveOption {
-	return redriveOpt(func(c *redriveConfig) { c.classes = classes })
-}
-
-// WithIDs moves only dead letters whose [HeaderDLQDeliveryID] is one of
-// ids.
-func WithIDs(ids ...string) RedriveOption {
-	return redriveOpt(func(c *redriveConfig) {
-		c.idsSet = true
-		c.ids = make(map[string]bool, len(ids))
-		for _, id := range ids {
-			c.ids[id] = true
-		}
-	})
+// WithFilter moves only the dead letters keep returns true for; keep
+// gets each one's headers, parsed ([ParseDeadLetter]: its delivery id,
+// class, error, attempts, source topic and time). The others are counted
+// in RedriveStats.Skipped. For the retryable ones:
+//
+//	kafka.WithFilter(func(d kafka.DeadLetter) bool { return d.Class == "retryable" })
+//
+// keep must not be nil.
+func WithFilter(keep func(d DeadLetter) bool) RedriveOption {
+	return redriveOpt(func(c *redriveConfig) { c.keep, c.keepSet = keep, true })
 }
 
 // WithLimit stops after n dead letters moved (or, dry, selected). n must
@@ -205,7 +197,7 @@ func Redrive(ctx context.Context, client *kgo.Client, dlq string, opts ...Redriv
 		return RedriveStats{}, err
 	}
 	r := &redriver{cfg: cfg, client: client, dlq: dlq, sync: produce.NewSyncer(client),
-		lim: newLimiter(cfg.rate, cfg.burst), seen: map[string]bool{}, next: map[int32]int64{}}
+		lim: orUnlimited(cfg.limiter), seen: map[string]bool{}, next: map[int32]int64{}}
 	rcfg, err := newReplayConfig(op, client, dlq, []ReplayOption{WithTimeRange(cfg.from, cfg.to), WithProgress(cfg.progress)})
 	if err != nil {
 		return r.stats, err
@@ -248,12 +240,10 @@ func newRedriveConfig(op string, client *kgo.Client, dlq string, opts []RedriveO
 		return cfg, effects.ConfigErrorf(op, "WithLimit", "%d records; need at least 1", cfg.limit)
 	case cfg.idHeader == "":
 		return cfg, effects.ConfigErrorf(op, "WithIDHeader", "empty name")
-	case cfg.rate < 0:
-		return cfg, effects.ConfigErrorf(op, "WithRate", "negative limit %v; 0 means no limit", cfg.rate)
-	case cfg.burst < 0:
-		return cfg, effects.ConfigErrorf(op, "WithRate", "negative burst %d", cfg.burst)
-	case cfg.idsSet && len(cfg.ids) == 0:
-		return cfg, effects.ConfigErrorf(op, "WithIDs", "no ids; leave the option out to move every id")
+	case cfg.limSet && cfg.limiter == nil:
+		return cfg, effects.ConfigErrorf(op, "WithLimiter", "nil; leave the option out for no limit")
+	case cfg.keepSet && cfg.keep == nil:
+		return cfg, effects.ConfigErrorf(op, "WithFilter", "nil; leave the option out to move every dead letter")
 	case cfg.allowed != nil && len(cfg.allowed) == 0:
 		return cfg, effects.ConfigErrorf(op, "WithAllowTopics", "no topics; leave the option out to allow every destination")
 	}
@@ -510,15 +500,7 @@ func (r *redriver) commitAt(ctx context.Context, next map[int32]int64, all bool)
 }
 
 // selects reports whether the selection takes dead letter d.
-func (c *redriveConfig) selects(d DeadLetter) bool {
-	if len(c.classes) > 0 && !slices.Contains(c.classes, d.Class) {
-		return false
-	}
-	if c.idsSet && !c.ids[d.ID] {
-		return false
-	}
-	return true
-}
+func (c *redriveConfig) selects(d DeadLetter) bool { return c.keep == nil || c.keep(d) }
 
 // redriven builds the record that moves dl (parsed as d) back to its
 // source topic.

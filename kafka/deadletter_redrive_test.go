@@ -2,6 +2,7 @@ package kafka_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -13,6 +14,29 @@ import (
 	"effectively.dev/kafka"
 	"effectively.dev/kafka/kafkatest"
 )
+
+// TestRedriveRefusesBadOptions: an invalid option is a ConfigError naming
+// it, returned before any I/O.
+func TestRedriveRefusesBadOptions(t *testing.T) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for option, opt := range map[string]kafka.RedriveOption{
+		"WithFilter":      kafka.WithFilter(nil),
+		"WithLimiter":     kafka.WithLimiter(nil),
+		"WithLimit":       kafka.WithLimit(0),
+		"WithAllowTopics": kafka.WithAllowTopics(),
+		"WithIDHeader":    kafka.WithIDHeader(""),
+	} {
+		_, err := kafka.Redrive(context.Background(), cl, "dlq", opt)
+		var ce *effects.ConfigError
+		if !errors.As(err, &ce) || ce.Option != option {
+			t.Errorf("%s: %v, want a ConfigError naming it", option, err)
+		}
+	}
+}
 
 // TestRedriveAllowTopicsAndGroup: a dead letter whose destination header
 // names a topic that is not allowed is skipped and counted; with a group,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"golang.org/x/time/rate"
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/consume"
@@ -232,10 +233,10 @@ func TestDeadLetterTopicBrokerOutage(t *testing.T) {
 // a client that is not an idempotent producer are refused at once.
 func TestDeadLetterTopicRefusesBadArguments(t *testing.T) {
 	c := kafkatest.Start(t)
-	if _, err := kafka.DeadLetterTopic(nil, "dlq"); !effects.IsConfig(err) {
+	if _, err := kafka.DeadLetterTopic(nil, "dlq"); effects.ClassOf(err) != effects.InvalidConfig {
 		t.Errorf("nil client: %v", err)
 	}
-	if _, err := kafka.DeadLetterTopic(c.Client(t), ""); !effects.IsConfig(err) {
+	if _, err := kafka.DeadLetterTopic(c.Client(t), ""); effects.ClassOf(err) != effects.InvalidConfig {
 		t.Errorf("empty topic: %v", err)
 	}
 	if _, err := kafka.DeadLetterTopic(c.Client(t, kgo.DisableIdempotentWrite(), kgo.RequiredAcks(kgo.LeaderAck())), "dlq"); !errors.Is(err, kafka.ErrNotIdempotent) {
@@ -249,7 +250,7 @@ func TestDeadLetterTopicRefusesBadArguments(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := hook(ctx, effects.Delivery{ID: "x", Body: []byte("x")}, effects.ErrPoison); !effects.IsConfig(err) {
+	if err := hook(ctx, effects.Delivery{ID: "x", Body: []byte("x")}, effects.ErrPoison); effects.ClassOf(err) != effects.InvalidConfig {
 		t.Errorf("hook to a missing topic: %v, want a configuration error", err)
 	}
 }
@@ -350,9 +351,9 @@ func TestRedriveAfterFix(t *testing.T) {
 		opts  []kafka.RedriveOption
 		moved int
 	}{
-		{"by id", []kafka.RedriveOption{kafka.WithIDs("id-1")}, 1},
+		{"by id", []kafka.RedriveOption{kafka.WithFilter(func(d kafka.DeadLetter) bool { return d.ID == "id-1" })}, 1},
 		{"by count", []kafka.RedriveOption{kafka.WithLimit(1)}, 1},
-		{"by class", []kafka.RedriveOption{kafka.WithClasses("permanent", "retryable")}, 0},
+		{"by class", []kafka.RedriveOption{kafka.WithFilter(func(d kafka.DeadLetter) bool { return d.Class == "permanent" || d.Class == "retryable" })}, 0},
 		{"by time", []kafka.RedriveOption{kafka.WithTimeRange(time.Now().Add(time.Hour), time.Time{})}, 0},
 	} {
 		if st, _ := redrive(tc.opts...); st.Moved != tc.moved {
@@ -363,7 +364,8 @@ func TestRedriveAfterFix(t *testing.T) {
 		t.Fatalf("%d records in the source topic after dry runs, want 5", n)
 	}
 
-	st, err = kafka.Redrive(ctx, c.Client(t), dlq, kafka.WithClasses("poison"), kafka.WithRate(100, 1))
+	st, err = kafka.Redrive(ctx, c.Client(t), dlq, kafka.WithFilter(func(d kafka.DeadLetter) bool { return d.Class == "poison" }),
+		kafka.WithLimiter(rate.NewLimiter(100, 1)))
 	if err != nil || st.Moved != 2 || st.Repeated != 1 {
 		t.Fatalf("Redrive = %+v, %v; want 2 moved, 1 repeated", st, err)
 	}

@@ -67,7 +67,7 @@
 // configures [NewSource], [NewShareSource] and [NewProducer];
 // [ConsumerOption] ([WithMaxPoll]) both sources; [IDOption]
 // ([WithIDHeader]) both sources and [Redrive]; [ReadOption]
-// ([WithTimeRange], [WithRate], [WithProgress]) [Replay] and [Redrive];
+// ([WithTimeRange], [WithLimiter], [WithProgress]) [Replay] and [Redrive];
 // [SourceOption], [ShareOption], [ProducerOption], [ReplayOption],
 // [RedriveOption], [TransformOption] and [DeadLetterOption] one
 // constructor each.
@@ -103,7 +103,8 @@
 // Delivery.Attempt, keeps [effectively.dev/effects/consume.WithMaxAttempts] across processes).
 // The broker archives a record after share.delivery.count.limit
 // deliveries (5 by default, at most 10), so the source refuses to
-// release a record on its last allowed delivery ([ErrDeliveryLimit]) and
+// release a record on its last allowed delivery (an error wrapping
+// [effects.ErrNotReleased]) and
 // the consumer retries it in place until its attempts run out and the
 // dead-letter hook takes it; tell the source the group's limit with
 // [WithDeliveryLimit]. A dead-lettered delivery is accepted, not

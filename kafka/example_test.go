@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"golang.org/x/time/rate"
 
 	"effectively.dev/effects"
 	"effectively.dev/kafka"
@@ -75,7 +76,7 @@ func ExampleWithJournal() {
 	key := effects.MustKey("billing", "evt_42", "payment-event")
 	res, err := producer.Apply(ctx, key, kafka.Message{Value: []byte(`{"cents":4200}`)})
 	switch {
-	case effects.Retryable(err):
+	case effects.ClassOf(err) == effects.Retryable:
 		// Leave the message unacked: its redelivery retries the same key.
 	case err != nil:
 		log.Fatal(err)
@@ -186,7 +187,7 @@ func ExampleReplay() {
 		r := recs[0] // one record at a time without WithBatchSize
 		fmt.Printf("%d: %s\n", r.Offset, r.Value)
 		return nil
-	}, kafka.WithOffsetRange(1, 4), kafka.WithRate(500, 0))
+	}, kafka.WithOffsetRange(1, 4), kafka.WithLimiter(rate.NewLimiter(500, 1)))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -205,7 +206,7 @@ func ExampleWithTimeRange() {
 	incident := time.Date(2025, 3, 1, 14, 0, 0, 0, time.UTC)
 	_, err := kafka.Replay(context.Background(), client, "payments", func(ctx context.Context, recs []*kgo.Record) error {
 		return nil // your idempotent handler
-	}, kafka.WithTimeRange(incident.Add(-10*time.Minute), time.Time{}), kafka.WithRate(200, 20))
+	}, kafka.WithTimeRange(incident.Add(-10*time.Minute), time.Time{}), kafka.WithLimiter(rate.NewLimiter(200, 20)))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -5,8 +5,6 @@ import (
 	"log/slog"
 	"time"
 
-	"golang.org/x/time/rate"
-
 	"effectively.dev/effects"
 	"effectively.dev/internal/ratelog"
 )
@@ -224,14 +222,16 @@ func WithTimeRange(from, to time.Time) ReadOption {
 	}
 }
 
-// WithRate hands over (Replay) or moves (Redrive) at most limit records a
-// second, burst of them at once (0 means 1). limit 0 or rate.Inf means no
-// limit, the default. Neither may be negative; for Replay it does not go
-// with [WithLimiter].
-func WithRate(limit rate.Limit, burst int) ReadOption {
+// WithLimiter paces the reading with lim: [Replay] waits on it before
+// each record joins a batch for the handler, [Redrive] before each dead
+// letter it moves. rate.NewLimiter(limit, burst) hands over at most limit
+// records a second, burst of them at once; one *rate.Limiter can be shared
+// by several replays, or with live traffic. Without this option there is
+// no limit. lim must not be nil.
+func WithLimiter(lim Limiter) ReadOption {
 	return readOpt{
-		replay:  func(c *replayConfig) { c.rate, c.burst, c.rateSet = limit, burst, true },
-		redrive: func(c *redriveConfig) { c.rate, c.burst = limit, burst },
+		replay:  func(c *replayConfig) { c.limiter, c.limiterSet = lim, true },
+		redrive: func(c *redriveConfig) { c.limiter, c.limSet = lim, true },
 	}
 }
 

@@ -154,11 +154,11 @@ func TestProducerErrors(t *testing.T) {
 		err   *kerr.Error
 		class effects.Class
 	}{
-		{"retryable broker error wrote nothing", kerr.NotEnoughReplicas, effects.ClassRetryable},
-		{"topic authorization is configuration", kerr.TopicAuthorizationFailed, effects.ClassConfig},
-		{"cluster authorization is configuration", kerr.ClusterAuthorizationFailed, effects.ClassConfig},
-		{"record too large is refused", kerr.MessageTooLarge, effects.ClassPermanent},
-		{"invalid record is refused", kerr.InvalidRecord, effects.ClassPermanent},
+		{"retryable broker error wrote nothing", kerr.NotEnoughReplicas, effects.Retryable},
+		{"topic authorization is configuration", kerr.TopicAuthorizationFailed, effects.InvalidConfig},
+		{"cluster authorization is configuration", kerr.ClusterAuthorizationFailed, effects.InvalidConfig},
+		{"record too large is refused", kerr.MessageTooLarge, effects.Permanent},
+		{"invalid record is refused", kerr.InvalidRecord, effects.Permanent},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -196,7 +196,7 @@ func TestProducerErrors(t *testing.T) {
 				t.Errorf("%v: class %v, want %v", err, got, tt.class)
 			}
 			var ce *effects.ConfigError
-			if tt.class == effects.ClassConfig && (!errors.As(err, &ce) || ce.Option == "") {
+			if tt.class == effects.InvalidConfig && (!errors.As(err, &ce) || ce.Option == "") {
 				t.Errorf("%v: no *effects.ConfigError naming the setting", err)
 			}
 		})
@@ -232,7 +232,7 @@ func TestProducerUnknownTopic(t *testing.T) {
 		}(),
 	} {
 		var ce *effects.ConfigError
-		if !effects.IsConfig(err) || !errors.As(err, &ce) || !strings.Contains(ce.Option, "no-such-topic-typo") {
+		if effects.ClassOf(err) != effects.InvalidConfig || !errors.As(err, &ce) || !strings.Contains(ce.Option, "no-such-topic-typo") {
 			t.Errorf("%s = %v; want a configuration error naming the topic", name, err)
 		}
 	}
@@ -285,7 +285,7 @@ func TestProducerContextDoneInFlight(t *testing.T) {
 	key := effects.MustKey("inflight")
 	_, err = p.Apply(ctx, key, kafka.Message{Value: []byte("v")})
 	close(release)
-	if !errors.Is(err, effects.ErrAmbiguous) || !effects.Retryable(err) {
+	if !errors.Is(err, effects.ErrAmbiguous) || effects.ClassOf(err) != effects.Retryable {
 		t.Fatalf("Apply = %v, want a retryable ErrAmbiguous", err)
 	}
 	deadline := time.Now().Add(20 * time.Second)

@@ -18,9 +18,9 @@ import (
 	"effectively.dev/effects"
 )
 
-// Limiter paces a replay: Replay calls Wait once before each record joins
-// a batch for the handler. *rate.Limiter satisfies it, so one limiter can be
-// shared by several replays, or with live traffic.
+// Limiter paces a replay or a redrive ([WithLimiter]): Replay calls Wait
+// once before each record joins a batch for the handler, Redrive before
+// each dead letter it moves. *rate.Limiter satisfies it.
 type Limiter interface {
 	Wait(ctx context.Context) error
 }
@@ -30,9 +30,6 @@ type replayConfig struct {
 	partitionsSet bool
 	start, end    int64
 	from, to      time.Time
-	rate          rate.Limit
-	burst         int
-	rateSet       bool
 	limiter       Limiter
 	limiterSet    bool
 	progress      io.Writer
@@ -57,13 +54,6 @@ func WithOffsetRange(start, end int64) ReplayOption {
 	return replayOpt(func(c *replayConfig) { c.start, c.end = start, end })
 }
 
-// WithLimiter paces the replay with lim instead of a rate of its own (see
-// [Limiter]), e.g. a *rate.Limiter shared with live traffic. lim must not
-// be nil, and it does not go with [WithRate].
-func WithLimiter(lim Limiter) ReplayOption {
-	return replayOpt(func(c *replayConfig) { c.limiter, c.limiterSet = lim, true })
-}
-
 // WithBatchSize sets the most records [Replay] hands to its handler at
 // once (default 1). A batch is handed over when it is full or when the
 // range is exhausted. A handler that does one query or one transaction
@@ -75,10 +65,6 @@ func WithLimiter(lim Limiter) ReplayOption {
 func WithBatchSize(n int) ReplayOption {
 	return replayOpt(func(c *replayConfig) { c.batchSize = n })
 }
-
-// replayBurst is how many records [WithRate] lets go at once when its
-// burst is 0.
-const replayBurst = 1
 
 // ReplayStats says what a replay did.
 type ReplayStats struct {
@@ -171,14 +157,8 @@ func (cfg *replayConfig) check(op string, client *kgo.Client, topic string) erro
 		return effects.ConfigErrorf(op, "WithOffsetRange", "end %d before start %d", cfg.end, cfg.start)
 	case !cfg.from.IsZero() && !cfg.to.IsZero() && cfg.to.Before(cfg.from):
 		return effects.ConfigErrorf(op, "WithTimeRange", "to %s before from %s", cfg.to.Format(time.RFC3339Nano), cfg.from.Format(time.RFC3339Nano))
-	case cfg.rate < 0:
-		return effects.ConfigErrorf(op, "WithRate", "negative limit %v; 0 means no limit", cfg.rate)
-	case cfg.burst < 0:
-		return effects.ConfigErrorf(op, "WithRate", "negative burst %d; 0 means %d", cfg.burst, replayBurst)
 	case cfg.limiterSet && cfg.limiter == nil:
 		return effects.ConfigErrorf(op, "WithLimiter", "nil; leave the option out for no limit")
-	case cfg.limiterSet && cfg.rateSet:
-		return effects.ConfigErrorf(op, "WithLimiter", "given with WithRate; the limiter would replace the rate")
 	case cfg.batchSize < 1:
 		return effects.ConfigErrorf(op, "WithBatchSize", "%d records; need at least 1", cfg.batchSize)
 	}
@@ -218,11 +198,7 @@ func replay(ctx context.Context, op string, client *kgo.Client, topic string, cf
 		return stats, fmt.Errorf("%s: %w", op, err)
 	}
 	defer rc.Close()
-	lim := cfg.limiter
-	if lim == nil {
-		lim = newLimiter(cfg.rate, cfg.burst)
-	}
-	rr := &replayRun{op: op, topic: topic, ranges: ranges, handler: handler, lim: lim, stats: &stats,
+	rr := &replayRun{op: op, topic: topic, ranges: ranges, handler: handler, lim: orUnlimited(cfg.limiter), stats: &stats,
 		batch: make([]*kgo.Record, 0, cfg.batchSize), size: cfg.batchSize,
 		reached: maps.Clone(stats.Next), left: map[int32]bool{}, bar: newProgress(cfg.progress, topic, total)}
 	defer rr.bar.finish()
@@ -429,16 +405,12 @@ func lookup(l kadm.ListedOffsets, topic string, p int32, def int64) int64 {
 	return o.Offset
 }
 
-// newLimiter returns a limiter for r per second with burst b; r == 0 or
-// rate.Inf means none.
-func newLimiter(r rate.Limit, b int) Limiter {
-	if r == 0 || r == rate.Inf {
+// orUnlimited returns lim, or a limiter that never waits for a nil lim.
+func orUnlimited(lim Limiter) Limiter {
+	if lim == nil {
 		return rate.NewLimiter(rate.Inf, 1)
 	}
-	if b == 0 {
-		b = replayBurst
-	}
-	return rate.NewLimiter(r, b)
+	return lim
 }
 
 // progress is a one-line progress bar.

@@ -23,14 +23,14 @@ import (
 // replays it.
 var ErrLockExpired = errors.New("kafka: share-group acquisition lock expired; the record is delivered again")
 
-// ErrDeliveryLimit is returned (wrapped) by [ShareSource.Release] for a
+// errDeliveryLimit is what [ShareSource.Release] returns (wrapped) for a
 // delivery on the group's last allowed delivery ([WithDeliveryLimit]):
 // released, the broker would archive it without a handler or the
 // dead-letter hook seeing it again, so the source keeps it and the
 // consumer retries it in place and then dead-letters it. It wraps
 // [effects.ErrNotReleased], so the consumer does not count the refusal as
 // a failure.
-var ErrDeliveryLimit = fmt.Errorf("kafka: record on its share group's last allowed delivery: %w", effects.ErrNotReleased)
+var errDeliveryLimit = fmt.Errorf("kafka: record on its share group's last allowed delivery: %w", effects.ErrNotReleased)
 
 // Defaults of a [ShareSource], used when the matching option is not given.
 const (
@@ -97,7 +97,7 @@ const shareTick = 200 * time.Millisecond
 //
 // A record a handler is running, or one the consumer holds for a retry's
 // backoff, is renewed in the background (KIP-1222, Kafka 4.2) when less
-// than [WithRenewBefore] of its lock is left. A handler that outlives its
+// than 10 s (at most half the lock) of its lock is left. A handler that outlives its
 // lock anyway (a process frozen by a debugger, SIGSTOP or a long GC pause
 // cannot renew) loses the record: the broker delivers it to another member
 // while the first may still run, and both run the effect concurrently,
@@ -114,10 +114,10 @@ const shareTick = 200 * time.Millisecond
 // deliveries (5 by default) without delivering it again. A consumer
 // configured with [effectively.dev/effects/consume.WithMaxAttempts] higher than that would never
 // see its dead-letter hook run: the broker would drop the record first.
-// So Release refuses ([ErrDeliveryLimit]) to release a record on its last
-// allowed delivery; the consumer keeps it, retries it in place (renewed
-// by the source), and gives it to the dead-letter hook when its attempts
-// run out. Set [WithDeliveryLimit] to the group's configured limit.
+// So Release refuses (an error wrapping [effects.ErrNotReleased]) to
+// release a record on its last allowed delivery; the consumer keeps it,
+// retries it in place (renewed by the source), and gives it to the
+// dead-letter hook when its attempts run out. Set [WithDeliveryLimit] to the group's configured limit.
 //
 // # Dead letters: accepted
 //
@@ -227,25 +227,25 @@ func WithShareMembers(n int) ShareOption {
 
 // WithDeliveryLimit tells the source the group's share.delivery.count.limit
 // (default 5, Kafka's default): Release refuses a delivery whose delivery
-// count reached it ([ErrDeliveryLimit]), so the broker does not archive it
+// count reached it ([effects.ErrNotReleased]), so the broker does not archive it
 // unseen. 0 lets Release release every delivery (the broker's limit then
 // decides). n must not be negative.
 func WithDeliveryLimit(n int) ShareOption {
 	return shareOpt(func(c *shareConfig) { c.deliveryLimit = n })
 }
 
-// WithRenewBefore sets how long before a held record's acquisition deadline
+// withRenewBefore sets how long before a held record's acquisition deadline
 // the source renews its lock (default 10 s; at most half the lock is used).
 // d must be positive.
-func WithRenewBefore(d time.Duration) ShareOption {
+func withRenewBefore(d time.Duration) ShareOption {
 	return shareOpt(func(c *shareConfig) { c.renewBefore = d })
 }
 
-// WithLockMargin sets how long before its acquisition deadline a record
+// withLockMargin sets how long before its acquisition deadline a record
 // stops being owned ([ShareSource.Owns]; default 2 s; at most a quarter of
 // the lock is used). d must not be negative and must be less than the renew
-// lead ([WithRenewBefore]).
-func WithLockMargin(d time.Duration) ShareOption {
+// lead ([withRenewBefore]).
+func withLockMargin(d time.Duration) ShareOption {
 	return shareOpt(func(c *shareConfig) { c.lockMargin = d })
 }
 
@@ -322,11 +322,11 @@ func newShareConfig(ctor string, opts []ShareOption) (shareConfig, error) {
 	case cfg.deliveryLimit < 0:
 		return cfg, effects.ConfigErrorf(ctor, "WithDeliveryLimit", "negative limit %d; 0 means no limit", cfg.deliveryLimit)
 	case cfg.renewBefore <= 0:
-		return cfg, effects.ConfigErrorf(ctor, "WithRenewBefore", "%v; need a positive duration", cfg.renewBefore)
+		return cfg, effects.ConfigErrorf(ctor, "withRenewBefore", "%v; need a positive duration", cfg.renewBefore)
 	case cfg.lockMargin < 0:
-		return cfg, effects.ConfigErrorf(ctor, "WithLockMargin", "negative margin %v", cfg.lockMargin)
+		return cfg, effects.ConfigErrorf(ctor, "withLockMargin", "negative margin %v", cfg.lockMargin)
 	case cfg.lockMargin >= cfg.renewBefore:
-		return cfg, effects.ConfigErrorf(ctor, "WithLockMargin", "margin %v is not less than the renew lead %v (WithRenewBefore): locks would lapse before their renewal", cfg.lockMargin, cfg.renewBefore)
+		return cfg, effects.ConfigErrorf(ctor, "withLockMargin", "margin %v is not less than the renew lead %v (withRenewBefore): locks would lapse before their renewal", cfg.lockMargin, cfg.renewBefore)
 	}
 	return cfg, nil
 }
@@ -473,17 +473,17 @@ func (s *ShareSource) Ack(_ context.Context, d effects.Delivery) error {
 
 // Release hands d's record back to the broker for redelivery (AckRelease),
 // to this source or another member, with its delivery count raised. It
-// refuses ([ErrDeliveryLimit]) a record on its last allowed delivery
-// ([WithDeliveryLimit]), and returns [ErrLockExpired] for one whose lock
-// ran out: in both cases the consumer keeps the delivery and retries it in
-// place.
+// refuses (an error wrapping [effects.ErrNotReleased]) a record on its
+// last allowed delivery ([WithDeliveryLimit]), and returns
+// [ErrLockExpired] for one whose lock ran out: in both cases the consumer
+// keeps the delivery and retries it in place.
 func (s *ShareSource) Release(_ context.Context, d effects.Delivery) error {
 	h, err := s.heldOf("Release", d)
 	if err != nil {
 		return err
 	}
 	if n := int(h.rec.DeliveryCount()); s.cfg.deliveryLimit > 0 && n >= s.cfg.deliveryLimit {
-		return fmt.Errorf("kafka.ShareSource.Release %s: delivery %d of at most %d: %w", d.ID, n, s.cfg.deliveryLimit, ErrDeliveryLimit)
+		return fmt.Errorf("kafka.ShareSource.Release %s: delivery %d of at most %d: %w", d.ID, n, s.cfg.deliveryLimit, errDeliveryLimit)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -501,7 +501,7 @@ func (s *ShareSource) Release(_ context.Context, d effects.Delivery) error {
 }
 
 // Owns reports whether d's acquisition lock still holds, with a safety
-// margin ([WithLockMargin]), so that an attempt started now is not
+// margin (2 s, at most a quarter of the lock), so that an attempt started now is not
 // running on a record the broker gave to another member. The source
 // renews the locks of the records it holds, so Owns turns false only for
 // a record whose renewal failed to keep up (a frozen process) or that was

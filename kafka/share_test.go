@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -106,7 +107,7 @@ func TestShareSourceDelivery(t *testing.T) {
 }
 
 // TestShareSourceRelease: a released record comes back with its attempt
-// raised; at the delivery limit Release refuses (ErrDeliveryLimit) and the
+// raised; at the delivery limit Release refuses (ErrNotReleased) and the
 // record stays held, renewed past its lock.
 func TestShareSourceRelease(t *testing.T) {
 	c, topic, group := shareCluster(t, 1, shareTestLock, 3)
@@ -128,8 +129,8 @@ func TestShareSourceRelease(t *testing.T) {
 	if d.Attempt != 3 {
 		t.Fatalf("attempt %d, want 3", d.Attempt)
 	}
-	if err := s.Release(context.Background(), d); !errors.Is(err, kafka.ErrDeliveryLimit) {
-		t.Fatalf("Release on the last delivery = %v, want ErrDeliveryLimit", err)
+	if err := s.Release(context.Background(), d); !errors.Is(err, effects.ErrNotReleased) || !strings.Contains(err.Error(), "last allowed delivery") {
+		t.Fatalf("Release on the last delivery = %v, want ErrNotReleased for the delivery limit", err)
 	}
 	// Kept and renewed: still ours after two locks' time.
 	time.Sleep(2 * shareTestLock)
@@ -255,9 +256,9 @@ func TestNewShareSourceValidates(t *testing.T) {
 		{"max poll 0", share, []kafka.ShareOption{kafka.WithMaxPoll(0)}, "WithMaxPoll"},
 		{"nil logger", share, []kafka.ShareOption{kafka.WithLogger(nil)}, "WithLogger"},
 		{"negative limit", share, []kafka.ShareOption{kafka.WithDeliveryLimit(-1)}, "WithDeliveryLimit"},
-		{"renew 0", share, []kafka.ShareOption{kafka.WithRenewBefore(0)}, "WithRenewBefore"},
-		{"negative margin", share, []kafka.ShareOption{kafka.WithLockMargin(-time.Second)}, "WithLockMargin"},
-		{"margin past renewal", share, []kafka.ShareOption{kafka.WithRenewBefore(time.Second), kafka.WithLockMargin(time.Second)}, "WithLockMargin"},
+		{"renew 0", share, []kafka.ShareOption{kafka.WithRenewBefore(0)}, "withRenewBefore"},
+		{"negative margin", share, []kafka.ShareOption{kafka.WithLockMargin(-time.Second)}, "withLockMargin"},
+		{"margin past renewal", share, []kafka.ShareOption{kafka.WithRenewBefore(time.Second), kafka.WithLockMargin(time.Second)}, "withLockMargin"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, err := kafka.NewShareSource(tc.client, tc.opts...)

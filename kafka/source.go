@@ -978,7 +978,7 @@ func (s *Source) checkAtStart() {
 		return s.Check(ctx)
 	}
 	err := check()
-	if effects.IsConfig(err) {
+	if effects.ClassOf(err) == effects.InvalidConfig {
 		select {
 		case <-s.stop:
 			return
@@ -988,7 +988,7 @@ func (s *Source) checkAtStart() {
 	}
 	switch {
 	case err == nil || s.runCtx.Err() != nil:
-	case effects.IsConfig(err):
+	case effects.ClassOf(err) == effects.InvalidConfig:
 		s.report(err)
 		s.mu.Lock()
 		s.fatal = err

@@ -120,7 +120,7 @@ func TestSourceUnknownTopic(t *testing.T) {
 	wantTopic := func(what string, err error) {
 		t.Helper()
 		var ce *effects.ConfigError
-		if !effects.IsConfig(err) || !errors.As(err, &ce) || !strings.Contains(ce.Option, "paymnets") {
+		if effects.ClassOf(err) != effects.InvalidConfig || !errors.As(err, &ce) || !strings.Contains(ce.Option, "paymnets") {
 			t.Errorf("%s = %v; want a configuration error naming topic paymnets", what, err)
 		}
 	}

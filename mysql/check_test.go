@@ -73,7 +73,7 @@ func TestCheck(t *testing.T) {
 		}
 		defer db.Close()
 		eff, _ := mysql.New(db, "s", writeLedger)
-		if err := eff.Check(ctx); err == nil || effects.IsConfig(err) || !effects.Retryable(err) {
+		if err := eff.Check(ctx); err == nil || effects.ClassOf(err) != effects.Retryable {
 			t.Errorf("Check of an unreachable server: %v, want a retryable error", err)
 		}
 	})

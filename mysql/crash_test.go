@@ -82,7 +82,7 @@ func TestServerKilledMidCommit(t *testing.T) {
 		if errors.Is(err, effects.ErrAmbiguous) {
 			ambiguous++
 		}
-		if !effects.Retryable(err) {
+		if effects.ClassOf(err) != effects.Retryable {
 			t.Errorf("key %s: %v, not retryable", id, err)
 		}
 		for {
@@ -90,7 +90,7 @@ func TestServerKilledMidCommit(t *testing.T) {
 			if err == nil {
 				break
 			}
-			if !effects.Retryable(err) || ctx.Err() != nil {
+			if effects.ClassOf(err) != effects.Retryable || ctx.Err() != nil {
 				t.Fatalf("retrying key %s: %v", id, err)
 			}
 			time.Sleep(20 * time.Millisecond)

@@ -135,7 +135,7 @@ func (e *Effect[In]) Contract() effects.Contract {
 //     nothing was committed.
 //   - the write's own error, wrapped with %w, after rolling back.
 //
-// Use [effects.Retryable] to decide whether to retry.
+// [effects.ClassOf] says whether to retry.
 func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (effects.Result, error) {
 	if err := key.Validate(); err != nil {
 		return effects.Result{}, err

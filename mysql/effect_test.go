@@ -38,7 +38,7 @@ func TestApplyOnceAndReplay(t *testing.T) {
 	if err != nil || again.Status != effects.Replayed || again.Ref != first.Ref {
 		t.Errorf("redelivery: %+v, %v; want replayed %q", again, err, first.Ref)
 	}
-	if _, err := eff.Apply(ctx, key, payment{EventID: "evt-1", Amount: 999}); !errors.Is(err, effects.ErrKeyReused) || effects.Retryable(err) {
+	if _, err := eff.Apply(ctx, key, payment{EventID: "evt-1", Amount: 999}); !errors.Is(err, effects.ErrKeyReused) || effects.ClassOf(err) == effects.Retryable {
 		t.Errorf("another payload: %v, want ErrKeyReused, not retryable", err)
 	}
 	if n := ledgerRows(t, db, "evt-1"); n != 1 {
@@ -62,7 +62,7 @@ func TestWriteErrorRollsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = eff.Apply(ctx, effects.MustKey("k"), payment{EventID: "evt", Amount: 1})
-	if !errors.Is(err, declined) || effects.Retryable(err) {
+	if !errors.Is(err, declined) || effects.ClassOf(err) == effects.Retryable {
 		t.Errorf("Apply: %v, want the write's error, not retryable", err)
 	}
 	if n := ledgerRows(t, db, "evt"); n != 0 {
@@ -321,7 +321,7 @@ func TestConfigErrors(t *testing.T) {
 			}
 			_, err = eff.Apply(ctx, effects.MustKey("k"), payment{})
 			var cfg *effects.ConfigError
-			if !errors.As(err, &cfg) || !effects.IsConfig(err) || effects.Retryable(err) || !strings.Contains(cfg.Option, tc.want) {
+			if !errors.As(err, &cfg) || effects.ClassOf(err) != effects.InvalidConfig || !strings.Contains(cfg.Option, tc.want) {
 				t.Errorf("Apply: %v, want a ConfigError naming %s", err, tc.want)
 			}
 		})
@@ -342,7 +342,7 @@ func TestWriteMustNotEndTx(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := eff.Apply(ctx, effects.MustKey("k"), payment{EventID: "evt", Amount: 1}); err == nil || effects.Retryable(err) {
+	if _, err := eff.Apply(ctx, effects.MustKey("k"), payment{EventID: "evt", Amount: 1}); err == nil || effects.ClassOf(err) == effects.Retryable {
 		t.Errorf("Apply with a write that commits: %v, want a permanent error", err)
 	}
 	var n int
@@ -380,7 +380,7 @@ func TestNewConfig(t *testing.T) {
 		"prune negative size": func() error { _, err := mysql.Prune(context.Background(), db, "s", time.Now(), -1); return err }(),
 		"migrate nil":         mysql.Migrate(context.Background(), (*sql.DB)(nil)),
 	} {
-		if !effects.IsConfig(err) {
+		if effects.ClassOf(err) != effects.InvalidConfig {
 			t.Errorf("%s: %v, want a ConfigError", name, err)
 		}
 	}

@@ -59,7 +59,7 @@ func ExampleNew() {
 	for range 2 {
 		res, err := record.Apply(ctx, key, p)
 		if err != nil {
-			// Do not ack. effects.Retryable(err) says whether redelivery
+			// Do not ack. effects.ClassOf(err) says whether redelivery
 			// can succeed; an ambiguous error must be retried with the
 			// same key.
 			log.Fatal(err)

@@ -193,7 +193,7 @@ func TestApplyBatch(t *testing.T) {
 				}
 			}
 		}
-		if !errors.Is(results[2].Err, bad) || effects.Retryable(results[2].Err) {
+		if !errors.Is(results[2].Err, bad) || effects.ClassOf(results[2].Err) == effects.Retryable {
 			t.Errorf("item 2 error %v, want the write's own, not retryable", results[2].Err)
 		}
 	})
@@ -214,8 +214,8 @@ func TestApplyBatch(t *testing.T) {
 			if r.Err == nil {
 				t.Errorf("item %d = %+v, want an error", i, r)
 			}
-			if wantRetry := i%2 == 1 || i > 4; effects.Retryable(r.Err) != wantRetry {
-				t.Errorf("item %d: Retryable(%v) = %v, want %v", i, r.Err, !wantRetry, wantRetry)
+			if wantRetry := i%2 == 1 || i > 4; (effects.ClassOf(r.Err) == effects.Retryable) != wantRetry {
+				t.Errorf("item %d: ClassOf(%v) == Retryable is %v, want %v", i, r.Err, !wantRetry, wantRetry)
 			}
 		}
 		if rows := ledgerRows(t, pool); rows[ids[1]] != 0 {

@@ -79,8 +79,8 @@ func TestClassify(t *testing.T) {
 			if !errors.Is(c.err, tc.err) {
 				t.Errorf("%v does not wrap the cause %v", c.err, tc.err)
 			}
-			if got := effects.Retryable(c.err); got != tc.want.retryable {
-				t.Errorf("Retryable(%v) = %t, want %t", c.err, got, tc.want.retryable)
+			if got := effects.ClassOf(c.err) == effects.Retryable; got != tc.want.retryable {
+				t.Errorf("ClassOf(%v) == Retryable is %t, want %t", c.err, got, tc.want.retryable)
 			}
 		})
 	}

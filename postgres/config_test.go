@@ -20,7 +20,7 @@ import (
 func wantConfig(t *testing.T, what string, err error, option string) {
 	t.Helper()
 	var ce *effects.ConfigError
-	if !errors.As(err, &ce) || !errors.Is(err, effects.ErrInvalidConfig) || effects.ClassOf(err) != effects.ClassConfig || ce.Option != option {
+	if !errors.As(err, &ce) || !errors.Is(err, effects.ErrInvalidConfig) || effects.ClassOf(err) != effects.InvalidConfig || ce.Option != option {
 		t.Fatalf("%s = %v (class %v); want a ConfigError naming %q", what, err, effects.ClassOf(err), option)
 	}
 }
@@ -62,7 +62,7 @@ func TestMissingTableIsAConfigError(t *testing.T) {
 		fx := shape.make(t, pool, new(atomic.Int64))
 		_, err := fx.Apply(ctx, effects.MustKey("evt_missing", "ledger"), payment{EventID: "evt_missing", Amount: 1})
 		wantConfig(t, shape.name+" Apply without effectively_keys", err, "table effectively_keys")
-		if effects.Retryable(err) {
+		if effects.ClassOf(err) == effects.Retryable {
 			t.Fatalf("%s: %v is retryable", shape.name, err)
 		}
 	}

@@ -244,7 +244,7 @@ func TestApply(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err := fx.Apply(ctx, key, payment{EventID: "evt_reuse", Amount: 999})
-		if !errors.Is(err, effects.ErrKeyReused) || effects.Retryable(err) {
+		if !errors.Is(err, effects.ErrKeyReused) || effects.ClassOf(err) == effects.Retryable {
 			t.Fatalf("Apply with another payload = %v; want permanent ErrKeyReused", err)
 		}
 		if got := count(t, pool, `SELECT count(*) FROM ledger WHERE event_id = 'evt_reuse'`); got != 1 {
@@ -282,7 +282,7 @@ func TestApply(t *testing.T) {
 		} {
 			t.Run(name, func(t *testing.T) {
 				_, err := fx.Apply(testCtx(t), key, payment{EventID: "evt_invalid", Amount: 1})
-				if !errors.Is(err, effects.ErrInvalidKey) || effects.Retryable(err) {
+				if !errors.Is(err, effects.ErrInvalidKey) || effects.ClassOf(err) == effects.Retryable {
 					t.Fatalf("Apply = %v; want permanent ErrInvalidKey", err)
 				}
 			})
@@ -309,7 +309,7 @@ func TestApply(t *testing.T) {
 		key := effects.MustKey("evt_declined", "ledger")
 		p := payment{EventID: "evt_declined", Amount: 1}
 		_, err = fx.Apply(ctx, key, p)
-		if !errors.Is(err, errDeclined) || effects.Retryable(err) {
+		if !errors.Is(err, errDeclined) || effects.ClassOf(err) == effects.Retryable {
 			t.Fatalf("Apply = %v; want the write's error, not retryable", err)
 		}
 		if got := rows(t, pool, p.EventID); got != 0 {
@@ -358,7 +358,7 @@ func TestApply(t *testing.T) {
 		key := effects.MustKey("evt_terminated", "ledger")
 		p := payment{EventID: "evt_terminated", Amount: 1}
 		_, err = fx.Apply(ctx, key, p)
-		if !effects.Retryable(err) || !errors.Is(err, effects.ErrTransient) {
+		if effects.ClassOf(err) != effects.Retryable || !errors.Is(err, effects.ErrTransient) {
 			t.Fatalf("Apply on a terminated backend = %v; want ErrTransient", err)
 		}
 		t.Logf("error: %v", err)
@@ -386,7 +386,7 @@ func TestApply(t *testing.T) {
 		key := effects.MustKey("evt_cancel", "ledger")
 		p := payment{EventID: "evt_cancel", Amount: 1}
 		_, err = fx.Apply(ctx, key, p)
-		if !errors.Is(err, context.Canceled) || errors.Is(err, effects.ErrAmbiguous) || !effects.Retryable(err) {
+		if !errors.Is(err, context.Canceled) || errors.Is(err, effects.ErrAmbiguous) || effects.ClassOf(err) != effects.Retryable {
 			t.Fatalf("Apply = %v; want context.Canceled, not ambiguous, retryable", err)
 		}
 		res, err := ledgerEffect(t, pool, nil).Apply(testCtx(t), key, p)
@@ -430,7 +430,7 @@ func TestApplyLostCommitReply(t *testing.T) {
 			if f.fired.Load() != before+1 {
 				t.Fatalf("the COMMIT reply was not dropped")
 			}
-			if !errors.Is(err, effects.ErrAmbiguous) || !effects.Retryable(err) {
+			if !errors.Is(err, effects.ErrAmbiguous) || effects.ClassOf(err) != effects.Retryable {
 				t.Fatalf("Apply with a lost COMMIT reply = %v; want ErrAmbiguous", err)
 			}
 			t.Logf("error: %v", err)
@@ -533,7 +533,7 @@ func TestApplyRefusesAsyncCommit(t *testing.T) {
 	p := payment{EventID: "evt_async", Amount: 1}
 
 	_, err := ledgerEffect(t, pool, &calls).Apply(ctx, key, p)
-	if !errors.Is(err, postgres.ErrAsyncCommit) || effects.Retryable(err) {
+	if !errors.Is(err, postgres.ErrAsyncCommit) || effects.ClassOf(err) == effects.Retryable {
 		t.Fatalf("Apply with synchronous_commit=off = %v; want ErrAsyncCommit", err)
 	}
 	t.Logf("error: %v", err)

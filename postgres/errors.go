@@ -118,8 +118,8 @@ type classified struct {
 //     for a synchronous standby after committing locally). Only an ERROR
 //     reply proves the commit failed.
 //   - Before COMMIT nothing is committed: a cancelled or expired ctx returns
-//     the context error (wrapped, errors.Is works, [effects.Retryable] says
-//     yes); a broken connection (a FATAL such as 57P01 from
+//     the context error (wrapped, errors.Is works, its class is
+//     [effects.Retryable]); a broken connection (a FATAL such as 57P01 from
 //     pg_terminate_backend, an 08xxx, an I/O error, or broken reported by the
 //     caller after checking the connection) is [effects.Transient].
 //   - 42P01 undefined_table: a configuration error (missingTable).

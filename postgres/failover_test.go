@@ -41,7 +41,7 @@ import (
 //  4. after failoverDelay the standby is promoted, the worker's pool
 //     reconnects to it through the multi-host connection string
 //     (target_session_attrs=read-write), and the rest of the stream is
-//     applied, retrying every error effects.Retryable accepts with the
+//     applied, retrying every error effects.ClassOf calls Retryable with the
 //     same key.
 //
 // With a synchronous standby and a stalled link the burst's commits wait
@@ -223,7 +223,8 @@ func (w *worker) run(ctx context.Context, t *testing.T, ds []delivery) {
 }
 
 // deliver applies one delivery until Apply returns nil (ack) or an error
-// that effects.Retryable refuses, retrying with the same key and backoff.
+// that effects.ClassOf does not call Retryable, retrying with the same key
+// and backoff.
 func (w *worker) deliver(ctx context.Context, t *testing.T, d delivery) {
 	key := failoverKey(d.event.EventID)
 	backoff := 5 * time.Millisecond
@@ -243,10 +244,10 @@ func (w *worker) deliver(ctx context.Context, t *testing.T, d delivery) {
 			w.ambiguous.Add(1)
 		case errors.Is(err, effects.ErrTransient):
 			w.transient.Add(1)
-		case effects.Retryable(err):
+		case effects.ClassOf(err) == effects.Retryable:
 			w.canceled.Add(1)
 		}
-		if !effects.Retryable(err) || ctx.Err() != nil {
+		if effects.ClassOf(err) != effects.Retryable || ctx.Err() != nil {
 			w.permanent.Add(1)
 			t.Errorf("event %s: giving up: %v", d.event.EventID, err)
 			return
@@ -592,7 +593,7 @@ func failoverCancelledSyncWait(t *testing.T, newEffect func(*pgxpool.Pool) (*pos
 		switch {
 		case err == nil:
 			acked = &res
-		case !effects.Retryable(err):
+		case effects.ClassOf(err) != effects.Retryable:
 			t.Fatal(err)
 		}
 	}

@@ -198,7 +198,7 @@ func TestApplyGroupFailingWrite(t *testing.T) {
 		}
 		for i, o := range applyAsGroup(t, fx, calls) {
 			switch {
-			case i == pos && (!errors.Is(o.err, errBad) || effects.Retryable(o.err)):
+			case i == pos && (!errors.Is(o.err, errBad) || effects.ClassOf(o.err) == effects.Retryable):
 				t.Fatalf("failing write at %d: = %+v, %v; want its own error, not retryable", pos, o.res, o.err)
 			case i != pos && (o.err != nil || o.res.Status != effects.Applied):
 				t.Fatalf("failing write at %d: member %d = %+v, %v; want applied", pos, i, o.res, o.err)
@@ -241,7 +241,7 @@ func TestApplyGroupLostReplyAtEveryRoundTrip(t *testing.T) {
 			break
 		}
 		for i, o := range out {
-			if o.err == nil || !effects.Retryable(o.err) {
+			if o.err == nil || effects.ClassOf(o.err) != effects.Retryable {
 				t.Fatalf("round trip %d: member %d = %+v, %v; want a retryable error", n, i, o.res, o.err)
 			}
 			if i > 0 && errors.Is(o.err, effects.ErrAmbiguous) != errors.Is(out[0].err, effects.ErrAmbiguous) {
@@ -372,7 +372,7 @@ func TestApplyGroupCommitFails(t *testing.T) {
 	for i, o := range out {
 		want := 1
 		switch {
-		case i == 1 && (o.err == nil || effects.Retryable(o.err)):
+		case i == 1 && (o.err == nil || effects.ClassOf(o.err) == effects.Retryable):
 			t.Fatalf("the culprit = %+v, %v; want its commit's error, not retryable", o.res, o.err)
 		case i == 1:
 			want = 0
@@ -416,7 +416,7 @@ func TestApplyGroupWriteIgnoresAnError(t *testing.T) {
 		for i, o := range applyAsGroup(t, fx, calls) {
 			want := 1
 			switch {
-			case i == pos && (o.err == nil || effects.Retryable(o.err)):
+			case i == pos && (o.err == nil || effects.ClassOf(o.err) == effects.Retryable):
 				t.Fatalf("culprit at %d = %+v, %v; want an error, not retryable", pos, o.res, o.err)
 			case i == pos:
 				want = 0

@@ -157,7 +157,7 @@ func (g *groupedEffect) Apply(ctx context.Context, key effects.Key, in confCharg
 	)
 	wg.Go(func() {
 		_, err := g.eff.Apply(cctx, ckey, cin)
-		for i := 0; i < 3 && err != nil && effects.Retryable(err); i++ {
+		for i := 0; i < 3 && err != nil && effects.ClassOf(err) == effects.Retryable; i++ {
 			_, err = g.eff.Apply(cctx, ckey, cin)
 		}
 		cdone.Store(true)

@@ -62,7 +62,7 @@ func TestApplyCommitGuardEverywhere(t *testing.T) {
 							refuse := func(what string, amount int64) {
 								ev := prefix + what
 								res, err := fx.Apply(ctx, effects.MustKey(ev, "ledger"), payment{EventID: ev, Amount: amount})
-								if !errors.Is(err, postgres.ErrAsyncCommit) || effects.Retryable(err) {
+								if !errors.Is(err, postgres.ErrAsyncCommit) || effects.ClassOf(err) == effects.Retryable {
 									t.Errorf("%s: Apply = %+v, %v; want ErrAsyncCommit", what, res, err)
 								}
 								if k := keyRowsNaming(t, pool, ev); k != 0 || rows(t, pool, ev) != 0 {

@@ -48,7 +48,7 @@ func TestJournal(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err := j.Begin(ctx, key, fp, time.Minute)
-		if !errors.Is(err, effects.ErrInFlight) || !effects.Retryable(err) {
+		if !errors.Is(err, effects.ErrInFlight) || effects.ClassOf(err) != effects.Retryable {
 			t.Fatalf("second Begin = %v; want ErrInFlight", err)
 		}
 	})

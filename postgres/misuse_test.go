@@ -28,7 +28,7 @@ func TestApplyWriteCommitsAsSQLOnADuplicate(t *testing.T) {
 	mustExec(t, pool, `INSERT INTO effectively_keys (scope, key, fingerprint, ref) VALUES ('billing', $1, $2, 'old')`, string(key), mustFP(t, payment{EventID: "evt_conn", Amount: 1}))
 	res, err := fx.Apply(ctx, key, payment{EventID: "evt_conn", Amount: 1})
 	t.Logf("Apply: %+v, %v; ledger rows %d", res, err, count(t, pool, `SELECT count(*) FROM ledger`))
-	if err == nil || effects.Retryable(err) {
+	if err == nil || effects.ClassOf(err) == effects.Retryable {
 		t.Fatalf("Apply of a write that committed with SQL on a duplicate = %+v, %v; want a permanent error, not a replay", res, err)
 	}
 }

@@ -79,7 +79,7 @@ func TestNewPipelined(t *testing.T) {
 		fx := pipelinedLedger(t, pool, &calls)
 		key := effects.MustKey("evt_pipelined_bad", "ledger")
 		_, err := fx.Apply(ctx, key, payment{EventID: "evt_pipelined_bad", Amount: -1}) // the audit CHECK fails
-		if err == nil || effects.Retryable(err) {
+		if err == nil || effects.ClassOf(err) == effects.Retryable {
 			t.Fatalf("Apply = %v; want the CHECK violation, not retryable", err)
 		}
 		if n := rows(t, pool, "evt_pipelined_bad"); n != 0 {
@@ -230,7 +230,7 @@ func TestNewPipelinedRefusesAsyncCommit(t *testing.T) {
 				t.Fatalf("Apply with synchronous_commit=%s = %v; refused %v", tc.setting, err, tc.refused)
 			}
 			if tc.refused {
-				if effects.Retryable(err) {
+				if effects.ClassOf(err) == effects.Retryable {
 					t.Errorf("ErrAsyncCommit is retryable: %v", err)
 				}
 				if k, l := count(t, pool, `SELECT count(*) FROM effectively_keys`), rows(t, pool, p.EventID); k != 0 || l != 0 {
@@ -263,7 +263,7 @@ func TestNewPipelinedStatementThatCannotBeEncoded(t *testing.T) {
 		}
 		key := effects.MustKey("evt_unencodable", fmt.Sprint(len(opts)))
 		_, err = fx.Apply(testCtx(t), key, payment{})
-		if err == nil || effects.Retryable(err) || errors.Is(err, effects.ErrAmbiguous) {
+		if err == nil || effects.ClassOf(err) == effects.Retryable || errors.Is(err, effects.ErrAmbiguous) {
 			t.Fatalf("Apply with an argument pgx cannot encode (lookup first %v) = %v; want the statement's error, not retryable", len(opts) > 0, err)
 		}
 		if n := count(t, pool, `SELECT count(*) FROM effectively_keys WHERE key = $1`, string(key)); n != 0 {

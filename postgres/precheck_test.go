@@ -267,7 +267,7 @@ func TestApplyBatchPrecheckLostReplyAtEveryRoundTrip(t *testing.T) {
 			break
 		}
 		switch {
-		case err != nil && !effects.Retryable(err):
+		case err != nil && effects.ClassOf(err) != effects.Retryable:
 			t.Fatalf("n=%d: ApplyBatch = %v; want a retryable error", n, err)
 		case err == nil:
 			for i, r := range results {

@@ -19,8 +19,8 @@ import (
 func wantConfig(t *testing.T, err error, option string) {
 	t.Helper()
 	var ce *effects.ConfigError
-	if !effects.IsConfig(err) || !errors.As(err, &ce) || !strings.HasPrefix(ce.Option, option) ||
-		errors.Is(err, effects.ErrRefused) || effects.Retryable(err) {
+	if effects.ClassOf(err) != effects.InvalidConfig || !errors.As(err, &ce) || !strings.HasPrefix(ce.Option, option) ||
+		errors.Is(err, effects.ErrRefused) || effects.ClassOf(err) == effects.Retryable {
 		t.Fatalf("%v: want only a configuration error naming %s", err, option)
 	}
 }
@@ -100,7 +100,7 @@ func TestCheckOfAStoppedServerIsRetryable(t *testing.T) {
 	if err := srv.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Check(context.Background()); !effects.Retryable(err) {
+	if err := w.Check(context.Background()); effects.ClassOf(err) != effects.Retryable {
 		t.Errorf("Check of a stopped server: %v, want a retryable error", err)
 	}
 }
@@ -114,7 +114,7 @@ func TestBadMetadataIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = w.Apply(context.Background(), "k", s3.Object{Body: []byte("x"), Metadata: map[string]string{"bad name": "v"}})
-	if !effects.Permanent(err) || !errors.Is(err, effects.ErrRefused) {
+	if effects.ClassOf(err) != effects.Permanent || !errors.Is(err, effects.ErrRefused) {
 		t.Errorf("%v: want a permanent ErrRefused", err)
 	}
 }

@@ -58,8 +58,8 @@
 // algorithm, an ACL) on the PutObjectInput, and the same settings go to
 // CreateMultipartUpload for large bodies. The condition, the object key, the
 // metadata that carries the ownership markers and the payload stay the
-// adapter's: a hook that changes them is refused with a *[HookError] before
-// any request.
+// adapter's: a hook that changes them is refused with a
+// *[effects.ConfigError] before any request.
 //
 // # Errors
 //

@@ -193,22 +193,22 @@ func TestErrorsAreClassified(t *testing.T) {
 			}
 			switch tc.want {
 			case transient:
-				if !errors.Is(err, effects.ErrTransient) || !effects.Retryable(err) {
+				if !errors.Is(err, effects.ErrTransient) || effects.ClassOf(err) != effects.Retryable {
 					t.Errorf("got %v, want retryable ErrTransient", err)
 				}
 			case ambiguous:
-				if !errors.Is(err, effects.ErrAmbiguous) || !effects.Retryable(err) {
+				if !errors.Is(err, effects.ErrAmbiguous) || effects.ClassOf(err) != effects.Retryable {
 					t.Errorf("got %v, want retryable ErrAmbiguous", err)
 				}
 			case permanent:
 				var api smithy.APIError
-				if !effects.Permanent(err) || !errors.Is(err, effects.ErrRefused) || !errors.As(err, &api) {
+				if effects.ClassOf(err) != effects.Permanent || !errors.Is(err, effects.ErrRefused) || !errors.As(err, &api) {
 					t.Errorf("got %v, want a permanent ErrRefused wrapping the SDK's API error", err)
 				}
 			case config:
 				var api smithy.APIError
 				var ce *effects.ConfigError
-				if !effects.IsConfig(err) || !errors.As(err, &ce) || !errors.As(err, &api) || errors.Is(err, effects.ErrRefused) {
+				if effects.ClassOf(err) != effects.InvalidConfig || !errors.As(err, &ce) || !errors.As(err, &api) || errors.Is(err, effects.ErrRefused) {
 					t.Errorf("got %v, want only a configuration error wrapping the SDK's API error", err)
 				}
 			case keyReused:
@@ -236,7 +236,7 @@ func TestRefusedConnectionIsTransient(t *testing.T) {
 	l.Close() // nothing listens there now: the dial is refused, nothing was sent
 	w := writerAt(t, "http://"+addr)
 	_, err = w.Apply(context.Background(), "key", s3.Object{Body: []byte("body")})
-	if !errors.Is(err, effects.ErrTransient) || !effects.Retryable(err) {
+	if !errors.Is(err, effects.ErrTransient) || effects.ClassOf(err) != effects.Retryable {
 		t.Fatalf("got %v, want retryable ErrTransient", err)
 	}
 }
@@ -254,7 +254,7 @@ func TestCancelledContextIsAmbiguous(t *testing.T) {
 		cancel() // the PUT has reached the server: its outcome is unknown
 	}()
 	_, err := w.Apply(ctx, "key", s3.Object{Body: []byte("body")})
-	if !errors.Is(err, effects.ErrAmbiguous) || !errors.Is(err, context.Canceled) || !effects.Retryable(err) {
+	if !errors.Is(err, effects.ErrAmbiguous) || !errors.Is(err, context.Canceled) || effects.ClassOf(err) != effects.Retryable {
 		t.Fatalf("got %v, want retryable ErrAmbiguous wrapping context.Canceled", err)
 	}
 }
@@ -277,7 +277,7 @@ func TestRefusedTLSIsAConfigurationError(t *testing.T) {
 			w := writerAt(t, endpoint)
 			_, err := w.Apply(context.Background(), "receipt-1", s3.Object{Body: []byte("paid")})
 			var ce *effects.ConfigError
-			if !errors.As(err, &ce) || !errors.Is(err, effects.ErrInvalidConfig) || effects.Retryable(err) ||
+			if !errors.As(err, &ce) || !errors.Is(err, effects.ErrInvalidConfig) || effects.ClassOf(err) == effects.Retryable ||
 				errors.Is(err, effects.ErrAmbiguous) || errors.Is(err, effects.ErrTransient) {
 				t.Fatalf("Apply = %v; want a configuration error that is not retryable", err)
 			}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log"
 	"net/http"
+	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
@@ -38,7 +39,7 @@ func Example() {
 	res, err = w.Apply(ctx, key, receipt) // the broker redelivers the event
 	fmt.Println(res.Status, err)
 	_, err = w.Apply(ctx, key, s3.Object{Body: []byte("Paid 99.00 EUR")}) // a bug reuses the key
-	fmt.Println(errors.Is(err, effects.ErrKeyReused), effects.Retryable(err))
+	fmt.Println(errors.Is(err, effects.ErrKeyReused), effects.ClassOf(err) == effects.Retryable)
 	// Output:
 	// applied <nil>
 	// replayed <nil>
@@ -126,11 +127,11 @@ func ExampleWithPutHook() {
 	}
 	w, _ = s3.New(client, bucket, s3.WithPrefix("statements/"), s3.WithPutHook(unconditional))
 	_, err = w.Apply(context.Background(), effects.MustKey("billing", "evt_8", "statement"), s3.Object{Body: []byte("statement")})
-	var he *s3.HookError
-	fmt.Println(errors.As(err, &he), he.Field, errors.Is(err, effects.ErrInvalidConfig))
+	var ce *effects.ConfigError
+	fmt.Println(errors.As(err, &ce), ce.Option, strings.Contains(ce.Reason, "PutObjectInput.IfNoneMatch"))
 	// Output:
 	// applied <nil>
-	// true IfNoneMatch true
+	// true WithPutHook true
 }
 
 // Check the bucket at start-up, before the first delivery: a bucket that
@@ -147,6 +148,6 @@ func ExampleWriter_Check() {
 	}
 	err = w.Check(context.Background())
 	var ce *effects.ConfigError
-	fmt.Println(effects.IsConfig(err), errors.As(err, &ce) && ce.Option == "bucket no-such-bucket")
+	fmt.Println(effects.ClassOf(err) == effects.InvalidConfig, errors.As(err, &ce) && ce.Option == "bucket no-such-bucket")
 	// Output: true true
 }

@@ -35,8 +35,10 @@ import (
 // from ChecksumAlgorithm). Nor SSE-C (SSECustomerAlgorithm, SSECustomerKey,
 // SSECustomerKeyMD5), which would need the customer key on the HeadObject
 // that checks a replay, nor RequestPayer, nor any field this version of the
-// package does not know. Apply refuses such a change with a *[HookError],
-// before any request: nothing is written.
+// package does not know. Apply refuses such a change before any request,
+// so nothing is written, with a *[effects.ConfigError] whose Option is
+// "WithPutHook" and whose Reason names the field and the key: a bug in
+// the hook, not in the message, which no retry fixes.
 //
 // What the hook sets is not part of the payload's fingerprint: a
 // redelivery whose hook would set other values (another storage class)
@@ -49,30 +51,6 @@ import (
 func WithPutHook(hook func(key effects.Key, in *awss3.PutObjectInput) error) Option {
 	return func(c *config) { c.hook, c.hookSet = hook, true }
 }
-
-// HookError reports that the hook given to [WithPutHook] changed a field
-// of the PutObjectInput that it may not change. Apply returns it before any
-// request, so nothing was written. It is a bug in the hook, not in the
-// message: it unwraps to effects.ErrInvalidConfig and [effects.Retryable]
-// refuses it.
-type HookError struct {
-	// Key is the idempotency key whose object the hook was preparing.
-	Key effects.Key
-	// Field names the PutObjectInput field the hook changed, e.g.
-	// "IfNoneMatch".
-	Field string
-	// Reason says why the field is the adapter's.
-	Reason string
-}
-
-// Error names the field and why the hook may not change it.
-func (e *HookError) Error() string {
-	return fmt.Sprintf("%s key %q: the put hook (s3.WithPutHook) changed PutObjectInput.%s, which it may not: %s; nothing was written",
-		opApply, e.Key, e.Field, e.Reason)
-}
-
-// Unwrap returns effects.ErrInvalidConfig.
-func (e *HookError) Unwrap() error { return effects.ErrInvalidConfig }
 
 // hookable lists the PutObjectInput fields a hook may set; all of them
 // exist, with the same types, in CreateMultipartUploadInput (createInput
@@ -125,7 +103,8 @@ func (p *put) hooked() (*awss3.PutObjectInput, error) {
 		return nil, fmt.Errorf("%s key %q: put hook: %w", opApply, p.key, err)
 	}
 	if field, why := changedField(in, p.input(), body, len(p.obj.Body)); field != "" {
-		return nil, &HookError{Key: p.key, Field: field, Reason: why}
+		return nil, effects.ConfigErrorf(opApply, "WithPutHook", "key %q: the hook changed PutObjectInput.%s, which it may not: %s; nothing was written",
+			p.key, field, why)
 	}
 	return in, nil
 }

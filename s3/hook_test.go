@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -147,7 +148,7 @@ func TestPutHookSettingsReachS3(t *testing.T) {
 }
 
 // A hook that touches the condition, the object key, the ownership
-// metadata or the payload is refused with a *HookError before any request:
+// metadata or the payload is refused with a *ConfigError before any request:
 // nothing is written, and the error is a configuration error no retry
 // fixes.
 func TestPutHookCannotChangeWhatMakesTheWriteOnce(t *testing.T) {
@@ -186,11 +187,12 @@ func TestPutHookCannotChangeWhatMakesTheWriteOnce(t *testing.T) {
 				w := e.writer(s3.WithPutHook(hook), s3.WithMultipartThreshold(threshold))
 				key := effects.MustKey("billing", "evt_bad_hook", "receipt")
 				_, err := w.Apply(context.Background(), key, s3.Object{Body: []byte("receipt"), ContentType: "text/plain"})
-				var he *s3.HookError
-				if !errors.As(err, &he) || he.Field != tc.field || he.Key != key || he.Reason == "" {
-					t.Fatalf("threshold %d: Apply = %v, want a *s3.HookError naming %s", threshold, err, tc.field)
+				var ce *effects.ConfigError
+				if !errors.As(err, &ce) || ce.Option != "WithPutHook" || !strings.Contains(ce.Reason, "PutObjectInput."+tc.field+",") ||
+					!strings.Contains(ce.Reason, fmt.Sprintf("%q", key)) {
+					t.Fatalf("threshold %d: Apply = %v, want a *effects.ConfigError for WithPutHook naming %s and the key", threshold, err, tc.field)
 				}
-				if !errors.Is(err, effects.ErrInvalidConfig) || effects.Retryable(err) {
+				if !errors.Is(err, effects.ErrInvalidConfig) || effects.ClassOf(err) == effects.Retryable {
 					t.Errorf("threshold %d: %v: want ErrInvalidConfig, not retryable", threshold, err)
 				}
 				if !strings.Contains(err.Error(), "PutObjectInput."+tc.field) || !strings.Contains(err.Error(), "nothing was written") {
@@ -209,14 +211,14 @@ func TestPutHookErrorStopsTheWrite(t *testing.T) {
 	noKey := errors.New("no KMS key for tenant acme")
 	w := e.writer(s3.WithPutHook(func(effects.Key, *awss3.PutObjectInput) error { return noKey }))
 	_, err := w.Apply(context.Background(), effects.MustKey("acme", "evt_1", "receipt"), s3.Object{Body: []byte("r")})
-	if !errors.Is(err, noKey) || !effects.Permanent(err) || !errors.Is(err, effects.ErrRefused) {
+	if !errors.Is(err, noKey) || effects.ClassOf(err) != effects.Permanent || !errors.Is(err, effects.ErrRefused) {
 		t.Fatalf("Apply = %v, want the hook's error, refused for good", err)
 	}
 	retry := e.writer(s3.WithPutHook(func(k effects.Key, _ *awss3.PutObjectInput) error {
 		return effects.Transient("kms", k, noKey)
 	}))
 	_, err = retry.Apply(context.Background(), effects.MustKey("acme", "evt_1", "receipt"), s3.Object{Body: []byte("r")})
-	if !errors.Is(err, noKey) || !effects.Retryable(err) {
+	if !errors.Is(err, noKey) || effects.ClassOf(err) != effects.Retryable {
 		t.Fatalf("Apply with a hook error that is transient = %v, want it retryable", err)
 	}
 	if n := rt.count(); n != 0 {

@@ -173,11 +173,11 @@ func TestMultipartConcurrentDuplicatesApplyOnce(t *testing.T) {
 	}
 }
 
-// applyRetrying retries what effects.Retryable allows, as a consumer would.
+// applyRetrying retries what effects.ClassOf calls Retryable, as a consumer would.
 func applyRetrying(ctx context.Context, w *s3.Writer, key effects.Key, obj s3.Object) (effects.Result, error) {
 	for i := 0; ; i++ {
 		res, err := w.Apply(ctx, key, obj)
-		if err == nil || !effects.Retryable(err) || i == 20 {
+		if err == nil || effects.ClassOf(err) != effects.Retryable || i == 20 {
 			return res, err
 		}
 	}

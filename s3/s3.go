@@ -188,7 +188,7 @@ func (w *Writer) ObjectKey(key effects.Key) string { return w.prefix + w.mapKey(
 // It returns [effects.ErrInvalidKey] before any I/O for an invalid key,
 // [effects.ErrKeyReused] when the object under key was written with another
 // payload or another key (or not by this package), and errors that
-// [effects.Retryable] classifies for everything else (see the package
+// [effects.ClassOf] classifies for everything else (see the package
 // documentation).
 func (w *Writer) Apply(ctx context.Context, key effects.Key, obj Object) (effects.Result, error) {
 	if err := key.Validate(); err != nil {

@@ -160,7 +160,7 @@ func TestConcurrentDifferentPayloadsOneWinsTheRestAreKeyReuse(t *testing.T) {
 			t.Errorf("attempt %d: %+v, want ErrKeyReused (only one payload can win)", i, results[i])
 		case !errors.Is(err, effects.ErrKeyReused):
 			t.Errorf("attempt %d: %v, want ErrKeyReused", i, err)
-		case effects.Retryable(err):
+		case effects.ClassOf(err) == effects.Retryable:
 			t.Errorf("attempt %d: ErrKeyReused is retryable", i)
 		}
 	}
@@ -199,7 +199,7 @@ func TestKeyReuseIsDetected(t *testing.T) {
 				t.Fatalf("first Apply: %v", err)
 			}
 			_, err := w.Apply(context.Background(), key, tc.obj)
-			if !errors.Is(err, effects.ErrKeyReused) || effects.Retryable(err) {
+			if !errors.Is(err, effects.ErrKeyReused) || effects.ClassOf(err) == effects.Retryable {
 				t.Fatalf("second payload: %v, want a permanent ErrKeyReused", err)
 			}
 			if got, _ := e.get(w.ObjectKey(key)); string(got) != "body" {
@@ -267,7 +267,7 @@ func TestInvalidKeysAreRefusedBeforeAnyIO(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := tc.w.Apply(context.Background(), tc.key, obj)
-			if !errors.Is(err, effects.ErrInvalidKey) || effects.Retryable(err) {
+			if !errors.Is(err, effects.ErrInvalidKey) || effects.ClassOf(err) == effects.Retryable {
 				t.Errorf("Apply: %v, want a permanent ErrInvalidKey", err)
 			}
 		})
@@ -290,7 +290,7 @@ func TestInvalidPayloadsAreRefusedBeforeAnyIO(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := w.Apply(context.Background(), "key", tc.obj)
-			if err == nil || effects.Retryable(err) {
+			if err == nil || effects.ClassOf(err) == effects.Retryable {
 				t.Errorf("Apply: %v, want a permanent error", err)
 			}
 		})

@@ -71,12 +71,7 @@ func (e *Effect[P]) Check(ctx context.Context) error { return e.e.check(ctx) }
 // client given to [NewPaymentIntents].
 func (p *PaymentIntents) Check(ctx context.Context) error { return p.e.Check(ctx) }
 
-// Check implements [effects.Checker] as [Effect.Check] does, with the
-// client given to [NewRefunds].
-func (r *Refunds) Check(ctx context.Context) error { return r.e.Check(ctx) }
-
 var (
 	_ effects.Checker = (*Effect[*stripego.CustomerParams])(nil)
 	_ effects.Checker = (*PaymentIntents)(nil)
-	_ effects.Checker = (*Refunds)(nil)
 )

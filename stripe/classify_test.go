@@ -33,15 +33,15 @@ func TestEveryFailureHasOneClass(t *testing.T) {
 		{"card declined", func(t *testing.T) error {
 			_, err := newPI(t, newAPI(t, srv, nil)).Apply(ctx, "declined", declined)
 			return err
-		}, effects.ClassPermanent, effects.ErrRefused},
+		}, effects.Permanent, effects.ErrRefused},
 		{"card declined, replayed", func(t *testing.T) error {
 			_, err := newPI(t, newAPI(t, srv, nil)).Apply(ctx, "declined", declined)
 			return err
-		}, effects.ClassPermanent, effects.ErrRefused},
+		}, effects.Permanent, effects.ErrRefused},
 		{"invalid request", func(t *testing.T) error {
 			_, err := newPI(t, newAPI(t, srv, nil)).Apply(ctx, "no-currency", PaymentIntent{Amount: 2000})
 			return err
-		}, effects.ClassPermanent, effects.ErrRefused},
+		}, effects.Permanent, effects.ErrRefused},
 		{"key reused", func(t *testing.T) error {
 			charges := newPI(t, newAPI(t, srv, nil))
 			if _, err := charges.Apply(ctx, "reused", order); err != nil {
@@ -51,24 +51,24 @@ func TestEveryFailureHasOneClass(t *testing.T) {
 			other.Amount++
 			_, err := charges.Apply(ctx, "reused", other)
 			return err
-		}, effects.ClassPermanent, effects.ErrKeyReused},
+		}, effects.Permanent, effects.ErrKeyReused},
 		{"first 500", func(t *testing.T) error {
 			srv.FailNext(1, 500)
 			_, err := newPI(t, newAPI(t, srv, nil)).Apply(ctx, "k500", order)
 			return err
-		}, effects.ClassRetryable, effects.ErrAmbiguous},
+		}, effects.Retryable, effects.ErrAmbiguous},
 		{"replayed 500", func(t *testing.T) error {
 			_, err := newPI(t, newAPI(t, srv, nil)).Apply(ctx, "k500", order)
 			if !errors.Is(err, ErrReplayedServerError) {
 				t.Errorf("%v, want ErrReplayedServerError", err)
 			}
 			return err
-		}, effects.ClassPermanent, effects.ErrPoison},
+		}, effects.Permanent, effects.ErrPoison},
 		{"429", func(t *testing.T) error {
 			srv.FailNext(1, 429)
 			_, err := newPI(t, newAPI(t, srv, nil)).Apply(ctx, "k429", order)
 			return err
-		}, effects.ClassRetryable, effects.ErrTransient},
+		}, effects.Retryable, effects.ErrTransient},
 		{"refused connection", func(t *testing.T) error {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
@@ -78,15 +78,15 @@ func TestEveryFailureHasOneClass(t *testing.T) {
 			ln.Close()
 			_, err = newPI(t, apiFor(t, "http://"+addr, stripetest.APIKey)).Apply(ctx, "refused", order)
 			return err
-		}, effects.ClassRetryable, effects.ErrTransient},
+		}, effects.Retryable, effects.ErrTransient},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.apply(t)
 			if got := effects.ClassOf(err); got != tc.class || !errors.Is(err, tc.is) {
 				t.Fatalf("%v: class %v, want %v matching %v", err, got, tc.class, tc.is)
 			}
-			if effects.Permanent(err) == effects.Retryable(err) {
-				t.Errorf("Permanent %v and Retryable %v disagree", effects.Permanent(err), effects.Retryable(err))
+			if effects.ClassOf(err) == effects.Permanent == (effects.ClassOf(err) == effects.Retryable) {
+				t.Errorf("Permanent %v and Retryable %v disagree", effects.ClassOf(err) == effects.Permanent, effects.ClassOf(err) == effects.Retryable)
 			}
 			var se *stripego.Error
 			if errors.As(err, &se) && (strings.Contains(err.Error(), "{") || !strings.Contains(err.Error(), se.RequestID)) {
@@ -97,14 +97,14 @@ func TestEveryFailureHasOneClass(t *testing.T) {
 }
 
 // A decline is a *RequestError that a consumer dead-letters at once:
-// effects.Permanent and errors.Is(effects.ErrRefused) say so, and its text
+// effects.ClassOf (Permanent) and errors.Is(effects.ErrRefused) say so, and its text
 // names the decline without Stripe's message.
 func TestDeclineIsPermanent(t *testing.T) {
 	srv := stripetest.Start(t)
 	declined := PaymentIntent{Amount: 2000, Currency: "usd", PaymentMethod: "pm_card_chargeDeclinedInsufficientFunds", Confirm: true}
 	_, err := newPI(t, newAPI(t, srv, nil)).Apply(context.Background(), "declined", declined)
 	var re *RequestError
-	if !errors.As(err, &re) || !effects.Permanent(err) || !errors.Is(err, effects.ErrRefused) {
+	if !errors.As(err, &re) || effects.ClassOf(err) != effects.Permanent || !errors.Is(err, effects.ErrRefused) {
 		t.Fatalf("%v: want a permanent *RequestError matching ErrRefused", err)
 	}
 	for _, want := range []string{"HTTP 402", "card_error/card_declined/insufficient_funds", "(request req_"} {
@@ -144,7 +144,7 @@ func TestRefusedKeyIsAConfigurationError(t *testing.T) {
 			tc.setup(srv)
 			_, err := newPI(t, newAPI(t, srv, nil)).Apply(context.Background(), "k", order)
 			var ce *effects.ConfigError
-			if !effects.IsConfig(err) || !errors.As(err, &ce) || ce.Option != "API key" || errors.Is(err, effects.ErrRefused) {
+			if effects.ClassOf(err) != effects.InvalidConfig || !errors.As(err, &ce) || ce.Option != "API key" || errors.Is(err, effects.ErrRefused) {
 				t.Fatalf("%v: want only a configuration error naming the API key", err)
 			}
 			if srv.Total() != 0 {
@@ -190,7 +190,7 @@ func TestCheck(t *testing.T) {
 	for name, c := range map[string]effects.Checker{"payment intents": newPI(t, api), "refunds": newRefunds(t, api), "generic": checked} {
 		err := c.Check(ctx)
 		var ce *effects.ConfigError
-		if !effects.IsConfig(err) || !errors.As(err, &ce) || ce.Option != "API key" || !strings.Contains(err.Error(), ".Check") {
+		if effects.ClassOf(err) != effects.InvalidConfig || !errors.As(err, &ce) || ce.Option != "API key" || !strings.Contains(err.Error(), ".Check") {
 			t.Errorf("%s, revoked key: %v, want a configuration error naming the API key", name, err)
 		}
 	}
@@ -198,7 +198,7 @@ func TestCheck(t *testing.T) {
 	down := stripetest.Start(t)
 	downAPI := newAPI(t, down, nil)
 	down.Close()
-	if err := newPI(t, downAPI).Check(ctx); !effects.Retryable(err) {
+	if err := newPI(t, downAPI).Check(ctx); effects.ClassOf(err) != effects.Retryable {
 		t.Errorf("server down: %v, want a retryable error", err)
 	}
 }

@@ -2,8 +2,8 @@
 // with the effect's key as Stripe's Idempotency-Key. [New] turns any
 // stripe-go POST into an [effects.Effect] (Customers, Transfers, Payouts,
 // Invoices, Subscriptions, Checkout Sessions, a confirmation or a
-// capture); [PaymentIntents] and [Refunds] are its typed forms for the
-// two most common calls.
+// capture, a refund: New(api.Refunds.New)); [PaymentIntents] is its typed
+// form for the most common call.
 //
 // A message delivered twice, a retry after a lost reply, sixteen workers
 // racing on one key: Stripe creates one object, and every Apply after the
@@ -101,8 +101,8 @@
 // first delivery instead of failing every one. A key that may not read
 // the balance (a restricted key) passes: Check proves that the key
 // authenticates, and a request it may not make fails on its first Apply as
-// a configuration error. [NewPaymentIntents] and [NewRefunds] check with
-// their client; give [New] the client with [WithCheckClient].
+// a configuration error. [NewPaymentIntents] checks with its client; give
+// [New] the client with [WithCheckClient].
 //
 // # stripe-go's own logger
 //

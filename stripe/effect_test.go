@@ -24,8 +24,9 @@ import (
 )
 
 // The generic effect on three resources other than PaymentIntents and
-// Refunds, without and with a journal: one object per key, replays with
-// its id, reuse refused, past Stripe's horizon too when journaled.
+// refunds (TestRefunds), without and with a journal: one object per key,
+// replays with its id, reuse refused, past Stripe's horizon too when
+// journaled.
 func TestGenericEffectOnMoreResources(t *testing.T) {
 	type resource struct {
 		name, prefix string
@@ -77,7 +78,7 @@ func TestGenericEffectOnMoreResources(t *testing.T) {
 			if err != nil || again.Status != effects.Replayed || again.Ref != first.Ref {
 				t.Fatalf("redelivery: %+v, %v; want replayed %s", again, err, first.Ref)
 			}
-			if _, err := plain(ctx, key, 1); !errors.Is(err, effects.ErrKeyReused) || effects.Retryable(err) {
+			if _, err := plain(ctx, key, 1); !errors.Is(err, effects.ErrKeyReused) || effects.ClassOf(err) == effects.Retryable {
 				t.Fatalf("other params under the key: %v, want a permanent ErrKeyReused", err)
 			}
 			if n := srv.Created(string(key)); n != 1 {
@@ -163,9 +164,10 @@ func TestConstructorsRefuseBadConfiguration(t *testing.T) {
 		err          error
 	}{
 		{"nil api", "api", second(NewPaymentIntents(nil))},
-		{"uninitialised api", "api", second(NewRefunds(&client.API{}))},
+		{"uninitialised api", "api", second(NewPaymentIntents(&client.API{}))},
 		{"zero lease", "WithLease", second(NewPaymentIntents(api, WithJournal(memjournal.New(nil), journal.WithLease(0))))},
-		{"nil logger", "WithLogger", second(NewRefunds(api, WithJournal(memjournal.New(nil), journal.WithLogger(nil))))},
+		{"nil logger", "WithLogger", second(NewPaymentIntents(api, WithJournal(memjournal.New(nil), journal.WithLogger(nil))))},
+		{"uninitialised check client", "WithCheckClient", second(New(api.Refunds.New, WithCheckClient(&client.API{})))},
 		{"nil post", "post", second(New(nilPost))},
 		{"object without ID", "post", second(New(func(*stripego.CustomerParams) (*noID, error) { return nil, nil }))},
 		{"object without LastResponse", "post", second(New(func(*stripego.CustomerParams) (*noResponse, error) { return nil, nil }))},
@@ -210,7 +212,7 @@ func TestRefusedTLSIsAConfigurationError(t *testing.T) {
 			charges := newPI(t, client.New(stripetest.APIKey, &stripego.Backends{API: b, Connect: b, Uploads: b}), WithJournal(j))
 			_, err := charges.Apply(context.Background(), "k", order)
 			var ce *effects.ConfigError
-			if !errors.Is(err, effects.ErrInvalidConfig) || !errors.As(err, &ce) || effects.Retryable(err) || errors.Is(err, effects.ErrTransient) {
+			if !errors.Is(err, effects.ErrInvalidConfig) || !errors.As(err, &ce) || effects.ClassOf(err) == effects.Retryable || errors.Is(err, effects.ErrTransient) {
 				t.Fatalf("got %v, want a configuration error that is not retryable", err)
 			}
 			if !strings.Contains(err.Error(), "no retry fixes this") {

@@ -178,7 +178,7 @@ func (e *replayedError) Unwrap() []error { return []error{ErrReplayedServerError
 // the same key cannot change: a card decline (402 card_error), an invalid
 // request (400 invalid_request_error: a missing parameter, an unknown
 // customer, a refund of more than is left). It matches
-// [effects.ErrRefused] with errors.Is, so it is [effects.ClassPermanent]:
+// [effects.ErrRefused] with errors.Is, so it is in class [effects.Permanent]:
 // a consumer dead-letters it at the first attempt. Stripe stores a
 // decline under the key and replays it; a validation failure is not
 // stored, so a corrected request may reuse the key.

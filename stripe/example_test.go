@@ -118,8 +118,8 @@ func ExampleNew_pathParameter() {
 	// Output: applied tr_
 }
 
-// A retried partial refund refunds once.
-func ExampleRefunds() {
+// A retried partial refund refunds once: refunds are New(api.Refunds.New).
+func ExampleNew_refunds() {
 	srv, err := stripetest.New()
 	if err != nil {
 		log.Fatal(err)
@@ -137,13 +137,13 @@ func ExampleRefunds() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	refunds, err := stripe.NewRefunds(api)
+	refunds, err := stripe.New(api.Refunds.New, stripe.WithCheckClient(api))
 	if err != nil {
 		log.Fatal(err)
 	}
 	key := effects.MustKey("shop", "order-7", "refund-damaged-item")
 	for i := 0; i < 3; i++ { // a consumer retrying after timeouts
-		res, err := refunds.Apply(ctx, key, stripe.Refund{PaymentIntent: paid.Ref, Amount: 1500})
+		res, err := refunds.Apply(ctx, key, &stripego.RefundParams{PaymentIntent: stripego.String(paid.Ref), Amount: stripego.Int64(1500)})
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -174,13 +174,13 @@ func Example_errors() {
 		log.Fatal(err)
 	}
 	_, err = charges.Apply(ctx, key, stripe.PaymentIntent{Amount: 9900, Currency: "usd"})
-	fmt.Println(errors.Is(err, effects.ErrKeyReused), effects.Retryable(err))
+	fmt.Println(errors.Is(err, effects.ErrKeyReused), effects.ClassOf(err) == effects.Retryable)
 
 	declined := stripe.PaymentIntent{Amount: 2000, Currency: "usd", PaymentMethod: "pm_card_chargeDeclined", Confirm: true}
 	_, err = charges.Apply(ctx, effects.MustKey("billing", "evt_124", "charge"), declined)
 	var refused *stripe.RequestError
 	if errors.As(err, &refused) {
-		fmt.Println(refused.Err.Code, effects.Retryable(err))
+		fmt.Println(refused.Err.Code, effects.ClassOf(err) == effects.Retryable)
 	}
 	// Output:
 	// true false

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	stripego "github.com/stripe/stripe-go/v76"
 	"github.com/stripe/stripe-go/v76/client"
 	"go.uber.org/goleak"
 
@@ -66,10 +67,11 @@ func newPI(t testing.TB, api *client.API, opts ...Option) *PaymentIntents {
 	return p
 }
 
-// newRefunds is NewRefunds for tests.
-func newRefunds(t testing.TB, api *client.API, opts ...Option) *Refunds {
+// newRefunds is the refunds effect, New(api.Refunds.New) checking with
+// api, for tests.
+func newRefunds(t testing.TB, api *client.API, opts ...Option) *Effect[*stripego.RefundParams] {
 	t.Helper()
-	r, err := NewRefunds(api, opts...)
+	r, err := New(api.Refunds.New, append([]Option{WithCheckClient(api)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,13 +27,13 @@ const replayedHeader = "Idempotent-Replayed"
 // Stripe keeps the key (at least 24 h); a retry after that executes again
 // and may duplicate. The error Apply returns matches it and
 // [effects.ErrPoison] (a delivery no retry can handle), so it is
-// [effects.ClassPermanent]: dead-letter the message and reconcile the
+// in class [effects.Permanent]: dead-letter the message and reconcile the
 // outcome with Stripe (webhooks, the Dashboard, a metadata search). The
 // *stripe.Error is reachable with errors.As.
 var ErrReplayedServerError = errors.New("stripe replayed a stored server error for this idempotency key; the outcome is unknown and retrying the key cannot resolve it: reconcile")
 
-// Option configures an effect built by [New], [NewPaymentIntents] or
-// [NewRefunds]. A nil Option is ignored.
+// Option configures an effect built by [New] or [NewPaymentIntents]. A nil
+// Option is ignored.
 type Option interface{ apply(*config) }
 
 type option func(*config)
@@ -62,8 +62,8 @@ func WithJournal(j journal.Journal, opts ...journal.Option) Option {
 
 // WithCheckClient gives an effect built by [New] the stripe-go client its
 // Check probes the API key with (see [Effect.Check]): pass the client
-// whose method New was given. [NewPaymentIntents] and [NewRefunds] use
-// their own client and need no such option. api must not be nil.
+// whose method New was given. [NewPaymentIntents] uses its own client
+// and needs no such option. api must not be nil.
 func WithCheckClient(api *client.API) Option {
 	return option(func(c *config) { c.api, c.apiSet = api, true })
 }

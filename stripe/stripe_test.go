@@ -85,7 +85,7 @@ func TestInvalidKeysAreRefusedBeforeAnyRequest(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := charges.Apply(context.Background(), key, order)
-			if !errors.Is(err, effects.ErrInvalidKey) || effects.Retryable(err) {
+			if !errors.Is(err, effects.ErrInvalidKey) || effects.ClassOf(err) == effects.Retryable {
 				t.Errorf("got %v, want a permanent ErrInvalidKey", err)
 			}
 		})
@@ -109,11 +109,11 @@ func TestKeyReusedWithOtherPayload(t *testing.T) {
 	other.Amount++
 	_, err := charges.Apply(context.Background(), key, other)
 	var se *stripego.Error
-	if !errors.Is(err, effects.ErrKeyReused) || effects.Retryable(err) || !errors.As(err, &se) || se.Type != stripego.ErrorTypeIdempotency {
+	if !errors.Is(err, effects.ErrKeyReused) || effects.ClassOf(err) == effects.Retryable || !errors.As(err, &se) || se.Type != stripego.ErrorTypeIdempotency {
 		t.Errorf("got %v, want ErrKeyReused wrapping Stripe's idempotency_error", err)
 	}
 	// Refunds under a PaymentIntent's key: another endpoint, also reuse.
-	_, err = newRefunds(t, newAPI(t, srv, nil)).Apply(context.Background(), key, Refund{PaymentIntent: "pi_x"})
+	_, err = newRefunds(t, newAPI(t, srv, nil)).Apply(context.Background(), key, &stripego.RefundParams{PaymentIntent: stripego.String("pi_x")})
 	if !errors.Is(err, effects.ErrKeyReused) || srv.Created(string(key)) != 1 {
 		t.Errorf("refund under a PaymentIntent's key: %v", err)
 	}
@@ -135,7 +135,7 @@ func TestConcurrentAttemptIsInFlight(t *testing.T) {
 	}()
 	time.Sleep(100 * time.Millisecond)
 	_, err := charges.Apply(context.Background(), key, order)
-	if !errors.Is(err, effects.ErrInFlight) || !effects.Retryable(err) {
+	if !errors.Is(err, effects.ErrInFlight) || effects.ClassOf(err) != effects.Retryable {
 		t.Errorf("concurrent attempt: %v, want a retryable ErrInFlight", err)
 	}
 	wg.Wait()
@@ -155,7 +155,7 @@ func TestLostReplyIsAmbiguousAndTheRetryReplays(t *testing.T) {
 	key := effects.MustKey("test", "evt_1", "charge")
 	f.Arm(1, conformance.DropReply, nil)
 	_, err := charges.Apply(context.Background(), key, order)
-	if !errors.Is(err, effects.ErrAmbiguous) || !effects.Retryable(err) || !errors.Is(err, conformance.ErrInjected) {
+	if !errors.Is(err, effects.ErrAmbiguous) || effects.ClassOf(err) != effects.Retryable || !errors.Is(err, conformance.ErrInjected) {
 		t.Fatalf("lost reply: %v, want ErrAmbiguous wrapping the transport's error", err)
 	}
 	if srv.Created(string(key)) != 1 {
@@ -177,7 +177,7 @@ func TestCancelledContext(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := charges.Apply(ctx, key, order); !errors.Is(err, context.Canceled) || !effects.Retryable(err) {
+	if _, err := charges.Apply(ctx, key, order); !errors.Is(err, context.Canceled) || effects.ClassOf(err) != effects.Retryable {
 		t.Errorf("cancelled before the call: %v", err)
 	}
 	if srv.Requests() != 0 {
@@ -225,12 +225,12 @@ func TestServerErrors(t *testing.T) {
 		key := effects.Key("k500")
 		srv.FailNext(1, 500)
 		_, err := charges.Apply(context.Background(), key, order)
-		if !errors.Is(err, effects.ErrAmbiguous) || !effects.Retryable(err) {
+		if !errors.Is(err, effects.ErrAmbiguous) || effects.ClassOf(err) != effects.Retryable {
 			t.Fatalf("first 500: %v, want a retryable ErrAmbiguous", err)
 		}
 		_, err = charges.Apply(context.Background(), key, order)
 		var se *stripego.Error
-		if !errors.Is(err, ErrReplayedServerError) || effects.Retryable(err) || !errors.As(err, &se) || se.HTTPStatusCode != 500 {
+		if !errors.Is(err, ErrReplayedServerError) || effects.ClassOf(err) == effects.Retryable || !errors.As(err, &se) || se.HTTPStatusCode != 500 {
 			t.Fatalf("replayed 500: %v, want a permanent ErrReplayedServerError wrapping the 500", err)
 		}
 	})
@@ -270,7 +270,7 @@ func TestStripeRefusalsArePermanent(t *testing.T) {
 		re *RequestError
 		ce *stripego.CardError
 	)
-	if !errors.As(err, &re) || !errors.As(err, &ce) || effects.Retryable(err) || re.Err.Code != stripego.ErrorCodeCardDeclined {
+	if !errors.As(err, &re) || !errors.As(err, &ce) || effects.ClassOf(err) == effects.Retryable || re.Err.Code != stripego.ErrorCodeCardDeclined {
 		t.Errorf("decline: %v, want a permanent *RequestError wrapping a *stripe.CardError", err)
 	}
 	if !strings.Contains(err.Error(), "card_declined") {
@@ -280,7 +280,7 @@ func TestStripeRefusalsArePermanent(t *testing.T) {
 	// A validation failure is not stored by Stripe: the corrected input
 	// with the same key executes.
 	_, err = charges.Apply(context.Background(), "fixme", PaymentIntent{Amount: 2000})
-	if !errors.As(err, &re) || re.Err.Param != "currency" || effects.Retryable(err) {
+	if !errors.As(err, &re) || re.Err.Param != "currency" || effects.ClassOf(err) == effects.Retryable {
 		t.Fatalf("missing currency: %v", err)
 	}
 	res, err := charges.Apply(context.Background(), "fixme", PaymentIntent{Amount: 2000, Currency: "usd"})
@@ -298,7 +298,7 @@ func TestRefunds(t *testing.T) {
 		t.Fatal(err)
 	}
 	refunds := newRefunds(t, api)
-	in := Refund{PaymentIntent: paid.Ref, Amount: 300, Reason: "requested_by_customer"}
+	in := &stripego.RefundParams{PaymentIntent: stripego.String(paid.Ref), Amount: stripego.Int64(300), Reason: stripego.String("requested_by_customer")}
 	first, err := refunds.Apply(context.Background(), "refund-1", in)
 	if err != nil || first.Status != effects.Applied || !strings.HasPrefix(first.Ref, "re_") {
 		t.Fatalf("refund: %+v, %v", first, err)
@@ -313,7 +313,7 @@ func TestRefunds(t *testing.T) {
 	if n := srv.Created("refund-1"); n != 1 {
 		t.Errorf("%d refunds, want 1", n)
 	}
-	_, err = refunds.Apply(context.Background(), "refund-2", Refund{PaymentIntent: paid.Ref, Amount: 800})
+	_, err = refunds.Apply(context.Background(), "refund-2", &stripego.RefundParams{PaymentIntent: stripego.String(paid.Ref), Amount: stripego.Int64(800)})
 	var re *RequestError
 	if !errors.As(err, &re) || re.Err.Code != stripego.ErrorCodeAmountTooLarge {
 		t.Errorf("refund of more than is left: %v", err)

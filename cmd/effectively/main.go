@@ -409,6 +409,10 @@ func redrive(ctx context.Context, r *redactor, args []string, stdout, stderr io.
 	if err := parseFlags(fs, args, stdout, stderr); err != nil {
 		return helpOK(err)
 	}
+	if perSecond < 0 {
+		fmt.Fprintln(stderr, "effectively redrive: -rate must not be negative (0: no limit)")
+		return errUsage
+	}
 	opts, err := redriveSelection(sel, group)
 	if err != nil {
 		fmt.Fprintln(stderr, "effectively redrive:", err)
@@ -423,7 +427,10 @@ func redrive(ctx context.Context, r *redactor, args []string, stdout, stderr io.
 		return err
 	}
 	defer cl.Close()
-	opts = append(opts, kafka.WithIDHeader(ih), kafka.WithRate(rate.Limit(perSecond), 1))
+	opts = append(opts, kafka.WithIDHeader(ih))
+	if perSecond > 0 {
+		opts = append(opts, kafka.WithLimiter(rate.NewLimiter(rate.Limit(perSecond), 1)))
+	}
 	if topic != "" {
 		opts = append(opts, kafka.WithTopic(topic))
 	}
@@ -520,11 +527,10 @@ func redriveSelection(sel selection, group string) ([]kafka.RedriveOption, error
 		return nil, err
 	}
 	opts := []kafka.RedriveOption{kafka.WithTimeRange(from, to)}
-	if classes := split(sel.class); len(classes) > 0 {
-		opts = append(opts, kafka.WithClasses(classes...))
-	}
-	if ids := split(sel.ids); len(ids) > 0 {
-		opts = append(opts, kafka.WithIDs(ids...))
+	if classes, ids := split(sel.class), split(sel.ids); len(classes) > 0 || len(ids) > 0 {
+		opts = append(opts, kafka.WithFilter(func(d kafka.DeadLetter) bool {
+			return (len(classes) == 0 || slices.Contains(classes, d.Class)) && (len(ids) == 0 || slices.Contains(ids, d.ID))
+		}))
 	}
 	if sel.count > 0 {
 		opts = append(opts, kafka.WithLimit(sel.count))

@@ -152,8 +152,8 @@ func WithBackoff(min, max time.Duration) Option {
 }
 
 // WithDeadLetter sets the hook that takes a delivery the consumer gives up
-// on: at once when its error is permanent ([effects.Permanent]: a refusal,
-// a key reused, an invalid key, poison, a panic), or after
+// on: at once when its error is permanent (class [effects.Permanent]: a
+// refusal, a key reused, an invalid key, poison, a panic), or after
 // [WithMaxAttempts] attempts that failed otherwise. err is the last
 // attempt's error (errors.As reaches a *[effects.PanicError] and its
 // stack). The hook typically writes the delivery to a dead-letter topic or
@@ -162,7 +162,7 @@ func WithBackoff(min, max time.Duration) Option {
 // limit; a panic in it is recovered as the hook's failure.
 //
 // If the hook returns nil, the consumer acks the delivery: it is handled,
-// by the hook. If it returns a configuration error ([effects.IsConfig]: a
+// by the hook. If it returns a configuration error ([effects.InvalidConfig]: a
 // dead-letter topic that does not exist), Run stops as for a handler's
 // configuration error. Any other error parks the delivery, as
 // [WithoutDeadLetter] does, and each retry calls the hook again.
@@ -1045,7 +1045,7 @@ func (r *run) decide(t *sched.Task, err error, took time.Duration, behind bool) 
 		r.ack(t)
 	case err == errNotOwned:
 		c.dropped.Add(1)
-	case effects.IsConfig(err):
+	case effects.ClassOf(err) == effects.InvalidConfig:
 		r.failedLevel(t, took, err, slog.LevelError, "consume.Consumer: configuration error; stopping")
 		r.halt(fmt.Errorf("consume.Consumer: stopped by a configuration error; delivery %q left unacked: %w", ratelog.Bound(t.Delivery.ID), err))
 	case r.ctx.Err() != nil:
@@ -1073,7 +1073,7 @@ func (r *run) decide(t *sched.Task, err error, took time.Duration, behind bool) 
 func (r *run) failure(t *sched.Task, err error, took time.Duration, wasParked bool) (sched.Outcome, time.Duration, effects.EventKind) {
 	c := r.c
 	class := effects.ClassOf(err)
-	if class == effects.ClassRetryable && errors.Is(err, effects.ErrInFlight) {
+	if class == effects.Retryable && errors.Is(err, effects.ErrInFlight) {
 		if delay, ok := r.inFlightWait(t, err); ok {
 			c.inFlight.Add(1)
 			r.report(effects.EventInFlight, t, took, err, slog.LevelInfo, "consume.Consumer: another attempt holds the key; waiting")
@@ -1083,13 +1083,13 @@ func (r *run) failure(t *sched.Task, err error, took time.Duration, wasParked bo
 		}
 	}
 	exhausted := c.cfg.maxAttempts > 0 && t.Attempt >= c.cfg.maxAttempts
-	if class != effects.ClassPermanent && !exhausted {
+	if class != effects.Permanent && !exhausted {
 		c.retried.Add(1)
 		r.report(effects.EventRetried, t, took, err, slog.LevelInfo, "consume.Consumer: attempt failed; retrying")
 		return sched.Retry, c.cfg.retryDelay(t.Attempt, err), effects.EventRetried
 	}
 	why := fmt.Sprintf("gave up after %d attempts", t.Attempt)
-	if class == effects.ClassPermanent {
+	if class == effects.Permanent {
 		why = "permanent error"
 	}
 	if c.cfg.deadLetter == nil {
@@ -1102,7 +1102,7 @@ func (r *run) failure(t *sched.Task, err error, took time.Duration, wasParked bo
 			r.report(effects.EventDeadLettered, t, took, err, slog.LevelWarn, "consume.Consumer: delivery dead-lettered")
 			r.ack(t)
 			return sched.Finished, 0, effects.EventDeadLettered
-		case effects.IsConfig(herr):
+		case effects.ClassOf(herr) == effects.InvalidConfig:
 			herr = fmt.Errorf("dead-letter hook: %w", herr)
 			r.failedLevel(t, took, herr, slog.LevelError, "consume.Consumer: configuration error; stopping")
 			r.halt(fmt.Errorf("consume.Consumer: stopped by a configuration error; delivery %q left unacked: %w", ratelog.Bound(t.Delivery.ID), herr))

@@ -389,7 +389,7 @@ func TestConsumerRecoversPanics(t *testing.T) {
 		t.Fatalf("dead-lettered %v, want [a-1]", ids)
 	}
 	var pe *effects.PanicError
-	if !errors.As(errs[0], &pe) || !errors.Is(errs[0], effects.ErrPanic) || !effects.Permanent(errs[0]) ||
+	if !errors.As(errs[0], &pe) || !errors.Is(errs[0], effects.ErrPanic) || effects.ClassOf(errs[0]) != effects.Permanent ||
 		!strings.Contains(errs[0].Error(), "panic") || !strings.Contains(string(pe.Stack), "policy_test.go") {
 		t.Fatalf("hook got %v; want a permanent *PanicError with the handler's stack", errs[0])
 	}

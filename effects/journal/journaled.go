@@ -51,9 +51,9 @@ var completeBackoff = retry.Backoff{Min: 10 * time.Millisecond, Max: 100 * time.
 //     [effects.ErrKeyReused] (a lost reply, a refused connection, a cancelled
 //     context, an error the journal did not classify) is [effects.ErrTransient]:
 //     the effect was not attempted, so the same key may be retried, and
-//     [effects.Retryable] says so. The journal's own error stays reachable with
-//     errors.As, but not its kind: an ambiguous Begin is not an ambiguous
-//     effect.
+//     [effects.ClassOf] says [effects.Retryable]. The journal's own error
+//     stays reachable with errors.As, but not its kind: an ambiguous Begin
+//     is not an ambiguous effect.
 //   - A done record is replayed ([effects.Replayed], the stored Ref) without
 //     calling the owner. A key begun with another fingerprint is
 //     [effects.ErrKeyReused]. A key whose lease another attempt holds is
@@ -74,9 +74,10 @@ var completeBackoff = retry.Backoff{Min: 10 * time.Millisecond, Max: 100 * time.
 //     the call releases the lease and is [effects.ErrTransient].
 //   - After a success, Complete runs on a context detached from the
 //     caller's, bounded by the record timeout ([WithRecordTimeout]), and
-//     is retried with backoff while its error is [effects.Retryable]. If the record still does not
-//     commit, Apply returns the owner's success anyway and logs the
-//     failure: the owner confirmed the effect, so the truth is effects.Applied.
+//     is retried with backoff while its error is in class
+//     [effects.Retryable]. If the record still does not commit, Apply
+//     returns the owner's success anyway and logs the failure: the owner
+//     confirmed the effect, so the truth is effects.Applied.
 //     An error would make the caller retry into effects.ErrInFlight and, once the
 //     lease expired, do the effect again; success lets it ack, and only a
 //     redelivery after the lease can duplicate (the window the adapters
@@ -385,7 +386,7 @@ func (j *Journaled) complete(a *Attempt, ref string) {
 		} else {
 			err = j.journal.Complete(dctx, key, ref)
 		}
-		if err == nil || !effects.Retryable(err) {
+		if err == nil || effects.ClassOf(err) != effects.Retryable {
 			break
 		}
 		if retry.Sleep(dctx, completeBackoff.Delay(attempt)) != nil {

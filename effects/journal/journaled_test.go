@@ -112,7 +112,7 @@ func TestJournaledAppliesOnceAndReplaysFromTheRecord(t *testing.T) {
 	if n := o.calls.Load(); n != 1 {
 		t.Errorf("the owner was called %d times, want 1", n)
 	}
-	if _, err := p.Apply(context.Background(), key, []byte("other"), o.call); !errors.Is(err, effects.ErrKeyReused) || effects.Retryable(err) {
+	if _, err := p.Apply(context.Background(), key, []byte("other"), o.call); !errors.Is(err, effects.ErrKeyReused) || effects.ClassOf(err) == effects.Retryable {
 		t.Errorf("other fingerprint: %v, want a permanent ErrKeyReused", err)
 	}
 }
@@ -130,7 +130,7 @@ func TestJournaledBeginErrorsAreTransient(t *testing.T) {
 			j := &faultyJournal{Journal: memjournal.New(nil), beginErr: beginErr}
 			o := &owner{}
 			_, err := newJournaled(t, j).Apply(context.Background(), "k", fp, o.call)
-			if !errors.Is(err, effects.ErrTransient) || !effects.Retryable(err) {
+			if !errors.Is(err, effects.ErrTransient) || effects.ClassOf(err) != effects.Retryable {
 				t.Fatalf("Apply = %v, want a retryable ErrTransient", err)
 			}
 			if errors.Is(err, effects.ErrAmbiguous) {
@@ -157,7 +157,7 @@ func TestJournaledInFlight(t *testing.T) {
 	}
 	o := &owner{}
 	_, err := newJournaled(t, j).Apply(context.Background(), key, fp, o.call)
-	if !errors.Is(err, effects.ErrInFlight) || !effects.Retryable(err) || o.calls.Load() != 0 {
+	if !errors.Is(err, effects.ErrInFlight) || effects.ClassOf(err) != effects.Retryable || o.calls.Load() != 0 {
 		t.Fatalf("Apply = %v after %d calls, want ErrInFlight without calling the owner", err, o.calls.Load())
 	}
 

@@ -266,7 +266,7 @@ func TestQuickStartRevokedKey(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	err := run(ctx, k.pool, k.stripe.Client(nil), k.brokers)
-	if !effects.IsConfig(err) {
+	if effects.ClassOf(err) != effects.InvalidConfig {
 		t.Fatalf("run = %v, want a configuration error", err)
 	}
 	var ce *effects.ConfigError

@@ -53,11 +53,11 @@ func TestCheck(t *testing.T) {
 			t.Fatal(err)
 		}
 		var cfg *effects.ConfigError
-		if err := l.Check(ctx); !errors.As(err, &cfg) || !effects.IsConfig(err) {
+		if err := l.Check(ctx); !errors.As(err, &cfg) || effects.ClassOf(err) != effects.InvalidConfig {
 			t.Errorf("Check with %s: %v, want a *effects.ConfigError", tc.name, err)
 		}
 	}
-	if _, err := sqlite.New(nil); !effects.IsConfig(err) {
+	if _, err := sqlite.New(nil); effects.ClassOf(err) != effects.InvalidConfig {
 		t.Errorf("New(nil): %v, want a config error", err)
 	}
 }

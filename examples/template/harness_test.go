@@ -108,7 +108,7 @@ func TestCheck(t *testing.T) {
 	}
 	b.AsyncCommit = true
 	var cfg *effects.ConfigError
-	if err := a.Check(context.Background()); !errors.As(err, &cfg) || !effects.IsConfig(err) {
+	if err := a.Check(context.Background()); !errors.As(err, &cfg) || effects.ClassOf(err) != effects.InvalidConfig {
 		t.Errorf("Check with AsyncCommit: %v, want a *effects.ConfigError", err)
 	}
 }
@@ -119,13 +119,13 @@ func TestRefusal(t *testing.T) {
 	b := template.NewBackend()
 	a, _ := template.New(b)
 	_, err := a.Apply(context.Background(), effects.MustKey("k"), template.Entry{Account: "a"})
-	if !errors.Is(err, effects.ErrRefused) || !effects.Permanent(err) {
+	if !errors.Is(err, effects.ErrRefused) || effects.ClassOf(err) != effects.Permanent {
 		t.Errorf("zero amount: %v, want ErrRefused, permanent", err)
 	}
 	if _, total := b.Counts(nil); total != 0 {
 		t.Errorf("refused entry written: total %d", total)
 	}
-	if _, err := template.New(nil); !effects.IsConfig(err) {
+	if _, err := template.New(nil); effects.ClassOf(err) != effects.InvalidConfig {
 		t.Errorf("New(nil): %v, want a config error", err)
 	}
 }

@@ -112,7 +112,7 @@ func TestPruneBatches(t *testing.T) {
 	if err != nil || n != 2500 || len(limits) != 3 || limits[0] != DefaultPruneBatch {
 		t.Fatalf("PruneBatches = %d, %v with limits %v; want 2500 in 3 statements of %d", n, err, limits, DefaultPruneBatch)
 	}
-	if _, err := PruneBatches(context.Background(), "x.Prune", -1, nil); !effects.IsConfig(err) {
+	if _, err := PruneBatches(context.Background(), "x.Prune", -1, nil); effects.ClassOf(err) != effects.InvalidConfig {
 		t.Fatalf("negative batch: %v, want a ConfigError", err)
 	}
 }
@@ -133,7 +133,7 @@ func TestFingerprint(t *testing.T) {
 	if got, _ := g(struct{ A int }{1}); !bytes.Equal(got, want) {
 		t.Errorf("default fingerprint = %x, want FingerprintJSON's %x", got, want)
 	}
-	if _, err := Fingerprint[ptrOnly]("x.New"); !effects.IsConfig(err) {
+	if _, err := Fingerprint[ptrOnly]("x.New"); effects.ClassOf(err) != effects.InvalidConfig {
 		t.Errorf("pointer-only method: %v, want a ConfigError", err)
 	}
 	if _, err := Fingerprint[*ptrOnly]("x.New"); err != nil {

@@ -20,7 +20,7 @@ var (
 	// could have sent them (the mail step's declared window).
 	ErrDuplicated = errors.New("duplicated")
 	// ErrDeadLetterNotPermanent: a dead letter for an error that is not
-	// permanent ([effects.Permanent] is false: retryable, unclassified or
+	// permanent (its class is not [effects.Permanent]: retryable, unclassified or
 	// a configuration error), or for a record whose fault is not the one
 	// its error names (a good event's record, a decline dead-lettered as
 	// poison).
@@ -137,7 +137,7 @@ const maxPerRule = 5
 //     PaymentIntent and one receipt write per event, and no more copies
 //     of its mail than its sent-record counts attempts.
 //   - Dead letters only for permanent errors ([ErrDeadLetterNotPermanent]):
-//     each dead letter's error is [effects.Permanent] and names its
+//     each dead letter's error is in class [effects.Permanent] and names its
 //     record's fault (poison, a refusal, a panic).
 //   - No event dead-lettered that waiting out a lease would have applied
 //     ([ErrDeadLetterInFlight]): no dead letter with [effects.ErrInFlight]
@@ -196,7 +196,7 @@ func CheckDayTwo(h *DayTwoHistory) []error {
 			c.add(ErrDeadLetterInFlight, "record %s (%s) dead-lettered for %v", d.Record, faultOf(h, d.Record), d.Err)
 			continue
 		}
-		if !effects.Permanent(d.Err) {
+		if effects.ClassOf(d.Err) != effects.Permanent {
 			c.add(ErrDeadLetterNotPermanent, "record %s (%s) dead-lettered for a %s error: %v",
 				d.Record, faultOf(h, d.Record), effects.ClassOf(d.Err), d.Err)
 			continue
@@ -222,7 +222,7 @@ func CheckDayTwo(h *DayTwoHistory) []error {
 			if hit.Worker >= 0 && hit.Worker < len(s.Exits) {
 				exit = s.Exits[hit.Worker]
 			}
-			if !effects.IsConfig(exit) {
+			if effects.ClassOf(exit) != effects.InvalidConfig {
 				c.add(ErrConfigNotStopped, "%s: worker %d met %v at record %s, and its Run returned %v",
 					s.Fault, hit.Worker, hit.Err, hit.Record, exit)
 			}

@@ -546,7 +546,7 @@ func (r *dayTwoRig) worker(ctx context.Context, w int, pool *pgxpool.Pool, api *
 			return err
 		}
 		_, err := plan.Run(ctx, e.ID, e)
-		if effects.IsConfig(err) && !cut.killed() {
+		if effects.ClassOf(err) == effects.InvalidConfig && !cut.killed() {
 			r.mu.Lock()
 			if r.configAt[w] == nil {
 				r.configAt[w] = map[torture.InputRecord]error{}

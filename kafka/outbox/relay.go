@@ -267,8 +267,8 @@ type ParkedError struct {
 	Topic     string
 	// Attempts is the row's counted attempts, this one included.
 	Attempts int
-	// Class is [effects.ClassPermanent] for a row the broker refused for
-	// good, [effects.ClassRetryable] for one that reached the attempt
+	// Class is [effects.Permanent] for a row the broker refused for
+	// good, [effects.Retryable] for one that reached the attempt
 	// limit.
 	Class effects.Class
 	// Err is the last produce error.
@@ -527,9 +527,9 @@ func (f *failures) add(r *Relay, rw row, err error, counted, refused bool) {
 	class := effects.Unclassified
 	switch {
 	case refused:
-		class = effects.ClassPermanent
+		class = effects.Permanent
 	case counted && r.maxAttempts > 0 && attempts >= r.maxAttempts:
-		class = effects.ClassRetryable
+		class = effects.Retryable
 	}
 	park := class != effects.Unclassified
 	f.ids = append(f.ids, rw.id)

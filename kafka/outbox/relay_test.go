@@ -145,7 +145,7 @@ func TestRelayParksPoisonAndGoodRowsFlow(t *testing.T) {
 		t.Fatalf("first batch: %d sent, %d parked (%v); want 0 and the 3 poison rows", n, len(parked), err)
 	}
 	for _, p := range parked {
-		if !errors.Is(p, kerr.MessageTooLarge) || p.Class != effects.ClassPermanent || p.Attempts != 1 || !strings.HasPrefix(string(p.MessageID), "poison-") {
+		if !errors.Is(p, kerr.MessageTooLarge) || p.Class != effects.Permanent || p.Attempts != 1 || !strings.HasPrefix(string(p.MessageID), "poison-") {
 			t.Errorf("parked %+v: want a poison row, MESSAGE_TOO_LARGE, permanent, 1 attempt", p)
 		}
 	}
@@ -318,7 +318,7 @@ func TestRelayParksAfterMaxAttempts(t *testing.T) {
 		errors.As(err, &parked)
 		time.Sleep(20 * time.Millisecond)
 	}
-	if parked.Class != effects.ClassRetryable || parked.Attempts != 2 || parked.MessageID != "sick-0" {
+	if parked.Class != effects.Retryable || parked.Attempts != 2 || parked.MessageID != "sick-0" {
 		t.Errorf("parked %+v; want sick-0, retryable, 2 attempts", parked)
 	}
 	if s := rowStates(t, pool); !s["good-0"].sent || s["sick-0"].class != "retryable" {
@@ -506,7 +506,7 @@ func TestEnqueueRefusesTooLarge(t *testing.T) {
 	err := inTx(t, pool, false, func(tx pgx.Tx) error {
 		_, err := outbox.Enqueue(ctx, tx, big)
 		var tl *outbox.TooLargeError
-		if !errors.As(err, &tl) || !effects.Permanent(err) ||
+		if !errors.As(err, &tl) || effects.ClassOf(err) != effects.Permanent ||
 			tl.Size != big.Size() || tl.Max != defaultMax || tl.ID != "big" {
 			t.Errorf("Enqueue(too large) = %v; want a permanent *TooLargeError with its size and the maximum", err)
 		}
@@ -517,7 +517,7 @@ func TestEnqueueRefusesTooLarge(t *testing.T) {
 		if _, err := outbox.Enqueue(ctx, tx, msg("small", "orders", "", 100), outbox.WithMaxMessageBytes(50)); !errors.As(err, new(*outbox.TooLargeError)) {
 			t.Errorf("Enqueue over a 50-byte limit = %v, want a *TooLargeError", err)
 		}
-		if _, err := outbox.Enqueue(ctx, tx, msg("small", "orders", "", 1), outbox.WithMaxMessageBytes(0)); !effects.IsConfig(err) {
+		if _, err := outbox.Enqueue(ctx, tx, msg("small", "orders", "", 1), outbox.WithMaxMessageBytes(0)); effects.ClassOf(err) != effects.InvalidConfig {
 			t.Errorf("WithMaxMessageBytes(0) = %v, want a configuration error", err)
 		}
 		_, err = outbox.Enqueue(ctx, tx, msg("after", "orders", "", 10))
@@ -679,7 +679,7 @@ func TestParkedRows(t *testing.T) {
 	if n, err := (outbox.ParkedFilter{Topic: t1}).Count(ctx, pool); n != 4 || err != nil {
 		t.Errorf("Count(t1) = %d, %v; want 4", n, err)
 	}
-	if _, err := (outbox.ParkedFilter{Limit: -1}).List(ctx, pool); !effects.IsConfig(err) {
+	if _, err := (outbox.ParkedFilter{Limit: -1}).List(ctx, pool); effects.ClassOf(err) != effects.InvalidConfig {
 		t.Errorf("Limit -1: %v, want a configuration error", err)
 	}
 	if n, err := (outbox.ParkedFilter{Topic: t2}).Drop(ctx, pool); n != 1 || err != nil {

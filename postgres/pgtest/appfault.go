@@ -5,13 +5,8 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/jackc/pgx/v5/pgconn"
+	"effectively.dev/postgres"
 )
-
-// Execer runs a statement: a *pgx.Conn, a *pgxpool.Pool or a pgx.Tx.
-type Execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
 
 // AppFaults makes a real PostgreSQL server answer an application error
 // (an ERROR with a given SQLSTATE, such as 40001 serialization_failure,
@@ -42,7 +37,7 @@ type Execer interface {
 // stays fired though its transaction rolled back. Each write statement
 // (and each row written, at COMMIT) of the tables then costs one nextval.
 type AppFaults struct {
-	db Execer
+	db postgres.DB
 }
 
 // The sequences hold the armed fault as a negative number, -(code+1),
@@ -57,7 +52,7 @@ const (
 // InstallAppFaults creates the sequences, the trigger function and the
 // triggers on tables (each created once: installing again is harmless),
 // disarmed, in db's database. It fails on a table that does not exist.
-func InstallAppFaults(ctx context.Context, db Execer, tables ...string) (*AppFaults, error) {
+func InstallAppFaults(ctx context.Context, db postgres.DB, tables ...string) (*AppFaults, error) {
 	stmts := []string{
 		fmt.Sprintf(`CREATE SEQUENCE IF NOT EXISTS %s MINVALUE -%d INCREMENT %d START 1`, appFaultWrite, appFaultStep, appFaultStep),
 		fmt.Sprintf(`CREATE SEQUENCE IF NOT EXISTS %s MINVALUE -%d INCREMENT %d START 1`, appFaultCommit, appFaultStep, appFaultStep),

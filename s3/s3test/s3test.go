@@ -77,21 +77,22 @@ import (
 )
 
 // The versitygw release the tests run against, and the environment
-// variables that point the tests at another endpoint or binary.
+// variables that point the tests at another endpoint or binary (see the
+// package doc).
 const (
-	// Version is the versitygw release the tests run against.
-	Version = "v1.8.0"
-	// Module is the package path of the versitygw command.
-	Module = "github.com/versity/versitygw/cmd/versitygw"
+	// versitygwVersion is the versitygw release the tests run against.
+	versitygwVersion = "v1.8.0"
+	// versitygwModule is the package path of the versitygw command.
+	versitygwModule = "github.com/versity/versitygw/cmd/versitygw"
 	// Environment variables: an endpoint, its credentials, bucket and
 	// region to test against instead of a new gateway, and a versitygw
 	// binary to run instead of building one.
-	EnvEndpoint  = "S3TEST_ENDPOINT"
-	EnvAccessKey = "S3TEST_ACCESS_KEY"
-	EnvSecretKey = "S3TEST_SECRET_KEY"
-	EnvBucket    = "S3TEST_BUCKET"
-	EnvRegion    = "S3TEST_REGION"
-	EnvBinary    = "S3TEST_VERSITYGW"
+	envEndpoint  = "S3TEST_ENDPOINT"
+	envAccessKey = "S3TEST_ACCESS_KEY"
+	envSecretKey = "S3TEST_SECRET_KEY"
+	envBucket    = "S3TEST_BUCKET"
+	envRegion    = "S3TEST_REGION"
+	envBinary    = "S3TEST_VERSITYGW"
 )
 
 const (
@@ -160,7 +161,7 @@ func forTest(t testing.TB, start func() (*Server, error)) *Server {
 // New is [Start] for code that has no testing.TB (TestMain, examples): the
 // caller must call [Server.Close].
 func New() (*Server, error) {
-	if os.Getenv(EnvEndpoint) != "" {
+	if os.Getenv(envEndpoint) != "" {
 		return external()
 	}
 	bin, err := binary()
@@ -208,18 +209,18 @@ func (s *Server) init() error {
 
 func external() (*Server, error) {
 	s := &Server{
-		Endpoint:  strings.TrimRight(os.Getenv(EnvEndpoint), "/"),
-		Region:    os.Getenv(EnvRegion),
-		AccessKey: os.Getenv(EnvAccessKey),
-		SecretKey: os.Getenv(EnvSecretKey),
-		Bucket:    os.Getenv(EnvBucket),
+		Endpoint:  strings.TrimRight(os.Getenv(envEndpoint), "/"),
+		Region:    os.Getenv(envRegion),
+		AccessKey: os.Getenv(envAccessKey),
+		SecretKey: os.Getenv(envSecretKey),
+		Bucket:    os.Getenv(envBucket),
 		external:  true,
 	}
 	if s.Region == "" {
 		s.Region = defaultRegion
 	}
 	if s.AccessKey == "" || s.SecretKey == "" || s.Bucket == "" {
-		return nil, fmt.Errorf("%s is set, so %s, %s and %s must be too", EnvEndpoint, EnvAccessKey, EnvSecretKey, EnvBucket)
+		return nil, fmt.Errorf("%s is set, so %s, %s and %s must be too", envEndpoint, envAccessKey, envSecretKey, envBucket)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
@@ -331,7 +332,7 @@ func (s *Server) InProcess() bool { return s.mem != nil }
 func (s *Server) Restart(ctx context.Context) error {
 	switch {
 	case s.external:
-		return errors.New("s3test: cannot restart an external endpoint (" + EnvEndpoint + ")")
+		return errors.New("s3test: cannot restart an external endpoint (" + envEndpoint + ")")
 	case s.mem != nil:
 		return s.restartInProcess(ctx)
 	}
@@ -349,7 +350,7 @@ func (s *Server) Restart(ctx context.Context) error {
 // conformance.Ager.
 func (s *Server) Age(d time.Duration) error {
 	if s.external {
-		return errors.New("s3test: cannot age an external endpoint (" + EnvEndpoint + ")")
+		return errors.New("s3test: cannot age an external endpoint (" + envEndpoint + ")")
 	}
 	for _, dir := range []string{s.root, s.versions} {
 		err := filepath.WalkDir(dir, func(path string, _ os.DirEntry, err error) error {
@@ -539,17 +540,17 @@ func (p *process) stop() error {
 // binary returns the path of the versitygw binary: $S3TEST_VERSITYGW, or
 // the cached build, building it first if there is none.
 func binary() (string, error) {
-	if p := os.Getenv(EnvBinary); p != "" {
+	if p := os.Getenv(envBinary); p != "" {
 		if _, err := os.Stat(p); err != nil {
-			return "", fmt.Errorf("%s=%s: %w", EnvBinary, p, err)
+			return "", fmt.Errorf("%s=%s: %w", envBinary, p, err)
 		}
 		return p, nil
 	}
 	cache, err := os.UserCacheDir()
 	if err != nil {
-		return "", fmt.Errorf("no cache directory for the versitygw build (%v); set %s to a versitygw %s binary", err, EnvBinary, Version)
+		return "", fmt.Errorf("no cache directory for the versitygw build (%v); set %s to a versitygw %s binary", err, envBinary, versitygwVersion)
 	}
-	dir := filepath.Join(cache, "effectively", "versitygw-"+Version)
+	dir := filepath.Join(cache, "effectively", "versitygw-"+versitygwVersion)
 	name := "versitygw"
 	if runtime.GOOS == "windows" {
 		name += ".exe"
@@ -584,7 +585,7 @@ func install(dir, name string) error {
 		if _, serr := os.Stat(goBin); serr != nil {
 			return fmt.Errorf("building versitygw %s needs the Go toolchain, and `go` is not on PATH (%v): install Go (https://go.dev/dl), "+
 				"or set %s to a prebuilt versitygw %s binary, or %s (with %s, %s, %s) to an existing S3 endpoint",
-				Version, err, EnvBinary, Version, EnvEndpoint, EnvAccessKey, EnvSecretKey, EnvBucket)
+				versitygwVersion, err, envBinary, versitygwVersion, envEndpoint, envAccessKey, envSecretKey, envBucket)
 		}
 	}
 	tmp, err := os.MkdirTemp(dir, "install-")
@@ -594,7 +595,7 @@ func install(dir, name string) error {
 	defer os.RemoveAll(tmp)
 	ctx, cancel := context.WithTimeout(context.Background(), installTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, goBin, "install", Module+"@"+Version)
+	cmd := exec.CommandContext(ctx, goBin, "install", versitygwModule+"@"+versitygwVersion)
 	cmd.Dir = tmp // outside any module, so this repository's go.mod plays no part
 	cmd.Env = append(os.Environ(), "GOBIN="+tmp, "GOWORK=off", "GOFLAGS=-buildvcs=false", "CGO_ENABLED=0")
 	out, err := cmd.CombinedOutput()
@@ -602,7 +603,7 @@ func install(dir, name string) error {
 		return fmt.Errorf("building versitygw %s failed: `GOBIN=%s go install %s@%s`: %v\n%s\n"+
 			"The S3 tests need versitygw: this needs the Go module proxy (GOPROXY) to be reachable and a few minutes of compiling on the first run. "+
 			"Alternatively set %s to a prebuilt versitygw %s binary, or %s (with %s, %s, %s) to an existing S3 endpoint.",
-			Version, tmp, Module, Version, err, out, EnvBinary, Version, EnvEndpoint, EnvAccessKey, EnvSecretKey, EnvBucket)
+			versitygwVersion, tmp, versitygwModule, versitygwVersion, err, out, envBinary, versitygwVersion, envEndpoint, envAccessKey, envSecretKey, envBucket)
 	}
 	return os.Rename(filepath.Join(tmp, name), filepath.Join(dir, name))
 }

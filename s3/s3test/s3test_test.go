@@ -120,7 +120,7 @@ func TestConcurrentConditionalPutsWriteOnce(t *testing.T) {
 					defer wg.Done()
 					res, err := w.Apply(context.Background(), key, s3.Object{Body: []byte("receipt"), ContentType: "text/plain"})
 					if err != nil {
-						if !effects.Retryable(err) {
+						if effects.ClassOf(err) != effects.Retryable {
 							t.Error(err)
 						}
 						return
@@ -227,26 +227,26 @@ func TestStartServesAVersionedBucket(t *testing.T) {
 }
 
 func TestStartInProcessIgnoresTheEndpointVariable(t *testing.T) {
-	t.Setenv(s3test.EnvEndpoint, "http://127.0.0.1:1")
+	t.Setenv("S3TEST_ENDPOINT", "http://127.0.0.1:1")
 	srv := s3test.StartInProcess(t)
 	if srv.External() || !srv.InProcess() || !strings.HasPrefix(srv.Endpoint, "http://127.0.0.1:") || srv.Endpoint == "http://127.0.0.1:1" {
-		t.Fatalf("StartInProcess with %s set: endpoint %s, external %t", s3test.EnvEndpoint, srv.Endpoint, srv.External())
+		t.Fatalf("StartInProcess with S3TEST_ENDPOINT set: endpoint %s, external %t", srv.Endpoint, srv.External())
 	}
 }
 
 func TestExternalEndpointNeedsCredentials(t *testing.T) {
-	t.Setenv(s3test.EnvEndpoint, "http://127.0.0.1:1")
-	t.Setenv(s3test.EnvAccessKey, "")
+	t.Setenv("S3TEST_ENDPOINT", "http://127.0.0.1:1")
+	t.Setenv("S3TEST_ACCESS_KEY", "")
 	_, err := s3test.New()
-	if err == nil || !strings.Contains(err.Error(), s3test.EnvAccessKey) {
-		t.Fatalf("New with S3TEST_ENDPOINT and no credentials: %v, want an error naming %s", err, s3test.EnvAccessKey)
+	if err == nil || !strings.Contains(err.Error(), "S3TEST_ACCESS_KEY") {
+		t.Fatalf("New with S3TEST_ENDPOINT and no credentials: %v, want an error naming S3TEST_ACCESS_KEY", err)
 	}
 }
 
 func TestBinaryFromEnvironment(t *testing.T) {
-	t.Setenv(s3test.EnvEndpoint, "")
-	t.Setenv(s3test.EnvBinary, "/nonexistent/versitygw")
-	if _, err := s3test.New(); !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), s3test.EnvBinary) {
+	t.Setenv("S3TEST_ENDPOINT", "")
+	t.Setenv("S3TEST_VERSITYGW", "/nonexistent/versitygw")
+	if _, err := s3test.New(); !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), "S3TEST_VERSITYGW") {
 		t.Fatalf("New with a missing S3TEST_VERSITYGW: %v, want not exist, naming the variable", err)
 	}
 }
@@ -254,16 +254,16 @@ func TestBinaryFromEnvironment(t *testing.T) {
 // When versitygw cannot be built (here: the module proxy is off and the
 // module cache empty), the error says what to install or set.
 func TestBinaryBuildFailureSaysWhatToDo(t *testing.T) {
-	t.Setenv(s3test.EnvBinary, "")
+	t.Setenv("S3TEST_VERSITYGW", "")
 	t.Setenv("XDG_CACHE_HOME", t.TempDir()) // no cached build
 	t.Setenv("GOMODCACHE", t.TempDir())     // no module sources
 	t.Setenv("GOPROXY", "off")
-	t.Setenv(s3test.EnvEndpoint, "")
+	t.Setenv("S3TEST_ENDPOINT", "")
 	_, err := s3test.New()
 	if err == nil {
 		t.Fatal("New succeeded without a cached build and without the module proxy")
 	}
-	for _, want := range []string{"versitygw", s3test.Version, s3test.EnvBinary, s3test.EnvEndpoint, "GOPROXY"} {
+	for _, want := range []string{"versitygw", "v1.8.0", "S3TEST_VERSITYGW", "S3TEST_ENDPOINT", "GOPROXY"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not mention %s:\n%v", want, err)
 		}

@@ -161,7 +161,7 @@ func retryProbe(calls map[int]string, setup func(c *counterexamples.VendorClient
 			switch {
 			case err == nil:
 				ok = true
-			case !effects.Retryable(err):
+			case effects.ClassOf(err) != effects.Retryable:
 				return fmt.Sprintf("attempt %d: %v is not retryable: a consumer gives up on the key", attempt+1, err)
 			case errors.Is(err, effects.ErrTransient) && v.Count("k") != before:
 				return fmt.Sprintf("attempt %d: ErrTransient, yet the vendor went from %d to %d effects", attempt+1, before, v.Count("k"))

@@ -460,7 +460,7 @@ func (h *handler) handle(ctx context.Context, d effects.Delivery) (err error) {
 // package doc) into the dead-letters table, once per input record, and
 // refuses every other failure, which so stays unacked and is retried.
 func (h *handler) deadLetter(ctx context.Context, d effects.Delivery, cause error) error {
-	if !effects.Permanent(cause) {
+	if effects.ClassOf(cause) != effects.Permanent {
 		return fmt.Errorf("not dead-lettering a failure that may heal; retrying: %w", cause)
 	}
 	rec, ok := kafka.Record(d)
