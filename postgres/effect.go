@@ -205,7 +205,7 @@ func (e *Effect[In]) Contract() effects.Contract {
 //     nothing was committed.
 //   - the write's own error, wrapped with %w, after rolling back.
 //
-// Use [effects.Retryable] to decide whether to retry.
+// Retry when effects.ClassOf(err) is [effects.Retryable].
 func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (effects.Result, error) {
 	if err := key.Validate(); err != nil {
 		return effects.Result{}, err
