@@ -13,6 +13,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"effectively.dev/effects"
+	"effectively.dev/internal/sqlkeys"
 )
 
 // Error numbers of MySQL and MariaDB that the package acts on.
@@ -84,7 +85,7 @@ func classify(ctx context.Context, op string, key effects.Key, err error, commit
 	if me != nil {
 		switch me.Number {
 		case erNoSuchTable, erBadField, erBadDB, erTableAccessDenied, erDBAccessDenied:
-			return classified{err: configError(where(op, key), me, err)}
+			return classified{err: configError(sqlkeys.Where(op, key), me, err)}
 		case erLockDeadlock, erLockWaitTimeout:
 			return classified{err: effects.Transient(op, key, err), retry: true}
 		case erOptionPrevents, erReadOnlyMode, erReadOnlyTransaction, erServerShutdown, erConnectionKilled, erQueryInterrupted, erWsrepNotReady:
@@ -93,15 +94,15 @@ func classify(ctx context.Context, op string, key effects.Key, err error, commit
 				return classified{err: effects.Transient(op, key, err)}
 			}
 			if ctx.Err() != nil {
-				return classified{err: canceled(ctx, op, key, err)}
+				return classified{err: sqlkeys.Canceled(ctx, op, key, err)}
 			}
 			return classified{err: effects.Transient(op, key, err)}
 		}
 		if committing {
 			if ctx.Err() != nil {
-				return classified{err: canceled(ctx, op, key, err)}
+				return classified{err: sqlkeys.Canceled(ctx, op, key, err)}
 			}
-			return classified{err: fmt.Errorf("%s: commit failed, nothing was committed: %w", where(op, key), err)}
+			return classified{err: fmt.Errorf("%s: commit failed, nothing was committed: %w", sqlkeys.Where(op, key), err)}
 		}
 	}
 	if committing && me == nil && !notSent(ctx, err) {
@@ -112,12 +113,12 @@ func classify(ctx context.Context, op string, key effects.Key, err error, commit
 	}
 	// Nothing was committed.
 	if ctx.Err() != nil {
-		return classified{err: canceled(ctx, op, key, err)}
+		return classified{err: sqlkeys.Canceled(ctx, op, key, err)}
 	}
 	if me == nil && (broken || committing || connectionLost(err)) {
 		return classified{err: effects.Transient(op, key, err)}
 	}
-	return classified{err: fmt.Errorf("%s: %w", where(op, key), err)}
+	return classified{err: fmt.Errorf("%s: %w", sqlkeys.Where(op, key), err)}
 }
 
 // notSent reports whether err, from COMMIT, says that COMMIT never reached
@@ -147,23 +148,6 @@ func connectionLost(err error) bool {
 	return errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) ||
 		errors.Is(err, mysql.ErrPktSync) || errors.Is(err, mysql.ErrPktSyncMul) || errors.Is(err, mysql.ErrBusyBuffer) ||
 		errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
-}
-
-// canceled wraps err, which happened while ctx was done and before anything
-// was committed, so that errors.Is(err, ctx.Err()) holds.
-func canceled(ctx context.Context, op string, key effects.Key, err error) error {
-	if errors.Is(err, ctx.Err()) {
-		return fmt.Errorf("%s: nothing was committed: %w", where(op, key), err)
-	}
-	return fmt.Errorf("%s: nothing was committed: %w: %w", where(op, key), ctx.Err(), err)
-}
-
-// where names an operation and, if there is one, its key, for messages.
-func where(op string, key effects.Key) string {
-	if key == "" {
-		return op
-	}
-	return fmt.Sprintf("%s key %q", op, key)
 }
 
 // configError is the error of a statement that named a table or column

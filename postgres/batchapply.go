@@ -12,6 +12,7 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/retry"
+	"effectively.dev/internal/sqlkeys"
 )
 
 // errBatchAbandoned is the cause of the items ApplyBatch did not apply
@@ -156,7 +157,7 @@ func (b *applyBatch) precheck(ctx context.Context, out []BatchResult) error {
 	found, settings, err := seenBatch(ctx, b.pool, b.op, b.scope, maybe)
 	switch {
 	case err != nil && ctx.Err() != nil:
-		return canceled(ctx, b.op, "", err)
+		return sqlkeys.Canceled(ctx, b.op, "", err)
 	case err != nil:
 		return nil // fall back to the transaction
 	case len(found) > 0 && settings.unsafeCommit() && !b.cfg.allowAsyncCommit:
@@ -199,7 +200,7 @@ func (b *applyBatch) run(ctx context.Context) ([]BatchResult, error) {
 			return nil, c.err
 		}
 		if err := retry.Sleep(ctx, retryBackoff.Delay(attempt)); err != nil {
-			return nil, canceled(ctx, b.op, "", c.err)
+			return nil, sqlkeys.Canceled(ctx, b.op, "", c.err)
 		}
 		attempt++
 	}

@@ -234,7 +234,7 @@ func (e *Effect[In]) Apply(ctx context.Context, key effects.Key, in In) (effects
 			return res, c.err
 		}
 		if err := retry.Sleep(ctx, retryBackoff.Delay(attempt)); err != nil {
-			return effects.Result{}, canceled(ctx, opApply, key, c.err)
+			return effects.Result{}, sqlkeys.Canceled(ctx, opApply, key, c.err)
 		}
 		attempt++
 	}

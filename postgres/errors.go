@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"effectively.dev/effects"
+	"effectively.dev/internal/sqlkeys"
 )
 
 // ErrAsyncCommit is returned, wrapped, when a claim runs with
@@ -130,7 +131,7 @@ func classify(ctx context.Context, op string, key effects.Key, err error, commit
 	isPg := errors.As(err, &pgErr)
 	if isPg && isError(pgErr) && pgErr.Code == sqlstateUndefinedTable {
 		// Nothing ran: the statement was refused before it started.
-		return classified{err: missingTable(where(op, key), pgErr, err)}
+		return classified{err: missingTable(sqlkeys.Where(op, key), pgErr, err)}
 	}
 	if isPg && isError(pgErr) && lostRace(pgErr.Code) {
 		return classified{err: effects.Transient(op, key, err), retry: true}
@@ -140,12 +141,12 @@ func classify(ctx context.Context, op string, key effects.Key, err error, commit
 		case isPg && isError(pgErr):
 			// The server answered the COMMIT with an ERROR: it rolled back.
 			if ctx.Err() != nil {
-				return classified{err: canceled(ctx, op, key, err)}
+				return classified{err: sqlkeys.Canceled(ctx, op, key, err)}
 			}
-			return classified{err: fmt.Errorf("%s: commit failed, nothing was committed: %w", where(op, key), err)}
+			return classified{err: fmt.Errorf("%s: commit failed, nothing was committed: %w", sqlkeys.Where(op, key), err)}
 		case errors.Is(err, pgx.ErrTxCommitRollback):
 			return classified{err: fmt.Errorf("%s: an earlier statement failed and its error was not returned, "+
-				"so COMMIT rolled back; nothing was committed: %w", where(op, key), err)}
+				"so COMMIT rolled back; nothing was committed: %w", sqlkeys.Where(op, key), err)}
 		}
 		if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
 			err = fmt.Errorf("%w: %w", ctx.Err(), err)
@@ -154,29 +155,12 @@ func classify(ctx context.Context, op string, key effects.Key, err error, commit
 	}
 	// Nothing was committed.
 	if ctx.Err() != nil {
-		return classified{err: canceled(ctx, op, key, err)}
+		return classified{err: sqlkeys.Canceled(ctx, op, key, err)}
 	}
 	if broken || connectionLost(err) {
 		return classified{err: effects.Transient(op, key, err)}
 	}
-	return classified{err: fmt.Errorf("%s: %w", where(op, key), err)}
-}
-
-// canceled wraps err, which happened while ctx was done and before anything
-// was committed, so that errors.Is(err, ctx.Err()) holds.
-func canceled(ctx context.Context, op string, key effects.Key, err error) error {
-	if errors.Is(err, ctx.Err()) {
-		return fmt.Errorf("%s: nothing was committed: %w", where(op, key), err)
-	}
-	return fmt.Errorf("%s: nothing was committed: %w: %w", where(op, key), ctx.Err(), err)
-}
-
-// where names an operation and, if there is one, its key, for messages.
-func where(op string, key effects.Key) string {
-	if key == "" {
-		return op
-	}
-	return fmt.Sprintf("%s key %q", op, key)
+	return classified{err: fmt.Errorf("%s: %w", sqlkeys.Where(op, key), err)}
 }
 
 // isError reports whether the server reported pgErr as an ERROR, which

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"effectively.dev/effects"
+	"effectively.dev/internal/sqlkeys"
 )
 
 // maxGrouped bounds how many Applies share one transaction: its members'
@@ -160,7 +161,7 @@ func (g *group[In]) member(i int) bool {
 	r := g.reqs[i]
 	if err := r.ctx.Err(); err != nil {
 		// Its caller has gone: nothing of it was sent.
-		g.out[i].c = classified{err: canceled(r.ctx, opApply, r.key, err)}
+		g.out[i].c = classified{err: sqlkeys.Canceled(r.ctx, opApply, r.key, err)}
 		return true
 	}
 	wctx, done := memberContext(g.ctx, r.ctx)

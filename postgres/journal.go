@@ -15,6 +15,7 @@ import (
 
 	"effectively.dev/effects"
 	"effectively.dev/effects/journal"
+	"effectively.dev/internal/sqlkeys"
 )
 
 // statementsInFlight is how many statements of one kind (Begin,
@@ -124,7 +125,7 @@ func (j *Journal) Begin(ctx context.Context, key effects.Key, fingerprint []byte
 // done it.
 func ended(ctx context.Context, op string, key effects.Key, end callEnd) error {
 	if end == callNotSent {
-		return canceled(ctx, op, key, ctx.Err())
+		return sqlkeys.Canceled(ctx, op, key, ctx.Err())
 	}
 	return effects.Ambiguous(op, key, fmt.Errorf("gave up waiting for the statement: %w", ctx.Err()))
 }

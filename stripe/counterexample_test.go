@@ -45,7 +45,7 @@ func (c *freshKeyPerAttempt) Apply(ctx context.Context, key effects.Key, in Paym
 		}
 		var se *stripego.Error
 		if errors.As(err, &se) || ctx.Err() != nil || attempt == 3 {
-			return effects.Result{}, c.e.classify(key, err)
+			return effects.Result{}, c.e.classify(ctx, key, err)
 		}
 		params = in.params() // the bug: no key, so a random one
 		params.Context = ctx
@@ -158,7 +158,7 @@ func (c *newKeyOnConflict) Apply(ctx context.Context, key effects.Key, in Paymen
 		pi, err = c.api.PaymentIntents.New(params)
 	}
 	if err != nil {
-		return effects.Result{}, c.e.classify(key, err)
+		return effects.Result{}, c.e.classify(ctx, key, err)
 	}
 	return effects.Result{Status: effects.Applied, Ref: pi.ID}, nil
 }

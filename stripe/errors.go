@@ -1,6 +1,7 @@
 package stripe
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -30,10 +31,10 @@ var configCodes = map[stripego.ErrorCode]bool{
 // error it returns is retryable, permanent or a configuration error
 // ([effects.ClassOf]), and none carries stripe-go's raw JSON in its text
 // (see [summary]).
-func (e *effect) classify(key effects.Key, err error) error {
+func (e *effect) classify(ctx context.Context, key effects.Key, err error) error {
 	var se *stripego.Error
 	if !errors.As(err, &se) {
-		return e.classifyTransport(key, err)
+		return e.classifyTransport(ctx, key, err)
 	}
 	sum := &summary{err: se}
 	replayed := se.LastResponse != nil && se.LastResponse.Header.Get(replayedHeader) == "true"
@@ -66,9 +67,14 @@ func (e *effect) classify(key effects.Key, err error) error {
 // 502 page). A TLS handshake that was refused, a host that does not exist
 // or a backend URL that is not http(s) is a configuration error; otherwise
 // only a connection that was never made proves that nothing was sent.
-func (e *effect) classifyTransport(key effects.Key, err error) error {
+// When ctx has ended, the error wraps ctx's error too, whichever of the
+// two the HTTP client saw first.
+func (e *effect) classifyTransport(ctx context.Context, key effects.Key, err error) error {
 	if cerr := backendError(e.op, err); cerr != nil {
 		return cerr
+	}
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		err = fmt.Errorf("%w (%w)", err, cerr)
 	}
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {

@@ -141,7 +141,7 @@ func (e *effect) call(ctx context.Context, key effects.Key, do send) (effects.Re
 		err = errors.New("stripe answered without an object id")
 	}
 	if err != nil {
-		return effects.Result{}, e.classify(key, err)
+		return effects.Result{}, e.classify(ctx, key, err)
 	}
 	res := effects.Result{Status: effects.Applied, Ref: id}
 	if resp != nil && resp.Header.Get(replayedHeader) == "true" {

@@ -1,11 +1,13 @@
 // Package sqlkeys holds what the SQL adapters (postgres, mysql) share
 // about their key tables: the input fingerprint, the checks of their
-// options, a batched prune and a paced Pruner loop. Each adapter supplies
+// options, a batched prune, a paced Pruner loop and the wording of their
+// errors. Each adapter supplies
 // its statements; the logic around them lives here once.
 package sqlkeys
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -231,4 +233,21 @@ func (p *Pruner) log(ctx context.Context, level slog.Level, msg string, attrs ..
 	}
 	attrs = append([]slog.Attr{slog.String("component", p.Component), slog.String("scope", p.Scope)}, attrs...)
 	l.LogAttrs(context.WithoutCancel(ctx), level, msg, attrs...)
+}
+
+// Canceled wraps err, which happened while ctx was done and before
+// anything was committed, so that errors.Is(err, ctx.Err()) holds.
+func Canceled(ctx context.Context, op string, key effects.Key, err error) error {
+	if errors.Is(err, ctx.Err()) {
+		return fmt.Errorf("%s: nothing was committed: %w", Where(op, key), err)
+	}
+	return fmt.Errorf("%s: nothing was committed: %w: %w", Where(op, key), ctx.Err(), err)
+}
+
+// Where names an operation and, if there is one, its key, for messages.
+func Where(op string, key effects.Key) string {
+	if key == "" {
+		return op
+	}
+	return fmt.Sprintf("%s key %q", op, key)
 }

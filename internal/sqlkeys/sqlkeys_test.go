@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -148,3 +149,21 @@ func (o own) Fingerprint() ([]byte, error) { return []byte(o.s), nil }
 type ptrOnly struct{}
 
 func (*ptrOnly) Fingerprint() ([]byte, error) { return nil, nil }
+
+func TestCanceledWrapsTheContextsError(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	cause := errors.New("conn closed")
+	for _, err := range []error{cause, fmt.Errorf("read: %w", context.Canceled)} {
+		got := Canceled(ctx, "postgres.Apply", "k1", err)
+		if !errors.Is(got, context.Canceled) || !errors.Is(got, err) {
+			t.Errorf("Canceled(%v) = %v; want it to wrap context.Canceled and the cause", err, got)
+		}
+		if want := `postgres.Apply key "k1": nothing was committed: `; !strings.HasPrefix(got.Error(), want) {
+			t.Errorf("Canceled(%v) = %q; want the prefix %q", err, got, want)
+		}
+	}
+	if got := Where("postgres.Prune", ""); got != "postgres.Prune" {
+		t.Errorf(`Where(op, "") = %q; want the op alone`, got)
+	}
+}
