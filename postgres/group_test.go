@@ -187,31 +187,9 @@ func TestApplyGroupFailingWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for pos := range 3 {
-		calls := make([]groupCall, 3)
-		for i := range calls {
-			amount := int64(1)
-			if i == pos {
-				amount = -1
-			}
-			calls[i] = paymentCall(fmt.Sprintf("w%d_%d", pos, i), amount)
-		}
-		for i, o := range applyAsGroup(t, fx, calls) {
-			switch {
-			case i == pos && (!errors.Is(o.err, errBad) || effects.ClassOf(o.err) == effects.Retryable):
-				t.Fatalf("failing write at %d: = %+v, %v; want its own error, not retryable", pos, o.res, o.err)
-			case i != pos && (o.err != nil || o.res.Status != effects.Applied):
-				t.Fatalf("failing write at %d: member %d = %+v, %v; want applied", pos, i, o.res, o.err)
-			}
-			want := 1
-			if i == pos {
-				want = 0
-			}
-			if got := rows(t, pool, calls[i].in.EventID); got != want {
-				t.Fatalf("failing write at %d: %s has %d ledger rows, want %d", pos, calls[i].in.EventID, got, want)
-			}
-		}
-	}
+	checkCulpritGroups(t, pool, fx, "w", "its own error, not retryable", func(o groupOutcome) bool {
+		return errors.Is(o.err, errBad) && effects.ClassOf(o.err) != effects.Retryable
+	})
 }
 
 // TestApplyGroupLostReplyAtEveryRoundTrip drops the server's reply to the
@@ -402,32 +380,9 @@ func TestApplyGroupWriteIgnoresAnError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for pos := range 3 {
-		calls := make([]groupCall, 3)
-		for i := range calls {
-			amount := int64(1)
-			if i == pos {
-				amount = -1
-			}
-			// Keys in the reverse of arrival order: the culprit's key's
-			// INSERT is not always the first the group sends.
-			calls[i] = paymentCall(fmt.Sprintf("ig%d_%d", pos, 2-i), amount)
-		}
-		for i, o := range applyAsGroup(t, fx, calls) {
-			want := 1
-			switch {
-			case i == pos && (o.err == nil || effects.ClassOf(o.err) == effects.Retryable):
-				t.Fatalf("culprit at %d = %+v, %v; want an error, not retryable", pos, o.res, o.err)
-			case i == pos:
-				want = 0
-			case o.err != nil || o.res.Status != effects.Applied:
-				t.Fatalf("culprit at %d: member %d = %+v, %v; want applied", pos, i, o.res, o.err)
-			}
-			if got := rows(t, pool, calls[i].in.EventID); got != want {
-				t.Fatalf("culprit at %d: %s has %d ledger rows, want %d", pos, calls[i].in.EventID, got, want)
-			}
-		}
-	}
+	checkCulpritGroups(t, pool, fx, "ig", "an error, not retryable", func(o groupOutcome) bool {
+		return o.err != nil && effects.ClassOf(o.err) != effects.Retryable
+	})
 }
 
 // TestApplyGroupMemberTurnsAsyncCommitOn: a member whose write turns
@@ -447,6 +402,19 @@ func TestApplyGroupMemberTurnsAsyncCommitOn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkCulpritGroups(t, pool, fx, "ac", "ErrAsyncCommit", func(o groupOutcome) bool {
+		return errors.Is(o.err, postgres.ErrAsyncCommit)
+	})
+}
+
+// checkCulpritGroups applies, for each position in a group of three, a
+// group whose member there is the culprit (amount -1), with keys in the
+// reverse of arrival order, so that the culprit's key's INSERT is not
+// always the first the group sends. The culprit's outcome must satisfy
+// culprit (want describes it) and leave no ledger row; every other member
+// must apply and leave one.
+func checkCulpritGroups(t *testing.T, pool *pgxpool.Pool, fx *postgres.Effect[payment], prefix, want string, culprit func(groupOutcome) bool) {
+	t.Helper()
 	for pos := range 3 {
 		calls := make([]groupCall, 3)
 		for i := range calls {
@@ -454,20 +422,20 @@ func TestApplyGroupMemberTurnsAsyncCommitOn(t *testing.T) {
 			if i == pos {
 				amount = -1
 			}
-			calls[i] = paymentCall(fmt.Sprintf("ac%d_%d", pos, 2-i), amount) // keys in the reverse of arrival order
+			calls[i] = paymentCall(fmt.Sprintf("%s%d_%d", prefix, pos, 2-i), amount)
 		}
 		for i, o := range applyAsGroup(t, fx, calls) {
-			want := 1
+			rowsWanted := 1
 			switch {
-			case i == pos && !errors.Is(o.err, postgres.ErrAsyncCommit):
-				t.Fatalf("culprit at %d = %+v, %v; want ErrAsyncCommit", pos, o.res, o.err)
+			case i == pos && !culprit(o):
+				t.Fatalf("culprit at %d = %+v, %v; want %s", pos, o.res, o.err, want)
 			case i == pos:
-				want = 0
+				rowsWanted = 0
 			case o.err != nil || o.res.Status != effects.Applied:
 				t.Fatalf("culprit at %d: member %d = %+v, %v; want applied", pos, i, o.res, o.err)
 			}
-			if got := rows(t, pool, calls[i].in.EventID); got != want {
-				t.Fatalf("culprit at %d: %s has %d ledger rows, want %d", pos, calls[i].in.EventID, got, want)
+			if got := rows(t, pool, calls[i].in.EventID); got != rowsWanted {
+				t.Fatalf("culprit at %d: %s has %d ledger rows, want %d", pos, calls[i].in.EventID, got, rowsWanted)
 			}
 		}
 	}
